@@ -1,0 +1,68 @@
+// Package daemon is the process shell the three services share: logging
+// set up from the environment, config loaded from flags and environment,
+// and one root context cancelled by SIGINT or SIGTERM.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/stillthere/stillthere/pkg/config"
+)
+
+// Main loads a service's config and runs it until a signal, then exits:
+// 0 on a clean stop, 1 on a failure, 2 on a bad configuration.
+func Main[C any](name string, load func([]string, config.Lookup) (C, error), run func(context.Context, C, *slog.Logger) error) {
+	logger, err := NewLogger(os.Stderr, os.LookupEnv)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		os.Exit(2)
+	}
+	logger = logger.With("service", name)
+	cfg, err := load(os.Args[1:], os.LookupEnv)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg, logger); err != nil {
+		logger.Error("exiting", "err", err)
+		stop()
+		os.Exit(1)
+	}
+}
+
+// NewLogger builds the slog logger from STILLTHERE_LOG_LEVEL (debug, info,
+// warn, error; default info) and STILLTHERE_LOG_FORMAT (json or text;
+// default json).
+func NewLogger(w io.Writer, env config.Lookup) (*slog.Logger, error) {
+	level, _ := env(config.EnvName("log-level"))
+	format, _ := env(config.EnvName("log-format"))
+	var lv slog.Level
+	if level != "" {
+		if err := lv.UnmarshalText([]byte(level)); err != nil {
+			return nil, fmt.Errorf("%s=%q: want debug, info, warn or error", config.EnvName("log-level"), level)
+		}
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch strings.ToLower(format) {
+	case "", "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	default:
+		return nil, fmt.Errorf("%s=%q: want json or text", config.EnvName("log-format"), format)
+	}
+}

@@ -1,0 +1,89 @@
+package expiry
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/stillthere/stillthere/pkg/config"
+	"github.com/stillthere/stillthere/pkg/kafka"
+	"github.com/stillthere/stillthere/pkg/redisconn"
+)
+
+// Detection modes.
+const (
+	ModeEvents = "events" // Redis expired keyspace events only: late and lossy, for comparison
+	ModeSweep  = "sweep"  // the deadline-index sweep only
+	ModeHybrid = "hybrid" // both, into one pipeline (default)
+)
+
+// Config is the expiry listener's configuration.
+type Config struct {
+	Redis redisconn.Config
+	Kafka kafka.Config
+
+	// AdminAddr serves /healthz, /readyz and /metrics. Default 127.0.0.1:8082.
+	AdminAddr string
+	// Mode is events, sweep or hybrid. Default hybrid.
+	Mode string
+	// SweepInterval is the pause between sweeps of all buckets. Default
+	// 200ms: a silent user waits at most about this long past the deadline.
+	SweepInterval time.Duration
+	// SweepBatch is the most due entries taken from one bucket per sweep.
+	// A sweep that fills a batch runs again at once. Default 256.
+	SweepBatch int
+	// DedupTTL is how long a produced timeout's dedup key lives. Default 120s.
+	DedupTTL time.Duration
+	// ProduceTimeout bounds the delivery of one batch to Kafka. Default 10s.
+	ProduceTimeout time.Duration
+}
+
+// Bind registers the listener's settings on b.
+func (c *Config) Bind(b *config.Binder) {
+	c.Redis.Bind(b)
+	c.Kafka.Bind(b)
+	b.String(&c.AdminAddr, "listener-admin-addr", "127.0.0.1:8082", "listen address of health and metrics")
+	b.String(&c.Mode, "detect-mode", ModeHybrid, "expiry detection: events, sweep or hybrid")
+	b.Duration(&c.SweepInterval, "sweep-interval", 200*time.Millisecond, "pause between sweeps of the deadline index")
+	b.Int(&c.SweepBatch, "sweep-batch", 256, "most due sessions taken per bucket per sweep")
+	b.Duration(&c.DedupTTL, "dedup-ttl", 120*time.Second, "lifetime of a produced timeout's dedup key")
+	b.Duration(&c.ProduceTimeout, "produce-timeout", 10*time.Second, "timeout of producing a batch to Kafka")
+}
+
+// LoadConfig reads the listener's settings from args and env.
+func LoadConfig(args []string, env config.Lookup) (Config, error) {
+	var c Config
+	fs := flag.NewFlagSet("expiry-listener", flag.ContinueOnError)
+	b := config.NewBinder(fs, env)
+	c.Bind(b)
+	if err := b.Parse(args); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
+// Validate names the first bad field.
+func (c Config) Validate() error {
+	if err := c.Redis.Validate(); err != nil {
+		return err
+	}
+	if err := c.Kafka.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case c.AdminAddr == "":
+		return errors.New("listener-admin-addr: empty")
+	case c.Mode != ModeEvents && c.Mode != ModeSweep && c.Mode != ModeHybrid:
+		return fmt.Errorf("detect-mode: %q, want events, sweep or hybrid", c.Mode)
+	case c.SweepInterval < 10*time.Millisecond || c.SweepInterval > time.Minute:
+		return fmt.Errorf("sweep-interval: %v, want between 10ms and 1m", c.SweepInterval)
+	case c.SweepBatch < 1 || c.SweepBatch > 10000:
+		return fmt.Errorf("sweep-batch: %d, want between 1 and 10000", c.SweepBatch)
+	case c.DedupTTL < time.Minute:
+		return fmt.Errorf("dedup-ttl: %v, want at least 1m: it must outlive the minute window", c.DedupTTL)
+	case c.ProduceTimeout < time.Second:
+		return fmt.Errorf("produce-timeout: %v, want at least 1s", c.ProduceTimeout)
+	}
+	return nil
+}

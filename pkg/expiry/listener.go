@@ -1,0 +1,346 @@
+// Package expiry is the expiry listener: it finds sessions whose deadline
+// passed without a renewal, deduplicates them per uid and minute window,
+// and produces one timeout event each to Kafka, keyed by uid.
+//
+// Two paths feed one pipeline. The sweep reads the deadline index the
+// gateway writes beside each session key, every SweepInterval; it is the
+// path that is on time and loses nothing. Redis expired keyspace events are
+// the other: they cost nothing when they come, but come late or never once
+// many keys live, and not at all while the listener is disconnected. An
+// index entry is removed only after its event is produced, so whatever one
+// path misses the sweep finds again.
+package expiry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/stillthere/stillthere/pkg/admin"
+	"github.com/stillthere/stillthere/pkg/kafka"
+	"github.com/stillthere/stillthere/pkg/redisconn"
+	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
+)
+
+// Listener is a running expiry listener: open with New, then Run.
+type Listener struct {
+	cfg      Config
+	log      *slog.Logger
+	rdb      redis.UniversalClient
+	store    *session.Store
+	producer *kgo.Client
+	adminLn  net.Listener
+}
+
+// Run opens a listener and runs it until ctx is done.
+func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
+	l, err := New(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	return l.Run(ctx)
+}
+
+// New connects to Redis and Kafka, creates the topic if it is missing, and
+// binds the admin listener.
+func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Listener, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("expiry listener config: %w", err)
+	}
+	rdb, err := redisconn.Open(ctx, cfg.Redis)
+	if err != nil {
+		return nil, err
+	}
+	producer, err := kafka.NewClient(cfg.Kafka, logger,
+		kgo.DefaultProduceTopic(cfg.Kafka.Topic),
+		kgo.RequiredAcks(kgo.AllISRAcks()), // with idempotence, franz-go's default
+		kgo.ProducerLinger(0),
+		kgo.RecordDeliveryTimeout(cfg.ProduceTimeout),
+	)
+	if err != nil {
+		rdb.Close()
+		return nil, err
+	}
+	l := &Listener{
+		cfg:      cfg,
+		log:      logger,
+		rdb:      rdb,
+		store:    session.NewStore(rdb, cfg.Redis.Keyspace()),
+		producer: producer,
+	}
+	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := kafka.EnsureTopic(tctx, producer, cfg.Kafka); err != nil {
+		l.close()
+		return nil, err
+	}
+	if l.adminLn, err = net.Listen("tcp", cfg.AdminAddr); err != nil {
+		l.close()
+		return nil, fmt.Errorf("listen on listener-admin-addr: %w", err)
+	}
+	return l, nil
+}
+
+func (l *Listener) close() {
+	l.producer.Close()
+	l.rdb.Close()
+	if l.adminLn != nil {
+		l.adminLn.Close()
+	}
+}
+
+// AdminAddr is where health and metrics are served.
+func (l *Listener) AdminAddr() net.Addr { return l.adminLn.Addr() }
+
+// Run detects timeouts until ctx is done. It returns after every goroutine
+// it started has exited; events in flight are produced first.
+func (l *Listener) Run(ctx context.Context) error {
+	defer l.close()
+	l.log.Info("expiry listener running", "mode", l.cfg.Mode, "admin", l.AdminAddr().String(),
+		"topic", l.cfg.Kafka.Topic, "sweep_interval", l.cfg.SweepInterval)
+	eg, ctx := errgroup.WithContext(ctx)
+
+	srv := &http.Server{Handler: admin.NewMux(l.ready), ReadHeaderTimeout: 5 * time.Second}
+	eg.Go(func() error {
+		if err := srv.Serve(l.adminLn); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	eg.Go(func() error {
+		<-ctx.Done()
+		return srv.Close()
+	})
+
+	// Keys from expired events. Bounded: a full channel holds up the
+	// subscriber's socket read, it never drops a key.
+	expired := make(chan string, 1024)
+	if l.cfg.Mode != ModeSweep {
+		nodes, err := l.masters(ctx)
+		if err != nil {
+			return err
+		}
+		for _, node := range nodes {
+			eg.Go(func() error { return l.subscribe(ctx, node, expired) })
+		}
+	}
+	eg.Go(func() error { return l.pipeline(ctx, expired) })
+	err := eg.Wait()
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// masters lists the Redis nodes that publish expired events: the single
+// node, or each cluster master.
+func (l *Listener) masters(ctx context.Context) ([]*redis.Client, error) {
+	switch c := l.rdb.(type) {
+	case *redis.Client:
+		return []*redis.Client{c}, nil
+	case *redis.ClusterClient:
+		var nodes []*redis.Client
+		err := c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			nodes = append(nodes, node)
+			return nil
+		})
+		return nodes, err
+	default:
+		return nil, fmt.Errorf("unsupported redis client %T", l.rdb)
+	}
+}
+
+func (l *Listener) ready(ctx context.Context) error {
+	if err := l.rdb.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	if err := l.producer.Ping(ctx); err != nil {
+		return fmt.Errorf("kafka: %w", err)
+	}
+	return nil
+}
+
+// eventBatch bounds how many expired-event keys are looked up together.
+const eventBatch = 256
+
+// pipeline is the one goroutine that turns found sessions into events.
+// Being one, the sweep and the events path never race on one entry.
+func (l *Listener) pipeline(ctx context.Context, expired <-chan string) error {
+	var tick <-chan time.Time
+	if l.cfg.Mode != ModeEvents {
+		t := time.NewTicker(l.cfg.SweepInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick:
+			l.sweep(ctx)
+		case uid := <-expired:
+			uids := []string{uid}
+		more:
+			for len(uids) < eventBatch {
+				select {
+				case uid := <-expired:
+					uids = append(uids, uid)
+				default:
+					break more
+				}
+			}
+			l.fromEvents(ctx, uids)
+		}
+	}
+}
+
+// sweep takes due entries from every bucket until none is left or an error
+// stops it; the next tick retries.
+func (l *Listener) sweep(ctx context.Context) {
+	start := time.Now()
+	defer func() { metricSweepSeconds.Observe(time.Since(start).Seconds()) }()
+	for ctx.Err() == nil {
+		due, _, err := l.store.Due(ctx, l.cfg.SweepBatch)
+		if err != nil {
+			l.log.Warn("sweep", "err", err)
+			return
+		}
+		metricDue.Set(float64(len(due)))
+		if len(due) == 0 {
+			return
+		}
+		metricSeen.WithLabelValues(timeoutevent.SourceSweep).Add(float64(len(due)))
+		if err := l.emit(ctx, due, timeoutevent.SourceSweep); err != nil {
+			l.log.Warn("emit swept timeouts", "count", len(due), "err", err)
+			return
+		}
+		if len(due) < l.cfg.SweepBatch {
+			return // no bucket was full; a full one may hold more
+		}
+	}
+}
+
+func (l *Listener) fromEvents(ctx context.Context, uids []string) {
+	var found []session.Expired
+	for _, uid := range uids {
+		e, ok, err := l.store.Lookup(ctx, uid)
+		if err != nil {
+			l.log.Warn("look up expired session", "uid", uid, "err", err)
+			continue // still in the index: the sweep retries it
+		}
+		if ok {
+			found = append(found, e)
+		}
+	}
+	if len(found) == 0 {
+		return
+	}
+	metricSeen.WithLabelValues(timeoutevent.SourceEvent).Add(float64(len(found)))
+	if err := l.emit(ctx, found, timeoutevent.SourceEvent); err != nil {
+		l.log.Warn("emit timeouts from events", "count", len(found), "err", err)
+	}
+}
+
+// emit dedupes, produces and settles one batch. On a produce failure the
+// dedup keys of the failed events are released and their index entries
+// stay, so the next sweep tries them again.
+func (l *Listener) emit(ctx context.Context, found []session.Expired, source string) error {
+	begin := time.Now() // just after detection
+	fresh, err := l.dedupe(ctx, found)
+	if err != nil {
+		return err
+	}
+	var settled, failed []session.Expired
+	var records []*kgo.Record
+	var toProduce []session.Expired
+	for i, e := range found {
+		if !fresh[i] {
+			metricDedupHits.Inc()
+			settled = append(settled, e)
+			continue
+		}
+		ev := timeoutevent.New(e.UID, e.Segment, e.Deadline, e.Detected, source)
+		b, err := ev.Marshal()
+		if err != nil {
+			return fmt.Errorf("encode timeout for %q: %w", e.UID, err)
+		}
+		records = append(records, &kgo.Record{Key: []byte(e.UID), Value: b})
+		toProduce = append(toProduce, e)
+	}
+	if len(records) > 0 {
+		results := l.producer.ProduceSync(ctx, records...)
+		producedAt := time.Now()
+		for i, r := range results {
+			e := toProduce[i]
+			if r.Err != nil {
+				metricProduceErrors.Inc()
+				l.log.Warn("produce timeout", "uid", e.UID, "err", r.Err)
+				failed = append(failed, e)
+				continue
+			}
+			metricProduced.WithLabelValues(source).Inc()
+			// Lag from the deadline to detection by Redis's clock, plus the
+			// local time since: no two hosts' clocks are compared.
+			metricLag.WithLabelValues(source).Observe((e.Detected.Sub(e.Deadline) + producedAt.Sub(begin)).Seconds())
+			settled = append(settled, e)
+		}
+	}
+	if len(failed) > 0 {
+		if err := l.undedupe(context.WithoutCancel(ctx), failed); err != nil {
+			l.log.Warn("release dedup keys", "err", err)
+		}
+	}
+	if len(settled) > 0 {
+		if err := l.store.Settle(context.WithoutCancel(ctx), settled); err != nil {
+			return err
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("%d of %d timeouts not produced", len(failed), len(found))
+	}
+	return nil
+}
+
+// dedupWindow is the minute window of a deadline.
+func dedupWindow(deadline time.Time) int64 { return deadline.UnixMilli() / 60_000 }
+
+// dedupe claims each timeout's dedup key (SET NX EX) in one pipeline and
+// reports which were fresh.
+func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]bool, error) {
+	ks := l.store.Keyspace()
+	cmds := make([]*redis.BoolCmd, len(found))
+	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, e := range found {
+			cmds[i] = p.SetNX(ctx, ks.DedupKey(e.UID, dedupWindow(e.Deadline)), 1, l.cfg.DedupTTL)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dedup %d timeouts: %w", len(found), err)
+	}
+	fresh := make([]bool, len(found))
+	for i, c := range cmds {
+		fresh[i] = c.Val()
+	}
+	return fresh, nil
+}
+
+func (l *Listener) undedupe(ctx context.Context, failed []session.Expired) error {
+	ks := l.store.Keyspace()
+	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, e := range failed {
+			p.Del(ctx, ks.DedupKey(e.UID, dedupWindow(e.Deadline)))
+		}
+		return nil
+	})
+	return err
+}

@@ -1,0 +1,43 @@
+package expiry
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+var (
+	metricSeen = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "stillthere_listener_expired_seen_total",
+		Help: "Expired sessions found, by path (sweep, event).",
+	}, []string{"path"})
+	metricDedupHits = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_listener_dedup_hits_total",
+		Help: "Expired sessions skipped because their timeout was already produced in this minute window.",
+	})
+	metricProduced = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "stillthere_listener_produced_total",
+		Help: "Timeout events produced, by path.",
+	}, []string{"path"})
+	metricProduceErrors = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_listener_produce_errors_total",
+		Help: "Timeout events that failed to produce; they are retried by the next sweep.",
+	})
+	metricLag = promauto.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "stillthere_listener_detection_lag_seconds",
+		Help:    "Time from a session's deadline to its timeout event being produced, by path.",
+		Buckets: []float64{.01, .025, .05, .1, .2, .3, .5, .75, 1, 2, 5, 10, 30, 60, 120},
+	}, []string{"path"})
+	metricSweepSeconds = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name:    "stillthere_listener_sweep_seconds",
+		Help:    "Duration of one sweep of the deadline index over all buckets.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+	})
+	metricDue = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "stillthere_listener_due_backlog",
+		Help: "Expired sessions found by the last sweep.",
+	})
+	metricSubscribeErrors = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_listener_subscribe_errors_total",
+		Help: "Broken keyspace-event subscriptions (events are lost until resubscribed; the sweep covers them).",
+	})
+)

@@ -1,0 +1,112 @@
+// Package frame is the v1 wire contract between chat clients and the
+// gateway: the JSON text frames each side sends. See docs/protocol.md.
+package frame
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// Client frame types.
+const (
+	TypePing = "ping"
+	TypeAck  = "ack"
+)
+
+// Server frame types.
+const (
+	TypePong  = "pong"
+	TypeGuide = "guide"
+	TypeError = "error"
+)
+
+// Error codes sent in error frames.
+const (
+	CodeUnknownType = "unknown_type"
+	CodeBadFrame    = "bad_frame"
+	CodeUnavailable = "unavailable"
+)
+
+// MaxIDLen bounds an ack's id; guide ids are 32 hex digits.
+const MaxIDLen = 128
+
+// Client is a frame from a client.
+type Client struct {
+	Type string `json:"type"`
+	ID   string `json:"id,omitempty"`
+}
+
+// ErrInvalidJSON means the payload is not a JSON object. The gateway closes
+// the connection with 1007.
+var ErrInvalidJSON = errors.New("frame is not a JSON object")
+
+// Parse decodes a client text frame. It fails only on a payload that is not
+// a JSON object; an unknown or malformed type is for the caller to answer,
+// since the contract keeps the connection open for those.
+func Parse(b []byte) (Client, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil || raw == nil {
+		return Client{}, ErrInvalidJSON
+	}
+	var c Client
+	// A type or id that is not a string leaves the field empty, which the
+	// caller answers as an unknown type or a bad ack.
+	_ = json.Unmarshal(raw["type"], &c.Type)
+	_ = json.Unmarshal(raw["id"], &c.ID)
+	return c, nil
+}
+
+// Validate checks the fields a known type needs.
+func (c Client) Validate() error {
+	switch c.Type {
+	case TypePing:
+		return nil
+	case TypeAck:
+		if c.ID == "" || len(c.ID) > MaxIDLen {
+			return fmt.Errorf("ack needs an id of 1-%d characters", MaxIDLen)
+		}
+		return nil
+	default:
+		return errUnknownType
+	}
+}
+
+var errUnknownType = errors.New("unknown frame type")
+
+// IsUnknownType reports whether Validate failed on the frame's type.
+func IsUnknownType(err error) bool { return errors.Is(err, errUnknownType) }
+
+// Pong answers a ping with the TTL granted, jitter included.
+func Pong(ttlMS int64) []byte {
+	return mustMarshal(struct {
+		Type  string `json:"type"`
+		TTLMS int64  `json:"ttl_ms"`
+	}{TypePong, ttlMS})
+}
+
+// Guide asks the user whether they are still there.
+func Guide(id, text string) []byte {
+	return mustMarshal(struct {
+		Type string `json:"type"`
+		ID   string `json:"id"`
+		Text string `json:"text"`
+	}{TypeGuide, id, text})
+}
+
+// Error reports a problem with a frame; the connection stays open.
+func Error(code, message string) []byte {
+	return mustMarshal(struct {
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+		Message string `json:"message,omitempty"`
+	}{TypeError, code, message})
+}
+
+func mustMarshal(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only fixed struct shapes of strings and ints reach here
+	}
+	return b
+}

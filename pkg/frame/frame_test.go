@@ -1,0 +1,84 @@
+package frame
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    Client
+		invalid bool // not a JSON object: close 1007
+		unknown bool // answered with unknown_type
+		bad     bool // known type, bad fields
+	}{
+		{in: `{"type":"ping"}`, want: Client{Type: "ping"}},
+		{in: ` {"type":"ping","extra":[1,2]} `, want: Client{Type: "ping"}},
+		{in: `{"type":"ack","id":"abc"}`, want: Client{Type: "ack", ID: "abc"}},
+		{in: `{"type":"ack"}`, want: Client{Type: "ack"}, bad: true},
+		{in: `{"type":"ack","id":7}`, want: Client{Type: "ack"}, bad: true},
+		{in: `{"type":"hello"}`, want: Client{Type: "hello"}, unknown: true},
+		{in: `{}`, unknown: true},
+		{in: `{"type":1}`, unknown: true},
+		{in: `not json`, invalid: true},
+		{in: `{"type":"ping"`, invalid: true},
+		{in: `[]`, invalid: true},
+		{in: `"ping"`, invalid: true},
+		{in: `null`, invalid: true},
+		{in: ``, invalid: true},
+		{in: "{\"type\":\"ping\"}\xff", invalid: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			c, err := Parse([]byte(tt.in))
+			if tt.invalid {
+				if !errors.Is(err, ErrInvalidJSON) {
+					t.Fatalf("Parse = %+v, %v; want ErrInvalidJSON", c, err)
+				}
+				return
+			}
+			if err != nil || c != tt.want {
+				t.Fatalf("Parse = %+v, %v; want %+v", c, err, tt.want)
+			}
+			verr := c.Validate()
+			if IsUnknownType(verr) != tt.unknown || (verr != nil && !tt.unknown) != tt.bad {
+				t.Fatalf("Validate = %v; want unknown %v bad %v", verr, tt.unknown, tt.bad)
+			}
+		})
+	}
+}
+
+func TestServerFrames(t *testing.T) {
+	for _, b := range [][]byte{Pong(61234), Guide("id1", "Are you still there?"), Error(CodeUnknownType, "")} {
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil || m["type"] == nil {
+			t.Fatalf("%s: %v", b, err)
+		}
+	}
+	if got := string(Pong(61234)); got != `{"type":"pong","ttl_ms":61234}` {
+		t.Fatalf("Pong = %s", got)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{`{"type":"ping"}`, `{"type":"ack","id":"x"}`, `[]`, `{"type":{}}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := Parse(b)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidJSON) {
+				t.Fatalf("unexpected error %v", err)
+			}
+			return
+		}
+		if !json.Valid(b) {
+			t.Fatalf("accepted invalid JSON %q", b)
+		}
+		if err := c.Validate(); err == nil && c.Type != TypePing && c.Type != TypeAck {
+			t.Fatalf("validated unknown type %q", c.Type)
+		}
+	})
+}

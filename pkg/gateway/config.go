@@ -1,0 +1,129 @@
+package gateway
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/stillthere/stillthere/pkg/config"
+	"github.com/stillthere/stillthere/pkg/redisconn"
+	"github.com/stillthere/stillthere/pkg/token"
+)
+
+// Config is the gateway's configuration. Each field's default is given in
+// Bind; Validate names the first bad field.
+type Config struct {
+	Redis redisconn.Config
+
+	// Addr is the public WebSocket listener. Default 127.0.0.1:8080.
+	Addr string
+	// PushAddr is the internal listener: the push endpoint the guide
+	// consumer calls, health and metrics. Default 127.0.0.1:8081. Keep it
+	// off the public network.
+	PushAddr string
+	// TokenSecret signs client JWTs (HS256), at least 32 bytes. Required.
+	TokenSecret string
+	// PushSecret is the bearer token the push endpoint requires, at least
+	// 32 bytes. Required.
+	PushSecret string
+	// AllowedOrigins lists the browser Origins allowed to connect. Empty
+	// allows only an Origin whose host is the request's Host.
+	AllowedOrigins []string
+
+	// SessionTTL is granted on each ping, plus a uniform jitter in
+	// [0, SessionJitter) so expiries don't clump. Defaults 60s and 5s.
+	SessionTTL    time.Duration
+	SessionJitter time.Duration
+
+	// ReadLimit is the largest client frame, in bytes; larger ones close
+	// the connection with 1009. Default 4096.
+	ReadLimit int
+	// RateBurst and RatePerSecond limit each connection's frames; beyond
+	// them it is closed with 1008. Defaults 20 and 5.
+	RateBurst     int
+	RatePerSecond float64
+	// IdleTimeout closes a connection that sent nothing, not even a
+	// protocol pong, for this long. The gateway sends protocol pings at
+	// 9/10 of it. Default 60s.
+	IdleTimeout time.Duration
+	// WriteTimeout bounds each write to a client. Default 10s.
+	WriteTimeout time.Duration
+	// HandshakeTimeout bounds the WebSocket upgrade. Default 10s.
+	HandshakeTimeout time.Duration
+	// SendQueue is the number of frames queued per connection; a client
+	// that lets it fill is cut off. Default 32.
+	SendQueue int
+	// ShutdownTimeout bounds the drain on SIGTERM. Default 10s.
+	ShutdownTimeout time.Duration
+}
+
+// Bind registers the gateway's settings on b.
+func (c *Config) Bind(b *config.Binder) {
+	c.Redis.Bind(b)
+	b.String(&c.Addr, "gateway-addr", "127.0.0.1:8080", "public WebSocket listen address")
+	b.String(&c.PushAddr, "push-addr", "127.0.0.1:8081", "internal listen address: push endpoint, health, metrics")
+	b.Secret(&c.TokenSecret, "token-secret", "HS256 secret of client tokens, at least 32 bytes (required)")
+	b.Secret(&c.PushSecret, "push-secret", "bearer secret of the push endpoint, at least 32 bytes (required)")
+	b.List(&c.AllowedOrigins, "allowed-origins", "", "browser Origins allowed to connect, comma-separated; empty allows same host only")
+	b.Duration(&c.SessionTTL, "session-ttl", 60*time.Second, "session TTL granted on each ping")
+	b.Duration(&c.SessionJitter, "session-jitter", 5*time.Second, "random extra TTL in [0, jitter)")
+	b.Int(&c.ReadLimit, "read-limit", 4096, "largest client frame in bytes")
+	b.Int(&c.RateBurst, "rate-burst", 20, "frames a connection may send in a burst")
+	b.Float(&c.RatePerSecond, "rate-per-second", 5, "sustained frames per second per connection")
+	b.Duration(&c.IdleTimeout, "idle-timeout", 60*time.Second, "close a connection silent at the protocol level this long")
+	b.Duration(&c.WriteTimeout, "write-timeout", 10*time.Second, "timeout of each write to a client")
+	b.Duration(&c.HandshakeTimeout, "handshake-timeout", 10*time.Second, "timeout of the WebSocket upgrade")
+	b.Int(&c.SendQueue, "send-queue", 32, "frames queued per connection before it is cut off as slow")
+	b.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "drain deadline on SIGTERM")
+}
+
+// LoadConfig reads the gateway's settings from args and env.
+func LoadConfig(args []string, env config.Lookup) (Config, error) {
+	var c Config
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	b := config.NewBinder(fs, env)
+	c.Bind(b)
+	if err := b.Parse(args); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
+// Validate names the first bad field.
+func (c Config) Validate() error {
+	if err := c.Redis.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case c.Addr == "":
+		return errors.New("gateway-addr: empty")
+	case c.PushAddr == "":
+		return errors.New("push-addr: empty")
+	case len(c.TokenSecret) < token.MinSecretLen:
+		return fmt.Errorf("token-secret: %d bytes, want at least %d", len(c.TokenSecret), token.MinSecretLen)
+	case len(c.PushSecret) < 32:
+		return fmt.Errorf("push-secret: %d bytes, want at least 32", len(c.PushSecret))
+	case c.SessionTTL < time.Second:
+		return fmt.Errorf("session-ttl: %v, want at least 1s", c.SessionTTL)
+	case c.SessionJitter < 0 || c.SessionJitter > c.SessionTTL:
+		return fmt.Errorf("session-jitter: %v, want between 0 and session-ttl", c.SessionJitter)
+	case c.ReadLimit < 64:
+		return fmt.Errorf("read-limit: %d, want at least 64", c.ReadLimit)
+	case c.RateBurst < 1:
+		return fmt.Errorf("rate-burst: %d, want at least 1", c.RateBurst)
+	case c.RatePerSecond <= 0:
+		return fmt.Errorf("rate-per-second: %v, want more than 0", c.RatePerSecond)
+	case c.IdleTimeout < time.Second:
+		return fmt.Errorf("idle-timeout: %v, want at least 1s", c.IdleTimeout)
+	case c.WriteTimeout <= 0:
+		return fmt.Errorf("write-timeout: %v, want more than 0", c.WriteTimeout)
+	case c.HandshakeTimeout <= 0:
+		return fmt.Errorf("handshake-timeout: %v, want more than 0", c.HandshakeTimeout)
+	case c.SendQueue < 1:
+		return fmt.Errorf("send-queue: %d, want at least 1", c.SendQueue)
+	case c.ShutdownTimeout <= 0:
+		return fmt.Errorf("shutdown-timeout: %v, want more than 0", c.ShutdownTimeout)
+	}
+	return nil
+}

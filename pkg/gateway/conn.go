@@ -1,0 +1,217 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"golang.org/x/time/rate"
+
+	"github.com/stillthere/stillthere/pkg/frame"
+)
+
+// conn is one client connection. Invariant, as gorilla/websocket requires:
+// exactly one goroutine reads (serve, on the HTTP handler's goroutine) and
+// one writes data frames (writeLoop). Close frames go out through
+// WriteControl, which is safe beside both.
+type conn struct {
+	g       *Gateway
+	ws      *websocket.Conn
+	uid     string
+	segment string
+	log     *slog.Logger
+
+	send     chan []byte   // frames for writeLoop; bounded, see enqueue
+	done     chan struct{} // closed when serve returns
+	closeMu  sync.Mutex
+	closeSet bool // a close frame was sent; later ones are dropped
+}
+
+// serve reads frames until the connection ends, then releases it. It
+// returns after writeLoop has exited.
+func (c *conn) serve(ctx context.Context) {
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		c.writeLoop()
+	}()
+	defer func() {
+		close(c.done)
+		<-writerDone
+		c.ws.Close()
+	}()
+
+	limiter := rate.NewLimiter(rate.Limit(c.g.cfg.RatePerSecond), c.g.cfg.RateBurst)
+	c.ws.SetReadLimit(int64(c.g.cfg.ReadLimit))
+	c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
+	c.ws.SetPongHandler(func(string) error {
+		return c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
+	})
+	for {
+		typ, data, err := c.ws.ReadMessage()
+		if err != nil {
+			c.ended(ctx, err)
+			return
+		}
+		c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
+		if !limiter.Allow() {
+			c.closeWith(websocket.ClosePolicyViolation, "rate limit exceeded")
+			c.linger()
+			return
+		}
+		if typ != websocket.TextMessage {
+			metricFrames.WithLabelValues("binary").Inc()
+			c.closeWith(websocket.CloseUnsupportedData, "binary frames are not supported")
+			c.linger()
+			return
+		}
+		f, err := frame.Parse(data)
+		if err != nil {
+			metricFrames.WithLabelValues("invalid").Inc()
+			c.closeWith(websocket.CloseInvalidFramePayloadData, "frame is not a JSON object")
+			c.linger()
+			return
+		}
+		if err := f.Validate(); err != nil {
+			if frame.IsUnknownType(err) {
+				metricFrames.WithLabelValues("unknown").Inc()
+				c.enqueue(frame.Error(frame.CodeUnknownType, "unknown frame type"))
+			} else {
+				metricFrames.WithLabelValues("invalid").Inc()
+				c.enqueue(frame.Error(frame.CodeBadFrame, err.Error()))
+			}
+			continue
+		}
+		metricFrames.WithLabelValues(f.Type).Inc()
+		switch f.Type {
+		case frame.TypePing:
+			c.renew(ctx)
+		case frame.TypeAck:
+			// Bookkeeping only: an ack must not renew the session, or a
+			// client that acks automatically would be guided every TTL.
+			c.log.Debug("guide acknowledged", "guide_id", f.ID)
+		}
+	}
+}
+
+// renew grants the session TTL plus jitter and answers with a pong.
+func (c *conn) renew(ctx context.Context) {
+	ttl := c.g.cfg.SessionTTL
+	if j := c.g.cfg.SessionJitter; j > 0 {
+		ttl += rand.N(j)
+	}
+	ttl = ttl.Truncate(time.Millisecond)
+	start := time.Now()
+	rctx, cancel := context.WithTimeout(ctx, c.g.cfg.WriteTimeout)
+	_, err := c.g.store.Renew(rctx, c.uid, c.segment, ttl)
+	cancel()
+	metricRenewalSeconds.Observe(time.Since(start).Seconds())
+	if err != nil {
+		metricRenewals.WithLabelValues("error").Inc()
+		c.log.Warn("renew session", "err", err)
+		// The connection stays; the client's next ping retries.
+		c.enqueue(frame.Error(frame.CodeUnavailable, "session store unavailable, ping again"))
+		return
+	}
+	metricRenewals.WithLabelValues("ok").Inc()
+	c.enqueue(frame.Pong(ttl.Milliseconds()))
+}
+
+// ended handles the end of the read side. A normal close (1000) is the
+// user leaving on purpose: the session goes, and no guide follows. Any
+// other end leaves the session to run out.
+func (c *conn) ended(ctx context.Context, err error) {
+	var ce *websocket.CloseError
+	if !errors.As(err, &ce) {
+		if errors.Is(err, websocket.ErrReadLimit) {
+			// gorilla/websocket has sent the 1009 close frame.
+			metricCloses.WithLabelValues(strconv.Itoa(websocket.CloseMessageTooBig)).Inc()
+			c.linger()
+			return
+		}
+		metricCloses.WithLabelValues("abnormal").Inc()
+		return
+	}
+	metricCloses.WithLabelValues(strconv.Itoa(ce.Code)).Inc()
+	if ce.Code != websocket.CloseNormalClosure {
+		return
+	}
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.g.cfg.WriteTimeout)
+	defer cancel()
+	if err := c.g.store.End(ectx, c.uid); err != nil {
+		c.log.Warn("end session on normal close", "err", err)
+	}
+}
+
+// closeWith sends a close frame with code and reason, once.
+func (c *conn) closeWith(code int, reason string) {
+	c.closeMu.Lock()
+	defer c.closeMu.Unlock()
+	if c.closeSet {
+		return
+	}
+	c.closeSet = true
+	metricCloses.WithLabelValues(strconv.Itoa(code)).Inc()
+	msg := websocket.FormatCloseMessage(code, reason)
+	c.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(c.g.cfg.WriteTimeout))
+}
+
+// linger waits briefly for the client to read our close frame and hang up,
+// discarding what it still sends. Closing the socket with unread input
+// would reset the connection, and the client could lose the close code.
+func (c *conn) linger() {
+	nc := c.ws.NetConn()
+	nc.SetReadDeadline(time.Now().Add(lingerTimeout))
+	io.Copy(io.Discard, nc)
+}
+
+// lingerTimeout bounds linger.
+const lingerTimeout = time.Second
+
+// enqueue hands a frame to writeLoop without blocking. A client whose queue
+// is full is not reading: it is cut off so it cannot hold up the sender.
+func (c *conn) enqueue(b []byte) bool {
+	select {
+	case <-c.done:
+		return false
+	default:
+	}
+	select {
+	case c.send <- b:
+		return true
+	default:
+		metricSlowClients.Inc()
+		c.log.Info("send queue full, closing slow client")
+		c.ws.NetConn().Close() // unblocks serve's read, which cleans up
+		return false
+	}
+}
+
+// writeLoop writes queued frames and protocol pings until serve is done.
+func (c *conn) writeLoop() {
+	ping := time.NewTicker(c.g.cfg.IdleTimeout * 9 / 10)
+	defer ping.Stop()
+	for {
+		select {
+		case b := <-c.send:
+			c.ws.SetWriteDeadline(time.Now().Add(c.g.cfg.WriteTimeout))
+			if err := c.ws.WriteMessage(websocket.TextMessage, b); err != nil {
+				c.ws.NetConn().Close()
+				return
+			}
+		case <-ping.C:
+			if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(c.g.cfg.WriteTimeout)); err != nil {
+				c.ws.NetConn().Close()
+				return
+			}
+		case <-c.done:
+			return
+		}
+	}
+}

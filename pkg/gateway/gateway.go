@@ -1,0 +1,345 @@
+// Package gateway is the WebSocket edge of stillthere. Chat clients connect
+// to its public listener with a JWT; each app-level ping renews the user's
+// session in Redis. On its internal listener it serves the push endpoint
+// through which the guide consumer delivers "are you still there?" to
+// connected users, plus health and metrics. The wire contract is in
+// docs/protocol.md.
+package gateway
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/stillthere/stillthere/pkg/admin"
+	"github.com/stillthere/stillthere/pkg/frame"
+	"github.com/stillthere/stillthere/pkg/redisconn"
+	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/token"
+)
+
+// Gateway is a running gateway: open with New, then Serve.
+type Gateway struct {
+	cfg      Config
+	log      *slog.Logger
+	rdb      redis.UniversalClient
+	store    *session.Store
+	verifier *token.Verifier
+	hub      *hub
+	upgrader websocket.Upgrader
+
+	publicLn, pushLn net.Listener
+	conns            sync.WaitGroup // one per connection being served
+}
+
+// Run opens a gateway and serves until ctx is done.
+func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
+	g, err := New(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	return g.Serve(ctx)
+}
+
+// New connects to Redis and binds both listeners.
+func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("gateway config: %w", err)
+	}
+	verifier, err := token.NewVerifier([]byte(cfg.TokenSecret))
+	if err != nil {
+		return nil, err
+	}
+	rdb, err := redisconn.Open(ctx, cfg.Redis)
+	if err != nil {
+		return nil, err
+	}
+	g := &Gateway{
+		cfg:      cfg,
+		log:      logger,
+		rdb:      rdb,
+		store:    session.NewStore(rdb, cfg.Redis.Keyspace()),
+		verifier: verifier,
+		hub:      newHub(),
+		upgrader: websocket.Upgrader{
+			HandshakeTimeout:  cfg.HandshakeTimeout,
+			ReadBufferSize:    1024,
+			WriteBufferSize:   1024,
+			WriteBufferPool:   &sync.Pool{},
+			EnableCompression: false,
+			// The Origin is checked before the upgrade, with a JSON 403.
+			CheckOrigin: func(*http.Request) bool { return true },
+		},
+	}
+	if g.publicLn, err = net.Listen("tcp", cfg.Addr); err != nil {
+		rdb.Close()
+		return nil, fmt.Errorf("listen on gateway-addr: %w", err)
+	}
+	if g.pushLn, err = net.Listen("tcp", cfg.PushAddr); err != nil {
+		g.publicLn.Close()
+		rdb.Close()
+		return nil, fmt.Errorf("listen on push-addr: %w", err)
+	}
+	return g, nil
+}
+
+// PublicAddr is where clients connect.
+func (g *Gateway) PublicAddr() net.Addr { return g.publicLn.Addr() }
+
+// PushAddr is the internal listener's address.
+func (g *Gateway) PushAddr() net.Addr { return g.pushLn.Addr() }
+
+// Serve serves both listeners until ctx is done, then drains: it stops
+// accepting, tells every client to reconnect elsewhere (close 1001, which
+// leaves sessions alive), waits for connections to end within the
+// shutdown timeout, and releases Redis.
+func (g *Gateway) Serve(ctx context.Context) error {
+	defer g.rdb.Close()
+	public := &http.Server{
+		Handler:           g.publicMux(ctx),
+		ReadHeaderTimeout: g.cfg.HandshakeTimeout,
+		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+	}
+	push := &http.Server{
+		Handler:           g.pushMux(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+	}
+	g.log.Info("gateway listening", "public", g.PublicAddr().String(), "push", g.PushAddr().String())
+
+	eg, ectx := errgroup.WithContext(ctx)
+	eg.Go(func() error { return serveUntil(ectx, public, g.publicLn) })
+	eg.Go(func() error { return serveUntil(ectx, push, g.pushLn) })
+	err := eg.Wait()
+
+	g.drain()
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// serveUntil serves ln until ctx is done, then stops accepting. Shutdown
+// does not touch hijacked WebSocket connections; drain ends those.
+func serveUntil(ctx context.Context, srv *http.Server, ln net.Listener) error {
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	srv.Shutdown(sctx)
+	<-errc
+	return ctx.Err()
+}
+
+// drainConcurrency bounds the close frames sent at once on shutdown.
+const drainConcurrency = 256
+
+func (g *Gateway) drain() {
+	conns := g.hub.all()
+	g.log.Info("draining connections", "count", len(conns))
+	var eg errgroup.Group
+	eg.SetLimit(drainConcurrency)
+	for _, c := range conns {
+		eg.Go(func() error {
+			c.closeWith(websocket.CloseGoingAway, "server shutting down, reconnect")
+			return nil
+		})
+	}
+	eg.Wait()
+	done := make(chan struct{})
+	go func() { g.conns.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(g.cfg.ShutdownTimeout):
+		g.log.Warn("shutdown timeout: cutting off remaining connections")
+		for _, c := range g.hub.all() {
+			c.ws.NetConn().Close()
+		}
+		<-done
+	}
+}
+
+func (g *Gateway) publicMux(ctx context.Context) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/ws", func(w http.ResponseWriter, r *http.Request) { g.serveWS(ctx, w, r) })
+	return mux
+}
+
+// serveWS authenticates, upgrades and serves one client. ctx is the
+// gateway's: a connection outlives its HTTP request.
+func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Request) {
+	if !g.originAllowed(r) {
+		metricRejected.WithLabelValues("origin").Inc()
+		admin.WriteError(w, http.StatusForbidden, "origin not allowed")
+		return
+	}
+	claims, err := g.verifier.Verify(bearer(r))
+	if err != nil {
+		metricRejected.WithLabelValues("token").Inc()
+		admin.WriteError(w, http.StatusUnauthorized, err.Error())
+		return
+	}
+	ws, err := g.upgrader.Upgrade(w, r, nil)
+	if err != nil {
+		return // the upgrader has answered with an HTTP error
+	}
+	c := &conn{
+		g:       g,
+		ws:      ws,
+		uid:     claims.UID,
+		segment: claims.Segment,
+		log:     g.log.With("uid", claims.UID),
+		send:    make(chan []byte, g.cfg.SendQueue),
+		done:    make(chan struct{}),
+	}
+	g.conns.Add(1)
+	defer g.conns.Done()
+	g.hub.add(c)
+	metricConnections.Inc()
+	defer func() {
+		g.hub.remove(c)
+		metricConnections.Dec()
+	}()
+	c.serve(ctx)
+}
+
+// bearer finds the client's token: the Authorization header, or for
+// browsers, which cannot set headers on a WebSocket, the token parameter.
+func bearer(r *http.Request) string {
+	if h := r.Header.Get("Authorization"); h != "" {
+		if t, ok := strings.CutPrefix(h, "Bearer "); ok {
+			return strings.TrimSpace(t)
+		}
+		return ""
+	}
+	return r.URL.Query().Get("token")
+}
+
+// originAllowed applies the Origin policy. Requests without an Origin come
+// from native clients, which no browser policy concerns.
+func (g *Gateway) originAllowed(r *http.Request) bool {
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return true
+	}
+	if len(g.cfg.AllowedOrigins) > 0 {
+		for _, o := range g.cfg.AllowedOrigins {
+			if strings.EqualFold(o, origin) {
+				return true
+			}
+		}
+		return false
+	}
+	u, err := url.Parse(origin)
+	return err == nil && u.Host != "" && strings.EqualFold(u.Host, r.Host)
+}
+
+func (g *Gateway) pushMux() http.Handler {
+	mux := admin.NewMux(func(ctx context.Context) error { return g.rdb.Ping(ctx).Err() })
+	mux.HandleFunc("POST /v1/push", g.servePush)
+	return mux
+}
+
+// PushRequest is the body of POST /v1/push.
+type PushRequest struct {
+	ID   string `json:"id"`   // the guide's id, its idempotency key
+	UID  string `json:"uid"`  // the user to guide
+	Text string `json:"text"` // the guide's text
+}
+
+// Push outcomes, in the response's "status".
+const (
+	PushDelivered = "delivered" // handed to the user's connections
+	PushDuplicate = "duplicate" // this id was delivered before
+	PushOffline   = "offline"   // the user has no connection here (404)
+)
+
+// pushedTTL is how long a delivered guide id is remembered.
+const pushedTTL = 24 * time.Hour
+
+// maxGuideText bounds a guide's text.
+const maxGuideText = 1024
+
+func (g *Gateway) servePush(w http.ResponseWriter, r *http.Request) {
+	got := bearer(r)
+	if subtle.ConstantTimeCompare([]byte(got), []byte(g.cfg.PushSecret)) != 1 {
+		metricPushes.WithLabelValues("rejected").Inc()
+		admin.WriteError(w, http.StatusUnauthorized, "missing or wrong push credentials")
+		return
+	}
+	var req PushRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 16<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		admin.WriteError(w, http.StatusBadRequest, "body: "+err.Error())
+		return
+	}
+	switch {
+	case req.ID == "" || len(req.ID) > frame.MaxIDLen:
+		admin.WriteError(w, http.StatusBadRequest, fmt.Sprintf("id: want 1-%d characters", frame.MaxIDLen))
+		return
+	case !session.ValidUID(req.UID):
+		admin.WriteError(w, http.StatusBadRequest, "uid: want 1-128 characters of [A-Za-z0-9._:@-]")
+		return
+	case req.Text == "" || len(req.Text) > maxGuideText:
+		admin.WriteError(w, http.StatusBadRequest, fmt.Sprintf("text: want 1-%d bytes", maxGuideText))
+		return
+	}
+	status, n, err := g.push(r.Context(), req)
+	if err != nil {
+		g.log.Warn("push", "uid", req.UID, "guide_id", req.ID, "err", err)
+		admin.WriteError(w, http.StatusServiceUnavailable, "push unavailable, retry")
+		return
+	}
+	metricPushes.WithLabelValues(status).Inc()
+	code := http.StatusOK
+	if status == PushOffline {
+		code = http.StatusNotFound
+	}
+	admin.WriteJSON(w, code, map[string]any{"status": status, "connections": n})
+}
+
+// push delivers a guide once per id: the id is claimed in Redis first, and
+// released again when nobody was there to receive it, so a retry can.
+func (g *Gateway) push(ctx context.Context, req PushRequest) (string, int, error) {
+	key := g.store.Keyspace().PushedKey(req.UID, req.ID)
+	fresh, err := g.rdb.SetNX(ctx, key, 1, pushedTTL).Result()
+	if err != nil {
+		return "", 0, fmt.Errorf("claim guide id: %w", err)
+	}
+	if !fresh {
+		return PushDuplicate, 0, nil
+	}
+	b := frame.Guide(req.ID, req.Text)
+	n := 0
+	for _, c := range g.hub.lookup(req.UID) {
+		if c.enqueue(b) {
+			n++
+		}
+	}
+	if n == 0 {
+		if err := g.rdb.Del(context.WithoutCancel(ctx), key).Err(); err != nil {
+			return "", 0, fmt.Errorf("release guide id: %w", err)
+		}
+		return PushOffline, 0, nil
+	}
+	return PushDelivered, n, nil
+}

@@ -1,0 +1,31 @@
+package guide
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+var (
+	metricGuides = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "stillthere_consumer_guides_total",
+		Help: "Timeout events settled, by outcome (delivered, duplicate, offline, stale, rejected, invalid).",
+	}, []string{"outcome"})
+	metricSendErrors = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_consumer_send_errors_total",
+		Help: "Failed sends, retried (breaker open included).",
+	})
+	metricBreakerState = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "stillthere_consumer_breaker_state",
+		Help: "Circuit breaker state per downstream: 0 closed, 1 half-open, 2 open.",
+	}, []string{"downstream"})
+	metricSendSeconds = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name:    "stillthere_consumer_send_seconds",
+		Help:    "Latency of one send to the downstream.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+	})
+	metricEndToEnd = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name:    "stillthere_consumer_deadline_to_delivery_seconds",
+		Help:    "Time from a session's deadline to its guide's delivery.",
+		Buckets: []float64{.05, .1, .2, .3, .5, .75, 1, 1.5, 2, 5, 10, 30, 60, 300},
+	})
+)

@@ -1,0 +1,84 @@
+package guide
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+)
+
+// Guide is one message to deliver.
+type Guide struct {
+	ID      string // the timeout event's id: the idempotency key
+	UID     string
+	Segment string
+	Text    string
+}
+
+// Outcomes of a settled guide.
+const (
+	OutcomeDelivered = "delivered" // shown to the user
+	OutcomeDuplicate = "duplicate" // shown before: the downstream deduped it
+	OutcomeOffline   = "offline"   // the user had no connection
+	OutcomeStale     = "stale"     // the user came back before the guide went out
+	OutcomeRejected  = "rejected"  // the downstream refused it for good (4xx)
+	OutcomeInvalid   = "invalid"   // the record was not a timeout event
+)
+
+// permanentError is a downstream's definite no: retrying cannot help, and
+// the downstream is healthy, so the breaker does not count it.
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string { return e.err.Error() }
+func (e permanentError) Unwrap() error { return e.err }
+
+// gatewaySender delivers guides through the gateway's push endpoint.
+type gatewaySender struct {
+	url    string
+	secret string
+	client *http.Client
+}
+
+// Send pushes g and returns its outcome. Errors other than permanentError
+// are the downstream failing: 5xx, 401/403 (a misconfigured secret must
+// not drop guides), 429, timeouts and connection errors.
+func (s *gatewaySender) Send(ctx context.Context, g Guide) (string, error) {
+	body, err := json.Marshal(map[string]string{"id": g.ID, "uid": g.UID, "text": g.Text})
+	if err != nil {
+		return "", permanentError{err}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
+	if err != nil {
+		return "", permanentError{err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+s.secret)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("push guide %s: %w", g.ID, err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+	}
+	json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&out)
+	switch {
+	case resp.StatusCode == http.StatusOK && (out.Status == OutcomeDelivered || out.Status == OutcomeDuplicate):
+		return out.Status, nil
+	case resp.StatusCode == http.StatusNotFound && out.Status == OutcomeOffline:
+		return OutcomeOffline, nil
+	case resp.StatusCode == http.StatusBadRequest:
+		return "", permanentError{fmt.Errorf("push guide %s: %s: %s", g.ID, resp.Status, out.Error)}
+	default:
+		return "", fmt.Errorf("push guide %s: %s %s", g.ID, resp.Status, out.Error)
+	}
+}
+
+func isPermanent(err error) bool {
+	var p permanentError
+	return errors.As(err, &p)
+}

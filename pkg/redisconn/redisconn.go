@@ -1,0 +1,88 @@
+// Package redisconn opens the Redis client the services share: a single
+// node, or a Redis Cluster when several seed addresses are given.
+package redisconn
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stillthere/stillthere/pkg/config"
+	"github.com/stillthere/stillthere/pkg/session"
+)
+
+// Config says where Redis is and how the deployment's keys are named.
+type Config struct {
+	// Addrs are host:port seeds. One address is a single Redis unless
+	// Cluster is set; several are always a cluster's seeds.
+	Addrs []string
+	// Cluster forces cluster mode for a single seed address.
+	Cluster bool
+	// Username and Password for Redis ACL auth; empty means none.
+	Username, Password string
+	// KeyPrefix starts every key, so deployments sharing a Redis stay
+	// apart. Default "st".
+	KeyPrefix string
+}
+
+// Bind registers the Redis settings.
+func (c *Config) Bind(b *config.Binder) {
+	b.List(&c.Addrs, "redis-addrs", "127.0.0.1:6379", "Redis address, or comma-separated cluster seeds")
+	b.String(&c.Username, "redis-username", "", "Redis ACL user name")
+	b.Secret(&c.Password, "redis-password", "Redis password")
+	b.String(&c.KeyPrefix, "key-prefix", "st", "prefix of every Redis key")
+	b.Bool(&c.Cluster, "redis-cluster", false, "use Redis Cluster even with one seed address")
+}
+
+// Validate names the first bad field.
+func (c Config) Validate() error {
+	if len(c.Addrs) == 0 {
+		return fmt.Errorf("redis-addrs: no address given")
+	}
+	for _, a := range c.Addrs {
+		if !strings.Contains(a, ":") {
+			return fmt.Errorf("redis-addrs: %q is not host:port", a)
+		}
+	}
+	if _, err := session.NewKeyspace(c.KeyPrefix); err != nil {
+		return fmt.Errorf("key-prefix: %w", err)
+	}
+	return nil
+}
+
+// Keyspace is the key layout for the configured prefix.
+func (c Config) Keyspace() session.Keyspace {
+	ks, err := session.NewKeyspace(c.KeyPrefix)
+	if err != nil {
+		panic("redisconn: Keyspace before Validate: " + err.Error())
+	}
+	return ks
+}
+
+// Open connects and checks the connection with a PING.
+func Open(ctx context.Context, c Config) (redis.UniversalClient, error) {
+	var rdb redis.UniversalClient
+	if c.Cluster || len(c.Addrs) > 1 {
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:    c.Addrs,
+			Username: c.Username,
+			Password: c.Password,
+		})
+	} else {
+		rdb = redis.NewClient(&redis.Options{
+			Addr:     c.Addrs[0],
+			Username: c.Username,
+			Password: c.Password,
+		})
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := rdb.Ping(pctx).Err(); err != nil {
+		rdb.Close()
+		return nil, fmt.Errorf("connect to redis %s: %w", strings.Join(c.Addrs, ","), err)
+	}
+	return rdb, nil
+}

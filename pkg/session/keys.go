@@ -1,0 +1,123 @@
+// Package session is the Redis model of a chat session.
+//
+// A session is a key with a TTL that the gateway renews on every app-level
+// ping. Beside it, each of a fixed number of buckets holds a deadline index
+// (a sorted set of uid by deadline in ms, from Redis's clock) and the
+// sessions' segments, so that the expiry listener can find due sessions by
+// sweeping instead of trusting Redis's late and lossy expired events.
+//
+// Every key of a bucket carries the bucket's hash tag, so a session's keys
+// share one Redis Cluster slot and the buckets spread over the masters.
+//
+//	<prefix>:{b07}:s:<uid>       session key, value the segment, TTL = deadline
+//	<prefix>:{b07}:dl            deadline index: ZSET uid -> deadline ms
+//	<prefix>:{b07}:seg           segments: HASH uid -> segment
+//	<prefix>:{b07}:dd:<uid>:<n>  expiry listener's dedup key, n = deadline minute
+//	<prefix>:{b07}:pg:<id>       guide id the gateway delivered (idempotency)
+package session
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Buckets is the number of deadline-index buckets. Every gateway and
+// listener must agree on it, so it is a constant, not a setting.
+const Buckets = 64
+
+// DefaultSegment is the segment of a session whose token names none.
+const DefaultSegment = "default"
+
+var (
+	uidRE     = regexp.MustCompile(`^[A-Za-z0-9._:@-]{1,128}$`)
+	segmentRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+	prefixRE  = regexp.MustCompile(`^[A-Za-z0-9._-]{1,32}$`)
+)
+
+// ValidUID reports whether uid is a user id the contract allows:
+// 1-128 characters of [A-Za-z0-9._:@-].
+func ValidUID(uid string) bool { return uidRE.MatchString(uid) }
+
+// ValidSegment reports whether seg is 1-64 characters of [A-Za-z0-9._-].
+func ValidSegment(seg string) bool { return segmentRE.MatchString(seg) }
+
+// Keyspace names the keys of one deployment. The prefix keeps deployments
+// (and tests) that share a Redis apart.
+type Keyspace struct {
+	prefix string
+}
+
+// NewKeyspace checks the prefix: 1-32 characters of [A-Za-z0-9._-], so it
+// can never contain a hash tag brace or the ':' separator.
+func NewKeyspace(prefix string) (Keyspace, error) {
+	if !prefixRE.MatchString(prefix) {
+		return Keyspace{}, fmt.Errorf("key prefix %q: want 1-32 characters of [A-Za-z0-9._-]", prefix)
+	}
+	return Keyspace{prefix: prefix}, nil
+}
+
+// Prefix is the deployment's key prefix.
+func (k Keyspace) Prefix() string { return k.prefix }
+
+// Bucket is the deadline-index bucket of uid.
+func Bucket(uid string) int {
+	h := fnv.New32a()
+	h.Write([]byte(uid))
+	return int(h.Sum32() % Buckets)
+}
+
+func (k Keyspace) bucketPrefix(b int) string {
+	return k.prefix + ":{b" + strconv.Itoa(b) + "}:"
+}
+
+// SessionKeyPrefix is what every session key of bucket b starts with.
+func (k Keyspace) SessionKeyPrefix(b int) string { return k.bucketPrefix(b) + "s:" }
+
+// SessionKey is the TTL'd key of uid's session.
+func (k Keyspace) SessionKey(uid string) string { return k.SessionKeyPrefix(Bucket(uid)) + uid }
+
+// IndexKey is bucket b's deadline index.
+func (k Keyspace) IndexKey(b int) string { return k.bucketPrefix(b) + "dl" }
+
+// SegmentsKey is bucket b's hash of uid to segment.
+func (k Keyspace) SegmentsKey(b int) string { return k.bucketPrefix(b) + "seg" }
+
+// DedupKey marks that uid's timeout in the given minute window was produced.
+func (k Keyspace) DedupKey(uid string, window int64) string {
+	return k.bucketPrefix(Bucket(uid)) + "dd:" + uid + ":" + strconv.FormatInt(window, 10)
+}
+
+// ErrNotSession means a key is not one of this keyspace's session keys.
+var ErrNotSession = errors.New("not a session key")
+
+// ParseSessionKey returns the uid of a session key, as found in an expired
+// keyspace event. It rejects keys of other prefixes, keys whose bucket tag
+// does not match the uid, and uids the contract does not allow.
+func (k Keyspace) ParseSessionKey(key string) (string, error) {
+	rest, ok := strings.CutPrefix(key, k.prefix+":{b")
+	if !ok {
+		return "", ErrNotSession
+	}
+	num, rest, ok := strings.Cut(rest, "}:s:")
+	if !ok || num == "" || len(num) > 2 || (len(num) > 1 && num[0] == '0') ||
+		strings.Trim(num, "0123456789") != "" {
+		return "", ErrNotSession
+	}
+	b, err := strconv.Atoi(num)
+	if err != nil || b >= Buckets {
+		return "", ErrNotSession
+	}
+	if !ValidUID(rest) || Bucket(rest) != b {
+		return "", ErrNotSession
+	}
+	return rest, nil
+}
+
+// PushedKey marks that the gateway delivered guide id to uid.
+func (k Keyspace) PushedKey(uid, id string) string {
+	return k.bucketPrefix(Bucket(uid)) + "pg:" + id
+}

@@ -1,0 +1,159 @@
+package session
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
+)
+
+func newStore(t *testing.T) (*Store, context.Context) {
+	srv := redistest.Start(t)
+	rdb := redistest.Client(t, srv)
+	ks, err := NewKeyspace(redistest.Prefix(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NewStore(rdb, ks), context.Background()
+}
+
+func TestRenewWritesKeyAndIndex(t *testing.T) {
+	s, ctx := newStore(t)
+	before := time.Now()
+	deadline, err := s.Renew(ctx, "alice", "vip", 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := deadline.Sub(before); d < 1500*time.Millisecond || d > 3*time.Second {
+		t.Fatalf("deadline %v from now, want about 2s", d)
+	}
+	pttl, err := s.rdb.PTTL(ctx, s.ks.SessionKey("alice")).Result()
+	if err != nil || pttl <= 1500*time.Millisecond || pttl > 2*time.Second {
+		t.Fatalf("PTTL = %v, %v; want (1.5s, 2s]", pttl, err)
+	}
+	b := Bucket("alice")
+	score, err := s.rdb.ZScore(ctx, s.ks.IndexKey(b), "alice").Result()
+	if err != nil || int64(score) != deadline.UnixMilli() {
+		t.Fatalf("index score = %v, %v; want %d", score, err, deadline.UnixMilli())
+	}
+	if seg, _ := s.rdb.HGet(ctx, s.ks.SegmentsKey(b), "alice").Result(); seg != "vip" {
+		t.Fatalf("segment = %q, want vip", seg)
+	}
+	if live, err := s.Live(ctx, "alice"); err != nil || !live {
+		t.Fatalf("Live = %v, %v", live, err)
+	}
+}
+
+func TestDueListsOnlyExpired(t *testing.T) {
+	s, ctx := newStore(t)
+	for _, uid := range []string{"gone1", "gone2", "gone3"} {
+		if _, err := s.Renew(ctx, uid, "default", 50*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Renew(ctx, "live", "default", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Renew(ctx, "ended", "default", 50*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.End(ctx, "ended"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(120 * time.Millisecond)
+
+	due, now, err := s.Due(ctx, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]Expired{}
+	for _, e := range due {
+		got[e.UID] = e
+	}
+	if len(got) != 3 || got["gone1"].UID == "" || got["gone2"].UID == "" || got["gone3"].UID == "" {
+		t.Fatalf("Due = %+v, want gone1..3", due)
+	}
+	for _, e := range due {
+		if e.Detected.Before(e.Deadline) || e.Detected != now || e.Segment != "default" {
+			t.Errorf("entry %+v: detected before deadline or wrong segment", e)
+		}
+	}
+	// The sweep's EXISTS made Redis expire the keys on the spot.
+	if n, _ := s.rdb.Exists(ctx, s.ks.SessionKey("gone1")).Result(); n != 0 {
+		t.Fatal("expired key still present")
+	}
+}
+
+func TestSettleKeepsRenewedEntries(t *testing.T) {
+	s, ctx := newStore(t)
+	for _, uid := range []string{"a", "b"} {
+		if _, err := s.Renew(ctx, uid, "default", 20*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(60 * time.Millisecond)
+	due, _, err := s.Due(ctx, 10)
+	if err != nil || len(due) != 2 {
+		t.Fatalf("Due = %v, %v", due, err)
+	}
+	// b comes back after the sweep saw it and before the settle.
+	if _, err := s.Renew(ctx, "b", "default", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Settle(ctx, due); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.rdb.ZScore(ctx, s.ks.IndexKey(Bucket("a")), "a").Result(); err == nil {
+		t.Error("a's index entry survived the settle")
+	}
+	if _, err := s.rdb.ZScore(ctx, s.ks.IndexKey(Bucket("b")), "b").Result(); err != nil {
+		t.Error("b's renewed index entry was removed:", err)
+	}
+	if due, _, _ := s.Due(ctx, 10); len(due) != 0 {
+		t.Fatalf("Due after settle = %v", due)
+	}
+}
+
+func TestLookup(t *testing.T) {
+	s, ctx := newStore(t)
+	if _, err := s.Renew(ctx, "x", "new", 20*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := s.Lookup(ctx, "x"); err != nil || ok {
+		t.Fatalf("Lookup of a live session = %v, %v; want not ok", ok, err)
+	}
+	time.Sleep(60 * time.Millisecond)
+	e, ok, err := s.Lookup(ctx, "x")
+	if err != nil || !ok || e.UID != "x" || e.Segment != "new" {
+		t.Fatalf("Lookup = %+v, %v, %v", e, ok, err)
+	}
+	if err := s.Settle(ctx, []Expired{e}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := s.Lookup(ctx, "x"); err != nil || ok {
+		t.Fatalf("Lookup after settle = %v, %v; want not ok", ok, err)
+	}
+}
+
+func TestDueLimitPerBucket(t *testing.T) {
+	s, ctx := newStore(t)
+	// Find 5 uids in one bucket.
+	var uids []string
+	for i := 0; len(uids) < 5; i++ {
+		uid := "u" + itoa(i)
+		if Bucket(uid) == 0 {
+			uids = append(uids, uid)
+		}
+	}
+	for _, uid := range uids {
+		if _, err := s.Renew(ctx, uid, "default", 10*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(40 * time.Millisecond)
+	due, _, err := s.Due(ctx, 2)
+	if err != nil || len(due) != 2 {
+		t.Fatalf("Due(limit 2) = %d entries, %v", len(due), err)
+	}
+}
