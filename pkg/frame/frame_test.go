@@ -82,3 +82,13 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkParsePing(b *testing.B) {
+	in := []byte(`{"type":"ping"}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Parse(in); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -157,3 +157,20 @@ func TestDueLimitPerBucket(t *testing.T) {
 		t.Fatalf("Due(limit 2) = %d entries, %v", len(due), err)
 	}
 }
+
+// BenchmarkRenew measures one renewal round trip against a real Redis.
+func BenchmarkRenew(b *testing.B) {
+	srv := redistest.Start(b)
+	rdb := redistest.Client(b, srv)
+	ks, _ := NewKeyspace(redistest.Prefix(b))
+	s := NewStore(rdb, ks)
+	ctx := context.Background()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		if _, err := s.Renew(ctx, "u"+itoa(i%10000), "default", time.Minute); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

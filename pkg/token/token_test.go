@@ -100,3 +100,14 @@ func FuzzVerify(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkVerify(b *testing.B) {
+	v, _ := NewVerifier(secret)
+	raw, _ := Mint(secret, "alice", "vip", time.Hour)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := v.Verify(raw); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

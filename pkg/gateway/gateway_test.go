@@ -1,0 +1,366 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stillthere/stillthere/pkg/redisconn"
+	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
+	"github.com/stillthere/stillthere/pkg/token"
+)
+
+const (
+	tokenSecret = "0123456789abcdef0123456789abcdef"
+	pushSecret  = "push-secret-push-secret-push-secret"
+)
+
+type testGateway struct {
+	*Gateway
+	rdb    *redis.Client
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startGateway(t *testing.T, mutate func(*Config)) *testGateway {
+	t.Helper()
+	srv := redistest.Start(t)
+	cfg := Config{
+		Redis:            redisconn.Config{Addrs: []string{srv.Addr}, KeyPrefix: redistest.Prefix(t)},
+		Addr:             "127.0.0.1:0",
+		PushAddr:         "127.0.0.1:0",
+		TokenSecret:      tokenSecret,
+		PushSecret:       pushSecret,
+		SessionTTL:       10 * time.Second,
+		SessionJitter:    time.Second,
+		ReadLimit:        4096,
+		RateBurst:        20,
+		RatePerSecond:    5,
+		IdleTimeout:      time.Minute,
+		WriteTimeout:     5 * time.Second,
+		HandshakeTimeout: 5 * time.Second,
+		SendQueue:        8,
+		ShutdownTimeout:  5 * time.Second,
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	g, err := New(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	tg := &testGateway{Gateway: g, rdb: redistest.Client(t, srv), cancel: cancel, done: make(chan error, 1)}
+	go func() { tg.done <- g.Serve(ctx) }()
+	t.Cleanup(func() { tg.stop(t) })
+	return tg
+}
+
+func (tg *testGateway) stop(t *testing.T) {
+	tg.cancel()
+	select {
+	case err := <-tg.done:
+		if err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+		tg.done <- nil // later stops return at once
+	case <-time.After(10 * time.Second):
+		t.Fatal("gateway did not stop within 10s")
+	}
+}
+
+func (tg *testGateway) dial(t *testing.T, uid string) *websocket.Conn {
+	t.Helper()
+	tok, err := token.Mint([]byte(tokenSecret), uid, "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws, _, err := websocket.DefaultDialer.Dial("ws://"+tg.PublicAddr().String()+"/v1/ws", http.Header{"Authorization": {"Bearer " + tok}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ws.Close() })
+	return ws
+}
+
+func (tg *testGateway) push(t *testing.T, secret string, body any) (int, map[string]any) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	req, _ := http.NewRequest(http.MethodPost, "http://"+tg.PushAddr().String()+"/v1/push", bytes.NewReader(b))
+	if secret != "" {
+		req.Header.Set("Authorization", "Bearer "+secret)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	json.NewDecoder(resp.Body).Decode(&out)
+	return resp.StatusCode, out
+}
+
+func readJSON(t *testing.T, ws *websocket.Conn) map[string]any {
+	t.Helper()
+	ws.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, b, err := ws.ReadMessage()
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func pingPong(t *testing.T, ws *websocket.Conn) float64 {
+	t.Helper()
+	ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`))
+	m := readJSON(t, ws)
+	if m["type"] != "pong" {
+		t.Fatalf("got %v, want pong", m)
+	}
+	return m["ttl_ms"].(float64)
+}
+
+func TestPingRenewsWithJitter(t *testing.T) {
+	tg := startGateway(t, nil)
+	ws := tg.dial(t, "alice")
+	key := tg.store.Keyspace().SessionKey("alice")
+	if n, _ := tg.rdb.Exists(context.Background(), key).Result(); n != 0 {
+		t.Fatal("session exists before the first ping")
+	}
+	seen := map[float64]bool{}
+	for range 5 {
+		ttl := pingPong(t, ws)
+		if ttl < 10_000 || ttl >= 11_000 {
+			t.Fatalf("ttl_ms %v outside [10000, 11000)", ttl)
+		}
+		seen[ttl] = true
+		pttl, err := tg.rdb.PTTL(context.Background(), key).Result()
+		if err != nil || pttl.Milliseconds() > int64(ttl) || pttl.Milliseconds() < int64(ttl)-1000 {
+			t.Fatalf("PTTL %v, granted %vms", pttl, ttl)
+		}
+	}
+	if len(seen) < 2 {
+		t.Errorf("5 renewals granted the same TTL: no jitter")
+	}
+}
+
+func TestPushEndpoint(t *testing.T) {
+	tg := startGateway(t, nil)
+	phone := tg.dial(t, "bob")
+	laptop := tg.dial(t, "bob")
+	pingPong(t, phone)
+	pingPong(t, laptop)
+	guide := map[string]string{"id": "g1", "uid": "bob", "text": "Are you still there?"}
+
+	t.Run("unauthenticated", func(t *testing.T) {
+		for _, secret := range []string{"", "wrong-secret-wrong-secret-wrong-secret"} {
+			if code, _ := tg.push(t, secret, guide); code != http.StatusUnauthorized {
+				t.Errorf("secret %q: status %d, want 401", secret, code)
+			}
+		}
+	})
+	t.Run("bad request", func(t *testing.T) {
+		for _, body := range []any{
+			map[string]string{"uid": "bob", "text": "x"},
+			map[string]string{"id": "g", "uid": "b b", "text": "x"},
+			map[string]string{"id": "g", "uid": "bob"},
+			map[string]string{"id": "g", "uid": "bob", "text": "x", "extra": "y"},
+			"not an object",
+		} {
+			if code, out := tg.push(t, pushSecret, body); code != http.StatusBadRequest || out["error"] == nil {
+				t.Errorf("%v: status %d %v, want 400 with an error", body, code, out)
+			}
+		}
+	})
+	t.Run("delivered to every connection, once", func(t *testing.T) {
+		code, out := tg.push(t, pushSecret, guide)
+		if code != 200 || out["status"] != "delivered" || out["connections"] != 2.0 {
+			t.Fatalf("push: %d %v", code, out)
+		}
+		for _, ws := range []*websocket.Conn{phone, laptop} {
+			if m := readJSON(t, ws); m["type"] != "guide" || m["id"] != "g1" || m["text"] != "Are you still there?" {
+				t.Fatalf("got %v", m)
+			}
+		}
+		code, out = tg.push(t, pushSecret, guide)
+		if code != 200 || out["status"] != "duplicate" {
+			t.Fatalf("second push: %d %v, want duplicate", code, out)
+		}
+		// Nothing more arrives: the next frame is the pong.
+		if pingPong(t, phone) == 0 {
+			t.Fatal("no pong")
+		}
+	})
+	t.Run("offline user", func(t *testing.T) {
+		g := map[string]string{"id": "g2", "uid": "nobody", "text": "Are you still there?"}
+		code, out := tg.push(t, pushSecret, g)
+		if code != http.StatusNotFound || out["status"] != "offline" {
+			t.Fatalf("push: %d %v, want 404 offline", code, out)
+		}
+		// The id was released: once the user is there, a retry delivers.
+		ws := tg.dial(t, "nobody")
+		pingPong(t, ws)
+		if code, out := tg.push(t, pushSecret, g); code != 200 || out["status"] != "delivered" {
+			t.Fatalf("retry: %d %v", code, out)
+		}
+	})
+	t.Run("health", func(t *testing.T) {
+		for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+			resp, err := http.Get("http://" + tg.PushAddr().String() + path)
+			if err != nil || resp.StatusCode != 200 {
+				t.Fatalf("%s: %v %v", path, resp, err)
+			}
+			resp.Body.Close()
+		}
+		// The public listener serves only the WebSocket.
+		resp, err := http.Get("http://" + tg.PublicAddr().String() + "/metrics")
+		if err != nil || resp.StatusCode != 404 {
+			t.Fatalf("public /metrics: %v %v, want 404", resp, err)
+		}
+		resp.Body.Close()
+	})
+}
+
+func TestCloseEndsOrKeepsSession(t *testing.T) {
+	tg := startGateway(t, nil)
+	ctx := context.Background()
+	exists := func(uid string) bool {
+		n, _ := tg.rdb.Exists(ctx, tg.store.Keyspace().SessionKey(uid)).Result()
+		return n == 1
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !cond(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting: %s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	normal := tg.dial(t, "normal")
+	pingPong(t, normal)
+	normal.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
+	waitFor("normal close deletes the session", func() bool { return !exists("normal") })
+
+	for _, code := range []int{websocket.CloseGoingAway, 4000} {
+		uid := "code" + strconv.Itoa(code)
+		ws := tg.dial(t, uid)
+		pingPong(t, ws)
+		ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, ""), time.Now().Add(time.Second))
+		waitFor("server ends the connection", func() bool { return len(tg.hub.lookup(uid)) == 0 })
+		if !exists(uid) {
+			t.Errorf("close %d deleted the session", code)
+		}
+	}
+
+	dropped := tg.dial(t, "dropped")
+	pingPong(t, dropped)
+	dropped.NetConn().Close()
+	waitFor("server notices the drop", func() bool { return len(tg.hub.lookup("dropped")) == 0 })
+	if !exists("dropped") {
+		t.Error("a dropped connection deleted the session")
+	}
+}
+
+func TestShutdownSends1001AndKeepsSessions(t *testing.T) {
+	tg := startGateway(t, nil)
+	var conns []*websocket.Conn
+	for _, uid := range []string{"a", "b", "c"} {
+		ws := tg.dial(t, uid)
+		pingPong(t, ws)
+		conns = append(conns, ws)
+	}
+	// Clients read all along, as real ones do, and so answer the close.
+	ended := make(chan error, len(conns))
+	for _, ws := range conns {
+		go func() {
+			ws.SetReadDeadline(time.Now().Add(10 * time.Second))
+			_, _, err := ws.ReadMessage()
+			ended <- err
+		}()
+	}
+	tg.stop(t)
+	for range conns {
+		if err := <-ended; !websocket.IsCloseError(err, websocket.CloseGoingAway) {
+			t.Errorf("connection ended with %v, want 1001", err)
+		}
+	}
+	for _, uid := range []string{"a", "b", "c"} {
+		if n, _ := tg.rdb.Exists(context.Background(), tg.store.Keyspace().SessionKey(uid)).Result(); n != 1 {
+			t.Errorf("session %s gone after shutdown", uid)
+		}
+	}
+}
+
+func TestOriginPolicy(t *testing.T) {
+	tests := []struct {
+		allowed []string
+		origin  string
+		host    string
+		want    bool
+	}{
+		{nil, "", "chat.example", true},
+		{nil, "https://chat.example", "chat.example", true},
+		{nil, "https://CHAT.example", "chat.example", true},
+		{nil, "https://evil.example", "chat.example", false},
+		{nil, "null", "chat.example", false},
+		{[]string{"https://app.example"}, "https://app.example", "gw.example", true},
+		{[]string{"https://app.example"}, "https://chat.example", "chat.example", false},
+		{[]string{"https://app.example"}, "", "gw.example", true},
+	}
+	for _, tt := range tests {
+		g := &Gateway{cfg: Config{AllowedOrigins: tt.allowed}}
+		r, _ := http.NewRequest("GET", "http://"+tt.host+"/v1/ws", nil)
+		if tt.origin != "" {
+			r.Header.Set("Origin", tt.origin)
+		}
+		if got := g.originAllowed(r); got != tt.want {
+			t.Errorf("allowed %v, Origin %q, Host %q: got %v, want %v", tt.allowed, tt.origin, tt.host, got, tt.want)
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	good, err := LoadConfig(nil, func(k string) (string, bool) {
+		return map[string]string{"STILLTHERE_TOKEN_SECRET": tokenSecret, "STILLTHERE_PUSH_SECRET": pushSecret}[k], true
+	})
+	if err != nil {
+		t.Fatalf("defaults with secrets: %v", err)
+	}
+	tests := []struct {
+		field  string
+		mutate func(*Config)
+	}{
+		{"token-secret", func(c *Config) { c.TokenSecret = "short" }},
+		{"push-secret", func(c *Config) { c.PushSecret = "" }},
+		{"session-ttl", func(c *Config) { c.SessionTTL = 0 }},
+		{"session-jitter", func(c *Config) { c.SessionJitter = -1 }},
+		{"read-limit", func(c *Config) { c.ReadLimit = 1 }},
+		{"rate-per-second", func(c *Config) { c.RatePerSecond = 0 }},
+		{"redis-addrs", func(c *Config) { c.Redis.Addrs = nil }},
+		{"key-prefix", func(c *Config) { c.Redis.KeyPrefix = "a{b}" }},
+	}
+	for _, tt := range tests {
+		c := good
+		tt.mutate(&c)
+		if err := c.Validate(); err == nil || !strings.HasPrefix(err.Error(), tt.field) {
+			t.Errorf("%s: Validate = %v, want an error naming it", tt.field, err)
+		}
+	}
+}
