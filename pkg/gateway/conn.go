@@ -108,7 +108,9 @@ func (c *conn) renew(ctx context.Context) {
 	}
 	ttl = ttl.Truncate(time.Millisecond)
 	start := time.Now()
-	rctx, cancel := context.WithTimeout(ctx, c.g.cfg.WriteTimeout)
+	// Not cancelled by the gateway's shutdown: a ping that arrived while
+	// draining is still a renewal the user is owed.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.g.cfg.WriteTimeout)
 	_, err := c.g.store.Renew(rctx, c.uid, c.segment, ttl)
 	cancel()
 	metricRenewalSeconds.Observe(time.Since(start).Seconds())
