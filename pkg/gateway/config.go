@@ -56,6 +56,16 @@ type Config struct {
 	SendQueue int
 	// ShutdownTimeout bounds the drain on SIGTERM. Default 10s.
 	ShutdownTimeout time.Duration
+
+	// RenewGranularity is the least time between two renewals of one
+	// connection; pings in between are answered from the last grant.
+	// Default 1s.
+	RenewGranularity time.Duration
+	// RenewFlushInterval and RenewBatch set how renewals from all
+	// connections share Redis round trips: a flush every interval or
+	// batch renewals, whichever comes first. Defaults 2ms and 256.
+	RenewFlushInterval time.Duration
+	RenewBatch         int
 }
 
 // Bind registers the gateway's settings on b.
@@ -76,6 +86,9 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Duration(&c.HandshakeTimeout, "handshake-timeout", 10*time.Second, "timeout of the WebSocket upgrade")
 	b.Int(&c.SendQueue, "send-queue", 32, "frames queued per connection before it is cut off as slow")
 	b.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "drain deadline on SIGTERM")
+	b.Duration(&c.RenewGranularity, "renew-granularity", time.Second, "least time between two renewals of one connection")
+	b.Duration(&c.RenewFlushInterval, "renew-flush-interval", 2*time.Millisecond, "longest a renewal waits to share a Redis round trip")
+	b.Int(&c.RenewBatch, "renew-batch", 256, "renewals that fill a Redis round trip")
 }
 
 // LoadConfig reads the gateway's settings from args and env.
@@ -124,6 +137,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("send-queue: %d, want at least 1", c.SendQueue)
 	case c.ShutdownTimeout <= 0:
 		return fmt.Errorf("shutdown-timeout: %v, want more than 0", c.ShutdownTimeout)
+	case c.RenewGranularity < 0 || c.RenewGranularity > c.SessionTTL/2:
+		return fmt.Errorf("renew-granularity: %v, want between 0 and half the session-ttl", c.RenewGranularity)
+	case c.RenewFlushInterval <= 0 || c.RenewFlushInterval > time.Second:
+		return fmt.Errorf("renew-flush-interval: %v, want more than 0 and at most 1s", c.RenewFlushInterval)
+	case c.RenewBatch < 1:
+		return fmt.Errorf("renew-batch: %d, want at least 1", c.RenewBatch)
 	}
 	return nil
 }

@@ -27,6 +27,10 @@ type conn struct {
 	segment string
 	log     *slog.Logger
 
+	// renewedAt and expires are the last grant, as seen locally; only
+	// serve's goroutine touches them.
+	renewedAt, expires time.Time
+
 	send     chan []byte   // frames for writeLoop; bounded, see enqueue
 	done     chan struct{} // closed when serve returns
 	closeMu  sync.Mutex
@@ -100,20 +104,26 @@ func (c *conn) serve(ctx context.Context) {
 	}
 }
 
-// renew grants the session TTL plus jitter and answers with a pong.
+// renew grants the session TTL plus jitter and answers with a pong. Pings
+// closer together than the renewal granularity share the last grant.
 func (c *conn) renew(ctx context.Context) {
+	now := time.Now()
+	if !c.renewedAt.IsZero() && now.Sub(c.renewedAt) < c.g.cfg.RenewGranularity {
+		metricRenewalsCoalesced.Inc()
+		c.enqueue(frame.Pong(c.expires.Sub(now).Milliseconds()))
+		return
+	}
 	ttl := c.g.cfg.SessionTTL
 	if j := c.g.cfg.SessionJitter; j > 0 {
 		ttl += rand.N(j)
 	}
 	ttl = ttl.Truncate(time.Millisecond)
-	start := time.Now()
 	// Not cancelled by the gateway's shutdown: a ping that arrived while
 	// draining is still a renewal the user is owed.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.g.cfg.WriteTimeout)
-	_, err := c.g.store.Renew(rctx, c.uid, c.segment, ttl)
+	_, err := c.g.renewer.Renew(rctx, c.uid, c.segment, ttl)
 	cancel()
-	metricRenewalSeconds.Observe(time.Since(start).Seconds())
+	metricRenewalSeconds.Observe(time.Since(now).Seconds())
 	if err != nil {
 		metricRenewals.WithLabelValues("error").Inc()
 		c.log.Warn("renew session", "err", err)
@@ -122,6 +132,7 @@ func (c *conn) renew(ctx context.Context) {
 		return
 	}
 	metricRenewals.WithLabelValues("ok").Inc()
+	c.renewedAt, c.expires = now, now.Add(ttl)
 	c.enqueue(frame.Pong(ttl.Milliseconds()))
 }
 

@@ -37,6 +37,7 @@ type Gateway struct {
 	log      *slog.Logger
 	rdb      redis.UniversalClient
 	store    *session.Store
+	renewer  *session.Renewer
 	verifier *token.Verifier
 	hub      *hub
 	upgrader websocket.Upgrader
@@ -67,11 +68,21 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	if err != nil {
 		return nil, err
 	}
+	store := session.NewStore(rdb, cfg.Redis.Keyspace())
 	g := &Gateway{
-		cfg:      cfg,
-		log:      logger,
-		rdb:      rdb,
-		store:    session.NewStore(rdb, cfg.Redis.Keyspace()),
+		cfg:   cfg,
+		log:   logger,
+		rdb:   rdb,
+		store: store,
+		renewer: session.NewRenewer(store, session.RenewerConfig{
+			FlushInterval: cfg.RenewFlushInterval,
+			MaxBatch:      cfg.RenewBatch,
+			OnFlush: func(size int, took time.Duration, _ error) {
+				metricRenewRoundTrips.Inc()
+				metricRenewBatchSize.Observe(float64(size))
+				metricRenewFlushSeconds.Observe(took.Seconds())
+			},
+		}),
 		verifier: verifier,
 		hub:      newHub(),
 		upgrader: websocket.Upgrader{
@@ -105,9 +116,20 @@ func (g *Gateway) PushAddr() net.Addr { return g.pushLn.Addr() }
 // Serve serves both listeners until ctx is done, then drains: it stops
 // accepting, tells every client to reconnect elsewhere (close 1001, which
 // leaves sessions alive), waits for connections to end within the
-// shutdown timeout, and releases Redis.
+// shutdown timeout, flushes the renewals still queued, and releases Redis.
 func (g *Gateway) Serve(ctx context.Context) error {
 	defer g.rdb.Close()
+	// The renewer outlives the connections: it stops after the drain.
+	rctx, stopRenewer := context.WithCancel(context.WithoutCancel(ctx))
+	renewerDone := make(chan struct{})
+	go func() {
+		defer close(renewerDone)
+		g.renewer.Run(rctx)
+	}()
+	defer func() {
+		stopRenewer()
+		<-renewerDone
+	}()
 	public := &http.Server{
 		Handler:           g.publicMux(ctx),
 		ReadHeaderTimeout: g.cfg.HandshakeTimeout,

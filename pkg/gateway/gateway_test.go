@@ -51,6 +51,10 @@ func startGateway(t *testing.T, mutate func(*Config)) *testGateway {
 		HandshakeTimeout: 5 * time.Second,
 		SendQueue:        8,
 		ShutdownTimeout:  5 * time.Second,
+		// Every ping renews, unless a test sets a granularity.
+		RenewGranularity:   0,
+		RenewFlushInterval: 2 * time.Millisecond,
+		RenewBatch:         256,
 	}
 	if mutate != nil {
 		mutate(&cfg)
@@ -156,6 +160,32 @@ func TestPingRenewsWithJitter(t *testing.T) {
 	}
 	if len(seen) < 2 {
 		t.Errorf("5 renewals granted the same TTL: no jitter")
+	}
+}
+
+func TestRenewGranularity(t *testing.T) {
+	tg := startGateway(t, func(c *Config) { c.RenewGranularity = time.Second })
+	ws := tg.dial(t, "fast")
+	ctx := context.Background()
+	key := tg.store.Keyspace().SessionKey("fast")
+	first := pingPong(t, ws)
+	time.Sleep(300 * time.Millisecond)
+	// Within the granularity: answered from the first grant, not renewed.
+	second := pingPong(t, ws)
+	if second > first-250 {
+		t.Fatalf("second pong ttl_ms %v, want the first grant's remainder (< %v)", second, first-250)
+	}
+	pttl, _ := tg.rdb.PTTL(ctx, key).Result()
+	if pttl.Milliseconds() > int64(first)-250 {
+		t.Fatalf("PTTL %v: the key was renewed within the granularity", pttl)
+	}
+	time.Sleep(800 * time.Millisecond)
+	// Past it: renewed again.
+	if third := pingPong(t, ws); third < 10_000 {
+		t.Fatalf("third pong ttl_ms %v, want a fresh grant", third)
+	}
+	if pttl, _ := tg.rdb.PTTL(ctx, key).Result(); pttl < 9*time.Second {
+		t.Fatalf("PTTL %v after the granularity: not renewed", pttl)
 	}
 }
 

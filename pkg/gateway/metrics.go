@@ -24,7 +24,25 @@ var (
 	}, []string{"result"})
 	metricRenewalSeconds = promauto.NewHistogram(prometheus.HistogramOpts{
 		Name:    "stillthere_gateway_renewal_seconds",
-		Help:    "Latency of a session renewal in Redis.",
+		Help:    "Time from a ping to its renewal being written, batching included.",
+		Buckets: prometheus.ExponentialBuckets(0.0002, 2, 14),
+	})
+	metricRenewalsCoalesced = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_gateway_renewals_coalesced_total",
+		Help: "Pings answered from the last grant, within the renewal granularity, without a Redis write.",
+	})
+	metricRenewRoundTrips = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_gateway_renewal_round_trips_total",
+		Help: "Redis round trips carrying renewals; renewals_total / this = renewals per round trip.",
+	})
+	metricRenewBatchSize = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name:    "stillthere_gateway_renewal_batch_size",
+		Help:    "Renewals per Redis round trip.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 10),
+	})
+	metricRenewFlushSeconds = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name:    "stillthere_gateway_renewal_flush_seconds",
+		Help:    "Latency of one pipelined renewal round trip.",
 		Buckets: prometheus.ExponentialBuckets(0.0002, 2, 14),
 	})
 	metricPushes = promauto.NewCounterVec(prometheus.CounterOpts{

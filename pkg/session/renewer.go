@@ -1,0 +1,199 @@
+package session
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrRenewerStopped means a renewal came after the Renewer stopped.
+var ErrRenewerStopped = errors.New("session renewer stopped")
+
+// RenewerConfig tunes a Renewer.
+type RenewerConfig struct {
+	// FlushInterval is the longest a renewal waits for others to share its
+	// round trip. Default 2ms.
+	FlushInterval time.Duration
+	// MaxBatch flushes at once when this many renewals are waiting.
+	// Default 256.
+	MaxBatch int
+	// QueueSize bounds the renewals waiting to be batched; beyond it
+	// Renew blocks (backpressure). Default 8192.
+	QueueSize int
+	// OnFlush, when set, observes each round trip: its size and latency.
+	OnFlush func(size int, took time.Duration, err error)
+}
+
+// Renewer coalesces renewals from many connections into pipelined round
+// trips: it flushes every FlushInterval or MaxBatch renewals, whichever
+// comes first, and while one round trip is in flight the next batch
+// gathers. Each renewal is still one atomic script.
+type Renewer struct {
+	store *Store
+	cfg   RenewerConfig
+	reqs  chan *renewal
+
+	mu      sync.Mutex // guards stopped and the Add of senders
+	stopped bool
+	senders sync.WaitGroup // Renew calls between the stopped check and their send
+}
+
+type renewal struct {
+	uid, segment string
+	ttl          time.Duration
+	deadline     time.Time
+	err          error
+	done         chan struct{}
+}
+
+// NewRenewer returns a Renewer over store; call Run to start it.
+func NewRenewer(store *Store, cfg RenewerConfig) *Renewer {
+	if cfg.FlushInterval <= 0 {
+		cfg.FlushInterval = 2 * time.Millisecond
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 256
+	}
+	if cfg.QueueSize <= 0 {
+		cfg.QueueSize = 8192
+	}
+	return &Renewer{store: store, cfg: cfg, reqs: make(chan *renewal, cfg.QueueSize)}
+}
+
+// Renew grants uid's session ttl, sharing a round trip with other
+// renewals, and returns the new deadline by Redis's clock.
+func (r *Renewer) Renew(ctx context.Context, uid, segment string, ttl time.Duration) (time.Time, error) {
+	req := &renewal{uid: uid, segment: segment, ttl: ttl, done: make(chan struct{})}
+	r.mu.Lock()
+	if r.stopped {
+		r.mu.Unlock()
+		return time.Time{}, ErrRenewerStopped
+	}
+	r.senders.Add(1)
+	r.mu.Unlock()
+	select {
+	case r.reqs <- req:
+		r.senders.Done()
+	case <-ctx.Done():
+		r.senders.Done()
+		return time.Time{}, ctx.Err()
+	}
+	// Once queued, the renewal is always flushed, so waiting is bounded
+	// by Run's round trip.
+	<-req.done
+	return req.deadline, req.err
+}
+
+// Run batches renewals until ctx is done, then refuses new ones, flushes
+// what is queued and returns: no accepted renewal is dropped.
+func (r *Renewer) Run(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	batch := make([]*renewal, 0, r.cfg.MaxBatch)
+	flush := func() {
+		timer.Stop()
+		if len(batch) > 0 {
+			r.flush(batch)
+			batch = batch[:0]
+		}
+	}
+	for {
+		select {
+		case req := <-r.reqs:
+			if len(batch) == 0 {
+				timer.Reset(r.cfg.FlushInterval)
+			}
+			batch = append(batch, req)
+			if len(batch) >= r.cfg.MaxBatch {
+				flush()
+			}
+		case <-timer.C:
+			flush()
+		case <-ctx.Done():
+			// Refuse new renewals, then take in those already on their way
+			// until their senders are all through.
+			r.mu.Lock()
+			r.stopped = true
+			r.mu.Unlock()
+			sent := make(chan struct{})
+			go func() { r.senders.Wait(); close(sent) }()
+			for draining := true; draining; {
+				select {
+				case req := <-r.reqs:
+					batch = append(batch, req)
+				case <-sent:
+					for len(r.reqs) > 0 {
+						batch = append(batch, <-r.reqs)
+					}
+					draining = false
+				}
+				if len(batch) >= r.cfg.MaxBatch {
+					flush()
+				}
+			}
+			flush()
+			return
+		}
+	}
+}
+
+// flush sends a batch in one pipeline. A renewal whose script is missing
+// from Redis's cache (first use, or a restarted Redis) is sent again with
+// the script's source, which also caches it; renewals are idempotent.
+func (r *Renewer) flush(batch []*renewal) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	cmds := r.send(ctx, batch, renewScript.EvalSha)
+	var again []*renewal
+	var againAt []int
+	for i, cmd := range cmds {
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			again = append(again, batch[i])
+			againAt = append(againAt, i)
+		}
+	}
+	if len(again) > 0 {
+		for j, cmd := range r.send(ctx, again, renewScript.Eval) {
+			cmds[againAt[j]] = cmd
+		}
+	}
+	var firstErr error
+	for i, req := range batch {
+		ms, err := cmds[i].Int64()
+		if err != nil {
+			req.err = fmt.Errorf("renew session %q: %w", req.uid, err)
+			firstErr = cmp.Or(firstErr, err)
+		} else {
+			req.deadline = time.UnixMilli(ms)
+		}
+		close(req.done)
+	}
+	if r.cfg.OnFlush != nil {
+		r.cfg.OnFlush(len(batch), time.Since(start), firstErr)
+	}
+}
+
+type evalFunc func(ctx context.Context, c redis.Scripter, keys []string, args ...any) *redis.Cmd
+
+// send runs one renewal script per request in a single pipeline.
+func (r *Renewer) send(ctx context.Context, batch []*renewal, eval evalFunc) []*redis.Cmd {
+	ks := r.store.ks
+	cmds := make([]*redis.Cmd, len(batch))
+	// Errors are per command; Pipelined's own is the first of them.
+	r.store.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, req := range batch {
+			b := Bucket(req.uid)
+			cmds[i] = eval(ctx, p,
+				[]string{ks.SessionKey(req.uid), ks.IndexKey(b), ks.SegmentsKey(b)},
+				req.uid, req.ttl.Milliseconds(), req.segment)
+		}
+		return nil
+	})
+	return cmds
+}

@@ -1,0 +1,121 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestRenewerBatchesConcurrentRenewals(t *testing.T) {
+	s, ctx := newStore(t)
+	var flushes, renewals atomic.Int64
+	r := NewRenewer(s, RenewerConfig{
+		FlushInterval: 5 * time.Millisecond,
+		OnFlush: func(size int, _ time.Duration, err error) {
+			if err != nil {
+				t.Errorf("flush: %v", err)
+			}
+			flushes.Add(1)
+			renewals.Add(int64(size))
+		},
+	})
+	rctx, cancel := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() { r.Run(rctx); close(ran) }()
+
+	const conns, each = 200, 5
+	var wg sync.WaitGroup
+	for i := range conns {
+		wg.Go(func() {
+			uid := "u" + itoa(i)
+			for range each {
+				d, err := r.Renew(ctx, uid, "default", time.Minute)
+				if err != nil || time.Until(d) < 50*time.Second {
+					t.Errorf("Renew(%s) = %v, %v", uid, d, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	cancel()
+	<-ran
+
+	if renewals.Load() != conns*each {
+		t.Fatalf("flushed %d renewals, want %d", renewals.Load(), conns*each)
+	}
+	perTrip := float64(renewals.Load()) / float64(flushes.Load())
+	t.Logf("%d renewals in %d round trips: %.1f per round trip", renewals.Load(), flushes.Load(), perTrip)
+	if perTrip < 2 {
+		t.Errorf("%.1f renewals per round trip under 200 concurrent renewers: not batching", perTrip)
+	}
+	for _, uid := range []string{"u0", "u199"} {
+		if live, _ := s.Live(ctx, uid); !live {
+			t.Errorf("session %s not renewed", uid)
+		}
+	}
+	if _, err := r.Renew(ctx, "late", "default", time.Minute); !errors.Is(err, ErrRenewerStopped) {
+		t.Errorf("Renew after stop = %v, want ErrRenewerStopped", err)
+	}
+}
+
+func TestRenewerStopFlushesQueued(t *testing.T) {
+	s, ctx := newStore(t)
+	// A long flush interval: only the stop can flush these.
+	r := NewRenewer(s, RenewerConfig{FlushInterval: time.Hour, MaxBatch: 1000})
+	rctx, cancel := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() { r.Run(rctx); close(ran) }()
+	type result struct {
+		uid string
+		err error
+	}
+	results := make(chan result, 10)
+	for i := range 10 {
+		go func() {
+			uid := "q" + itoa(i)
+			_, err := r.Renew(ctx, uid, "default", time.Minute)
+			results <- result{uid, err}
+		}()
+	}
+	time.Sleep(50 * time.Millisecond) // let them queue; a late one is refused, not lost
+	cancel()
+	<-ran
+	accepted := 0
+	for range 10 {
+		res := <-results
+		switch {
+		case res.err == nil:
+			accepted++
+			if live, _ := s.Live(ctx, res.uid); !live {
+				t.Errorf("renewal of %s reported done but not in Redis", res.uid)
+			}
+		case !errors.Is(res.err, ErrRenewerStopped):
+			t.Errorf("renewal of %s: %v", res.uid, res.err)
+		}
+	}
+	if accepted == 0 {
+		t.Fatal("no queued renewal was flushed on stop")
+	}
+}
+
+func TestRenewerSurvivesScriptFlush(t *testing.T) {
+	s, ctx := newStore(t)
+	r := NewRenewer(s, RenewerConfig{})
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go r.Run(rctx)
+	// As after a Redis restart: the script cache is empty.
+	if err := s.rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Renew(ctx, "x", "default", time.Minute); err != nil {
+		t.Fatalf("Renew after SCRIPT FLUSH: %v", err)
+	}
+	if _, err := r.Renew(ctx, "y", "default", time.Minute); err != nil {
+		t.Fatalf("second Renew: %v", err)
+	}
+}
