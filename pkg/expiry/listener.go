@@ -277,10 +277,16 @@ func (l *Listener) emit(ctx context.Context, found []session.Expired, source str
 		toProduce = append(toProduce, e)
 	}
 	if len(records) > 0 {
+		byRecord := make(map[*kgo.Record]session.Expired, len(records))
+		for i, r := range records {
+			byRecord[r] = toProduce[i]
+		}
+		// ProduceSync lists results in the order records completed, not
+		// the order given: match them by record.
 		results := l.producer.ProduceSync(ctx, records...)
 		producedAt := time.Now()
-		for i, r := range results {
-			e := toProduce[i]
+		for _, r := range results {
+			e := byRecord[r.Record]
 			if r.Err != nil {
 				metricProduceErrors.Inc()
 				l.log.Warn("produce timeout", "uid", e.UID, "err", r.Err)

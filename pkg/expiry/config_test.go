@@ -1,0 +1,103 @@
+package expiry
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stillthere/stillthere/pkg/config"
+)
+
+func TestLoadConfig(t *testing.T) {
+	t.Run("defaults", func(t *testing.T) {
+		c, err := LoadConfig(nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Mode != ModeHybrid || c.SweepInterval != 200*time.Millisecond || c.SweepBatch != 256 ||
+			c.DedupTTL != 120*time.Second || c.ProduceTimeout != 10*time.Second || c.AdminAddr != "127.0.0.1:8082" {
+			t.Fatalf("defaults = %+v", c)
+		}
+	})
+	t.Run("environment", func(t *testing.T) {
+		env := map[string]string{
+			config.EnvName("detect-mode"):    ModeSweep,
+			config.EnvName("sweep-interval"): "50ms",
+			config.EnvName("sweep-batch"):    "10",
+		}
+		lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+		c, err := LoadConfig([]string{"-sweep-batch", "20"}, lookup)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Mode != ModeSweep || c.SweepInterval != 50*time.Millisecond || c.SweepBatch != 20 {
+			t.Fatalf("got mode %q, interval %v, batch %d; want sweep, 50ms, 20 (the flag wins)", c.Mode, c.SweepInterval, c.SweepBatch)
+		}
+	})
+	t.Run("invalid", func(t *testing.T) {
+		lookup := func(k string) (string, bool) {
+			if k == config.EnvName("detect-mode") {
+				return "poll", true
+			}
+			return "", false
+		}
+		if _, err := LoadConfig(nil, lookup); err == nil || !strings.HasPrefix(err.Error(), "detect-mode:") {
+			t.Fatalf("LoadConfig with detect-mode poll: %v; want a detect-mode error", err)
+		}
+	})
+}
+
+func TestValidate(t *testing.T) {
+	valid, err := LoadConfig(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+		field  string // the error's first word; "" means valid
+	}{
+		{"defaults", func(*Config) {}, ""},
+		{"events mode", func(c *Config) { c.Mode = ModeEvents }, ""},
+		{"sweep mode", func(c *Config) { c.Mode = ModeSweep }, ""},
+		{"smallest settings", func(c *Config) {
+			c.SweepInterval, c.SweepBatch, c.DedupTTL, c.ProduceTimeout = 10*time.Millisecond, 1, time.Minute, time.Second
+		}, ""},
+		{"largest settings", func(c *Config) { c.SweepInterval, c.SweepBatch = time.Minute, 10000 }, ""},
+
+		{"no redis", func(c *Config) { c.Redis.Addrs = nil }, "redis-addrs"},
+		{"bad key prefix", func(c *Config) { c.Redis.KeyPrefix = "a:b" }, "key-prefix"},
+		{"no kafka", func(c *Config) { c.Kafka.Brokers = nil }, "kafka-brokers"},
+		{"no admin addr", func(c *Config) { c.AdminAddr = "" }, "listener-admin-addr"},
+		{"empty mode", func(c *Config) { c.Mode = "" }, "detect-mode"},
+		{"unknown mode", func(c *Config) { c.Mode = "Hybrid" }, "detect-mode"},
+		{"sweep interval zero", func(c *Config) { c.SweepInterval = 0 }, "sweep-interval"},
+		{"sweep interval too short", func(c *Config) { c.SweepInterval = 9 * time.Millisecond }, "sweep-interval"},
+		{"sweep interval too long", func(c *Config) { c.SweepInterval = time.Minute + 1 }, "sweep-interval"},
+		{"sweep batch zero", func(c *Config) { c.SweepBatch = 0 }, "sweep-batch"},
+		{"sweep batch negative", func(c *Config) { c.SweepBatch = -1 }, "sweep-batch"},
+		{"sweep batch too big", func(c *Config) { c.SweepBatch = 10001 }, "sweep-batch"},
+		{"dedup ttl zero", func(c *Config) { c.DedupTTL = 0 }, "dedup-ttl"},
+		{"dedup ttl under a minute", func(c *Config) { c.DedupTTL = 59 * time.Second }, "dedup-ttl"},
+		{"produce timeout zero", func(c *Config) { c.ProduceTimeout = 0 }, "produce-timeout"},
+		{"produce timeout under a second", func(c *Config) { c.ProduceTimeout = 999 * time.Millisecond }, "produce-timeout"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := valid
+			c.Redis.Addrs = append([]string(nil), valid.Redis.Addrs...)
+			c.Kafka.Brokers = append([]string(nil), valid.Kafka.Brokers...)
+			tt.mutate(&c)
+			err := c.Validate()
+			if tt.field == "" {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil || !strings.HasPrefix(err.Error(), tt.field+":") {
+				t.Fatalf("Validate() = %v, want an error naming %s", err, tt.field)
+			}
+		})
+	}
+}

@@ -1,0 +1,320 @@
+package expiry
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/stillthere/stillthere/pkg/kafka"
+	"github.com/stillthere/stillthere/pkg/redisconn"
+	"github.com/stillthere/stillthere/pkg/redisserver"
+	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
+	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
+)
+
+const (
+	testTopic = "session-timeouts"
+	// waitLong bounds every wait for something the listener does. It is
+	// far above the usual second so that a slow CI machine does not fail.
+	waitLong = 20 * time.Second
+)
+
+// harness is one test's own redis-server and embedded Kafka, with the
+// session store the gateway would write through.
+type harness struct {
+	t      *testing.T
+	srv    *redisserver.Server
+	rdb    *redis.Client
+	store  *session.Store
+	kafka  *kfake.Cluster
+	prefix string
+	admin  *kadm.Client
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := redistest.Client(t, srv)
+	prefix := redistest.Prefix(t)
+	ks, err := session.NewKeyspace(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return &harness{
+		t:      t,
+		srv:    srv,
+		rdb:    rdb,
+		store:  session.NewStore(rdb, ks),
+		kafka:  cluster,
+		prefix: prefix,
+		admin:  kadm.NewClient(cl),
+	}
+}
+
+// config is a valid listener config for the harness, quick to react.
+func (h *harness) config(mode string) Config {
+	return Config{
+		Redis: redisconn.Config{Addrs: []string{h.srv.Addr}, KeyPrefix: h.prefix},
+		Kafka: kafka.Config{
+			Brokers:           h.kafka.ListenAddrs(),
+			Topic:             testTopic,
+			Partitions:        4,
+			ReplicationFactor: 1,
+		},
+		AdminAddr:      "127.0.0.1:0",
+		Mode:           mode,
+		SweepInterval:  50 * time.Millisecond,
+		SweepBatch:     256,
+		DedupTTL:       2 * time.Minute,
+		ProduceTimeout: time.Second,
+	}
+}
+
+func testLogger() *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// start opens a listener and runs it. The returned stop cancels it and
+// waits for Run to return; cleanup calls it too.
+func (h *harness) start(cfg Config) (stop func()) {
+	t := h.t
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	l, err := New(ctx, cfg, testLogger())
+	if err != nil {
+		cancel()
+		t.Fatalf("New: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("listener stopped with: %v", err)
+				}
+			case <-time.After(waitLong):
+				t.Errorf("listener did not stop within %v", waitLong)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// waitFor polls cond until it holds, failing the test after within.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up after %v waiting for %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitSubscribed waits until n clients hold a pattern subscription: only
+// then are expired events heard.
+func (h *harness) waitSubscribed(n int) {
+	h.t.Helper()
+	waitFor(h.t, waitLong, "keyspace event subscriptions", func() bool {
+		list, err := h.rdb.ClientList(context.Background()).Result()
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		return strings.Count(list, " psub=1 ") >= n
+	})
+}
+
+// grant is what the gateway granted a uid.
+type grant struct {
+	segment  string
+	deadline time.Time
+}
+
+func (h *harness) renew(uid, segment string, ttl time.Duration) grant {
+	h.t.Helper()
+	deadline, err := h.store.Renew(context.Background(), uid, segment, ttl)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return grant{segment: segment, deadline: deadline}
+}
+
+// produced is how many records the topic holds; 0 before it exists.
+func (h *harness) produced() int64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ends, err := h.admin.ListEndOffsets(ctx, testTopic)
+	if err != nil {
+		return 0
+	}
+	var n int64
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err == nil {
+			n += o.Offset
+		}
+	})
+	return n
+}
+
+// waitProduced waits until the topic holds at least n records.
+func (h *harness) waitProduced(n int) {
+	h.t.Helper()
+	deadline := time.Now().Add(waitLong)
+	for got := h.produced(); got < int64(n); got = h.produced() {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("topic holds %d events after %v, want %d", got, waitLong, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// inIndex reports whether uid has a deadline-index entry.
+func (h *harness) inIndex(uid string) bool {
+	h.t.Helper()
+	ks := h.store.Keyspace()
+	_, err := h.rdb.ZScore(context.Background(), ks.IndexKey(session.Bucket(uid)), uid).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		h.t.Fatal(err)
+	}
+	return err == nil
+}
+
+// waitSettled waits until none of uids has an index entry and the sweep
+// finds nothing due.
+func (h *harness) waitSettled(uids []string) {
+	h.t.Helper()
+	waitFor(h.t, waitLong, "index entries of produced timeouts to be removed", func() bool {
+		for _, uid := range uids {
+			if h.inIndex(uid) {
+				return false
+			}
+		}
+		return true
+	})
+	due, _, err := h.store.Due(context.Background(), 1000)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if len(due) != 0 {
+		h.t.Fatalf("Due after settling = %+v, want none", due)
+	}
+}
+
+// events reads every timeout event on the topic.
+func (h *harness) events() []timeoutevent.Event {
+	t := h.t
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	want := h.produced()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(h.kafka.ListenAddrs()...), kgo.ConsumeTopics(testTopic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var out []timeoutevent.Event
+	for int64(len(out)) < want {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("read %d of %d events: %v", len(out), want, ctx.Err())
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			ev, err := timeoutevent.Parse(r.Value)
+			if err != nil {
+				t.Errorf("bad event on topic: %v", err)
+			}
+			if string(r.Key) != ev.UID {
+				t.Errorf("event for %q keyed %q", ev.UID, r.Key)
+			}
+			out = append(out, ev)
+		})
+	}
+	return out
+}
+
+// byUID groups events by uid.
+func byUID(evs []timeoutevent.Event) map[string][]timeoutevent.Event {
+	m := make(map[string][]timeoutevent.Event)
+	for _, ev := range evs {
+		m[ev.UID] = append(m[ev.UID], ev)
+	}
+	return m
+}
+
+// checkEvent checks that ev reports the silence of g.
+func checkEvent(t *testing.T, ev timeoutevent.Event, g grant, sources ...string) {
+	t.Helper()
+	ms := g.deadline.UnixMilli()
+	switch {
+	case ev.DeadlineMS != ms:
+		t.Errorf("event for %s: deadline %d, want %d", ev.UID, ev.DeadlineMS, ms)
+	case ev.ID != timeoutevent.ID(ev.UID, ms):
+		t.Errorf("event for %s: id %s, want %s", ev.UID, ev.ID, timeoutevent.ID(ev.UID, ms))
+	case ev.Segment != g.segment:
+		t.Errorf("event for %s: segment %q, want %q", ev.UID, ev.Segment, g.segment)
+	case ev.DetectedMS < ev.DeadlineMS:
+		t.Errorf("event for %s: detected at %d, before its deadline %d", ev.UID, ev.DetectedMS, ev.DeadlineMS)
+	case ev.Version != timeoutevent.Version:
+		t.Errorf("event for %s: version %d", ev.UID, ev.Version)
+	}
+	for _, s := range sources {
+		if ev.Source == s {
+			return
+		}
+	}
+	t.Errorf("event for %s: source %q, want one of %q", ev.UID, ev.Source, sources)
+}
+
+// checkExactlyOnce checks that evs hold one event for each uid of want and
+// nothing else.
+func checkExactlyOnce(t *testing.T, evs []timeoutevent.Event, want map[string]grant, sources ...string) {
+	t.Helper()
+	got := byUID(evs)
+	for uid, g := range want {
+		switch n := len(got[uid]); n {
+		case 0:
+			t.Errorf("no event for %s", uid)
+		case 1:
+			checkEvent(t, got[uid][0], g, sources...)
+		default:
+			t.Errorf("%d events for %s, want one: %+v", n, uid, got[uid])
+		}
+	}
+	for uid, evs := range got {
+		if _, ok := want[uid]; !ok {
+			t.Errorf("event for %s, which never went silent: %+v", uid, evs)
+		}
+	}
+}
