@@ -128,15 +128,16 @@ func (l *Listener) receive(ctx context.Context, node *redis.Client, out chan<- s
 	}
 }
 
-// isConfigDenied reports whether Redis refused CONFIG, as managed services
-// do: retrying cannot help, so the listener fails with the node's name.
+// isConfigDenied reports whether Redis refused CONFIG itself, as managed
+// services do (an ACL without it, or the command renamed away): retrying
+// cannot help, so the listener fails with the node's name.
 func isConfigDenied(err error) bool {
 	var rerr redis.Error
 	if !errors.As(err, &rerr) {
 		return false
 	}
 	msg := rerr.Error()
-	return strings.Contains(msg, "NOPERM") || strings.Contains(msg, "unknown command") || strings.Contains(msg, "ERR")
+	return strings.HasPrefix(msg, "NOPERM") || strings.Contains(msg, "unknown command")
 }
 
 func sleep(ctx context.Context, d time.Duration) {

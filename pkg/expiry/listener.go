@@ -13,6 +13,8 @@ package expiry
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -39,6 +41,9 @@ type Listener struct {
 	store    *session.Store
 	producer *kgo.Client
 	adminLn  net.Listener
+	// claim is this listener's dedup claim value, unique per process, so
+	// it only ever releases its own claims.
+	claim string
 }
 
 // Run opens a listener and runs it until ctx is done.
@@ -76,6 +81,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Listener, error
 		rdb:      rdb,
 		store:    session.NewStore(rdb, cfg.Redis.Keyspace()),
 		producer: producer,
+		claim:    dedupClaimed + ":" + randomID(),
 	}
 	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -102,13 +108,19 @@ func (l *Listener) close() {
 func (l *Listener) AdminAddr() net.Addr { return l.adminLn.Addr() }
 
 // Run detects timeouts until ctx is done. It returns after every goroutine
-// it started has exited; events in flight are produced first.
+// it started has exited; a batch being produced is finished first.
 func (l *Listener) Run(ctx context.Context) error {
 	defer l.close()
 	l.log.Info("expiry listener running", "mode", l.cfg.Mode, "admin", l.AdminAddr().String(),
 		"topic", l.cfg.Kafka.Topic, "sweep_interval", l.cfg.SweepInterval)
+	var nodes []*redis.Client
+	if l.cfg.Mode != ModeSweep {
+		var err error
+		if nodes, err = l.masters(ctx); err != nil {
+			return err
+		}
+	}
 	eg, ctx := errgroup.WithContext(ctx)
-
 	srv := &http.Server{Handler: admin.NewMux(l.ready), ReadHeaderTimeout: 5 * time.Second}
 	eg.Go(func() error {
 		if err := srv.Serve(l.adminLn); !errors.Is(err, http.ErrServerClosed) {
@@ -124,14 +136,8 @@ func (l *Listener) Run(ctx context.Context) error {
 	// Keys from expired events. Bounded: a full channel holds up the
 	// subscriber's socket read, it never drops a key.
 	expired := make(chan string, 1024)
-	if l.cfg.Mode != ModeSweep {
-		nodes, err := l.masters(ctx)
-		if err != nil {
-			return err
-		}
-		for _, node := range nodes {
-			eg.Go(func() error { return l.subscribe(ctx, node, expired) })
-		}
+	for _, node := range nodes {
+		eg.Go(func() error { return l.subscribe(ctx, node, expired) })
 	}
 	eg.Go(func() error { return l.pipeline(ctx, expired) })
 	err := eg.Wait()
@@ -219,12 +225,16 @@ func (l *Listener) sweep(ctx context.Context) {
 			return
 		}
 		metricSeen.WithLabelValues(timeoutevent.SourceSweep).Add(float64(len(due)))
-		if err := l.emit(ctx, due, timeoutevent.SourceSweep); err != nil {
+		settled, err := l.emit(ctx, due, timeoutevent.SourceSweep)
+		if err != nil {
 			l.log.Warn("emit swept timeouts", "count", len(due), "err", err)
 			return
 		}
-		if len(due) < l.cfg.SweepBatch {
-			return // no bucket was full; a full one may hold more
+		// Sweep again at once only if a bucket may hold more and this
+		// round made progress; entries another replica is producing would
+		// otherwise be read over and over.
+		if len(due) < l.cfg.SweepBatch || settled == 0 {
+			return
 		}
 	}
 }
@@ -245,45 +255,51 @@ func (l *Listener) fromEvents(ctx context.Context, uids []string) {
 		return
 	}
 	metricSeen.WithLabelValues(timeoutevent.SourceEvent).Add(float64(len(found)))
-	if err := l.emit(ctx, found, timeoutevent.SourceEvent); err != nil {
+	if _, err := l.emit(ctx, found, timeoutevent.SourceEvent); err != nil {
 		l.log.Warn("emit timeouts from events", "count", len(found), "err", err)
 	}
 }
 
-// emit dedupes, produces and settles one batch. On a produce failure the
-// dedup keys of the failed events are released and their index entries
-// stay, so the next sweep tries them again.
-func (l *Listener) emit(ctx context.Context, found []session.Expired, source string) error {
+// emit dedupes, produces and settles one batch, and returns how many
+// index entries it settled. On a produce failure the claims of the failed
+// events are released and their index entries stay, so the next sweep
+// tries them again.
+func (l *Listener) emit(ctx context.Context, found []session.Expired, source string) (int, error) {
 	begin := time.Now() // just after detection
-	fresh, err := l.dedupe(ctx, found)
+	states, err := l.dedupe(ctx, found)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	var settled, failed []session.Expired
-	var records []*kgo.Record
-	var toProduce []session.Expired
+	var settled, produced, failed []session.Expired
+	records := make([]*kgo.Record, 0, len(found))
+	byRecord := make(map[*kgo.Record]session.Expired, len(found))
 	for i, e := range found {
-		if !fresh[i] {
+		switch states[i] {
+		case dedupDone:
 			metricDedupHits.Inc()
 			settled = append(settled, e)
 			continue
+		case dedupBusy:
+			continue // another replica is producing it; it settles the entry
 		}
 		ev := timeoutevent.New(e.UID, e.Segment, e.Deadline, e.Detected, source)
 		b, err := ev.Marshal()
 		if err != nil {
-			return fmt.Errorf("encode timeout for %q: %w", e.UID, err)
+			return 0, fmt.Errorf("encode timeout for %q: %w", e.UID, err)
 		}
-		records = append(records, &kgo.Record{Key: []byte(e.UID), Value: b})
-		toProduce = append(toProduce, e)
+		r := &kgo.Record{Key: []byte(e.UID), Value: b}
+		records = append(records, r)
+		byRecord[r] = e
 	}
 	if len(records) > 0 {
-		byRecord := make(map[*kgo.Record]session.Expired, len(records))
-		for i, r := range records {
-			byRecord[r] = toProduce[i]
-		}
+		// Bounded by ProduceTimeout, and not cut short by shutdown: a batch
+		// in flight is finished, so its entries are settled now rather than
+		// produced again by the next start.
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.ProduceTimeout)
 		// ProduceSync lists results in the order records completed, not
 		// the order given: match them by record.
-		results := l.producer.ProduceSync(ctx, records...)
+		results := l.producer.ProduceSync(pctx, records...)
+		cancel()
 		producedAt := time.Now()
 		for _, r := range results {
 			e := byRecord[r.Record]
@@ -297,54 +313,105 @@ func (l *Listener) emit(ctx context.Context, found []session.Expired, source str
 			// Lag from the deadline to detection by Redis's clock, plus the
 			// local time since: no two hosts' clocks are compared.
 			metricLag.WithLabelValues(source).Observe((e.Detected.Sub(e.Deadline) + producedAt.Sub(begin)).Seconds())
-			settled = append(settled, e)
+			produced = append(produced, e)
 		}
 	}
-	if len(failed) > 0 {
-		if err := l.undedupe(context.WithoutCancel(ctx), failed); err != nil {
-			l.log.Warn("release dedup keys", "err", err)
-		}
+	wctx := context.WithoutCancel(ctx)
+	if err := l.markDedup(wctx, produced, failed); err != nil {
+		l.log.Warn("record dedup outcome", "err", err)
 	}
+	settled = append(settled, produced...)
 	if len(settled) > 0 {
-		if err := l.store.Settle(context.WithoutCancel(ctx), settled); err != nil {
-			return err
+		if err := l.store.Settle(wctx, settled); err != nil {
+			return 0, err
 		}
 	}
 	if len(failed) > 0 {
-		return fmt.Errorf("%d of %d timeouts not produced", len(failed), len(found))
+		return len(settled), fmt.Errorf("%d of %d timeouts not produced", len(failed), len(found))
 	}
-	return nil
+	return len(settled), nil
+}
+
+// A dedup key is claimed before its timeout is produced and marked
+// produced after. Another listener replica that meets a claim leaves the
+// index entry alone, so if the claimer's produce fails the entry is still
+// there for a retry; only a produced mark lets it settle the entry.
+type dedupState int
+
+const (
+	dedupFresh dedupState = iota // claimed by us: produce it
+	dedupDone                    // produced already: settle the entry
+	dedupBusy                    // claimed by another replica: leave it
+)
+
+const (
+	dedupClaimed  = "claimed"
+	dedupProduced = "produced"
+)
+
+// claimTTL is how long a claim outlives a crashed claimer, after which the
+// sweep retries its timeouts. It is well past the longest a produce takes,
+// so a live claimer's claim does not lapse under it.
+func (l *Listener) claimTTL() time.Duration { return max(30*time.Second, 3*l.cfg.ProduceTimeout) }
+
+// releaseScript deletes a claim only if it is still the caller's.
+var releaseScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+`)
+
+func randomID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // dedupWindow is the minute window of a deadline.
 func dedupWindow(deadline time.Time) int64 { return deadline.UnixMilli() / 60_000 }
 
-// dedupe claims each timeout's dedup key (SET NX EX) in one pipeline and
-// reports which were fresh.
-func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]bool, error) {
+// dedupe claims each timeout's dedup key (SET NX GET) in one pipeline.
+func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]dedupState, error) {
 	ks := l.store.Keyspace()
-	cmds := make([]*redis.BoolCmd, len(found))
+	cmds := make([]*redis.StatusCmd, len(found))
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, e := range found {
-			cmds[i] = p.SetNX(ctx, ks.DedupKey(e.UID, dedupWindow(e.Deadline)), 1, l.cfg.DedupTTL)
+			cmds[i] = p.SetArgs(ctx, ks.DedupKey(e.UID, dedupWindow(e.Deadline)), l.claim,
+				redis.SetArgs{Mode: "NX", Get: true, TTL: l.claimTTL()})
 		}
 		return nil
 	})
-	if err != nil {
+	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("dedup %d timeouts: %w", len(found), err)
 	}
-	fresh := make([]bool, len(found))
+	states := make([]dedupState, len(found))
 	for i, c := range cmds {
-		fresh[i] = c.Val()
+		switch val, err := c.Result(); {
+		case errors.Is(err, redis.Nil):
+			states[i] = dedupFresh
+		case err != nil:
+			return nil, fmt.Errorf("dedup timeout of %q: %w", found[i].UID, err)
+		case val == dedupProduced:
+			states[i] = dedupDone
+		default:
+			states[i] = dedupBusy
+		}
 	}
-	return fresh, nil
+	return states, nil
 }
 
-func (l *Listener) undedupe(ctx context.Context, failed []session.Expired) error {
+// markDedup marks produced timeouts for the dedup window, and releases the
+// claims of failed ones so that a retry may claim them.
+func (l *Listener) markDedup(ctx context.Context, produced, failed []session.Expired) error {
+	if len(produced)+len(failed) == 0 {
+		return nil
+	}
 	ks := l.store.Keyspace()
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, e := range produced {
+			p.Set(ctx, ks.DedupKey(e.UID, dedupWindow(e.Deadline)), dedupProduced, l.cfg.DedupTTL)
+		}
 		for _, e := range failed {
-			p.Del(ctx, ks.DedupKey(e.UID, dedupWindow(e.Deadline)))
+			releaseScript.Eval(ctx, p, []string{ks.DedupKey(e.UID, dedupWindow(e.Deadline))}, l.claim)
 		}
 		return nil
 	})

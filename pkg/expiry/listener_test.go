@@ -167,22 +167,37 @@ func TestProduceFailure(t *testing.T) {
 		// failAgain is how many records must fail after every deadline
 		// passed before the outage ends; 0 means as many as went silent.
 		failAgain int
+		// replicas is the number of listeners; 0 means 1.
+		replicas int
 	}{
 		// Retriable: the producer retries until its delivery timeout, at
 		// the pace of its metadata refreshes, then gives up. Each round
 		// takes seconds, so one failure after the deadlines is enough.
-		{"kafka down", nil, kerr.NotEnoughReplicas, 1},
+		{"kafka down", nil, kerr.NotEnoughReplicas, 1, 0},
 		// Not retriable: every sweep fails at once, so every silent
 		// session fails and is retried.
-		{"kafka refuses", nil, kerr.UnknownServerError, 0},
+		{"kafka refuses", nil, kerr.UnknownServerError, 0, 0},
 		// Batches partly produced, partly failed.
-		{"one partition refuses", []int32{0}, kerr.UnknownServerError, 1},
+		{"one partition refuses", []int32{0}, kerr.UnknownServerError, 1, 0},
+		// A replica that meets another's claim must leave the index entry
+		// for a retry, or the claimer's failure loses the timeout.
+		{"kafka down under two listeners", nil, kerr.NotEnoughReplicas, 1, 2},
+		{"kafka refuses under two listeners", nil, kerr.UnknownServerError, 0, 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h := newHarness(t)
-			stop := h.start(h.config(ModeHybrid))
-			h.waitSubscribed(1)
+			replicas := max(tt.replicas, 1)
+			var stops []func()
+			for range replicas {
+				stops = append(stops, h.start(h.config(ModeHybrid)))
+			}
+			stop := func() {
+				for _, s := range stops {
+					s()
+				}
+			}
+			h.waitSubscribed(replicas)
 
 			// Refused before anything is written, so a failed record is
 			// never on the topic.
