@@ -57,6 +57,11 @@ type Config struct {
 	// ShutdownTimeout bounds the drain on SIGTERM. Default 10s.
 	ShutdownTimeout time.Duration
 
+	// MaxConns caps this instance's connections; beyond it an upgrade
+	// gets HTTP 503, so a load balancer tries another instance. Zero
+	// means the open-file limit less 1024 descriptors of headroom.
+	MaxConns int
+
 	// RenewGranularity is the least time between two renewals of one
 	// connection; pings in between are answered from the last grant.
 	// Default 1s.
@@ -86,6 +91,7 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Duration(&c.HandshakeTimeout, "handshake-timeout", 10*time.Second, "timeout of the WebSocket upgrade")
 	b.Int(&c.SendQueue, "send-queue", 32, "frames queued per connection before it is cut off as slow")
 	b.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "drain deadline on SIGTERM")
+	b.Int(&c.MaxConns, "max-conns", 0, "most connections on this instance, beyond it HTTP 503; 0 means the open-file limit less 1024")
 	b.Duration(&c.RenewGranularity, "renew-granularity", time.Second, "least time between two renewals of one connection")
 	b.Duration(&c.RenewFlushInterval, "renew-flush-interval", 2*time.Millisecond, "longest a renewal waits to share a Redis round trip")
 	b.Int(&c.RenewBatch, "renew-batch", 256, "renewals that fill a Redis round trip")
@@ -137,6 +143,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("send-queue: %d, want at least 1", c.SendQueue)
 	case c.ShutdownTimeout <= 0:
 		return fmt.Errorf("shutdown-timeout: %v, want more than 0", c.ShutdownTimeout)
+	case c.MaxConns < 0:
+		return fmt.Errorf("max-conns: %d, want 0 (from the open-file limit) or more", c.MaxConns)
 	case c.RenewGranularity < 0 || c.RenewGranularity > c.SessionTTL/2:
 		return fmt.Errorf("renew-granularity: %v, want between 0 and half the session-ttl", c.RenewGranularity)
 	case c.RenewFlushInterval <= 0 || c.RenewFlushInterval > time.Second:

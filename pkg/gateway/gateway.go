@@ -18,6 +18,8 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -44,6 +46,8 @@ type Gateway struct {
 
 	publicLn, pushLn net.Listener
 	conns            sync.WaitGroup // one per connection being served
+	maxConns         int64
+	open             atomic.Int64 // connections held or being upgraded
 }
 
 // Run opens a gateway and serves until ctx is done.
@@ -94,6 +98,10 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 			// The Origin is checked before the upgrade, with a JSON 403.
 			CheckOrigin: func(*http.Request) bool { return true },
 		},
+	}
+	g.maxConns = int64(cfg.MaxConns)
+	if g.maxConns == 0 {
+		g.maxConns = connLimitFromRlimit()
 	}
 	if g.publicLn, err = net.Listen("tcp", cfg.Addr); err != nil {
 		rdb.Close()
@@ -219,6 +227,14 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		admin.WriteError(w, http.StatusUnauthorized, err.Error())
 		return
 	}
+	if g.open.Add(1) > g.maxConns {
+		g.open.Add(-1)
+		metricRejected.WithLabelValues("full").Inc()
+		w.Header().Set("Retry-After", "1")
+		admin.WriteError(w, http.StatusServiceUnavailable, "gateway at its connection limit, try another")
+		return
+	}
+	defer g.open.Add(-1)
 	ws, err := g.upgrader.Upgrade(w, r, nil)
 	if err != nil {
 		return // the upgrader has answered with an HTTP error
@@ -241,6 +257,16 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		metricConnections.Dec()
 	}()
 	c.serve(ctx)
+}
+
+// connLimitFromRlimit leaves 1024 descriptors of the open-file limit for
+// Redis, listeners and the push endpoint's clients.
+func connLimitFromRlimit() int64 {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur > 1<<30 {
+		return 1 << 30
+	}
+	return max(int64(lim.Cur)-1024, 64)
 }
 
 // bearer finds the client's token: the Authorization header, or for

@@ -189,6 +189,31 @@ func TestRenewGranularity(t *testing.T) {
 	}
 }
 
+func TestConnectionLimit(t *testing.T) {
+	tg := startGateway(t, func(c *Config) { c.MaxConns = 2 })
+	a := tg.dial(t, "a")
+	tg.dial(t, "b")
+	tok, _ := token.Mint([]byte(tokenSecret), "c", "", time.Hour)
+	url := "ws://" + tg.PublicAddr().String() + "/v1/ws"
+	_, resp, err := websocket.DefaultDialer.Dial(url, http.Header{"Authorization": {"Bearer " + tok}})
+	if err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("third connection: %v %v, want HTTP 503", resp, err)
+	}
+	// A freed slot is usable again.
+	a.Close()
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		ws, _, err := websocket.DefaultDialer.Dial(url, http.Header{"Authorization": {"Bearer " + tok}})
+		if err == nil {
+			ws.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slot not freed: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func TestPushEndpoint(t *testing.T) {
 	tg := startGateway(t, nil)
 	phone := tg.dial(t, "bob")
