@@ -1,11 +1,22 @@
 // Command gateway is stillthere's WebSocket edge: clients connect with a
 // JWT and renew their session with app-level pings; the guide consumer
 // pushes guides through its internal listener. Run with -h for settings.
+//
+// "gateway policy show|set ..." shows or changes the per-segment timeout
+// policy that every gateway follows.
 package main
 
 import (
+	"os"
+
 	"github.com/stillthere/stillthere/pkg/daemon"
 	"github.com/stillthere/stillthere/pkg/gateway"
+	"github.com/stillthere/stillthere/pkg/policy"
 )
 
-func main() { daemon.Main("gateway", gateway.LoadConfig, gateway.Run) }
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "policy" {
+		daemon.Tool("gateway policy", os.Args[2:], policy.Command)
+	}
+	daemon.Main("gateway", gateway.LoadConfig, gateway.Run)
+}

@@ -66,3 +66,19 @@ func NewLogger(w io.Writer, env config.Lookup) (*slog.Logger, error) {
 		return nil, fmt.Errorf("%s=%q: want json or text", config.EnvName("log-format"), format)
 	}
 }
+
+// Tool runs a one-shot operator command and exits: 0 when it succeeds, 1
+// with its error otherwise.
+func Tool(name string, args []string, run func(context.Context, []string, config.Lookup, io.Writer) error) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, args, os.LookupEnv, os.Stdout)
+	stop()
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}

@@ -33,8 +33,13 @@ type Config struct {
 
 	// SessionTTL is granted on each ping, plus a uniform jitter in
 	// [0, SessionJitter) so expiries don't clump. Defaults 60s and 5s.
+	// A timeout policy stored in Redis (see "gateway policy") overrides
+	// both, per segment.
 	SessionTTL    time.Duration
 	SessionJitter time.Duration
+	// PolicyRefresh is how often the stored timeout policy is re-read.
+	// Default 2s.
+	PolicyRefresh time.Duration
 
 	// ReadLimit is the largest client frame, in bytes; larger ones close
 	// the connection with 1009. Default 4096.
@@ -83,6 +88,7 @@ func (c *Config) Bind(b *config.Binder) {
 	b.List(&c.AllowedOrigins, "allowed-origins", "", "browser Origins allowed to connect, comma-separated; empty allows same host only")
 	b.Duration(&c.SessionTTL, "session-ttl", 60*time.Second, "session TTL granted on each ping")
 	b.Duration(&c.SessionJitter, "session-jitter", 5*time.Second, "random extra TTL in [0, jitter)")
+	b.Duration(&c.PolicyRefresh, "policy-refresh", 2*time.Second, "how often the timeout policy in Redis is re-read")
 	b.Int(&c.ReadLimit, "read-limit", 4096, "largest client frame in bytes")
 	b.Int(&c.RateBurst, "rate-burst", 20, "frames a connection may send in a burst")
 	b.Float(&c.RatePerSecond, "rate-per-second", 5, "sustained frames per second per connection")
@@ -127,6 +133,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("session-ttl: %v, want at least 1s", c.SessionTTL)
 	case c.SessionJitter < 0 || c.SessionJitter > c.SessionTTL:
 		return fmt.Errorf("session-jitter: %v, want between 0 and session-ttl", c.SessionJitter)
+	case c.PolicyRefresh < 100*time.Millisecond:
+		return fmt.Errorf("policy-refresh: %v, want at least 100ms", c.PolicyRefresh)
 	case c.ReadLimit < 64:
 		return fmt.Errorf("read-limit: %d, want at least 64", c.ReadLimit)
 	case c.RateBurst < 1:

@@ -113,9 +113,10 @@ func (c *conn) renew(ctx context.Context) {
 		c.enqueue(frame.Pong(c.expires.Sub(now).Milliseconds()))
 		return
 	}
-	ttl := c.g.cfg.SessionTTL
-	if j := c.g.cfg.SessionJitter; j > 0 {
-		ttl += rand.N(j)
+	p := c.g.policy.Current()
+	ttl := p.TTL(c.segment)
+	if p.Jitter > 0 {
+		ttl += rand.N(p.Jitter)
 	}
 	ttl = ttl.Truncate(time.Millisecond)
 	// Not cancelled by the gateway's shutdown: a ping that arrived while

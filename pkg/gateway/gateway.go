@@ -28,6 +28,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/admin"
 	"github.com/stillthere/stillthere/pkg/frame"
+	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/token"
@@ -40,6 +41,7 @@ type Gateway struct {
 	rdb      redis.UniversalClient
 	store    *session.Store
 	renewer  *session.Renewer
+	policy   *policy.Watcher
 	verifier *token.Verifier
 	hub      *hub
 	upgrader websocket.Upgrader
@@ -99,6 +101,12 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 			CheckOrigin: func(*http.Request) bool { return true },
 		},
 	}
+	g.policy = policy.NewWatcher(policy.NewStore(rdb, cfg.Redis.Keyspace()),
+		policy.Policy{DefaultTTL: cfg.SessionTTL, Jitter: cfg.SessionJitter},
+		cfg.PolicyRefresh, logger)
+	if err := g.policy.Refresh(ctx); err != nil {
+		logger.Warn("timeout policy unreadable; using the configured TTL until it is fixed", "err", err)
+	}
 	g.maxConns = int64(cfg.MaxConns)
 	if g.maxConns == 0 {
 		g.maxConns = connLimitFromRlimit()
@@ -138,6 +146,12 @@ func (g *Gateway) Serve(ctx context.Context) error {
 		stopRenewer()
 		<-renewerDone
 	}()
+	policyDone := make(chan struct{})
+	go func() {
+		defer close(policyDone)
+		g.policy.Run(ctx)
+	}()
+	defer func() { <-policyDone }()
 	public := &http.Server{
 		Handler:           g.publicMux(ctx),
 		ReadHeaderTimeout: g.cfg.HandshakeTimeout,

@@ -15,6 +15,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 	"github.com/stillthere/stillthere/pkg/token"
@@ -55,6 +56,7 @@ func startGateway(t *testing.T, mutate func(*Config)) *testGateway {
 		RenewGranularity:   0,
 		RenewFlushInterval: 2 * time.Millisecond,
 		RenewBatch:         256,
+		PolicyRefresh:      100 * time.Millisecond,
 	}
 	if mutate != nil {
 		mutate(&cfg)
@@ -86,7 +88,12 @@ func (tg *testGateway) stop(t *testing.T) {
 
 func (tg *testGateway) dial(t *testing.T, uid string) *websocket.Conn {
 	t.Helper()
-	tok, err := token.Mint([]byte(tokenSecret), uid, "", time.Hour)
+	return tg.dialSegment(t, uid, "")
+}
+
+func (tg *testGateway) dialSegment(t *testing.T, uid, segment string) *websocket.Conn {
+	t.Helper()
+	tok, err := token.Mint([]byte(tokenSecret), uid, segment, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,6 +218,38 @@ func TestConnectionLimit(t *testing.T) {
 			t.Fatalf("slot not freed: %v", err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestPolicyChangedAtRuntime(t *testing.T) {
+	tg := startGateway(t, nil)
+	vip := tg.dialSegment(t, "v", "vip")
+	plain := tg.dialSegment(t, "p", "")
+	if ttl := pingPong(t, vip); ttl < 10_000 || ttl >= 11_000 {
+		t.Fatalf("before any policy: vip ttl_ms %v, want the configured 10s + jitter", ttl)
+	}
+	store := policy.NewStore(tg.rdb, tg.store.Keyspace())
+	err := store.Save(context.Background(), policy.Policy{
+		DefaultTTL: 20 * time.Second,
+		Segments:   map[string]time.Duration{"vip": 180 * time.Second},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if pingPong(t, vip) == 180_000 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the gateway did not pick up the new policy within 5s")
+		}
+	}
+	if ttl := pingPong(t, plain); ttl != 20_000 {
+		t.Fatalf("default segment ttl_ms %v, want the policy's 20000", ttl)
+	}
+	pttl, _ := tg.rdb.PTTL(context.Background(), tg.store.Keyspace().SessionKey("v")).Result()
+	if pttl < 170*time.Second {
+		t.Fatalf("vip session PTTL %v, want about 180s", pttl)
 	}
 }
 

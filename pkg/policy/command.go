@@ -1,0 +1,134 @@
+package policy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/stillthere/stillthere/pkg/config"
+	"github.com/stillthere/stillthere/pkg/redisconn"
+)
+
+const usage = `usage:
+  gateway policy show
+  gateway policy set [-default 60s] [-jitter 5s] [-segment name=ttl]... [-remove name]...
+
+Shows or changes the per-segment session timeout policy in Redis. Every
+gateway picks a change up within seconds. "set" starts from the stored
+policy (or, when none is stored, from STILLTHERE_SESSION_TTL and
+STILLTHERE_SESSION_JITTER) and validates the result before writing it.
+Redis is found through the usual STILLTHERE_REDIS_* and STILLTHERE_KEY_PREFIX
+settings, or their flags.`
+
+// Command runs the operator command with args such as ["set", "-segment",
+// "vip=180s"], writing its report to out.
+func Command(ctx context.Context, args []string, env config.Lookup, out io.Writer) error {
+	if len(args) == 0 || (args[0] != "show" && args[0] != "set") {
+		return errors.New(usage)
+	}
+	verb := args[0]
+	fs := flag.NewFlagSet("policy "+verb, flag.ContinueOnError)
+	fs.SetOutput(out)
+	b := config.NewBinder(fs, env)
+	var rc redisconn.Config
+	rc.Bind(b)
+	var fallback Policy
+	b.Duration(&fallback.DefaultTTL, "session-ttl", 60*time.Second, "TTL when no policy is stored")
+	b.Duration(&fallback.Jitter, "session-jitter", 5*time.Second, "jitter when no policy is stored")
+	var defaultTTL, jitter time.Duration
+	var set, remove []string
+	if verb == "set" {
+		fs.DurationVar(&defaultTTL, "default", 0, "TTL of segments not listed")
+		fs.DurationVar(&jitter, "jitter", -1, "extra TTL, uniform in [0, jitter)")
+		fs.Func("segment", "name=ttl: the TTL of one segment (repeatable)", func(s string) error {
+			set = append(set, s)
+			return nil
+		})
+		fs.Func("remove", "name: drop a segment's override (repeatable)", func(s string) error {
+			remove = append(remove, s)
+			return nil
+		})
+	}
+	if err := b.Parse(args[1:]); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q\n%s", fs.Args(), usage)
+	}
+	if err := rc.Validate(); err != nil {
+		return err
+	}
+	rdb, err := redisconn.Open(ctx, rc)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	store := NewStore(rdb, rc.Keyspace())
+
+	p, err := store.Load(ctx)
+	stored := err == nil
+	if errors.Is(err, ErrNone) {
+		p, err = fallback, nil
+	}
+	if err != nil {
+		return err
+	}
+	if verb == "show" {
+		return show(out, p, stored)
+	}
+
+	p.Segments = cloneSegments(p.Segments)
+	if defaultTTL != 0 {
+		p.DefaultTTL = defaultTTL
+	}
+	if jitter >= 0 {
+		p.Jitter = jitter
+	}
+	for _, s := range set {
+		name, v, ok := strings.Cut(s, "=")
+		if !ok {
+			return fmt.Errorf("-segment %q: want name=ttl, such as vip=180s", s)
+		}
+		ttl, err := time.ParseDuration(v)
+		if err != nil {
+			return fmt.Errorf("-segment %q: %q is not a duration such as 180s", s, v)
+		}
+		p.Segments[name] = ttl
+	}
+	for _, name := range remove {
+		if _, ok := p.Segments[name]; !ok {
+			return fmt.Errorf("-remove %q: no such segment in the policy", name)
+		}
+		delete(p.Segments, name)
+	}
+	if err := store.Save(ctx, p); err != nil {
+		return fmt.Errorf("policy not changed: %w", err)
+	}
+	fmt.Fprintln(out, "saved; gateways pick it up within seconds")
+	return show(out, p, true)
+}
+
+func show(out io.Writer, p Policy, stored bool) error {
+	if !stored {
+		fmt.Fprintln(out, "no policy stored; the gateways' configured TTL and jitter apply:")
+	}
+	b, err := json.MarshalIndent(p, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(out, "%s\n", b)
+	return err
+}
+
+func cloneSegments(m map[string]time.Duration) map[string]time.Duration {
+	out := make(map[string]time.Duration, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}

@@ -1,0 +1,237 @@
+// Package policy is the per-segment session timeout policy. It lives in
+// Redis, so operators change it once for every gateway without a restart;
+// gateways poll it and pick a change up within seconds.
+package policy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stillthere/stillthere/pkg/session"
+)
+
+// Bounds of a session TTL.
+const (
+	MinTTL = time.Second
+	MaxTTL = 24 * time.Hour
+)
+
+// Policy maps a user's segment to their session TTL.
+type Policy struct {
+	// DefaultTTL applies to segments not listed.
+	DefaultTTL time.Duration
+	// Jitter is added to every grant, uniform in [0, Jitter).
+	Jitter time.Duration
+	// Segments override DefaultTTL by segment name.
+	Segments map[string]time.Duration
+}
+
+// TTL is the session TTL of segment, before jitter.
+func (p Policy) TTL(segment string) time.Duration {
+	if ttl, ok := p.Segments[segment]; ok {
+		return ttl
+	}
+	return p.DefaultTTL
+}
+
+// Validate names the first bad part of the policy.
+func (p Policy) Validate() error {
+	if err := checkTTL("default", p.DefaultTTL); err != nil {
+		return err
+	}
+	shortest := p.DefaultTTL
+	for _, name := range slices.Sorted(maps.Keys(p.Segments)) {
+		if !session.ValidSegment(name) {
+			return fmt.Errorf("segment %q: want 1-64 characters of [A-Za-z0-9._-]", name)
+		}
+		if err := checkTTL("segment "+name, p.Segments[name]); err != nil {
+			return err
+		}
+		shortest = min(shortest, p.Segments[name])
+	}
+	if p.Jitter < 0 || p.Jitter > shortest/2 {
+		return fmt.Errorf("jitter %v: want between 0 and half the shortest TTL (%v)", p.Jitter, shortest/2)
+	}
+	return nil
+}
+
+func checkTTL(what string, ttl time.Duration) error {
+	if ttl < MinTTL || ttl > MaxTTL {
+		return fmt.Errorf("%s TTL %v: want between %v and %v", what, ttl, MinTTL, MaxTTL)
+	}
+	if ttl%time.Millisecond != 0 {
+		return fmt.Errorf("%s TTL %v: want whole milliseconds", what, ttl)
+	}
+	return nil
+}
+
+// String is the policy in one line, segments in name order.
+func (p Policy) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "default=%v jitter=%v", p.DefaultTTL, p.Jitter)
+	for _, name := range slices.Sorted(maps.Keys(p.Segments)) {
+		fmt.Fprintf(&b, " %s=%v", name, p.Segments[name])
+	}
+	return b.String()
+}
+
+// stored is the JSON form in Redis: durations as Go duration strings.
+type stored struct {
+	DefaultTTL string            `json:"default_ttl"`
+	Jitter     string            `json:"jitter"`
+	Segments   map[string]string `json:"segments,omitempty"`
+}
+
+// MarshalJSON encodes durations as strings such as "60s".
+func (p Policy) MarshalJSON() ([]byte, error) {
+	s := stored{DefaultTTL: p.DefaultTTL.String(), Jitter: p.Jitter.String()}
+	if len(p.Segments) > 0 {
+		s.Segments = make(map[string]string, len(p.Segments))
+		for k, v := range p.Segments {
+			s.Segments[k] = v.String()
+		}
+	}
+	return json.Marshal(s)
+}
+
+// UnmarshalJSON decodes and validates a policy.
+func (p *Policy) UnmarshalJSON(b []byte) error {
+	var s stored
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		return fmt.Errorf("decode policy: %w", err)
+	}
+	var out Policy
+	var err error
+	if out.DefaultTTL, err = time.ParseDuration(s.DefaultTTL); err != nil {
+		return fmt.Errorf("default_ttl %q: %w", s.DefaultTTL, err)
+	}
+	if out.Jitter, err = time.ParseDuration(s.Jitter); err != nil {
+		return fmt.Errorf("jitter %q: %w", s.Jitter, err)
+	}
+	for name, v := range s.Segments {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return fmt.Errorf("segment %q TTL %q: %w", name, v, err)
+		}
+		if out.Segments == nil {
+			out.Segments = map[string]time.Duration{}
+		}
+		out.Segments[name] = d
+	}
+	if err := out.Validate(); err != nil {
+		return err
+	}
+	*p = out
+	return nil
+}
+
+// Store reads and writes the policy in Redis.
+type Store struct {
+	rdb redis.UniversalClient
+	key string
+}
+
+// NewStore keeps the policy of keyspace ks.
+func NewStore(rdb redis.UniversalClient, ks session.Keyspace) *Store {
+	return &Store{rdb: rdb, key: ks.Prefix() + ":policy"}
+}
+
+// ErrNone means no policy was ever set: the services' configured TTL and
+// jitter apply.
+var ErrNone = errors.New("no timeout policy set")
+
+// Load reads the policy.
+func (s *Store) Load(ctx context.Context) (Policy, error) {
+	b, err := s.rdb.Get(ctx, s.key).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return Policy{}, ErrNone
+	}
+	if err != nil {
+		return Policy{}, fmt.Errorf("load timeout policy: %w", err)
+	}
+	var p Policy
+	if err := json.Unmarshal(b, &p); err != nil {
+		return Policy{}, fmt.Errorf("timeout policy in %s: %w", s.key, err)
+	}
+	return p, nil
+}
+
+// Save validates and writes the policy.
+func (s *Store) Save(ctx context.Context, p Policy) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	if err := s.rdb.Set(ctx, s.key, b, 0).Err(); err != nil {
+		return fmt.Errorf("save timeout policy: %w", err)
+	}
+	return nil
+}
+
+// Watcher keeps the current policy, polling the store.
+type Watcher struct {
+	store    *Store
+	fallback Policy
+	every    time.Duration
+	log      *slog.Logger
+	cur      atomic.Pointer[Policy]
+}
+
+// NewWatcher starts from fallback, the policy that applies while none is
+// stored, and polls every interval once Run is called.
+func NewWatcher(store *Store, fallback Policy, every time.Duration, logger *slog.Logger) *Watcher {
+	w := &Watcher{store: store, fallback: fallback, every: every, log: logger}
+	w.cur.Store(&fallback)
+	return w
+}
+
+// Current is the policy in force.
+func (w *Watcher) Current() Policy { return *w.cur.Load() }
+
+// Refresh loads the stored policy once. A policy that cannot be read
+// leaves the current one in force.
+func (w *Watcher) Refresh(ctx context.Context) error {
+	p, err := w.store.Load(ctx)
+	switch {
+	case errors.Is(err, ErrNone):
+		p = w.fallback
+	case err != nil:
+		return err
+	}
+	if old := w.cur.Load(); old.String() != p.String() {
+		w.log.Info("timeout policy in force", "policy", p.String())
+	}
+	w.cur.Store(&p)
+	return nil
+}
+
+// Run polls until ctx is done.
+func (w *Watcher) Run(ctx context.Context) {
+	t := time.NewTicker(w.every)
+	defer t.Stop()
+	for {
+		if err := w.Refresh(ctx); err != nil && ctx.Err() == nil {
+			w.log.Warn("refresh timeout policy; keeping the current one", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,194 @@
+package policy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
+	"github.com/stillthere/stillthere/pkg/session"
+)
+
+func TestValidate(t *testing.T) {
+	ok := Policy{DefaultTTL: time.Minute, Jitter: 5 * time.Second, Segments: map[string]time.Duration{"new": 30 * time.Second, "vip": 3 * time.Minute}}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("valid policy: %v", err)
+	}
+	tests := []struct {
+		name string
+		p    Policy
+		want string
+	}{
+		{"default too short", Policy{DefaultTTL: 500 * time.Millisecond}, "default TTL"},
+		{"default too long", Policy{DefaultTTL: 48 * time.Hour}, "default TTL"},
+		{"negative jitter", Policy{DefaultTTL: time.Minute, Jitter: -1}, "jitter"},
+		{"jitter over half the shortest", Policy{DefaultTTL: time.Minute, Jitter: 20 * time.Second, Segments: map[string]time.Duration{"new": 30 * time.Second}}, "jitter"},
+		{"bad segment name", Policy{DefaultTTL: time.Minute, Segments: map[string]time.Duration{"v i p": time.Minute}}, `segment "v i p"`},
+		{"segment TTL too short", Policy{DefaultTTL: time.Minute, Segments: map[string]time.Duration{"x": 0}}, "segment x TTL"},
+		{"sub-millisecond", Policy{DefaultTTL: time.Minute + time.Microsecond}, "whole milliseconds"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := tt.p.Validate(); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Validate = %v, want an error about %q", err, tt.want)
+			}
+		})
+	}
+	if got := ok.TTL("vip"); got != 3*time.Minute {
+		t.Errorf("TTL(vip) = %v", got)
+	}
+	if got := ok.TTL("unknown"); got != time.Minute {
+		t.Errorf("TTL(unknown) = %v, want the default", got)
+	}
+}
+
+func TestJSON(t *testing.T) {
+	p := Policy{DefaultTTL: time.Minute, Jitter: 5 * time.Second, Segments: map[string]time.Duration{"vip": 3 * time.Minute}}
+	b, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(b) != `{"default_ttl":"1m0s","jitter":"5s","segments":{"vip":"3m0s"}}` {
+		t.Fatalf("Marshal = %s", b)
+	}
+	var back Policy
+	if err := json.Unmarshal(b, &back); err != nil || back.String() != p.String() {
+		t.Fatalf("round trip = %v, %v", back, err)
+	}
+	for _, bad := range []string{
+		`{"default_ttl":"60","jitter":"5s"}`,
+		`{"default_ttl":"60s","jitter":"5s","extra":1}`,
+		`{"default_ttl":"60s","jitter":"5s","segments":{"vip":"x"}}`,
+		`{"default_ttl":"0s","jitter":"0s"}`,
+		`[]`,
+	} {
+		if err := json.Unmarshal([]byte(bad), &back); err == nil {
+			t.Errorf("Unmarshal(%s) accepted", bad)
+		}
+	}
+}
+
+func FuzzUnmarshal(f *testing.F) {
+	f.Add([]byte(`{"default_ttl":"60s","jitter":"5s","segments":{"vip":"180s"}}`))
+	f.Add([]byte(`{"default_ttl":"1s","jitter":"0s"}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var p Policy
+		if err := json.Unmarshal(b, &p); err != nil {
+			return
+		}
+		if err := p.Validate(); err != nil {
+			t.Fatalf("decoded an invalid policy: %v", err)
+		}
+		out, _ := json.Marshal(p)
+		var again Policy
+		if err := json.Unmarshal(out, &again); err != nil || again.String() != p.String() {
+			t.Fatalf("re-decode of %s: %v %v", out, again, err)
+		}
+	})
+}
+
+func newStore(t *testing.T) (*Store, map[string]string) {
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	ks, _ := session.NewKeyspace(prefix)
+	env := map[string]string{"STILLTHERE_REDIS_ADDRS": srv.Addr, "STILLTHERE_KEY_PREFIX": prefix}
+	return NewStore(redistest.Client(t, srv), ks), env
+}
+
+func TestWatcherPicksUpChanges(t *testing.T) {
+	store, _ := newStore(t)
+	ctx := context.Background()
+	fallback := Policy{DefaultTTL: time.Minute, Jitter: time.Second}
+	w := NewWatcher(store, fallback, 20*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { w.Run(wctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	if got := w.Current(); got.String() != fallback.String() {
+		t.Fatalf("no policy stored: Current = %v, want the fallback", got)
+	}
+	next := Policy{DefaultTTL: 2 * time.Minute, Segments: map[string]time.Duration{"new": 30 * time.Second}}
+	if err := store.Save(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return w.Current().TTL("new") == 30*time.Second })
+	// A corrupt policy in Redis leaves the last good one in force.
+	store.rdb.Set(ctx, store.key, "garbage", 0)
+	time.Sleep(100 * time.Millisecond)
+	if w.Current().TTL("new") != 30*time.Second {
+		t.Fatal("a corrupt stored policy replaced the good one")
+	}
+	store.rdb.Del(ctx, store.key)
+	waitFor(t, func() bool { return w.Current().String() == fallback.String() })
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
+	}
+}
+
+func TestCommand(t *testing.T) {
+	store, env := newStore(t)
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	ctx := context.Background()
+	run := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		err := Command(ctx, args, lookup, &out)
+		return out.String(), err
+	}
+
+	out, err := run("show")
+	if err != nil || !strings.Contains(out, "no policy stored") || !strings.Contains(out, `"default_ttl": "1m0s"`) {
+		t.Fatalf("show with none stored: %q, %v", out, err)
+	}
+	if _, err := run("set", "-segment", "new=30s", "-segment", "vip=180s"); err != nil {
+		t.Fatal(err)
+	}
+	p, err := store.Load(ctx)
+	if err != nil || p.TTL("vip") != 180*time.Second || p.TTL("new") != 30*time.Second || p.DefaultTTL != time.Minute || p.Jitter != 5*time.Second {
+		t.Fatalf("stored %v, %v", p, err)
+	}
+	if _, err := run("set", "-default", "90s", "-remove", "new"); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := store.Load(ctx); p.DefaultTTL != 90*time.Second || p.TTL("new") != 90*time.Second {
+		t.Fatalf("after -default and -remove: %v", p)
+	}
+
+	bad := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"set", "-segment", "vip"}, "want name=ttl"},
+		{[]string{"set", "-segment", "vip=soon"}, "not a duration"},
+		{[]string{"set", "-segment", "vip=100ms"}, "segment vip TTL"},
+		{[]string{"set", "-segment", "v:ip=60s"}, `segment "v:ip"`},
+		{[]string{"set", "-jitter", "80s"}, "jitter"},
+		{[]string{"set", "-remove", "nope"}, "no such segment"},
+		{[]string{"delete"}, "usage"},
+		{[]string{}, "usage"},
+	}
+	for _, tt := range bad {
+		before, _ := store.Load(ctx)
+		if _, err := run(tt.args...); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%q: %v, want an error about %q", tt.args, err, tt.want)
+		}
+		if after, _ := store.Load(ctx); after.String() != before.String() {
+			t.Errorf("%q changed the policy to %v", tt.args, after)
+		}
+	}
+	if _, err := store.Load(ctx); errors.Is(err, ErrNone) {
+		t.Fatal("policy vanished")
+	}
+}
