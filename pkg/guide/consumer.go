@@ -90,7 +90,10 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Consumer, error
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.ConsumeTopics(cfg.Kafka.Topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.DisableAutoCommit(),
+		// Only marked (settled) records are ever committed: with plain
+		// DisableAutoCommit, CommitUncommittedOffsets would also commit
+		// records polled but not yet settled, on revoke and at shutdown.
+		kgo.AutoCommitMarks(),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.OnPartitionsRevoked(c.commitOnRevoke),
 	)
@@ -119,7 +122,7 @@ func (c *Consumer) AdminAddr() net.Addr { return c.adminLn.Addr() }
 // commitOnRevoke commits what was settled before partitions move to
 // another member, so the new owner does not send those guides again.
 func (c *Consumer) commitOnRevoke(ctx context.Context, cl *kgo.Client, _ map[string][]int32) {
-	if err := cl.CommitUncommittedOffsets(ctx); err != nil {
+	if err := cl.CommitMarkedOffsets(ctx); err != nil {
 		c.log.Warn("commit on revoke", "err", err)
 	}
 }
@@ -172,7 +175,7 @@ func (c *Consumer) consume(ctx context.Context) error {
 		// Commit what was settled before leaving the group.
 		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if err := c.client.CommitUncommittedOffsets(cctx); err != nil {
+		if err := c.client.CommitMarkedOffsets(cctx); err != nil {
 			c.log.Warn("final commit", "err", err)
 		}
 	}()
@@ -198,7 +201,8 @@ func (c *Consumer) consume(ctx context.Context) error {
 			settled = append(settled, r)
 		})
 		if len(settled) > 0 {
-			if err := c.client.CommitRecords(context.WithoutCancel(ctx), settled...); err != nil {
+			c.client.MarkCommitRecords(settled...)
+			if err := c.client.CommitMarkedOffsets(context.WithoutCancel(ctx)); err != nil {
 				c.log.Warn("commit", "err", err)
 			}
 		}

@@ -8,7 +8,7 @@ import (
 var (
 	metricGuides = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_consumer_guides_total",
-		Help: "Timeout events settled, by outcome (delivered, duplicate, offline, stale, rejected, invalid).",
+		Help: "Timeout events settled, by outcome (delivered, duplicate, queued, stale, rejected, invalid).",
 	}, []string{"outcome"})
 	metricSendErrors = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_consumer_send_errors_total",

@@ -22,7 +22,7 @@ type Guide struct {
 const (
 	OutcomeDelivered = "delivered" // shown to the user
 	OutcomeDuplicate = "duplicate" // shown before: the downstream deduped it
-	OutcomeOffline   = "offline"   // the user had no connection
+	OutcomeQueued    = "queued"    // the user had no connection: kept for their next connect
 	OutcomeStale     = "stale"     // the user came back before the guide went out
 	OutcomeRejected  = "rejected"  // the downstream refused it for good (4xx)
 	OutcomeInvalid   = "invalid"   // the record was not a timeout event
@@ -67,10 +67,9 @@ func (s *gatewaySender) Send(ctx context.Context, g Guide) (string, error) {
 	}
 	json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&out)
 	switch {
-	case resp.StatusCode == http.StatusOK && (out.Status == OutcomeDelivered || out.Status == OutcomeDuplicate):
+	case resp.StatusCode == http.StatusOK &&
+		(out.Status == OutcomeDelivered || out.Status == OutcomeDuplicate || out.Status == OutcomeQueued):
 		return out.Status, nil
-	case resp.StatusCode == http.StatusNotFound && out.Status == OutcomeOffline:
-		return OutcomeOffline, nil
 	case resp.StatusCode == http.StatusBadRequest:
 		return "", permanentError{fmt.Errorf("push guide %s: %s: %s", g.ID, resp.Status, out.Error)}
 	default:

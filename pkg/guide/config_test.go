@@ -1,0 +1,158 @@
+package guide
+
+import (
+	"context"
+	"net"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stillthere/stillthere/pkg/kafka"
+	"github.com/stillthere/stillthere/pkg/redisconn"
+)
+
+func validConfig() Config {
+	return Config{
+		Redis:           redisconn.Config{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "st"},
+		Kafka:           kafka.Config{Brokers: []string{"127.0.0.1:9092"}, Topic: "session-timeouts", Partitions: 12, ReplicationFactor: 1},
+		AdminAddr:       "127.0.0.1:0",
+		Group:           "stillthere-guide",
+		PushURL:         "http://127.0.0.1:8081/v1/push",
+		PushSecret:      strings.Repeat("s", 32),
+		GuideText:       testText,
+		SendTimeout:     time.Second,
+		BreakerFailures: 5,
+		BreakerTimeout:  time.Second,
+	}
+}
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name  string
+		field string // the flag the error must name; empty means valid
+		edit  func(*Config)
+	}{
+		{"valid", "", func(*Config) {}},
+		{"https push url", "", func(c *Config) { c.PushURL = "https://gateway.internal/v1/push" }},
+		{"smallest limits", "", func(c *Config) {
+			c.PushSecret = strings.Repeat("s", 32)
+			c.GuideText = strings.Repeat("x", 1024)
+			c.SendTimeout = 10 * time.Millisecond
+			c.BreakerFailures = 1
+			c.BreakerTimeout = 100 * time.Millisecond
+		}},
+		{"no redis", "redis-addrs", func(c *Config) { c.Redis.Addrs = nil }},
+		{"redis without port", "redis-addrs", func(c *Config) { c.Redis.Addrs = []string{"localhost"} }},
+		{"bad key prefix", "key-prefix", func(c *Config) { c.Redis.KeyPrefix = "a:{b}" }},
+		{"no brokers", "kafka-brokers", func(c *Config) { c.Kafka.Brokers = nil }},
+		{"no topic", "topic", func(c *Config) { c.Kafka.Topic = "" }},
+		{"empty push url", "push-url", func(c *Config) { c.PushURL = "" }},
+		{"push url not http", "push-url", func(c *Config) { c.PushURL = "ftp://127.0.0.1/v1/push" }},
+		{"push url without host", "push-url", func(c *Config) { c.PushURL = "http:///v1/push" }},
+		{"push url without scheme", "push-url", func(c *Config) { c.PushURL = "127.0.0.1:8081/v1/push" }},
+		{"no admin addr", "consumer-admin-addr", func(c *Config) { c.AdminAddr = "" }},
+		{"no group", "consumer-group", func(c *Config) { c.Group = "" }},
+		{"no secret", "push-secret", func(c *Config) { c.PushSecret = "" }},
+		{"short secret", "push-secret", func(c *Config) { c.PushSecret = strings.Repeat("s", 31) }},
+		{"no text", "guide-text", func(c *Config) { c.GuideText = "" }},
+		{"long text", "guide-text", func(c *Config) { c.GuideText = strings.Repeat("x", 1025) }},
+		{"send timeout too small", "send-timeout", func(c *Config) { c.SendTimeout = 9 * time.Millisecond }},
+		{"no breaker failures", "breaker-failures", func(c *Config) { c.BreakerFailures = 0 }},
+		{"breaker timeout too small", "breaker-timeout", func(c *Config) { c.BreakerTimeout = 99 * time.Millisecond }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := validConfig()
+			tt.edit(&c)
+			err := c.Validate()
+			switch {
+			case tt.field == "" && err != nil:
+				t.Fatalf("Validate: %v; want nil", err)
+			case tt.field != "" && err == nil:
+				t.Fatalf("Validate: nil; want an error naming %s", tt.field)
+			case tt.field != "" && !strings.HasPrefix(err.Error(), tt.field+":"):
+				t.Fatalf("Validate: %v; want it to name %s", err, tt.field)
+			}
+		})
+	}
+}
+
+func TestLoadConfig(t *testing.T) {
+	secret := strings.Repeat("s", 32)
+	t.Run("defaults", func(t *testing.T) {
+		got, err := LoadConfig(nil, mapLookup(map[string]string{"STILLTHERE_PUSH_SECRET": secret}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := Config{
+			Redis:           redisconn.Config{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "st"},
+			Kafka:           kafka.Config{Brokers: []string{"127.0.0.1:9092"}, Topic: "session-timeouts", Partitions: 12, ReplicationFactor: 1},
+			AdminAddr:       "127.0.0.1:8083",
+			Group:           "stillthere-guide",
+			PushURL:         "http://127.0.0.1:8081/v1/push",
+			PushSecret:      secret,
+			GuideText:       "Are you still there?",
+			SendTimeout:     5 * time.Second,
+			BreakerFailures: 5,
+			BreakerTimeout:  10 * time.Second,
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("LoadConfig defaults:\n got %+v\nwant %+v", got, want)
+		}
+	})
+	t.Run("flag beats env", func(t *testing.T) {
+		env := mapLookup(map[string]string{"STILLTHERE_PUSH_SECRET": secret, "STILLTHERE_BREAKER_FAILURES": "3"})
+		got, err := LoadConfig([]string{"-breaker-failures=7", "-send-timeout=250ms"}, env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.BreakerFailures != 7 || got.SendTimeout != 250*time.Millisecond {
+			t.Errorf("breaker-failures %d, send-timeout %v; want the flags' 7 and 250ms", got.BreakerFailures, got.SendTimeout)
+		}
+	})
+	t.Run("errors", func(t *testing.T) {
+		tests := []struct {
+			name string
+			args []string
+			env  map[string]string
+			want string // in the error
+		}{
+			{"secret required", nil, nil, "push-secret"},
+			{"bad env duration", nil, map[string]string{"STILLTHERE_PUSH_SECRET": secret, "STILLTHERE_SEND_TIMEOUT": "5"}, "STILLTHERE_SEND_TIMEOUT"},
+			{"bad env integer", nil, map[string]string{"STILLTHERE_PUSH_SECRET": secret, "STILLTHERE_BREAKER_FAILURES": "many"}, "STILLTHERE_BREAKER_FAILURES"},
+			{"invalid flag value", []string{"-breaker-failures=0"}, map[string]string{"STILLTHERE_PUSH_SECRET": secret}, "breaker-failures"},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				_, err := LoadConfig(tt.args, mapLookup(tt.env))
+				if err == nil || !strings.Contains(err.Error(), tt.want) {
+					t.Fatalf("LoadConfig: %v; want an error naming %s", err, tt.want)
+				}
+			})
+		}
+	})
+}
+
+func TestNewFails(t *testing.T) {
+	t.Run("invalid config", func(t *testing.T) {
+		c := validConfig()
+		c.PushSecret = "short"
+		if _, err := New(context.Background(), c, testLogger()); err == nil || !strings.Contains(err.Error(), "push-secret") {
+			t.Fatalf("New: %v; want an error naming push-secret", err)
+		}
+	})
+	t.Run("admin address taken", func(t *testing.T) {
+		e := newEnv(t)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		c := e.cfg
+		c.AdminAddr = ln.Addr().String()
+		if _, err := New(context.Background(), c, testLogger()); err == nil || !strings.Contains(err.Error(), "consumer-admin-addr") {
+			t.Fatalf("New: %v; want an error naming consumer-admin-addr", err)
+		}
+	})
+}

@@ -1,0 +1,569 @@
+package guide
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/stillthere/stillthere/pkg/config"
+	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
+	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
+)
+
+const (
+	testTopic      = "session-timeouts"
+	testPartitions = 4
+	testSecret     = "test-push-secret-0123456789abcdef"
+	testText       = "Are you still there?"
+
+	// waitLong bounds every wait on the group: a rebalance on the embedded
+	// broker takes a heartbeat interval or two (3s each by default).
+	waitLong = 20 * time.Second
+)
+
+func testLogger() *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// waitFor polls cond until it holds, failing the test after waitLong.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitLong)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s", waitLong, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// gatewayMode is how the fake push endpoint answers.
+type gatewayMode int
+
+const (
+	gatewayUp   gatewayMode = iota // 200 delivered, or duplicate for an id seen before
+	gatewayDown                    // 503
+	gatewayHang                    // no answer until switched back up or the client gives up
+)
+
+// fakeGateway is the gateway's push endpoint as the consumer sees it: it
+// checks the bearer secret and dedupes by guide id like the real one, so a
+// user is shown each guide once however often it is pushed.
+type fakeGateway struct {
+	srv    *httptest.Server
+	secret string
+
+	mu        sync.Mutex
+	mode      gatewayMode
+	release   chan struct{}     // closed when a hang ends
+	statusFor map[string]int    // uid -> status every push for it gets
+	attempts  map[string]int    // guide id -> pushes received with the right secret
+	shownUID  map[string]string // guide id -> uid, once delivered
+	shownPath map[string]string // guide id -> request path it was delivered on
+	perUID    map[string]int    // uid -> guides shown
+	texts     map[string]bool   // texts received
+	badAuth   int               // pushes without the right secret
+	abandoned int               // hung pushes whose client gave up
+}
+
+func newFakeGateway(t *testing.T) *fakeGateway {
+	g := &fakeGateway{
+		secret:    testSecret,
+		release:   make(chan struct{}),
+		statusFor: make(map[string]int),
+		attempts:  make(map[string]int),
+		shownUID:  make(map[string]string),
+		shownPath: make(map[string]string),
+		perUID:    make(map[string]int),
+		texts:     make(map[string]bool),
+	}
+	g.srv = httptest.NewServer(g)
+	t.Cleanup(func() {
+		g.setMode(gatewayUp) // let hung handlers go so Close returns
+		g.srv.Close()
+	})
+	return g
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || r.Header.Get("Authorization") != "Bearer "+g.secret {
+		g.mu.Lock()
+		g.badAuth++
+		g.mu.Unlock()
+		writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "bad secret"})
+		return
+	}
+	// Read the body to its end: only then does the server notice a client
+	// that gives up, which a hung push waits for.
+	body, _ := io.ReadAll(r.Body)
+	var p struct{ ID, UID, Text string }
+	if err := json.Unmarshal(body, &p); err != nil || p.ID == "" || p.UID == "" || p.Text == "" {
+		writeJSON(w, http.StatusUnprocessableEntity, map[string]string{"error": "bad body"})
+		return
+	}
+	g.mu.Lock()
+	g.attempts[p.ID]++
+	g.texts[p.Text] = true
+	mode, release, status := g.mode, g.release, g.statusFor[p.UID]
+	g.mu.Unlock()
+
+	switch {
+	case status != 0:
+		writeJSON(w, status, map[string]string{"error": http.StatusText(status)})
+		return
+	case mode == gatewayDown:
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "down"})
+		return
+	case mode == gatewayHang:
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			g.mu.Lock()
+			g.abandoned++
+			g.mu.Unlock()
+			return
+		}
+	}
+	g.mu.Lock()
+	_, dup := g.shownUID[p.ID]
+	if !dup {
+		g.shownUID[p.ID] = p.UID
+		g.shownPath[p.ID] = r.URL.Path
+		g.perUID[p.UID]++
+	}
+	g.mu.Unlock()
+	if dup {
+		writeJSON(w, http.StatusOK, map[string]string{"status": OutcomeDuplicate})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": OutcomeDelivered})
+}
+
+func (g *fakeGateway) setMode(m gatewayMode) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.mode == gatewayHang && m != gatewayHang {
+		close(g.release)
+		g.release = make(chan struct{})
+	}
+	g.mode = m
+}
+
+// answerFor makes every push for uid get status; 0 answers normally.
+func (g *fakeGateway) answerFor(uid string, status int) {
+	g.mu.Lock()
+	g.statusFor[uid] = status
+	g.mu.Unlock()
+}
+
+func (g *fakeGateway) attemptsFor(id string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.attempts[id]
+}
+
+func (g *fakeGateway) totalAttempts() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for _, a := range g.attempts {
+		n += a
+	}
+	return n
+}
+
+func (g *fakeGateway) shown(id string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	_, ok := g.shownUID[id]
+	return ok
+}
+
+func (g *fakeGateway) pathOf(id string) string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.shownPath[id]
+}
+
+func (g *fakeGateway) guidesShownTo(uid string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.perUID[uid]
+}
+
+func (g *fakeGateway) abandonedPushes() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.abandoned
+}
+
+// checkShownOnce fails unless every event's user was shown exactly one
+// guide, with the configured text, and no push came without the secret.
+func (g *fakeGateway) checkShownOnce(t *testing.T, evs []produced) {
+	t.Helper()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, p := range evs {
+		if _, ok := g.shownUID[p.ev.ID]; !ok {
+			t.Errorf("guide %s for %s never shown", p.ev.ID, p.ev.UID)
+		}
+		if n := g.perUID[p.ev.UID]; n != 1 {
+			t.Errorf("user %s shown %d guides, want 1", p.ev.UID, n)
+		}
+	}
+	if g.badAuth != 0 {
+		t.Errorf("%d pushes came without the bearer secret", g.badAuth)
+	}
+	for text := range g.texts {
+		if text != testText {
+			t.Errorf("guide text %q, want %q", text, testText)
+		}
+	}
+}
+
+// testEnv is one test's world: its own redis-server, embedded Kafka with
+// the timeout topic, and fake gateway.
+type testEnv struct {
+	t     *testing.T
+	cfg   Config // the consumer's config, pointed at this env
+	rdb   *redis.Client
+	store *session.Store
+	gw    *fakeGateway
+	prod  *kgo.Client
+	adm   *kadm.Client
+
+	mu  sync.Mutex
+	seq int64 // makes every produced event's deadline, and so its id, unique
+}
+
+func newEnv(t *testing.T) *testEnv {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := redistest.Client(t, srv)
+	prefix := redistest.Prefix(t)
+
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(testPartitions, testTopic))
+	if err != nil {
+		t.Fatalf("start kfake: %v", err)
+	}
+	t.Cleanup(cluster.Close)
+	brokers := cluster.ListenAddrs()
+
+	// Records go to the partition the test picks; the key is still the
+	// uid, as the listener writes it.
+	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(prod.Close)
+	gw := newFakeGateway(t)
+
+	env := map[string]string{
+		"STILLTHERE_REDIS_ADDRS":         srv.Addr,
+		"STILLTHERE_KEY_PREFIX":          prefix,
+		"STILLTHERE_KAFKA_BROKERS":       strings.Join(brokers, ","),
+		"STILLTHERE_TOPIC":               testTopic,
+		"STILLTHERE_TOPIC_PARTITIONS":    fmt.Sprint(testPartitions),
+		"STILLTHERE_CONSUMER_ADMIN_ADDR": "127.0.0.1:0",
+		"STILLTHERE_CONSUMER_GROUP":      "guide-test",
+		"STILLTHERE_PUSH_URL":            gw.srv.URL + "/v1/push",
+		"STILLTHERE_PUSH_SECRET":         testSecret,
+		"STILLTHERE_SEND_TIMEOUT":        "200ms",
+		"STILLTHERE_BREAKER_FAILURES":    "3",
+		"STILLTHERE_BREAKER_TIMEOUT":     "300ms",
+	}
+	cfg, err := LoadConfig(nil, mapLookup(env))
+	if err != nil {
+		t.Fatalf("load config: %v", err)
+	}
+	return &testEnv{
+		t:     t,
+		cfg:   cfg,
+		rdb:   rdb,
+		store: session.NewStore(rdb, cfg.Redis.Keyspace()),
+		gw:    gw,
+		prod:  prod,
+		adm:   kadm.NewClient(prod),
+	}
+}
+
+func mapLookup(env map[string]string) config.Lookup {
+	return func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+}
+
+// produced is a timeout event as written to the topic.
+type produced struct {
+	ev        timeoutevent.Event
+	partition int32
+	offset    int64
+}
+
+func partitionOf(uid string) int32 {
+	h := fnv.New32a()
+	h.Write([]byte(uid))
+	return int32(h.Sum32() % testPartitions)
+}
+
+// produce writes one timeout event per uid, each to the partition its uid
+// hashes to, and waits for the broker's acks.
+func (e *testEnv) produce(uids ...string) []produced {
+	e.t.Helper()
+	out := make([]produced, 0, len(uids))
+	for _, uid := range uids {
+		out = append(out, e.produceTo(partitionOf(uid), uid))
+	}
+	return out
+}
+
+// produceTo writes a timeout event for uid to partition p.
+func (e *testEnv) produceTo(p int32, uid string) produced {
+	e.t.Helper()
+	e.mu.Lock()
+	e.seq++
+	deadline := time.Now().Add(-time.Second).Truncate(time.Millisecond).Add(time.Duration(e.seq) * time.Millisecond)
+	e.mu.Unlock()
+	ev := timeoutevent.New(uid, session.DefaultSegment, deadline, deadline.Add(50*time.Millisecond), timeoutevent.SourceSweep)
+	b, err := ev.Marshal()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return produced{ev: ev, partition: p, offset: e.produceRaw(p, uid, b)}
+}
+
+// produceRaw writes value as is to partition p and returns its offset.
+func (e *testEnv) produceRaw(p int32, key string, value []byte) int64 {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r := &kgo.Record{Topic: testTopic, Partition: p, Key: []byte(key), Value: value}
+	if err := e.prod.ProduceSync(ctx, r).FirstErr(); err != nil {
+		e.t.Fatalf("produce to partition %d: %v", p, err)
+	}
+	return r.Offset
+}
+
+// committed returns the group's committed offsets by partition; a partition
+// with no commit is absent, and so is a group that never joined.
+func (e *testEnv) committed(group string) map[int32]int64 {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := e.adm.FetchOffsets(ctx, group)
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		return nil // not joined yet: nothing committed
+	}
+	if err != nil {
+		e.t.Fatalf("fetch offsets of %s: %v", group, err)
+	}
+	out := make(map[int32]int64)
+	resp.Each(func(o kadm.OffsetResponse) {
+		if o.Err == nil && o.Topic == testTopic && o.At >= 0 {
+			out[o.Partition] = o.At
+		}
+	})
+	return out
+}
+
+// ends returns the topic's end offsets of partitions that have records.
+func (e *testEnv) ends() map[int32]int64 {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	listed, err := e.adm.ListEndOffsets(ctx, testTopic)
+	if err != nil {
+		e.t.Fatalf("list end offsets: %v", err)
+	}
+	out := make(map[int32]int64)
+	listed.Each(func(o kadm.ListedOffset) {
+		if o.Err == nil && o.Offset > 0 {
+			out[o.Partition] = o.Offset
+		}
+	})
+	return out
+}
+
+// waitCommittedToEnd waits until group has committed every record on the
+// topic.
+func (e *testEnv) waitCommittedToEnd(group string) {
+	e.t.Helper()
+	ends := e.ends()
+	var got map[int32]int64
+	deadline := time.Now().Add(waitLong)
+	for {
+		got = e.committed(group)
+		done := true
+		for p, end := range ends {
+			if got[p] < end {
+				done = false
+			}
+		}
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("group %s committed %v, topic ends at %v", group, got, ends)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitShown waits until every event's guide was delivered to the gateway.
+func (e *testEnv) waitShown(evs []produced) {
+	e.t.Helper()
+	waitFor(e.t, fmt.Sprintf("%d guides to be shown", len(evs)), func() bool {
+		for _, p := range evs {
+			if !e.gw.shown(p.ev.ID) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// groupMembers returns the number of members of a stable group, and how
+// many partitions each was assigned; 0 while the group is rebalancing.
+func (e *testEnv) groupMembers(group string) (int, []int) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	gs, err := e.adm.DescribeGroups(ctx, group)
+	if err != nil {
+		e.t.Fatalf("describe group %s: %v", group, err)
+	}
+	g, ok := gs[group]
+	if !ok || g.Err != nil || g.State != "Stable" {
+		return 0, nil
+	}
+	var parts []int
+	for _, m := range g.Members {
+		n := 0
+		if c, ok := m.Assigned.AsConsumer(); ok {
+			for _, tp := range c.Topics {
+				n += len(tp.Partitions)
+			}
+		}
+		parts = append(parts, n)
+	}
+	slices.Sort(parts)
+	return len(g.Members), parts
+}
+
+// running is a consumer running in the background.
+type running struct {
+	t      *testing.T
+	c      *Consumer
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+}
+
+// start opens a consumer with cfg and runs it until the test ends or stop.
+func (e *testEnv) start(cfg Config) *running {
+	e.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	c, err := New(ctx, cfg, testLogger())
+	if err != nil {
+		cancel()
+		e.t.Fatalf("new consumer: %v", err)
+	}
+	r := &running{t: e.t, c: c, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- c.Run(ctx) }()
+	e.t.Cleanup(r.stop)
+	return r
+}
+
+// stop cancels the consumer and waits for Run to return.
+func (r *running) stop() {
+	r.once.Do(func() {
+		r.cancel()
+		select {
+		case err := <-r.done:
+			if err != nil {
+				r.t.Errorf("consumer stopped with: %v", err)
+			}
+		case <-time.After(waitLong):
+			r.t.Errorf("consumer did not stop within %v", waitLong)
+		}
+	})
+}
+
+func uids(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s-%02d", prefix, i)
+	}
+	return out
+}
+
+// metricValue reads a counter or gauge from the default registry, as
+// /metrics serves it; labels are name, value pairs. Missing reads as 0.
+func metricValue(t *testing.T, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatalf("gather metrics: %v", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			have := make(map[string]string)
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for i := 0; i+1 < len(labels); i += 2 {
+				if have[labels[i]] != labels[i+1] {
+					continue next
+				}
+			}
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return 0
+}
+
+func guidesSettled(t *testing.T, outcome string) float64 {
+	return metricValue(t, "stillthere_consumer_guides_total", "outcome", outcome)
+}
+
+func sendErrors(t *testing.T) float64 {
+	return metricValue(t, "stillthere_consumer_send_errors_total")
+}
+
+func breakerGauge(t *testing.T) float64 {
+	return metricValue(t, "stillthere_consumer_breaker_state", "downstream", "gateway")
+}

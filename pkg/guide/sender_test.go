@@ -1,0 +1,142 @@
+package guide
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestSenderOutcomes(t *testing.T) {
+	tests := []struct {
+		name   string
+		status int    // answer status; 0 means never answer
+		body   string // answer body
+		want   string // outcome; empty means an error
+		perm   bool   // the error is the downstream's definite no
+	}{
+		{name: "delivered", status: 200, body: `{"status":"delivered"}`, want: OutcomeDelivered},
+		{name: "duplicate", status: 200, body: `{"status":"duplicate"}`, want: OutcomeDuplicate},
+		{name: "queued", status: 200, body: `{"status":"queued","connections":0}`, want: OutcomeQueued},
+		{name: "404 is not a settled outcome", status: 404, body: `{"status":"offline"}`},
+		{name: "bad request is permanent", status: 400, body: `{"error":"uid invalid"}`, perm: true},
+		{name: "bad request without body is permanent", status: 400, body: ``, perm: true},
+		{name: "unknown 200 status fails", status: 200, body: `{"status":"maybe"}`},
+		{name: "200 not json fails", status: 200, body: `<html>ok</html>`},
+		{name: "404 page fails", status: 404, body: `404 page not found`},
+		{name: "unauthorized fails", status: 401, body: `{"error":"bad secret"}`},
+		{name: "forbidden fails", status: 403, body: `{"error":"forbidden"}`},
+		{name: "too many requests fails", status: 429, body: `{"error":"slow down"}`},
+		{name: "internal error fails", status: 500, body: `{"error":"boom"}`},
+		{name: "unavailable fails", status: 503, body: `{"error":"draining"}`},
+		{name: "timeout fails", status: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				// The server notices a client gone only once the body
+				// is read.
+				io.Copy(io.Discard, r.Body)
+				if tt.status == 0 {
+					<-r.Context().Done()
+					return
+				}
+				w.WriteHeader(tt.status)
+				w.Write([]byte(tt.body))
+			}))
+			defer srv.Close()
+			s := &gatewaySender{url: srv.URL, secret: testSecret, client: &http.Client{Timeout: 100 * time.Millisecond}}
+
+			got, err := s.Send(context.Background(), Guide{ID: "g1", UID: "u1", Text: testText})
+			if tt.want != "" {
+				if err != nil || got != tt.want {
+					t.Fatalf("Send = %q, %v; want %q", got, err, tt.want)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Send = %q, nil; want an error", got)
+			}
+			if isPermanent(err) != tt.perm {
+				t.Errorf("Send error %v: permanent %v, want %v", err, isPermanent(err), tt.perm)
+			}
+			// Only our own shutdown may be excluded from the breaker's
+			// count; a slow downstream must count.
+			if errors.Is(err, context.Canceled) {
+				t.Errorf("Send error %v reads as our own cancellation", err)
+			}
+			if !strings.Contains(err.Error(), "g1") {
+				t.Errorf("Send error %q does not name the guide", err)
+			}
+		})
+	}
+
+	t.Run("connection refused fails", func(t *testing.T) {
+		srv := httptest.NewServer(http.NotFoundHandler())
+		srv.Close()
+		s := &gatewaySender{url: srv.URL, secret: testSecret, client: &http.Client{Timeout: time.Second}}
+		_, err := s.Send(context.Background(), Guide{ID: "g1", UID: "u1", Text: testText})
+		if err == nil || isPermanent(err) {
+			t.Fatalf("Send to a closed port: %v; want a retryable error", err)
+		}
+	})
+
+	t.Run("canceled", func(t *testing.T) {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			<-r.Context().Done()
+		}))
+		defer srv.Close()
+		s := &gatewaySender{url: srv.URL, secret: testSecret, client: &http.Client{Timeout: 5 * time.Second}}
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(50*time.Millisecond, cancel)
+		_, err := s.Send(ctx, Guide{ID: "g1", UID: "u1", Text: testText})
+		if !errors.Is(err, context.Canceled) || isPermanent(err) {
+			t.Fatalf("Send canceled: %v; want context.Canceled, not permanent", err)
+		}
+	})
+}
+
+func TestSenderRequest(t *testing.T) {
+	type push struct {
+		method, path, contentType, auth string
+		body                            map[string]any
+	}
+	got := make(chan push, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := push{method: r.Method, path: r.URL.Path, contentType: r.Header.Get("Content-Type"), auth: r.Header.Get("Authorization")}
+		json.NewDecoder(r.Body).Decode(&p.body)
+		got <- p
+		w.Write([]byte(`{"status":"delivered"}`))
+	}))
+	defer srv.Close()
+	s := &gatewaySender{url: srv.URL + "/v1/push", secret: testSecret, client: srv.Client()}
+
+	if _, err := s.Send(context.Background(), Guide{ID: "id-1", UID: "user-1", Segment: "vip", Text: testText}); err != nil {
+		t.Fatal(err)
+	}
+	p := <-got
+	if p.method != http.MethodPost || p.path != "/v1/push" {
+		t.Errorf("request %s %s, want POST /v1/push", p.method, p.path)
+	}
+	if p.contentType != "application/json" {
+		t.Errorf("Content-Type %q", p.contentType)
+	}
+	if p.auth != "Bearer "+testSecret {
+		t.Errorf("Authorization %q, want the bearer secret", p.auth)
+	}
+	want := map[string]any{"id": "id-1", "uid": "user-1", "text": testText}
+	if len(p.body) != len(want) {
+		t.Errorf("body %v, want %v", p.body, want)
+	}
+	for k, v := range want {
+		if p.body[k] != v {
+			t.Errorf("body %s = %v, want %v", k, p.body[k], v)
+		}
+	}
+}
