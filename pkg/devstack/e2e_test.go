@@ -358,6 +358,11 @@ func testFlow(t *testing.T, s *Stack) {
 	if perUID["dropper"] != 1 {
 		t.Errorf("dropper: %d events, want 1 (its session runs out)", perUID["dropper"])
 	}
+	// The dropper was offline when its guide went out: it was kept, and
+	// comes first on the next connect.
+	if f := readFrame(t, dial(t, s, "dropper")); f.Type != "guide" || f.Text != "Are you still there?" {
+		t.Errorf("dropper on reconnect: %+v, want its kept guide", f)
+	}
 	for _, uid := range []string{"active", "leaver"} {
 		if perUID[uid] != 0 {
 			t.Errorf("%s: %d events on the topic, want none", uid, perUID[uid])

@@ -62,6 +62,14 @@ type Config struct {
 	// ShutdownTimeout bounds the drain on SIGTERM. Default 10s.
 	ShutdownTimeout time.Duration
 
+	// InstanceID names this gateway for routing guides between instances.
+	// Default: the host name plus a random suffix, new on every start.
+	InstanceID string
+	// InboxSize and InboxTTL bound the guides kept for a user with no
+	// connection until their next connect. Defaults 10 and 24h.
+	InboxSize int
+	InboxTTL  time.Duration
+
 	// MaxConns caps this instance's connections; beyond it an upgrade
 	// gets HTTP 503, so a load balancer tries another instance. Zero
 	// means the open-file limit less 1024 descriptors of headroom.
@@ -97,6 +105,9 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Duration(&c.HandshakeTimeout, "handshake-timeout", 10*time.Second, "timeout of the WebSocket upgrade")
 	b.Int(&c.SendQueue, "send-queue", 32, "frames queued per connection before it is cut off as slow")
 	b.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "drain deadline on SIGTERM")
+	b.String(&c.InstanceID, "instance-id", "", "this gateway's name for routing guides; default host name plus a random suffix")
+	b.Int(&c.InboxSize, "inbox-size", 10, "guides kept per offline user")
+	b.Duration(&c.InboxTTL, "inbox-ttl", 24*time.Hour, "how long guides are kept for an offline user")
 	b.Int(&c.MaxConns, "max-conns", 0, "most connections on this instance, beyond it HTTP 503; 0 means the open-file limit less 1024")
 	b.Duration(&c.RenewGranularity, "renew-granularity", time.Second, "least time between two renewals of one connection")
 	b.Duration(&c.RenewFlushInterval, "renew-flush-interval", 2*time.Millisecond, "longest a renewal waits to share a Redis round trip")
@@ -151,6 +162,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("send-queue: %d, want at least 1", c.SendQueue)
 	case c.ShutdownTimeout <= 0:
 		return fmt.Errorf("shutdown-timeout: %v, want more than 0", c.ShutdownTimeout)
+	case c.InboxSize < 1 || c.InboxSize > 1000:
+		return fmt.Errorf("inbox-size: %d, want between 1 and 1000", c.InboxSize)
+	case c.InboxTTL < time.Minute:
+		return fmt.Errorf("inbox-ttl: %v, want at least 1m", c.InboxTTL)
 	case c.MaxConns < 0:
 		return fmt.Errorf("max-conns: %d, want 0 (from the open-file limit) or more", c.MaxConns)
 	case c.RenewGranularity < 0 || c.RenewGranularity > c.SessionTTL/2:

@@ -7,6 +7,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
@@ -46,6 +47,8 @@ type Gateway struct {
 	hub      *hub
 	upgrader websocket.Upgrader
 
+	instance         string        // this instance's name in route keys
+	sub              *redis.PubSub // its channel, for guides routed here
 	publicLn, pushLn net.Listener
 	conns            sync.WaitGroup // one per connection being served
 	maxConns         int64
@@ -107,16 +110,27 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	if err := g.policy.Refresh(ctx); err != nil {
 		logger.Warn("timeout policy unreadable; using the configured TTL until it is fixed", "err", err)
 	}
+	g.instance = cmp.Or(cfg.InstanceID, newInstanceID())
+	// Subscribed before any connection registers, so no routed guide is
+	// published to a channel nobody reads yet.
+	g.sub = rdb.Subscribe(ctx, g.store.Keyspace().InstanceChannel(g.instance))
+	if _, err := g.sub.Receive(ctx); err != nil {
+		g.sub.Close()
+		rdb.Close()
+		return nil, fmt.Errorf("subscribe to the instance channel: %w", err)
+	}
 	g.maxConns = int64(cfg.MaxConns)
 	if g.maxConns == 0 {
 		g.maxConns = connLimitFromRlimit()
 	}
 	if g.publicLn, err = net.Listen("tcp", cfg.Addr); err != nil {
+		g.sub.Close()
 		rdb.Close()
 		return nil, fmt.Errorf("listen on gateway-addr: %w", err)
 	}
 	if g.pushLn, err = net.Listen("tcp", cfg.PushAddr); err != nil {
 		g.publicLn.Close()
+		g.sub.Close()
 		rdb.Close()
 		return nil, fmt.Errorf("listen on push-addr: %w", err)
 	}
@@ -162,7 +176,14 @@ func (g *Gateway) Serve(ctx context.Context) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 	}
-	g.log.Info("gateway listening", "public", g.PublicAddr().String(), "push", g.PushAddr().String())
+	g.log.Info("gateway listening", "public", g.PublicAddr().String(), "push", g.PushAddr().String(), "instance", g.instance)
+
+	listenDone := make(chan struct{})
+	go func() {
+		defer close(listenDone)
+		g.listen(ctx, g.sub)
+	}()
+	defer func() { <-listenDone }()
 
 	eg, ectx := errgroup.WithContext(ctx)
 	eg.Go(func() error { return serveUntil(ectx, public, g.publicLn) })
@@ -266,10 +287,22 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	defer g.conns.Done()
 	g.hub.add(c)
 	metricConnections.Inc()
+	// Route bookkeeping outlives the gateway's shutdown signal: a
+	// connection drained at shutdown must still be unregistered.
+	rctx := context.WithoutCancel(ctx)
+	if err := g.register(rctx, c.uid); err != nil {
+		c.log.Warn("route registration failed; guides reach this connection only through this instance", "err", err)
+	}
 	defer func() {
 		g.hub.remove(c)
 		metricConnections.Dec()
+		uctx, cancel := context.WithTimeout(rctx, 5*time.Second)
+		defer cancel()
+		if err := g.unregister(uctx, c.uid); err != nil {
+			c.log.Warn("route unregistration", "err", err)
+		}
 	}()
+	g.handOverInbox(rctx, c)
 	c.serve(ctx)
 }
 
@@ -329,9 +362,9 @@ type PushRequest struct {
 
 // Push outcomes, in the response's "status".
 const (
-	PushDelivered = "delivered" // handed to the user's connections
-	PushDuplicate = "duplicate" // this id was delivered before
-	PushOffline   = "offline"   // the user has no connection here (404)
+	PushDelivered = "delivered" // handed to the user's connections, here or on other instances
+	PushDuplicate = "duplicate" // this id was delivered or queued before
+	PushQueued    = "queued"    // the user has no connection: kept for their next connect
 )
 
 // pushedTTL is how long a delivered guide id is remembered.
@@ -372,15 +405,12 @@ func (g *Gateway) servePush(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	metricPushes.WithLabelValues(status).Inc()
-	code := http.StatusOK
-	if status == PushOffline {
-		code = http.StatusNotFound
-	}
-	admin.WriteJSON(w, code, map[string]any{"status": status, "connections": n})
+	admin.WriteJSON(w, http.StatusOK, map[string]any{"status": status, "connections": n})
 }
 
 // push delivers a guide once per id: the id is claimed in Redis first, and
-// released again when nobody was there to receive it, so a retry can.
+// released again if the guide could be neither delivered nor kept, so a
+// retry can.
 func (g *Gateway) push(ctx context.Context, req PushRequest) (string, int, error) {
 	key := g.store.Keyspace().PushedKey(req.UID, req.ID)
 	fresh, err := g.rdb.SetNX(ctx, key, 1, pushedTTL).Result()
@@ -390,18 +420,27 @@ func (g *Gateway) push(ctx context.Context, req PushRequest) (string, int, error
 	if !fresh {
 		return PushDuplicate, 0, nil
 	}
-	b := frame.Guide(req.ID, req.Text)
-	n := 0
-	for _, c := range g.hub.lookup(req.UID) {
-		if c.enqueue(b) {
-			n++
+	status, n, err := g.route(ctx, req)
+	if err != nil {
+		if derr := g.rdb.Del(context.WithoutCancel(ctx), key).Err(); derr != nil {
+			return "", 0, fmt.Errorf("%w; and release guide id: %v", err, derr)
 		}
+		return "", 0, err
 	}
-	if n == 0 {
-		if err := g.rdb.Del(context.WithoutCancel(ctx), key).Err(); err != nil {
-			return "", 0, fmt.Errorf("release guide id: %w", err)
-		}
-		return PushOffline, 0, nil
+	return status, n, nil
+}
+
+func (g *Gateway) route(ctx context.Context, req PushRequest) (string, int, error) {
+	n := g.deliverLocal(req)
+	remote, err := g.deliverElsewhere(ctx, req)
+	if n+remote > 0 {
+		return PushDelivered, n + remote, nil // what went out stays out
 	}
-	return PushDelivered, n, nil
+	if err != nil {
+		return "", 0, err
+	}
+	if err := g.keep(ctx, req); err != nil {
+		return "", 0, err
+	}
+	return PushQueued, 0, nil
 }

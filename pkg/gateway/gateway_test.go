@@ -17,6 +17,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/redisconn"
+	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 	"github.com/stillthere/stillthere/pkg/token"
 )
@@ -35,9 +36,15 @@ type testGateway struct {
 
 func startGateway(t *testing.T, mutate func(*Config)) *testGateway {
 	t.Helper()
-	srv := redistest.Start(t)
+	return startGatewayOn(t, redistest.Start(t), redistest.Prefix(t), mutate)
+}
+
+// startGatewayOn starts a gateway on a given Redis and key prefix, so
+// several instances can share them.
+func startGatewayOn(t *testing.T, srv *redisserver.Server, prefix string, mutate func(*Config)) *testGateway {
+	t.Helper()
 	cfg := Config{
-		Redis:            redisconn.Config{Addrs: []string{srv.Addr}, KeyPrefix: redistest.Prefix(t)},
+		Redis:            redisconn.Config{Addrs: []string{srv.Addr}, KeyPrefix: prefix},
 		Addr:             "127.0.0.1:0",
 		PushAddr:         "127.0.0.1:0",
 		TokenSecret:      tokenSecret,
@@ -57,6 +64,8 @@ func startGateway(t *testing.T, mutate func(*Config)) *testGateway {
 		RenewFlushInterval: 2 * time.Millisecond,
 		RenewBatch:         256,
 		PolicyRefresh:      100 * time.Millisecond,
+		InboxSize:          3,
+		InboxTTL:           time.Hour,
 	}
 	if mutate != nil {
 		mutate(&cfg)
@@ -300,17 +309,36 @@ func TestPushEndpoint(t *testing.T) {
 			t.Fatal("no pong")
 		}
 	})
-	t.Run("offline user", func(t *testing.T) {
+	t.Run("offline user gets it on the next connect, once", func(t *testing.T) {
 		g := map[string]string{"id": "g2", "uid": "nobody", "text": "Are you still there?"}
 		code, out := tg.push(t, pushSecret, g)
-		if code != http.StatusNotFound || out["status"] != "offline" {
-			t.Fatalf("push: %d %v, want 404 offline", code, out)
+		if code != 200 || out["status"] != "queued" {
+			t.Fatalf("push: %d %v, want 200 queued", code, out)
 		}
-		// The id was released: once the user is there, a retry delivers.
+		if code, out := tg.push(t, pushSecret, g); code != 200 || out["status"] != "duplicate" {
+			t.Fatalf("second push of a queued guide: %d %v, want duplicate", code, out)
+		}
 		ws := tg.dial(t, "nobody")
-		pingPong(t, ws)
-		if code, out := tg.push(t, pushSecret, g); code != 200 || out["status"] != "delivered" {
-			t.Fatalf("retry: %d %v", code, out)
+		if m := readJSON(t, ws); m["type"] != "guide" || m["id"] != "g2" {
+			t.Fatalf("on connect: %v, want the kept guide", m)
+		}
+		again := tg.dial(t, "nobody")
+		if ttl := pingPong(t, again); ttl == 0 { // the first frame is the pong: the inbox is empty
+			t.Fatal("no pong")
+		}
+	})
+	t.Run("inbox is capped", func(t *testing.T) {
+		for i := range 5 {
+			tg.push(t, pushSecret, map[string]string{"id": "c" + strconv.Itoa(i), "uid": "capped", "text": "t"})
+		}
+		ws := tg.dial(t, "capped")
+		for _, want := range []string{"c2", "c3", "c4"} { // the newest 3, oldest first
+			if m := readJSON(t, ws); m["id"] != want {
+				t.Fatalf("got %v, want guide %s", m, want)
+			}
+		}
+		if pingPong(t, ws) == 0 {
+			t.Fatal("no pong")
 		}
 	})
 	t.Run("health", func(t *testing.T) {
@@ -328,6 +356,61 @@ func TestPushEndpoint(t *testing.T) {
 		}
 		resp.Body.Close()
 	})
+}
+
+func TestPushRoutesAcrossInstances(t *testing.T) {
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	a := startGatewayOn(t, srv, prefix, nil)
+	b := startGatewayOn(t, srv, prefix, nil)
+	ws := a.dial(t, "roamer")
+	pingPong(t, ws)
+
+	// The consumer reached instance b; the user is on a.
+	code, out := b.push(t, pushSecret, map[string]string{"id": "r1", "uid": "roamer", "text": "Are you still there?"})
+	if code != 200 || out["status"] != "delivered" || out["connections"] != 1.0 {
+		t.Fatalf("push via the other instance: %d %v", code, out)
+	}
+	if m := readJSON(t, ws); m["type"] != "guide" || m["id"] != "r1" {
+		t.Fatalf("got %v, want the routed guide", m)
+	}
+	if code, out := a.push(t, pushSecret, map[string]string{"id": "r1", "uid": "roamer", "text": "x"}); out["status"] != "duplicate" {
+		t.Fatalf("same id via a: %d %v, want duplicate across instances", code, out)
+	}
+
+	// a stops: its route entry goes with its connections, and a guide
+	// via b is kept for the user's next connect.
+	go func() { // the client reads on, and so answers a's close
+		for {
+			if _, _, err := ws.ReadMessage(); err != nil {
+				return
+			}
+		}
+	}()
+	a.stop(t)
+	code, out = b.push(t, pushSecret, map[string]string{"id": "r2", "uid": "roamer", "text": "t"})
+	if code != 200 || out["status"] != "queued" {
+		t.Fatalf("push after a stopped: %d %v, want queued", code, out)
+	}
+	ws2 := b.dial(t, "roamer")
+	if m := readJSON(t, ws2); m["id"] != "r2" {
+		t.Fatalf("on reconnect to b: %v, want r2", m)
+	}
+}
+
+func TestStaleRouteIsDropped(t *testing.T) {
+	tg := startGateway(t, nil)
+	ctx := context.Background()
+	key := tg.store.Keyspace().RouteKey("ghost")
+	// An instance that crashed without unregistering.
+	tg.rdb.HSet(ctx, key, "crashed-instance", 1)
+	code, out := tg.push(t, pushSecret, map[string]string{"id": "s1", "uid": "ghost", "text": "t"})
+	if code != 200 || out["status"] != "queued" {
+		t.Fatalf("push: %d %v, want queued", code, out)
+	}
+	if n, _ := tg.rdb.HLen(ctx, key).Result(); n != 0 {
+		t.Fatalf("stale route entry kept: %d entries", n)
+	}
 }
 
 func TestCloseEndsOrKeepsSession(t *testing.T) {

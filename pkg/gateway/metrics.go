@@ -47,7 +47,7 @@ var (
 	})
 	metricPushes = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_pushes_total",
-		Help: "Guide pushes, by outcome (delivered, duplicate, offline, rejected).",
+		Help: "Guide pushes, by outcome (delivered, duplicate, queued, rejected, routed_in, from_inbox).",
 	}, []string{"outcome"})
 	metricCloses = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_closes_total",

@@ -14,6 +14,9 @@
 //	<prefix>:{b07}:seg           segments: HASH uid -> segment
 //	<prefix>:{b07}:dd:<uid>:<n>  expiry listener's dedup key, n = deadline minute
 //	<prefix>:{b07}:pg:<id>       guide id the gateway delivered (idempotency)
+//	<prefix>:{b07}:rt:<uid>      gateway instances holding uid's connections
+//	<prefix>:{b07}:in:<uid>      guides waiting for uid's next connect
+//	<prefix>:gw:<instance>       Pub/Sub channel of one gateway instance
 package session
 
 import (
@@ -121,3 +124,14 @@ func (k Keyspace) ParseSessionKey(key string) (string, error) {
 func (k Keyspace) PushedKey(uid, id string) string {
 	return k.bucketPrefix(Bucket(uid)) + "pg:" + id
 }
+
+// RouteKey maps uid to the gateway instances holding its connections:
+// HASH instance -> connection count.
+func (k Keyspace) RouteKey(uid string) string { return k.bucketPrefix(Bucket(uid)) + "rt:" + uid }
+
+// InboxKey holds guides for uid while it has no connection: a capped LIST.
+func (k Keyspace) InboxKey(uid string) string { return k.bucketPrefix(Bucket(uid)) + "in:" + uid }
+
+// InstanceChannel is the Pub/Sub channel on which gateway instance id takes
+// guides for its connections.
+func (k Keyspace) InstanceChannel(id string) string { return k.prefix + ":gw:" + id }
