@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -154,8 +155,11 @@ func (l *Listener) masters(ctx context.Context) ([]*redis.Client, error) {
 	case *redis.Client:
 		return []*redis.Client{c}, nil
 	case *redis.ClusterClient:
+		var mu sync.Mutex // ForEachMaster calls in parallel
 		var nodes []*redis.Client
 		err := c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
 			nodes = append(nodes, node)
 			return nil
 		})

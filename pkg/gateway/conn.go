@@ -65,6 +65,7 @@ func (c *conn) serve(ctx context.Context) {
 		}
 		c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
 		if !limiter.Allow() {
+			metricRateLimited.Inc()
 			c.closeWith(websocket.ClosePolicyViolation, "rate limit exceeded")
 			c.linger()
 			return

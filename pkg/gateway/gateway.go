@@ -113,7 +113,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	g.instance = cmp.Or(cfg.InstanceID, newInstanceID())
 	// Subscribed before any connection registers, so no routed guide is
 	// published to a channel nobody reads yet.
-	g.sub = rdb.Subscribe(ctx, g.store.Keyspace().InstanceChannel(g.instance))
+	g.sub = rdb.SSubscribe(ctx, g.store.Keyspace().InstanceChannel(g.instance))
 	if _, err := g.sub.Receive(ctx); err != nil {
 		g.sub.Close()
 		rdb.Close()

@@ -17,7 +17,6 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/redisconn"
-	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 	"github.com/stillthere/stillthere/pkg/token"
 )
@@ -29,22 +28,22 @@ const (
 
 type testGateway struct {
 	*Gateway
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	cancel context.CancelFunc
 	done   chan error
 }
 
 func startGateway(t *testing.T, mutate func(*Config)) *testGateway {
 	t.Helper()
-	return startGatewayOn(t, redistest.Start(t), redistest.Prefix(t), mutate)
+	return startGatewayOn(t, []string{redistest.Start(t).Addr}, redistest.Prefix(t), mutate)
 }
 
 // startGatewayOn starts a gateway on a given Redis and key prefix, so
 // several instances can share them.
-func startGatewayOn(t *testing.T, srv *redisserver.Server, prefix string, mutate func(*Config)) *testGateway {
+func startGatewayOn(t *testing.T, addrs []string, prefix string, mutate func(*Config)) *testGateway {
 	t.Helper()
 	cfg := Config{
-		Redis:            redisconn.Config{Addrs: []string{srv.Addr}, KeyPrefix: prefix},
+		Redis:            redisconn.Config{Addrs: addrs, KeyPrefix: prefix},
 		Addr:             "127.0.0.1:0",
 		PushAddr:         "127.0.0.1:0",
 		TokenSecret:      tokenSecret,
@@ -76,7 +75,12 @@ func startGatewayOn(t *testing.T, srv *redisserver.Server, prefix string, mutate
 		cancel()
 		t.Fatal(err)
 	}
-	tg := &testGateway{Gateway: g, rdb: redistest.Client(t, srv), cancel: cancel, done: make(chan error, 1)}
+	rdb, err := redisconn.Open(context.Background(), cfg.Redis)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	tg := &testGateway{Gateway: g, rdb: rdb, cancel: cancel, done: make(chan error, 1)}
 	go func() { tg.done <- g.Serve(ctx) }()
 	t.Cleanup(func() { tg.stop(t) })
 	return tg
@@ -359,10 +363,18 @@ func TestPushEndpoint(t *testing.T) {
 }
 
 func TestPushRoutesAcrossInstances(t *testing.T) {
-	srv := redistest.Start(t)
+	t.Run("single redis", func(t *testing.T) {
+		testRouting(t, []string{redistest.Start(t).Addr})
+	})
+	t.Run("redis cluster", func(t *testing.T) {
+		testRouting(t, redistest.StartCluster(t).Addrs())
+	})
+}
+
+func testRouting(t *testing.T, addrs []string) {
 	prefix := redistest.Prefix(t)
-	a := startGatewayOn(t, srv, prefix, nil)
-	b := startGatewayOn(t, srv, prefix, nil)
+	a := startGatewayOn(t, addrs, prefix, nil)
+	b := startGatewayOn(t, addrs, prefix, nil)
 	ws := a.dial(t, "roamer")
 	pingPong(t, ws)
 

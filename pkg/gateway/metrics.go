@@ -53,6 +53,10 @@ var (
 		Name: "stillthere_gateway_closes_total",
 		Help: "Connections ended, by close code the gateway sent or received (1000, 1001, 1003, 1007, 1008, 1009, or abnormal).",
 	}, []string{"code"})
+	metricRateLimited = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_gateway_rate_limited_total",
+		Help: "Connections closed with 1008 for going over the frame rate limit.",
+	})
 	metricSlowClients = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_gateway_slow_clients_total",
 		Help: "Connections cut off because their send queue was full.",

@@ -20,6 +20,10 @@ import (
 // push is delivered locally, published to the other instances the user is
 // on, or, when the user is nowhere, kept in their inbox for their next
 // connect.
+//
+// The channels are sharded (SSUBSCRIBE/SPUBLISH): in a Redis Cluster a
+// shard channel lives on one master, and SPUBLISH counts its subscribers
+// exactly, where a classic PUBLISH counts only those on the node it hit.
 
 // unregisterScript drops one connection from a route, and the instance
 // from it at zero. KEYS: route. ARGV: instance.
@@ -109,7 +113,7 @@ func (g *Gateway) deliverElsewhere(ctx context.Context, req PushRequest) (int, e
 		if inst == g.instance {
 			continue
 		}
-		got, err := g.rdb.Publish(ctx, ks.InstanceChannel(inst), payload).Result()
+		got, err := g.rdb.SPublish(ctx, ks.InstanceChannel(inst), payload).Result()
 		if err != nil {
 			return n, fmt.Errorf("route guide to %s: %w", inst, err)
 		}

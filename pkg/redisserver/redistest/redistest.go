@@ -39,3 +39,15 @@ func Prefix(t testing.TB) string {
 	rand.Read(b[:])
 	return "t" + hex.EncodeToString(b[:])
 }
+
+// StartCluster runs a 3-master Redis Cluster for the test and stops it at
+// cleanup.
+func StartCluster(t testing.TB) *redisserver.Cluster {
+	t.Helper()
+	c, err := redisserver.StartCluster(context.Background(), t.TempDir(), 3)
+	if err != nil {
+		t.Fatalf("start redis cluster: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
