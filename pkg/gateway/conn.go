@@ -18,7 +18,9 @@ import (
 
 // conn is one client connection. Invariant, as gorilla/websocket requires:
 // exactly one goroutine reads (serve, on the HTTP handler's goroutine) and
-// one writes data frames (writeLoop). Close frames go out through
+// at most one writes data frames (a flusher, started by enqueue only while
+// frames wait, so an idle connection costs no writer goroutine). Control
+// frames (close, and the gateway's protocol pings) go out through
 // WriteControl, which is safe beside both.
 type conn struct {
 	g       *Gateway
@@ -31,24 +33,21 @@ type conn struct {
 	// serve's goroutine touches them.
 	renewedAt, expires time.Time
 
-	send     chan []byte   // frames for writeLoop; bounded, see enqueue
-	done     chan struct{} // closed when serve returns
-	closeMu  sync.Mutex
+	mu       sync.Mutex
+	queue    [][]byte // frames waiting for the flusher; bounded, see enqueue
+	flushing bool     // a flusher is running
+	closed   bool     // serve returned, or a write failed: enqueue refuses
+	flushers sync.WaitGroup
 	closeSet bool // a close frame was sent; later ones are dropped
 }
 
-// serve reads frames until the connection ends, then releases it. It
-// returns after writeLoop has exited.
 func (c *conn) serve(ctx context.Context) {
-	writerDone := make(chan struct{})
-	go func() {
-		defer close(writerDone)
-		c.writeLoop()
-	}()
 	defer func() {
-		close(c.done)
-		<-writerDone
-		c.ws.Close()
+		c.mu.Lock()
+		c.closed = true
+		c.mu.Unlock()
+		c.ws.Close() // a flusher blocked in a write fails at once
+		c.flushers.Wait()
 	}()
 
 	limiter := rate.NewLimiter(rate.Limit(c.g.cfg.RatePerSecond), c.g.cfg.RateBurst)
@@ -166,15 +165,24 @@ func (c *conn) ended(ctx context.Context, err error) {
 
 // closeWith sends a close frame with code and reason, once.
 func (c *conn) closeWith(code int, reason string) {
-	c.closeMu.Lock()
-	defer c.closeMu.Unlock()
+	c.mu.Lock()
 	if c.closeSet {
+		c.mu.Unlock()
 		return
 	}
 	c.closeSet = true
+	c.mu.Unlock()
 	metricCloses.WithLabelValues(strconv.Itoa(code)).Inc()
 	msg := websocket.FormatCloseMessage(code, reason)
 	c.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(c.g.cfg.WriteTimeout))
+}
+
+// ping sends a protocol-level ping, which the client answers with a pong
+// that keeps the read deadline moving.
+func (c *conn) ping() {
+	if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(c.g.cfg.WriteTimeout)); err != nil {
+		c.ws.NetConn().Close() // unblocks serve's read, which cleans up
+	}
 }
 
 // linger waits briefly for the client to read our close frame and hang up,
@@ -189,44 +197,53 @@ func (c *conn) linger() {
 // lingerTimeout bounds linger.
 const lingerTimeout = time.Second
 
-// enqueue hands a frame to writeLoop without blocking. A client whose queue
-// is full is not reading: it is cut off so it cannot hold up the sender.
+// enqueue queues a frame for the client without blocking, starting a
+// flusher if none runs. A client whose queue is full is not reading: it is
+// cut off so it cannot hold up the sender.
 func (c *conn) enqueue(b []byte) bool {
-	select {
-	case <-c.done:
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
 		return false
-	default:
 	}
-	select {
-	case c.send <- b:
-		return true
-	default:
+	if len(c.queue) >= c.g.cfg.SendQueue {
+		c.closed = true
 		metricSlowClients.Inc()
 		c.log.Info("send queue full, closing slow client")
 		c.ws.NetConn().Close() // unblocks serve's read, which cleans up
 		return false
 	}
+	c.queue = append(c.queue, b)
+	if !c.flushing {
+		c.flushing = true
+		c.flushers.Add(1)
+		go c.flush()
+	}
+	return true
 }
 
-// writeLoop writes queued frames and protocol pings until serve is done.
-func (c *conn) writeLoop() {
-	ping := time.NewTicker(c.g.cfg.IdleTimeout * 9 / 10)
-	defer ping.Stop()
+// flush writes queued frames until the queue is empty, then exits.
+func (c *conn) flush() {
+	defer c.flushers.Done()
 	for {
-		select {
-		case b := <-c.send:
+		c.mu.Lock()
+		batch := c.queue
+		c.queue = nil
+		if len(batch) == 0 || c.closed {
+			c.flushing = false
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		for _, b := range batch {
 			c.ws.SetWriteDeadline(time.Now().Add(c.g.cfg.WriteTimeout))
 			if err := c.ws.WriteMessage(websocket.TextMessage, b); err != nil {
+				c.mu.Lock()
+				c.closed, c.flushing, c.queue = true, false, nil
+				c.mu.Unlock()
 				c.ws.NetConn().Close()
 				return
 			}
-		case <-ping.C:
-			if err := c.ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(c.g.cfg.WriteTimeout)); err != nil {
-				c.ws.NetConn().Close()
-				return
-			}
-		case <-c.done:
-			return
 		}
 	}
 }

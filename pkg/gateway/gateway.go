@@ -184,6 +184,12 @@ func (g *Gateway) Serve(ctx context.Context) error {
 		g.listen(ctx, g.sub)
 	}()
 	defer func() { <-listenDone }()
+	pingDone := make(chan struct{})
+	go func() {
+		defer close(pingDone)
+		g.pingAll(ctx)
+	}()
+	defer func() { <-pingDone }()
 
 	eg, ectx := errgroup.WithContext(ctx)
 	eg.Go(func() error { return serveUntil(ectx, public, g.publicLn) })
@@ -212,6 +218,24 @@ func serveUntil(ctx context.Context, srv *http.Server, ln net.Listener) error {
 	srv.Shutdown(sctx)
 	<-errc
 	return ctx.Err()
+}
+
+// pingAll sends every connection a protocol ping once per 9/10 of the idle
+// timeout, one hub shard per tick, so the pings are spread over the period
+// and no connection needs a timer of its own.
+func (g *Gateway) pingAll(ctx context.Context) {
+	t := time.NewTicker(g.cfg.IdleTimeout * 9 / 10 / hubShards)
+	defer t.Stop()
+	for shard := 0; ; shard = (shard + 1) % hubShards {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, c := range g.hub.shardConns(shard) {
+			c.ping()
+		}
+	}
 }
 
 // drainConcurrency bounds the close frames sent at once on shutdown.
@@ -280,8 +304,6 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		uid:     claims.UID,
 		segment: claims.Segment,
 		log:     g.log.With("uid", claims.UID),
-		send:    make(chan []byte, g.cfg.SendQueue),
-		done:    make(chan struct{}),
 	}
 	g.conns.Add(1)
 	defer g.conns.Done()

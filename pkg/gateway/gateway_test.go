@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"net"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -263,6 +265,41 @@ func TestPolicyChangedAtRuntime(t *testing.T) {
 	pttl, _ := tg.rdb.PTTL(context.Background(), tg.store.Keyspace().SessionKey("v")).Result()
 	if pttl < 170*time.Second {
 		t.Fatalf("vip session PTTL %v, want about 180s", pttl)
+	}
+}
+
+func TestProtocolPingsDetectDeadClients(t *testing.T) {
+	tg := startGateway(t, func(c *Config) { c.IdleTimeout = time.Second })
+	// alive reads, so its client library answers the gateway's pings.
+	alive := tg.dial(t, "alive")
+	pingPong(t, alive)
+	aliveErr := make(chan error, 1)
+	go func() {
+		alive.SetReadDeadline(time.Now().Add(3 * time.Second))
+		_, _, err := alive.ReadMessage()
+		aliveErr <- err
+	}()
+	// mute never reads, so never answers: the gateway must drop it.
+	mute := tg.dial(t, "mute")
+	pingPong(t, mute)
+	before, _ := tg.rdb.PTTL(context.Background(), tg.store.Keyspace().SessionKey("alive")).Result()
+
+	for deadline := time.Now().Add(5 * time.Second); len(tg.hub.lookup("mute")) > 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("a client that answers no pings was not dropped")
+		}
+	}
+	var ne net.Error
+	if err := <-aliveErr; !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("the answering client ended with %v; want it still open at its own deadline", err)
+	}
+	if len(tg.hub.lookup("alive")) != 1 {
+		t.Fatal("the answering client was dropped")
+	}
+	// Protocol pongs are not activity: the session was not renewed.
+	after, _ := tg.rdb.PTTL(context.Background(), tg.store.Keyspace().SessionKey("alive")).Result()
+	if after >= before {
+		t.Fatalf("PTTL went from %v to %v on protocol pongs alone", before, after)
 	}
 }
 

@@ -68,6 +68,20 @@ func (h *hub) lookup(uid string) []*conn {
 	return out
 }
 
+// shardConns returns the connections of one shard.
+func (h *hub) shardConns(i int) []*conn {
+	s := &h.shards[i]
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []*conn
+	for _, set := range s.conns {
+		for c := range set {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 // all returns every connection, for the shutdown drain.
 func (h *hub) all() []*conn {
 	var out []*conn
