@@ -28,12 +28,10 @@ lint: ## gofmt and go vet
 		if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-bench: deps ## micro-benchmarks into bench/report.md (the load benchmark comes with the load-test work)
-	@mkdir -p bench
-	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./... | tee bench/raw.txt
-	@{ echo "# stillthere micro-benchmarks"; echo; echo "Machine: $$(uname -srm), $$(nproc) cores, $$(go version | cut -d' ' -f3)"; \
-	   echo; echo "Command: \`make bench\`"; echo; echo '```'; grep -E '^(Benchmark|goos|goarch|cpu|pkg)' bench/raw.txt; echo '```'; } > bench/report.md
-	@echo "wrote bench/report.md"
+bench: deps ## gateway benchmark (memory per connection, renewal batching) into bench/report.md, then micro-benchmarks
+	$(GO) build -o bin/ ./gateway ./loadtest/wsload ./loadtest/bench
+	bin/bench -bin bin -out bench
+	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./pkg/... | tee bench/micro.txt
 
 deps: ## install redis-server when it is missing (Debian), or say how
 	@./dev/ensure-redis.sh

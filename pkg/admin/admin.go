@@ -1,12 +1,13 @@
 // Package admin serves the health and metrics endpoints every service
 // exposes on its internal listener: /healthz (the process is up), /readyz
-// (its dependencies answer) and /metrics (Prometheus).
+// (its dependencies answer), /metrics (Prometheus) and /debug/pprof/.
 package admin
 
 import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -32,6 +33,11 @@ func NewMux(ready Check) *http.ServeMux {
 		WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
 	mux.Handle("GET /metrics", promhttp.Handler())
+	// Profiles, for ops on this internal listener: go tool pprof
+	// http://<addr>/debug/pprof/heap
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	return mux
 }
 

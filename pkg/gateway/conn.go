@@ -62,46 +62,59 @@ func (c *conn) serve(ctx context.Context) {
 			c.ended(ctx, err)
 			return
 		}
-		c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
-		if !limiter.Allow() {
-			metricRateLimited.Inc()
-			c.closeWith(websocket.ClosePolicyViolation, "rate limit exceeded")
-			c.linger()
+		if !c.handle(ctx, limiter, typ, data) {
 			return
-		}
-		if typ != websocket.TextMessage {
-			metricFrames.WithLabelValues("binary").Inc()
-			c.closeWith(websocket.CloseUnsupportedData, "binary frames are not supported")
-			c.linger()
-			return
-		}
-		f, err := frame.Parse(data)
-		if err != nil {
-			metricFrames.WithLabelValues("invalid").Inc()
-			c.closeWith(websocket.CloseInvalidFramePayloadData, "frame is not a JSON object")
-			c.linger()
-			return
-		}
-		if err := f.Validate(); err != nil {
-			if frame.IsUnknownType(err) {
-				metricFrames.WithLabelValues("unknown").Inc()
-				c.enqueue(frame.Error(frame.CodeUnknownType, "unknown frame type"))
-			} else {
-				metricFrames.WithLabelValues("invalid").Inc()
-				c.enqueue(frame.Error(frame.CodeBadFrame, err.Error()))
-			}
-			continue
-		}
-		metricFrames.WithLabelValues(f.Type).Inc()
-		switch f.Type {
-		case frame.TypePing:
-			c.renew(ctx)
-		case frame.TypeAck:
-			// Bookkeeping only: an ack must not renew the session, or a
-			// client that acks automatically would be guided every TTL.
-			c.log.Debug("guide acknowledged", "guide_id", f.ID)
 		}
 	}
+}
+
+// handle answers one client frame and reports whether the connection
+// stays open. It is kept out of serve's loop (not inlined) so that the
+// frame serve parks in while waiting for the client stays small: an idle
+// connection's goroutine stack is most of its memory.
+//
+//go:noinline
+func (c *conn) handle(ctx context.Context, limiter *rate.Limiter, typ int, data []byte) bool {
+	c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
+	if !limiter.Allow() {
+		metricRateLimited.Inc()
+		c.closeWith(websocket.ClosePolicyViolation, "rate limit exceeded")
+		c.linger()
+		return false
+	}
+	if typ != websocket.TextMessage {
+		metricFrames.WithLabelValues("binary").Inc()
+		c.closeWith(websocket.CloseUnsupportedData, "binary frames are not supported")
+		c.linger()
+		return false
+	}
+	f, err := frame.Parse(data)
+	if err != nil {
+		metricFrames.WithLabelValues("invalid").Inc()
+		c.closeWith(websocket.CloseInvalidFramePayloadData, "frame is not a JSON object")
+		c.linger()
+		return false
+	}
+	if err := f.Validate(); err != nil {
+		if frame.IsUnknownType(err) {
+			metricFrames.WithLabelValues("unknown").Inc()
+			c.enqueue(frame.Error(frame.CodeUnknownType, "unknown frame type"))
+		} else {
+			metricFrames.WithLabelValues("invalid").Inc()
+			c.enqueue(frame.Error(frame.CodeBadFrame, err.Error()))
+		}
+		return true
+	}
+	metricFrames.WithLabelValues(f.Type).Inc()
+	switch f.Type {
+	case frame.TypePing:
+		c.renew(ctx)
+	case frame.TypeAck:
+		// Bookkeeping only: an ack must not renew the session, or a
+		// client that acks automatically would be guided every TTL.
+		c.log.Debug("guide acknowledged", "guide_id", f.ID)
+	}
+	return true
 }
 
 // renew grants the session TTL plus jitter and answers with a pong. Pings

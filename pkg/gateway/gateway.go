@@ -96,7 +96,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 		hub:      newHub(),
 		upgrader: websocket.Upgrader{
 			HandshakeTimeout:  cfg.HandshakeTimeout,
-			ReadBufferSize:    1024,
+			// Client frames are small; the read buffer only sizes syscalls.
+			// Writes borrow a buffer from the pool while they run.
+			ReadBufferSize:    512,
 			WriteBufferSize:   1024,
 			WriteBufferPool:   &sync.Pool{},
 			EnableCompression: false,
@@ -293,7 +295,12 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		admin.WriteError(w, http.StatusServiceUnavailable, "gateway at its connection limit, try another")
 		return
 	}
-	defer g.open.Add(-1)
+	reserved := true
+	defer func() {
+		if reserved {
+			g.open.Add(-1)
+		}
+	}()
 	ws, err := g.upgrader.Upgrade(w, r, nil)
 	if err != nil {
 		return // the upgrader has answered with an HTTP error
@@ -305,27 +312,38 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		segment: claims.Segment,
 		log:     g.log.With("uid", claims.UID),
 	}
-	g.conns.Add(1)
-	defer g.conns.Done()
+	// One-time Redis work (route registration, the inbox) runs here, on
+	// the handler's goroutine. The connection then gets a goroutine of its
+	// own that only reads, and the handler returns: that frees the HTTP
+	// server's per-request buffers (several KB), which a connection served
+	// from the handler would pin for its whole life, and keeps the
+	// long-lived goroutine's stack small.
 	g.hub.add(c)
 	metricConnections.Inc()
-	// Route bookkeeping outlives the gateway's shutdown signal: a
-	// connection drained at shutdown must still be unregistered.
-	rctx := context.WithoutCancel(ctx)
+	rctx := context.WithoutCancel(ctx) // route bookkeeping outlives shutdown
 	if err := g.register(rctx, c.uid); err != nil {
 		c.log.Warn("route registration failed; guides reach this connection only through this instance", "err", err)
 	}
-	defer func() {
-		g.hub.remove(c)
-		metricConnections.Dec()
-		uctx, cancel := context.WithTimeout(rctx, 5*time.Second)
-		defer cancel()
-		if err := g.unregister(uctx, c.uid); err != nil {
-			c.log.Warn("route unregistration", "err", err)
-		}
-	}()
 	g.handOverInbox(rctx, c)
-	c.serve(ctx)
+	g.conns.Add(1)
+	reserved = false // the connection's goroutine gives the slot back
+	go func() {
+		defer g.conns.Done()
+		defer g.open.Add(-1)
+		c.serve(ctx)
+		g.release(rctx, c)
+	}()
+}
+
+// release forgets an ended connection.
+func (g *Gateway) release(ctx context.Context, c *conn) {
+	g.hub.remove(c)
+	metricConnections.Dec()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := g.unregister(ctx, c.uid); err != nil {
+		c.log.Warn("route unregistration", "err", err)
+	}
 }
 
 // connLimitFromRlimit leaves 1024 descriptors of the open-file limit for
