@@ -95,7 +95,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 		verifier: verifier,
 		hub:      newHub(),
 		upgrader: websocket.Upgrader{
-			HandshakeTimeout:  cfg.HandshakeTimeout,
+			HandshakeTimeout: cfg.HandshakeTimeout,
 			// Client frames are small; the read buffer only sizes syscalls.
 			// Writes borrow a buffer from the pool while they run.
 			ReadBufferSize:    512,
