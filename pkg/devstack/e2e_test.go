@@ -15,11 +15,10 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/gorilla/websocket"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
+	"github.com/stillthere/stillthere/pkg/timeoutevent/topictest"
 	"github.com/stillthere/stillthere/pkg/token"
 )
 
@@ -161,38 +160,7 @@ func expectClose(t *testing.T, ws *websocket.Conn, code int) {
 // topicEvents reads every timeout event on the topic.
 func topicEvents(t *testing.T, s *Stack) []timeoutevent.Event {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(s.KafkaBrokers), kgo.ConsumeTopics(s.ListenerConfig.Kafka.Topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, s.ListenerConfig.Kafka.Topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var want int64
-	ends.Each(func(o kadm.ListedOffset) { want += o.Offset })
-	var out []timeoutevent.Event
-	for int64(len(out)) < want {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("read %d of %d events: %v", len(out), want, ctx.Err())
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			ev, err := timeoutevent.Parse(r.Value)
-			if err != nil {
-				t.Errorf("bad event on topic: %v", err)
-			}
-			if string(r.Key) != ev.UID {
-				t.Errorf("event for %q keyed %q", ev.UID, r.Key)
-			}
-			out = append(out, ev)
-		})
-	}
-	return out
+	return topictest.Events(t, []string{s.KafkaBrokers}, s.ListenerConfig.Kafka.Topic)
 }
 
 func TestEndToEnd(t *testing.T) {

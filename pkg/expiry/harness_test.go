@@ -22,6 +22,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
+	"github.com/stillthere/stillthere/pkg/timeoutevent/topictest"
 )
 
 const (
@@ -233,35 +234,8 @@ func (h *harness) waitSettled(uids []string) {
 
 // events reads every timeout event on the topic.
 func (h *harness) events() []timeoutevent.Event {
-	t := h.t
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
-	defer cancel()
-	want := h.produced()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(h.kafka.ListenAddrs()...), kgo.ConsumeTopics(testTopic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	var out []timeoutevent.Event
-	for int64(len(out)) < want {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("read %d of %d events: %v", len(out), want, ctx.Err())
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			ev, err := timeoutevent.Parse(r.Value)
-			if err != nil {
-				t.Errorf("bad event on topic: %v", err)
-			}
-			if string(r.Key) != ev.UID {
-				t.Errorf("event for %q keyed %q", ev.UID, r.Key)
-			}
-			out = append(out, ev)
-		})
-	}
-	return out
+	h.t.Helper()
+	return topictest.Events(h.t, h.kafka.ListenAddrs(), testTopic)
 }
 
 // byUID groups events by uid.
