@@ -237,7 +237,13 @@ func TestConnectionLimit(t *testing.T) {
 }
 
 func TestPolicyChangedAtRuntime(t *testing.T) {
-	tg := startGateway(t, nil)
+	t.Run("single redis", func(t *testing.T) { testPolicy(t, startGateway(t, nil)) })
+	t.Run("redis cluster", func(t *testing.T) {
+		testPolicy(t, startGatewayOn(t, redistest.StartCluster(t).Addrs(), redistest.Prefix(t), nil))
+	})
+}
+
+func testPolicy(t *testing.T, tg *testGateway) {
 	vip := tg.dialSegment(t, "v", "vip")
 	plain := tg.dialSegment(t, "p", "")
 	if ttl := pingPong(t, vip); ttl < 10_000 || ttl >= 11_000 {

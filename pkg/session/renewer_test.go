@@ -10,7 +10,17 @@ import (
 )
 
 func TestRenewerBatchesConcurrentRenewals(t *testing.T) {
-	s, ctx := newStore(t)
+	t.Run("single redis", func(t *testing.T) {
+		s, ctx := newStore(t)
+		testBatching(t, s, ctx)
+	})
+	t.Run("redis cluster", func(t *testing.T) {
+		s, ctx := newClusterStore(t)
+		testBatching(t, s, ctx)
+	})
+}
+
+func testBatching(t *testing.T, s *Store, ctx context.Context) {
 	var flushes, renewals atomic.Int64
 	r := NewRenewer(s, RenewerConfig{
 		FlushInterval: 5 * time.Millisecond,

@@ -5,12 +5,26 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 )
 
 func newStore(t *testing.T) (*Store, context.Context) {
 	srv := redistest.Start(t)
 	rdb := redistest.Client(t, srv)
+	ks, err := NewKeyspace(redistest.Prefix(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NewStore(rdb, ks), context.Background()
+}
+
+// newClusterStore is newStore on a 3-master Redis Cluster.
+func newClusterStore(t *testing.T) (*Store, context.Context) {
+	c := redistest.StartCluster(t)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	t.Cleanup(func() { rdb.Close() })
 	ks, err := NewKeyspace(redistest.Prefix(t))
 	if err != nil {
 		t.Fatal(err)
