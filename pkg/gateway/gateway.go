@@ -295,14 +295,10 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		admin.WriteError(w, http.StatusServiceUnavailable, "gateway at its connection limit, try another")
 		return
 	}
-	reserved := true
-	defer func() {
-		if reserved {
-			g.open.Add(-1)
-		}
-	}()
+	// From here the slot is the connection's: its goroutine gives it back.
 	ws, err := g.upgrader.Upgrade(w, r, nil)
 	if err != nil {
+		g.open.Add(-1)
 		return // the upgrader has answered with an HTTP error
 	}
 	c := &conn{
@@ -316,8 +312,7 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	// the handler's goroutine. The connection then gets a goroutine of its
 	// own that only reads, and the handler returns: that frees the HTTP
 	// server's per-request buffers (several KB), which a connection served
-	// from the handler would pin for its whole life, and keeps the
-	// long-lived goroutine's stack small.
+	// from the handler would pin for its whole life.
 	g.hub.add(c)
 	metricConnections.Inc()
 	rctx := context.WithoutCancel(ctx) // route bookkeeping outlives shutdown
@@ -326,7 +321,6 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	g.handOverInbox(rctx, c)
 	g.conns.Add(1)
-	reserved = false // the connection's goroutine gives the slot back
 	go func() {
 		defer g.conns.Done()
 		defer g.open.Add(-1)

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"strings"
 	"time"
 
@@ -82,7 +83,10 @@ func Command(ctx context.Context, args []string, env config.Lookup, out io.Write
 		return show(out, p, stored)
 	}
 
-	p.Segments = cloneSegments(p.Segments)
+	p.Segments = maps.Clone(p.Segments)
+	if p.Segments == nil {
+		p.Segments = map[string]time.Duration{}
+	}
 	if defaultTTL != 0 {
 		p.DefaultTTL = defaultTTL
 	}
@@ -123,12 +127,4 @@ func show(out io.Writer, p Policy, stored bool) error {
 	}
 	_, err = fmt.Fprintf(out, "%s\n", b)
 	return err
-}
-
-func cloneSegments(m map[string]time.Duration) map[string]time.Duration {
-	out := make(map[string]time.Duration, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
