@@ -1,5 +1,6 @@
 // Package kafka sets up the franz-go clients the services use to reach the
-// timeout topic, on the embedded broker or a real Kafka alike.
+// timeout topic, on the embedded broker or a real Kafka alike, over TLS
+// and with SASL when configured.
 package kafka
 
 import (
@@ -11,9 +12,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 	"github.com/twmb/franz-go/plugin/kslog"
 
 	"github.com/stillthere/stillthere/pkg/config"
+	"github.com/stillthere/stillthere/pkg/tlsfiles"
 )
 
 // Config says where Kafka is and what the timeout topic looks like.
@@ -28,7 +33,26 @@ type Config struct {
 	// ReplicationFactor of the topic when created. Default 1, right for
 	// the embedded broker; use 3 on a real cluster.
 	ReplicationFactor int
+
+	// TLS dials the brokers over TLS. Default false.
+	TLS bool
+	// TLSFiles are the CA, client certificate and server name of TLS. All
+	// optional: the system roots verify the broker by the host dialed.
+	TLSFiles tlsfiles.Files
+	// SASLMechanism is none, plain, scram-sha-256 or scram-sha-512.
+	// Default none. Any other needs SASLUsername and SASLPassword.
+	SASLMechanism string
+	// SASLUsername and SASLPassword authenticate with SASLMechanism.
+	SASLUsername, SASLPassword string
 }
+
+// SASL mechanisms.
+const (
+	SASLNone        = "none"
+	SASLPlain       = "plain"
+	SASLScramSHA256 = "scram-sha-256"
+	SASLScramSHA512 = "scram-sha-512"
+)
 
 // Bind registers the Kafka settings.
 func (c *Config) Bind(b *config.Binder) {
@@ -36,6 +60,14 @@ func (c *Config) Bind(b *config.Binder) {
 	b.String(&c.Topic, "topic", "session-timeouts", "topic of timeout events")
 	b.Int(&c.Partitions, "topic-partitions", 12, "partitions of the topic, when it is created")
 	b.Int(&c.ReplicationFactor, "topic-replication", 1, "replication factor of the topic, when it is created")
+	b.Bool(&c.TLS, "kafka-tls", false, "dial Kafka over TLS")
+	b.String(&c.TLSFiles.CAFile, "kafka-tls-ca-file", "", "PEM CA bundle that verifies the brokers; empty uses the system roots")
+	b.String(&c.TLSFiles.CertFile, "kafka-tls-cert-file", "", "PEM client certificate, for mutual TLS")
+	b.String(&c.TLSFiles.KeyFile, "kafka-tls-key-file", "", "PEM key of the client certificate")
+	b.String(&c.TLSFiles.ServerName, "kafka-tls-server-name", "", "name verified in the brokers' certificates; empty uses the host dialed")
+	b.String(&c.SASLMechanism, "kafka-sasl-mechanism", SASLNone, "SASL mechanism: none, plain, scram-sha-256 or scram-sha-512")
+	b.String(&c.SASLUsername, "kafka-sasl-username", "", "SASL user name")
+	b.Secret(&c.SASLPassword, "kafka-sasl-password", "SASL password")
 }
 
 // Validate names the first bad field.
@@ -50,16 +82,64 @@ func (c Config) Validate() error {
 	case c.ReplicationFactor < 1:
 		return fmt.Errorf("topic-replication: %d, want at least 1", c.ReplicationFactor)
 	}
+	if err := c.TLSFiles.Check("kafka-tls", c.TLS); err != nil {
+		return err
+	}
+	switch c.SASLMechanism {
+	case SASLNone, "":
+		if c.SASLUsername != "" || c.SASLPassword != "" {
+			return errors.New("kafka-sasl-username: a SASL user or password is set, but kafka-sasl-mechanism is none")
+		}
+	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
+		if c.SASLUsername == "" {
+			return fmt.Errorf("kafka-sasl-username: empty, but kafka-sasl-mechanism is %s", c.SASLMechanism)
+		}
+		if c.SASLPassword == "" {
+			return fmt.Errorf("kafka-sasl-password: empty, but kafka-sasl-mechanism is %s", c.SASLMechanism)
+		}
+	default:
+		return fmt.Errorf("kafka-sasl-mechanism: %q, want none, plain, scram-sha-256 or scram-sha-512", c.SASLMechanism)
+	}
 	return nil
+}
+
+// securityOpts are the client options of TLS and SASL.
+func (c Config) securityOpts() ([]kgo.Opt, error) {
+	var opts []kgo.Opt
+	if c.TLS {
+		tc, err := c.TLSFiles.Config("kafka-tls")
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, kgo.DialTLSConfig(tc))
+	}
+	var m sasl.Mechanism
+	switch c.SASLMechanism {
+	case SASLPlain:
+		m = plain.Auth{User: c.SASLUsername, Pass: c.SASLPassword}.AsMechanism()
+	case SASLScramSHA256:
+		m = scram.Auth{User: c.SASLUsername, Pass: c.SASLPassword}.AsSha256Mechanism()
+	case SASLScramSHA512:
+		m = scram.Auth{User: c.SASLUsername, Pass: c.SASLPassword}.AsSha512Mechanism()
+	}
+	if m != nil {
+		opts = append(opts, kgo.SASL(m))
+	}
+	return opts, nil
 }
 
 // NewClient returns a client for the configured brokers that logs through
 // logger. Extra options make it a producer or a group consumer.
 func NewClient(c Config, logger *slog.Logger, opts ...kgo.Opt) (*kgo.Client, error) {
+	sec, err := c.securityOpts()
+	if err != nil {
+		return nil, err
+	}
 	all := append([]kgo.Opt{
 		kgo.SeedBrokers(c.Brokers...),
 		kgo.WithLogger(kslog.New(logger.With("component", "kafka"))),
-	}, opts...)
+	}, sec...)
+	all = append(all, opts...)
 	cl, err := kgo.NewClient(all...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka client: %w", err)

@@ -1,9 +1,11 @@
 // Package redisconn opens the Redis client the services share: a single
-// node, or a Redis Cluster when several seed addresses are given.
+// node, or a Redis Cluster when several seed addresses are given, over TLS
+// when configured.
 package redisconn
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"strings"
 	"time"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/config"
 	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/tlsfiles"
 )
 
 // Config says where Redis is and how the deployment's keys are named.
@@ -26,6 +29,12 @@ type Config struct {
 	// KeyPrefix starts every key, so deployments sharing a Redis stay
 	// apart. Default "st".
 	KeyPrefix string
+	// TLS connects over TLS. Default false.
+	TLS bool
+	// TLSFiles are the CA, client certificate and server name of TLS. All
+	// optional. A cluster's nodes are dialed at the addresses they
+	// announce, often IPs: name the certificate's host in ServerName then.
+	TLSFiles tlsfiles.Files
 }
 
 // Bind registers the Redis settings.
@@ -35,6 +44,11 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Secret(&c.Password, "redis-password", "Redis password")
 	b.String(&c.KeyPrefix, "key-prefix", "st", "prefix of every Redis key")
 	b.Bool(&c.Cluster, "redis-cluster", false, "use Redis Cluster even with one seed address")
+	b.Bool(&c.TLS, "redis-tls", false, "connect to Redis over TLS")
+	b.String(&c.TLSFiles.CAFile, "redis-tls-ca-file", "", "PEM CA bundle that verifies Redis; empty uses the system roots")
+	b.String(&c.TLSFiles.CertFile, "redis-tls-cert-file", "", "PEM client certificate, for mutual TLS")
+	b.String(&c.TLSFiles.KeyFile, "redis-tls-key-file", "", "PEM key of the client certificate")
+	b.String(&c.TLSFiles.ServerName, "redis-tls-server-name", "", "name verified in Redis's certificate; empty uses the host dialed")
 }
 
 // Validate names the first bad field.
@@ -50,7 +64,7 @@ func (c Config) Validate() error {
 	if _, err := session.NewKeyspace(c.KeyPrefix); err != nil {
 		return fmt.Errorf("key-prefix: %w", err)
 	}
-	return nil
+	return c.TLSFiles.Check("redis-tls", c.TLS)
 }
 
 // Keyspace is the key layout for the configured prefix.
@@ -64,18 +78,27 @@ func (c Config) Keyspace() session.Keyspace {
 
 // Open connects and checks the connection with a PING.
 func Open(ctx context.Context, c Config) (redis.UniversalClient, error) {
+	var tc *tls.Config
+	if c.TLS {
+		var err error
+		if tc, err = c.TLSFiles.Config("redis-tls"); err != nil {
+			return nil, err
+		}
+	}
 	var rdb redis.UniversalClient
 	if c.Cluster || len(c.Addrs) > 1 {
 		rdb = redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:    c.Addrs,
-			Username: c.Username,
-			Password: c.Password,
+			Addrs:     c.Addrs,
+			Username:  c.Username,
+			Password:  c.Password,
+			TLSConfig: tc,
 		})
 	} else {
 		rdb = redis.NewClient(&redis.Options{
-			Addr:     c.Addrs[0],
-			Username: c.Username,
-			Password: c.Password,
+			Addr:      c.Addrs[0],
+			Username:  c.Username,
+			Password:  c.Password,
+			TLSConfig: tc,
 		})
 	}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
