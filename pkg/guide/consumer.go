@@ -1,7 +1,17 @@
 // Package guide is the guide consumer: a Kafka consumer group that reads
-// timeout events and sends each user one "are you still there?" through a
-// circuit breaker, committing offsets only once a guide's outcome is
-// settled.
+// timeout events and sends each silent user one "are you still there?".
+//
+// Each record is settled once: delivered (or queued to the user's inbox),
+// skipped because the user is back or the event is too old, or sent to the
+// dead-letter topic. Offsets are committed only up to the first record not
+// yet settled. The session check and the send go through a circuit breaker
+// each; while one is open, fetching pauses, unsent records are held, and
+// one probe goes out per breaker timeout. Every send carries the event id
+// as its idempotency key, so a crash between send and commit shows the
+// user nothing twice.
+//
+// It serves /healthz, /readyz and /metrics on Config.AdminAddr and logs
+// through the slog logger it is given.
 package guide
 
 import (
@@ -11,6 +21,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -25,16 +36,35 @@ import (
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
+// Dead-letter record headers.
+const (
+	HeaderDLQReason    = "dlq-reason"    // why the record was dead-lettered
+	HeaderDLQTopic     = "dlq-topic"     // where it was read
+	HeaderDLQPartition = "dlq-partition" // ...
+	HeaderDLQOffset    = "dlq-offset"    // ...
+)
+
 // Consumer is a running guide consumer: open with New, then Run.
 type Consumer struct {
-	cfg     Config
-	log     *slog.Logger
-	rdb     redis.UniversalClient
-	store   *session.Store
-	client  *kgo.Client
-	sender  *gatewaySender
-	breaker *gobreaker.CircuitBreaker[string]
-	adminLn net.Listener
+	cfg       Config
+	log       *slog.Logger
+	rdb       redis.UniversalClient
+	store     *session.Store
+	client    *kgo.Client
+	sender    sender
+	templates map[string]string
+	adminLn   net.Listener
+
+	// breaker guards the sender, named for it; redisBreaker the session
+	// check.
+	breaker      *gobreaker.CircuitBreaker[string]
+	redisBreaker *gobreaker.CircuitBreaker[bool]
+
+	// The rebalance callbacks, on the client's goroutine, hand their
+	// partitions to the dispatch loop, which owns all record state.
+	rebalance chan rebalanceReq
+	loopDone  chan struct{} // closed once the loop no longer answers
+	endLoop   sync.Once
 }
 
 // Run opens a consumer and runs it until ctx is done.
@@ -46,10 +76,14 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	return c.Run(ctx)
 }
 
-// New connects to Redis and Kafka, joins the group and binds the admin
-// listener.
+// New connects to Redis and Kafka, creates the dead-letter topic, joins
+// the group and binds the admin listener.
 func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Consumer, error) {
 	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("guide consumer config: %w", err)
+	}
+	templates, err := cfg.templates()
+	if err != nil {
 		return nil, fmt.Errorf("guide consumer config: %w", err)
 	}
 	rdb, err := redisconn.Open(ctx, cfg.Redis)
@@ -57,34 +91,32 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Consumer, error
 		return nil, err
 	}
 	c := &Consumer{
-		cfg:   cfg,
-		log:   logger,
-		rdb:   rdb,
-		store: session.NewStore(rdb, cfg.Redis.Keyspace()),
-		sender: &gatewaySender{
-			url:    cfg.PushURL,
-			secret: cfg.PushSecret,
-			client: &http.Client{Timeout: cfg.SendTimeout},
+		cfg:       cfg,
+		log:       logger,
+		rdb:       rdb,
+		store:     session.NewStore(rdb, cfg.Redis.Keyspace()),
+		templates: templates,
+		rebalance: make(chan rebalanceReq),
+		loopDone:  make(chan struct{}),
+	}
+	httpc := &http.Client{
+		Timeout: cfg.SendTimeout,
+		// A redirect is not an answer: the status says what happened.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		Transport: &http.Transport{
+			Proxy:               http.ProxyFromEnvironment,
+			MaxIdleConnsPerHost: min(cfg.MaxInFlight, 1024),
+			IdleConnTimeout:     90 * time.Second,
 		},
 	}
-	c.breaker = gobreaker.NewCircuitBreaker[string](gobreaker.Settings{
-		Name:        "gateway",
-		MaxRequests: 1,
-		Timeout:     cfg.BreakerTimeout,
-		ReadyToTrip: func(n gobreaker.Counts) bool {
-			return n.ConsecutiveFailures >= uint32(cfg.BreakerFailures)
-		},
-		// Our own shutdown and the downstream's definite "no" say nothing
-		// about its health.
-		IsExcluded: func(err error) bool {
-			return errors.Is(err, context.Canceled) || isPermanent(err)
-		},
-		OnStateChange: func(name string, from, to gobreaker.State) {
-			metricBreakerState.WithLabelValues(name).Set(float64(to))
-			logger.Warn("circuit breaker state changed", "downstream", name, "from", from.String(), "to", to.String())
-		},
-	})
-	metricBreakerState.WithLabelValues("gateway").Set(0)
+	switch cfg.Sender {
+	case SenderWebhook:
+		c.sender = &webhookSender{url: cfg.WebhookURL, secret: []byte(cfg.WebhookSecret), client: httpc}
+	default:
+		c.sender = &gatewaySender{url: cfg.PushURL, secret: cfg.PushSecret, client: httpc}
+	}
+	c.breaker = newBreaker[string](cfg.Sender, cfg, logger)
+	c.redisBreaker = newBreaker[bool](downstreamRedis, cfg, logger)
 
 	c.client, err = kafka.NewClient(cfg.Kafka, logger,
 		kgo.ConsumerGroup(cfg.Group),
@@ -94,12 +126,23 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Consumer, error
 		// DisableAutoCommit, CommitUncommittedOffsets would also commit
 		// records polled but not yet settled, on revoke and at shutdown.
 		kgo.AutoCommitMarks(),
+		// A poll's records reach the dispatch loop before a rebalance can
+		// revoke their partition; the loop allows it right after.
 		kgo.BlockRebalanceOnPoll(),
-		kgo.OnPartitionsRevoked(c.commitOnRevoke),
+		kgo.OnPartitionsAssigned(c.onAssigned),
+		kgo.OnPartitionsRevoked(c.onRevoked),
+		kgo.OnPartitionsLost(c.onLost),
+		kgo.ProducerLinger(0),
 	)
 	if err != nil {
-		rdb.Close()
+		c.close()
 		return nil, err
+	}
+	dlq := cfg.Kafka
+	dlq.Topic = cfg.DLQTopic
+	if err := kafka.EnsureTopic(ctx, c.client, dlq); err != nil {
+		c.close()
+		return nil, fmt.Errorf("dlq-topic: %w", err)
 	}
 	if c.adminLn, err = net.Listen("tcp", cfg.AdminAddr); err != nil {
 		c.close()
@@ -108,8 +151,14 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Consumer, error
 	return c, nil
 }
 
+// close releases what New opened. The loop has stopped (or never ran), so
+// the revoke callback that leaving the group runs does not wait for it.
 func (c *Consumer) close() {
-	c.client.Close()
+	c.endLoop.Do(func() { close(c.loopDone) })
+	if c.client != nil {
+		c.client.AllowRebalance() // a poll the loop never took must not block the leave
+		c.client.Close()
+	}
 	c.rdb.Close()
 	if c.adminLn != nil {
 		c.adminLn.Close()
@@ -119,20 +168,12 @@ func (c *Consumer) close() {
 // AdminAddr is where health and metrics are served.
 func (c *Consumer) AdminAddr() net.Addr { return c.adminLn.Addr() }
 
-// commitOnRevoke commits what was settled before partitions move to
-// another member, so the new owner does not send those guides again.
-func (c *Consumer) commitOnRevoke(ctx context.Context, cl *kgo.Client, _ map[string][]int32) {
-	if err := cl.CommitMarkedOffsets(ctx); err != nil {
-		c.log.Warn("commit on revoke", "err", err)
-	}
-}
-
-// Run consumes until ctx is done, then commits what it settled and leaves
-// the group.
+// Run consumes until ctx is done, then lets the sends under way finish,
+// commits what was settled and leaves the group.
 func (c *Consumer) Run(ctx context.Context) error {
 	defer c.close()
 	c.log.Info("guide consumer running", "group", c.cfg.Group, "topic", c.cfg.Kafka.Topic,
-		"push_url", c.cfg.PushURL, "admin", c.AdminAddr().String())
+		"sender", c.cfg.Sender, "dlq_topic", c.cfg.DLQTopic, "admin", c.AdminAddr().String())
 	eg, ctx := errgroup.WithContext(ctx)
 	srv := &http.Server{Handler: admin.NewMux(c.ready), ReadHeaderTimeout: 5 * time.Second}
 	eg.Go(func() error {
@@ -145,8 +186,18 @@ func (c *Consumer) Run(ctx context.Context) error {
 		<-ctx.Done()
 		return srv.Close()
 	})
-	eg.Go(func() error { return c.consume(ctx) })
+	eg.Go(func() error { return c.exportLag(ctx) })
+	eg.Go(func() error {
+		defer c.endLoop.Do(func() { close(c.loopDone) })
+		return newLoop(c).run(ctx)
+	})
 	err := eg.Wait()
+	// Commit what was settled before leaving the group.
+	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if cerr := c.client.CommitMarkedOffsets(cctx); cerr != nil {
+		c.log.Warn("final commit", "err", cerr)
+	}
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
@@ -163,111 +214,76 @@ func (c *Consumer) ready(ctx context.Context) error {
 	return nil
 }
 
-// pollMax bounds the records taken per poll.
-const pollMax = 256
-
-// consume is the poll loop. Records of a poll are settled in order, each
-// retried until it is, and only then committed; a rebalance waits for the
-// poll to be done (BlockRebalanceOnPoll), so a record is never sent by two
-// members.
-func (c *Consumer) consume(ctx context.Context) error {
-	defer func() {
-		// Commit what was settled before leaving the group.
-		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := c.client.CommitMarkedOffsets(cctx); err != nil {
-			c.log.Warn("final commit", "err", err)
-		}
-	}()
-	for {
-		fetches := c.client.PollRecords(ctx, pollMax)
-		if fetches.IsClientClosed() || ctx.Err() != nil {
-			c.client.AllowRebalance()
-			return ctx.Err()
-		}
-		fetches.EachError(func(topic string, p int32, err error) {
-			c.log.Warn("fetch", "topic", topic, "partition", p, "err", err)
-		})
-		var settled []*kgo.Record
-		var stopErr error
-		fetches.EachRecord(func(r *kgo.Record) {
-			if stopErr != nil {
-				return
-			}
-			if err := c.settle(ctx, r); err != nil {
-				stopErr = err
-				return
-			}
-			settled = append(settled, r)
-		})
-		if len(settled) > 0 {
-			c.client.MarkCommitRecords(settled...)
-			if err := c.client.CommitMarkedOffsets(context.WithoutCancel(ctx)); err != nil {
-				c.log.Warn("commit", "err", err)
-			}
-		}
-		c.client.AllowRebalance()
-		if stopErr != nil {
-			return stopErr
-		}
-	}
-}
-
-// settle decides one record's outcome, retrying failures with backoff
-// until it is settled. It fails only when ctx is done.
-func (c *Consumer) settle(ctx context.Context, r *kgo.Record) error {
+// process takes one record as far as it goes: to a settled outcome, or to
+// an error meaning "try again later". It runs on its own goroutine, one
+// per record in flight, started and awaited by the loop.
+func (c *Consumer) process(ctx context.Context, r *kgo.Record) (string, error) {
 	ev, err := timeoutevent.Parse(r.Value)
 	if err != nil {
-		metricGuides.WithLabelValues(OutcomeInvalid).Inc()
-		c.log.Error("skip record that is not a timeout event", "partition", r.Partition, "offset", r.Offset, "err", err)
-		return nil
+		if err := c.deadLetter(ctx, r, err.Error()); err != nil {
+			return "", err
+		}
+		c.log.Error("dead-lettered a record that is not a timeout event", "partition", r.Partition, "offset", r.Offset, "err", err)
+		return OutcomeInvalid, nil
 	}
-	log := c.log.With("uid", ev.UID, "guide_id", ev.ID)
-	backoff := 50 * time.Millisecond
-	for {
-		outcome, err := c.attempt(ctx, ev)
-		if err == nil {
-			metricGuides.WithLabelValues(outcome).Inc()
-			if outcome == OutcomeDelivered {
-				metricEndToEnd.Observe(time.Since(ev.Deadline()).Seconds())
-			}
-			log.Info("guide settled", "outcome", outcome, "past_deadline", time.Since(ev.Deadline()).Round(time.Millisecond))
-			return nil
-		}
-		if isPermanent(err) {
-			metricGuides.WithLabelValues(OutcomeRejected).Inc()
-			log.Error("guide rejected by downstream", "err", err)
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		metricSendErrors.Inc()
-		log.Warn("send guide, retrying", "err", err, "in", backoff)
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
-		backoff = min(backoff*2, 2*time.Second)
+	if age := time.Since(ev.Deadline()); age > c.cfg.GuideMaxAge {
+		return OutcomeTooOld, nil
 	}
-}
-
-// attempt checks the user is still gone and sends the guide once.
-func (c *Consumer) attempt(ctx context.Context, ev timeoutevent.Event) (string, error) {
-	live, err := c.store.Live(ctx, ev.UID)
+	live, err := c.redisBreaker.Execute(func() (bool, error) {
+		ctx, cancel := context.WithTimeout(ctx, c.cfg.SendTimeout)
+		defer cancel()
+		return c.store.Live(ctx, ev.UID)
+	})
 	if err != nil {
 		return "", err
 	}
 	if live {
 		return OutcomeStale, nil // they came back: no "are you still there?"
 	}
-	g := Guide{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: c.cfg.GuideText}
-	return c.breaker.Execute(func() (string, error) {
+	text, ok := c.templates[ev.Segment]
+	if !ok {
+		text = c.cfg.GuideText
+	}
+	g := Guide{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: text, DeadlineMS: ev.DeadlineMS}
+	outcome, err := c.breaker.Execute(func() (string, error) {
 		start := time.Now()
 		defer func() { metricSendSeconds.Observe(time.Since(start).Seconds()) }()
 		return c.sender.Send(ctx, g)
 	})
+	if isPermanent(err) {
+		if err := c.deadLetter(ctx, r, err.Error()); err != nil {
+			return "", err
+		}
+		c.log.Error("guide refused by downstream, dead-lettered", "uid", ev.UID, "guide_id", ev.ID, "err", err)
+		return OutcomeRejected, nil
+	}
+	if err == nil && outcome == OutcomeDelivered {
+		metricEndToEnd.Observe(time.Since(ev.Deadline()).Seconds())
+	}
+	return outcome, err
+}
+
+// deadLetter copies r to the dead-letter topic with the reason in a header.
+func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, reason string) error {
+	const maxReason = 1024
+	if len(reason) > maxReason {
+		reason = reason[:maxReason]
+	}
+	d := &kgo.Record{
+		Topic: c.cfg.DLQTopic,
+		Key:   r.Key,
+		Value: r.Value,
+		Headers: append(append([]kgo.RecordHeader(nil), r.Headers...),
+			kgo.RecordHeader{Key: HeaderDLQReason, Value: []byte(reason)},
+			kgo.RecordHeader{Key: HeaderDLQTopic, Value: []byte(r.Topic)},
+			kgo.RecordHeader{Key: HeaderDLQPartition, Value: fmt.Appendf(nil, "%d", r.Partition)},
+			kgo.RecordHeader{Key: HeaderDLQOffset, Value: fmt.Appendf(nil, "%d", r.Offset)},
+		),
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.SendTimeout)
+	defer cancel()
+	if err := c.client.ProduceSync(ctx, d).FirstErr(); err != nil {
+		return fmt.Errorf("dead-letter %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
+	}
+	return nil
 }

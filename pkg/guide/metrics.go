@@ -8,16 +8,32 @@ import (
 var (
 	metricGuides = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_consumer_guides_total",
-		Help: "Timeout events settled, by outcome (delivered, duplicate, queued, stale, rejected, invalid).",
+		Help: "Timeout events settled, by outcome (delivered, duplicate, queued, stale, too_old, rejected, invalid).",
 	}, []string{"outcome"})
 	metricSendErrors = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_consumer_send_errors_total",
-		Help: "Failed sends, retried (breaker open included).",
+		Help: "Attempts that failed and will be retried (a breaker refusing included).",
 	})
 	metricBreakerState = promauto.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "stillthere_consumer_breaker_state",
 		Help: "Circuit breaker state per downstream: 0 closed, 1 half-open, 2 open.",
 	}, []string{"downstream"})
+	metricBreakerChanges = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "stillthere_consumer_breaker_changes_total",
+		Help: "Circuit breaker state changes per downstream, by the state entered.",
+	}, []string{"downstream", "to"})
+	metricPaused = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "stillthere_consumer_paused_partitions",
+		Help: "Partitions whose fetching is paused (breaker open, or in-flight bound reached).",
+	})
+	metricInFlight = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "stillthere_consumer_in_flight",
+		Help: "Records taken from Kafka and not yet settled: being sent or waiting to be retried.",
+	})
+	metricLag = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "stillthere_consumer_lag",
+		Help: "Records past the group's commit, per partition this replica owns.",
+	}, []string{"partition"})
 	metricSendSeconds = promauto.NewHistogram(prometheus.HistogramOpts{
 		Name:    "stillthere_consumer_send_seconds",
 		Help:    "Latency of one send to the downstream.",

@@ -1,0 +1,42 @@
+package guide
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"github.com/sony/gobreaker/v2"
+)
+
+// Downstream names, the label of the breaker metrics.
+const downstreamRedis = "redis"
+
+// newBreaker returns the circuit breaker around one downstream. It opens
+// after cfg.BreakerFailures failures in a row (timeouts are failures) and
+// lets one probe through after cfg.BreakerTimeout. Our own cancellation
+// says nothing about the downstream and is not counted; a permanentError
+// is the downstream answering, so it counts as a success.
+func newBreaker[T any](name string, cfg Config, log *slog.Logger) *gobreaker.CircuitBreaker[T] {
+	metricBreakerState.WithLabelValues(name).Set(float64(gobreaker.StateClosed))
+	return gobreaker.NewCircuitBreaker[T](gobreaker.Settings{
+		Name:        name,
+		MaxRequests: 1,
+		Timeout:     cfg.BreakerTimeout,
+		ReadyToTrip: func(n gobreaker.Counts) bool {
+			return n.ConsecutiveFailures >= uint32(cfg.BreakerFailures)
+		},
+		IsSuccessful: func(err error) bool { return err == nil || isPermanent(err) },
+		IsExcluded:   func(err error) bool { return errors.Is(err, context.Canceled) },
+		OnStateChange: func(name string, from, to gobreaker.State) {
+			metricBreakerState.WithLabelValues(name).Set(float64(to))
+			metricBreakerChanges.WithLabelValues(name, to.String()).Inc()
+			log.Warn("circuit breaker state changed", "downstream", name, "from", from.String(), "to", to.String())
+		},
+	})
+}
+
+// isBreakerRefusal reports whether err is a breaker refusing the call
+// rather than the downstream failing it.
+func isBreakerRefusal(err error) bool {
+	return errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests)
+}
