@@ -2,7 +2,7 @@ GO ?= go
 FUZZTIME ?= 3s
 
 .DEFAULT_GOAL := help
-.PHONY: help run test fuzz lint bench deps
+.PHONY: help run test fuzz lint bench deps chart
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -35,3 +35,6 @@ bench: deps ## gateway benchmark (memory per connection, renewal batching) into 
 
 deps: ## install redis-server when it is missing (Debian), or say how
 	@./dev/ensure-redis.sh
+
+chart: ## helm lint and template of deploy/helm/stillthere, default and all-features values (installs helm when missing)
+	./deploy/helm/check.sh

@@ -1,0 +1,265 @@
+{{/* Chart name, possibly overridden. */}}
+{{- define "stillthere.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Release-qualified name; the services' names append to it. */}}
+{{- define "stillthere.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "stillthere.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "stillthere.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: stillthere
+{{- end }}
+
+{{/* Selector labels of one component: (list $ "gateway"). */}}
+{{- define "stillthere.selectorLabels" -}}
+{{- $ := index . 0 -}}
+app.kubernetes.io/name: {{ include "stillthere.name" $ }}
+app.kubernetes.io/instance: {{ $.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "stillthere.componentLabels" -}}
+{{ include "stillthere.labels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "stillthere.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "stillthere.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "stillthere.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "stillthere.secretName" -}}
+{{- default (include "stillthere.fullname" .) .Values.secrets.existingSecret }}
+{{- end }}
+
+{{/* The environment variable of a setting given by flag name or variable. */}}
+{{- define "stillthere.envName" -}}
+{{- if hasPrefix "STILLTHERE_" . }}{{ . }}{{ else }}{{ printf "STILLTHERE_%s" (. | replace "-" "_" | upper) }}{{ end }}
+{{- end }}
+
+{{/*
+A setting's value as a string. Helm reads every number as a float, which
+would print 268435456 as 2.68435456e+08.
+*/}}
+{{- define "stillthere.settingValue" -}}
+{{- if kindIs "float64" . }}
+{{- if eq (float64 (int64 .)) . }}{{ int64 . }}{{ else }}{{ . }}{{ end }}
+{{- else if kindIs "slice" . }}
+{{- join "," . }}
+{{- else }}
+{{- . }}
+{{- end }}
+{{- end }}
+
+{{/*
+ConfigMap data of one service: typed settings, then the free-form map,
+which may not set what the chart owns (listen addresses, the drain, the
+spool directory) or a secret.
+(dict "typed" dict "free" map "where" "gateway.config" "reserved" list)
+*/}}
+{{- define "stillthere.configData" -}}
+{{- $out := dict }}
+{{- range $k, $v := .typed }}
+{{- if not (or (kindIs "invalid" $v) (and (kindIs "string" $v) (eq $v "")) (and (kindIs "slice" $v) (eq (len $v) 0))) }}
+{{- $_ := set $out (include "stillthere.envName" $k) (include "stillthere.settingValue" $v) }}
+{{- end }}
+{{- end }}
+{{- $secrets := list "STILLTHERE_TOKEN_SECRET" "STILLTHERE_PUSH_SECRET" "STILLTHERE_WEBHOOK_SECRET" "STILLTHERE_REDIS_PASSWORD" "STILLTHERE_KAFKA_SASL_PASSWORD" }}
+{{- $reserved := list }}
+{{- range .reserved }}{{ $reserved = append $reserved (include "stillthere.envName" .) }}{{ end }}
+{{- $seen := dict }}
+{{- range $k, $v := .free }}
+{{- $env := include "stillthere.envName" $k }}
+{{- if has $env $secrets }}
+{{- fail (printf "%s.%s: a secret does not belong in a ConfigMap; set it in secrets.* or secrets.existingSecret" $.where $k) }}
+{{- end }}
+{{- if has $env $reserved }}
+{{- fail (printf "%s.%s: the chart sets %s itself; use the typed value instead (see values.yaml)" $.where $k $env) }}
+{{- end }}
+{{- if hasKey $seen $env }}
+{{- fail (printf "%s: %s and %s are the same setting, %s; give it once" $.where (get $seen $env) $k $env) }}
+{{- end }}
+{{- $_ := set $seen $env $k }}
+{{- $_ := set $out $env (include "stillthere.settingValue" $v) }}
+{{- end }}
+{{- range $k := keys $out | sortAlpha }}
+{{ $k }}: {{ index $out $k | quote }}
+{{- end }}
+{{- end }}
+
+{{/* extraEnv may not override what the chart derives other values from. */}}
+{{- define "stillthere.checkExtraEnv" -}}
+{{- $where := index . 0 }}
+{{- $reserved := list }}
+{{- range index . 2 }}{{ $reserved = append $reserved (include "stillthere.envName" .) }}{{ end }}
+{{- range index . 1 }}
+{{- if has .name $reserved }}
+{{- fail (printf "%s: %s is set by the chart; use the typed value instead (see values.yaml)" $where .name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* One secret env entry: (list $ "STILLTHERE_PUSH_SECRET" "push-secret"). */}}
+{{- define "stillthere.secretEnv" -}}
+{{- $ := index . 0 }}
+- name: {{ index . 1 }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "stillthere.secretName" $ }}
+      key: {{ index . 2 }}
+{{- end }}
+
+{{/* Secret env shared by every service: Redis, and Kafka with (list $ true). */}}
+{{- define "stillthere.backendSecretEnv" -}}
+{{- $ := index . 0 }}
+{{- if $.Values.redis.auth.enabled }}
+{{ include "stillthere.secretEnv" (list $ "STILLTHERE_REDIS_PASSWORD" "redis-password") }}
+{{- end }}
+{{- if and (index . 1) (ne $.Values.kafka.sasl.mechanism "none") }}
+{{ include "stillthere.secretEnv" (list $ "STILLTHERE_KAFKA_SASL_PASSWORD" "kafka-sasl-password") }}
+{{- end }}
+{{- end }}
+
+{{/* Volumes every pod has: /tmp, and TLS files: (list $ withKafka). */}}
+{{- define "stillthere.volumes" -}}
+{{- $ := index . 0 }}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ $.Values.tmpSizeLimit }}
+{{- if and $.Values.redis.tls.enabled $.Values.redis.tls.secretName }}
+- name: redis-tls
+  secret:
+    secretName: {{ $.Values.redis.tls.secretName }}
+    defaultMode: 0440
+{{- end }}
+{{- if and (index . 1) $.Values.kafka.tls.enabled $.Values.kafka.tls.secretName }}
+- name: kafka-tls
+  secret:
+    secretName: {{ $.Values.kafka.tls.secretName }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+
+{{- define "stillthere.volumeMounts" -}}
+{{- $ := index . 0 }}
+- name: tmp
+  mountPath: /tmp
+{{- if and $.Values.redis.tls.enabled $.Values.redis.tls.secretName }}
+- name: redis-tls
+  mountPath: /etc/stillthere/tls/redis
+  readOnly: true
+{{- end }}
+{{- if and (index . 1) $.Values.kafka.tls.enabled $.Values.kafka.tls.secretName }}
+- name: kafka-tls
+  mountPath: /etc/stillthere/tls/kafka
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* Settings of the Redis and Kafka connections, as ConfigMap data. */}}
+{{- define "stillthere.tlsSettings" -}}
+{{- $out := dict }}
+{{- range $name, $tls := dict "redis" .Values.redis.tls "kafka" .Values.kafka.tls }}
+{{- if $tls.enabled }}
+{{- $_ := set $out (printf "%s-tls" $name) "true" }}
+{{- $_ := set $out (printf "%s-tls-server-name" $name) $tls.serverName }}
+{{- if $tls.secretName }}
+{{- $dir := printf "/etc/stillthere/tls/%s" $name }}
+{{- if $tls.caKey }}{{ $_ := set $out (printf "%s-tls-ca-file" $name) (printf "%s/%s" $dir $tls.caKey) }}{{ end }}
+{{- if $tls.certKey }}{{ $_ := set $out (printf "%s-tls-cert-file" $name) (printf "%s/%s" $dir $tls.certKey) }}{{ end }}
+{{- if $tls.keyKey }}{{ $_ := set $out (printf "%s-tls-key-file" $name) (printf "%s/%s" $dir $tls.keyKey) }}{{ end }}
+{{- else if or $tls.certKey $tls.keyKey }}
+{{- fail (printf "%s.tls.certKey and keyKey name keys of %s.tls.secretName, which is empty" $name $name) }}
+{{- end }}
+{{- if and (or $tls.certKey $tls.keyKey) (not (and $tls.certKey $tls.keyKey)) }}
+{{- fail (printf "%s.tls: a client certificate needs both certKey and keyKey" $name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}
+
+{{/* The pod spec fields every service shares. */}}
+{{- define "stillthere.podCommon" -}}
+serviceAccountName: {{ include "stillthere.serviceAccountName" . }}
+automountServiceAccountToken: false
+enableServiceLinks: false
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Scheduling fields of one service: its values block. */}}
+{{- define "stillthere.scheduling" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Health probes on the internal port named "internal". */}}
+{{- define "stillthere.probes" -}}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: internal
+  periodSeconds: 10
+  timeoutSeconds: 2
+  failureThreshold: 3
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: internal
+  periodSeconds: 5
+  timeoutSeconds: 3
+  failureThreshold: 2
+startupProbe:
+  httpGet:
+    path: /healthz
+    port: internal
+  periodSeconds: 2
+  timeoutSeconds: 2
+  failureThreshold: 30
+{{- end }}
