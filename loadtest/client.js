@@ -72,7 +72,9 @@ export function want(ok, message) {
 // fail stops the test before it starts, listing every problem at once.
 export function failOnProblems(usage) {
   if (problems.length === 0) return;
-  throw new Error(`\n${problems.map((p) => '  - ' + p).join('\n')}\n\n${usage}`);
+  for (const p of problems) console.error(p);
+  for (const line of usage.split('\n')) console.error(line);
+  throw new Error(`${problems.length} setting(s) missing or invalid, listed above`);
 }
 
 // common reads the settings every script shares.
@@ -101,8 +103,8 @@ export function common(def) {
   want(c.secret === '' || c.secret.length >= 32, 'STILLTHERE_TOKEN_SECRET: shorter than 32 bytes, the gateway would refuse it');
   want(c.clients > 0, 'CLIENTS: want at least 1');
   want(c.connsPerVU > 0, 'CONNS_PER_VU: want at least 1');
-  want(c.pingEvery >= 1000 && c.pingEvery < c.ttl,
-    `PING_INTERVAL=${raw('PING_INTERVAL') || '15s'}: want at least 1s (the gateway renews once a second) and below the session TTL`);
+  want(c.pingEvery >= 200 && c.pingEvery < c.ttl,
+    `PING_INTERVAL=${fmt(c.pingEvery)}: want at least 200ms (the gateway allows 5 frames a second) and below the session TTL`);
   want(c.ttl > 0, 'STILLTHERE_SESSION_TTL: want more than 0');
   c.vus = Math.ceil(c.clients / c.connsPerVU);
   return c;

@@ -92,7 +92,7 @@ export RAMP=${RAMP:-5s}
 export GUIDE_BOUND=${GUIDE_BOUND:-3s}
 export LINGER=${LINGER:-2s}
 set +e
-timeout --signal=INT --kill-after=30s 300s "$K6" run --no-usage-report --quiet loadtest/smoke.js
+timeout --signal=INT --kill-after=30s 300s "$K6" run --no-usage-report --quiet --address "" loadtest/smoke.js
 k6_status=$?
 set -e
 if [ "$k6_status" -eq 0 ]; then
