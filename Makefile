@@ -2,7 +2,7 @@ GO ?= go
 FUZZTIME ?= 3s
 
 .DEFAULT_GOAL := help
-.PHONY: help run test fuzz lint bench deps chart
+.PHONY: help run test fuzz lint bench deps smoke chart
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -32,6 +32,9 @@ bench: deps ## gateway benchmark (memory per connection, renewal batching) into 
 	$(GO) build -o bin/ ./gateway ./loadtest/wsload ./loadtest/bench
 	bin/bench -bin bin -out bench
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./pkg/... | tee bench/micro.txt
+
+smoke: deps ## k6 smoke test (loadtest/smoke.js) against a dev stack of its own; builds the pinned k6 once
+	./loadtest/smoke.sh
 
 deps: ## install redis-server when it is missing (Debian), or say how
 	@./dev/ensure-redis.sh
