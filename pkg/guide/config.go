@@ -34,6 +34,10 @@ type Config struct {
 	AdminAddr string
 	// Group is the Kafka consumer group. Default "stillthere-guide".
 	Group string
+	// GroupSessionTimeout is how long a replica that stopped heartbeating
+	// (it crashed) keeps its partitions before the group moves them.
+	// Default 45s, Kafka's; the broker bounds it (6s-30m by default).
+	GroupSessionTimeout time.Duration
 	// DLQTopic receives records that cannot be settled otherwise: poison
 	// records and guides the downstream refused for good. Created at
 	// start like the timeout topic. Default "session-timeouts-dlq".
@@ -83,6 +87,7 @@ func (c *Config) Bind(b *config.Binder) {
 	c.Kafka.Bind(b)
 	b.String(&c.AdminAddr, "consumer-admin-addr", "127.0.0.1:8083", "listen address of health and metrics")
 	b.String(&c.Group, "consumer-group", "stillthere-guide", "Kafka consumer group")
+	b.Duration(&c.GroupSessionTimeout, "group-session-timeout", 45*time.Second, "how long a crashed replica keeps its partitions")
 	b.String(&c.DLQTopic, "dlq-topic", "session-timeouts-dlq", "dead-letter topic for poison records and refused guides")
 	b.String(&c.Sender, "sender", SenderGateway, "downstream: gateway (push endpoint) or webhook")
 	b.String(&c.PushURL, "push-url", "http://127.0.0.1:8081/v1/push", "the gateway's push endpoint")
@@ -144,6 +149,8 @@ func (c Config) Validate() error {
 		return errors.New("consumer-admin-addr: empty")
 	case c.Group == "":
 		return errors.New("consumer-group: empty")
+	case c.GroupSessionTimeout < time.Second:
+		return fmt.Errorf("group-session-timeout: %v, want at least 1s", c.GroupSessionTimeout)
 	case c.DLQTopic == "" || c.DLQTopic == c.Kafka.Topic:
 		return fmt.Errorf("dlq-topic: %q, want a topic other than %q", c.DLQTopic, c.Kafka.Topic)
 	case c.GuideText == "" || len(c.GuideText) > maxGuideText:

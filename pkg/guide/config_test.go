@@ -14,20 +14,21 @@ import (
 
 func validConfig() Config {
 	return Config{
-		Redis:           redisconn.Config{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "st"},
-		Kafka:           kafka.Config{Brokers: []string{"127.0.0.1:9092"}, Topic: "session-timeouts", Partitions: 12, ReplicationFactor: 1},
-		AdminAddr:       "127.0.0.1:0",
-		Group:           "stillthere-guide",
-		DLQTopic:        "session-timeouts-dlq",
-		Sender:          SenderGateway,
-		PushURL:         "http://127.0.0.1:8081/v1/push",
-		PushSecret:      strings.Repeat("s", 32),
-		GuideText:       testText,
-		GuideMaxAge:     time.Minute,
-		MaxInFlight:     16,
-		SendTimeout:     time.Second,
-		BreakerFailures: 5,
-		BreakerTimeout:  time.Second,
+		Redis:               redisconn.Config{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "st"},
+		Kafka:               kafka.Config{Brokers: []string{"127.0.0.1:9092"}, Topic: "session-timeouts", Partitions: 12, ReplicationFactor: 1},
+		AdminAddr:           "127.0.0.1:0",
+		Group:               "stillthere-guide",
+		GroupSessionTimeout: 10 * time.Second,
+		DLQTopic:            "session-timeouts-dlq",
+		Sender:              SenderGateway,
+		PushURL:             "http://127.0.0.1:8081/v1/push",
+		PushSecret:          strings.Repeat("s", 32),
+		GuideText:           testText,
+		GuideMaxAge:         time.Minute,
+		MaxInFlight:         16,
+		SendTimeout:         time.Second,
+		BreakerFailures:     5,
+		BreakerTimeout:      time.Second,
 	}
 }
 
@@ -91,20 +92,21 @@ func TestLoadConfig(t *testing.T) {
 		}
 		// Redis and Kafka defaults are their packages' to test.
 		want := Config{
-			Redis:           got.Redis,
-			Kafka:           got.Kafka,
-			AdminAddr:       "127.0.0.1:8083",
-			Group:           "stillthere-guide",
-			DLQTopic:        "session-timeouts-dlq",
-			Sender:          SenderGateway,
-			PushURL:         "http://127.0.0.1:8081/v1/push",
-			PushSecret:      secret,
-			GuideText:       "Are you still there?",
-			GuideMaxAge:     5 * time.Minute,
-			MaxInFlight:     256,
-			SendTimeout:     5 * time.Second,
-			BreakerFailures: 5,
-			BreakerTimeout:  10 * time.Second,
+			Redis:               got.Redis,
+			Kafka:               got.Kafka,
+			AdminAddr:           "127.0.0.1:8083",
+			Group:               "stillthere-guide",
+			GroupSessionTimeout: 45 * time.Second,
+			DLQTopic:            "session-timeouts-dlq",
+			Sender:              SenderGateway,
+			PushURL:             "http://127.0.0.1:8081/v1/push",
+			PushSecret:          secret,
+			GuideText:           "Are you still there?",
+			GuideMaxAge:         5 * time.Minute,
+			MaxInFlight:         256,
+			SendTimeout:         5 * time.Second,
+			BreakerFailures:     5,
+			BreakerTimeout:      10 * time.Second,
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("LoadConfig defaults:\n got %+v\nwant %+v", got, want)

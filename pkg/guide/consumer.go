@@ -38,10 +38,11 @@ import (
 
 // Dead-letter record headers.
 const (
-	HeaderDLQReason    = "dlq-reason"    // why the record was dead-lettered
-	HeaderDLQTopic     = "dlq-topic"     // where it was read
-	HeaderDLQPartition = "dlq-partition" // ...
-	HeaderDLQOffset    = "dlq-offset"    // ...
+	HeaderDLQReason = "dlq-reason" // why the record was dead-lettered
+	// Where it was read: topic, partition and offset, in decimal.
+	HeaderDLQTopic     = "dlq-topic"
+	HeaderDLQPartition = "dlq-partition"
+	HeaderDLQOffset    = "dlq-offset"
 )
 
 // Consumer is a running guide consumer: open with New, then Run.
@@ -54,6 +55,7 @@ type Consumer struct {
 	sender    sender
 	templates map[string]string
 	adminLn   net.Listener
+	lagEvery  time.Duration // lagInterval; tests shorten it
 
 	// breaker guards the sender, named for it; redisBreaker the session
 	// check.
@@ -96,6 +98,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Consumer, error
 		rdb:       rdb,
 		store:     session.NewStore(rdb, cfg.Redis.Keyspace()),
 		templates: templates,
+		lagEvery:  lagInterval,
 		rebalance: make(chan rebalanceReq),
 		loopDone:  make(chan struct{}),
 	}
@@ -120,6 +123,8 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Consumer, error
 
 	c.client, err = kafka.NewClient(cfg.Kafka, logger,
 		kgo.ConsumerGroup(cfg.Group),
+		kgo.SessionTimeout(cfg.GroupSessionTimeout),
+		kgo.HeartbeatInterval(min(3*time.Second, cfg.GroupSessionTimeout/3)),
 		kgo.ConsumeTopics(cfg.Kafka.Topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		// Only marked (settled) records are ever committed: with plain

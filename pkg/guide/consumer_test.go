@@ -2,14 +2,19 @@ package guide
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
+
+	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
 func TestDeliversEachGuideOnce(t *testing.T) {
@@ -96,8 +101,12 @@ func TestUserBackIsStale(t *testing.T) {
 }
 
 // TestOutageOpensBreakerAndHoldsOffsets: while the gateway answers 503 the
-// breaker opens and no offset moves past an unsent guide; once it is back
-// every guide arrives and each user sees one.
+// breaker opens, fetching pauses on every partition, the unsent records
+// are held (one probe per breaker timeout, not a retry storm) and no
+// offset moves past them; once the gateway is back every guide arrives and
+// each user sees one. The issue's 15 s outage and 10 s breaker timeout are
+// scaled down to a 300 ms breaker timeout and an outage of three failed
+// probes.
 func TestOutageOpensBreakerAndHoldsOffsets(t *testing.T) {
 	e := newEnv(t)
 	r := e.start(e.cfg)
@@ -106,40 +115,67 @@ func TestOutageOpensBreakerAndHoldsOffsets(t *testing.T) {
 	e.waitCommittedToEnd(e.cfg.Group)
 	held := e.committed(e.cfg.Group)
 
-	errs0 := sendErrors(t)
+	errs0, opens0 := sendErrors(t), breakerOpens(t)
 	e.gw.setMode(gatewayDown)
 	second := e.produce(uids("during", 8)...)
-	// The breaker cycles open, half-open (one probe), open while the
-	// outage lasts; the gauge follows it.
 	waitFor(t, "the breaker and its gauge to say open", func() bool {
 		return r.c.breaker.State() == gobreaker.StateOpen && breakerGauge(t) == float64(gobreaker.StateOpen)
 	})
+	waitFor(t, "every partition to be paused", func() bool {
+		return slices.Equal(r.paused(), []int32{0, 1, 2, 3}) &&
+			metricValue(t, "stillthere_consumer_paused_partitions") == testPartitions
+	})
+	waitFor(t, "a first failed probe", func() bool { return breakerOpens(t)-opens0 >= 2 })
+	attempts1, errs1, opens1 := e.gw.totalAttempts(), sendErrors(t), breakerOpens(t)
 	// Through the rest of the outage nothing past the first unsent guide
-	// of any partition is committed.
-	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+	// of any partition is committed, and the records are held, not
+	// retried against the open breaker.
+	waitFor(t, "two more failed probes", func() bool {
 		if got := e.committed(e.cfg.Group); !maps.Equal(got, held) {
 			t.Fatalf("committed %v during the outage, want %v held", got, held)
 		}
+		return breakerOpens(t)-opens1 >= 2
+	})
+	probes := breakerOpens(t) - opens1
+	if n := float64(e.gw.totalAttempts() - attempts1); n > probes+1 {
+		t.Errorf("%v pushes while the breaker reopened %v times: want one probe per breaker timeout", n, probes)
+	}
+	if n := sendErrors(t) - errs1; n > probes+1 {
+		t.Errorf("%v failed attempts while the breaker reopened %v times: held records were retried", n, probes)
+	}
+	if d := sendErrors(t) - errs0; d < float64(e.cfg.BreakerFailures) {
+		t.Errorf("%v send errors counted during the outage, want at least %d", d, e.cfg.BreakerFailures)
 	}
 	for _, p := range second {
 		if e.gw.shown(p.ev.ID) {
 			t.Fatalf("guide %s shown while the gateway was down", p.ev.ID)
 		}
 	}
-	if d := sendErrors(t) - errs0; d < float64(e.cfg.BreakerFailures) {
-		t.Errorf("%v send errors counted during the outage, want at least %d", d, e.cfg.BreakerFailures)
-	}
+	waitFor(t, "the lag of the held records to be exported", func() bool {
+		lag := 0.0
+		for p := range testPartitions {
+			lag += metricValue(t, "stillthere_consumer_lag", "partition", fmt.Sprint(p))
+		}
+		return lag == float64(len(second))
+	})
 
 	e.gw.setMode(gatewayUp)
 	all := append(first, second...)
 	e.waitShown(all)
 	e.waitCommittedToEnd(e.cfg.Group)
 	e.gw.checkShownOnce(t, all)
-	waitFor(t, "the breaker to close", func() bool { return r.c.breaker.State() == gobreaker.StateClosed })
+	waitFor(t, "the breaker to close and fetching to resume", func() bool {
+		return r.c.breaker.State() == gobreaker.StateClosed && len(r.paused()) == 0 &&
+			metricValue(t, "stillthere_consumer_paused_partitions") == 0
+	})
+	// Fetching really resumed: new events go out.
+	third := e.produce(uids("after", 4)...)
+	e.waitShown(third)
 }
 
 // TestHangingGatewayCountsAsFailure: a gateway that never answers is cut
-// off at SendTimeout, which counts toward opening the breaker.
+// off at SendTimeout, which counts toward opening the breaker; fetching
+// pauses as for an outage, and nothing is lost or sent twice.
 func TestHangingGatewayCountsAsFailure(t *testing.T) {
 	e := newEnv(t)
 	e.gw.setMode(gatewayHang)
@@ -147,6 +183,7 @@ func TestHangingGatewayCountsAsFailure(t *testing.T) {
 	evs := e.produce(uids("hung", 6)...)
 
 	waitFor(t, "the breaker to open", func() bool { return r.c.breaker.State() == gobreaker.StateOpen })
+	waitFor(t, "every partition to be paused", func() bool { return slices.Equal(r.paused(), []int32{0, 1, 2, 3}) })
 	waitFor(t, "the gateway to see the consumer give up on hung pushes", func() bool {
 		return e.gw.abandonedPushes() >= e.cfg.BreakerFailures
 	})
@@ -158,10 +195,12 @@ func TestHangingGatewayCountsAsFailure(t *testing.T) {
 	e.waitShown(evs)
 	e.waitCommittedToEnd(e.cfg.Group)
 	e.gw.checkShownOnce(t, evs)
+	waitFor(t, "fetching to resume", func() bool { return len(r.paused()) == 0 })
 }
 
-// TestRejectedGuideIsNotRetried: a 400 settles the record for good, does
-// not count against the gateway's health, and the partition moves on.
+// TestRejectedGuideIsNotRetried: a 400 settles the record for good in the
+// dead-letter topic, does not count against the gateway's health, and the
+// partition moves on.
 func TestRejectedGuideIsNotRetried(t *testing.T) {
 	e := newEnv(t)
 	e.gw.answerFor("refused", http.StatusBadRequest)
@@ -194,31 +233,133 @@ func TestRejectedGuideIsNotRetried(t *testing.T) {
 	if s := r.c.breaker.State(); s != gobreaker.StateClosed {
 		t.Errorf("breaker %v after rejections, want closed", s)
 	}
+	for _, d := range e.deadLetters(len(refused)) {
+		if d.key != "refused" || !strings.Contains(d.headers[HeaderDLQReason], "400") {
+			t.Errorf("dead letter %q with reason %q, want the refused guide and its status", d.key, d.headers[HeaderDLQReason])
+		}
+	}
 }
 
-// TestInvalidRecordsAreSkipped: records that are not timeout events this
-// build can read do not block their partition.
-func TestInvalidRecordsAreSkipped(t *testing.T) {
+// TestPoisonRecordsAreDeadLettered: records that are not timeout events
+// this build reads go to the dead-letter topic with the reason in a
+// header, and do not block the records after them on their partition.
+func TestPoisonRecordsAreDeadLettered(t *testing.T) {
 	e := newEnv(t)
 	invalid0 := guidesSettled(t, OutcomeInvalid)
-	bad := [][]byte{
-		[]byte("\x00\xffnot json"),
-		[]byte(`{"v":2,"id":"0123456789abcdef0123456789abcdef","uid":"future","deadline_ms":1}`),
-		[]byte(`{"v":1,"id":"forged","uid":"someone","deadline_ms":1700000000000}`),
+	bad := []struct {
+		value  string
+		reason string // in the reason header
+	}{
+		{"\x00\xffnot json", "decode timeout event"},
+		{`{"v":2,"id":"0123456789abcdef0123456789abcdef","uid":"future","deadline_ms":1}`, "unknown timeout event version"},
+		{`{"v":1,"id":"forged","uid":"someone","deadline_ms":1700000000000}`, "does not match"},
 	}
+	var offsets []int64
 	for _, b := range bad {
-		e.produceRaw(0, "junk", b)
+		offsets = append(offsets, e.produceRaw(0, "junk", []byte(b.value)))
 	}
-	good := []produced{e.produceTo(0, "valid")}
+	good := []produced{e.produceTo(0, "valid"), e.produceTo(0, "valid-2")}
 	e.start(e.cfg)
 
 	e.waitShown(good)
 	e.waitCommittedToEnd(e.cfg.Group)
-	if n := e.gw.totalAttempts(); n != 1 {
-		t.Errorf("gateway got %d pushes, want 1 (invalid records must not be sent)", n)
+	if n := e.gw.totalAttempts(); n != len(good) {
+		t.Errorf("gateway got %d pushes, want %d (poison records must not be sent)", n, len(good))
 	}
 	if d := guidesSettled(t, OutcomeInvalid) - invalid0; d != float64(len(bad)) {
 		t.Errorf("invalid outcomes: %v, want %d", d, len(bad))
+	}
+	dl := e.deadLetters(len(bad))
+	if len(dl) != len(bad) {
+		t.Fatalf("%d dead letters, want %d", len(dl), len(bad))
+	}
+	for i, d := range dl {
+		if d.value != bad[i].value || d.key != "junk" {
+			t.Errorf("dead letter %d: key %q value %q, want the record as read", i, d.key, d.value)
+		}
+		if !strings.Contains(d.headers[HeaderDLQReason], bad[i].reason) {
+			t.Errorf("dead letter %d: reason %q, want it to say %q", i, d.headers[HeaderDLQReason], bad[i].reason)
+		}
+		if d.headers[HeaderDLQTopic] != testTopic || d.headers[HeaderDLQPartition] != "0" || d.headers[HeaderDLQOffset] != fmt.Sprint(offsets[i]) {
+			t.Errorf("dead letter %d: from %s/%s@%s, want %s/0@%d", i,
+				d.headers[HeaderDLQTopic], d.headers[HeaderDLQPartition], d.headers[HeaderDLQOffset], testTopic, offsets[i])
+		}
+	}
+}
+
+// TestTooOldIsDropped: an event whose deadline is older than
+// guide-max-age is settled without a send, and counted.
+func TestTooOldIsDropped(t *testing.T) {
+	e := newEnv(t)
+	old0 := guidesSettled(t, OutcomeTooOld)
+	deadline := time.Now().Add(-e.cfg.GuideMaxAge - time.Minute).Truncate(time.Millisecond)
+	ev := timeoutevent.New("late", session.DefaultSegment, deadline, deadline, timeoutevent.SourceSweep)
+	b, _ := ev.Marshal()
+	e.produceRaw(0, ev.UID, b)
+	fresh := []produced{e.produceTo(0, "fresh")}
+	e.start(e.cfg)
+
+	e.waitShown(fresh)
+	e.waitCommittedToEnd(e.cfg.Group)
+	if n := e.gw.attemptsFor(ev.ID); n != 0 {
+		t.Errorf("too old guide pushed %d times", n)
+	}
+	if d := guidesSettled(t, OutcomeTooOld) - old0; d != 1 {
+		t.Errorf("too_old outcomes: %v, want 1", d)
+	}
+}
+
+// TestTemplatesPerSegment: a segment with a template gets its text, any
+// other the default.
+func TestTemplatesPerSegment(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.cfg
+	cfg.GuideTemplates = "vip=Still with us?,new=Need a hand?"
+	var evs []produced
+	for _, seg := range []string{"vip", "new", "other"} {
+		deadline := time.Now().Add(-time.Second).Truncate(time.Millisecond)
+		ev := timeoutevent.New("user-"+seg, seg, deadline, deadline, timeoutevent.SourceSweep)
+		b, _ := ev.Marshal()
+		evs = append(evs, produced{ev: ev, offset: e.produceRaw(0, ev.UID, b)})
+	}
+	e.start(cfg)
+	e.waitShown(evs)
+	want := map[string]bool{"Still with us?": true, "Need a hand?": true, testText: true}
+	e.gw.mu.Lock()
+	defer e.gw.mu.Unlock()
+	if !maps.Equal(e.gw.texts, want) {
+		t.Errorf("texts sent %v, want %v", e.gw.texts, want)
+	}
+}
+
+// TestInFlightBoundPausesFetching: with a slow downstream no more than
+// max-in-flight records are taken at once, fetching pauses at the bound,
+// and everything goes out once the downstream speeds up.
+func TestInFlightBoundPausesFetching(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.cfg
+	cfg.MaxInFlight = 4
+	cfg.SendTimeout = waitLong // slow, not failing: the breaker stays shut
+	e.gw.setMode(gatewayHang)
+	evs := e.produce(uids("many", 40)...)
+	r := e.start(cfg)
+
+	waitFor(t, "the in-flight bound to be reached and fetching paused", func() bool {
+		now, _ := e.gw.concurrency()
+		return now == cfg.MaxInFlight && slices.Equal(r.paused(), []int32{0, 1, 2, 3})
+	})
+	if got := metricValue(t, "stillthere_consumer_in_flight"); got != float64(cfg.MaxInFlight) {
+		t.Errorf("in-flight gauge %v, want %d", got, cfg.MaxInFlight)
+	}
+	e.gw.setMode(gatewayUp)
+	e.waitShown(evs)
+	e.waitCommittedToEnd(cfg.Group)
+	e.gw.checkShownOnce(t, evs)
+	if _, peak := e.gw.concurrency(); peak > cfg.MaxInFlight {
+		t.Errorf("%d pushes at once, want at most max-in-flight %d", peak, cfg.MaxInFlight)
+	}
+	if s := r.c.breaker.State(); s != gobreaker.StateClosed {
+		t.Errorf("breaker %v: a slow but answering downstream must not open it", s)
 	}
 }
 

@@ -87,6 +87,9 @@ type fakeGateway struct {
 	texts     map[string]bool   // texts received
 	badAuth   int               // pushes without the right secret
 	abandoned int               // hung pushes whose client gave up
+	serving   int               // pushes being answered now
+	peak      int               // most pushes answered at once
+	afterShow func(id string)   // called once a guide is first shown, before the answer
 }
 
 func newFakeGateway(t *testing.T) *fakeGateway {
@@ -134,7 +137,14 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.attempts[p.ID]++
 	g.texts[p.Text] = true
 	mode, release, status := g.mode, g.release, g.statusFor[p.UID]
+	g.serving++
+	g.peak = max(g.peak, g.serving)
 	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		g.serving--
+		g.mu.Unlock()
+	}()
 
 	switch {
 	case status != 0:
@@ -160,7 +170,11 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.shownPath[p.ID] = r.URL.Path
 		g.perUID[p.UID]++
 	}
+	hook := g.afterShow
 	g.mu.Unlock()
+	if hook != nil && !dup {
+		hook(p.ID)
+	}
 	if dup {
 		writeJSON(w, http.StatusOK, map[string]string{"status": OutcomeDuplicate})
 		return
@@ -220,6 +234,21 @@ func (g *fakeGateway) guidesShownTo(uid string) int {
 	return g.perUID[uid]
 }
 
+// onShown sets a hook run when a guide is first shown, before the push
+// is answered.
+func (g *fakeGateway) onShown(hook func(id string)) {
+	g.mu.Lock()
+	g.afterShow = hook
+	g.mu.Unlock()
+}
+
+// concurrency returns the pushes being answered now and the most at once.
+func (g *fakeGateway) concurrency() (now, peak int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.serving, g.peak
+}
+
 func (g *fakeGateway) abandonedPushes() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -254,7 +283,8 @@ func (g *fakeGateway) checkShownOnce(t *testing.T, evs []produced) {
 // the timeout topic, and fake gateway.
 type testEnv struct {
 	t     *testing.T
-	cfg   Config // the consumer's config, pointed at this env
+	env   map[string]string // the settings cfg was loaded from
+	cfg   Config            // the consumer's config, pointed at this env
 	rdb   *redis.Client
 	store *session.Store
 	gw    *fakeGateway
@@ -300,6 +330,9 @@ func newEnv(t *testing.T) *testEnv {
 		"STILLTHERE_SEND_TIMEOUT":        "200ms",
 		"STILLTHERE_BREAKER_FAILURES":    "3",
 		"STILLTHERE_BREAKER_TIMEOUT":     "300ms",
+		// The embedded broker's least: a killed member's partitions
+		// move this soon.
+		"STILLTHERE_GROUP_SESSION_TIMEOUT": "6s",
 	}
 	cfg, err := LoadConfig(nil, mapLookup(env))
 	if err != nil {
@@ -307,6 +340,7 @@ func newEnv(t *testing.T) *testEnv {
 	}
 	return &testEnv{
 		t:     t,
+		env:   env,
 		cfg:   cfg,
 		rdb:   rdb,
 		store: session.NewStore(rdb, cfg.Redis.Keyspace()),
@@ -495,6 +529,7 @@ func (e *testEnv) start(cfg Config) *running {
 		cancel()
 		e.t.Fatalf("new consumer: %v", err)
 	}
+	c.lagEvery = 100 * time.Millisecond
 	r := &running{t: e.t, c: c, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- c.Run(ctx) }()
 	e.t.Cleanup(r.stop)
@@ -566,4 +601,51 @@ func sendErrors(t *testing.T) float64 {
 
 func breakerGauge(t *testing.T) float64 {
 	return metricValue(t, "stillthere_consumer_breaker_state", "downstream", "gateway")
+}
+
+// paused returns the partitions of the timeout topic the consumer's client
+// does not fetch, sorted.
+func (r *running) paused() []int32 {
+	ps := r.c.client.PauseFetchPartitions(nil)[testTopic]
+	slices.Sort(ps)
+	return ps
+}
+
+// dlqRecord is a record read back from the dead-letter topic.
+type dlqRecord struct {
+	key, value string
+	headers    map[string]string
+}
+
+// deadLetters reads the dead-letter topic from its start until it holds
+// want records, failing the test after waitLong.
+func (e *testEnv) deadLetters(want int) []dlqRecord {
+	e.t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.cfg.Kafka.Brokers...), kgo.ConsumeTopics(e.cfg.DLQTopic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
+	defer cancel()
+	var out []dlqRecord
+	for len(out) < want {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			e.t.Fatalf("read %d of %d dead letters: %v", len(out), want, ctx.Err())
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			d := dlqRecord{key: string(r.Key), value: string(r.Value), headers: make(map[string]string)}
+			for _, h := range r.Headers {
+				d.headers[h.Key] = string(h.Value)
+			}
+			out = append(out, d)
+		})
+	}
+	return out
+}
+
+func breakerOpens(t *testing.T) float64 {
+	return metricValue(t, "stillthere_consumer_breaker_changes_total", "downstream", "gateway", "to", "open")
 }

@@ -58,7 +58,7 @@ const lagInterval = 5 * time.Second
 func (c *Consumer) exportLag(ctx context.Context) error {
 	adm := kadm.NewClient(c.client)
 	mine := make(map[string]bool) // partition labels this member set
-	t := time.NewTicker(lagInterval)
+	t := time.NewTicker(c.lagEvery)
 	defer t.Stop()
 	for {
 		select {
