@@ -2,7 +2,10 @@ package guide
 
 import (
 	"context"
+	"maps"
 	"net"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/kafka"
 	"github.com/stillthere/stillthere/pkg/redisconn"
+	"github.com/stillthere/stillthere/pkg/session"
 )
 
 func validConfig() Config {
@@ -65,6 +69,31 @@ func TestValidate(t *testing.T) {
 		{"send timeout too small", "send-timeout", func(c *Config) { c.SendTimeout = 9 * time.Millisecond }},
 		{"no breaker failures", "breaker-failures", func(c *Config) { c.BreakerFailures = 0 }},
 		{"breaker timeout too small", "breaker-timeout", func(c *Config) { c.BreakerTimeout = 99 * time.Millisecond }},
+		{"webhook", "", func(c *Config) {
+			c.Sender, c.PushSecret = SenderWebhook, ""
+			c.WebhookURL, c.WebhookSecret = "https://im.example.com/hooks/guide", strings.Repeat("w", 32)
+		}},
+		{"unknown sender", "sender", func(c *Config) { c.Sender = "smtp" }},
+		{"webhook without url", "webhook-url", func(c *Config) { c.Sender, c.WebhookSecret = SenderWebhook, strings.Repeat("w", 32) }},
+		{"webhook url not http", "webhook-url", func(c *Config) {
+			c.Sender, c.WebhookURL, c.WebhookSecret = SenderWebhook, "mailto:ops@example.com", strings.Repeat("w", 32)
+		}},
+		{"webhook short secret", "webhook-secret", func(c *Config) {
+			c.Sender, c.WebhookURL, c.WebhookSecret = SenderWebhook, "http://im.internal/guide", strings.Repeat("w", 31)
+		}},
+		{"no dlq topic", "dlq-topic", func(c *Config) { c.DLQTopic = "" }},
+		{"dlq topic is the topic", "dlq-topic", func(c *Config) { c.DLQTopic = c.Kafka.Topic }},
+		{"max age too small", "guide-max-age", func(c *Config) { c.GuideMaxAge = 999 * time.Millisecond }},
+		{"no in-flight", "max-in-flight", func(c *Config) { c.MaxInFlight = 0 }},
+		{"too many in flight", "max-in-flight", func(c *Config) { c.MaxInFlight = 100_001 }},
+		{"session timeout too small", "group-session-timeout", func(c *Config) { c.GroupSessionTimeout = 500 * time.Millisecond }},
+		{"templates", "", func(c *Config) { c.GuideTemplates = "new=Still with us?, vip = Anything else? ," }},
+		{"template without text", "guide-templates", func(c *Config) { c.GuideTemplates = "new=" }},
+		{"template without =", "guide-templates", func(c *Config) { c.GuideTemplates = "Still with us?" }},
+		{"template for a bad segment", "guide-templates", func(c *Config) { c.GuideTemplates = "n w=hi" }},
+		{"template twice", "guide-templates", func(c *Config) { c.GuideTemplates = "new=a,new=b" }},
+		{"template too long", "guide-templates", func(c *Config) { c.GuideTemplates = "new=" + strings.Repeat("x", 1025) }},
+		{"template file missing", "guide-templates", func(c *Config) { c.GuideTemplates = "@/nonexistent/templates.json" }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -81,6 +110,61 @@ func TestValidate(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestTemplates(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return "@" + path
+	}
+	tests := []struct {
+		name string
+		spec string
+		want map[string]string // nil means an error naming guide-templates
+	}{
+		{"none", "", map[string]string{}},
+		{"inline", "new=Still with us?,vip=Anything else?", map[string]string{"new": "Still with us?", "vip": "Anything else?"}},
+		{"text with =", "new=a=b", map[string]string{"new": "a=b"}},
+		{"file", write("ok.json", `{"new":"Hi, still there?","vip":"Take your time."}`), map[string]string{"new": "Hi, still there?", "vip": "Take your time."}},
+		{"file not json", write("bad.json", `new=hi`), nil},
+		{"file with a bad segment", write("seg.json", `{"a b":"hi"}`), nil},
+		{"file with an empty text", write("empty.json", `{"new":""}`), nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Config{GuideTemplates: tt.spec}.templates()
+			if tt.want == nil {
+				if err == nil || !strings.HasPrefix(err.Error(), "guide-templates:") {
+					t.Fatalf("templates(%q) = %v, %v; want an error naming guide-templates", tt.spec, got, err)
+				}
+				return
+			}
+			if err != nil || !maps.Equal(got, tt.want) {
+				t.Fatalf("templates(%q) = %v, %v; want %v", tt.spec, got, err, tt.want)
+			}
+		})
+	}
+}
+
+func FuzzParseTemplates(f *testing.F) {
+	for _, s := range []string{"", "new=Still with us?,vip=Anything else?", "a=b=c", "=x", "new=", ",,,", "n w=x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, spec string) {
+		m, err := parseTemplates(spec)
+		if err != nil {
+			return
+		}
+		for seg, text := range m {
+			if !session.ValidSegment(seg) || text == "" || len(text) > maxGuideText || strings.Contains(text, ",") {
+				t.Fatalf("parseTemplates(%q) accepted %q=%q", spec, seg, text)
+			}
+		}
+	})
 }
 
 func TestLoadConfig(t *testing.T) {

@@ -2,12 +2,15 @@ package guide
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -485,4 +488,68 @@ func TestGroupSplitsAndTakesOver(t *testing.T) {
 		}
 	}
 	e.gw.checkShownOnce(t, all)
+}
+
+// TestWebhookSenderEndToEnd: with sender=webhook the consumer POSTs each
+// guide, signed, to the webhook; a 4xx dead-letters the guide and a 5xx is
+// retried.
+func TestWebhookSenderEndToEnd(t *testing.T) {
+	e := newEnv(t)
+	secret := strings.Repeat("k", 32)
+	type hook struct {
+		body webhookBody
+		key  string
+	}
+	var mu sync.Mutex
+	var got []hook
+	failed := map[string]bool{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if r.Header.Get(HeaderSignature) != Sign([]byte(secret), b) {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		var body webhookBody
+		json.Unmarshal(b, &body)
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case body.UID == "refused":
+			w.WriteHeader(http.StatusUnprocessableEntity)
+		case body.UID == "flaky" && !failed[body.ID]:
+			failed[body.ID] = true
+			w.WriteHeader(http.StatusBadGateway)
+		default:
+			got = append(got, hook{body, r.Header.Get(HeaderIdempotencyKey)})
+			w.WriteHeader(http.StatusNoContent)
+		}
+	}))
+	defer srv.Close()
+	cfg := e.cfg
+	cfg.Sender, cfg.WebhookURL, cfg.WebhookSecret = SenderWebhook, srv.URL+"/guide", secret
+	cfg.GuideTemplates = "default=Hello?"
+	evs := e.produce("ok", "flaky", "refused")
+	e.start(cfg)
+
+	e.waitCommittedToEnd(cfg.Group)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 2 {
+		t.Fatalf("webhook got %d guides, want 2: %+v", len(got), got)
+	}
+	for _, h := range got {
+		var ev timeoutevent.Event
+		for _, p := range evs {
+			if p.ev.UID == h.body.UID {
+				ev = p.ev
+			}
+		}
+		want := webhookBody{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: "Hello?", DeadlineMS: ev.DeadlineMS}
+		if h.body != want || h.key != ev.ID {
+			t.Errorf("webhook got %+v with key %q, want %+v with key %q", h.body, h.key, want, ev.ID)
+		}
+	}
+	if dl := e.deadLetters(1); dl[0].key != "refused" || !strings.Contains(dl[0].headers[HeaderDLQReason], "422") {
+		t.Errorf("dead letter %q, reason %q; want the refused guide", dl[0].key, dl[0].headers[HeaderDLQReason])
+	}
 }

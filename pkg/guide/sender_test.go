@@ -4,12 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sony/gobreaker/v2"
 )
 
 func TestSenderOutcomes(t *testing.T) {
@@ -138,5 +142,131 @@ func TestSenderRequest(t *testing.T) {
 		if p.body[k] != v {
 			t.Errorf("body %s = %v, want %v", k, p.body[k], v)
 		}
+	}
+}
+
+func TestWebhookSender(t *testing.T) {
+	secret := []byte(strings.Repeat("w", 32))
+	tests := []struct {
+		name   string
+		status int // 0 means never answer
+		want   string
+		perm   bool
+	}{
+		{name: "200 delivers", status: 200, want: OutcomeDelivered},
+		{name: "202 delivers", status: 202, want: OutcomeDelivered},
+		{name: "204 delivers", status: 204, want: OutcomeDelivered},
+		{name: "400 is permanent", status: 400, perm: true},
+		{name: "401 is permanent", status: 401, perm: true},
+		{name: "404 is permanent", status: 404, perm: true},
+		{name: "422 is permanent", status: 422, perm: true},
+		{name: "408 fails", status: 408},
+		{name: "429 fails", status: 429},
+		{name: "500 fails", status: 500},
+		{name: "503 fails", status: 503},
+		{name: "redirect fails", status: 307},
+		{name: "timeout fails", status: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				if tt.status == 0 {
+					<-r.Context().Done()
+					return
+				}
+				if tt.status == 307 {
+					w.Header().Set("Location", "/elsewhere")
+				}
+				w.WriteHeader(tt.status)
+			}))
+			defer srv.Close()
+			s := &webhookSender{url: srv.URL, secret: secret, client: &http.Client{
+				Timeout:       100 * time.Millisecond,
+				CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+			}}
+			got, err := s.Send(context.Background(), Guide{ID: "g1", UID: "u1", Text: testText})
+			if tt.want != "" {
+				if err != nil || got != tt.want {
+					t.Fatalf("Send = %q, %v; want %q", got, err, tt.want)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Send = %q, nil; want an error", got)
+			}
+			if isPermanent(err) != tt.perm {
+				t.Errorf("Send error %v: permanent %v, want %v", err, isPermanent(err), tt.perm)
+			}
+			if errors.Is(err, context.Canceled) {
+				t.Errorf("Send error %v reads as our own cancellation", err)
+			}
+		})
+	}
+
+	t.Run("request", func(t *testing.T) {
+		type hook struct {
+			method, contentType, key, sig string
+			body                          []byte
+		}
+		got := make(chan hook, 1)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			got <- hook{r.Method, r.Header.Get("Content-Type"), r.Header.Get("Idempotency-Key"), r.Header.Get("X-Stillthere-Signature"), b}
+		}))
+		defer srv.Close()
+		s := &webhookSender{url: srv.URL, secret: secret, client: srv.Client()}
+		g := Guide{ID: "id-1", UID: "user-1", Segment: "vip", Text: "Still with us?", DeadlineMS: 1795255600123}
+		if _, err := s.Send(context.Background(), g); err != nil {
+			t.Fatal(err)
+		}
+		h := <-got
+		if h.method != http.MethodPost || h.contentType != "application/json" || h.key != "id-1" {
+			t.Errorf("%s, Content-Type %q, Idempotency-Key %q; want POST, application/json, the guide id", h.method, h.contentType, h.key)
+		}
+		if want := Sign(secret, h.body); h.sig != want || !strings.HasPrefix(h.sig, "sha256=") {
+			t.Errorf("signature %q, want %q over the body", h.sig, want)
+		}
+		if Sign([]byte(strings.Repeat("x", 32)), h.body) == h.sig {
+			t.Error("signature does not depend on the secret")
+		}
+		var body map[string]any
+		if err := json.Unmarshal(h.body, &body); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]any{"id": "id-1", "uid": "user-1", "segment": "vip", "text": "Still with us?", "deadline_ms": float64(1795255600123)}
+		if !maps.Equal(body, want) {
+			t.Errorf("body %v, want %v", body, want)
+		}
+	})
+}
+
+// TestBreaker: failures and timeouts open it, our own cancellation and a
+// downstream's definite no do not.
+func TestBreaker(t *testing.T) {
+	cfg := validConfig()
+	cfg.BreakerFailures = 3
+	fail := errors.New("503")
+	tests := []struct {
+		name string
+		err  error
+		open bool
+	}{
+		{"failures open it", fail, true},
+		{"timeouts open it", context.DeadlineExceeded, true},
+		{"cancellation is not counted", context.Canceled, false},
+		{"wrapped cancellation is not counted", fmt.Errorf("push: %w", context.Canceled), false},
+		{"a permanent no is the downstream answering", permanentError{fail}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newBreaker[string]("test-"+tt.name, cfg, testLogger())
+			for range cfg.BreakerFailures {
+				b.Execute(func() (string, error) { return "", tt.err })
+			}
+			if open := b.State() == gobreaker.StateOpen; open != tt.open {
+				t.Errorf("after %d errors %v: open %v, want %v", cfg.BreakerFailures, tt.err, open, tt.open)
+			}
+		})
 	}
 }
