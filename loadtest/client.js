@@ -164,7 +164,8 @@ export const metrics = {
 // ---------------------------------------------------------------- client
 
 let loggedErrors = 0;
-function logError(msg) {
+// logError logs the first 20 problems of each VU and counts the rest.
+export function logError(msg) {
   if (loggedErrors++ < 20) console.warn(msg);
   else if (loggedErrors === 21) console.warn('(further connection errors are only counted)');
 }
@@ -218,9 +219,12 @@ export class Client {
       if (dropped || this.closing || this.ws !== ws) return;
       dropped = true;
       this.stopPinging();
+      if (this.onDrop) {
+        this.onDrop(why);
+        return;
+      }
       logError(`client ${this.uid}: ${why}`);
-      if (this.onDrop) this.onDrop(why);
-      else metrics.connectErrors.add(1);
+      metrics.connectErrors.add(1);
     };
     ws.addEventListener('open', () => {
       if (this.onOpen) this.onOpen();

@@ -67,37 +67,42 @@ export default function (data) {
   for (const i of lt.clientIndexes(c)) {
     const { uid, token } = lt.tokenFor(c, tokens, data, i);
     const cl = new lt.Client(c, i, uid, token);
-    let droppedAt = 0; // when this client lost its connection, 0 while connected
-    let deadline = 0; // its session's deadline when it dropped
+    let open = false; // a connection is up
+    let started = false; // the first connection came up and pinged
+    let droppedAt = 0; // when it last lost its connection
+    let deadline = 0; // its session's deadline then
     const lost = () => {
+      open = false;
       droppedAt = Date.now();
       deadline = cl.grant === null ? 0 : cl.grant.sent + cl.grant.ttl;
     };
     const reconnectSoon = (delay) => {
       cl.after(delay, () => {
-        if (Date.now() >= endAt) return;
-        cl.connect();
+        if (Date.now() < endAt) cl.connect();
       });
     };
     cl.onDrop = (why) => {
-      if (droppedAt === 0) {
-        // An established connection ended by the gateway.
+      if (open) {
+        // The gateway ended an established connection (1001 on restart).
         gatewayCloses.add(1);
         lost();
         reconnectSoon(Math.random() * c.within);
       } else {
-        // A reconnect attempt failed: try again shortly.
+        // A connect failed: try again shortly.
+        lt.logError(`client ${uid}: ${why}`);
         lt.metrics.connectErrors.add(1);
         reconnectSoon(250 + Math.random() * 750);
       }
     };
     cl.onOpen = () => {
-      if (droppedAt === 0) {
+      open = true;
+      cl.after(endAt - Date.now(), () => cl.close(1000, 'done'));
+      if (!started) {
         // First connection: ping, and drop with everyone at the storm.
+        started = true;
         cl.startPinging();
-        cl.after(endAt - Date.now(), () => cl.close(1000, 'done'));
         cl.after(stormAt - Date.now(), () => {
-          if (droppedAt !== 0) return; // the gateway dropped it already; it is reconnecting
+          if (!open) return; // the gateway dropped it already; it is reconnecting
           lost();
           cl.close(4000, 'reconnect storm');
           reconnectSoon(Math.random() * c.within);
@@ -112,15 +117,13 @@ export default function (data) {
         console.warn(`client ${uid}: first ping after the drop ${sent - deadline}ms past the deadline`);
       }
       const dropped = droppedAt;
-      droppedAt = 0;
       cl.grant = null;
-      cl.startPinging();
       cl.onPong = () => {
         cl.onPong = null;
         reconnectTime.add(Date.now() - dropped);
         reconnects.add(1);
       };
-      cl.after(endAt - Date.now(), () => cl.close(1000, 'done'));
+      cl.startPinging();
     };
     cl.after(data.t0 + (c.ramp * i) / c.clients - Date.now(), () => cl.connect());
   }
