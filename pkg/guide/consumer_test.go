@@ -276,6 +276,10 @@ func TestPoisonRecordsAreDeadLettered(t *testing.T) {
 	if len(dl) != len(bad) {
 		t.Fatalf("%d dead letters, want %d", len(dl), len(bad))
 	}
+	// Dead letters are produced concurrently: match them by source offset.
+	slices.SortFunc(dl, func(a, b dlqRecord) int {
+		return strings.Compare(fmt.Sprintf("%08s", a.headers[HeaderDLQOffset]), fmt.Sprintf("%08s", b.headers[HeaderDLQOffset]))
+	})
 	for i, d := range dl {
 		if d.value != bad[i].value || d.key != "junk" {
 			t.Errorf("dead letter %d: key %q value %q, want the record as read", i, d.key, d.value)
