@@ -131,6 +131,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Consumer, error
 		// DisableAutoCommit, CommitUncommittedOffsets would also commit
 		// records polled but not yet settled, on revoke and at shutdown.
 		kgo.AutoCommitMarks(),
+		// Commit settled marks every second: less to send again after a
+		// crash, and lag that tells the truth.
+		kgo.AutoCommitInterval(time.Second),
 		// A poll's records reach the dispatch loop before a rebalance can
 		// revoke their partition; the loop allows it right after.
 		kgo.BlockRebalanceOnPoll(),
