@@ -129,6 +129,7 @@ func Start(ctx context.Context, opts Options) (s *Stack, err error) {
 	// matters when the gateway's port was picked at random.
 	set("push-url", "http://"+s.Gateway.PushAddr().String()+"/v1/push")
 
+	set("spool-dir", filepath.Join(opts.DataDir, "spool"))
 	// The listener creates the topic, so it opens before the consumer.
 	if s.ListenerConfig, err = expiry.LoadConfig(nil, env); err != nil {
 		return nil, err

@@ -37,6 +37,15 @@ type Config struct {
 	DedupTTL time.Duration
 	// ProduceTimeout bounds the delivery of one batch to Kafka. Default 10s.
 	ProduceTimeout time.Duration
+	// SpoolDir holds the spool: timeout events that could not be produced
+	// wait there, fsynced, until Kafka takes them again. It must outlive a
+	// restart of the listener, and no two listeners may share one.
+	// Default /var/lib/stillthere/spool.
+	SpoolDir string
+	// SpoolMaxBytes caps the spool file. Past it the listener stops taking
+	// sweep work (the sessions stay in the deadline index) until the
+	// spool drains. Default 256 MiB, about a million events.
+	SpoolMaxBytes int
 }
 
 // Bind registers the listener's settings on b.
@@ -49,6 +58,8 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Int(&c.SweepBatch, "sweep-batch", 256, "most due sessions taken per bucket per sweep")
 	b.Duration(&c.DedupTTL, "dedup-ttl", 120*time.Second, "lifetime of a produced timeout's dedup key")
 	b.Duration(&c.ProduceTimeout, "produce-timeout", 10*time.Second, "timeout of producing a batch to Kafka")
+	b.String(&c.SpoolDir, "spool-dir", "/var/lib/stillthere/spool", "directory of the spool that holds events while Kafka is unreachable")
+	b.Int(&c.SpoolMaxBytes, "spool-max-bytes", 256<<20, "size cap of the spool file, bytes")
 }
 
 // LoadConfig reads the listener's settings from args and env.
@@ -84,6 +95,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("dedup-ttl: %v, want at least 1m: it must outlive the minute window", c.DedupTTL)
 	case c.ProduceTimeout < time.Second:
 		return fmt.Errorf("produce-timeout: %v, want at least 1s", c.ProduceTimeout)
+	case c.SpoolDir == "":
+		return errors.New("spool-dir: empty")
+	case c.SpoolMaxBytes < 64<<10:
+		return fmt.Errorf("spool-max-bytes: %d, want at least 65536", c.SpoolMaxBytes)
 	}
 	return nil
 }

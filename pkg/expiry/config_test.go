@@ -81,6 +81,9 @@ func TestValidate(t *testing.T) {
 		{"dedup ttl under a minute", func(c *Config) { c.DedupTTL = 59 * time.Second }, "dedup-ttl"},
 		{"produce timeout zero", func(c *Config) { c.ProduceTimeout = 0 }, "produce-timeout"},
 		{"produce timeout under a second", func(c *Config) { c.ProduceTimeout = 999 * time.Millisecond }, "produce-timeout"},
+		{"no spool dir", func(c *Config) { c.SpoolDir = "" }, "spool-dir"},
+		{"spool cap too small", func(c *Config) { c.SpoolMaxBytes = 65535 }, "spool-max-bytes"},
+		{"smallest spool cap", func(c *Config) { c.SpoolMaxBytes = 65536 }, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -65,13 +66,139 @@ func mergeNotifyFlags(flags string) string {
 	return flags
 }
 
-// subscribe delivers the keys of expired events from one node to out until
-// ctx is done. It reads the subscription itself instead of go-redis's
-// Channel, which drops messages when its buffer stays full: here a slow
-// pipeline holds the socket instead, and if Redis cuts off the subscriber
-// for that, the sweep finds what was missed.
-func (l *Listener) subscribe(ctx context.Context, node *redis.Client, out chan<- string) error {
-	log := l.log.With("node", node.Options().Addr)
+// masterRefresh is how often the listener re-reads which nodes are
+// masters, besides right after a subscription breaks.
+const masterRefresh = 5 * time.Second
+
+// followMasters keeps one subscription to expired events on every Redis
+// master: on the single node, or on each cluster master as the cluster's
+// slot map names them. It re-reads the map every masterRefresh and at once
+// when a subscription breaks, so after a failover it subscribes to the
+// promoted replica and drops the old master, and after resharding to the
+// new masters. It returns an error only for a node that refuses CONFIG.
+func (l *Listener) followMasters(ctx context.Context, out chan<- string) error {
+	type sub struct {
+		cancel context.CancelFunc
+		done   chan struct{}
+	}
+	subs := make(map[string]*sub)
+	fatal := make(chan error, 1)
+	broken := make(chan struct{}, 1)
+	defer func() {
+		for _, s := range subs {
+			s.cancel()
+			<-s.done
+		}
+		metricSubscriptions.Set(0)
+	}()
+	t := time.NewTicker(masterRefresh)
+	defer t.Stop()
+	for {
+		addrs, err := l.masterAddrs(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			l.log.Warn("list redis masters", "err", err)
+		default:
+			for addr, s := range subs {
+				if !slices.Contains(addrs, addr) {
+					l.log.Info("redis node is no longer a master; unsubscribing", "node", addr)
+					s.cancel()
+					<-s.done
+					delete(subs, addr)
+				}
+			}
+			for _, addr := range addrs {
+				if subs[addr] != nil {
+					continue
+				}
+				sctx, cancel := context.WithCancel(ctx)
+				s := &sub{cancel: cancel, done: make(chan struct{})}
+				subs[addr] = s
+				go func() {
+					defer close(s.done)
+					if err := l.subscribe(sctx, addr, out, broken); err != nil {
+						select {
+						case fatal <- err:
+						default:
+						}
+					}
+				}()
+			}
+			metricSubscriptions.Set(float64(len(subs)))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-fatal:
+			return err
+		case <-broken:
+		case <-t.C:
+		}
+	}
+}
+
+// masterAddrs lists the addresses of the nodes that publish expired
+// events: the single node, or the cluster's masters as its slot map says.
+func (l *Listener) masterAddrs(ctx context.Context) ([]string, error) {
+	switch c := l.rdb.(type) {
+	case *redis.Client:
+		return []string{c.Options().Addr}, nil
+	case *redis.ClusterClient:
+		slots, err := c.ClusterSlots(ctx).Result()
+		if err != nil {
+			return nil, fmt.Errorf("cluster slots: %w", err)
+		}
+		var addrs []string
+		for _, s := range slots {
+			if len(s.Nodes) > 0 && !slices.Contains(addrs, s.Nodes[0].Addr) {
+				addrs = append(addrs, s.Nodes[0].Addr)
+			}
+		}
+		return addrs, nil
+	default:
+		return nil, fmt.Errorf("unsupported redis client %T", l.rdb)
+	}
+}
+
+// nodeClient is a client of its own for one node's subscription, with the
+// credentials and TLS of the listener's client. Its own, so that the
+// cluster client closing a node it no longer lists cannot cut it off, and
+// without client-side caching, whose invalidations would share the line.
+func (l *Listener) nodeClient(addr string) *redis.Client {
+	var o redis.Options
+	switch c := l.rdb.(type) {
+	case *redis.Client:
+		o = *c.Options()
+	case *redis.ClusterClient:
+		co := c.Options()
+		o = redis.Options{
+			Username:            co.Username,
+			Password:            co.Password,
+			CredentialsProvider: co.CredentialsProvider,
+			TLSConfig:           co.TLSConfig,
+			Dialer:              co.Dialer,
+			DialTimeout:         co.DialTimeout,
+			Protocol:            co.Protocol,
+		}
+	}
+	o.Addr = addr
+	o.DB = 0
+	o.PoolSize = 1
+	return redis.NewClient(&o)
+}
+
+// subscribe delivers the keys of expired events from the node at addr to
+// out until ctx is done, resubscribing after errors and telling broken
+// each time a subscription breaks. It reads the subscription itself
+// instead of go-redis's Channel, which drops messages when its buffer
+// stays full: here a slow pipeline holds the socket instead, and if Redis
+// cuts off the subscriber for that, the sweep finds what was missed.
+func (l *Listener) subscribe(ctx context.Context, addr string, out chan<- string, broken chan<- struct{}) error {
+	node := l.nodeClient(addr)
+	defer node.Close()
+	log := l.log.With("node", addr)
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		if err := ensureNotify(ctx, node); err != nil {
@@ -83,6 +210,10 @@ func (l *Listener) subscribe(ctx context.Context, node *redis.Client, out chan<-
 			}
 			log.Warn("keyspace events unavailable, retrying", "err", err)
 			metricSubscribeErrors.Inc()
+			select {
+			case broken <- struct{}{}:
+			default:
+			}
 			sleep(ctx, backoff)
 			backoff = min(backoff*2, 5*time.Second)
 			continue
@@ -93,6 +224,10 @@ func (l *Listener) subscribe(ctx context.Context, node *redis.Client, out chan<-
 		}
 		metricSubscribeErrors.Inc()
 		log.Warn("keyspace event subscription broken, resubscribing", "err", err)
+		select {
+		case broken <- struct{}{}:
+		default:
+		}
 		sleep(ctx, backoff)
 		backoff = min(backoff*2, 5*time.Second)
 	}

@@ -35,10 +35,11 @@ const (
 // harness is one test's own redis-server and embedded Kafka, with the
 // session store the gateway would write through.
 type harness struct {
-	t      *testing.T
-	srv    *redisserver.Server
-	rdb    *redis.Client
-	store  *session.Store
+	t       *testing.T
+	srv     *redisserver.Server  // nil on a cluster
+	cluster *redisserver.Cluster // nil on a single node
+	rdb     redis.UniversalClient
+	store   *session.Store
 	kafka  *kfake.Cluster
 	prefix string
 	admin  *kadm.Client
@@ -47,7 +48,30 @@ type harness struct {
 func newHarness(t *testing.T) *harness {
 	t.Helper()
 	srv := redistest.Start(t)
-	rdb := redistest.Client(t, srv)
+	h := newHarnessOn(t, redistest.Client(t, srv))
+	h.srv = srv
+	return h
+}
+
+// newClusterHarness runs the harness on a 3-master Redis Cluster, each
+// master with a replica when replicas is set.
+func newClusterHarness(t *testing.T, replicas bool) *harness {
+	t.Helper()
+	c := redistest.StartCluster(t)
+	if replicas {
+		if err := c.AddReplicas(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	t.Cleanup(func() { rdb.Close() })
+	h := newHarnessOn(t, rdb)
+	h.cluster = c
+	return h
+}
+
+func newHarnessOn(t *testing.T, rdb redis.UniversalClient) *harness {
+	t.Helper()
 	prefix := redistest.Prefix(t)
 	ks, err := session.NewKeyspace(prefix)
 	if err != nil {
@@ -65,7 +89,6 @@ func newHarness(t *testing.T) *harness {
 	t.Cleanup(cl.Close)
 	return &harness{
 		t:      t,
-		srv:    srv,
 		rdb:    rdb,
 		store:  session.NewStore(rdb, ks),
 		kafka:  cluster,
@@ -76,8 +99,14 @@ func newHarness(t *testing.T) *harness {
 
 // config is a valid listener config for the harness, quick to react.
 func (h *harness) config(mode string) Config {
+	rc := redisconn.Config{KeyPrefix: h.prefix}
+	if h.cluster != nil {
+		rc.Addrs, rc.Cluster = h.cluster.Addrs(), true
+	} else {
+		rc.Addrs = []string{h.srv.Addr}
+	}
 	return Config{
-		Redis: redisconn.Config{Addrs: []string{h.srv.Addr}, KeyPrefix: h.prefix},
+		Redis: rc,
 		Kafka: kafka.Config{
 			Brokers:           h.kafka.ListenAddrs(),
 			Topic:             testTopic,
@@ -90,6 +119,8 @@ func (h *harness) config(mode string) Config {
 		SweepBatch:     256,
 		DedupTTL:       2 * time.Minute,
 		ProduceTimeout: time.Second,
+		SpoolDir:       h.t.TempDir(), // each listener its own, as each pod
+		SpoolMaxBytes:  1 << 20,
 	}
 }
 
@@ -103,6 +134,13 @@ func testLogger() *slog.Logger {
 // start opens a listener and runs it. The returned stop cancels it and
 // waits for Run to return; cleanup calls it too.
 func (h *harness) start(cfg Config) (stop func()) {
+	h.t.Helper()
+	_, stop = h.startListener(cfg)
+	return stop
+}
+
+// startListener is start, returning the listener for a test to look into.
+func (h *harness) startListener(cfg Config) (l *Listener, stop func()) {
 	t := h.t
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -128,7 +166,7 @@ func (h *harness) start(cfg Config) (stop func()) {
 		})
 	}
 	t.Cleanup(stop)
-	return stop
+	return l, stop
 }
 
 // waitFor polls cond until it holds, failing the test after within.
@@ -143,17 +181,27 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 	}
 }
 
-// waitSubscribed waits until n clients hold a pattern subscription: only
-// then are expired events heard.
+// waitSubscribed waits until n clients hold a pattern subscription on
+// every master: only then are expired events heard.
 func (h *harness) waitSubscribed(n int) {
 	h.t.Helper()
-	waitFor(h.t, waitLong, "keyspace event subscriptions", func() bool {
-		list, err := h.rdb.ClientList(context.Background()).Result()
-		if err != nil {
-			h.t.Fatal(err)
-		}
-		return strings.Count(list, " psub=1 ") >= n
-	})
+	addrs := []string{}
+	if h.cluster != nil {
+		addrs = h.cluster.Addrs()
+	} else {
+		addrs = append(addrs, h.srv.Addr)
+	}
+	for _, addr := range addrs {
+		node := redis.NewClient(&redis.Options{Addr: addr})
+		waitFor(h.t, waitLong, "keyspace event subscriptions on "+addr, func() bool {
+			list, err := node.ClientList(context.Background()).Result()
+			if err != nil {
+				h.t.Fatal(err)
+			}
+			return strings.Count(list, " psub=1 ") >= n
+		})
+		node.Close()
+	}
 }
 
 // grant is what the gateway granted a uid.

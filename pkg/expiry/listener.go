@@ -20,7 +20,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,6 +31,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/kafka"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/spool"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
@@ -41,10 +42,22 @@ type Listener struct {
 	rdb      redis.UniversalClient
 	store    *session.Store
 	producer *kgo.Client
+	spool    *spool.Spool
 	adminLn  net.Listener
 	// claim is this listener's dedup claim value, unique per process, so
 	// it only ever releases its own claims.
 	claim string
+
+	// topicReady is set once the topic is known to exist; until then
+	// events go to the spool, so that a broker that creates topics on
+	// first use never creates this one with its own defaults.
+	topicReady atomic.Bool
+	// kafkaErr is the last error of ensuring the topic, for /readyz.
+	kafkaErr atomic.Pointer[error]
+	// spooled wakes the replayer when the pipeline spools events.
+	spooled chan struct{}
+	// spoolFull is set while the spool is at its cap and sweeps pause.
+	spoolFull atomic.Bool
 }
 
 // Run opens a listener and runs it until ctx is done.
@@ -83,13 +96,22 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Listener, error
 		store:    session.NewStore(rdb, cfg.Redis.Keyspace()),
 		producer: producer,
 		claim:    dedupClaimed + ":" + randomID(),
+		spooled:  make(chan struct{}, 1),
 	}
-	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := kafka.EnsureTopic(tctx, producer, cfg.Kafka); err != nil {
+	if l.spool, err = spool.Open(cfg.SpoolDir, int64(cfg.SpoolMaxBytes)); err != nil {
 		l.close()
-		return nil, err
+		return nil, fmt.Errorf("spool-dir: %w", err)
 	}
+	if n := l.spool.Len(); n > 0 {
+		logger.Info("spool holds events from an earlier run; replaying them once Kafka takes them", "events", n, "dir", cfg.SpoolDir)
+	}
+	l.updateSpoolMetrics()
+	// A first try at the topic, so that a normal start produces at once.
+	// If Kafka is down, the listener starts anyway, spools, and keeps
+	// trying in the replayer.
+	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	l.ensureTopic(tctx)
 	if l.adminLn, err = net.Listen("tcp", cfg.AdminAddr); err != nil {
 		l.close()
 		return nil, fmt.Errorf("listen on listener-admin-addr: %w", err)
@@ -100,6 +122,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Listener, error
 func (l *Listener) close() {
 	l.producer.Close()
 	l.rdb.Close()
+	if l.spool != nil {
+		l.spool.Close()
+	}
 	if l.adminLn != nil {
 		l.adminLn.Close()
 	}
@@ -113,14 +138,7 @@ func (l *Listener) AdminAddr() net.Addr { return l.adminLn.Addr() }
 func (l *Listener) Run(ctx context.Context) error {
 	defer l.close()
 	l.log.Info("expiry listener running", "mode", l.cfg.Mode, "admin", l.AdminAddr().String(),
-		"topic", l.cfg.Kafka.Topic, "sweep_interval", l.cfg.SweepInterval)
-	var nodes []*redis.Client
-	if l.cfg.Mode != ModeSweep {
-		var err error
-		if nodes, err = l.masters(ctx); err != nil {
-			return err
-		}
-	}
+		"topic", l.cfg.Kafka.Topic, "sweep_interval", l.cfg.SweepInterval, "spool", l.cfg.SpoolDir)
 	eg, ctx := errgroup.WithContext(ctx)
 	srv := &http.Server{Handler: admin.NewMux(l.ready), ReadHeaderTimeout: 5 * time.Second}
 	eg.Go(func() error {
@@ -137,36 +155,16 @@ func (l *Listener) Run(ctx context.Context) error {
 	// Keys from expired events. Bounded: a full channel holds up the
 	// subscriber's socket read, it never drops a key.
 	expired := make(chan string, 1024)
-	for _, node := range nodes {
-		eg.Go(func() error { return l.subscribe(ctx, node, expired) })
+	if l.cfg.Mode != ModeSweep {
+		eg.Go(func() error { return l.followMasters(ctx, expired) })
 	}
 	eg.Go(func() error { return l.pipeline(ctx, expired) })
+	eg.Go(func() error { return l.replay(ctx) })
 	err := eg.Wait()
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
 	return err
-}
-
-// masters lists the Redis nodes that publish expired events: the single
-// node, or each cluster master.
-func (l *Listener) masters(ctx context.Context) ([]*redis.Client, error) {
-	switch c := l.rdb.(type) {
-	case *redis.Client:
-		return []*redis.Client{c}, nil
-	case *redis.ClusterClient:
-		var mu sync.Mutex // ForEachMaster calls in parallel
-		var nodes []*redis.Client
-		err := c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-			mu.Lock()
-			defer mu.Unlock()
-			nodes = append(nodes, node)
-			return nil
-		})
-		return nodes, err
-	default:
-		return nil, fmt.Errorf("unsupported redis client %T", l.rdb)
-	}
 }
 
 func (l *Listener) ready(ctx context.Context) error {
@@ -175,6 +173,13 @@ func (l *Listener) ready(ctx context.Context) error {
 	}
 	if err := l.producer.Ping(ctx); err != nil {
 		return fmt.Errorf("kafka: %w", err)
+	}
+	if !l.topicReady.Load() {
+		err := errors.New("not yet known to exist")
+		if p := l.kafkaErr.Load(); p != nil {
+			err = *p
+		}
+		return fmt.Errorf("kafka topic %q: %w", l.cfg.Kafka.Topic, err)
 	}
 	return nil
 }
@@ -216,6 +221,9 @@ func (l *Listener) pipeline(ctx context.Context, expired <-chan string) error {
 // sweep takes due entries from every bucket until none is left or an error
 // stops it; the next tick retries.
 func (l *Listener) sweep(ctx context.Context) {
+	if l.pausedBySpool() {
+		return
+	}
 	start := time.Now()
 	defer func() { metricSweepSeconds.Observe(time.Since(start).Seconds()) }()
 	for ctx.Err() == nil {
@@ -244,6 +252,9 @@ func (l *Listener) sweep(ctx context.Context) {
 }
 
 func (l *Listener) fromEvents(ctx context.Context, uids []string) {
+	if l.pausedBySpool() {
+		return // still in the index: the sweep takes them once the spool drains
+	}
 	var found []session.Expired
 	for _, uid := range uids {
 		e, ok, err := l.store.Lookup(ctx, uid)
@@ -265,16 +276,18 @@ func (l *Listener) fromEvents(ctx context.Context, uids []string) {
 }
 
 // emit dedupes, produces and settles one batch, and returns how many
-// index entries it settled. On a produce failure the claims of the failed
-// events are released and their index entries stay, so the next sweep
-// tries them again.
+// index entries it settled. An event Kafka does not take goes to the
+// spool, and while the spool holds events every new one goes there too, so
+// the replay keeps them in order. Only an event neither produced nor
+// spooled keeps its index entry, with its claim released, for the next
+// sweep to retry.
 func (l *Listener) emit(ctx context.Context, found []session.Expired, source string) (int, error) {
 	begin := time.Now() // just after detection
 	states, err := l.dedupe(ctx, found)
 	if err != nil {
 		return 0, err
 	}
-	var settled, produced, failed []session.Expired
+	var settled, produced, spooled, failed []session.Expired
 	records := make([]*kgo.Record, 0, len(found))
 	byRecord := make(map[*kgo.Record]session.Expired, len(found))
 	for i, e := range found {
@@ -295,7 +308,9 @@ func (l *Listener) emit(ctx context.Context, found []session.Expired, source str
 		records = append(records, r)
 		byRecord[r] = e
 	}
-	if len(records) > 0 {
+	unsent := records
+	if len(records) > 0 && l.direct() {
+		unsent = nil
 		// Bounded by ProduceTimeout, and not cut short by shutdown: a batch
 		// in flight is finished, so its entries are settled now rather than
 		// produced again by the next start.
@@ -309,8 +324,8 @@ func (l *Listener) emit(ctx context.Context, found []session.Expired, source str
 			e := byRecord[r.Record]
 			if r.Err != nil {
 				metricProduceErrors.Inc()
-				l.log.Warn("produce timeout", "uid", e.UID, "err", r.Err)
-				failed = append(failed, e)
+				l.log.Warn("produce timeout, spooling it", "uid", e.UID, "err", r.Err)
+				unsent = append(unsent, r.Record)
 				continue
 			}
 			metricProduced.WithLabelValues(source).Inc()
@@ -320,18 +335,31 @@ func (l *Listener) emit(ctx context.Context, found []session.Expired, source str
 			produced = append(produced, e)
 		}
 	}
+	if len(unsent) > 0 {
+		if err := l.toSpool(unsent); err != nil {
+			l.log.Warn("spool timeouts; they stay in the deadline index", "count", len(unsent), "err", err)
+			for _, r := range unsent {
+				failed = append(failed, byRecord[r])
+			}
+		} else {
+			for _, r := range unsent {
+				spooled = append(spooled, byRecord[r])
+			}
+		}
+	}
 	wctx := context.WithoutCancel(ctx)
-	if err := l.markDedup(wctx, produced, failed); err != nil {
+	done := append(produced, spooled...)
+	if err := l.markDedup(wctx, done, failed); err != nil {
 		l.log.Warn("record dedup outcome", "err", err)
 	}
-	settled = append(settled, produced...)
+	settled = append(settled, done...)
 	if len(settled) > 0 {
 		if err := l.store.Settle(wctx, settled); err != nil {
 			return 0, err
 		}
 	}
 	if len(failed) > 0 {
-		return len(settled), fmt.Errorf("%d of %d timeouts not produced", len(failed), len(found))
+		return len(settled), fmt.Errorf("%d of %d timeouts neither produced nor spooled", len(failed), len(found))
 	}
 	return len(settled), nil
 }
@@ -350,13 +378,14 @@ const (
 
 const (
 	dedupClaimed  = "claimed"
-	dedupProduced = "produced"
+	dedupProduced = "produced" // or spooled: held safely by its listener
 )
 
 // claimTTL is how long a claim outlives a crashed claimer, after which the
-// sweep retries its timeouts. It is well past the longest a produce takes,
-// so a live claimer's claim does not lapse under it.
-func (l *Listener) claimTTL() time.Duration { return max(30*time.Second, 3*l.cfg.ProduceTimeout) }
+// sweep retries its timeouts (30s with the default produce timeout). It is
+// well past the longest a produce and a spool write take, so a live
+// claimer's claim does not lapse under it.
+func (l *Listener) claimTTL() time.Duration { return max(5*time.Second, 3*l.cfg.ProduceTimeout) }
 
 // releaseScript deletes a claim only if it is still the caller's.
 var releaseScript = redis.NewScript(`
@@ -403,7 +432,7 @@ func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]dedup
 	return states, nil
 }
 
-// markDedup marks produced timeouts for the dedup window, and releases the
+// markDedup marks produced (or spooled) timeouts for the dedup window, and releases the
 // claims of failed ones so that a retry may claim them.
 func (l *Listener) markDedup(ctx context.Context, produced, failed []session.Expired) error {
 	if len(produced)+len(failed) == 0 {

@@ -40,4 +40,32 @@ var (
 		Name: "stillthere_listener_subscribe_errors_total",
 		Help: "Broken keyspace-event subscriptions (events are lost until resubscribed; the sweep covers them).",
 	})
+	metricSubscriptions = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "stillthere_listener_subscriptions",
+		Help: "Redis masters whose expired keyspace events the listener is subscribed to.",
+	})
+	metricSpooled = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_listener_spooled_total",
+		Help: "Timeout events written to the spool because Kafka did not take them, or others waited there first.",
+	})
+	metricReplayed = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_listener_replayed_total",
+		Help: "Spooled timeout events produced to Kafka.",
+	})
+	metricSpoolEvents = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "stillthere_listener_spool_events",
+		Help: "Timeout events waiting in the spool.",
+	})
+	metricSpoolBytes = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "stillthere_listener_spool_bytes",
+		Help: "Size of the spool file.",
+	})
+	metricSpoolFull = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "stillthere_listener_spool_full",
+		Help: "1 while the spool is at its cap and sweeps pause, else 0.",
+	})
+	metricSpoolCorrupt = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_listener_spool_unreadable_total",
+		Help: "Spooled events that no longer parsed and were dropped (a damaged disk).",
+	})
 )

@@ -92,6 +92,10 @@ func Open(ctx context.Context, c Config) (redis.UniversalClient, error) {
 			Username:  c.Username,
 			Password:  c.Password,
 			TLSConfig: tc,
+			// A master that dies answers nothing, so no MOVED tells the
+			// client of its replica's promotion: re-read the slot map
+			// every 2s (go-redis's default is 60s) to follow a failover.
+			ClusterStateReloadInterval: clusterStateReload,
 		})
 	} else {
 		rdb = redis.NewClient(&redis.Options{
@@ -109,3 +113,7 @@ func Open(ctx context.Context, c Config) (redis.UniversalClient, error) {
 	}
 	return rdb, nil
 }
+
+// clusterStateReload bounds how long a cluster client keeps a dead
+// master's slots after a failover.
+const clusterStateReload = 2 * time.Second

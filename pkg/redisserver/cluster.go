@@ -16,6 +16,10 @@ import (
 // redis-server, with the 16384 slots split evenly between them.
 type Cluster struct {
 	Masters []*Server
+	// Replicas[i], when AddReplicas was called, replicates Masters[i].
+	Replicas []*Server
+
+	dir string
 }
 
 // Addrs are the masters' addresses, usable as cluster seeds.
@@ -29,10 +33,21 @@ func (c *Cluster) Addrs() []string {
 
 // Close stops every node.
 func (c *Cluster) Close() error {
-	for _, m := range c.Masters {
-		m.Close()
+	for _, m := range append(c.Masters, c.Replicas...) {
+		if m != nil {
+			m.Close()
+		}
 	}
 	return nil
+}
+
+func nodeArgs() []string {
+	return []string{
+		"--cluster-enabled", "yes",
+		"--cluster-config-file", "nodes.conf",
+		"--cluster-node-timeout", "2000",
+		"--cluster-require-full-coverage", "yes",
+	}
 }
 
 // StartCluster starts n masters under dir (a temporary directory when
@@ -42,21 +57,13 @@ func StartCluster(ctx context.Context, dir string, n int) (*Cluster, error) {
 	if n < 1 {
 		return nil, errors.New("a cluster needs at least one master")
 	}
-	c := &Cluster{}
+	c := &Cluster{dir: dir}
 	for i := range n {
 		nodeDir := ""
 		if dir != "" {
 			nodeDir = filepath.Join(dir, "node"+strconv.Itoa(i))
 		}
-		srv, err := Start(ctx, Options{
-			Dir: nodeDir,
-			Args: []string{
-				"--cluster-enabled", "yes",
-				"--cluster-config-file", "nodes.conf",
-				"--cluster-node-timeout", "2000",
-				"--cluster-require-full-coverage", "yes",
-			},
-		})
+		srv, err := Start(ctx, Options{Dir: nodeDir, Args: nodeArgs()})
 		if err != nil {
 			c.Close()
 			return nil, fmt.Errorf("cluster node %d: %w", i, err)
@@ -113,4 +120,166 @@ func (c *Cluster) form(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// AddReplicas gives every master one replica and returns once each has
+// synced with its master.
+func (c *Cluster) AddReplicas(ctx context.Context) error {
+	first := c.Masters[0].Addr
+	host, port, _ := strings.Cut(first, ":")
+	for i, m := range c.Masters {
+		nodeDir := ""
+		if c.dir != "" {
+			nodeDir = filepath.Join(c.dir, "replica"+strconv.Itoa(i))
+		}
+		srv, err := Start(ctx, Options{Dir: nodeDir, Args: nodeArgs()})
+		if err != nil {
+			return fmt.Errorf("replica %d: %w", i, err)
+		}
+		c.Replicas = append(c.Replicas, srv)
+		id, err := nodeID(ctx, m.Addr)
+		if err != nil {
+			return err
+		}
+		rc := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		defer rc.Close()
+		if err := rc.ClusterMeet(ctx, host, port).Err(); err != nil {
+			return fmt.Errorf("join replica %s: %w", srv.Addr, err)
+		}
+		// A node can replicate only a master it knows.
+		err = poll(ctx, 30*time.Second, func() error {
+			return rc.ClusterReplicate(ctx, id).Err()
+		})
+		if err != nil {
+			return fmt.Errorf("replica %s of %s: %w", srv.Addr, m.Addr, err)
+		}
+	}
+	for _, r := range c.Replicas {
+		rc := redis.NewClient(&redis.Options{Addr: r.Addr})
+		defer rc.Close()
+		err := poll(ctx, 30*time.Second, func() error {
+			info, err := rc.Info(ctx, "replication").Result()
+			if err != nil {
+				return err
+			}
+			if !strings.Contains(info, "master_link_status:up") {
+				return errors.New("replica not in sync")
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("replica %s: %w", r.Addr, err)
+		}
+	}
+	return c.waitOK(ctx, append(c.Masters, c.Replicas...))
+}
+
+// Failover kills master i, as a crash would, and promotes its replica
+// (CLUSTER FAILOVER TAKEOVER) in its place: Masters[i] becomes the
+// promoted node, and Replicas[i] nil, as the master has no replica left. It returns once the surviving nodes
+// report the cluster ok.
+func (c *Cluster) Failover(ctx context.Context, i int) error {
+	if i >= len(c.Replicas) || c.Replicas[i] == nil {
+		return fmt.Errorf("master %d has no replica", i)
+	}
+	old, promoted := c.Masters[i], c.Replicas[i]
+	old.Kill()
+	rc := redis.NewClient(&redis.Options{Addr: promoted.Addr})
+	defer rc.Close()
+	if err := rc.Do(ctx, "CLUSTER", "FAILOVER", "TAKEOVER").Err(); err != nil {
+		return fmt.Errorf("promote %s: %w", promoted.Addr, err)
+	}
+	err := poll(ctx, 30*time.Second, func() error {
+		role, err := rc.Do(ctx, "ROLE").Slice()
+		if err != nil {
+			return err
+		}
+		if len(role) == 0 || role[0] != "master" {
+			return fmt.Errorf("role %v", role)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("promote %s: %w", promoted.Addr, err)
+	}
+	c.Masters[i], c.Replicas[i] = promoted, nil
+	var live []*Server
+	for _, s := range append(c.Masters, c.Replicas...) {
+		if s != nil {
+			live = append(live, s)
+		}
+	}
+	defer old.Close()
+	return c.waitOK(ctx, live)
+}
+
+// waitOK waits until every one of nodes reports cluster_state:ok and the
+// same slot map owners.
+func (c *Cluster) waitOK(ctx context.Context, nodes []*Server) error {
+	for _, n := range nodes {
+		cl := redis.NewClient(&redis.Options{Addr: n.Addr})
+		defer cl.Close()
+		err := poll(ctx, 30*time.Second, func() error {
+			info, err := cl.ClusterInfo(ctx).Result()
+			if err != nil {
+				return err
+			}
+			if !strings.Contains(info, "cluster_state:ok") {
+				return errors.New("cluster state not ok")
+			}
+			slots, err := cl.ClusterSlots(ctx).Result()
+			if err != nil {
+				return err
+			}
+			for _, s := range slots {
+				if len(s.Nodes) == 0 || !c.isMaster(s.Nodes[0].Addr) {
+					return fmt.Errorf("slots %d-%d served by %v, not a current master", s.Start, s.End, s.Nodes)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("node %s: %w", n.Addr, err)
+		}
+	}
+	return nil
+}
+
+func (c *Cluster) isMaster(addr string) bool {
+	for _, m := range c.Masters {
+		if m.Addr == addr {
+			return true
+		}
+	}
+	return false
+}
+
+func nodeID(ctx context.Context, addr string) (string, error) {
+	cl := redis.NewClient(&redis.Options{Addr: addr})
+	defer cl.Close()
+	id, err := cl.Do(ctx, "CLUSTER", "MYID").Text()
+	if err != nil {
+		return "", fmt.Errorf("node id of %s: %w", addr, err)
+	}
+	return id, nil
+}
+
+// poll calls f every 50ms until it succeeds, returning its last error
+// after within.
+func poll(ctx context.Context, within time.Duration, f func() error) error {
+	deadline := time.Now().Add(within)
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

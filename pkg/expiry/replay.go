@@ -1,0 +1,184 @@
+package expiry
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/stillthere/stillthere/pkg/kafka"
+	"github.com/stillthere/stillthere/pkg/spool"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
+)
+
+// replayChunk is how many spooled events are produced together.
+const replayChunk = 500
+
+// ensureTopic creates the topic unless it exists, and records the outcome.
+func (l *Listener) ensureTopic(ctx context.Context) bool {
+	err := kafka.EnsureTopic(ctx, l.producer, l.cfg.Kafka)
+	if err != nil {
+		l.kafkaErr.Store(&err)
+		l.log.Warn("kafka topic not ensured; spooling timeouts until it is", "topic", l.cfg.Kafka.Topic, "err", err)
+		return false
+	}
+	l.kafkaErr.Store(nil)
+	l.topicReady.Store(true)
+	return true
+}
+
+// direct reports whether the pipeline may produce to Kafka itself: the
+// topic exists and nothing waits in the spool ahead of it.
+func (l *Listener) direct() bool {
+	return l.topicReady.Load() && l.spool.Len() == 0
+}
+
+// toSpool appends records' values to the spool, durably, and wakes the
+// replayer. The value holds the uid, which is all the key needs.
+func (l *Listener) toSpool(records []*kgo.Record) error {
+	values := make([][]byte, len(records))
+	for i, r := range records {
+		values[i] = r.Value
+	}
+	err := l.spool.Append(values...)
+	l.updateSpoolMetrics()
+	if err != nil {
+		if errors.Is(err, spool.ErrFull) {
+			l.spoolFull.Store(true)
+		}
+		return err
+	}
+	metricSpooled.Add(float64(len(records)))
+	select {
+	case l.spooled <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// pausedBySpool reports whether the spool is at its cap, in which case the
+// listener takes no new work: the sessions stay in the deadline index,
+// where the sweep finds them once the spool has drained.
+func (l *Listener) pausedBySpool() bool {
+	full := l.spool.Full()
+	if full != l.spoolFull.Swap(full) {
+		if full {
+			l.log.Error("spool is full; sweeps pause until Kafka takes the spooled events", "bytes", l.spool.Size(), "cap", l.cfg.SpoolMaxBytes)
+		} else {
+			l.log.Info("spool has room again; sweeps resume")
+		}
+	}
+	if full {
+		metricSpoolFull.Set(1)
+	} else {
+		metricSpoolFull.Set(0)
+	}
+	return full
+}
+
+func (l *Listener) updateSpoolMetrics() {
+	metricSpoolEvents.Set(float64(l.spool.Len()))
+	metricSpoolBytes.Set(float64(l.spool.Size()))
+}
+
+// replay is the one goroutine that produces spooled events, oldest first,
+// in chunks. A chunk is committed (and the spool truncated once empty)
+// only when every event of it is produced; a failed chunk is retried with
+// backoff, sending only the events still unproduced. A crash between
+// producing and committing produces a chunk again, with the same event
+// ids, which downstream collapses.
+func (l *Listener) replay(ctx context.Context) error {
+	const maxBackoff = 5 * time.Second
+	backoff := 100 * time.Millisecond
+	wait := func() bool {
+		sleep(ctx, backoff)
+		backoff = min(backoff*2, maxBackoff)
+		return ctx.Err() == nil
+	}
+	for !l.topicReady.Load() {
+		tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		ok := l.ensureTopic(tctx)
+		cancel()
+		if !ok && !wait() {
+			return nil
+		}
+	}
+	backoff = 100 * time.Millisecond
+	for {
+		if l.spool.Len() == 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-l.spooled:
+				continue
+			}
+		}
+		values, next, err := l.spool.Peek(replayChunk)
+		if err != nil {
+			l.log.Error("read spool", "err", err)
+			if !wait() {
+				return nil
+			}
+			continue
+		}
+		if !l.produceSpooled(ctx, values) {
+			return nil
+		}
+		backoff = 100 * time.Millisecond
+		if err := l.spool.Commit(next); err != nil {
+			l.log.Error("commit spool", "err", err)
+		}
+		l.updateSpoolMetrics()
+		if l.spool.Len() == 0 {
+			l.log.Info("spool replayed; producing directly again")
+		}
+	}
+}
+
+// produceSpooled produces one chunk of spooled events, retrying with
+// backoff what Kafka fails, until all are produced (true) or ctx is done
+// (false). Events that do not parse are dropped with an error log:
+// they were written by this program, so that means a corrupt disk.
+func (l *Listener) produceSpooled(ctx context.Context, values [][]byte) bool {
+	records := make([]*kgo.Record, 0, len(values))
+	for _, v := range values {
+		ev, err := timeoutevent.Parse(v)
+		if err != nil {
+			metricSpoolCorrupt.Inc()
+			l.log.Error("drop unreadable spooled event", "err", err, "value", string(v))
+			continue
+		}
+		records = append(records, &kgo.Record{Key: []byte(ev.UID), Value: v})
+	}
+	backoff := 100 * time.Millisecond
+	for len(records) > 0 {
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.ProduceTimeout)
+		results := l.producer.ProduceSync(pctx, records...)
+		cancel()
+		var again []*kgo.Record
+		var lastErr error
+		for _, r := range results {
+			if r.Err != nil {
+				// A new record: franz-go keeps the produce context in
+				// the old one, and that context is done.
+				again = append(again, &kgo.Record{Key: r.Record.Key, Value: r.Record.Value})
+				lastErr = r.Err
+				continue
+			}
+			metricReplayed.Inc()
+		}
+		if len(again) == 0 {
+			return true
+		}
+		metricProduceErrors.Add(float64(len(again)))
+		l.log.Warn("replay spooled timeouts", "failed", len(again), "of", len(records), "err", lastErr)
+		records = again
+		sleep(ctx, backoff)
+		backoff = min(backoff*2, 5*time.Second)
+		if ctx.Err() != nil {
+			return false
+		}
+	}
+	return true
+}
