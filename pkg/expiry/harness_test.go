@@ -40,9 +40,9 @@ type harness struct {
 	cluster *redisserver.Cluster // nil on a single node
 	rdb     redis.UniversalClient
 	store   *session.Store
-	kafka  *kfake.Cluster
-	prefix string
-	admin  *kadm.Client
+	kafka   *kfake.Cluster
+	prefix  string
+	admin   *kadm.Client
 }
 
 func newHarness(t *testing.T) *harness {
