@@ -111,7 +111,7 @@ func (l *loop) run(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		l.pace(sendCtx)
+		l.pace()
 		if wake := l.wake(); wake.IsZero() {
 			timer.Stop()
 		} else {
@@ -159,7 +159,7 @@ func (l *loop) poll(ctx context.Context) {
 // pace asks for records while there is room, and pauses or resumes
 // fetching: paused while a breaker is open, and from the in-flight bound
 // until half of it is free again.
-func (l *loop) pace(ctx context.Context) {
+func (l *loop) pace() {
 	pause := l.wantPause()
 	if pause {
 		l.pause()
