@@ -1,0 +1,126 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// runJSON runs one of the bench programs that print a JSON object on
+// stdout and decodes it into v. Its stderr passes through.
+func runJSON(ctx context.Context, limit time.Duration, v any, bin, name string, args ...string) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	cmd := command(ctx, 30*time.Second, filepath.Join(bin, name), args...)
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	cmd.Stderr = os.Stderr
+	err := cmd.Run()
+	killGroup(cmd) // whatever it left behind
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	// The object is the last thing printed; anything before it is chatter.
+	b := out.Bytes()
+	if i := bytes.IndexByte(b, '{'); i > 0 {
+		b = b[i:]
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%s printed no JSON object: %w", name, err)
+	}
+	return nil
+}
+
+// available reports whether a bench program was built.
+func available(bin, name string) bool {
+	_, err := os.Stat(filepath.Join(bin, name))
+	return err == nil
+}
+
+func commandLine(name string, args ...string) string {
+	return strings.Join(append([]string{"bin/" + name}, args...), " ")
+}
+
+// DetectMode is one detection mode's row of detectbench's output.
+type DetectMode struct {
+	Mode       string  `json:"mode"`
+	Silent     int     `json:"silent"`
+	Produced   int     `json:"produced"`
+	Lost       int     `json:"lost"`
+	Duplicates int     `json:"duplicates"`
+	LagP50ms   float64 `json:"lag_p50_ms"`
+	LagP99ms   float64 `json:"lag_p99_ms"`
+	LagMaxms   float64 `json:"lag_max_ms"`
+}
+
+// Storm is detectbench's storm: sessions expiring within one window.
+type Storm struct {
+	Sessions       int     `json:"sessions"`
+	WindowMs       float64 `json:"window_ms"`
+	Delivered      int     `json:"delivered"`
+	Lost           int     `json:"lost"`
+	Doubled        int     `json:"doubled"`
+	AllDeliveredMs float64 `json:"all_delivered_ms"`
+}
+
+// Detection is steps 3 and 4, as detectbench prints them.
+type Detection struct {
+	Command string       `json:"command"`
+	Live    int          `json:"live"`
+	Silent  int          `json:"silent"`
+	Modes   []DetectMode `json:"modes"`
+	Storm   *Storm       `json:"storm"`
+}
+
+type detectScale struct{ Live, Silent, Storm int }
+
+func detection(ctx context.Context, bin string, sc detectScale) (*Detection, error) {
+	args := []string{"-live", strconv.Itoa(sc.Live), "-silent", strconv.Itoa(sc.Silent),
+		"-modes", "events,sweep,hybrid", "-storm", strconv.Itoa(sc.Storm), "-json"}
+	d := &Detection{}
+	fmt.Printf("detection: %d live, %d silent, storm of %d\n", sc.Live, sc.Silent, sc.Storm)
+	err := runJSON(ctx, 20*time.Minute, d, bin, "detectbench", args...)
+	// The command that reproduces it is ours, from the repository root.
+	d.Command = commandLine("detectbench", args...)
+	return d, err
+}
+
+// Consumer is step 5, as guidebench prints it.
+type Consumer struct {
+	Command                string  `json:"command"`
+	Events                 int     `json:"events"`
+	Partitions             int     `json:"partitions"`
+	MaxInFlight            int     `json:"max_in_flight"`
+	GuidesPerSecond        float64 `json:"guides_per_second"`
+	Queued                 int     `json:"queued"`
+	BreakerTimeoutSeconds  float64 `json:"breaker_timeout_seconds"`
+	RecoveryToFirstSeconds float64 `json:"recovery_to_first_guide_seconds"`
+	RecoveryToEmptySeconds float64 `json:"recovery_to_empty_backlog_seconds"`
+	DrainGuidesPerSecond   float64 `json:"drain_guides_per_second"`
+	ResentIDs              int     `json:"resent_ids"`
+}
+
+type consumerScale struct {
+	Events, Queued int
+	BreakerTimeout time.Duration
+}
+
+// consumer runs guidebench. It fails unless every event was delivered
+// (throughput run and backlog), so a result means none was lost; resent
+// ids were pushed again and deduped by the downstream, so none was shown
+// twice.
+func consumer(ctx context.Context, bin string, sc consumerScale) (*Consumer, error) {
+	args := []string{"-events", strconv.Itoa(sc.Events), "-queued", strconv.Itoa(sc.Queued),
+		"-breaker-timeout", sc.BreakerTimeout.String()}
+	c := &Consumer{}
+	fmt.Printf("consumer: %d events, %d queued behind an outage\n", sc.Events, sc.Queued)
+	err := runJSON(ctx, 15*time.Minute, c, bin, "guidebench", args...)
+	c.Command = commandLine("guidebench", args...)
+	return c, err
+}

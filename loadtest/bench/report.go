@@ -1,0 +1,219 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Report is report.json; report.md renders it.
+type Report struct {
+	Quick       bool              `json:"quick"`
+	Command     string            `json:"command"`
+	Steps       []string          `json:"steps"`
+	Started     time.Time         `json:"started"`
+	DurationSec float64           `json:"duration_seconds"`
+	Machine     Machine           `json:"machine"`
+	Connections *Connections      `json:"connections,omitempty"`
+	Renewals    *Renewals         `json:"renewals,omitempty"`
+	Detection   *Detection        `json:"detection,omitempty"`
+	Consumer    *Consumer         `json:"consumer,omitempty"`
+	Skipped     []string          `json:"skipped,omitempty"`
+	Errors      map[string]string `json:"errors,omitempty"`
+	// LostOrDoubled is one line per step that moves guides.
+	LostOrDoubled []string `json:"lost_or_doubled"`
+	// Passed: no step failed and no guide was lost or doubled (events
+	// mode's losses excepted). Timing goals never decide it.
+	Passed bool `json:"passed"`
+}
+
+// Goals, as the issue states them.
+const (
+	goalConns        = 100000
+	goalRSSPerConnKB = 10
+	goalTripsPerRen  = 0.1
+	goalRenewalRate  = 5000
+	goalHybridP99ms  = 1000
+)
+
+func (r *Report) judge() {
+	bad := len(r.Errors) > 0
+	line := func(step string, lost, doubled int, note string) {
+		s := fmt.Sprintf("%s: %d lost, %d doubled", step, lost, doubled)
+		if note != "" {
+			s += " (" + note + ")"
+		}
+		r.LostOrDoubled = append(r.LostOrDoubled, s)
+	}
+	if c := r.Connections; c != nil {
+		line("1 push routing", c.GuidesLost, c.GuidesDoubled,
+			fmt.Sprintf("%d guides pushed through another gateway than the user's, %d delivered", c.Pushed, c.PushDelivered))
+		bad = bad || c.GuidesLost > 0 || c.GuidesDoubled > 0 || c.PushErrors > 0
+	}
+	if d := r.Detection; d != nil {
+		for _, m := range d.Modes {
+			note := ""
+			if m.Mode == "events" {
+				note = "expected: keyspace events alone are lossy; not a failure"
+			} else {
+				bad = bad || m.Lost > 0 || m.Duplicates > 0
+			}
+			line("3 detection, "+m.Mode, m.Lost, m.Duplicates, note)
+		}
+		if s := d.Storm; s != nil {
+			line("4 storm", s.Lost, s.Doubled, fmt.Sprintf("%d of %d delivered", s.Delivered, s.Sessions))
+			bad = bad || s.Lost > 0 || s.Doubled > 0 || s.Delivered < s.Sessions
+		} else if r.Errors["detection"] == "" {
+			r.Errors["detection"] = "detectbench printed no storm"
+			bad = true
+		}
+	}
+	if c := r.Consumer; c != nil && r.Errors["consumer"] == "" {
+		// guidebench fails unless every guide was delivered; a resent id
+		// was answered "duplicate" by the downstream and shown once.
+		line("5 consumer", 0, 0, fmt.Sprintf("%d resent ids deduped by the downstream", c.ResentIDs))
+	}
+	r.Passed = !bad
+}
+
+func (r *Report) write(out string) error {
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(out, "report.json"), append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	md := r.markdown()
+	if err := os.WriteFile(filepath.Join(out, "report.md"), []byte(md), 0o644); err != nil {
+		return err
+	}
+	fmt.Print(md)
+	return nil
+}
+
+// status says whether a goal was met; a goal stated at full scale is not
+// judged in quick mode.
+func (r *Report) status(met, atScale bool) string {
+	switch {
+	case atScale && r.Quick:
+		return "n/a (quick)"
+	case met:
+		return "met"
+	default:
+		return "**missed**"
+	}
+}
+
+func (r *Report) markdown() string {
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	p("# stillthere benchmark\n\n")
+	if r.Quick {
+		p("**Quick mode** (`make bench QUICK=1`): every step at small scale, as CI's smoke test. The goals are stated for the full run (`make bench`); the ones that depend on scale are not judged here.\n\n")
+	}
+	p("`%s`, started %s, took %.0f s. Raw figures in `report.json`. Each figure's row names the command that reproduces it, from the repository root after `make bench` has built `bin/`; a partial run writes a report of its steps only.\n\n",
+		r.Command, r.Started.Format(time.RFC3339), r.DurationSec)
+	if r.Passed {
+		p("**Result: no guide lost or doubled, no step failed.** (Timing goals are reported, never failed on.)\n\n")
+	} else {
+		p("**Result: FAILED**: a step failed or a guide was lost or doubled (see below).\n\n")
+	}
+	m := r.Machine
+	p("## Machine\n\n| | |\n|---|---|\n")
+	p("| CPU | %d cores, %s |\n| memory | %.1f GiB |\n| kernel | %s (%s) |\n| Go | %s |\n| open-file limit per process | %d |\n| ephemeral ports | %s |\n\n",
+		m.Cores, m.CPUModel, m.MemoryGiB, m.Kernel, m.OS, m.Go, m.OpenFileLimit, m.PortRange)
+	p("Everything runs on this one machine (load generators, gateways, redis-server, embedded Kafka), so the processes share its cores; figures from one run are best compared as ratios.\n\n")
+
+	p("## Summary\n\n| step | figure | measured | goal | | reproduce |\n|---|---|---|---|---|---|\n")
+	row := func(step, fig, val, goal, st, cmd string) {
+		p("| %s | %s | %s | %s | %s | `%s` |\n", step, fig, val, goal, st, cmd)
+	}
+	if c := r.Connections; c != nil {
+		row("1", "sessions held at 15 s pings", fmt.Sprintf("**%.0f** of %d, %d gateways", c.Held, c.Target, c.Gateways),
+			"100,000, load generator included", r.status(c.Held >= goalConns, true), c.Command)
+		row("1", "gateway RSS per connection", fmt.Sprintf("**%.2f KB**", c.RSSPerConnKB), "at most 10 KB",
+			r.status(c.RSSPerConnKB <= goalRSSPerConnKB, false), c.Command)
+		row("1", "gateway CPU", fmt.Sprintf("%.2f cores in all (%.0f renewals/s)", c.GatewayCPU, c.Renewals), "", "", c.Command)
+	}
+	if n := r.Renewals; n != nil {
+		row("2", "renewals per second sustained", fmt.Sprintf("**%.0f**", n.Rate), "5,000", r.status(n.Rate >= 0.95*goalRenewalRate, true), n.Command)
+		row("2", "Redis round trips per renewal", fmt.Sprintf("**%.4f**", n.TripsPerRen), "at most 0.1 at 5k renewals/s",
+			r.status(n.TripsPerRen <= goalTripsPerRen, true), n.Command)
+		row("2", "Redis CPU", fmt.Sprintf("%.2f cores", n.RedisCPU), "", "", n.Command)
+	}
+	if d := r.Detection; d != nil {
+		for _, md := range d.Modes {
+			goal, st := "", ""
+			if md.Mode == "hybrid" {
+				goal, st = "p99 under 1 s", r.status(md.LagP99ms < goalHybridP99ms, false)
+			}
+			row("3", fmt.Sprintf("guide lag past deadline, %s (p50 / p99 / max)", md.Mode),
+				fmt.Sprintf("%.0f / **%.0f** / %.0f ms, %d lost", md.LagP50ms, md.LagP99ms, md.LagMaxms, md.Lost), goal, st, d.Command)
+		}
+		if s := d.Storm; s != nil {
+			row("4", fmt.Sprintf("storm: %d sessions expiring within %.0f ms", s.Sessions, s.WindowMs),
+				fmt.Sprintf("all delivered in **%.0f ms**; %d lost, %d doubled", s.AllDeliveredMs, s.Lost, s.Doubled),
+				"none lost, none doubled", r.status(s.Lost == 0 && s.Doubled == 0 && s.Delivered >= s.Sessions, false), d.Command)
+		}
+	}
+	if c := r.Consumer; c != nil {
+		row("5", "guides per second, one replica, fast downstream", fmt.Sprintf("**%.0f**", c.GuidesPerSecond), "", "", c.Command)
+		row("5", fmt.Sprintf("drain %d queued guides after an outage ends", c.Queued),
+			fmt.Sprintf("**%.1f s** to an empty backlog", c.RecoveryToEmptySeconds), "", "", c.Command)
+	}
+	p("\n## Lost or doubled\n\n")
+	for _, l := range r.LostOrDoubled {
+		p("- %s\n", l)
+	}
+	for _, s := range r.Skipped {
+		p("- not run: %s\n", s)
+	}
+	if len(r.Errors) > 0 {
+		p("\n## Errors\n\n")
+		for k, v := range r.Errors {
+			p("- %s: %s\n", k, v)
+		}
+	}
+	if c := r.Connections; c != nil {
+		r.connectionsMD(&b, c)
+	}
+	if n := r.Renewals; n != nil {
+		p("\n## 2. Renewals\n\n`%s`\n\n", n.Command)
+		p("%d connections on one gateway, each pinging every %s, measured over %.0f s once all were up and pinging.\n\n", n.Conns, n.PingEvery, n.WindowSec)
+		p("| | |\n|---|---|\n| renewals per second | %.0f |\n| Redis round trips | %.0f for %.0f renewals |\n| round trips per renewal | **%.4f** |\n| renewals per round trip | %.1f |\n| renewal errors | %.0f |\n| gateway CPU | %.2f cores |\n| redis-server CPU (INFO cpu) | %.2f cores |\n",
+			n.Rate, n.RoundTrips, n.Renewals, n.TripsPerRen, n.RenPerTrip, n.Errors, n.GatewayCPU, n.RedisCPU)
+		p("\nRenewals from all connections share pipelined round trips (`STILLTHERE_RENEW_FLUSH_INTERVAL` 2 ms, `STILLTHERE_RENEW_BATCH` 256).\n")
+		if len(n.GatewayLogs) > 0 {
+			p("\nGateway log lines during the step: %s.\n", strings.Join(n.GatewayLogs, "; "))
+		}
+	}
+	if d := r.Detection; d != nil {
+		p("\n## 3. Detection and 4. storm\n\n`%s`\n\n", d.Command)
+		p("%d live sessions, %d of them going silent; the three modes in one run.\n\n", d.Live, d.Silent)
+		p("| mode | silent | produced | lost | duplicates | lag p50 | lag p99 | lag max |\n|---|---|---|---|---|---|---|---|\n")
+		for _, md := range d.Modes {
+			p("| %s | %d | %d | %d | %d | %.0f ms | %.0f ms | %.0f ms |\n", md.Mode, md.Silent, md.Produced, md.Lost, md.Duplicates, md.LagP50ms, md.LagP99ms, md.LagMaxms)
+		}
+		if s := d.Storm; s != nil {
+			p("\nStorm: %d sessions expiring within %.0f ms; %d delivered, %d lost, %d doubled; every guide delivered %.0f ms after the window.\n",
+				s.Sessions, s.WindowMs, s.Delivered, s.Lost, s.Doubled, s.AllDeliveredMs)
+		}
+	}
+	if c := r.Consumer; c != nil {
+		p("\n## 5. Consumer\n\n`%s`\n\n", c.Command)
+		p("| | |\n|---|---|\n| guides per second, one replica (%d events, %d partitions, max in flight %d) | **%.0f** |\n",
+			c.Events, c.Partitions, c.MaxInFlight, c.GuidesPerSecond)
+		p("| %d guides queued during a downstream outage: recovery to first guide | %.1f s (mostly the wait for the breaker's probe; breaker timeout %.0f s) |\n",
+			c.Queued, c.RecoveryToFirstSeconds, c.BreakerTimeoutSeconds)
+		p("| recovery to an empty backlog (all delivered and committed) | **%.1f s** |\n| drain rate | %.0f guides/s |\n| ids pushed again, deduped by the downstream | %d |\n",
+			c.RecoveryToEmptySeconds, c.DrainGuidesPerSecond, c.ResentIDs)
+	}
+	return b.String()
+}

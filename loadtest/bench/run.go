@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stillthere/stillthere/pkg/redisserver"
+)
+
+func secret() string {
+	var b [32]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// run runs the chosen steps and writes the report. failed means a step
+// failed or a guide was lost or doubled; err that no report was written.
+func run(ctx context.Context, bin, out string, quick bool, stepList string) (failed bool, err error) {
+	steps := split(stepList)
+	for _, s := range steps {
+		if !slices.Contains(allSteps, s) {
+			return false, fmt.Errorf("-steps: unknown step %q (want some of %s)", s, strings.Join(allSteps, ","))
+		}
+	}
+	sc := scaleFor(quick)
+	rep := &Report{Quick: quick, Started: time.Now().UTC().Truncate(time.Second), Machine: machine(),
+		Command: "make bench", Steps: steps, Errors: map[string]string{}}
+	if quick {
+		rep.Command = "make bench QUICK=1"
+	}
+	start := time.Now()
+	stepCmd := func(step string) string {
+		c := "bin/bench -steps " + step
+		if quick {
+			c += " -quick"
+		}
+		return c
+	}
+	fail := func(step string, err error) {
+		if err != nil {
+			rep.Errors[step] = err.Error()
+			fmt.Fprintf(os.Stderr, "bench: %s: %v\n", step, err)
+		}
+	}
+
+	if slices.Contains(steps, "connections") || slices.Contains(steps, "renewals") {
+		dir, err := os.MkdirTemp("", "stillthere-bench-")
+		if err != nil {
+			return false, err
+		}
+		defer os.RemoveAll(dir)
+		rds, err := redisserver.Start(ctx, redisserver.Options{Dir: dir, Args: []string{"--maxclients", "50000"}})
+		if err != nil {
+			return false, fmt.Errorf("redis-server: %w", err)
+		}
+		defer rds.Close()
+		rdb := redis.NewClient(&redis.Options{Addr: rds.Addr})
+		defer rdb.Close()
+		s := secrets{token: secret(), push: secret()}
+		if slices.Contains(steps, "connections") && ctx.Err() == nil {
+			rep.Connections, err = connections(ctx, bin, rds.Addr, rdb, s, sc.conns, stepCmd("connections"))
+			fail("connections", err)
+		}
+		if slices.Contains(steps, "renewals") && ctx.Err() == nil {
+			rep.Renewals, err = renewals(ctx, bin, rds.Addr, rdb, s, sc.renew, stepCmd("renewals"))
+			fail("renewals", err)
+		}
+	}
+	if slices.Contains(steps, "detection") && ctx.Err() == nil {
+		if available(bin, "detectbench") {
+			rep.Detection, err = detection(ctx, bin, sc.detect)
+			fail("detection", err)
+		} else {
+			rep.Skipped = append(rep.Skipped, "detection: detectbench is not built (loadtest/detectbench)")
+		}
+	}
+	if slices.Contains(steps, "consumer") && ctx.Err() == nil {
+		rep.Consumer, err = consumer(ctx, bin, sc.consumer)
+		fail("consumer", err)
+	}
+	if ctx.Err() != nil {
+		// A partial run must not replace the last report.
+		return true, fmt.Errorf("interrupted; no report written")
+	}
+	rep.DurationSec = time.Since(start).Round(time.Second).Seconds()
+	rep.judge()
+	if err := rep.write(out); err != nil {
+		return true, err
+	}
+	return !rep.Passed, nil
+}
+
+func split(list string) []string {
+	var out []string
+	for _, s := range strings.Split(list, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
