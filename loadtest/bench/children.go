@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,13 +19,13 @@ func runJSON(ctx context.Context, limit time.Duration, v any, bin, name string, 
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	cmd := command(ctx, 30*time.Second, filepath.Join(bin, name), args...)
-	var out bytes.Buffer
+	var out, errOut bytes.Buffer
 	cmd.Stdout = &out
-	cmd.Stderr = os.Stderr
+	cmd.Stderr = io.MultiWriter(os.Stderr, &errOut)
 	err := cmd.Run()
 	killGroup(cmd) // whatever it left behind
 	if err != nil {
-		return fmt.Errorf("%s: %w", name, err)
+		return fmt.Errorf("%s: %w: %s", name, err, why(name, errOut.String()))
 	}
 	// The object is the last thing printed; anything before it is chatter.
 	b := out.Bytes()
@@ -35,6 +36,18 @@ func runJSON(ctx context.Context, limit time.Duration, v any, bin, name string, 
 		return fmt.Errorf("%s printed no JSON object: %w", name, err)
 	}
 	return nil
+}
+
+// why picks the line of a failed program's stderr that says why: its
+// last "name: ..." line, or else its first (a flag error).
+func why(name, stderr string) string {
+	lines := strings.Split(strings.TrimSpace(stderr), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.HasPrefix(lines[i], name+":") {
+			return lines[i]
+		}
+	}
+	return lines[0]
 }
 
 // available reports whether a bench program was built.

@@ -194,7 +194,7 @@ func (r *Report) markdown() string {
 			p("\nGateway log lines during the step: %s.\n", strings.Join(n.GatewayLogs, "; "))
 		}
 	}
-	if d := r.Detection; d != nil {
+	if d := r.Detection; d != nil && len(d.Modes) > 0 {
 		p("\n## 3. Detection and 4. storm\n\n`%s`\n\n", d.Command)
 		p("%d live sessions, %d of them going silent; the three modes in one run.\n\n", d.Live, d.Silent)
 		p("| mode | silent | produced | lost | duplicates | lag p50 | lag p99 | lag max |\n|---|---|---|---|---|---|---|---|\n")
