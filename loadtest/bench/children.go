@@ -79,6 +79,7 @@ type Storm struct {
 	Delivered      int     `json:"delivered"`
 	Lost           int     `json:"lost"`
 	Doubled        int     `json:"doubled"`
+	Resent         int     `json:"resent"` // posts of an id already taken, collapsed by the idempotency key
 	AllDeliveredMs float64 `json:"all_delivered_ms"`
 }
 
@@ -91,17 +92,45 @@ type Detection struct {
 	Storm   *Storm       `json:"storm"`
 }
 
-type detectScale struct{ Live, Silent, Storm int }
+type detectScale struct {
+	Live, Silent, Storm int
+	// Window and Wait, when set and detectbench takes them: the silent
+	// sessions' deadlines spread, and the wait for events past the last.
+	Window, Wait time.Duration
+}
 
 func detection(ctx context.Context, bin string, sc detectScale) (*Detection, error) {
+	has := flagsOf(ctx, bin, "detectbench")
 	args := []string{"-live", strconv.Itoa(sc.Live), "-silent", strconv.Itoa(sc.Silent),
-		"-modes", "events,sweep,hybrid", "-storm", strconv.Itoa(sc.Storm), "-json"}
+		"-modes", "events,sweep,hybrid", "-storm", strconv.Itoa(sc.Storm)}
+	if sc.Window > 0 && has["window"] {
+		args = append(args, "-window", sc.Window.String())
+	}
+	if sc.Wait > 0 && has["wait"] {
+		args = append(args, "-wait", sc.Wait.String())
+	}
+	if has["json"] {
+		args = append(args, "-json")
+	}
 	d := &Detection{}
 	fmt.Printf("detection: %d live, %d silent, storm of %d\n", sc.Live, sc.Silent, sc.Storm)
 	err := runJSON(ctx, 20*time.Minute, d, bin, "detectbench", args...)
 	// The command that reproduces it is ours, from the repository root.
 	d.Command = commandLine("detectbench", args...)
 	return d, err
+}
+
+// flagsOf lists the flags a program defines, from its -h.
+func flagsOf(ctx context.Context, bin, name string) map[string]bool {
+	cmd := command(ctx, time.Second, filepath.Join(bin, name), "-h")
+	out, _ := cmd.CombinedOutput()
+	has := map[string]bool{}
+	for _, line := range strings.Split(string(out), "\n") {
+		if f, ok := strings.CutPrefix(line, "  -"); ok {
+			has[strings.Fields(f)[0]] = true
+		}
+	}
+	return has
 }
 
 // Consumer is step 5, as guidebench prints it.

@@ -66,7 +66,7 @@ func scaleFor(quick bool) scale {
 			conns: connScale{Gateways: 2, Conns: 4000, Loaders: 2, Ramp: 2000,
 				Settle: 5 * time.Second, Window: 10 * time.Second, Pushes: 100, IPsPerGen: 1, Leave: 2 * time.Second},
 			renew:    renewScale{Conns: 2000, Loaders: 1, Every: 2 * time.Second, Window: 8 * time.Second},
-			detect:   detectScale{Live: 5000, Silent: 200, Storm: 2000},
+			detect:   detectScale{Live: 5000, Silent: 200, Storm: 2000, Window: 3 * time.Second, Wait: 15 * time.Second},
 			consumer: consumerScale{Events: 2000, Queued: 1000, BreakerTimeout: 2 * time.Second},
 		}
 	}

@@ -202,8 +202,8 @@ func (r *Report) markdown() string {
 			p("| %s | %d | %d | %d | %d | %.0f ms | %.0f ms | %.0f ms |\n", md.Mode, md.Silent, md.Produced, md.Lost, md.Duplicates, md.LagP50ms, md.LagP99ms, md.LagMaxms)
 		}
 		if s := d.Storm; s != nil {
-			p("\nStorm: %d sessions expiring within %.0f ms; %d delivered, %d lost, %d doubled; every guide delivered %.0f ms after the window.\n",
-				s.Sessions, s.WindowMs, s.Delivered, s.Lost, s.Doubled, s.AllDeliveredMs)
+			p("\nStorm: %d sessions expiring within %.0f ms; %d delivered, %d lost, %d doubled (%d ids posted again and collapsed by the idempotency key); every guide delivered %.0f ms after the window.\n",
+				s.Sessions, s.WindowMs, s.Delivered, s.Lost, s.Doubled, s.Resent, s.AllDeliveredMs)
 		}
 	}
 	if c := r.Consumer; c != nil {

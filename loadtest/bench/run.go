@@ -36,6 +36,11 @@ func run(ctx context.Context, bin, out string, quick bool, stepList string) (fai
 	if quick {
 		rep.Command = "make bench QUICK=1"
 	}
+	for _, s := range allSteps {
+		if !slices.Contains(steps, s) {
+			rep.Skipped = append(rep.Skipped, s+": not among -steps")
+		}
+	}
 	start := time.Now()
 	stepCmd := func(step string) string {
 		c := "bin/bench -steps " + step
