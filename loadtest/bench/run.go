@@ -36,6 +36,12 @@ func run(ctx context.Context, bin, out string, quick bool, stepList string) (fai
 	if quick {
 		rep.Command = "make bench QUICK=1"
 	}
+	if len(steps) != len(allSteps) {
+		rep.Command = "bin/bench -steps " + strings.Join(steps, ",")
+		if quick {
+			rep.Command += " -quick"
+		}
+	}
 	for _, s := range allSteps {
 		if !slices.Contains(steps, s) {
 			rep.Skipped = append(rep.Skipped, s+": not among -steps")
