@@ -1,0 +1,430 @@
+// Command detectbench measures expiry detection on this machine, with many
+// live sessions in Redis, in each detection mode side by side in one run:
+// how late after its deadline each silent session's timeout event is
+// produced, and how many are lost or doubled. Then a storm: many sessions
+// running out within one second, through the listener and a guide
+// consumer to a fast webhook, timed until every guide is delivered.
+//
+// It starts its own redis-server (with expired keyspace events on, as the
+// listener would set them) and embedded Kafka, writes the live sessions
+// through the same script the gateway uses, and runs the listener and the
+// consumer in process. Lag is the event record's timestamp, taken when the
+// listener produces it, minus the session's deadline from Redis's clock;
+// both clocks are this machine's.
+//
+//	go run ./loadtest/detectbench -live 100000 -silent 1000 -storm 50000
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/stillthere/stillthere/pkg/config"
+	"github.com/stillthere/stillthere/pkg/expiry"
+	"github.com/stillthere/stillthere/pkg/guide"
+	"github.com/stillthere/stillthere/pkg/redisconn"
+	"github.com/stillthere/stillthere/pkg/redisserver"
+	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
+)
+
+// ModeResult is one detection mode's figures.
+type ModeResult struct {
+	Mode       string  `json:"mode"`
+	Silent     int     `json:"silent"`
+	Produced   int     `json:"produced"` // distinct silences with an event
+	Lost       int     `json:"lost"`     // silences with no event within the wait
+	Duplicates int     `json:"duplicates"`
+	LagP50MS   float64 `json:"lag_p50_ms"`
+	LagP99MS   float64 `json:"lag_p99_ms"`
+	LagMaxMS   float64 `json:"lag_max_ms"`
+	WaitS      float64 `json:"wait_s"` // how long after the last deadline events were awaited
+}
+
+// StormResult is the storm's figures.
+type StormResult struct {
+	Sessions       int     `json:"sessions"`
+	WindowMS       int     `json:"window_ms"`
+	Delivered      int     `json:"delivered"` // distinct guide ids the webhook took
+	Lost           int     `json:"lost"`
+	Doubled        int     `json:"doubled"` // users who got two different guides
+	Resent         int     `json:"resent"`  // posts of an id already taken (collapsed by Idempotency-Key)
+	AllDeliveredMS float64 `json:"all_delivered_ms"`
+}
+
+// Report is what detectbench prints.
+type Report struct {
+	Command string       `json:"command"`
+	Live    int          `json:"live"`
+	Silent  int          `json:"silent"`
+	Modes   []ModeResult `json:"modes"`
+	Storm   *StormResult `json:"storm,omitempty"`
+}
+
+const prefix = "db"
+
+func main() {
+	live := flag.Int("live", 100000, "live sessions held in Redis throughout")
+	silent := flag.Int("silent", 1000, "sessions going silent per mode")
+	window := flag.Duration("window", 10*time.Second, "the silent sessions' deadlines spread over this")
+	modes := flag.String("modes", "sweep,hybrid,events", "detection modes, run one after another")
+	wait := flag.Duration("wait", 60*time.Second, "how long past the last deadline to wait for events")
+	storm := flag.Int("storm", 50000, "sessions running out within one second in the storm; 0 skips it")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	rep := Report{Command: "detectbench " + strings.Join(os.Args[1:], " "), Live: *live, Silent: *silent}
+	if err := run(ctx, log, &rep, *window, *wait, strings.Split(*modes, ","), *storm); err != nil {
+		fmt.Fprintln(os.Stderr, "detectbench:", err)
+		os.Exit(1)
+	}
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	enc.Encode(rep)
+}
+
+type bench struct {
+	log     *slog.Logger
+	redis   *redisserver.Server
+	kafka   *kfake.Cluster
+	store   *session.Store
+	dataDir string
+}
+
+func run(ctx context.Context, log *slog.Logger, rep *Report, window, wait time.Duration, modes []string, storm int) error {
+	rs, err := redisserver.Start(ctx, redisserver.Options{Args: []string{"--maxmemory", "4gb"}})
+	if err != nil {
+		return err
+	}
+	defer rs.Close()
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		return err
+	}
+	defer kc.Close()
+	dir, err := os.MkdirTemp("", "detectbench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	b := &bench{log: log, redis: rs, kafka: kc, dataDir: dir}
+	rdb, err := redisconn.Open(ctx, redisconn.Config{Addrs: []string{rs.Addr}, KeyPrefix: prefix})
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	ks, _ := session.NewKeyspace(prefix)
+	b.store = session.NewStore(rdb, ks)
+
+	start := time.Now()
+	if err := b.renewMany(ctx, "live", rep.Live, func(int) time.Duration { return 30 * time.Minute }); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "detectbench: %d live sessions written in %v\n", rep.Live, time.Since(start).Round(time.Millisecond))
+	for _, mode := range modes {
+		res, err := b.detect(ctx, mode, rep.Silent, window, wait)
+		if err != nil {
+			return fmt.Errorf("mode %s: %w", mode, err)
+		}
+		fmt.Fprintf(os.Stderr, "detectbench: %s: %d of %d produced, %d duplicates, lag p50 %.0f ms p99 %.0f ms max %.0f ms\n",
+			mode, res.Produced, res.Silent, res.Duplicates, res.LagP50MS, res.LagP99MS, res.LagMaxMS)
+		rep.Modes = append(rep.Modes, res)
+	}
+	if storm > 0 {
+		res, err := b.storm(ctx, storm, wait)
+		if err != nil {
+			return fmt.Errorf("storm: %w", err)
+		}
+		fmt.Fprintf(os.Stderr, "detectbench: storm: %d of %d delivered in %.0f ms, %d lost, %d doubled\n",
+			res.Delivered, res.Sessions, res.AllDeliveredMS, res.Lost, res.Doubled)
+		rep.Storm = res
+	}
+	return ctx.Err()
+}
+
+// renewMany writes n sessions named name-i with TTL ttl(i), from 16
+// goroutines, as many gateways' renewals would.
+func (b *bench) renewMany(ctx context.Context, name string, n int, ttl func(int) time.Duration) error {
+	const workers = 16
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < n; i += workers {
+				if _, err := b.store.Renew(ctx, fmt.Sprintf("%s-%06d", name, i), "default", ttl(i)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// env is a lookup over settings given by flag name.
+func env(kv map[string]string) config.Lookup {
+	return func(name string) (string, bool) {
+		for k, v := range kv {
+			if config.EnvName(k) == name {
+				return v, true
+			}
+		}
+		return "", false
+	}
+}
+
+func (b *bench) listenerConfig(mode, topic string) (expiry.Config, error) {
+	return expiry.LoadConfig(nil, env(map[string]string{
+		"redis-addrs":         b.redis.Addr,
+		"key-prefix":          prefix,
+		"kafka-brokers":       b.kafka.ListenAddrs()[0],
+		"topic":               topic,
+		"listener-admin-addr": "127.0.0.1:0",
+		"detect-mode":         mode,
+		"spool-dir":           b.dataDir + "/spool-" + topic,
+	}))
+}
+
+// startListener runs a listener until the returned stop is called.
+func (b *bench) startListener(ctx context.Context, cfg expiry.Config) (stop func() error, err error) {
+	l, err := expiry.New(ctx, cfg, b.log.With("service", "expiry-listener"))
+	if err != nil {
+		return nil, err
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- l.Run(lctx) }()
+	return sync.OnceValue(func() error { cancel(); return <-done }), nil
+}
+
+// detect runs one mode: a listener in that mode on a topic of its own,
+// silent sessions with deadlines spread over window, and a reader of the
+// topic until every silence has its event or wait has passed since the
+// last deadline.
+func (b *bench) detect(ctx context.Context, mode string, silent int, window, wait time.Duration) (ModeResult, error) {
+	res := ModeResult{Mode: mode, Silent: silent}
+	topic := "detect-" + mode
+	cfg, err := b.listenerConfig(mode, topic)
+	if err != nil {
+		return res, err
+	}
+	stop, err := b.startListener(ctx, cfg)
+	if err != nil {
+		return res, err
+	}
+	defer stop()
+	time.Sleep(time.Second) // subscribed before the first deadline
+
+	name := "silent-" + mode
+	lead := 2 * time.Second
+	if err := b.renewMany(ctx, name, silent, func(i int) time.Duration {
+		return lead + window*time.Duration(i)/time.Duration(silent)
+	}); err != nil {
+		return res, err
+	}
+	last := time.Now().Add(lead + window)
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.ListenAddrs()...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		return res, err
+	}
+	defer cl.Close()
+	seen := make(map[string]int)
+	var lags []float64
+	rctx, cancel := context.WithDeadline(ctx, last.Add(wait))
+	defer cancel()
+	for len(seen) < silent && rctx.Err() == nil {
+		fs := cl.PollFetches(rctx)
+		fs.EachRecord(func(r *kgo.Record) {
+			ev, err := timeoutevent.Parse(r.Value)
+			if err != nil || !strings.HasPrefix(ev.UID, name+"-") {
+				return
+			}
+			seen[ev.UID]++
+			if seen[ev.UID] == 1 {
+				lags = append(lags, float64(r.Timestamp.UnixMilli()-ev.DeadlineMS))
+			}
+		})
+	}
+	// Late duplicates arrive after the last first event, if at all.
+	if ctx.Err() == nil {
+		dctx, dcancel := context.WithTimeout(ctx, time.Second)
+		for dctx.Err() == nil {
+			cl.PollFetches(dctx).EachRecord(func(r *kgo.Record) {
+				if ev, err := timeoutevent.Parse(r.Value); err == nil && seen[ev.UID] > 0 {
+					seen[ev.UID]++
+				}
+			})
+		}
+		dcancel()
+	}
+	res.Produced = len(seen)
+	res.Lost = silent - len(seen)
+	for _, n := range seen {
+		res.Duplicates += n - 1
+	}
+	res.WaitS = wait.Seconds()
+	res.LagP50MS, res.LagP99MS, res.LagMaxMS = quantiles(lags)
+	return res, stop()
+}
+
+func quantiles(v []float64) (p50, p99, maxv float64) {
+	if len(v) == 0 {
+		return 0, 0, 0
+	}
+	slices.Sort(v)
+	return v[len(v)/2], v[min(len(v)-1, len(v)*99/100)], v[len(v)-1]
+}
+
+// storm runs n sessions out within one second through a hybrid listener
+// and a guide consumer with the webhook sender, against a webhook that
+// answers 200 at once and records every guide id.
+func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormResult, error) {
+	res := &StormResult{Sessions: n, WindowMS: 1000}
+	topic := "storm"
+	hook := newWebhook()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: hook}
+	go srv.Serve(ln)
+	defer srv.Close()
+
+	lcfg, err := b.listenerConfig(expiry.ModeHybrid, topic)
+	if err != nil {
+		return nil, err
+	}
+	stopL, err := b.startListener(ctx, lcfg)
+	if err != nil {
+		return nil, err
+	}
+	defer stopL()
+	ccfg, err := guide.LoadConfig(nil, env(map[string]string{
+		"redis-addrs":         b.redis.Addr,
+		"key-prefix":          prefix,
+		"kafka-brokers":       b.kafka.ListenAddrs()[0],
+		"topic":               topic,
+		"consumer-admin-addr": "127.0.0.1:0",
+		"consumer-group":      "detectbench-storm",
+		"sender":              guide.SenderWebhook,
+		"webhook-url":         "http://" + ln.Addr().String() + "/guide",
+		"webhook-secret":      "detectbench-webhook-secret-0123456789abcdef",
+	}))
+	if err != nil {
+		return nil, err
+	}
+	c, err := guide.New(ctx, ccfg, b.log.With("service", "guide-consumer"))
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cdone := make(chan error, 1)
+	go func() { cdone <- c.Run(cctx) }()
+	defer func() { cancel(); <-cdone }()
+
+	// Written before the window opens: the deadlines, not the writes,
+	// fall within one second.
+	lead := 3*time.Second + time.Duration(n/20000)*time.Second
+	begin := time.Now()
+	if err := b.renewMany(ctx, "storm", n, func(i int) time.Duration {
+		return lead + time.Second*time.Duration(i)/time.Duration(n) - time.Since(begin)
+	}); err != nil {
+		return nil, err
+	}
+	if time.Since(begin) > lead {
+		return nil, fmt.Errorf("writing %d sessions took %v, past the storm's start", n, time.Since(begin))
+	}
+	windowEnd := begin.Add(lead + time.Second)
+	deadline := windowEnd.Add(wait)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if hook.distinct() >= n {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	distinct, resent, doubled, lastAt := hook.summary()
+	res.Delivered = distinct
+	res.Lost = n - distinct
+	res.Resent = resent
+	res.Doubled = doubled
+	res.AllDeliveredMS = float64(lastAt.Sub(windowEnd).Milliseconds())
+	return res, nil
+}
+
+// webhook records the guides posted to it.
+type webhook struct {
+	mu    sync.Mutex
+	ids   map[string]int // posts per guide id
+	users map[string]int // distinct guide ids per uid
+	posts int
+	last  time.Time
+}
+
+func newWebhook() *webhook {
+	return &webhook{ids: map[string]int{}, users: map[string]int{}}
+}
+
+func (h *webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		ID  string `json:"id"`
+		UID string `json:"uid"`
+	}
+	b, err := io.ReadAll(r.Body)
+	if err != nil || json.Unmarshal(b, &body) != nil || body.ID == "" {
+		http.Error(w, "bad guide", http.StatusBadRequest)
+		return
+	}
+	if !strings.HasPrefix(body.UID, "storm-") {
+		// A silence the events mode missed, found by the storm's sweep:
+		// delivered, but not the storm's.
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	h.mu.Lock()
+	h.posts++
+	h.ids[body.ID]++
+	if h.ids[body.ID] == 1 {
+		h.users[body.UID]++
+		h.last = time.Now()
+	}
+	h.mu.Unlock()
+	w.WriteHeader(http.StatusOK)
+}
+
+func (h *webhook) distinct() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.ids)
+}
+
+func (h *webhook) summary() (distinct, resent, doubled int, last time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, n := range h.users {
+		if n > 1 {
+			doubled++
+		}
+	}
+	return len(h.ids), h.posts - len(h.ids), doubled, h.last
+}
