@@ -97,6 +97,7 @@ type detectScale struct {
 	// Window and Wait, when set and detectbench takes them: the silent
 	// sessions' deadlines spread, and the wait for events past the last.
 	Window, Wait time.Duration
+	Limit        time.Duration // the most detectbench may take
 }
 
 func detection(ctx context.Context, bin string, sc detectScale) (*Detection, error) {
@@ -114,7 +115,7 @@ func detection(ctx context.Context, bin string, sc detectScale) (*Detection, err
 	}
 	d := &Detection{}
 	fmt.Printf("detection: %d live, %d silent, storm of %d\n", sc.Live, sc.Silent, sc.Storm)
-	err := runJSON(ctx, 20*time.Minute, d, bin, "detectbench", args...)
+	err := runJSON(ctx, sc.Limit, d, bin, "detectbench", args...)
 	// The command that reproduces it is ours, from the repository root.
 	d.Command = commandLine("detectbench", args...)
 	return d, err
@@ -151,6 +152,7 @@ type Consumer struct {
 type consumerScale struct {
 	Events, Queued int
 	BreakerTimeout time.Duration
+	Limit          time.Duration // the most guidebench may take
 }
 
 // consumer runs guidebench. It fails unless every event was delivered
@@ -162,7 +164,7 @@ func consumer(ctx context.Context, bin string, sc consumerScale) (*Consumer, err
 		"-breaker-timeout", sc.BreakerTimeout.String()}
 	c := &Consumer{}
 	fmt.Printf("consumer: %d events, %d queued behind an outage\n", sc.Events, sc.Queued)
-	err := runJSON(ctx, 15*time.Minute, c, bin, "guidebench", args...)
+	err := runJSON(ctx, sc.Limit, c, bin, "guidebench", args...)
 	c.Command = commandLine("guidebench", args...)
 	return c, err
 }

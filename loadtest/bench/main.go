@@ -66,8 +66,8 @@ func scaleFor(quick bool) scale {
 			conns: connScale{Gateways: 2, Conns: 4000, Loaders: 2, Ramp: 2000,
 				Settle: 5 * time.Second, Window: 10 * time.Second, Pushes: 100, IPsPerGen: 1, Leave: 2 * time.Second},
 			renew:    renewScale{Conns: 2000, Loaders: 1, Every: 2 * time.Second, Window: 8 * time.Second},
-			detect:   detectScale{Live: 5000, Silent: 200, Storm: 2000, Window: 3 * time.Second, Wait: 15 * time.Second},
-			consumer: consumerScale{Events: 2000, Queued: 1000, BreakerTimeout: 2 * time.Second},
+			detect:   detectScale{Live: 5000, Silent: 200, Storm: 2000, Window: 3 * time.Second, Wait: 15 * time.Second, Limit: 100 * time.Second},
+			consumer: consumerScale{Events: 2000, Queued: 1000, BreakerTimeout: 2 * time.Second, Limit: time.Minute},
 		}
 	}
 	return scale{
@@ -77,7 +77,7 @@ func scaleFor(quick bool) scale {
 		conns: connScale{Gateways: 6, Conns: 100000, Loaders: 7, Ramp: 3000,
 			Settle: 16 * time.Second, Window: 30 * time.Second, Pushes: 1000, IPsPerGen: 2, Leave: 20 * time.Second},
 		renew:    renewScale{Conns: 10000, Loaders: 2, Every: 2 * time.Second, Window: 20 * time.Second},
-		detect:   detectScale{Live: 100000, Silent: 1000, Storm: 50000},
-		consumer: consumerScale{Events: 20000, Queued: 10000, BreakerTimeout: 10 * time.Second},
+		detect:   detectScale{Live: 100000, Silent: 1000, Storm: 50000, Limit: 20 * time.Minute},
+		consumer: consumerScale{Events: 20000, Queued: 10000, BreakerTimeout: 10 * time.Second, Limit: 15 * time.Minute},
 	}
 }
