@@ -10,9 +10,10 @@ help: ## list the targets
 run: deps ## run the whole pipeline: redis-server, embedded Kafka, the three services
 	$(GO) run ./dev
 
-test: deps lint ## vet, run every test with -race, then a short run of every fuzz target
-	$(GO) test -race -count=1 ./...
+test: deps lint chart ## vet, lint and render the chart, every test with -race, short fuzzing, the k6 smoke test
+	STILLTHERE_REQUIRE_HELM=1 PATH="$$($(GO) env GOPATH)/bin:$$PATH" $(GO) test -race -count=1 ./...
 	$(MAKE) --no-print-directory fuzz
+	$(MAKE) --no-print-directory smoke
 
 fuzz: ## run each fuzz target for FUZZTIME (default 3s)
 	@grep -rlE '^func Fuzz' --include='*_test.go' . | sort | while read -r file; do \

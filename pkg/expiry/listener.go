@@ -382,10 +382,11 @@ const (
 )
 
 // claimTTL is how long a claim outlives a crashed claimer, after which the
-// sweep retries its timeouts (30s with the default produce timeout). It is
-// well past the longest a produce and a spool write take, so a live
-// claimer's claim does not lapse under it.
-func (l *Listener) claimTTL() time.Duration { return max(5*time.Second, 3*l.cfg.ProduceTimeout) }
+// sweep retries its timeouts. It is well past the longest a produce and a
+// spool write take, so a live claimer's claim does not lapse under it: a
+// record already sent to a broker is not failed by the produce timeout,
+// only by franz-go's own retries, hence the floor of 30s.
+func (l *Listener) claimTTL() time.Duration { return max(30*time.Second, 3*l.cfg.ProduceTimeout) }
 
 // releaseScript deletes a claim only if it is still the caller's.
 var releaseScript = redis.NewScript(`

@@ -24,7 +24,7 @@ var (
 	})
 	metricLag = promauto.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "stillthere_listener_detection_lag_seconds",
-		Help:    "Time from a session's deadline to its timeout event being produced, by path.",
+		Help:    "Time from a session's deadline to its timeout event being produced, by path (sweep, event, spool).",
 		Buckets: []float64{.01, .025, .05, .1, .2, .3, .5, .75, 1, 2, 5, 10, 30, 60, 120},
 	}, []string{"path"})
 	metricSweepSeconds = promauto.NewHistogram(prometheus.HistogramOpts{

@@ -15,6 +15,9 @@ import (
 // replayChunk is how many spooled events are produced together.
 const replayChunk = 500
 
+// pathSpool labels the lag of events produced from the spool.
+const pathSpool = "spool"
+
 // ensureTopic creates the topic unless it exists, and records the outcome.
 func (l *Listener) ensureTopic(ctx context.Context) bool {
 	err := kafka.EnsureTopic(ctx, l.producer, l.cfg.Kafka)
@@ -142,6 +145,7 @@ func (l *Listener) replay(ctx context.Context) error {
 // they were written by this program, so that means a corrupt disk.
 func (l *Listener) produceSpooled(ctx context.Context, values [][]byte) bool {
 	records := make([]*kgo.Record, 0, len(values))
+	deadlines := make(map[*kgo.Record]time.Time, len(values))
 	for _, v := range values {
 		ev, err := timeoutevent.Parse(v)
 		if err != nil {
@@ -149,7 +153,9 @@ func (l *Listener) produceSpooled(ctx context.Context, values [][]byte) bool {
 			l.log.Error("drop unreadable spooled event", "err", err, "value", string(v))
 			continue
 		}
-		records = append(records, &kgo.Record{Key: []byte(ev.UID), Value: v})
+		r := &kgo.Record{Key: []byte(ev.UID), Value: v}
+		records = append(records, r)
+		deadlines[r] = time.UnixMilli(ev.DeadlineMS)
 	}
 	backoff := 100 * time.Millisecond
 	for len(records) > 0 {
@@ -162,11 +168,17 @@ func (l *Listener) produceSpooled(ctx context.Context, values [][]byte) bool {
 			if r.Err != nil {
 				// A new record: franz-go keeps the produce context in
 				// the old one, and that context is done.
-				again = append(again, &kgo.Record{Key: r.Record.Key, Value: r.Record.Value})
+				nr := &kgo.Record{Key: r.Record.Key, Value: r.Record.Value}
+				deadlines[nr] = deadlines[r.Record]
+				again = append(again, nr)
 				lastErr = r.Err
 				continue
 			}
 			metricReplayed.Inc()
+			// Redis's clock set the deadline and this host's reads now:
+			// on one machine or NTP-synced hosts the gap is noise next to
+			// an outage's lag.
+			metricLag.WithLabelValues(pathSpool).Observe(time.Since(deadlines[r.Record]).Seconds())
 		}
 		if len(again) == 0 {
 			return true
