@@ -159,7 +159,7 @@ func (r *Report) markdown() string {
 		}
 		if s := d.Storm; s != nil {
 			row("4", fmt.Sprintf("storm: %d sessions expiring within %.0f ms", s.Sessions, s.WindowMs),
-				fmt.Sprintf("all delivered in **%.0f ms**; %d lost, %d doubled", s.AllDeliveredMs, s.Lost, s.Doubled),
+				fmt.Sprintf("all delivered **%.0f ms** after the window; %d lost, %d doubled", s.AllDeliveredMs, s.Lost, s.Doubled),
 				"none lost, none doubled", r.status(s.Lost == 0 && s.Doubled == 0 && s.Delivered >= s.Sessions, false), d.Command)
 		}
 	}
