@@ -33,7 +33,7 @@ lint: ## gofmt and go vet
 BENCH_CMDS = ./gateway ./loadtest/wsload ./loadtest/guidebench ./loadtest/bench \
 	$(if $(wildcard loadtest/detectbench/main.go),./loadtest/detectbench)
 
-bench: deps ## benchmark into bench/report.md and report.json (about 15 min), then micro-benchmarks; QUICK=1: small scale, under 3 min, no micro-benchmarks
+bench: deps ## benchmark into bench/report.md and report.json (about 5 min), then micro-benchmarks; QUICK=1: small scale, under 3 min, no micro-benchmarks
 	$(GO) build -o bin/ $(BENCH_CMDS)
 	bin/bench -bin bin -out bench $(if $(QUICK),-quick)
 	$(if $(QUICK),,$(GO) test -run '^$$' -bench . -benchmem -count 1 ./pkg/... | tee bench/micro.txt)
