@@ -102,6 +102,10 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Listener, error
 		l.close()
 		return nil, fmt.Errorf("spool-dir: %w", err)
 	}
+	if l.spool.Cut > 0 {
+		logger.Error("spool file ended in unreadable bytes (a crash mid-write, or damage); cut them off and kept them aside",
+			"bytes", l.spool.Cut, "kept_in", l.spool.CutFile)
+	}
 	if n := l.spool.Len(); n > 0 {
 		logger.Info("spool holds events from an earlier run; replaying them once Kafka takes them", "events", n, "dir", cfg.SpoolDir)
 	}
@@ -283,6 +287,7 @@ func (l *Listener) fromEvents(ctx context.Context, uids []string) {
 // sweep to retry.
 func (l *Listener) emit(ctx context.Context, found []session.Expired, source string) (int, error) {
 	begin := time.Now() // just after detection
+	found = l.distinct(found)
 	states, err := l.dedupe(ctx, found)
 	if err != nil {
 		return 0, err
@@ -403,7 +408,28 @@ func randomID() string {
 // dedupWindow is the minute window of a deadline.
 func dedupWindow(deadline time.Time) int64 { return deadline.UnixMilli() / 60_000 }
 
-// dedupe claims each timeout's dedup key (SET NX GET) in one pipeline.
+// distinct keeps the first of found's entries per dedup key: a batch
+// from expired events can hold a uid twice, and the second would meet
+// this listener's own claim.
+func (l *Listener) distinct(found []session.Expired) []session.Expired {
+	ks := l.store.Keyspace()
+	seen := make(map[string]bool, len(found))
+	out := found[:0:0]
+	for _, e := range found {
+		k := ks.DedupKey(e.UID, dedupWindow(e.Deadline))
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// dedupe claims each timeout's dedup key (SET NX GET) in one pipeline. If
+// any claim fails, the claims it did take are released before it returns
+// the error, so that the entries are not held up until the claims lapse.
+// A key that already holds this listener's own claim (a release that
+// failed earlier) is its to produce.
 func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]dedupState, error) {
 	ks := l.store.Keyspace()
 	cmds := make([]*redis.StatusCmd, len(found))
@@ -414,21 +440,32 @@ func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]dedup
 		}
 		return nil
 	})
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("dedup %d timeouts: %w", len(found), err)
-	}
 	states := make([]dedupState, len(found))
+	var claimed []session.Expired
+	var firstErr error
+	if err != nil && !errors.Is(err, redis.Nil) {
+		firstErr = fmt.Errorf("dedup %d timeouts: %w", len(found), err)
+	}
 	for i, c := range cmds {
 		switch val, err := c.Result(); {
-		case errors.Is(err, redis.Nil):
+		case errors.Is(err, redis.Nil), err == nil && val == l.claim:
 			states[i] = dedupFresh
+			claimed = append(claimed, found[i])
 		case err != nil:
-			return nil, fmt.Errorf("dedup timeout of %q: %w", found[i].UID, err)
+			if firstErr == nil {
+				firstErr = fmt.Errorf("dedup timeout of %q: %w", found[i].UID, err)
+			}
 		case val == dedupProduced:
 			states[i] = dedupDone
 		default:
 			states[i] = dedupBusy
 		}
+	}
+	if firstErr != nil {
+		if err := l.markDedup(context.WithoutCancel(ctx), nil, claimed); err != nil {
+			l.log.Warn("release dedup claims", "count", len(claimed), "err", err)
+		}
+		return nil, firstErr
 	}
 	return states, nil
 }

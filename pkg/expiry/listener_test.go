@@ -280,3 +280,21 @@ func TestTwoListeners(t *testing.T) {
 	checkExactlyOnce(t, evs, want, sourcesOf(ModeHybrid)...)
 	h.checkLive(live)
 }
+
+// TestOwnClaimIsFresh: a dedup key left holding this listener's own claim
+// (its release failed) does not hold the timeout up until the claim
+// lapses: the listener produces it.
+func TestOwnClaimIsFresh(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	l, stop := h.startListener(h.config(ModeSweep))
+	g := h.renew("user", "default", 300*time.Millisecond)
+	key := h.store.Keyspace().DedupKey("user", dedupWindow(g.deadline))
+	if err := h.rdb.Set(context.Background(), key, l.claim, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	h.waitProduced(1) // well within the minute the claim would hold
+	h.waitSettled([]string{"user"})
+	stop()
+	checkExactlyOnce(t, h.events(), map[string]grant{"user": g}, timeoutevent.SourceSweep)
+}

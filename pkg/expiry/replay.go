@@ -2,6 +2,7 @@ package expiry
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"time"
 
@@ -148,6 +149,17 @@ func (l *Listener) produceSpooled(ctx context.Context, values [][]byte) bool {
 	deadlines := make(map[*kgo.Record]time.Time, len(values))
 	for _, v := range values {
 		ev, err := timeoutevent.Parse(v)
+		if errors.Is(err, timeoutevent.ErrUnknownVersion) {
+			// Spooled by a newer build before a rollback: produce it as
+			// it is, keyed by its uid; consumers that cannot read it
+			// dead-letter it, where it is kept.
+			var head struct {
+				UID string `json:"uid"`
+			}
+			if json.Unmarshal(v, &head) == nil && head.UID != "" {
+				ev, err = timeoutevent.Event{UID: head.UID}, nil
+			}
+		}
 		if err != nil {
 			metricSpoolCorrupt.Inc()
 			l.log.Error("drop unreadable spooled event", "err", err, "value", string(v))
@@ -155,7 +167,9 @@ func (l *Listener) produceSpooled(ctx context.Context, values [][]byte) bool {
 		}
 		r := &kgo.Record{Key: []byte(ev.UID), Value: v}
 		records = append(records, r)
-		deadlines[r] = time.UnixMilli(ev.DeadlineMS)
+		if ev.DeadlineMS > 0 {
+			deadlines[r] = time.UnixMilli(ev.DeadlineMS)
+		}
 	}
 	backoff := 100 * time.Millisecond
 	for len(records) > 0 {
@@ -169,7 +183,9 @@ func (l *Listener) produceSpooled(ctx context.Context, values [][]byte) bool {
 				// A new record: franz-go keeps the produce context in
 				// the old one, and that context is done.
 				nr := &kgo.Record{Key: r.Record.Key, Value: r.Record.Value}
-				deadlines[nr] = deadlines[r.Record]
+				if d, ok := deadlines[r.Record]; ok {
+					deadlines[nr] = d
+				}
 				again = append(again, nr)
 				lastErr = r.Err
 				continue
@@ -178,7 +194,9 @@ func (l *Listener) produceSpooled(ctx context.Context, values [][]byte) bool {
 			// Redis's clock set the deadline and this host's reads now:
 			// on one machine or NTP-synced hosts the gap is noise next to
 			// an outage's lag.
-			metricLag.WithLabelValues(pathSpool).Observe(time.Since(deadlines[r.Record]).Seconds())
+			if d, ok := deadlines[r.Record]; ok {
+				metricLag.WithLabelValues(pathSpool).Observe(time.Since(d).Seconds())
+			}
 		}
 		if len(again) == 0 {
 			return true

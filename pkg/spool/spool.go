@@ -27,6 +27,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // MaxRecord is the largest payload a frame may hold.
@@ -53,6 +54,11 @@ type Spool struct {
 	maxBytes int64
 	lock     *os.File // holds an exclusive flock while open
 
+	// Cut is how many unreadable bytes Open cut off the end of the file,
+	// and CutFile where it kept them; zero and empty when none.
+	Cut     int64
+	CutFile string
+
 	mu      sync.Mutex
 	f       *os.File
 	size    int64 // bytes of whole frames in the file
@@ -62,8 +68,8 @@ type Spool struct {
 
 // Open opens or creates the spool in dir, taking an exclusive lock on it so
 // that two processes never share one spool. maxBytes caps the file; an
-// append past it fails with ErrFull. A torn frame at the end of the file
-// is cut off; Truncated reports how many bytes that dropped.
+// append past it fails with ErrFull. Unreadable bytes at the end of the
+// file (a torn append) are cut off and kept aside; see Cut.
 func Open(dir string, maxBytes int64) (*Spool, error) {
 	if maxBytes < headerSize+1 {
 		return nil, fmt.Errorf("spool cap %d bytes is too small", maxBytes)
@@ -101,6 +107,14 @@ func (s *Spool) recover() error {
 	}
 	frames, valid := Scan(data)
 	if valid < int64(len(data)) {
+		// A torn last append, never acknowledged; or, if whole frames
+		// follow, damage. Either way the bytes are kept beside the spool
+		// for an operator before they are cut off.
+		s.Cut = int64(len(data)) - valid
+		s.CutFile = filepath.Join(s.dir, fmt.Sprintf("%s.cut-%d", dataFile, time.Now().UnixNano()))
+		if err := os.WriteFile(s.CutFile, data[valid:], 0o600); err != nil {
+			return fmt.Errorf("spool: keep the unreadable tail: %w", err)
+		}
 		if err := s.f.Truncate(valid); err != nil {
 			return fmt.Errorf("spool: cut torn tail: %w", err)
 		}
@@ -126,6 +140,11 @@ func (s *Spool) recover() error {
 	if s.pending == 0 && s.size > 0 {
 		return s.reset()
 	}
+	if s.head != head {
+		// The saved position is not this file's: replace it now, before
+		// appends could make it look like one.
+		return s.writeCursor(s.head, true)
+	}
 	return nil
 }
 
@@ -149,7 +168,9 @@ func Scan(data []byte) (offsets []int64, valid int64) {
 	for int64(len(data))-off >= headerSize {
 		n := int64(binary.BigEndian.Uint32(data[off:]))
 		sum := binary.BigEndian.Uint32(data[off+4:])
-		if n > MaxRecord || int64(len(data))-off-headerSize < n {
+		// Zero-length frames are never written, and a zero-filled tail
+		// (CRC-32C of nothing is 0) must not read as records.
+		if n == 0 || n > MaxRecord || int64(len(data))-off-headerSize < n {
 			break
 		}
 		payload := data[off+headerSize : off+headerSize+n]
@@ -178,6 +199,9 @@ func (s *Spool) Append(records ...[]byte) error {
 	}
 	var buf []byte
 	for _, r := range records {
+		if len(r) == 0 {
+			return errors.New("spool: empty record")
+		}
 		if len(r) > MaxRecord {
 			return fmt.Errorf("spool: record of %d bytes is over the %d-byte limit", len(r), MaxRecord)
 		}
@@ -262,13 +286,18 @@ func (s *Spool) Commit(next int64) error {
 	if s.head == s.size {
 		return s.reset()
 	}
-	return os.WriteFile(filepath.Join(s.dir, cursorFile), []byte(strconv.FormatInt(s.head, 10)), 0o600)
+	return s.writeCursor(s.head, false)
 }
 
-// reset empties the file once everything in it is committed. The file is
-// cut before the position is cleared: a crash between the two leaves a
-// position past the end, which Open reads as the start.
+// reset empties the file once everything in it is committed. The
+// position is cleared, durably, before the file is cut: a position left
+// from an emptied file could otherwise fall on a frame boundary of records
+// appended later and skip them, while a crash between the two steps here
+// only replays committed records.
 func (s *Spool) reset() error {
+	if err := s.writeCursor(0, true); err != nil {
+		return err
+	}
 	if err := s.f.Truncate(0); err != nil {
 		return fmt.Errorf("spool: truncate: %w", err)
 	}
@@ -276,7 +305,46 @@ func (s *Spool) reset() error {
 		return fmt.Errorf("spool: sync: %w", err)
 	}
 	s.size, s.head, s.pending = 0, 0, 0
-	return os.WriteFile(filepath.Join(s.dir, cursorFile), []byte("0"), 0o600)
+	return nil
+}
+
+// writeCursor saves the read position through a temporary file and a
+// rename, so it is never half written. A position saved without sync may
+// be lost to a crash, leaving an older one: that replays records, never
+// skips them.
+func (s *Spool) writeCursor(head int64, sync bool) error {
+	path := filepath.Join(s.dir, cursorFile)
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("spool: %w", err)
+	}
+	_, err = f.WriteString(strconv.FormatInt(head, 10))
+	if err == nil && sync {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err == nil && sync {
+		err = syncDir(s.dir)
+	}
+	if err != nil {
+		return fmt.Errorf("spool: save read position: %w", err)
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // Len is the number of records not yet committed.
@@ -294,11 +362,12 @@ func (s *Spool) Size() int64 {
 	return s.size
 }
 
-// Full reports whether the spool is at its cap, within one small record.
+// Full reports whether the spool is at its cap, within a reserve of a
+// quarter of it or 64 KiB, whichever is less: room for a batch in flight.
 func (s *Spool) Full() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.size+headerSize+256 > s.maxBytes
+	return s.size+min(s.maxBytes/4, 64<<10) > s.maxBytes
 }
 
 // Close closes the file and releases the lock. Uncommitted records stay

@@ -120,6 +120,12 @@ func TestTornTail(t *testing.T) {
 			f.Close()
 
 			s = open(t, dir, 1<<20)
+			if s.Cut != int64(cut) {
+				t.Errorf("Cut = %d, want %d", s.Cut, cut)
+			}
+			if kept, err := os.ReadFile(s.CutFile); err != nil || !bytes.Equal(kept, torn) {
+				t.Errorf("kept tail %q, %v; want %q", kept, err, torn)
+			}
 			if err := s.Append([]byte("after")); err != nil {
 				t.Fatal(err)
 			}
@@ -154,6 +160,63 @@ func TestStaleCursor(t *testing.T) {
 	}
 }
 
+// TestZeroTail: zeros at the end of the file, as a crash can leave, are
+// not records.
+func TestZeroTail(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, 1<<20)
+	if err := s.Append(records("r", 3)...); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	f, err := os.OpenFile(filepath.Join(dir, dataFile), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Write(make([]byte, 64))
+	f.Close()
+	s = open(t, dir, 1<<20)
+	if s.Len() != 3 || s.Cut != 64 {
+		t.Fatalf("after a zeroed tail: Len %d, Cut %d; want 3, 64", s.Len(), s.Cut)
+	}
+	if err := s.Append(nil); err == nil {
+		t.Error("an empty record was taken")
+	}
+}
+
+// TestCursorOfAnEmptiedFile: a read position left from a spool that was
+// emptied (the crash came between clearing it and cutting the file) must
+// not skip records appended since, even where it falls on their frame
+// boundaries.
+func TestCursorOfAnEmptiedFile(t *testing.T) {
+	dir := t.TempDir()
+	s := open(t, dir, 1<<20)
+	if err := s.Append(records("old", 6)...); err != nil {
+		t.Fatal(err)
+	}
+	_, next, err := s.Peek(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(next); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	// The file cut, the position of the old contents still saved.
+	if err := os.Truncate(filepath.Join(dir, dataFile), 0); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, dir, 1<<20)
+	if err := s.Append(records("new", 6)...); err != nil { // same sizes: same boundaries
+		t.Fatal(err)
+	}
+	s.Close()
+	s = open(t, dir, 1<<20)
+	if got := drain(t, s, 100); !slices.EqualFunc(got, records("new", 6), bytes.Equal) {
+		t.Fatalf("read back %q, want all six new records", got)
+	}
+}
+
 func TestFull(t *testing.T) {
 	rec := bytes.Repeat([]byte("x"), 100)
 	frame := int64(headerSize + len(rec))
@@ -166,6 +229,9 @@ func TestFull(t *testing.T) {
 	}
 	if s.Len() != 2 || s.Size() != 2*frame {
 		t.Fatalf("after a refused append: Len %d, Size %d; want 2, %d", s.Len(), s.Size(), 2*frame)
+	}
+	if s.Full() {
+		t.Fatal("Full() = true with a third of the cap free")
 	}
 	if err := s.Append(rec); err != nil {
 		t.Fatalf("append up to the cap: %v", err)
