@@ -272,6 +272,9 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (string, error) {
 }
 
 // deadLetter copies r to the dead-letter topic with the reason in a header.
+// dlqTimeout bounds producing one dead letter.
+const dlqTimeout = 10 * time.Second
+
 func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, reason string) error {
 	const maxReason = 1024
 	if len(reason) > maxReason {
@@ -288,7 +291,10 @@ func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, reason string)
 			kgo.RecordHeader{Key: HeaderDLQOffset, Value: fmt.Appendf(nil, "%d", r.Offset)},
 		),
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.SendTimeout)
+	// Kafka's own pace, not the downstream's: a dead letter that fails is
+	// retried by sending the guide again, which a refused guide should not
+	// be for a slow first metadata load.
+	ctx, cancel := context.WithTimeout(ctx, max(c.cfg.SendTimeout, dlqTimeout))
 	defer cancel()
 	if err := c.client.ProduceSync(ctx, d).FirstErr(); err != nil {
 		return fmt.Errorf("dead-letter %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
