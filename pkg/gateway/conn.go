@@ -172,7 +172,7 @@ func (c *conn) ended(ctx context.Context, err error) {
 	}
 	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.g.cfg.WriteTimeout)
 	defer cancel()
-	if err := c.g.store.End(ectx, c.uid); err != nil {
+	if err := c.g.renewer.End(ectx, c.uid); err != nil {
 		c.log.Warn("end session on normal close", "err", err)
 	}
 }

@@ -46,6 +46,7 @@ type Renewer struct {
 type renewal struct {
 	uid, segment string
 	ttl          time.Duration
+	end          bool // End the session instead
 	deadline     time.Time
 	err          error
 	done         chan struct{}
@@ -68,7 +69,19 @@ func NewRenewer(store *Store, cfg RenewerConfig) *Renewer {
 // Renew grants uid's session ttl, sharing a round trip with other
 // renewals, and returns the new deadline by Redis's clock.
 func (r *Renewer) Renew(ctx context.Context, uid, segment string, ttl time.Duration) (time.Time, error) {
-	req := &renewal{uid: uid, segment: segment, ttl: ttl, done: make(chan struct{})}
+	return r.do(ctx, &renewal{uid: uid, segment: segment, ttl: ttl, done: make(chan struct{})})
+}
+
+// End deletes uid's session and its index entry, as Store.End does, in
+// the same round trips as renewals: a burst of users leaving at once
+// (a client release, a network's clients closing together) costs a few
+// pipelined round trips, not one each.
+func (r *Renewer) End(ctx context.Context, uid string) error {
+	_, err := r.do(ctx, &renewal{uid: uid, end: true, done: make(chan struct{})})
+	return err
+}
+
+func (r *Renewer) do(ctx context.Context, req *renewal) (time.Time, error) {
 	r.mu.Lock()
 	if r.stopped {
 		r.mu.Unlock()
@@ -149,7 +162,7 @@ func (r *Renewer) flush(batch []*renewal) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	start := time.Now()
-	cmds := r.send(ctx, batch, renewScript.EvalSha)
+	cmds := r.send(ctx, batch, true)
 	var again []*renewal
 	var againAt []int
 	for i, cmd := range cmds {
@@ -159,12 +172,20 @@ func (r *Renewer) flush(batch []*renewal) {
 		}
 	}
 	if len(again) > 0 {
-		for j, cmd := range r.send(ctx, again, renewScript.Eval) {
+		for j, cmd := range r.send(ctx, again, false) {
 			cmds[againAt[j]] = cmd
 		}
 	}
 	var firstErr error
 	for i, req := range batch {
+		if req.end {
+			if err := cmds[i].Err(); err != nil {
+				req.err = fmt.Errorf("end session %q: %w", req.uid, err)
+				firstErr = cmp.Or(firstErr, err)
+			}
+			close(req.done)
+			continue
+		}
 		ms, err := cmds[i].Int64()
 		if err != nil {
 			req.err = fmt.Errorf("renew session %q: %w", req.uid, err)
@@ -179,19 +200,25 @@ func (r *Renewer) flush(batch []*renewal) {
 	}
 }
 
-type evalFunc func(ctx context.Context, c redis.Scripter, keys []string, args ...any) *redis.Cmd
-
-// send runs one renewal script per request in a single pipeline.
-func (r *Renewer) send(ctx context.Context, batch []*renewal, eval evalFunc) []*redis.Cmd {
+// send runs one renewal (or end) script per request in a single
+// pipeline, by the scripts' SHA when bySHA, else with their source.
+func (r *Renewer) send(ctx context.Context, batch []*renewal, bySHA bool) []*redis.Cmd {
 	ks := r.store.ks
 	cmds := make([]*redis.Cmd, len(batch))
 	// Errors are per command; Pipelined's own is the first of them.
 	r.store.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, req := range batch {
 			b := Bucket(req.uid)
-			cmds[i] = eval(ctx, p,
-				[]string{ks.SessionKey(req.uid), ks.IndexKey(b), ks.SegmentsKey(b)},
-				req.uid, req.ttl.Milliseconds(), req.segment)
+			keys := []string{ks.SessionKey(req.uid), ks.IndexKey(b), ks.SegmentsKey(b)}
+			script, args := renewScript, []any{req.uid, req.ttl.Milliseconds(), req.segment}
+			if req.end {
+				script, args = endScript, []any{req.uid}
+			}
+			if bySHA {
+				cmds[i] = script.EvalSha(ctx, p, keys, args...)
+			} else {
+				cmds[i] = script.Eval(ctx, p, keys, args...)
+			}
 		}
 		return nil
 	})

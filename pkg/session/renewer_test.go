@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -127,5 +128,62 @@ func TestRenewerSurvivesScriptFlush(t *testing.T) {
 	}
 	if _, err := r.Renew(ctx, "y", "default", time.Minute); err != nil {
 		t.Fatalf("second Renew: %v", err)
+	}
+}
+
+// TestRenewerEndsInBatches: many users leaving at once end their
+// sessions in shared round trips, interleaved with renewals, and each
+// ended session is gone with its index entry while the renewed ones stay.
+func TestRenewerEndsInBatches(t *testing.T) {
+	s, ctx := newStore(t)
+	var flushes atomic.Int64
+	r := NewRenewer(s, RenewerConfig{OnFlush: func(_ int, _ time.Duration, err error) {
+		if err != nil {
+			t.Errorf("flush: %v", err)
+		}
+		flushes.Add(1)
+	}})
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go r.Run(rctx)
+	// After a Redis restart the end script is not cached either.
+	if err := s.rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const n = 2000
+	uid := func(i int) string { return "u" + strconv.Itoa(i) }
+	for i := range n {
+		if _, err := s.Renew(ctx, uid(i), "default", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			var err error
+			if i%2 == 0 {
+				err = r.End(ctx, uid(i))
+			} else {
+				_, err = r.Renew(ctx, uid(i), "default", time.Minute)
+			}
+			if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	for i := range n {
+		live, err := s.Live(ctx, uid(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, zerr := s.rdb.ZScore(ctx, s.ks.IndexKey(Bucket(uid(i))), uid(i)).Result()
+		indexed := zerr == nil
+		if want := i%2 == 1; live != want || indexed != want {
+			t.Fatalf("%s: live %v, indexed %v; want %v", uid(i), live, indexed, want)
+		}
+	}
+	if f := flushes.Load(); f > n/10 {
+		t.Errorf("%d round trips for %d ends and renewals, want them batched", f, n)
 	}
 }
