@@ -29,13 +29,13 @@ lint: ## gofmt and go vet
 		if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-# The benchmark's programs; detectbench once it is in the tree.
-BENCH_CMDS = ./gateway ./loadtest/wsload ./loadtest/guidebench ./loadtest/bench \
-	$(if $(wildcard loadtest/detectbench/main.go),./loadtest/detectbench)
+# The benchmark's programs, and where its report goes.
+BENCH_CMDS = ./gateway ./loadtest/wsload ./loadtest/guidebench ./loadtest/bench ./loadtest/detectbench
+BENCH_OUT ?= bench
 
 bench: deps ## benchmark into bench/report.md and report.json (about 5 min), then micro-benchmarks; QUICK=1: small scale, under 3 min, no micro-benchmarks
 	$(GO) build -o bin/ $(BENCH_CMDS)
-	bin/bench -bin bin -out bench $(if $(QUICK),-quick)
+	bin/bench -bin bin -out $(BENCH_OUT) $(if $(QUICK),-quick)
 	$(if $(QUICK),,$(GO) test -run '^$$' -bench . -benchmem -count 1 ./pkg/... | tee bench/micro.txt)
 
 smoke: deps ## k6 smoke test (loadtest/smoke.js) against a dev stack of its own; builds the pinned k6 once
