@@ -154,7 +154,7 @@ func (r *Report) markdown() string {
 			if md.Mode == "hybrid" {
 				goal, st = "p99 under 1 s", r.status(md.LagP99ms < goalHybridP99ms, false)
 			}
-			row("3", fmt.Sprintf("guide lag past deadline, %s (p50 / p99 / max)", md.Mode),
+			row("3", fmt.Sprintf("deadline to timeout event, %s (p50 / p99 / max)", md.Mode),
 				fmt.Sprintf("%.0f / **%.0f** / %.0f ms, %d lost", md.LagP50ms, md.LagP99ms, md.LagMaxms, md.Lost), goal, st, d.Command)
 		}
 		if s := d.Storm; s != nil {
@@ -196,7 +196,7 @@ func (r *Report) markdown() string {
 	}
 	if d := r.Detection; d != nil && len(d.Modes) > 0 {
 		p("\n## 3. Detection and 4. storm\n\n`%s`\n\n", d.Command)
-		p("%d live sessions, %d of them going silent; the three modes in one run.\n\n", d.Live, d.Silent)
+		p("%d live sessions, %d more going silent per mode; the three modes one after another in one run. Lag is from each session's deadline (Redis's clock) to its timeout event being produced (the record's timestamp), at the listener; the consumer and the gateway add their own few milliseconds to the guide (step 4 times whole guides, from the listener through the consumer to a webhook).\n\n", d.Live, d.Silent)
 		p("| mode | silent | produced | lost | duplicates | lag p50 | lag p99 | lag max |\n|---|---|---|---|---|---|---|---|\n")
 		for _, md := range d.Modes {
 			p("| %s | %d | %d | %d | %d | %.0f ms | %.0f ms | %.0f ms |\n", md.Mode, md.Silent, md.Produced, md.Lost, md.Duplicates, md.LagP50ms, md.LagP99ms, md.LagMaxms)
