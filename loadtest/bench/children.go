@@ -70,6 +70,12 @@ type DetectMode struct {
 	LagP50ms   float64 `json:"lag_p50_ms"`
 	LagP99ms   float64 `json:"lag_p99_ms"`
 	LagMaxms   float64 `json:"lag_max_ms"`
+	// Whole guides at a webhook, through the consumer.
+	Guided        int     `json:"guided"`
+	GuidesDoubled int     `json:"guides_doubled"`
+	GuideP50ms    float64 `json:"guide_p50_ms"`
+	GuideP99ms    float64 `json:"guide_p99_ms"`
+	GuideMaxms    float64 `json:"guide_max_ms"`
 }
 
 // Storm is detectbench's storm: sessions expiring within one window.

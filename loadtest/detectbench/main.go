@@ -1,16 +1,18 @@
 // Command detectbench measures expiry detection on this machine, with many
 // live sessions in Redis, in each detection mode side by side in one run:
 // how late after its deadline each silent session's timeout event is
-// produced, and how many are lost or doubled. Then a storm: many sessions
-// running out within one second, through the listener and a guide
-// consumer to a fast webhook, timed until every guide is delivered.
+// produced and its guide reaches a webhook through the guide consumer,
+// and how many are lost or doubled. Then a storm: many sessions running
+// out within one second, timed until every guide is delivered.
 //
 // It starts its own redis-server (with expired keyspace events on, as the
-// listener would set them) and embedded Kafka, writes the live sessions
-// through the same script the gateway uses, and runs the listener and the
-// consumer in process. Lag is the event record's timestamp, taken when the
+// listener would set them) and embedded Kafka, writes the sessions through
+// the same script the gateway uses, and runs a listener, a guide consumer
+// (webhook sender) and the webhook in process, one set per mode on a
+// topic of its own. Event lag is the record's timestamp, taken when the
 // listener produces it, minus the session's deadline from Redis's clock;
-// both clocks are this machine's.
+// guide latency is arrival at the webhook minus the deadline. Both clocks
+// are this machine's.
 //
 //	go run ./loadtest/detectbench -live 100000 -silent 1000 -storm 50000
 package main
@@ -54,6 +56,13 @@ type ModeResult struct {
 	LagP99MS   float64 `json:"lag_p99_ms"`
 	LagMaxMS   float64 `json:"lag_max_ms"`
 	WaitS      float64 `json:"wait_s"` // how long after the last deadline events were awaited
+	// Whole guides, through the consumer to a webhook: arrival there minus
+	// the deadline.
+	Guided        int     `json:"guided"`
+	GuidesDoubled int     `json:"guides_doubled"` // users with two different guides
+	GuideP50MS    float64 `json:"guide_p50_ms"`
+	GuideP99MS    float64 `json:"guide_p99_ms"`
+	GuideMaxMS    float64 `json:"guide_max_ms"`
 }
 
 // StormResult is the storm's figures.
@@ -76,7 +85,8 @@ type Report struct {
 	Storm   *StormResult `json:"storm,omitempty"`
 }
 
-const prefix = "db"
+// prefix0 is the bench's Redis key prefix.
+const prefix0 = "db"
 
 func main() {
 	live := flag.Int("live", 100000, "live sessions held in Redis throughout")
@@ -125,12 +135,12 @@ func run(ctx context.Context, log *slog.Logger, rep *Report, window, wait time.D
 	}
 	defer os.RemoveAll(dir)
 	b := &bench{log: log, redis: rs, kafka: kc, dataDir: dir}
-	rdb, err := redisconn.Open(ctx, redisconn.Config{Addrs: []string{rs.Addr}, KeyPrefix: prefix})
+	rdb, err := redisconn.Open(ctx, redisconn.Config{Addrs: []string{rs.Addr}, KeyPrefix: prefix0})
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
-	ks, _ := session.NewKeyspace(prefix)
+	ks, _ := session.NewKeyspace(prefix0)
 	b.store = session.NewStore(rdb, ks)
 
 	start := time.Now()
@@ -143,8 +153,9 @@ func run(ctx context.Context, log *slog.Logger, rep *Report, window, wait time.D
 		if err != nil {
 			return fmt.Errorf("mode %s: %w", mode, err)
 		}
-		fmt.Fprintf(os.Stderr, "detectbench: %s: %d of %d produced, %d duplicates, lag p50 %.0f ms p99 %.0f ms max %.0f ms\n",
-			mode, res.Produced, res.Silent, res.Duplicates, res.LagP50MS, res.LagP99MS, res.LagMaxMS)
+		fmt.Fprintf(os.Stderr, "detectbench: %s: %d of %d produced, %d duplicates, lag p50 %.0f ms p99 %.0f ms max %.0f ms; %d guided, p50 %.0f ms p99 %.0f ms max %.0f ms\n",
+			mode, res.Produced, res.Silent, res.Duplicates, res.LagP50MS, res.LagP99MS, res.LagMaxMS,
+			res.Guided, res.GuideP50MS, res.GuideP99MS, res.GuideMaxMS)
 		rep.Modes = append(rep.Modes, res)
 	}
 	if storm > 0 {
@@ -195,7 +206,7 @@ func env(kv map[string]string) config.Lookup {
 func (b *bench) listenerConfig(mode, topic string) (expiry.Config, error) {
 	return expiry.LoadConfig(nil, env(map[string]string{
 		"redis-addrs":         b.redis.Addr,
-		"key-prefix":          prefix,
+		"key-prefix":          prefix0,
 		"kafka-brokers":       b.kafka.ListenAddrs()[0],
 		"topic":               topic,
 		"listener-admin-addr": "127.0.0.1:0",
@@ -223,18 +234,14 @@ func (b *bench) startListener(ctx context.Context, cfg expiry.Config) (stop func
 func (b *bench) detect(ctx context.Context, mode string, silent int, window, wait time.Duration) (ModeResult, error) {
 	res := ModeResult{Mode: mode, Silent: silent}
 	topic := "detect-" + mode
-	cfg, err := b.listenerConfig(mode, topic)
-	if err != nil {
-		return res, err
-	}
-	stop, err := b.startListener(ctx, cfg)
+	name := "silent-" + mode
+	hook, stop, err := b.startGuides(ctx, topic, name+"-", lcfgFor(b, mode, topic))
 	if err != nil {
 		return res, err
 	}
 	defer stop()
 	time.Sleep(time.Second) // subscribed before the first deadline
 
-	name := "silent-" + mode
 	lead := 2 * time.Second
 	if err := b.renewMany(ctx, name, silent, func(i int) time.Duration {
 		return lead + window*time.Duration(i)/time.Duration(silent)
@@ -285,7 +292,16 @@ func (b *bench) detect(ctx context.Context, mode string, silent int, window, wai
 	}
 	res.WaitS = wait.Seconds()
 	res.LagP50MS, res.LagP99MS, res.LagMaxMS = quantiles(lags)
-	return res, stop()
+	// The guides follow their events by milliseconds; give the last ones
+	// a moment, then read the webhook.
+	for end := time.Now().Add(5 * time.Second); hook.distinct() < res.Produced && time.Now().Before(end); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	distinct, _, doubled, _ := hook.summary()
+	res.Guided, res.GuidesDoubled = distinct, doubled
+	res.GuideP50MS, res.GuideP99MS, res.GuideMaxMS = quantiles(hook.guideLags())
+	stop()
+	return res, nil
 }
 
 func quantiles(v []float64) (p50, p99, maxv float64) {
@@ -296,52 +312,78 @@ func quantiles(v []float64) (p50, p99, maxv float64) {
 	return v[len(v)/2], v[min(len(v)-1, len(v)*99/100)], v[len(v)-1]
 }
 
+func lcfgFor(b *bench, mode, topic string) func() (expiry.Config, error) {
+	return func() (expiry.Config, error) { return b.listenerConfig(mode, topic) }
+}
+
+// startGuides runs a listener (from listener) producing to topic, a guide
+// consumer of topic with the webhook sender, and a webhook that records
+// the guides of uids starting with prefix. stop ends all three.
+func (b *bench) startGuides(ctx context.Context, topic, prefix string, listener func() (expiry.Config, error)) (*webhook, func(), error) {
+	hook := newWebhook(prefix)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
+	}
+	srv := &http.Server{Handler: hook}
+	go srv.Serve(ln)
+	var stops []func()
+	stop := func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	stops = append(stops, func() { srv.Close() })
+	lcfg, err := listener()
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	stopL, err := b.startListener(ctx, lcfg)
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	stops = append(stops, func() { stopL() })
+	ccfg, err := guide.LoadConfig(nil, env(map[string]string{
+		"redis-addrs":         b.redis.Addr,
+		"key-prefix":          prefix0,
+		"kafka-brokers":       b.kafka.ListenAddrs()[0],
+		"topic":               topic,
+		"dlq-topic":           topic + "-dlq",
+		"consumer-admin-addr": "127.0.0.1:0",
+		"consumer-group":      "detectbench-" + topic,
+		"sender":              guide.SenderWebhook,
+		"webhook-url":         "http://" + ln.Addr().String() + "/guide",
+		"webhook-secret":      "detectbench-webhook-secret-0123456789abcdef",
+	}))
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	c, err := guide.New(ctx, ccfg, b.log.With("service", "guide-consumer"))
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cdone := make(chan error, 1)
+	go func() { cdone <- c.Run(cctx) }()
+	stops = append(stops, func() { cancel(); <-cdone })
+	return hook, sync.OnceFunc(stop), nil
+}
+
 // storm runs n sessions out within one second through a hybrid listener
 // and a guide consumer with the webhook sender, against a webhook that
 // answers 200 at once and records every guide id.
 func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormResult, error) {
 	res := &StormResult{Sessions: n, WindowMS: 1000}
 	topic := "storm"
-	hook := newWebhook()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	hook, stopPipeline, err := b.startGuides(ctx, topic, "storm-", lcfgFor(b, expiry.ModeHybrid, topic))
 	if err != nil {
 		return nil, err
 	}
-	srv := &http.Server{Handler: hook}
-	go srv.Serve(ln)
-	defer srv.Close()
-
-	lcfg, err := b.listenerConfig(expiry.ModeHybrid, topic)
-	if err != nil {
-		return nil, err
-	}
-	stopL, err := b.startListener(ctx, lcfg)
-	if err != nil {
-		return nil, err
-	}
-	defer stopL()
-	ccfg, err := guide.LoadConfig(nil, env(map[string]string{
-		"redis-addrs":         b.redis.Addr,
-		"key-prefix":          prefix,
-		"kafka-brokers":       b.kafka.ListenAddrs()[0],
-		"topic":               topic,
-		"consumer-admin-addr": "127.0.0.1:0",
-		"consumer-group":      "detectbench-storm",
-		"sender":              guide.SenderWebhook,
-		"webhook-url":         "http://" + ln.Addr().String() + "/guide",
-		"webhook-secret":      "detectbench-webhook-secret-0123456789abcdef",
-	}))
-	if err != nil {
-		return nil, err
-	}
-	c, err := guide.New(ctx, ccfg, b.log.With("service", "guide-consumer"))
-	if err != nil {
-		return nil, err
-	}
-	cctx, cancel := context.WithCancel(ctx)
-	cdone := make(chan error, 1)
-	go func() { cdone <- c.Run(cctx) }()
-	defer func() { cancel(); <-cdone }()
+	defer stopPipeline()
 
 	// Written before the window opens: the deadlines, not the writes,
 	// fall within one second.
@@ -372,32 +414,37 @@ func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormRes
 	return res, nil
 }
 
-// webhook records the guides posted to it.
+// webhook records the guides posted to it for uids starting with prefix;
+// others (a silence an earlier mode missed, found by a later sweep) are
+// answered and not counted.
 type webhook struct {
+	prefix string
+
 	mu    sync.Mutex
 	ids   map[string]int // posts per guide id
 	users map[string]int // distinct guide ids per uid
+	lags  []float64      // arrival minus deadline, ms, per first post of an id
 	posts int
 	last  time.Time
 }
 
-func newWebhook() *webhook {
-	return &webhook{ids: map[string]int{}, users: map[string]int{}}
+func newWebhook(prefix string) *webhook {
+	return &webhook{prefix: prefix, ids: map[string]int{}, users: map[string]int{}}
 }
 
 func (h *webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var body struct {
-		ID  string `json:"id"`
-		UID string `json:"uid"`
+		ID         string `json:"id"`
+		UID        string `json:"uid"`
+		DeadlineMS int64  `json:"deadline_ms"`
 	}
 	b, err := io.ReadAll(r.Body)
 	if err != nil || json.Unmarshal(b, &body) != nil || body.ID == "" {
 		http.Error(w, "bad guide", http.StatusBadRequest)
 		return
 	}
-	if !strings.HasPrefix(body.UID, "storm-") {
-		// A silence the events mode missed, found by the storm's sweep:
-		// delivered, but not the storm's.
+	now := time.Now()
+	if !strings.HasPrefix(body.UID, h.prefix) {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
@@ -406,7 +453,8 @@ func (h *webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.ids[body.ID]++
 	if h.ids[body.ID] == 1 {
 		h.users[body.UID]++
-		h.last = time.Now()
+		h.last = now
+		h.lags = append(h.lags, float64(now.UnixMilli()-body.DeadlineMS))
 	}
 	h.mu.Unlock()
 	w.WriteHeader(http.StatusOK)
@@ -427,4 +475,10 @@ func (h *webhook) summary() (distinct, resent, doubled int, last time.Time) {
 		}
 	}
 	return len(h.ids), h.posts - len(h.ids), doubled, h.last
+}
+
+func (h *webhook) guideLags() []float64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.lags)
 }
