@@ -219,13 +219,14 @@ func (c *Cluster) waitOK(ctx context.Context, nodes []*Server) error {
 	for _, n := range nodes {
 		cl := redis.NewClient(&redis.Options{Addr: n.Addr})
 		defer cl.Close()
-		err := poll(ctx, 30*time.Second, func() error {
+		err := poll(ctx, 60*time.Second, func() error {
 			info, err := cl.ClusterInfo(ctx).Result()
 			if err != nil {
 				return err
 			}
 			if !strings.Contains(info, "cluster_state:ok") {
-				return errors.New("cluster state not ok")
+				nodes, _ := cl.ClusterNodes(ctx).Result()
+				return fmt.Errorf("cluster state not ok; its view:\n%s", nodes)
 			}
 			slots, err := cl.ClusterSlots(ctx).Result()
 			if err != nil {
