@@ -103,12 +103,7 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 		ramp: sc.Ramp, maxHold: 3*rampTime + sc.Settle + sc.Window + 5*time.Minute,
 		ipsEach: sc.IPsPerGen, gateways: gws, leave: sc.Leave,
 	})
-	stopped := false
-	defer func() {
-		if !stopped {
-			f.stop()
-		}
-	}()
+	defer f.stop() // a no-op once the results are read
 	if err != nil {
 		return r, err
 	}
@@ -217,7 +212,6 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 		r.HeapTop = top
 	}
 
-	stopped = true
 	r.Load, err = f.stop()
 	var tallies []*logTally
 	for _, g := range gws {

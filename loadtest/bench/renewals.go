@@ -50,12 +50,7 @@ func renewals(ctx context.Context, bin, redisAddr string, rdb *redis.Client, s s
 		tag: "r", netByte: 20, conns: sc.Conns, procs: sc.Loaders, every: sc.Every, ramp: ramp,
 		maxHold: 3*rampTime + sc.Every + sc.Window + 5*time.Minute, ipsEach: 1, leave: rampTime, gateways: []*gateway{g},
 	})
-	stopped := false
-	defer func() {
-		if !stopped {
-			f.stop()
-		}
-	}()
+	defer f.stop() // a no-op once the results are read
 	if err != nil {
 		return r, err
 	}
@@ -72,7 +67,6 @@ func renewals(ctx context.Context, bin, redisAddr string, rdb *redis.Client, s s
 	m1, cpu1, redis1 := g.metrics(), cpuSeconds(g.pid()), redisCPU(ctx, rdb)
 	window := time.Since(t0).Seconds()
 
-	stopped = true
 	r.Load, err = f.stop()
 	r.GatewayLogs = g.logs.summary()
 	r.WindowSec = window

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stillthere/stillthere/pkg/config"
 	"github.com/stillthere/stillthere/pkg/redisserver"
 )
 
@@ -24,7 +25,7 @@ func secret() string {
 // run runs the chosen steps and writes the report. failed means a step
 // failed or a guide was lost or doubled; err that no report was written.
 func run(ctx context.Context, bin, out string, quick bool, stepList string) (failed bool, err error) {
-	steps := split(stepList)
+	steps := config.SplitList(stepList)
 	for _, s := range steps {
 		if !slices.Contains(allSteps, s) {
 			return false, fmt.Errorf("-steps: unknown step %q (want some of %s)", s, strings.Join(allSteps, ","))
@@ -107,14 +108,4 @@ func run(ctx context.Context, bin, out string, quick bool, stepList string) (fai
 		return true, err
 	}
 	return !rep.Passed, nil
-}
-
-func split(list string) []string {
-	var out []string
-	for _, s := range strings.Split(list, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			out = append(out, s)
-		}
-	}
-	return out
 }

@@ -22,6 +22,10 @@ type fleet struct {
 	procs  []*loader
 	perIP  int
 	gwURLs []string
+
+	stopOnce sync.Once
+	res      loadResult
+	err      error
 }
 
 type loader struct {
@@ -168,8 +172,14 @@ func (f *fleet) uid(p, i int) (string, int) {
 }
 
 // stop ends the hold (each wsload closes its connections normally) and
-// returns the summed results.
+// returns the summed results. Later calls return the same, so a deferred
+// stop is safe beside the one that reads the results.
 func (f *fleet) stop() (loadResult, error) {
+	f.stopOnce.Do(func() { f.res, f.err = f.stopAll() })
+	return f.res, f.err
+}
+
+func (f *fleet) stopAll() (loadResult, error) {
 	var sum loadResult
 	var firstErr error
 	for _, l := range f.procs {

@@ -235,7 +235,7 @@ func (b *bench) detect(ctx context.Context, mode string, silent int, window, wai
 	res := ModeResult{Mode: mode, Silent: silent}
 	topic := "detect-" + mode
 	name := "silent-" + mode
-	hook, stop, err := b.startGuides(ctx, topic, name+"-", lcfgFor(b, mode, topic))
+	hook, stop, err := b.startGuides(ctx, mode, topic, name+"-")
 	if err != nil {
 		return res, err
 	}
@@ -312,14 +312,10 @@ func quantiles(v []float64) (p50, p99, maxv float64) {
 	return v[len(v)/2], v[min(len(v)-1, len(v)*99/100)], v[len(v)-1]
 }
 
-func lcfgFor(b *bench, mode, topic string) func() (expiry.Config, error) {
-	return func() (expiry.Config, error) { return b.listenerConfig(mode, topic) }
-}
-
-// startGuides runs a listener (from listener) producing to topic, a guide
-// consumer of topic with the webhook sender, and a webhook that records
-// the guides of uids starting with prefix. stop ends all three.
-func (b *bench) startGuides(ctx context.Context, topic, prefix string, listener func() (expiry.Config, error)) (*webhook, func(), error) {
+// startGuides runs a listener in mode producing to topic, a guide consumer
+// of topic with the webhook sender, and a webhook that records the guides
+// of uids starting with prefix. stop ends all three.
+func (b *bench) startGuides(ctx context.Context, mode, topic, prefix string) (*webhook, func(), error) {
 	hook := newWebhook(prefix)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -334,7 +330,7 @@ func (b *bench) startGuides(ctx context.Context, topic, prefix string, listener 
 		}
 	}
 	stops = append(stops, func() { srv.Close() })
-	lcfg, err := listener()
+	lcfg, err := b.listenerConfig(mode, topic)
 	if err != nil {
 		stop()
 		return nil, nil, err
@@ -379,7 +375,7 @@ func (b *bench) startGuides(ctx context.Context, topic, prefix string, listener 
 func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormResult, error) {
 	res := &StormResult{Sessions: n, WindowMS: 1000}
 	topic := "storm"
-	hook, stopPipeline, err := b.startGuides(ctx, topic, "storm-", lcfgFor(b, expiry.ModeHybrid, topic))
+	hook, stopPipeline, err := b.startGuides(ctx, expiry.ModeHybrid, topic, "storm-")
 	if err != nil {
 		return nil, err
 	}

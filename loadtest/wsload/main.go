@@ -37,7 +37,6 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -45,6 +44,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/stillthere/stillthere/pkg/config"
 	"github.com/stillthere/stillthere/pkg/token"
 )
 
@@ -85,26 +85,16 @@ func (c *counters) distinctGuides() int {
 	return len(c.guideIDs)
 }
 
-func split(list string) []string {
-	var out []string
-	for _, s := range strings.Split(list, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
 func run(urlList, secret string, n int, every time.Duration, ramp int, hold, leaveOver time.Duration, prefix, localIPs string) error {
 	if len(secret) < token.MinSecretLen {
 		return fmt.Errorf("-secret: %d bytes, want the gateway's token secret (at least %d)", len(secret), token.MinSecretLen)
 	}
-	urls := split(urlList)
+	urls := config.SplitList(urlList)
 	if len(urls) == 0 {
 		return fmt.Errorf("-url: no URL given")
 	}
 	var ips []net.IP
-	for _, s := range split(localIPs) {
+	for _, s := range config.SplitList(localIPs) {
 		ip := net.ParseIP(s)
 		if ip == nil {
 			return fmt.Errorf("-local-ips: %q is not an IP address", s)

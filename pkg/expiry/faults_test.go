@@ -117,7 +117,7 @@ func TestListenerDown(t *testing.T) {
 	h.waitSubscribed(1)
 
 	want := h.silentOver("user", 200, 300*time.Millisecond, 8*time.Second)
-	time.Sleep(time.Second)
+	waitFor(t, waitLong, "the first silences to be produced", func() bool { return h.produced() > 0 })
 	stop()
 	before := h.produced()
 	time.Sleep(10 * time.Second) // the rest run out meanwhile, unheard
