@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -28,21 +29,47 @@ type Options struct {
 	Dir string
 	// Port to listen on. Zero picks a free loopback port.
 	Port int
+	// AOF turns on the append-only file, fsynced on every write, so that
+	// Restart after Kill finds every acknowledged write. False, the
+	// default, keeps nothing on disk.
+	AOF bool
 	// Args are extra redis-server arguments, such as "--maxmemory", "1gb".
+	// They come after the ones Options set, so they override them.
 	Args []string
 	// Log receives the server's output lines. Nil discards them.
 	Log func(line string)
 }
 
-// Server is a running redis-server child.
+// Server is a redis-server child. Its methods may be called from any
+// goroutine.
 type Server struct {
-	// Addr is host:port on 127.0.0.1.
+	// Addr is host:port on 127.0.0.1. Restarts keep it.
 	Addr string
 
-	cmd     *exec.Cmd
+	bin     string
+	port    int
+	opts    Options
 	dir     string
 	tempDir bool
-	exited  chan struct{}
+
+	// mu guards proc, which Restart replaces while another goroutine may
+	// pause or kill the server. It is held while waiting for a child to
+	// exit or to start, so that the two never overlap.
+	mu   sync.Mutex
+	proc *child
+}
+
+// child is one run of redis-server.
+type child struct {
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once the process has been reaped
+}
+
+// kill stops the child with SIGKILL, which works on a paused one too,
+// and waits until it has been reaped.
+func (c *child) kill() {
+	c.cmd.Process.Kill()
+	<-c.exited
 }
 
 // Start launches redis-server and returns once it answers PING.
@@ -59,7 +86,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 			return nil, ErrNotInstalled
 		}
 	}
-	s := &Server{dir: opts.Dir}
+	s := &Server{bin: bin, opts: opts, dir: opts.Dir}
 	if s.dir == "" {
 		if s.dir, err = os.MkdirTemp("", "stillthere-redis-"); err != nil {
 			return nil, err
@@ -77,7 +104,13 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 				break
 			}
 		}
-		if err = s.start(ctx, bin, port, opts); err == nil || opts.Port != 0 {
+		var c *child
+		if c, err = s.launch(ctx, port); err == nil {
+			s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+			s.port, s.proc = port, c
+			break
+		}
+		if opts.Port != 0 {
 			break
 		}
 	}
@@ -88,29 +121,42 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	return s, nil
 }
 
-func (s *Server) start(ctx context.Context, bin string, port int, opts Options) error {
+// errPortInUse means redis-server could not bind its port.
+var errPortInUse = errors.New("port in use")
+
+// args are the redis-server arguments for a run on port.
+func (s *Server) args(port int) []string {
 	args := []string{
 		"--port", strconv.Itoa(port),
 		"--bind", "127.0.0.1",
 		"--dir", s.dir,
 		"--save", "",
-		"--appendonly", "no",
 		"--daemonize", "no",
 		"--protected-mode", "yes",
 		"--notify-keyspace-events", "Ex",
 	}
-	args = append(args, opts.Args...)
-	cmd := exec.Command(bin, args...)
+	if s.opts.AOF {
+		args = append(args, "--appendonly", "yes", "--appendfsync", "always")
+	} else {
+		args = append(args, "--appendonly", "no")
+	}
+	return append(args, s.opts.Args...)
+}
+
+// launch starts redis-server on port and returns once it answers PING.
+func (s *Server) launch(ctx context.Context, port int) (*child, error) {
+	opts := s.opts
+	cmd := exec.Command(s.bin, s.args(port)...)
 	// Its own process group, so a Ctrl-C on the dev stack reaches the stack
 	// first and the stack shuts redis down in order.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cmd.Stderr = cmd.Stdout
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start redis-server: %w", err)
+		return nil, fmt.Errorf("start redis-server: %w", err)
 	}
 	exited := make(chan struct{})
 	var tail []string
@@ -132,22 +178,25 @@ func (s *Server) start(ctx context.Context, bin string, port int, opts Options) 
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if ping(addr) == nil {
-			s.Addr, s.cmd, s.exited = addr, cmd, exited
-			return nil
+			return &child{cmd: cmd, exited: exited}, nil
 		}
 		select {
 		case <-exited:
-			return fmt.Errorf("redis-server on port %d exited at start: %s", port, strings.Join(tail, " | "))
+			msg := strings.Join(tail, " | ")
+			if strings.Contains(msg, "Address already in use") {
+				return nil, fmt.Errorf("redis-server on port %d: %w: %s", port, errPortInUse, msg)
+			}
+			return nil, fmt.Errorf("redis-server on port %d exited at start: %s", port, msg)
 		case <-ctx.Done():
 			cmd.Process.Kill()
 			<-exited
-			return ctx.Err()
+			return nil, ctx.Err()
 		case <-time.After(10 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
 			cmd.Process.Kill()
 			<-exited
-			return fmt.Errorf("redis-server on port %d did not answer PING within 10s", port)
+			return nil, fmt.Errorf("redis-server on port %d did not answer PING within 10s", port)
 		}
 	}
 }
@@ -182,15 +231,19 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// Close stops the server with SIGTERM and waits for it to exit.
+// Close stops the server with SIGTERM, waits for it to exit, and removes
+// a temporary Dir.
 func (s *Server) Close() error {
-	if s.cmd != nil {
-		s.cmd.Process.Signal(syscall.SIGTERM)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c := s.proc; c != nil {
+		c.cmd.Process.Signal(syscall.SIGTERM)
+		// A paused server acts on SIGTERM only once it runs again.
+		c.cmd.Process.Signal(syscall.SIGCONT)
 		select {
-		case <-s.exited:
+		case <-c.exited:
 		case <-time.After(5 * time.Second):
-			s.cmd.Process.Kill()
-			<-s.exited
+			c.kill()
 		}
 	}
 	s.cleanup()
@@ -199,8 +252,9 @@ func (s *Server) Close() error {
 
 // Kill stops the server abruptly, as a crash would, and waits for it.
 func (s *Server) Kill() {
-	s.cmd.Process.Kill()
-	<-s.exited
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.proc.kill()
 }
 
 func (s *Server) cleanup() {
