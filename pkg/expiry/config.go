@@ -46,6 +46,29 @@ type Config struct {
 	// sweep work (the sessions stay in the deadline index) until the
 	// spool drains. Default 256 MiB, about a million events.
 	SpoolMaxBytes int
+
+	// OutageGrace is how long a timeout waits after users could reach us
+	// again, before it is checked once more: a deadline that fell in a
+	// blind interval (Redis out of reach, no sweep, a restart that lost
+	// data, a clock step, the user's gateway dead) or within the grace
+	// after it. Default 75s: a client at the default TTL (60s plus 5s
+	// jitter) pings at least once a TTL, and 10s more covers reconnecting
+	// to another gateway.
+	OutageGrace time.Duration
+	// SweepGapMax is the longest time between two complete sweeps, by any
+	// listener replica, that is not a blind interval. Default 2s.
+	SweepGapMax time.Duration
+	// ClockJumpMax is how much further Redis's clock may move than the
+	// listener's between two sweeps before it counts as a step. Default 1s.
+	ClockJumpMax time.Duration
+	// MassExpiryShare and MassExpiryFloor set the mass-expiry brake: when
+	// more than MassExpiryShare of the live sessions, and more than
+	// MassExpiryFloor, lapse within MassExpiryWindow, the rest of them are
+	// held for OutageGrace and checked again before they are produced.
+	// Defaults 0.1, 1000 and 10s.
+	MassExpiryShare  float64
+	MassExpiryFloor  int
+	MassExpiryWindow time.Duration
 }
 
 // Bind registers the listener's settings on b.
@@ -60,6 +83,12 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Duration(&c.ProduceTimeout, "produce-timeout", 10*time.Second, "timeout of producing a batch to Kafka")
 	b.String(&c.SpoolDir, "spool-dir", "/var/lib/stillthere/spool", "directory of the spool that holds events while Kafka is unreachable")
 	b.Int(&c.SpoolMaxBytes, "spool-max-bytes", 256<<20, "size cap of the spool file, bytes")
+	b.Duration(&c.OutageGrace, "outage-grace", 75*time.Second, "how long timeouts that fell in or near a blind interval wait after it, before they are checked again")
+	b.Duration(&c.SweepGapMax, "sweep-gap-max", 2*time.Second, "longest time between two complete sweeps that is not a blind interval")
+	b.Duration(&c.ClockJumpMax, "clock-jump-max", time.Second, "how far Redis's clock may step between two sweeps before it is a blind interval")
+	b.Float(&c.MassExpiryShare, "mass-expiry-share", 0.1, "mass-expiry brake: share of live sessions lapsing within the window")
+	b.Int(&c.MassExpiryFloor, "mass-expiry-floor", 1000, "mass-expiry brake: fewest lapses within the window that can engage it")
+	b.Duration(&c.MassExpiryWindow, "mass-expiry-window", 10*time.Second, "mass-expiry brake: the window lapses are counted in")
 }
 
 // LoadConfig reads the listener's settings from args and env.
@@ -99,6 +128,18 @@ func (c Config) Validate() error {
 		return errors.New("spool-dir: empty")
 	case c.SpoolMaxBytes < 64<<10:
 		return fmt.Errorf("spool-max-bytes: %d, want at least 65536", c.SpoolMaxBytes)
+	case c.OutageGrace < time.Second || c.OutageGrace > 24*time.Hour:
+		return fmt.Errorf("outage-grace: %v, want between 1s and 24h", c.OutageGrace)
+	case c.SweepGapMax < 2*c.SweepInterval:
+		return fmt.Errorf("sweep-gap-max: %v, want at least twice sweep-interval (%v)", c.SweepGapMax, 2*c.SweepInterval)
+	case c.ClockJumpMax < 100*time.Millisecond:
+		return fmt.Errorf("clock-jump-max: %v, want at least 100ms", c.ClockJumpMax)
+	case !(c.MassExpiryShare > 0 && c.MassExpiryShare <= 1):
+		return fmt.Errorf("mass-expiry-share: %v, want above 0 and at most 1", c.MassExpiryShare)
+	case c.MassExpiryFloor < 1:
+		return fmt.Errorf("mass-expiry-floor: %d, want at least 1", c.MassExpiryFloor)
+	case c.MassExpiryWindow < time.Second || c.MassExpiryWindow > 10*time.Minute:
+		return fmt.Errorf("mass-expiry-window: %v, want between 1s and 10m", c.MassExpiryWindow)
 	}
 	return nil
 }

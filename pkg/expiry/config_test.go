@@ -1,6 +1,7 @@
 package expiry
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -63,7 +64,16 @@ func TestValidate(t *testing.T) {
 		{"smallest settings", func(c *Config) {
 			c.SweepInterval, c.SweepBatch, c.DedupTTL, c.ProduceTimeout = 10*time.Millisecond, 1, time.Minute, time.Second
 		}, ""},
-		{"largest settings", func(c *Config) { c.SweepInterval, c.SweepBatch = time.Minute, 10000 }, ""},
+		{"largest settings", func(c *Config) { c.SweepInterval, c.SweepBatch, c.SweepGapMax = time.Minute, 10000, 2*time.Minute }, ""},
+		{"sweep gap under two sweeps", func(c *Config) { c.SweepInterval, c.SweepGapMax = time.Second, 1999*time.Millisecond }, "sweep-gap-max"},
+		{"no grace", func(c *Config) { c.OutageGrace = 0 }, "outage-grace"},
+		{"grace over a day", func(c *Config) { c.OutageGrace = 25 * time.Hour }, "outage-grace"},
+		{"clock jump too small", func(c *Config) { c.ClockJumpMax = 99 * time.Millisecond }, "clock-jump-max"},
+		{"no brake share", func(c *Config) { c.MassExpiryShare = 0 }, "mass-expiry-share"},
+		{"brake share over 1", func(c *Config) { c.MassExpiryShare = 1.01 }, "mass-expiry-share"},
+		{"brake share NaN", func(c *Config) { c.MassExpiryShare = math.NaN() }, "mass-expiry-share"},
+		{"no brake floor", func(c *Config) { c.MassExpiryFloor = 0 }, "mass-expiry-floor"},
+		{"brake window too short", func(c *Config) { c.MassExpiryWindow = 999 * time.Millisecond }, "mass-expiry-window"},
 
 		{"no redis", func(c *Config) { c.Redis.Addrs = nil }, "redis-addrs"},
 		{"bad key prefix", func(c *Config) { c.Redis.KeyPrefix = "a:b" }, "key-prefix"},

@@ -121,8 +121,18 @@ func (h *harness) config(mode string) Config {
 		ProduceTimeout: time.Second,
 		SpoolDir:       h.t.TempDir(), // each listener its own, as each pod
 		SpoolMaxBytes:  1 << 20,
+		OutageGrace:    testGrace,
+		SweepGapMax:    time.Second,
+		ClockJumpMax:   time.Second,
+		// The brake only where a test asks for it.
+		MassExpiryShare:  1,
+		MassExpiryFloor:  1 << 30,
+		MassExpiryWindow: 10 * time.Second,
 	}
 }
+
+// testGrace is the outage grace of the tests: short, as their TTLs are.
+const testGrace = 3 * time.Second
 
 func testLogger() *slog.Logger {
 	if testing.Verbose() {

@@ -29,6 +29,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/admin"
 	"github.com/stillthere/stillthere/pkg/kafka"
+	"github.com/stillthere/stillthere/pkg/outage"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/spool"
@@ -47,6 +48,12 @@ type Listener struct {
 	// claim is this listener's dedup claim value, unique per process, so
 	// it only ever releases its own claims.
 	claim string
+	// marker reads the control state: who could not reach us, and when.
+	marker *marker
+	// brake is the mass-expiry brake; the pipeline goroutine's own.
+	brake brake
+	// produceDown logs a Kafka outage once, not once per event.
+	produceDown *outage.Log
 
 	// topicReady is set once the topic is known to exist; until then
 	// events go to the spool, so that a broker that creates topics on
@@ -89,14 +96,26 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Listener, error
 		rdb.Close()
 		return nil, err
 	}
+	id := randomID()
+	store := session.NewStore(rdb, cfg.Redis.Keyspace())
 	l := &Listener{
 		cfg:      cfg,
 		log:      logger,
 		rdb:      rdb,
-		store:    session.NewStore(rdb, cfg.Redis.Keyspace()),
+		store:    store,
 		producer: producer,
-		claim:    dedupClaimed + ":" + randomID(),
+		claim:    dedupClaimed + ":" + id,
 		spooled:  make(chan struct{}, 1),
+		produceDown: outage.NewLog(logger.With("topic", cfg.Kafka.Topic),
+			"produce timeout events (unsent ones are spooled, or left to a replica that can produce)", 0),
+		marker: &marker{
+			store: store, cfg: cfg, id: id, log: logger, fresh: producerFresh(cfg),
+			down:  outage.NewLog(logger, "read the control state from Redis", 0),
+			fleet: outage.NewLog(logger, "gateway fleet", 0),
+		},
+	}
+	if err := redisconn.CheckEviction(ctx, rdb); err != nil {
+		logger.Warn("Redis may evict session keys; give it maxmemory-policy noeviction", "err", err)
 	}
 	if l.spool, err = spool.Open(cfg.SpoolDir, int64(cfg.SpoolMaxBytes)); err != nil {
 		l.close()
@@ -115,7 +134,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Listener, error
 	// trying in the replayer.
 	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	l.ensureTopic(tctx)
+	l.marker.pingOK.Store(l.ensureTopic(tctx))
 	if l.adminLn, err = net.Listen("tcp", cfg.AdminAddr); err != nil {
 		l.close()
 		return nil, fmt.Errorf("listen on listener-admin-addr: %w", err)
@@ -164,7 +183,15 @@ func (l *Listener) Run(ctx context.Context) error {
 	}
 	eg.Go(func() error { return l.pipeline(ctx, expired) })
 	eg.Go(func() error { return l.replay(ctx) })
+	eg.Go(func() error {
+		l.marker.loop(ctx, l.kafkaPing)
+		return nil
+	})
 	err := eg.Wait()
+	// Other replicas stop counting on this one at once.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	l.store.ForgetProducer(fctx, l.marker.id)
+	cancel()
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
@@ -185,7 +212,45 @@ func (l *Listener) ready(ctx context.Context) error {
 		}
 		return fmt.Errorf("kafka topic %q: %w", l.cfg.Kafka.Topic, err)
 	}
+	if l.standby() {
+		return errors.New("kafka does not take this replica's events; other replicas take its work")
+	}
 	return nil
+}
+
+// kafkaPing tells whether this replica can produce now.
+func (l *Listener) kafkaPing(ctx context.Context) error {
+	if !l.topicReady.Load() {
+		return errors.New("topic not known to exist")
+	}
+	return l.producer.Ping(ctx)
+}
+
+// producerFresh is how recently another replica must have produced for
+// this one to leave the work to it.
+func producerFresh(cfg Config) time.Duration { return 2*time.Second + 3*cfg.SweepInterval }
+
+// othersProduce reports whether another listener replica could produce
+// lately, by the last control state.
+func (l *Listener) othersProduce() bool {
+	c, ok := l.marker.current()
+	if !ok {
+		return false
+	}
+	for id, at := range c.Producers {
+		if id != l.marker.id && c.Now.Sub(at) <= producerFresh(l.cfg) {
+			return true
+		}
+	}
+	return false
+}
+
+// standby reports whether this replica stays out of the work: it cannot
+// produce and another replica can. It then takes no timeouts, so none is
+// spooled here while a healthy replica could produce it; it spools only
+// when no replica can produce.
+func (l *Listener) standby() bool {
+	return !l.marker.canProduce() && l.othersProduce()
 }
 
 // eventBatch bounds how many expired-event keys are looked up together.
@@ -225,7 +290,7 @@ func (l *Listener) pipeline(ctx context.Context, expired <-chan string) error {
 // sweep takes due entries from every bucket until none is left or an error
 // stops it; the next tick retries.
 func (l *Listener) sweep(ctx context.Context) {
-	if l.pausedBySpool() {
+	if l.pausedBySpool() || l.standby() {
 		return
 	}
 	start := time.Now()
@@ -237,11 +302,21 @@ func (l *Listener) sweep(ctx context.Context) {
 			return
 		}
 		metricDue.Set(float64(len(due)))
+		// The control state is read after the sweep, so that a blind
+		// interval that ended just before it is known.
+		c, err := l.marker.mark(ctx)
+		if err != nil {
+			return
+		}
 		if len(due) == 0 {
+			if l.brake.engaged {
+				l.braking(ctx, c.Now, 0)
+			}
 			return
 		}
 		metricSeen.WithLabelValues(timeoutevent.SourceSweep).Add(float64(len(due)))
-		settled, err := l.emit(ctx, due, timeoutevent.SourceSweep)
+		ready := l.holdBack(ctx, c, due)
+		settled, err := l.emit(ctx, c, ready, timeoutevent.SourceSweep)
 		if err != nil {
 			l.log.Warn("emit swept timeouts", "count", len(due), "err", err)
 			return
@@ -249,14 +324,14 @@ func (l *Listener) sweep(ctx context.Context) {
 		// Sweep again at once only if a bucket may hold more and this
 		// round made progress; entries another replica is producing would
 		// otherwise be read over and over.
-		if len(due) < l.cfg.SweepBatch || settled == 0 {
+		if len(due) < l.cfg.SweepBatch || settled+len(due)-len(ready) == 0 {
 			return
 		}
 	}
 }
 
 func (l *Listener) fromEvents(ctx context.Context, uids []string) {
-	if l.pausedBySpool() {
+	if l.pausedBySpool() || l.standby() {
 		return // still in the index: the sweep takes them once the spool drains
 	}
 	var found []session.Expired
@@ -273,8 +348,13 @@ func (l *Listener) fromEvents(ctx context.Context, uids []string) {
 	if len(found) == 0 {
 		return
 	}
+	c, err := l.marker.mark(ctx)
+	if err != nil {
+		return // still in the index: the sweep retries them
+	}
 	metricSeen.WithLabelValues(timeoutevent.SourceEvent).Add(float64(len(found)))
-	if _, err := l.emit(ctx, found, timeoutevent.SourceEvent); err != nil {
+	found = l.holdBack(ctx, c, found)
+	if _, err := l.emit(ctx, c, found, timeoutevent.SourceEvent); err != nil {
 		l.log.Warn("emit timeouts from events", "count", len(found), "err", err)
 	}
 }
@@ -285,13 +365,17 @@ func (l *Listener) fromEvents(ctx context.Context, uids []string) {
 // the replay keeps them in order. Only an event neither produced nor
 // spooled keeps its index entry, with its claim released, for the next
 // sweep to retry.
-func (l *Listener) emit(ctx context.Context, found []session.Expired, source string) (int, error) {
+func (l *Listener) emit(ctx context.Context, c session.Control, found []session.Expired, source string) (int, error) {
+	if len(found) == 0 {
+		return 0, nil
+	}
 	begin := time.Now() // just after detection
 	found = l.distinct(found)
 	states, err := l.dedupe(ctx, found)
 	if err != nil {
 		return 0, err
 	}
+	l.brakeFresh(ctx, c, found, states)
 	var settled, produced, spooled, failed []session.Expired
 	records := make([]*kgo.Record, 0, len(found))
 	byRecord := make(map[*kgo.Record]session.Expired, len(found))
@@ -303,6 +387,8 @@ func (l *Listener) emit(ctx context.Context, found []session.Expired, source str
 			continue
 		case dedupBusy:
 			continue // another replica is producing it; it settles the entry
+		case dedupHeld:
+			continue // held by the brake
 		}
 		ev := timeoutevent.New(e.UID, e.Segment, e.Deadline, e.Detected, source)
 		b, err := ev.Marshal()
@@ -329,16 +415,29 @@ func (l *Listener) emit(ctx context.Context, found []session.Expired, source str
 			e := byRecord[r.Record]
 			if r.Err != nil {
 				metricProduceErrors.Inc()
-				l.log.Warn("produce timeout, spooling it", "uid", e.UID, "err", r.Err)
+				l.marker.produceFailed()
+				l.produceDown.Fail(r.Err)
 				unsent = append(unsent, r.Record)
 				continue
 			}
+			l.produceDown.OK()
+			l.marker.produced()
 			metricProduced.WithLabelValues(source).Inc()
 			// Lag from the deadline to detection by Redis's clock, plus the
 			// local time since: no two hosts' clocks are compared.
 			metricLag.WithLabelValues(source).Observe((e.Detected.Sub(e.Deadline) + producedAt.Sub(begin)).Seconds())
 			produced = append(produced, e)
 		}
+	}
+	if len(unsent) > 0 && l.direct() && l.othersProduce() {
+		// Kafka does not take this replica's events, but another replica
+		// can produce: leave the entries in the index, released, for it.
+		l.marker.produceFailed()
+		l.log.Warn("kafka does not take this replica's events; leaving them to the other replicas until it does", "count", len(unsent))
+		for _, r := range unsent {
+			failed = append(failed, byRecord[r])
+		}
+		unsent = nil
 	}
 	if len(unsent) > 0 {
 		if err := l.toSpool(unsent); err != nil {
@@ -379,6 +478,7 @@ const (
 	dedupFresh dedupState = iota // claimed by us: produce it
 	dedupDone                    // produced already: settle the entry
 	dedupBusy                    // claimed by another replica: leave it
+	dedupHeld                    // claimed by us, then held by the brake: released
 )
 
 const (
@@ -398,6 +498,61 @@ var releaseScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 `)
+
+// holdBack holds the timeouts that fell in or near a time users could not
+// reach us (see hold.go) and returns the rest, to produce now. One that
+// could not be held stays in the index, for the next sweep.
+func (l *Listener) holdBack(ctx context.Context, c session.Control, found []session.Expired) []session.Expired {
+	type key struct {
+		until time.Time
+		rule  string
+	}
+	var now []session.Expired
+	held := map[key][]session.Expired{}
+	for _, e := range found {
+		until, rule := holdUntil(c, e, l.cfg.OutageGrace)
+		if until.IsZero() {
+			now = append(now, e)
+			continue
+		}
+		held[key{until, rule}] = append(held[key{until, rule}], e)
+	}
+	for k, es := range held {
+		if err := l.hold(ctx, es, k.until, k.rule); err != nil {
+			l.log.Debug("hold timeouts; the next sweep retries", "count", len(es), "err", err)
+		}
+	}
+	return now
+}
+
+// brakeFresh applies the mass-expiry brake to the timeouts this batch
+// claimed that were not held once already: past the threshold they are
+// held for the grace, and their claims released.
+func (l *Listener) brakeFresh(ctx context.Context, c session.Control, found []session.Expired, states []dedupState) {
+	var fresh []int
+	for i, e := range found {
+		if states[i] == dedupFresh && !e.Rechecked {
+			fresh = append(fresh, i)
+		}
+	}
+	if len(fresh) == 0 || !l.braking(ctx, c.Now, len(fresh)) {
+		return
+	}
+	braked := make([]session.Expired, 0, len(fresh))
+	for _, i := range fresh {
+		braked = append(braked, found[i])
+	}
+	wctx := context.WithoutCancel(ctx)
+	if err := l.hold(wctx, braked, c.Now.Add(l.cfg.OutageGrace), holdBrake); err != nil {
+		l.log.Debug("hold timeouts for the mass-expiry brake; the next sweep retries", "count", len(braked), "err", err)
+	}
+	if err := l.markDedup(wctx, nil, braked); err != nil {
+		l.log.Debug("release dedup claims of held timeouts", "count", len(braked), "err", err)
+	}
+	for _, i := range fresh {
+		states[i] = dedupHeld
+	}
+}
 
 func randomID() string {
 	var b [8]byte

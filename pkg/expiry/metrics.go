@@ -68,4 +68,20 @@ var (
 		Name: "stillthere_listener_spool_unreadable_total",
 		Help: "Spooled events that no longer parsed and were dropped (a damaged disk).",
 	})
+	metricHeld = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "stillthere_listener_held_total",
+		Help: "Timeouts held for the outage grace before a recheck, by rule (blind, gateway-dead, fleet-down, mass-expiry).",
+	}, []string{"rule"})
+	metricBlind = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "stillthere_listener_blind_intervals_total",
+		Help: "Blind intervals this listener found when marking a sweep, by reason (sweep-gap, data-lost, clock-jump).",
+	}, []string{"reason"})
+	metricBrake = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "stillthere_listener_mass_expiry_brake",
+		Help: "1 while the mass-expiry brake holds lapsing sessions for the grace, else 0.",
+	})
+	metricFleetDown = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "stillthere_listener_gateway_fleet_down",
+		Help: "1 while gateway instances are known and none has a live heartbeat, else 0.",
+	})
 )

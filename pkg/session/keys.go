@@ -12,11 +12,22 @@
 //	<prefix>:{b07}:s:<uid>       session key, value the segment, TTL = deadline
 //	<prefix>:{b07}:dl            deadline index: ZSET uid -> deadline ms
 //	<prefix>:{b07}:seg           segments: HASH uid -> segment
+//	<prefix>:{b07}:via           gateway instance of the last renewal: HASH uid -> instance
+//	<prefix>:{b07}:hold          timeouts held for a recheck: ZSET uid -> release ms
+//	<prefix>:{b07}:held          deadline a timeout was held for: HASH uid -> deadline ms
 //	<prefix>:{b07}:dd:<uid>:<n>  expiry listener's dedup key, n = deadline minute
 //	<prefix>:{b07}:pg:<id>       guide id the gateway delivered (idempotency)
 //	<prefix>:{b07}:rt:<uid>      gateway instances holding uid's connections
 //	<prefix>:{b07}:in:<uid>      guides waiting for uid's next connect
 //	<prefix>:gw:<instance>       Pub/Sub channel of one gateway instance
+//	<prefix>:{ctl}:alive         gateway heartbeats: HASH instance -> "last ms:lease ms"
+//	<prefix>:{ctl}:blind         blind intervals: ZSET "start:end:reason:scope" -> end ms
+//	<prefix>:{ctl}:swept         Redis time of the last complete sweep, ms
+//	<prefix>:{ctl}:lapses:<s>    timeouts claimed in second s (mass-expiry brake)
+//	<prefix>:{ctl}:producers     listener replicas that can produce: HASH id -> last ok ms
+//
+// The {ctl} keys share one slot, so the scripts that read one and write
+// another are atomic on Redis Cluster too.
 package session
 
 import (
@@ -88,6 +99,48 @@ func (k Keyspace) IndexKey(b int) string { return k.bucketPrefix(b) + "dl" }
 
 // SegmentsKey is bucket b's hash of uid to segment.
 func (k Keyspace) SegmentsKey(b int) string { return k.bucketPrefix(b) + "seg" }
+
+// ViaKey is bucket b's hash of uid to the gateway instance that last
+// renewed its session.
+func (k Keyspace) ViaKey(b int) string { return k.bucketPrefix(b) + "via" }
+
+// HoldKey is bucket b's set of timeouts held for a recheck, by release time.
+func (k Keyspace) HoldKey(b int) string { return k.bucketPrefix(b) + "hold" }
+
+// HeldKey is bucket b's hash of uid to the deadline its timeout was held
+// for. It outlives the release, so a recheck is known as one.
+func (k Keyspace) HeldKey(b int) string { return k.bucketPrefix(b) + "held" }
+
+// bucketKeys are the keys every session script of bucket b declares, in
+// this order: index, segments, via, hold, held.
+func (k Keyspace) bucketKeys(b int) []string {
+	return []string{k.IndexKey(b), k.SegmentsKey(b), k.ViaKey(b), k.HoldKey(b), k.HeldKey(b)}
+}
+
+// sessionKeys are the keys of uid's session scripts: its session key,
+// then its bucket's keys.
+func (k Keyspace) sessionKeys(uid string) []string {
+	return append([]string{k.SessionKey(uid)}, k.bucketKeys(Bucket(uid))...)
+}
+
+func (k Keyspace) controlKey(name string) string { return k.prefix + ":{ctl}:" + name }
+
+// AliveKey holds the gateway instances' heartbeats.
+func (k Keyspace) AliveKey() string { return k.controlKey("alive") }
+
+// BlindKey holds the intervals in which users could not reach us.
+func (k Keyspace) BlindKey() string { return k.controlKey("blind") }
+
+// SweptKey holds Redis's time at the last complete sweep.
+func (k Keyspace) SweptKey() string { return k.controlKey("swept") }
+
+// LapsesKey counts the timeouts claimed in one second (Unix seconds).
+func (k Keyspace) LapsesKey(sec int64) string {
+	return k.controlKey("lapses:" + strconv.FormatInt(sec, 10))
+}
+
+// ProducersKey holds when each listener replica last could produce.
+func (k Keyspace) ProducersKey() string { return k.controlKey("producers") }
 
 // DedupKey marks that uid's timeout in the given minute window was produced.
 func (k Keyspace) DedupKey(uid string, window int64) string {

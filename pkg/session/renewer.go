@@ -27,6 +27,10 @@ type RenewerConfig struct {
 	QueueSize int
 	// OnFlush, when set, observes each round trip: its size and latency.
 	OnFlush func(size int, took time.Duration, err error)
+	// Instance names the gateway instance whose connections renew, so the
+	// listener can tell its users' deadlines apart when it dies. Empty
+	// records none.
+	Instance string
 }
 
 // Renewer coalesces renewals from many connections into pipelined round
@@ -47,6 +51,7 @@ type renewal struct {
 	uid, segment string
 	ttl          time.Duration
 	end          bool // End the session instead
+	resync       bool // restore a grant; ttl is what is left of it
 	deadline     time.Time
 	err          error
 	done         chan struct{}
@@ -81,25 +86,65 @@ func (r *Renewer) End(ctx context.Context, uid string) error {
 	return err
 }
 
-func (r *Renewer) do(ctx context.Context, req *renewal) (time.Time, error) {
-	r.mu.Lock()
-	if r.stopped {
-		r.mu.Unlock()
-		return time.Time{}, ErrRenewerStopped
+// Grant is a renewal a gateway made, or tried to make, for one
+// connection: what Resync restores.
+type Grant struct {
+	UID, Segment string
+	// Left is what remains of the grant: its deadline is Redis's now plus
+	// Left. Resync never writes a later deadline than that.
+	Left time.Duration
+}
+
+// Resync restores grants that could not be written while Redis was out of
+// reach, sharing round trips as renewals do, and returns the first error.
+// A grant never shortens a deadline already written, and one with nothing
+// left is skipped: resync restores the truth, it gives no extra time.
+func (r *Renewer) Resync(ctx context.Context, grants []Grant) (int, error) {
+	reqs := make([]*renewal, 0, len(grants))
+	var firstErr error
+	for _, g := range grants {
+		if g.Left <= 0 {
+			continue
+		}
+		req := &renewal{uid: g.UID, segment: g.Segment, ttl: g.Left.Truncate(time.Millisecond), resync: true, done: make(chan struct{})}
+		if err := r.enqueue(ctx, req); err != nil {
+			firstErr = err
+			break
+		}
+		reqs = append(reqs, req)
 	}
-	r.senders.Add(1)
-	r.mu.Unlock()
-	select {
-	case r.reqs <- req:
-		r.senders.Done()
-	case <-ctx.Done():
-		r.senders.Done()
-		return time.Time{}, ctx.Err()
+	for _, req := range reqs {
+		<-req.done
+		firstErr = cmp.Or(firstErr, req.err)
+	}
+	return len(reqs), firstErr
+}
+
+func (r *Renewer) do(ctx context.Context, req *renewal) (time.Time, error) {
+	if err := r.enqueue(ctx, req); err != nil {
+		return time.Time{}, err
 	}
 	// Once queued, the renewal is always flushed, so waiting is bounded
 	// by Run's round trip.
 	<-req.done
 	return req.deadline, req.err
+}
+
+func (r *Renewer) enqueue(ctx context.Context, req *renewal) error {
+	r.mu.Lock()
+	if r.stopped {
+		r.mu.Unlock()
+		return ErrRenewerStopped
+	}
+	r.senders.Add(1)
+	r.mu.Unlock()
+	defer r.senders.Done()
+	select {
+	case r.reqs <- req:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Run batches renewals until ctx is done, then refuses new ones, flushes
@@ -208,9 +253,12 @@ func (r *Renewer) send(ctx context.Context, batch []*renewal, bySHA bool) []*red
 	// Errors are per command; Pipelined's own is the first of them.
 	r.store.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, req := range batch {
-			b := Bucket(req.uid)
-			keys := []string{ks.SessionKey(req.uid), ks.IndexKey(b), ks.SegmentsKey(b)}
-			script, args := renewScript, []any{req.uid, req.ttl.Milliseconds(), req.segment}
+			keys := ks.sessionKeys(req.uid)
+			mode := modeRenew
+			if req.resync {
+				mode = modeResync
+			}
+			script, args := renewScript, []any{req.uid, req.ttl.Milliseconds(), req.segment, r.cfg.Instance, mode}
 			if req.end {
 				script, args = endScript, []any{req.uid}
 			}

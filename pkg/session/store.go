@@ -15,62 +15,99 @@ import (
 // the declared keys' hash tag, so they live in the same cluster slot.
 
 // renewScript sets the session key's TTL and its deadline-index entry in one
-// step. KEYS: session, index, segments. ARGV: uid, ttl ms, segment.
+// step, records the gateway instance that renewed it, and cancels a hold
+// on its last timeout: the user is back. KEYS: session, then the bucket's
+// keys (index, segments, via, hold, held). ARGV: uid, ttl ms, segment,
+// instance, mode. Mode "resync" restores a grant a gateway could not
+// write while Redis was out of reach: it never shortens a deadline already
+// written (another device, a later ping) nor one held for a recheck.
 // Returns the deadline in ms.
 var renewScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
+local uid = ARGV[1]
+if ARGV[5] == 'resync' then
+  local cur = redis.call('ZSCORE', KEYS[2], uid) or redis.call('HGET', KEYS[6], uid)
+  if cur and tonumber(cur) >= now + ttl then return tonumber(cur) end
+  if ttl <= 0 then return now + ttl end
+end
 redis.call('SET', KEYS[1], ARGV[3], 'PX', ttl)
-redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
+redis.call('ZADD', KEYS[2], now + ttl, uid)
+redis.call('HSET', KEYS[3], uid, ARGV[3])
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[4], uid, ARGV[4]) end
+redis.call('ZREM', KEYS[5], uid)
+redis.call('HDEL', KEYS[6], uid)
 return now + ttl
 `)
 
 // endScript removes a session deliberately ended by its user.
-// KEYS: session, index, segments. ARGV: uid.
+// KEYS: session, then the bucket's keys. ARGV: uid.
 var endScript = redis.NewScript(`
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('ZREM', KEYS[5], ARGV[1])
+redis.call('HDEL', KEYS[6], ARGV[1])
 return 1
 `)
 
-// dueScript lists up to ARGV[2] index entries of one bucket whose deadline
-// has passed and whose session key is gone. EXISTS on a key past its TTL
-// makes Redis expire it on the spot. KEYS: index, segments.
-// ARGV: session key prefix, limit. Returns {now, uid, deadline, segment, ...}.
+// dueScript first returns held timeouts whose release time came to the
+// index, with the deadline they were held for, then lists up to ARGV[2]
+// index entries of one bucket whose deadline has passed and whose session
+// key is gone. EXISTS on a key past its TTL makes Redis expire it on the
+// spot. KEYS: the bucket's keys (index, segments, via, hold, held).
+// ARGV: session key prefix, limit.
+// Returns {now, uid, deadline, segment, via, held, ...}; held is 1 when
+// this deadline was held once already.
 var dueScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[2]), 'WITHSCORES')
+local limit = tonumber(ARGV[2])
+local back = redis.call('ZRANGE', KEYS[4], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+for _, uid in ipairs(back) do
+  redis.call('ZREM', KEYS[4], uid)
+  local d = redis.call('HGET', KEYS[5], uid)
+  if d and not redis.call('ZSCORE', KEYS[1], uid) then
+    redis.call('ZADD', KEYS[1], d, uid)
+  end
+end
+local due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
 local out = {now}
 for i = 1, #due, 2 do
   local uid = due[i]
   if redis.call('EXISTS', ARGV[1] .. uid) == 0 then
+    local held = redis.call('HGET', KEYS[5], uid)
     out[#out+1] = uid
     out[#out+1] = due[i+1]
     out[#out+1] = redis.call('HGET', KEYS[2], uid) or ''
+    out[#out+1] = redis.call('HGET', KEYS[3], uid) or ''
+    out[#out+1] = (held and tonumber(held) == tonumber(due[i+1])) and 1 or 0
   end
 end
 return out
 `)
 
 // lookupScript is dueScript for one uid whose key was reported expired.
-// KEYS: session, index, segments. ARGV: uid. Returns {now} when the session
-// is live again or already settled, else {now, uid, deadline, segment}.
+// KEYS: session, then the bucket's keys. ARGV: uid. Returns {now} when
+// the session is live again, held, or already settled, else
+// {now, uid, deadline, segment, via, held}.
 var lookupScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if redis.call('EXISTS', KEYS[1]) == 1 then return {now} end
 local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if not score then return {now} end
-return {now, ARGV[1], score, redis.call('HGET', KEYS[3], ARGV[1]) or ''}
+local held = redis.call('HGET', KEYS[6], ARGV[1])
+return {now, ARGV[1], score, redis.call('HGET', KEYS[3], ARGV[1]) or '',
+  redis.call('HGET', KEYS[4], ARGV[1]) or '',
+  (held and tonumber(held) == tonumber(score)) and 1 or 0}
 `)
 
 // settleScript removes index entries whose timeouts are safely produced, but
 // only when the deadline is still the one produced: a renewal in between
-// wrote a new deadline that must stay. KEYS: index, segments.
+// wrote a new deadline that must stay. KEYS: the bucket's keys.
 // ARGV: session key prefix, then uid, deadline pairs.
 var settleScript = redis.NewScript(`
 local n = 0
@@ -81,6 +118,8 @@ for i = 2, #ARGV, 2 do
     redis.call('ZREM', KEYS[1], uid)
     if redis.call('EXISTS', ARGV[1] .. uid) == 0 then
       redis.call('HDEL', KEYS[2], uid)
+      redis.call('HDEL', KEYS[3], uid)
+      redis.call('HDEL', KEYS[5], uid)
     end
     n = n + 1
   end
@@ -88,12 +127,45 @@ end
 return n
 `)
 
+// holdScript moves timeouts out of the index until their release time,
+// when dueScript puts them back for a recheck, unless the user renewed in
+// between (renewScript cancels the hold). An entry is moved only if its
+// deadline is still the one decided on and its session is still gone.
+// KEYS: the bucket's keys. ARGV: session key prefix, then uid, deadline,
+// release triples. Returns how many were held.
+var holdScript = redis.NewScript(`
+local n = 0
+for i = 2, #ARGV, 3 do
+  local uid = ARGV[i]
+  local score = redis.call('ZSCORE', KEYS[1], uid)
+  if score and tonumber(score) == tonumber(ARGV[i+1]) and redis.call('EXISTS', ARGV[1] .. uid) == 0 then
+    redis.call('ZREM', KEYS[1], uid)
+    redis.call('ZADD', KEYS[4], ARGV[i+2], uid)
+    redis.call('HSET', KEYS[5], uid, ARGV[i+1])
+    n = n + 1
+  end
+end
+return n
+`)
+
+// Modes of renewScript.
+const (
+	modeRenew  = "renew"
+	modeResync = "resync"
+)
+
 // Expired is a session whose deadline passed without a renewal.
 type Expired struct {
 	UID      string
 	Segment  string
 	Deadline time.Time // when the session's TTL ran out
 	Detected time.Time // when Redis reported it gone, by Redis's clock
+	// Via is the gateway instance that last renewed the session, or ""
+	// when it was renewed without one.
+	Via string
+	// Rechecked means this deadline was held once and released: it was
+	// checked against the outage rules already.
+	Rechecked bool
 }
 
 // Store reads and writes sessions in Redis.
@@ -113,10 +185,8 @@ func (s *Store) Keyspace() Keyspace { return s.ks }
 // Renew grants uid's session ttl from now, by Redis's clock, in one round
 // trip, and returns the new deadline.
 func (s *Store) Renew(ctx context.Context, uid, segment string, ttl time.Duration) (time.Time, error) {
-	b := Bucket(uid)
-	ms, err := renewScript.Run(ctx, s.rdb,
-		[]string{s.ks.SessionKey(uid), s.ks.IndexKey(b), s.ks.SegmentsKey(b)},
-		uid, ttl.Milliseconds(), segment).Int64()
+	ms, err := renewScript.Run(ctx, s.rdb, s.ks.sessionKeys(uid),
+		uid, ttl.Milliseconds(), segment, "", modeRenew).Int64()
 	if err != nil {
 		return time.Time{}, fmt.Errorf("renew session %q: %w", uid, err)
 	}
@@ -125,9 +195,7 @@ func (s *Store) Renew(ctx context.Context, uid, segment string, ttl time.Duratio
 
 // End deletes uid's session and its index entry, so no timeout follows.
 func (s *Store) End(ctx context.Context, uid string) error {
-	b := Bucket(uid)
-	err := endScript.Run(ctx, s.rdb,
-		[]string{s.ks.SessionKey(uid), s.ks.IndexKey(b), s.ks.SegmentsKey(b)}, uid).Err()
+	err := endScript.Run(ctx, s.rdb, s.ks.sessionKeys(uid), uid).Err()
 	if err != nil {
 		return fmt.Errorf("end session %q: %w", uid, err)
 	}
@@ -150,9 +218,7 @@ func (s *Store) Due(ctx context.Context, limit int) ([]Expired, time.Time, error
 	cmds := make([]*redis.Cmd, Buckets)
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for b := range Buckets {
-			cmds[b] = dueScript.Eval(ctx, p,
-				[]string{s.ks.IndexKey(b), s.ks.SegmentsKey(b)},
-				s.ks.SessionKeyPrefix(b), limit)
+			cmds[b] = dueScript.Eval(ctx, p, s.ks.bucketKeys(b), s.ks.SessionKeyPrefix(b), limit)
 		}
 		return nil
 	})
@@ -177,9 +243,7 @@ func (s *Store) Due(ctx context.Context, limit int) ([]Expired, time.Time, error
 // Lookup checks a session reported expired. It returns ok false when the
 // session is live again or its timeout was already settled.
 func (s *Store) Lookup(ctx context.Context, uid string) (Expired, bool, error) {
-	b := Bucket(uid)
-	cmd := lookupScript.Run(ctx, s.rdb,
-		[]string{s.ks.SessionKey(uid), s.ks.IndexKey(b), s.ks.SegmentsKey(b)}, uid)
+	cmd := lookupScript.Run(ctx, s.rdb, s.ks.sessionKeys(uid), uid)
 	got, _, err := parseExpired(cmd)
 	if err != nil {
 		return Expired{}, false, fmt.Errorf("look up expired session %q: %w", uid, err)
@@ -201,7 +265,7 @@ func (s *Store) Settle(ctx context.Context, done []Expired) error {
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for b, pairs := range byBucket {
 			args := append([]any{s.ks.SessionKeyPrefix(b)}, pairs...)
-			settleScript.Eval(ctx, p, []string{s.ks.IndexKey(b), s.ks.SegmentsKey(b)}, args...)
+			settleScript.Eval(ctx, p, s.ks.bucketKeys(b), args...)
 		}
 		return nil
 	})
@@ -213,13 +277,44 @@ func (s *Store) Settle(ctx context.Context, done []Expired) error {
 
 var errReply = errors.New("unexpected script reply")
 
-// parseExpired decodes {now, uid, deadline, segment, ...}.
+// Hold moves timeouts out of the index until release, when the sweep
+// rechecks them. One whose user renewed since, or whose deadline changed,
+// is left alone. It returns how many it held.
+func (s *Store) Hold(ctx context.Context, found []Expired, release time.Time) (int, error) {
+	byBucket := make(map[int][]any)
+	for _, e := range found {
+		b := Bucket(e.UID)
+		byBucket[b] = append(byBucket[b], e.UID, e.Deadline.UnixMilli(), release.UnixMilli())
+	}
+	cmds := make([]*redis.Cmd, 0, len(byBucket))
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for b, triples := range byBucket {
+			args := append([]any{s.ks.SessionKeyPrefix(b)}, triples...)
+			cmds = append(cmds, holdScript.Eval(ctx, p, s.ks.bucketKeys(b), args...))
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("hold %d timeouts: %w", len(found), err)
+	}
+	n := 0
+	for _, c := range cmds {
+		k, _ := c.Int()
+		n += k
+	}
+	return n, nil
+}
+
+// fields of one entry in a due or lookup reply.
+const entryFields = 5
+
+// parseExpired decodes {now, uid, deadline, segment, via, held, ...}.
 func parseExpired(cmd *redis.Cmd) ([]Expired, time.Time, error) {
 	vals, err := cmd.Slice()
 	if err != nil {
 		return nil, time.Time{}, err
 	}
-	if len(vals) == 0 || (len(vals)-1)%3 != 0 {
+	if len(vals) == 0 || (len(vals)-1)%entryFields != 0 {
 		return nil, time.Time{}, fmt.Errorf("%w: %d values", errReply, len(vals))
 	}
 	nowMS, ok := vals[0].(int64)
@@ -227,11 +322,13 @@ func parseExpired(cmd *redis.Cmd) ([]Expired, time.Time, error) {
 		return nil, time.Time{}, fmt.Errorf("%w: time %v", errReply, vals[0])
 	}
 	now := time.UnixMilli(nowMS)
-	out := make([]Expired, 0, (len(vals)-1)/3)
-	for i := 1; i < len(vals); i += 3 {
+	out := make([]Expired, 0, (len(vals)-1)/entryFields)
+	for i := 1; i < len(vals); i += entryFields {
 		uid, _ := vals[i].(string)
 		score, _ := vals[i+1].(string)
 		seg, _ := vals[i+2].(string)
+		via, _ := vals[i+3].(string)
+		held, _ := vals[i+4].(int64)
 		ms, err := strconv.ParseFloat(score, 64)
 		if uid == "" || err != nil {
 			return nil, time.Time{}, fmt.Errorf("%w: entry %v %v", errReply, vals[i], vals[i+1])
@@ -239,7 +336,8 @@ func parseExpired(cmd *redis.Cmd) ([]Expired, time.Time, error) {
 		if seg == "" {
 			seg = DefaultSegment
 		}
-		out = append(out, Expired{UID: uid, Segment: seg, Deadline: time.UnixMilli(int64(ms)), Detected: now})
+		out = append(out, Expired{UID: uid, Segment: seg, Deadline: time.UnixMilli(int64(ms)), Detected: now,
+			Via: via, Rechecked: held == 1})
 	}
 	return out, now, nil
 }

@@ -1,0 +1,80 @@
+package expiry
+
+import (
+	"time"
+
+	"github.com/stillthere/stillthere/pkg/session"
+)
+
+// A silence we caused is not a silence. A timeout whose deadline fell in a
+// time in which its user could not reach us, or within the grace after
+// it, is held: it waits until the grace after that time has passed, and is
+// then checked again, so that a user who was there has pinged by then and
+// is never guided. The rules, all by Redis's clock:
+//
+//   - A blind interval of everyone (no sweep, Redis data lost, a clock
+//     step, the whole gateway fleet down) or of the user's gateway (its
+//     renewals failed, its heartbeat had a gap) holds a deadline in
+//     [start, end+grace] until end+grace.
+//   - A gateway instance that is dead now (its heartbeat lease ran out)
+//     holds its users' deadlines in [last heartbeat-lease, last
+//     heartbeat+grace] until last heartbeat+grace: a user who was there
+//     has reconnected to another instance and pinged by then.
+//   - While no gateway instance is alive at all, every deadline since the
+//     last one was seen alive is held, until the grace after one is back.
+
+// holdRule names why a timeout was held, for the metric.
+const (
+	holdBlind     = "blind"
+	holdDeadGW    = "gateway-dead"
+	holdFleetDown = "fleet-down"
+	holdBrake     = "mass-expiry"
+)
+
+// holdUntil returns when e's timeout may be produced, and why it waits;
+// a zero time means now.
+func holdUntil(c session.Control, e session.Expired, grace time.Duration) (time.Time, string) {
+	var until time.Time
+	var why string
+	later := func(t time.Time, reason string) {
+		if t.After(c.Now) && t.After(until) {
+			until, why = t, reason
+		}
+	}
+	d := e.Deadline
+	for _, b := range c.Blind {
+		if b.Scope != "" && b.Scope != e.Via {
+			continue
+		}
+		if !d.Before(b.Start) && !d.After(b.End.Add(grace)) {
+			later(b.End.Add(grace), holdBlind)
+		}
+	}
+	if inst, ok := c.Instances[e.Via]; ok && e.Via != "" && !inst.AliveAt(c.Now) {
+		if !d.Before(inst.Last.Add(-inst.Lease)) && !d.After(inst.Last.Add(grace)) {
+			later(inst.Last.Add(grace), holdDeadGW)
+		}
+	}
+	if since, down := fleetDown(c); down && !d.Before(since) {
+		later(c.Now.Add(grace), holdFleetDown)
+	}
+	return until, why
+}
+
+// fleetDown reports whether gateway instances are known and none is alive,
+// and since when: the last heartbeat of the newest, less its lease.
+func fleetDown(c session.Control) (time.Time, bool) {
+	if len(c.Instances) == 0 {
+		return time.Time{}, false
+	}
+	var since time.Time
+	for _, inst := range c.Instances {
+		if inst.AliveAt(c.Now) {
+			return time.Time{}, false
+		}
+		if t := inst.Last.Add(-inst.Lease); t.After(since) {
+			since = t
+		}
+	}
+	return since, true
+}

@@ -1,0 +1,84 @@
+package expiry
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stillthere/stillthere/pkg/session"
+)
+
+func TestHoldUntil(t *testing.T) {
+	t0 := time.UnixMilli(1_800_000_000_000)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	const grace = 10 * time.Second
+	alive := session.Instance{Last: at(99), Lease: 3 * time.Second}
+	dead := session.Instance{Last: at(50), Lease: 3 * time.Second}
+	blind := func(from, to float64, scope string) session.BlindInterval {
+		return session.BlindInterval{Start: at(from), End: at(to), Scope: scope, Reason: "test"}
+	}
+	tests := []struct {
+		name     string
+		now      float64
+		deadline float64
+		via      string
+		blind    []session.BlindInterval
+		inst     map[string]session.Instance
+		until    float64 // 0: produce now
+		rule     string
+	}{
+		{name: "no outage", now: 100, deadline: 99},
+		{name: "deadline before a blind interval", now: 100, deadline: 39.9,
+			blind: []session.BlindInterval{blind(40, 60, "")}},
+		{name: "deadline in a blind interval", now: 61, deadline: 50,
+			blind: []session.BlindInterval{blind(40, 60, "")}, until: 70, rule: holdBlind},
+		{name: "deadline at its start", now: 61, deadline: 40,
+			blind: []session.BlindInterval{blind(40, 60, "")}, until: 70, rule: holdBlind},
+		{name: "deadline within the grace after it", now: 65, deadline: 64,
+			blind: []session.BlindInterval{blind(40, 60, "")}, until: 70, rule: holdBlind},
+		{name: "deadline past the grace", now: 75, deadline: 70.1,
+			blind: []session.BlindInterval{blind(40, 60, "")}},
+		{name: "grace over: the recheck produces", now: 70, deadline: 50,
+			blind: []session.BlindInterval{blind(40, 60, "")}},
+		{name: "the latest of two intervals", now: 81, deadline: 66,
+			blind: []session.BlindInterval{blind(40, 60, ""), blind(65, 80, "")}, until: 90, rule: holdBlind},
+		{name: "another gateway's interval", now: 61, deadline: 50, via: "gw-a",
+			blind: []session.BlindInterval{blind(40, 60, "gw-b")}},
+		{name: "own gateway's interval", now: 61, deadline: 50, via: "gw-b",
+			blind: []session.BlindInterval{blind(40, 60, "gw-b")}, until: 70, rule: holdBlind},
+		{name: "gateway-scoped interval, no via", now: 61, deadline: 50,
+			blind: []session.BlindInterval{blind(40, 60, "gw-b")}},
+		{name: "live gateway", now: 100, deadline: 99, via: "gw-a",
+			inst: map[string]session.Instance{"gw-a": alive, "gw-b": dead}},
+		{name: "dead gateway, deadline after its death", now: 55, deadline: 54, via: "gw-b",
+			inst: map[string]session.Instance{"gw-a": alive, "gw-b": dead}, until: 60, rule: holdDeadGW},
+		{name: "dead gateway, deadline just before its last heartbeat", now: 55, deadline: 48, via: "gw-b",
+			inst: map[string]session.Instance{"gw-a": alive, "gw-b": dead}, until: 60, rule: holdDeadGW},
+		{name: "dead gateway, silent long before it died", now: 55, deadline: 40, via: "gw-b",
+			inst: map[string]session.Instance{"gw-a": alive, "gw-b": dead}},
+		{name: "dead gateway, grace over", now: 60, deadline: 54, via: "gw-b",
+			inst: map[string]session.Instance{"gw-a": alive, "gw-b": dead}},
+		{name: "unknown gateway", now: 55, deadline: 54, via: "gw-c",
+			inst: map[string]session.Instance{"gw-a": alive, "gw-b": dead}},
+		{name: "fleet down", now: 100, deadline: 99, via: "gw-b",
+			inst: map[string]session.Instance{"gw-b": dead}, until: 110, rule: holdFleetDown},
+		{name: "fleet down, renewed without a gateway", now: 100, deadline: 99,
+			inst: map[string]session.Instance{"gw-b": dead}, until: 110, rule: holdFleetDown},
+		{name: "fleet down, deadline before it", now: 100, deadline: 40,
+			inst: map[string]session.Instance{"gw-b": dead}},
+		{name: "no gateway ever", now: 100, deadline: 99},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := session.Control{Now: at(tt.now), Blind: tt.blind, Instances: tt.inst}
+			e := session.Expired{UID: "u", Deadline: at(tt.deadline), Via: tt.via}
+			until, rule := holdUntil(c, e, grace)
+			var want time.Time
+			if tt.until != 0 {
+				want = at(tt.until)
+			}
+			if !until.Equal(want) || rule != tt.rule {
+				t.Errorf("holdUntil = %v %q, want %v %q", until.Sub(t0), rule, want.Sub(t0), tt.rule)
+			}
+		})
+	}
+}

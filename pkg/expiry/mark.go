@@ -1,0 +1,199 @@
+package expiry
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/stillthere/stillthere/pkg/outage"
+	"github.com/stillthere/stillthere/pkg/session"
+)
+
+// marker records that the index is being swept and reads the control
+// state (gateway heartbeats, blind intervals, which replicas can produce)
+// from Redis. The pipeline marks after every sweep, so that its decisions
+// use a state no older than the entries it found; markLoop marks between
+// sweeps too, so a long batch is not taken for a gap.
+type marker struct {
+	store *session.Store
+	cfg   Config
+	id    string // this listener replica
+	log   *slog.Logger
+
+	mu       sync.Mutex // serializes marks, so lastSeen and lastAt pair up
+	lastSeen time.Time  // Redis's time at this process's last mark
+	lastAt   time.Time  // local (monotonic) time of it
+
+	cur      atomic.Pointer[session.Control]
+	sessions atomic.Int64         // live sessions in the index, refreshed by markLoop
+	pingOK   atomic.Bool          // Kafka answered this replica's last ping
+	failedAt atomic.Int64         // when a produce last failed here, Unix ns
+	okAt     atomic.Int64         // when a produce last succeeded here, Unix ns
+	fresh    time.Duration        // how recent okAt must be to tell other replicas
+	seen     map[string]time.Time // blind intervals logged, by member; loop's own
+	down     *outage.Log          // marks failing: Redis out of reach
+	fleet    *outage.Log          // no gateway instance alive
+}
+
+// keepControl is how long blind intervals and dead gateway instances are
+// kept in Redis after they end: longer than any hold they cause.
+func (m *marker) keepControl() time.Duration {
+	return max(time.Hour, 2*m.cfg.OutageGrace)
+}
+
+// keepInstances is how long a dead gateway instance is remembered: past
+// the longest TTL plus the grace, no deadline of its users can be held.
+func (m *marker) keepInstances() time.Duration { return 24*time.Hour + m.cfg.OutageGrace }
+
+// mark records a sweep and returns the control state.
+func (m *marker) mark(ctx context.Context) (session.Control, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var elapsed time.Duration
+	if !m.lastAt.IsZero() {
+		elapsed = time.Since(m.lastAt)
+	}
+	at := time.Now()
+	c, err := m.store.Mark(ctx, session.SweepMark{
+		GapMax:   m.cfg.SweepGapMax,
+		LastSeen: m.lastSeen,
+		Elapsed:  elapsed,
+		JumpMax:  m.cfg.ClockJumpMax,
+		Keep:     m.keepControl(),
+		Listener: m.id,
+		KafkaOK:  m.proven(),
+	})
+	if err != nil {
+		m.down.Fail(err)
+		return session.Control{}, err
+	}
+	m.down.OK()
+	m.lastSeen, m.lastAt = c.Now, at
+	m.cur.Store(&c)
+	if c.Gap != nil {
+		metricBlind.WithLabelValues(c.Gap.Reason).Inc()
+	}
+	return c, nil
+}
+
+// probeAfter is how long a replica whose produce failed stays out of the
+// work before it tries again: Kafka may answer pings and still refuse
+// records.
+const probeAfter = 5 * time.Second
+
+// canProduce reports whether this replica takes work it must produce:
+// Kafka answers its pings and no produce failed lately.
+func (m *marker) canProduce() bool {
+	return m.pingOK.Load() && time.Since(time.Unix(0, m.failedAt.Load())) > probeAfter
+}
+
+// produceFailed notes that Kafka did not take this replica's events.
+func (m *marker) produceFailed() { m.failedAt.Store(time.Now().UnixNano()) }
+
+// produced notes that Kafka took this replica's events.
+func (m *marker) produced() { m.okAt.Store(time.Now().UnixNano()) }
+
+// proven reports whether this replica produced lately and nothing failed
+// since: only then do other replicas leave their work to it. A ping is
+// not proof: Kafka may answer pings and refuse records.
+func (m *marker) proven() bool {
+	ok, failed := m.okAt.Load(), m.failedAt.Load()
+	return ok > failed && time.Since(time.Unix(0, ok)) <= m.fresh
+}
+
+// current is the last control state read, if any.
+func (m *marker) current() (session.Control, bool) {
+	c := m.cur.Load()
+	if c == nil {
+		return session.Control{}, false
+	}
+	return *c, true
+}
+
+// loop marks every sweep interval until ctx is done, and now and then
+// counts the live sessions (for the brake) and forgets long-dead gateway
+// instances. It logs each new blind interval once.
+func (m *marker) loop(ctx context.Context, kafkaPing func(context.Context) error) {
+	t := time.NewTicker(m.cfg.SweepInterval)
+	defer t.Stop()
+	var lastCount, lastPing time.Time
+	for {
+		if time.Since(lastPing) >= time.Second {
+			lastPing = time.Now()
+			pctx, cancel := context.WithTimeout(ctx, time.Second)
+			m.pingOK.Store(kafkaPing(pctx) == nil)
+			cancel()
+		}
+		mctx, cancel := context.WithTimeout(ctx, max(time.Second, 5*m.cfg.SweepInterval))
+		c, err := m.mark(mctx)
+		cancel()
+		if err == nil {
+			m.report(c)
+			if time.Since(lastCount) >= 5*time.Second {
+				lastCount = time.Now()
+				if n, err := m.store.Sessions(ctx); err == nil {
+					m.sessions.Store(n)
+				}
+				if err := m.store.PruneInstances(ctx, c, m.keepInstances()); err != nil && ctx.Err() == nil {
+					m.log.Debug("forget dead gateway instances", "err", err)
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// report logs blind intervals not seen before, and gateway fleet outages.
+func (m *marker) report(c session.Control) {
+	if m.seen == nil {
+		m.seen = map[string]time.Time{}
+	}
+	for _, b := range c.Blind {
+		key := b.Start.String() + b.End.String() + b.Scope + b.Reason
+		if _, ok := m.seen[key]; ok {
+			continue
+		}
+		m.seen[key] = b.End
+		if c.Now.Sub(b.End) > m.cfg.OutageGrace {
+			continue // old news, from before this process started
+		}
+		attrs := []any{"reason", b.Reason, "from", b.Start.UTC().Format(time.RFC3339Nano),
+			"to", b.End.UTC().Format(time.RFC3339Nano), "lasted", b.End.Sub(b.Start).Round(time.Millisecond),
+			"grace", m.cfg.OutageGrace}
+		if b.Scope != "" {
+			attrs = append(attrs, "gateway", b.Scope)
+		}
+		m.log.Warn("users could not reach us for a while; timeouts with deadlines in it wait for the grace, then are checked again", attrs...)
+	}
+	for key, end := range m.seen {
+		if c.Now.Sub(end) > m.keepControl() {
+			delete(m.seen, key)
+		}
+	}
+	since, down := fleetDown(c)
+	metricFleetDown.Set(b2f(down))
+	if down {
+		m.fleet.Fail(errFleetDown{since})
+	} else {
+		m.fleet.OK()
+	}
+}
+
+type errFleetDown struct{ since time.Time }
+
+func (e errFleetDown) Error() string {
+	return "no gateway instance is alive since " + e.since.UTC().Format(time.RFC3339Nano) + "; holding every timeout since"
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,374 @@
+package expiry
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
+)
+
+// The tests of "a silence we caused is not a silence": a timeout whose
+// deadline fell in, or shortly after, a time users could not reach us
+// waits for the grace after it, then is produced only if the user is
+// still silent.
+
+// redisNow is Redis's clock.
+func (h *harness) redisNow() time.Time {
+	h.t.Helper()
+	now, err := h.rdb.Time(context.Background()).Result()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return now
+}
+
+// renewVia renews uid as gateway instance inst does.
+func (h *harness) renewVia(inst, uid string, ttl time.Duration) grant {
+	h.t.Helper()
+	r := session.NewRenewer(h.store, session.RenewerConfig{Instance: inst})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	d, err := r.Renew(context.Background(), uid, "default", ttl)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return grant{segment: "default", deadline: d}
+}
+
+// heartbeat keeps gateway instance inst alive with lease until the
+// returned stop is called.
+func (h *harness) heartbeat(inst string, lease time.Duration) (stop func()) {
+	h.t.Helper()
+	if _, err := h.store.Heartbeat(context.Background(), inst, lease); err != nil {
+		h.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(lease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				h.store.Heartbeat(ctx, inst, lease)
+			}
+		}
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	h.t.Cleanup(stop)
+	return stop
+}
+
+// eventTimes collects, for each uid, Redis's time at which its event was
+// detected: for a held timeout, its recheck.
+func detectedAt(evs []timeoutevent.Event) map[string]time.Time {
+	out := map[string]time.Time{}
+	for _, ev := range evs {
+		out[ev.UID] = time.UnixMilli(ev.DetectedMS)
+	}
+	return out
+}
+
+// TestBlindIntervalHolds: timeouts whose deadlines fall in a blind
+// interval, or in the grace after it, wait until the grace has passed.
+// Then the silent ones are produced once each; the one who came back in
+// the meantime is not. The hold lives in Redis: a listener restart in the
+// middle of it changes nothing.
+func TestBlindIntervalHolds(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config(ModeHybrid)
+	start := h.redisNow()
+	// Users could not reach us from start to start+1s.
+	if err := h.store.RecordBlind(context.Background(), session.BlindInterval{
+		Start: start, End: start.Add(time.Second), Reason: "test",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]grant{
+		"in-it":    h.renew("in-it", "default", 500*time.Millisecond),
+		"in-grace": h.renew("in-grace", "default", 2*time.Second),
+	}
+	h.renew("back", "default", 600*time.Millisecond)
+	stop := h.start(cfg)
+	release := start.Add(time.Second + testGrace)
+
+	time.Sleep(2 * time.Second)
+	if n := h.produced(); n != 0 {
+		t.Fatalf("%d events produced during the grace", n)
+	}
+	stop()
+	h.renew("back", "default", time.Minute) // came back while held
+	stop = h.start(cfg)
+	h.waitProduced(len(want))
+	time.Sleep(time.Second) // and nothing more
+	stop()
+	evs := h.events()
+	checkExactlyOnce(t, evs, want, sourcesOf(ModeHybrid)...)
+	for uid, at := range detectedAt(evs) {
+		if at.Before(release) {
+			t.Errorf("%s produced at %v, before the grace ended at %v", uid, at, release)
+		}
+		if at.After(release.Add(2 * time.Second)) {
+			t.Errorf("%s produced at %v, more than 2s after the grace ended at %v", uid, at, release)
+		}
+	}
+}
+
+// TestSweepGapHolds: while no listener sweeps (all stopped), the pings of
+// users might not have been recorded either (Redis down). Timeouts in the
+// gap wait for the grace after it; one who pings in the grace is not
+// produced.
+func TestSweepGapHolds(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config(ModeSweep)
+	stop := h.start(cfg)
+	time.Sleep(300 * time.Millisecond) // a few sweeps
+	stop()
+	silent := h.renew("silent", "default", 500*time.Millisecond)
+	h.renew("back", "default", 500*time.Millisecond)
+	time.Sleep(cfg.SweepGapMax + time.Second)
+	restart := h.redisNow()
+	stop = h.start(cfg)
+	time.Sleep(time.Second)
+	if n := h.produced(); n != 0 {
+		t.Fatalf("%d events produced right after a sweep gap", n)
+	}
+	h.renew("back", "default", time.Minute)
+	h.waitProduced(1)
+	time.Sleep(500 * time.Millisecond)
+	stop()
+	evs := h.events()
+	checkExactlyOnce(t, evs, map[string]grant{"silent": silent}, timeoutevent.SourceSweep)
+	if at := detectedAt(evs)["silent"]; at.Before(restart.Add(testGrace - 200*time.Millisecond)) {
+		t.Errorf("produced at %v, before the grace after the gap (%v)", at, restart.Add(testGrace))
+	}
+}
+
+// TestDeadGatewayHolds: a gateway instance dies. Its users' deadlines after
+// its last heartbeat wait for the grace from then: those who reconnected
+// elsewhere and pinged are not produced, those silent are, once. Users of
+// the live instance are produced at once.
+func TestDeadGatewayHolds(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.heartbeat("gw-live", 300*time.Millisecond)
+	stopDying := h.heartbeat("gw-dying", 300*time.Millisecond)
+	stop := h.start(h.config(ModeSweep))
+	defer stop()
+
+	want := map[string]grant{}
+	for i := range 5 {
+		uid := fmt.Sprintf("silent-%d", i)
+		want[uid] = h.renewVia("gw-dying", uid, time.Second)
+	}
+	onLive := h.renewVia("gw-live", "on-live", 500*time.Millisecond)
+	h.renewVia("gw-dying", "moved", time.Second)
+	stopDying()
+	died := h.redisNow()
+	h.waitProduced(1)
+	if evs := h.events(); len(evs) != 1 || evs[0].UID != "on-live" {
+		t.Fatalf("events before the grace: %+v, want only on-live", evs)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	h.renewVia("gw-live", "moved", time.Minute) // reconnected to the live one
+	want["on-live"] = onLive
+	h.waitProduced(len(want))
+	time.Sleep(500 * time.Millisecond)
+	evs := h.events()
+	checkExactlyOnce(t, evs, want, timeoutevent.SourceSweep)
+	for uid, at := range detectedAt(evs) {
+		if uid != "on-live" && at.Before(died.Add(testGrace-500*time.Millisecond)) {
+			t.Errorf("%s produced at %v, before the grace after its gateway died (%v)", uid, at, died)
+		}
+	}
+}
+
+// TestFleetDownHolds: no gateway instance is alive (all killed, or cut
+// from Redis). Every timeout waits until one is back, plus the grace.
+func TestFleetDownHolds(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	stopGW := h.heartbeat("gw-1", 300*time.Millisecond)
+	stop := h.start(h.config(ModeSweep))
+	defer stop()
+	silent := h.renewVia("gw-1", "silent", 800*time.Millisecond)
+	h.renewVia("gw-1", "back", 800*time.Millisecond)
+	stopGW()
+	time.Sleep(2 * testGrace) // down for longer than the grace
+	if n := h.produced(); n != 0 {
+		t.Fatalf("%d events produced while no gateway was alive", n)
+	}
+	back := h.redisNow()
+	h.heartbeat("gw-2", 300*time.Millisecond)
+	h.renewVia("gw-2", "back", time.Minute) // reconnected and pinged
+	h.waitProduced(1)
+	time.Sleep(500 * time.Millisecond)
+	evs := h.events()
+	checkExactlyOnce(t, evs, map[string]grant{"silent": silent}, timeoutevent.SourceSweep)
+	if at := detectedAt(evs)["silent"]; at.Before(back.Add(testGrace - 200*time.Millisecond)) {
+		t.Errorf("produced at %v, before the grace after the fleet was back (%v)", at, back.Add(testGrace))
+	}
+}
+
+// TestMassExpiryBrake: 5,000 of 10,000 live sessions lapse at once, with
+// no outage anyone measured. Past the threshold the brake holds them for
+// the grace; each is still produced exactly once, within grace + 2s of its
+// deadline, and one who pings in the grace is not.
+func TestMassExpiryBrake(t *testing.T) {
+	if testing.Short() {
+		t.Skip("10,000 sessions")
+	}
+	t.Parallel()
+	h := newHarness(t)
+	cfg := h.config(ModeSweep)
+	cfg.MassExpiryShare, cfg.MassExpiryFloor = 0.1, 100
+	l, stop := h.startListener(cfg)
+	defer stop()
+	ctx := context.Background()
+	r := session.NewRenewer(h.store, session.RenewerConfig{})
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(rctx) }()
+	defer func() { cancel(); <-done }()
+	renewAll := func(uids []string, ttl func(int) time.Duration) map[string]grant {
+		out := make(map[string]grant, len(uids))
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for i, uid := range uids {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d, err := r.Renew(ctx, uid, "default", ttl(i))
+				if err != nil {
+					t.Error(err)
+				}
+				mu.Lock()
+				out[uid] = grant{segment: "default", deadline: d}
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		return out
+	}
+	var live, leaving []string
+	for i := range 5000 {
+		live = append(live, fmt.Sprintf("live-%04d", i))
+		leaving = append(leaving, fmt.Sprintf("gone-%04d", i))
+	}
+	renewAll(live, func(int) time.Duration { return 10 * time.Minute })
+	time.Sleep(5500 * time.Millisecond) // the listener counts them
+	want := renewAll(leaving, func(i int) time.Duration { return time.Second + time.Duration(i%500)*time.Millisecond })
+	var held map[string]bool
+	waitFor(t, waitLong, "the brake to hold sessions", func() bool {
+		held = h.heldUIDs()
+		return len(held) > 0 || h.produced() >= 5000
+	})
+	if n := h.produced(); n >= 4000 {
+		t.Fatalf("%d of 5000 produced before the brake engaged", n)
+	}
+	// One of them comes back while held.
+	var back string
+	for _, uid := range slices.Backward(leaving) {
+		if held[uid] {
+			back = uid
+			break
+		}
+	}
+	renewAll([]string{back}, func(int) time.Duration { return 10 * time.Minute })
+	delete(want, back)
+	h.waitProduced(len(want))
+	time.Sleep(time.Second)
+	evs := h.events()
+	checkExactlyOnce(t, evs, want, timeoutevent.SourceSweep)
+	late := 0
+	for _, ev := range evs {
+		lag := time.Duration(ev.DetectedMS-ev.DeadlineMS) * time.Millisecond
+		if lag > testGrace+2*time.Second {
+			t.Errorf("%s produced %v after its deadline, want at most grace + 2s", ev.UID, lag)
+		}
+		if lag > testGrace/2 {
+			late++
+		}
+	}
+	if late == 0 {
+		t.Error("nothing was held: the brake never engaged")
+	}
+	t.Logf("%d of %d held by the brake", late, len(want))
+	_ = l
+}
+
+// heldUIDs lists the uids whose timeouts are held now.
+func (h *harness) heldUIDs() map[string]bool {
+	h.t.Helper()
+	out := map[string]bool{}
+	ks := h.store.Keyspace()
+	for b := range session.Buckets {
+		uids, err := h.rdb.ZRange(context.Background(), ks.HoldKey(b), 0, -1).Result()
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		for _, uid := range uids {
+			out[uid] = true
+		}
+	}
+	return out
+}
+
+// TestReplicaThatCannotProduceStandsBy: of two listener replicas, one
+// cannot produce (its Kafka path refuses records) while the other can. It
+// releases what it claimed and takes no more work, so the healthy replica
+// produces every timeout and nothing is spooled; it reports itself
+// unready meanwhile.
+func TestReplicaThatCannotProduceStandsBy(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	stopA := h.start(h.config(ModeSweep))
+	defer stopA()
+	// The healthy replica proves itself first.
+	first := h.goSilent("first", 3)
+	h.waitProduced(len(first))
+
+	bad, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	bad.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: testTopic, Err: kerr.UnknownServerError, Count: -1})
+	cfgB := h.config(ModeSweep)
+	cfgB.Kafka.Brokers = bad.ListenAddrs()
+	b, stopB := h.startListener(cfgB)
+	defer stopB()
+
+	want := h.goSilent("user", 40)
+	maps.Copy(want, first)
+	h.waitProduced(len(want))
+	h.waitSettled(slices.Collect(maps.Keys(want)))
+	if n := b.spool.Len(); n != 0 {
+		t.Errorf("the replica that cannot produce spooled %d events", n)
+	}
+	if err := b.ready(context.Background()); err == nil {
+		t.Error("the replica that cannot produce reports itself ready")
+	}
+	stopB()
+	stopA()
+	checkExactlyOnce(t, h.events(), want, timeoutevent.SourceSweep)
+}

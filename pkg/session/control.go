@@ -1,0 +1,352 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The control keys ({ctl}) say when users could not reach us: gateway
+// heartbeats, blind intervals, the last complete sweep. The listener reads
+// them on every sweep to decide which timeouts are a silence the user
+// caused and which an outage may have caused. Every time in them is
+// Redis's clock.
+
+// Reasons for a blind interval.
+const (
+	BlindSweepGap  = "sweep-gap"    // nobody swept the index (Redis or every listener was out)
+	BlindDataLost  = "data-lost"    // Redis lost the sweep mark: a restart without its data
+	BlindClockJump = "clock-jump"   // Redis's clock stepped forward
+	BlindGateway   = "gateway-gap"  // one gateway instance could not reach Redis
+	BlindFleetDown = "fleet-down"   // no gateway instance was alive
+	BlindRenewals  = "renewals-gap" // a gateway's renewals failed, as it reports on recovery
+)
+
+// heartbeatScript records that a gateway instance is alive for lease ms
+// more. If it was not (a gap longer than its lease), it records the gap as
+// a blind interval of that instance; if no instance was alive at all, a
+// blind interval of the whole fleet from the last one seen alive.
+// KEYS: alive, blind. ARGV: instance, lease ms. Returns Redis's now.
+var heartbeatScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local inst, lease = ARGV[1], tonumber(ARGV[2])
+local prev = redis.call('HGET', KEYS[1], inst)
+local fresh = false
+if prev then
+  local last, plen = string.match(prev, '^(%d+):(%d+)$')
+  last, plen = tonumber(last), tonumber(plen)
+  if last and now > last + plen then
+    redis.call('ZADD', KEYS[2], now, last .. ':' .. now .. ':gateway-gap:' .. inst)
+    fresh = true
+  end
+else
+  fresh = true
+end
+if fresh then
+  local all = redis.call('HGETALL', KEYS[1])
+  local newest, any = 0, false
+  local alive = false
+  for i = 1, #all, 2 do
+    if all[i] ~= inst then
+      local last, plen = string.match(all[i+1], '^(%d+):(%d+)$')
+      last, plen = tonumber(last), tonumber(plen)
+      if last then
+        any = true
+        if plen > 0 and last + plen >= now then alive = true end
+        if last > newest then newest = last end
+      end
+    end
+  end
+  if any and not alive and newest < now then
+    redis.call('ZADD', KEYS[2], now, newest .. ':' .. now .. ':fleet-down:')
+  end
+end
+redis.call('HSET', KEYS[1], inst, now .. ':' .. lease)
+return now
+`)
+
+// Heartbeat says that gateway instance is alive for lease more, by Redis's
+// clock, and returns that clock.
+func (s *Store) Heartbeat(ctx context.Context, instance string, lease time.Duration) (time.Time, error) {
+	ms, err := heartbeatScript.Run(ctx, s.rdb, []string{s.ks.AliveKey(), s.ks.BlindKey()},
+		instance, lease.Milliseconds()).Int64()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("heartbeat of %q: %w", instance, err)
+	}
+	return time.UnixMilli(ms), nil
+}
+
+// Leave marks a gateway instance dead now, as a stop that closed its
+// connections: its users' deadlines get the grace of a dead instance.
+func (s *Store) Leave(ctx context.Context, instance string) error {
+	_, err := s.Heartbeat(ctx, instance, 0)
+	return err
+}
+
+// BlindInterval is a time in which some or all users could not reach us.
+type BlindInterval struct {
+	Start, End time.Time
+	// Scope is the gateway instance whose users it concerns, or "" for
+	// everyone.
+	Scope  string
+	Reason string
+}
+
+func (b BlindInterval) member() string {
+	return strconv.FormatInt(b.Start.UnixMilli(), 10) + ":" + strconv.FormatInt(b.End.UnixMilli(), 10) +
+		":" + b.Reason + ":" + b.Scope
+}
+
+// ParseBlindInterval decodes a blind interval as stored:
+// "start:end:reason:scope", times in Unix ms; the scope, last, may hold
+// colons.
+func ParseBlindInterval(m string) (BlindInterval, error) {
+	parts := strings.SplitN(m, ":", 4)
+	if len(parts) != 4 {
+		return BlindInterval{}, fmt.Errorf("blind interval %q: want start:end:reason:scope", m)
+	}
+	start, err1 := strconv.ParseInt(parts[0], 10, 64)
+	end, err2 := strconv.ParseInt(parts[1], 10, 64)
+	if err1 != nil || err2 != nil || start < 0 || end < start {
+		return BlindInterval{}, fmt.Errorf("blind interval %q: bad times", m)
+	}
+	if parts[2] == "" {
+		return BlindInterval{}, fmt.Errorf("blind interval %q: no reason", m)
+	}
+	return BlindInterval{Start: time.UnixMilli(start), End: time.UnixMilli(end), Reason: parts[2], Scope: parts[3]}, nil
+}
+
+// RecordBlind stores a blind interval.
+func (s *Store) RecordBlind(ctx context.Context, b BlindInterval) error {
+	err := s.rdb.ZAdd(ctx, s.ks.BlindKey(), redis.Z{Score: float64(b.End.UnixMilli()), Member: b.member()}).Err()
+	if err != nil {
+		return fmt.Errorf("record blind interval: %w", err)
+	}
+	return nil
+}
+
+// RecordBlindFor stores a blind interval that ended now, by Redis's clock,
+// and lasted took, as a gateway measures an outage of its own. It returns
+// the interval.
+func (s *Store) RecordBlindFor(ctx context.Context, took time.Duration, scope, reason string) (BlindInterval, error) {
+	now, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		return BlindInterval{}, fmt.Errorf("record blind interval: %w", err)
+	}
+	now = now.Truncate(time.Millisecond)
+	b := BlindInterval{Start: now.Add(-took).Truncate(time.Millisecond), End: now, Scope: scope, Reason: reason}
+	return b, s.RecordBlind(ctx, b)
+}
+
+// Instance is a gateway instance's last heartbeat.
+type Instance struct {
+	Last  time.Time
+	Lease time.Duration
+}
+
+// AliveAt reports whether the instance's lease covers now. One that left
+// (no lease) is dead from its last heartbeat on.
+func (i Instance) AliveAt(now time.Time) bool { return i.Lease > 0 && !now.After(i.Last.Add(i.Lease)) }
+
+// SweepMark is what the listener asks of the control keys after a
+// complete sweep.
+type SweepMark struct {
+	// GapMax is the longest time between two complete sweeps (by any
+	// listener) that is not a blind interval.
+	GapMax time.Duration
+	// LastSeen is Redis's time at this process's previous mark (zero for
+	// none), and Elapsed the local monotonic time since it: a clock that
+	// moved more than JumpMax further than Elapsed stepped.
+	LastSeen time.Time
+	Elapsed  time.Duration
+	JumpMax  time.Duration
+	// Keep is how long blind intervals and dead instances are kept after
+	// they end.
+	Keep time.Duration
+	// Listener and KafkaOK record whether this replica can produce now.
+	Listener string
+	KafkaOK  bool
+}
+
+// Control is the state of the control keys at one sweep.
+type Control struct {
+	Now       time.Time
+	Gap       *BlindInterval // the blind interval this mark found, if any
+	Instances map[string]Instance
+	Blind     []BlindInterval // those that ended within Keep
+	Producers map[string]time.Time
+}
+
+// markScript records a complete sweep and returns the control state.
+// KEYS: swept, blind, alive, producers. ARGV: gap max ms, last seen ms,
+// elapsed ms, jump max ms, keep ms, listener id, kafka ok (0/1).
+var markScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local gapMax, lastSeen, elapsed = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local jumpMax, keep = tonumber(ARGV[4]), tonumber(ARGV[5])
+local prev = redis.call('GET', KEYS[1])
+redis.call('SET', KEYS[1], now)
+local start, reason = 0, ''
+if prev then
+  prev = tonumber(prev)
+  if now - prev > gapMax then start, reason = prev, 'sweep-gap' end
+elseif lastSeen > 0 then
+  start, reason = lastSeen, 'data-lost'
+end
+if lastSeen > 0 and (now - lastSeen) - elapsed > jumpMax then
+  if start == 0 or lastSeen < start then start = lastSeen end
+  reason = 'clock-jump'
+end
+if reason ~= '' then
+  redis.call('ZADD', KEYS[2], now, start .. ':' .. now .. ':' .. reason .. ':')
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - keep)
+if ARGV[6] ~= '' then
+  if ARGV[7] == '1' then redis.call('HSET', KEYS[4], ARGV[6], now) end
+end
+return {now, start, reason, redis.call('HGETALL', KEYS[3]),
+  redis.call('ZRANGE', KEYS[2], now - keep, '+inf', 'BYSCORE'), redis.call('HGETALL', KEYS[4])}
+`)
+
+// Mark records a complete sweep, finds a blind interval since the last
+// one, and reads the control state, in one round trip.
+func (s *Store) Mark(ctx context.Context, m SweepMark) (Control, error) {
+	var last int64
+	if !m.LastSeen.IsZero() {
+		last = m.LastSeen.UnixMilli()
+	}
+	ok := 0
+	if m.KafkaOK {
+		ok = 1
+	}
+	vals, err := markScript.Run(ctx, s.rdb,
+		[]string{s.ks.SweptKey(), s.ks.BlindKey(), s.ks.AliveKey(), s.ks.ProducersKey()},
+		m.GapMax.Milliseconds(), last, m.Elapsed.Milliseconds(), m.JumpMax.Milliseconds(),
+		m.Keep.Milliseconds(), m.Listener, ok).Slice()
+	if err != nil {
+		return Control{}, fmt.Errorf("mark sweep: %w", err)
+	}
+	if len(vals) != 6 {
+		return Control{}, fmt.Errorf("mark sweep: %w: %d values", errReply, len(vals))
+	}
+	nowMS, _ := vals[0].(int64)
+	start, _ := vals[1].(int64)
+	reason, _ := vals[2].(string)
+	c := Control{Now: time.UnixMilli(nowMS), Instances: map[string]Instance{}, Producers: map[string]time.Time{}}
+	if reason != "" {
+		c.Gap = &BlindInterval{Start: time.UnixMilli(start), End: c.Now, Reason: reason}
+	}
+	alive, _ := vals[3].([]any)
+	for i := 0; i+1 < len(alive); i += 2 {
+		name, _ := alive[i].(string)
+		v, _ := alive[i+1].(string)
+		if inst, err := parseInstance(v); err == nil {
+			c.Instances[name] = inst
+		}
+	}
+	blind, _ := vals[4].([]any)
+	for _, b := range blind {
+		m, _ := b.(string)
+		if bi, err := ParseBlindInterval(m); err == nil {
+			c.Blind = append(c.Blind, bi)
+		}
+	}
+	prods, _ := vals[5].([]any)
+	for i := 0; i+1 < len(prods); i += 2 {
+		name, _ := prods[i].(string)
+		v, _ := prods[i+1].(string)
+		if ms, err := strconv.ParseInt(v, 10, 64); err == nil {
+			c.Producers[name] = time.UnixMilli(ms)
+		}
+	}
+	return c, nil
+}
+
+// PruneInstances forgets gateway instances dead for longer than keep.
+func (s *Store) PruneInstances(ctx context.Context, c Control, keep time.Duration) error {
+	var gone []string
+	for name, inst := range c.Instances {
+		if c.Now.Sub(inst.Last.Add(inst.Lease)) > keep {
+			gone = append(gone, name)
+		}
+	}
+	if len(gone) == 0 {
+		return nil
+	}
+	return s.rdb.HDel(ctx, s.ks.AliveKey(), gone...).Err()
+}
+
+// ForgetProducer removes a listener replica from the producers, as it
+// stops.
+func (s *Store) ForgetProducer(ctx context.Context, id string) error {
+	return s.rdb.HDel(ctx, s.ks.ProducersKey(), id).Err()
+}
+
+func parseInstance(v string) (Instance, error) {
+	last, lease, ok := strings.Cut(v, ":")
+	if !ok {
+		return Instance{}, fmt.Errorf("instance heartbeat %q", v)
+	}
+	l, err1 := strconv.ParseInt(last, 10, 64)
+	n, err2 := strconv.ParseInt(lease, 10, 64)
+	if err1 != nil || err2 != nil {
+		return Instance{}, fmt.Errorf("instance heartbeat %q", v)
+	}
+	return Instance{Last: time.UnixMilli(l), Lease: time.Duration(n) * time.Millisecond}, nil
+}
+
+// lapseScript counts n timeouts claimed in second ARGV[1] and returns the
+// count of the window. KEYS: the window's lapse keys, the current second
+// last. ARGV: n, key TTL seconds.
+var lapseScript = redis.NewScript(`
+local n = tonumber(ARGV[1])
+if n > 0 then
+  redis.call('INCRBY', KEYS[#KEYS], n)
+  redis.call('EXPIRE', KEYS[#KEYS], tonumber(ARGV[2]))
+end
+local sum = 0
+for i = 1, #KEYS do sum = sum + (tonumber(redis.call('GET', KEYS[i])) or 0) end
+return sum
+`)
+
+// Lapses adds n timeouts claimed at now (Redis's clock) to the count of
+// the last window, and returns that count, across listener replicas.
+func (s *Store) Lapses(ctx context.Context, now time.Time, window time.Duration, n int) (int, error) {
+	secs := max(1, int64(window/time.Second))
+	cur := now.Unix()
+	keys := make([]string, 0, secs)
+	for sec := cur - secs + 1; sec <= cur; sec++ {
+		keys = append(keys, s.ks.LapsesKey(sec))
+	}
+	got, err := lapseScript.Run(ctx, s.rdb, keys, n, secs+1).Int()
+	if err != nil {
+		return 0, fmt.Errorf("count lapses: %w", err)
+	}
+	return got, nil
+}
+
+// Sessions counts the sessions in the deadline index: live ones and those
+// whose timeouts are not settled yet.
+func (s *Store) Sessions(ctx context.Context) (int64, error) {
+	cmds := make([]*redis.IntCmd, Buckets)
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for b := range Buckets {
+			cmds[b] = p.ZCard(ctx, s.ks.IndexKey(b))
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("count sessions: %w", err)
+	}
+	var n int64
+	for _, c := range cmds {
+		n += c.Val()
+	}
+	return n, nil
+}

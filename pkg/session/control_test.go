@@ -1,0 +1,281 @@
+package session
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+func TestParseBlindInterval(t *testing.T) {
+	good := []BlindInterval{
+		{Start: time.UnixMilli(10), End: time.UnixMilli(20), Reason: BlindSweepGap},
+		{Start: time.UnixMilli(10), End: time.UnixMilli(10), Reason: BlindGateway, Scope: "gw:1:x"},
+	}
+	for _, b := range good {
+		got, err := ParseBlindInterval(b.member())
+		if err != nil || !got.Start.Equal(b.Start) || !got.End.Equal(b.End) || got.Scope != b.Scope || got.Reason != b.Reason {
+			t.Errorf("ParseBlindInterval(%q) = %+v, %v; want %+v", b.member(), got, err, b)
+		}
+	}
+	for _, m := range []string{"", "1:2", "1:2:", "a:2:x:", "1:b:x:", "5:1:x:", "-1:2:x:", "1:2::gw"} {
+		if _, err := ParseBlindInterval(m); err == nil {
+			t.Errorf("ParseBlindInterval(%q): want an error", m)
+		}
+	}
+}
+
+func FuzzParseBlindInterval(f *testing.F) {
+	f.Add("10:20:sweep-gap:")
+	f.Add("10:20:gateway-gap:gw:1")
+	f.Add("1:2")
+	f.Fuzz(func(t *testing.T, m string) {
+		b, err := ParseBlindInterval(m)
+		if err != nil {
+			return
+		}
+		if b.End.Before(b.Start) || b.Reason == "" {
+			t.Fatalf("ParseBlindInterval(%q) = %+v: end before start or no reason", m, b)
+		}
+		again, err := ParseBlindInterval(b.member())
+		if err != nil || again != b {
+			t.Fatalf("round trip of %q: %+v, %v; want %+v", m, again, err, b)
+		}
+	})
+}
+
+// renewVia renews uid through a Renewer of gateway instance inst.
+func renewVia(t *testing.T, s *Store, inst, uid string, ttl time.Duration) time.Time {
+	t.Helper()
+	r := NewRenewer(s, RenewerConfig{Instance: inst})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	d, err := r.Renew(context.Background(), uid, "default", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func TestHoldReleaseAndRenew(t *testing.T) {
+	s, ctx := newStore(t)
+	for _, uid := range []string{"held", "back", "moved"} {
+		renewVia(t, s, "gw-1", uid, 50*time.Millisecond)
+	}
+	time.Sleep(120 * time.Millisecond)
+	due, now, err := s.Due(ctx, 100)
+	if err != nil || len(due) != 3 {
+		t.Fatalf("Due = %+v, %v; want 3", due, err)
+	}
+	for _, e := range due {
+		if e.Via != "gw-1" || e.Rechecked {
+			t.Fatalf("entry %+v: want via gw-1, not rechecked", e)
+		}
+	}
+	// A deadline that changed since it was found is not held.
+	stale := due[2]
+	stale.Deadline = stale.Deadline.Add(-time.Millisecond)
+	n, err := s.Hold(ctx, []Expired{due[0], due[1], stale}, now.Add(300*time.Millisecond))
+	if err != nil || n != 2 {
+		t.Fatalf("Hold = %d, %v; want 2", n, err)
+	}
+	heldUID, backUID := due[0].UID, due[1].UID
+	if got, _, _ := s.Due(ctx, 100); len(got) != 1 || got[0].UID != due[2].UID {
+		t.Fatalf("Due while held = %+v, want only %s", got, due[2].UID)
+	}
+	// The user who comes back cancels their hold.
+	renewVia(t, s, "gw-2", backUID, time.Minute)
+	time.Sleep(350 * time.Millisecond)
+	got, _, err := s.Due(ctx, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string]Expired{}
+	for _, e := range got {
+		found[e.UID] = e
+	}
+	if e, ok := found[heldUID]; !ok || !e.Rechecked || !e.Deadline.Equal(due[0].Deadline) {
+		t.Fatalf("after release: %+v; want %s back with its deadline, rechecked", got, heldUID)
+	}
+	if _, ok := found[backUID]; ok {
+		t.Fatalf("%s came back, yet is due again", backUID)
+	}
+	if err := s.Settle(ctx, []Expired{found[heldUID]}); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := s.rdb.HLen(ctx, s.ks.HeldKey(Bucket(heldUID))).Result(); n != 0 {
+		t.Errorf("held marks after settling: %d", n)
+	}
+}
+
+func TestResyncNeverExtends(t *testing.T) {
+	s, ctx := newStore(t)
+	r := NewRenewer(s, RenewerConfig{Instance: "gw-1"})
+	rctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(rctx) }()
+	defer func() { cancel(); <-done }()
+
+	// "later" has a deadline from another device further out than the
+	// grant being restored; "gone" has nothing left; "lost" lost its
+	// session with Redis's data.
+	later, err := r.Renew(ctx, "later", "default", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := r.Resync(ctx, []Grant{
+		{UID: "later", Segment: "default", Left: 10 * time.Second},
+		{UID: "gone", Segment: "default", Left: 0},
+		{UID: "lost", Segment: "vip", Left: 20 * time.Second},
+	})
+	if err != nil || n != 2 {
+		t.Fatalf("Resync = %d, %v; want 2 sent", n, err)
+	}
+	score := func(uid string) time.Time {
+		v, err := s.rdb.ZScore(ctx, s.ks.IndexKey(Bucket(uid)), uid).Result()
+		if err != nil {
+			return time.Time{}
+		}
+		return time.UnixMilli(int64(v))
+	}
+	if got := score("later"); !got.Equal(later) {
+		t.Errorf("later: deadline %v, want the later one kept, %v", got, later)
+	}
+	if got := score("gone"); !got.IsZero() {
+		t.Errorf("gone: deadline %v written for a grant with nothing left", got)
+	}
+	rnow, _ := s.rdb.Time(ctx).Result()
+	if got := score("lost"); got.Sub(rnow) > 20*time.Second || got.Sub(rnow) < 19*time.Second {
+		t.Errorf("lost: deadline %v from now, want just under 20s", got.Sub(rnow))
+	}
+	if pttl, _ := s.rdb.PTTL(ctx, s.ks.SessionKey("lost")).Result(); pttl > 20*time.Second || pttl < 19*time.Second {
+		t.Errorf("lost: PTTL %v, want just under 20s", pttl)
+	}
+	if via, _ := s.rdb.HGet(ctx, s.ks.ViaKey(Bucket("lost")), "lost").Result(); via != "gw-1" {
+		t.Errorf("lost: via %q, want gw-1", via)
+	}
+}
+
+func TestMarkFindsGaps(t *testing.T) {
+	s, ctx := newStore(t)
+	mark := func(m SweepMark) Control {
+		t.Helper()
+		m.Keep, m.GapMax, m.JumpMax = time.Hour, 200*time.Millisecond, 200*time.Millisecond
+		if m.Elapsed == 0 && !m.LastSeen.IsZero() {
+			m.Elapsed = time.Since(m.LastSeen)
+		}
+		c, err := s.Mark(ctx, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	first := mark(SweepMark{Listener: "l1", KafkaOK: true})
+	if first.Gap != nil {
+		t.Fatalf("first mark ever found a gap: %+v", first.Gap)
+	}
+	if _, ok := first.Producers["l1"]; !ok {
+		t.Fatalf("producers = %v, want l1", first.Producers)
+	}
+	second := mark(SweepMark{LastSeen: first.Now, Elapsed: 10 * time.Millisecond})
+	if second.Gap != nil {
+		t.Fatalf("quick second mark found a gap: %+v", second.Gap)
+	}
+	time.Sleep(300 * time.Millisecond)
+	third := mark(SweepMark{LastSeen: second.Now, Elapsed: 300 * time.Millisecond})
+	if third.Gap == nil || third.Gap.Reason != BlindSweepGap || !third.Gap.Start.Equal(second.Now) {
+		t.Fatalf("mark after 300ms: gap %+v, want a sweep gap from %v", third.Gap, second.Now)
+	}
+	if len(third.Blind) != 1 || third.Blind[0] != *third.Gap {
+		t.Fatalf("blind intervals = %+v, want the gap", third.Blind)
+	}
+	// Redis lost its data: the sweep mark is gone.
+	if err := s.rdb.Del(ctx, s.ks.SweptKey()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	fourth := mark(SweepMark{LastSeen: third.Now, Elapsed: 10 * time.Millisecond})
+	if fourth.Gap == nil || fourth.Gap.Reason != BlindDataLost {
+		t.Fatalf("mark after data loss: gap %+v, want data-lost", fourth.Gap)
+	}
+	// Redis's clock stepped a minute forward: locally only 10ms passed.
+	fifth := mark(SweepMark{LastSeen: fourth.Now.Add(-time.Minute), Elapsed: 10 * time.Millisecond})
+	if fifth.Gap == nil || fifth.Gap.Reason != BlindClockJump {
+		t.Fatalf("mark after a clock step: gap %+v, want clock-jump", fifth.Gap)
+	}
+}
+
+func TestHeartbeatGaps(t *testing.T) {
+	s, ctx := newStore(t)
+	blind := func() []string {
+		m, err := s.rdb.ZRange(ctx, s.ks.BlindKey(), 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	if _, err := s.Heartbeat(ctx, "gw-1", 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Heartbeat(ctx, "gw-1", 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if b := blind(); len(b) != 0 {
+		t.Fatalf("blind intervals after steady heartbeats: %v", b)
+	}
+	time.Sleep(200 * time.Millisecond)
+	// gw-1 missed its lease; gw-2 starts while no instance is alive.
+	if _, err := s.Heartbeat(ctx, "gw-2", 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Heartbeat(ctx, "gw-1", 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	var reasons []string
+	for _, m := range blind() {
+		b, err := ParseBlindInterval(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reasons = append(reasons, b.Reason+"/"+b.Scope)
+	}
+	if len(reasons) != 2 || !contains(reasons, BlindFleetDown+"/") || !contains(reasons, BlindGateway+"/gw-1") {
+		t.Fatalf("blind intervals = %v, want a fleet-down and gw-1's gap", reasons)
+	}
+	if err := s.Leave(ctx, "gw-2"); err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Mark(ctx, SweepMark{GapMax: time.Hour, JumpMax: time.Hour, Keep: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Instances["gw-2"].AliveAt(c.Now) || !c.Instances["gw-1"].AliveAt(c.Now) {
+		t.Fatalf("instances %+v at %v: want gw-1 alive, gw-2 gone", c.Instances, c.Now)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+func TestLapsesCountAcrossReplicas(t *testing.T) {
+	s, ctx := newStore(t)
+	now, _ := s.rdb.Time(ctx).Result()
+	if n, err := s.Lapses(ctx, now, 10*time.Second, 30); err != nil || n != 30 {
+		t.Fatalf("Lapses = %d, %v; want 30", n, err)
+	}
+	if n, err := s.Lapses(ctx, now.Add(time.Second), 10*time.Second, 20); err != nil || n != 50 {
+		t.Fatalf("Lapses = %d, %v; want 50", n, err)
+	}
+	if n, err := s.Lapses(ctx, now.Add(10*time.Second), 10*time.Second, 0); err != nil || n != 20 {
+		t.Fatalf("Lapses 10s later = %d, %v; want the 20 still in the window", n, err)
+	}
+	if n, err := s.Lapses(ctx, now.Add(11*time.Second), 10*time.Second, 0); err != nil || n != 0 {
+		t.Fatalf("Lapses 11s later = %d, %v; want none left in the window", n, err)
+	}
+}
