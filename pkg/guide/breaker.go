@@ -30,7 +30,18 @@ func newBreaker[T any](name string, cfg Config, log *slog.Logger) *gobreaker.Cir
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			metricBreakerState.WithLabelValues(name).Set(float64(to))
 			metricBreakerChanges.WithLabelValues(name, to.String()).Inc()
-			log.Warn("circuit breaker state changed", "downstream", name, "from", from.String(), "to", to.String())
+			// A probe that fails moves open to half-open to open once
+			// per timeout for as long as the outage lasts: only its start
+			// and end are worth a line.
+			level := slog.LevelDebug
+			switch {
+			case from == gobreaker.StateClosed:
+				level = slog.LevelWarn
+			case to == gobreaker.StateClosed:
+				level = slog.LevelInfo
+			}
+			log.Log(context.Background(), level, "circuit breaker state changed",
+				"downstream", name, "from", from.String(), "to", to.String())
 		},
 	})
 }

@@ -63,8 +63,10 @@ type Config struct {
 	// "@file" naming a JSON object of segment to text (for texts with
 	// commas). Default none: everyone gets GuideText.
 	GuideTemplates string
-	// GuideMaxAge drops events whose deadline is further in the past: a
-	// guide that late only confuses. Default 5m.
+	// GuideMaxAge drops events confirmed longer ago than this, by Redis's
+	// clock: a guide that late only confuses. An event is confirmed at its
+	// detection: just past its deadline, or when the listener's outage
+	// hold ended. Default 5m.
 	GuideMaxAge time.Duration
 	// MaxInFlight bounds the records taken from Kafka and not yet settled
 	// (being sent, or waiting to be retried); at the bound fetching
@@ -96,7 +98,7 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Secret(&c.WebhookSecret, "webhook-secret", "HMAC-SHA256 key of the webhook signature (required with sender=webhook)")
 	b.String(&c.GuideText, "guide-text", "Are you still there?", "text of the guide message, for segments without a template")
 	b.String(&c.GuideTemplates, "guide-templates", "", `guide text per segment: "new=Still with us?,vip=..." or "@file" with a JSON object`)
-	b.Duration(&c.GuideMaxAge, "guide-max-age", 5*time.Minute, "drop events whose deadline is older than this")
+	b.Duration(&c.GuideMaxAge, "guide-max-age", 5*time.Minute, "drop events confirmed (detected) longer ago than this")
 	b.Int(&c.MaxInFlight, "max-in-flight", 256, "records taken and not yet settled before fetching pauses")
 	b.Duration(&c.SendTimeout, "send-timeout", 5*time.Second, "timeout of one send")
 	b.Int(&c.BreakerFailures, "breaker-failures", 5, "consecutive failures that open a circuit breaker")

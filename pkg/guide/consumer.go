@@ -3,15 +3,18 @@
 //
 // Each record is settled once: delivered (or queued to the user's inbox),
 // skipped because the user is back or the event is too old, or sent to the
-// dead-letter topic. Offsets are committed only up to the first record not
-// yet settled. The session check and the send go through a circuit breaker
-// each; while one is open, fetching pauses, unsent records are held, and
-// one probe goes out per breaker timeout. Every send carries the event id
-// as its idempotency key, so a crash between send and commit shows the
-// user nothing twice.
+// dead-letter topic. Both skips are judged by Redis: the session check
+// also reads Redis's clock, which wrote the deadline, so that this host's
+// clock never decides an event's age. Offsets are committed only up to
+// the first record not yet settled. The session check and the send go
+// through a circuit breaker each; while one is open, fetching pauses,
+// unsent records are held, and one probe goes out per breaker timeout.
+// Every send carries the event id as its idempotency key, so a crash
+// between send and commit shows the user nothing twice.
 //
 // It serves /healthz, /readyz and /metrics on Config.AdminAddr and logs
-// through the slog logger it is given.
+// through the slog logger it is given; a downstream failing for many
+// records logs through an outage.Log, a few lines per outage.
 package guide
 
 import (
@@ -31,6 +34,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/admin"
 	"github.com/stillthere/stillthere/pkg/kafka"
+	"github.com/stillthere/stillthere/pkg/outage"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
@@ -50,7 +54,7 @@ type Consumer struct {
 	cfg       Config
 	log       *slog.Logger
 	rdb       redis.UniversalClient
-	store     *session.Store
+	keyspace  session.Keyspace
 	client    *kgo.Client
 	sender    sender
 	templates map[string]string
@@ -60,7 +64,11 @@ type Consumer struct {
 	// breaker guards the sender, named for it; redisBreaker the session
 	// check.
 	breaker      *gobreaker.CircuitBreaker[string]
-	redisBreaker *gobreaker.CircuitBreaker[bool]
+	redisBreaker *gobreaker.CircuitBreaker[sessionCheck]
+
+	// One log per condition that fails for many records at once, so that
+	// an outage logs a few lines, not one per record.
+	checkOutage, sendOutage, dlqOutage, fetchOutage *outage.Log
 
 	// The rebalance callbacks, on the client's goroutine, hand their
 	// partitions to the dispatch loop, which owns all record state.
@@ -96,7 +104,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Consumer, error
 		cfg:       cfg,
 		log:       logger,
 		rdb:       rdb,
-		store:     session.NewStore(rdb, cfg.Redis.Keyspace()),
+		keyspace:  cfg.Redis.Keyspace(),
 		templates: templates,
 		lagEvery:  lagInterval,
 		rebalance: make(chan rebalanceReq),
@@ -119,7 +127,11 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Consumer, error
 		c.sender = &gatewaySender{url: cfg.PushURL, secret: cfg.PushSecret, client: httpc}
 	}
 	c.breaker = newBreaker[string](cfg.Sender, cfg, logger)
-	c.redisBreaker = newBreaker[bool](downstreamRedis, cfg, logger)
+	c.redisBreaker = newBreaker[sessionCheck](downstreamRedis, cfg, logger)
+	c.checkOutage = outage.NewLog(logger.With("downstream", downstreamRedis), "check sessions", 0)
+	c.sendOutage = outage.NewLog(logger.With("downstream", cfg.Sender), "send guides", 0)
+	c.dlqOutage = outage.NewLog(logger.With("topic", cfg.DLQTopic), "dead-letter records", 0)
+	c.fetchOutage = outage.NewLog(logger.With("topic", cfg.Kafka.Topic), "fetch records", 0)
 
 	c.client, err = kafka.NewClient(cfg.Kafka, logger,
 		kgo.ConsumerGroup(cfg.Group),
@@ -234,19 +246,18 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (string, error) {
 		c.log.Error("dead-lettered a record that is not a timeout event", "partition", r.Partition, "offset", r.Offset, "err", err)
 		return OutcomeInvalid, nil
 	}
-	if age := time.Since(ev.Deadline()); age > c.cfg.GuideMaxAge {
-		return OutcomeTooOld, nil
-	}
-	live, err := c.redisBreaker.Execute(func() (bool, error) {
+	// Even a too old event waits for Redis: only its clock says so.
+	check, err := c.redisBreaker.Execute(func() (sessionCheck, error) {
 		ctx, cancel := context.WithTimeout(ctx, c.cfg.SendTimeout)
 		defer cancel()
-		return c.store.Live(ctx, ev.UID)
+		return c.checkSession(ctx, ev.UID)
 	})
+	track(c.checkOutage, err)
 	if err != nil {
 		return "", err
 	}
-	if live {
-		return OutcomeStale, nil // they came back: no "are you still there?"
+	if outcome := needless(ev, check, c.cfg.GuideMaxAge); outcome != "" {
+		return outcome, nil
 	}
 	text, ok := c.templates[ev.Segment]
 	if !ok {
@@ -258,6 +269,7 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (string, error) {
 		defer func() { metricSendSeconds.Observe(time.Since(start).Seconds()) }()
 		return c.sender.Send(ctx, g)
 	})
+	track(c.sendOutage, err)
 	if isPermanent(err) {
 		if err := c.deadLetter(ctx, r, err.Error()); err != nil {
 			return "", err
@@ -266,6 +278,8 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (string, error) {
 		return OutcomeRejected, nil
 	}
 	if err == nil && outcome == OutcomeDelivered {
+		// A metric, not a decision, so the local clock will do: it is
+		// off by as much as this host's clock is from Redis's.
 		metricEndToEnd.Observe(time.Since(ev.Deadline()).Seconds())
 	}
 	return outcome, err
@@ -297,7 +311,23 @@ func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, reason string)
 	ctx, cancel := context.WithTimeout(ctx, max(c.cfg.SendTimeout, dlqTimeout))
 	defer cancel()
 	if err := c.client.ProduceSync(ctx, d).FirstErr(); err != nil {
-		return fmt.Errorf("dead-letter %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
+		err = fmt.Errorf("dead-letter %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
+		track(c.dlqOutage, err)
+		return err
 	}
+	c.dlqOutage.OK()
 	return nil
+}
+
+// track books one call to a downstream on its outage log. A breaker
+// refusing the call, or our own cancellation, says nothing about the
+// downstream; a permanentError is the downstream answering.
+func track(o *outage.Log, err error) {
+	switch {
+	case err == nil || isPermanent(err):
+		o.OK()
+	case isBreakerRefusal(err) || errors.Is(err, context.Canceled):
+	default:
+		o.Fail(err)
+	}
 }

@@ -290,6 +290,7 @@ type testEnv struct {
 	gw    *fakeGateway
 	prod  *kgo.Client
 	adm   *kadm.Client
+	log   *slog.Logger // what start gives consumers; testLogger() if nil
 
 	mu  sync.Mutex
 	seq int64 // makes every produced event's deadline, and so its id, unique
@@ -521,15 +522,23 @@ type running struct {
 }
 
 // start opens a consumer with cfg and runs it until the test ends or stop.
-func (e *testEnv) start(cfg Config) *running {
+// Each prepare func sees the consumer before it runs.
+func (e *testEnv) start(cfg Config, prepare ...func(*Consumer)) *running {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	c, err := New(ctx, cfg, testLogger())
+	logger := e.log
+	if logger == nil {
+		logger = testLogger()
+	}
+	c, err := New(ctx, cfg, logger)
 	if err != nil {
 		cancel()
 		e.t.Fatalf("new consumer: %v", err)
 	}
 	c.lagEvery = 100 * time.Millisecond
+	for _, f := range prepare {
+		f(c)
+	}
 	r := &running{t: e.t, c: c, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- c.Run(ctx) }()
 	e.t.Cleanup(r.stop)

@@ -3,6 +3,7 @@ package guide
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -220,11 +221,16 @@ func (l *loop) resume() {
 // take tracks a poll's records and starts them, or holds them while the
 // downstreams are probed.
 func (l *loop) take(ctx context.Context, fs kgo.Fetches) {
+	failed := false
 	fs.EachError(func(topic string, p int32, err error) {
 		if !errors.Is(err, context.Canceled) {
-			l.c.log.Warn("fetch", "topic", topic, "partition", p, "err", err)
+			failed = true
+			l.c.fetchOutage.Fail(fmt.Errorf("fetch %s/%d: %w", topic, p, err))
 		}
 	})
+	if !failed {
+		l.c.fetchOutage.OK()
+	}
 	fs.EachRecord(func(r *kgo.Record) {
 		p := l.parts[r.Partition]
 		if p == nil {
@@ -276,9 +282,8 @@ func (l *loop) settle(r result) {
 		return
 	}
 
-	if !isBreakerRefusal(r.err) {
-		l.c.log.Warn("guide not settled, will retry", "partition", j.rec.Partition, "offset", j.rec.Offset, "err", r.err)
-	}
+	// The downstream's outage log, not this, tells an operator about it.
+	l.c.log.Debug("guide not settled, will retry", "partition", j.rec.Partition, "offset", j.rec.Offset, "err", r.err)
 	metricSendErrors.Inc()
 	if p.leaving || p.lost {
 		l.held-- // the partition's next owner sends it
@@ -324,7 +329,7 @@ func (l *loop) probed() {
 		for _, j := range l.retry {
 			j.notBefore = now
 		}
-		l.c.log.Warn("circuit breakers closed: resuming", "held", l.held)
+		l.c.log.Info("circuit breakers closed: resuming", "held", l.held)
 	case l.anyOpen():
 		l.probeAt = time.Now().Add(l.c.cfg.BreakerTimeout)
 	default:

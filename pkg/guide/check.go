@@ -1,0 +1,58 @@
+package guide
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
+)
+
+// checkLua reads whether a session key exists and Redis's clock, in one
+// round trip. KEYS: session. Returns {EXISTS, TIME in ms}.
+const checkLua = `
+local t = redis.call('TIME')
+return {redis.call('EXISTS', KEYS[1]), tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
+`
+
+var checkScript = redis.NewScript(checkLua)
+
+// sessionCheck is what Redis said about a user's session.
+type sessionCheck struct {
+	live bool      // the session key exists: the user came back
+	now  time.Time // Redis's clock when it looked
+}
+
+// checkSession asks Redis whether uid's session is live, and what time it
+// is there. Deadlines are written from Redis's clock (see package
+// session), so their age is judged against it too: the consumer's own
+// clock may be off by any amount.
+func (c *Consumer) checkSession(ctx context.Context, uid string) (sessionCheck, error) {
+	res, err := checkScript.Run(ctx, c.rdb, []string{c.keyspace.SessionKey(uid)}).Int64Slice()
+	if err != nil {
+		return sessionCheck{}, fmt.Errorf("check session %q: %w", uid, err)
+	}
+	if len(res) != 2 {
+		return sessionCheck{}, fmt.Errorf("check session %q: script returned %d values, want 2", uid, len(res))
+	}
+	return sessionCheck{live: res[0] == 1, now: time.UnixMilli(res[1])}, nil
+}
+
+// needless returns the outcome of an event that needs no guide, or "" if
+// it does. It reads no clock but Redis's, as s.now: an event confirmed
+// longer than maxAge ago there is too old, one whose user is back is
+// stale. An event is confirmed when it is detected: at its deadline, or,
+// for one the listener held through an outage, when the hold ended, so
+// that a long outage does not age out the guides it only delayed.
+func needless(ev timeoutevent.Event, s sessionCheck, maxAge time.Duration) string {
+	confirmed := time.UnixMilli(max(ev.DeadlineMS, ev.DetectedMS))
+	switch {
+	case s.now.Sub(confirmed) > maxAge:
+		return OutcomeTooOld
+	case s.live:
+		return OutcomeStale // they came back: no "are you still there?"
+	}
+	return ""
+}

@@ -1,0 +1,151 @@
+package guide
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
+	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
+)
+
+// TestNeedlessReadsRedisClock: an event's age is its deadline's distance
+// from Redis's clock, as the session check read it, whatever this host's
+// clock says. Each case runs in a synctest bubble whose clock is set off
+// from Redis's by localSkew, so that a verdict taken from the local clock
+// differs from the right one.
+func TestNeedlessReadsRedisClock(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redistest.Client(t, srv)
+	ks, err := session.NewKeyspace(redistest.Prefix(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Consumer{rdb: rdb, keyspace: ks}
+	ctx := context.Background()
+	if err := rdb.Set(ctx, ks.SessionKey("back"), session.DefaultSegment, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	const maxAge = 5 * time.Minute
+	tests := []struct {
+		name      string
+		uid       string
+		age       time.Duration // by Redis's clock
+		localSkew time.Duration // this host's clock minus Redis's
+		want      string
+	}{
+		{"fresh, local clock an hour ahead", "gone", time.Second, time.Hour, ""},
+		{"at max age, local clock an hour ahead", "gone", maxAge, time.Hour, ""},
+		{"too old, local clock an hour behind", "gone", maxAge + time.Minute, -time.Hour, OutcomeTooOld},
+		{"back, local clock an hour ahead", "back", time.Second, time.Hour, OutcomeStale},
+		{"back but too old, local clock an hour behind", "back", maxAge + time.Second, -time.Hour, OutcomeTooOld},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			redisNow, err := rdb.Time(ctx).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			check, err := c.checkSession(ctx, tt.uid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := check.now.Sub(redisNow.Truncate(time.Millisecond)); d < 0 || d > time.Second {
+				t.Fatalf("check read Redis's clock as %v, TIME said %v", check.now, redisNow)
+			}
+			if check.live != (tt.uid == "back") {
+				t.Fatalf("check of %s: live %v", tt.uid, check.live)
+			}
+			deadline := check.now.Add(-tt.age)
+			ev := timeoutevent.New(tt.uid, session.DefaultSegment, deadline, deadline, timeoutevent.SourceSweep)
+
+			synctest.Test(t, func(t *testing.T) {
+				time.Sleep(check.now.Add(tt.localSkew).Sub(time.Now())) // set the bubble's clock
+				if localOld := time.Since(ev.Deadline()) > maxAge; localOld == (tt.want == OutcomeTooOld) {
+					t.Fatal("the local clock gives the same age verdict: the case tells nothing")
+				}
+				if got := needless(ev, check, maxAge); got != tt.want {
+					t.Errorf("needless = %q, want %q", got, tt.want)
+				}
+			})
+		})
+	}
+}
+
+// skewedRedis is a client whose Redis clock, as the session check reads
+// it, is off from this host's by the given amount.
+type skewedRedis struct {
+	redis.UniversalClient
+	by time.Duration
+}
+
+func (s skewedRedis) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	cmd := s.UniversalClient.Eval(ctx, script, keys, args...)
+	if script == checkLua {
+		s.skew(cmd)
+	}
+	return cmd
+}
+
+func (s skewedRedis) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
+	cmd := s.UniversalClient.EvalSha(ctx, sha, keys, args...)
+	if sha == checkScript.Hash() {
+		s.skew(cmd)
+	}
+	return cmd
+}
+
+func (s skewedRedis) skew(cmd *redis.Cmd) {
+	if v, ok := cmd.Val().([]any); ok && len(v) == 2 {
+		if ms, ok := v[1].(int64); ok {
+			cmd.SetVal([]any{v[0], ms + s.by.Milliseconds()})
+		}
+	}
+}
+
+// TestRedisClockDecidesAge: with Redis's clock an hour behind the
+// consumer's, an event fresh by Redis's clock is delivered although the
+// consumer's clock makes it an hour old, and one too old by Redis's clock
+// is dropped.
+func TestRedisClockDecidesAge(t *testing.T) {
+	e := newEnv(t)
+	const skew = -time.Hour
+	now, err := e.rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	redisNow := now.Add(skew).Truncate(time.Millisecond)
+	old0, delivered0 := guidesSettled(t, OutcomeTooOld), guidesSettled(t, OutcomeDelivered)
+
+	event := func(uid string, deadline time.Time) timeoutevent.Event {
+		ev := timeoutevent.New(uid, session.DefaultSegment, deadline, deadline, timeoutevent.SourceSweep)
+		b, err := ev.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.produceRaw(0, uid, b)
+		return ev
+	}
+	tooOld := event("too-old", redisNow.Add(-e.cfg.GuideMaxAge-time.Minute))
+	fresh := event("fresh", redisNow.Add(-time.Second))
+	e.start(e.cfg, func(c *Consumer) { c.rdb = skewedRedis{UniversalClient: c.rdb, by: skew} })
+
+	e.waitCommittedToEnd(e.cfg.Group)
+	if !e.gw.shown(fresh.ID) {
+		t.Error("event fresh by Redis's clock was not delivered")
+	}
+	if n := e.gw.attemptsFor(tooOld.ID); n != 0 {
+		t.Errorf("event too old by Redis's clock pushed %d times", n)
+	}
+	if d := guidesSettled(t, OutcomeDelivered) - delivered0; d != 1 {
+		t.Errorf("delivered outcomes: %v, want 1", d)
+	}
+	if d := guidesSettled(t, OutcomeTooOld) - old0; d != 1 {
+		t.Errorf("too_old outcomes: %v, want 1", d)
+	}
+}
