@@ -16,10 +16,14 @@ import (
 //     step, the whole gateway fleet down) or of the user's gateway (its
 //     renewals failed, its heartbeat had a gap) holds a deadline in
 //     [start, end+grace] until end+grace.
-//   - A gateway instance that is dead now (its heartbeat lease ran out)
-//     holds its users' deadlines in [last heartbeat-lease, last
-//     heartbeat+grace] until last heartbeat+grace: a user who was there
-//     has reconnected to another instance and pinged by then.
+//   - A gateway instance that is dead now, or missed a heartbeat (one a
+//     third of its lease), holds its users' deadlines in [last
+//     heartbeat-lease, last heartbeat+grace] until last heartbeat+grace:
+//     a user who was there has reconnected to another instance and pinged
+//     by then. A missed heartbeat is enough, so that an instance cut from
+//     Redis is known before the first deadline its users could not renew
+//     falls due: the lease need only be shorter than the shortest TTL
+//     less the clients' ping period.
 //   - While no gateway instance is alive at all, every deadline since the
 //     last one was seen alive is held, until the grace after one is back.
 
@@ -50,7 +54,7 @@ func holdUntil(c session.Control, e session.Expired, grace time.Duration) (time.
 			later(b.End.Add(grace), holdBlind)
 		}
 	}
-	if inst, ok := c.Instances[e.Via]; ok && e.Via != "" && !inst.AliveAt(c.Now) {
+	if inst, ok := c.Instances[e.Via]; ok && e.Via != "" && missedBeat(inst, c.Now) {
 		if !d.Before(inst.Last.Add(-inst.Lease)) && !d.After(inst.Last.Add(grace)) {
 			later(inst.Last.Add(grace), holdDeadGW)
 		}
@@ -59,6 +63,15 @@ func holdUntil(c session.Control, e session.Expired, grace time.Duration) (time.
 		later(c.Now.Add(grace), holdFleetDown)
 	}
 	return until, why
+}
+
+// beatSlack is how late a heartbeat may be before it counts as missed.
+const beatSlack = 250 * time.Millisecond
+
+// missedBeat reports whether a gateway instance is dead, or late with the
+// heartbeat it sends every third of its lease.
+func missedBeat(inst session.Instance, now time.Time) bool {
+	return !inst.AliveAt(now) || now.After(inst.Last.Add(inst.Lease/3+beatSlack))
 }
 
 // fleetDown reports whether gateway instances are known and none is alive,
