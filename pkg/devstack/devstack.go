@@ -130,6 +130,11 @@ func Start(ctx context.Context, opts Options) (s *Stack, err error) {
 	set("push-url", "http://"+s.Gateway.PushAddr().String()+"/v1/push")
 
 	set("spool-dir", filepath.Join(opts.DataDir, "spool"))
+	// The listener's outage grace follows the stack's TTL, by the rule
+	// behind its production default: a TTL and its jitter for every client
+	// to ping again, and a sixth of the TTL (at least 1s) to reconnect.
+	ttl := s.GatewayConfig.SessionTTL
+	set("outage-grace", (ttl + s.GatewayConfig.SessionJitter + max(time.Second, ttl/6)).String())
 	// The listener creates the topic, so it opens before the consumer.
 	if s.ListenerConfig, err = expiry.LoadConfig(nil, env); err != nil {
 		return nil, err

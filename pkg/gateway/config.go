@@ -84,6 +84,12 @@ type Config struct {
 	// batch renewals, whichever comes first. Defaults 2ms and 256.
 	RenewFlushInterval time.Duration
 	RenewBatch         int
+
+	// HeartbeatInterval is how often this instance tells Redis it is
+	// alive, for a lease of three intervals: the expiry listener does not
+	// count time in which an instance's users could not reach it toward
+	// their silence. Default 1s.
+	HeartbeatInterval time.Duration
 }
 
 // Bind registers the gateway's settings on b.
@@ -112,6 +118,7 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Duration(&c.RenewGranularity, "renew-granularity", time.Second, "least time between two renewals of one connection")
 	b.Duration(&c.RenewFlushInterval, "renew-flush-interval", 2*time.Millisecond, "longest a renewal waits to share a Redis round trip")
 	b.Int(&c.RenewBatch, "renew-batch", 256, "renewals that fill a Redis round trip")
+	b.Duration(&c.HeartbeatInterval, "heartbeat-interval", time.Second, "how often this instance tells Redis it is alive (lease: 3 intervals)")
 }
 
 // LoadConfig reads the gateway's settings from args and env.
@@ -174,6 +181,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("renew-flush-interval: %v, want more than 0 and at most 1s", c.RenewFlushInterval)
 	case c.RenewBatch < 1:
 		return fmt.Errorf("renew-batch: %d, want at least 1", c.RenewBatch)
+	case c.HeartbeatInterval < 100*time.Millisecond || c.HeartbeatInterval > 10*time.Second:
+		return fmt.Errorf("heartbeat-interval: %v, want between 100ms and 10s", c.HeartbeatInterval)
 	}
 	return nil
 }

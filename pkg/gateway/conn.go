@@ -8,16 +8,18 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
 	"golang.org/x/time/rate"
 
 	"github.com/stillthere/stillthere/pkg/frame"
+	"github.com/stillthere/stillthere/pkg/session"
 )
 
 // conn is one client connection. Invariant, as gorilla/websocket requires:
-// exactly one goroutine reads (serve, on the HTTP handler's goroutine) and
+// exactly one goroutine reads (serve, on a goroutine serveWS starts) and
 // at most one writes data frames (a flusher, started by enqueue only while
 // frames wait, so an idle connection costs no writer goroutine). Control
 // frames (close, and the gateway's protocol pings) go out through
@@ -29,9 +31,14 @@ type conn struct {
 	segment string
 	log     *slog.Logger
 
-	// renewedAt and expires are the last grant, as seen locally; only
-	// serve's goroutine touches them.
-	renewedAt, expires time.Time
+	// pingAt and grant are the last ping that asked for a renewal: when it
+	// came, in ns since the gateway started (a monotonic clock), and the
+	// TTL in ns it was granted, or would have been: grant is negative
+	// until the renewal is written, so also when it failed, and 0 before
+	// the first ping and once the user ended the session. serve writes
+	// them, grant first; the resync loop reads them, pingAt first, so it
+	// never pairs a ping with the grant of an earlier one.
+	pingAt, grant atomic.Int64
 
 	mu       sync.Mutex
 	queue    [][]byte // frames waiting for the flusher; bounded, see enqueue
@@ -121,11 +128,14 @@ func (c *conn) handle(ctx context.Context, limiter *rate.Limiter, typ int, data 
 // renew grants the session TTL plus jitter and answers with a pong. Pings
 // closer together than the renewal granularity share the last grant.
 func (c *conn) renew(ctx context.Context) {
-	now := time.Now()
-	if !c.renewedAt.IsZero() && now.Sub(c.renewedAt) < c.g.cfg.RenewGranularity {
-		metricRenewalsCoalesced.Inc()
-		c.enqueue(frame.Pong(c.expires.Sub(now).Milliseconds()))
-		return
+	start := time.Now()
+	now := start.Sub(c.g.start)
+	if granted := time.Duration(c.grant.Load()); granted > 0 {
+		if age := now - time.Duration(c.pingAt.Load()); age < c.g.cfg.RenewGranularity {
+			metricRenewalsCoalesced.Inc()
+			c.enqueue(frame.Pong((granted - age).Milliseconds()))
+			return
+		}
 	}
 	p := c.g.policy.Current()
 	ttl := p.TTL(c.segment)
@@ -133,22 +143,41 @@ func (c *conn) renew(ctx context.Context) {
 		ttl += rand.N(p.Jitter)
 	}
 	ttl = ttl.Truncate(time.Millisecond)
+	// Recorded before the renewal, so that a resync after an outage
+	// restores it even if it fails.
+	c.grant.Store(-int64(ttl))
+	c.pingAt.Store(int64(now))
 	// Not cancelled by the gateway's shutdown: a ping that arrived while
 	// draining is still a renewal the user is owed.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.g.cfg.WriteTimeout)
 	_, err := c.g.renewer.Renew(rctx, c.uid, c.segment, ttl)
 	cancel()
-	metricRenewalSeconds.Observe(time.Since(now).Seconds())
+	metricRenewalSeconds.Observe(time.Since(start).Seconds())
 	if err != nil {
 		metricRenewals.WithLabelValues("error").Inc()
-		c.log.Warn("renew session", "err", err)
+		c.g.renewLog.Fail(err)
 		// The connection stays; the client's next ping retries.
 		c.enqueue(frame.Error(frame.CodeUnavailable, "session store unavailable, ping again"))
 		return
 	}
+	c.g.renewLog.OK()
 	metricRenewals.WithLabelValues("ok").Inc()
-	c.renewedAt, c.expires = now, now.Add(ttl)
+	c.grant.Store(int64(ttl))
 	c.enqueue(frame.Pong(ttl.Milliseconds()))
+}
+
+// lastGrant is what is left, at now (since the gateway started), of the
+// last grant: the deadline the last ping was given, or would have been
+// had Redis been in reach. ok is false when nothing is left, or nothing
+// was granted.
+func (c *conn) lastGrant(now time.Duration) (g session.Grant, ok bool) {
+	at := time.Duration(c.pingAt.Load())
+	ttl := time.Duration(c.grant.Load())
+	if ttl == 0 {
+		return session.Grant{}, false
+	}
+	left := ttl.Abs() - (now - at)
+	return session.Grant{UID: c.uid, Segment: c.segment, Left: left}, left > 0
 }
 
 // ended handles the end of the read side. A normal close (1000) is the
@@ -170,11 +199,21 @@ func (c *conn) ended(ctx context.Context, err error) {
 	if ce.Code != websocket.CloseNormalClosure {
 		return
 	}
+	// Marked first, so that a resync does not restore the session; one
+	// that read the grant before is caught after (see resyncConns).
+	c.grant.Store(0)
+	c.end(ctx)
+}
+
+// end deletes the session, as the user asked by a normal close.
+func (c *conn) end(ctx context.Context) {
 	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.g.cfg.WriteTimeout)
 	defer cancel()
 	if err := c.g.renewer.End(ectx, c.uid); err != nil {
-		c.log.Warn("end session on normal close", "err", err)
+		c.g.endLog.Fail(err)
+		return
 	}
+	c.g.endLog.OK()
 }
 
 // closeWith sends a close frame with code and reason, once.

@@ -4,6 +4,11 @@
 // through which the guide consumer delivers "are you still there?" to
 // connected users, plus health and metrics. The wire contract is in
 // docs/protocol.md.
+//
+// Each instance heartbeats to Redis, and when Redis was out of its reach,
+// it records that as a blind interval and restores its users' grants, so
+// that the expiry listener does not take an outage for their silence.
+// Failures are logged once per outage, through outage.Log, not per call.
 package gateway
 
 import (
@@ -29,6 +34,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/admin"
 	"github.com/stillthere/stillthere/pkg/frame"
+	"github.com/stillthere/stillthere/pkg/outage"
 	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/session"
@@ -47,12 +53,20 @@ type Gateway struct {
 	hub      *hub
 	upgrader websocket.Upgrader
 
-	instance         string        // this instance's name in route keys
+	instance         string        // this instance's name in route keys and heartbeats
 	sub              *redis.PubSub // its channel, for guides routed here
 	publicLn, pushLn net.Listener
 	conns            sync.WaitGroup // one per connection being served
 	maxConns         int64
 	open             atomic.Int64 // connections held or being upgraded
+
+	start time.Time // New's time; connections time their pings from it
+	reach *reach    // whether Redis answers renewals and heartbeats
+
+	// One outage log per condition: a line when it starts failing, a
+	// summary now and then, a line when it ends, not a line per call.
+	renewLog, endLog, beatLog, resyncLog *outage.Log
+	routeLog, pushLog, channelLog        *outage.Log
 }
 
 // Run opens a gateway and serves until ctx is done.
@@ -77,21 +91,16 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	if err != nil {
 		return nil, err
 	}
+	if err := redisconn.CheckEviction(ctx, rdb); err != nil {
+		logger.Warn("Redis may evict session keys", "err", err)
+	}
 	store := session.NewStore(rdb, cfg.Redis.Keyspace())
 	g := &Gateway{
-		cfg:   cfg,
-		log:   logger,
-		rdb:   rdb,
-		store: store,
-		renewer: session.NewRenewer(store, session.RenewerConfig{
-			FlushInterval: cfg.RenewFlushInterval,
-			MaxBatch:      cfg.RenewBatch,
-			OnFlush: func(size int, took time.Duration, _ error) {
-				metricRenewRoundTrips.Inc()
-				metricRenewBatchSize.Observe(float64(size))
-				metricRenewFlushSeconds.Observe(took.Seconds())
-			},
-		}),
+		cfg:      cfg,
+		log:      logger,
+		rdb:      rdb,
+		store:    store,
+		instance: cmp.Or(cfg.InstanceID, newInstanceID()),
 		verifier: verifier,
 		hub:      newHub(),
 		upgrader: websocket.Upgrader{
@@ -105,14 +114,33 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 			// The Origin is checked before the upgrade, with a JSON 403.
 			CheckOrigin: func(*http.Request) bool { return true },
 		},
+		start:      time.Now(),
+		reach:      newReach(cfg.RenewFlushInterval),
+		renewLog:   outage.NewLog(logger, "renew sessions", 0),
+		endLog:     outage.NewLog(logger, "end sessions", 0),
+		beatLog:    outage.NewLog(logger, "heartbeat", 0),
+		resyncLog:  outage.NewLog(logger, "resync sessions", 0),
+		routeLog:   outage.NewLog(logger, "route bookkeeping", 0),
+		pushLog:    outage.NewLog(logger, "push guides", 0),
+		channelLog: outage.NewLog(logger, "instance channel", 0),
 	}
+	g.renewer = session.NewRenewer(store, session.RenewerConfig{
+		FlushInterval: cfg.RenewFlushInterval,
+		MaxBatch:      cfg.RenewBatch,
+		Instance:      g.instance,
+		OnFlush: func(size int, took time.Duration, err error) {
+			metricRenewRoundTrips.Inc()
+			metricRenewBatchSize.Observe(float64(size))
+			metricRenewFlushSeconds.Observe(took.Seconds())
+			g.reach.flushed(took, err)
+		},
+	})
 	g.policy = policy.NewWatcher(policy.NewStore(rdb, cfg.Redis.Keyspace()),
 		policy.Policy{DefaultTTL: cfg.SessionTTL, Jitter: cfg.SessionJitter},
 		cfg.PolicyRefresh, logger)
 	if err := g.policy.Refresh(ctx); err != nil {
 		logger.Warn("timeout policy unreadable; using the configured TTL until it is fixed", "err", err)
 	}
-	g.instance = cmp.Or(cfg.InstanceID, newInstanceID())
 	// Subscribed before any connection registers, so no routed guide is
 	// published to a channel nobody reads yet.
 	g.sub = rdb.SSubscribe(ctx, g.store.Keyspace().InstanceChannel(g.instance))
@@ -121,17 +149,23 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 		rdb.Close()
 		return nil, fmt.Errorf("subscribe to the instance channel: %w", err)
 	}
+	// Alive before it takes connections. Redis answered just now; if it
+	// does not here, the heartbeat loop keeps trying, and readyz fails
+	// until it succeeds.
+	g.beat(ctx)
 	g.maxConns = int64(cfg.MaxConns)
 	if g.maxConns == 0 {
 		g.maxConns = connLimitFromRlimit()
 	}
 	if g.publicLn, err = net.Listen("tcp", cfg.Addr); err != nil {
+		g.leave()
 		g.sub.Close()
 		rdb.Close()
 		return nil, fmt.Errorf("listen on gateway-addr: %w", err)
 	}
 	if g.pushLn, err = net.Listen("tcp", cfg.PushAddr); err != nil {
 		g.publicLn.Close()
+		g.leave()
 		g.sub.Close()
 		rdb.Close()
 		return nil, fmt.Errorf("listen on push-addr: %w", err)
@@ -148,26 +182,28 @@ func (g *Gateway) PushAddr() net.Addr { return g.pushLn.Addr() }
 // Serve serves both listeners until ctx is done, then drains: it stops
 // accepting, tells every client to reconnect elsewhere (close 1001, which
 // leaves sessions alive), waits for connections to end within the
-// shutdown timeout, flushes the renewals still queued, and releases Redis.
+// shutdown timeout, flushes the renewals still queued, marks the instance
+// gone (Leave), and releases Redis.
 func (g *Gateway) Serve(ctx context.Context) error {
 	defer g.rdb.Close()
-	// The renewer outlives the connections: it stops after the drain.
-	rctx, stopRenewer := context.WithCancel(context.WithoutCancel(ctx))
-	renewerDone := make(chan struct{})
-	go func() {
-		defer close(renewerDone)
-		g.renewer.Run(rctx)
-	}()
+	// The renewer and the heartbeat outlive the connections: they stop
+	// after the drain, and only then does the instance leave. A heartbeat
+	// that stopped before the drain would let the lease run out while
+	// users are still connected.
+	bctx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	var background sync.WaitGroup
+	background.Go(func() { g.renewer.Run(bctx) })
+	background.Go(func() { g.heartbeat(bctx) })
 	defer func() {
-		stopRenewer()
-		<-renewerDone
+		stopBackground()
+		background.Wait()
+		g.leave()
 	}()
-	policyDone := make(chan struct{})
-	go func() {
-		defer close(policyDone)
-		g.policy.Run(ctx)
-	}()
-	defer func() { <-policyDone }()
+	var loops sync.WaitGroup
+	defer loops.Wait()
+	loops.Go(func() { g.policy.Run(ctx) })
+	loops.Go(func() { g.resyncLoop(ctx) })
+
 	public := &http.Server{
 		Handler:           g.publicMux(ctx),
 		ReadHeaderTimeout: g.cfg.HandshakeTimeout,
@@ -180,18 +216,8 @@ func (g *Gateway) Serve(ctx context.Context) error {
 	}
 	g.log.Info("gateway listening", "public", g.PublicAddr().String(), "push", g.PushAddr().String(), "instance", g.instance)
 
-	listenDone := make(chan struct{})
-	go func() {
-		defer close(listenDone)
-		g.listen(ctx, g.sub)
-	}()
-	defer func() { <-listenDone }()
-	pingDone := make(chan struct{})
-	go func() {
-		defer close(pingDone)
-		g.pingAll(ctx)
-	}()
-	defer func() { <-pingDone }()
+	loops.Go(func() { g.listen(ctx, g.sub) })
+	loops.Go(func() { g.pingAll(ctx) })
 
 	eg, ectx := errgroup.WithContext(ctx)
 	eg.Go(func() error { return serveUntil(ectx, public, g.publicLn) })
@@ -317,7 +343,10 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	metricConnections.Inc()
 	rctx := context.WithoutCancel(ctx) // route bookkeeping outlives shutdown
 	if err := g.register(rctx, c.uid); err != nil {
-		c.log.Warn("route registration failed; guides reach this connection only through this instance", "err", err)
+		// Guides reach this connection only through this instance.
+		g.routeLog.Fail(err)
+	} else {
+		g.routeLog.OK()
 	}
 	g.handOverInbox(rctx, c)
 	g.conns.Add(1)
@@ -336,7 +365,7 @@ func (g *Gateway) release(ctx context.Context, c *conn) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := g.unregister(ctx, c.uid); err != nil {
-		c.log.Warn("route unregistration", "err", err)
+		g.routeLog.Fail(err)
 	}
 }
 
@@ -382,7 +411,14 @@ func (g *Gateway) originAllowed(r *http.Request) bool {
 }
 
 func (g *Gateway) pushMux() http.Handler {
-	mux := admin.NewMux(func(ctx context.Context) error { return g.rdb.Ping(ctx).Err() })
+	// Not ready while renewals or heartbeats fail, even if a PING gets
+	// through: a load balancer should send clients elsewhere.
+	mux := admin.NewMux(func(ctx context.Context) error {
+		if err := g.reach.err(); err != nil {
+			return err
+		}
+		return g.rdb.Ping(ctx).Err()
+	})
 	mux.HandleFunc("POST /v1/push", g.servePush)
 	return mux
 }
@@ -434,10 +470,11 @@ func (g *Gateway) servePush(w http.ResponseWriter, r *http.Request) {
 	}
 	status, n, err := g.push(r.Context(), req)
 	if err != nil {
-		g.log.Warn("push", "uid", req.UID, "guide_id", req.ID, "err", err)
+		g.pushLog.Fail(fmt.Errorf("guide %s: %w", req.ID, err))
 		admin.WriteError(w, http.StatusServiceUnavailable, "push unavailable, retry")
 		return
 	}
+	g.pushLog.OK()
 	metricPushes.WithLabelValues(status).Inc()
 	admin.WriteJSON(w, http.StatusOK, map[string]any{"status": status, "connections": n})
 }

@@ -44,6 +44,12 @@ func startGateway(t *testing.T, mutate func(*Config)) *testGateway {
 // several instances can share them.
 func startGatewayOn(t *testing.T, addrs []string, prefix string, mutate func(*Config)) *testGateway {
 	t.Helper()
+	return startGatewayLogged(t, addrs, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), mutate)
+}
+
+// startGatewayLogged is startGatewayOn with a logger.
+func startGatewayLogged(t *testing.T, addrs []string, prefix string, logger *slog.Logger, mutate func(*Config)) *testGateway {
+	t.Helper()
 	cfg := Config{
 		Redis:            redisconn.Config{Addrs: addrs, KeyPrefix: prefix},
 		Addr:             "127.0.0.1:0",
@@ -67,12 +73,13 @@ func startGatewayOn(t *testing.T, addrs []string, prefix string, mutate func(*Co
 		PolicyRefresh:      100 * time.Millisecond,
 		InboxSize:          3,
 		InboxTTL:           time.Hour,
+		HeartbeatInterval:  100 * time.Millisecond,
 	}
 	if mutate != nil {
 		mutate(&cfg)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	g, err := New(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	g, err := New(ctx, cfg, logger)
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -585,6 +592,8 @@ func TestConfigValidate(t *testing.T) {
 		{"session-jitter", func(c *Config) { c.SessionJitter = -1 }},
 		{"read-limit", func(c *Config) { c.ReadLimit = 1 }},
 		{"rate-per-second", func(c *Config) { c.RatePerSecond = 0 }},
+		{"heartbeat-interval", func(c *Config) { c.HeartbeatInterval = 50 * time.Millisecond }},
+		{"heartbeat-interval", func(c *Config) { c.HeartbeatInterval = 11 * time.Second }},
 		{"redis-addrs", func(c *Config) { c.Redis.Addrs = nil }},
 		{"key-prefix", func(c *Config) { c.Redis.KeyPrefix = "a{b}" }},
 	}

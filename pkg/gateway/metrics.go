@@ -45,6 +45,14 @@ var (
 		Help:    "Latency of one pipelined renewal round trip.",
 		Buckets: prometheus.ExponentialBuckets(0.0002, 2, 14),
 	})
+	metricHeartbeats = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "stillthere_gateway_heartbeats_total",
+		Help: "Heartbeats of this instance to Redis, by result (ok, error).",
+	}, []string{"result"})
+	metricResynced = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_gateway_resynced_total",
+		Help: "Last grants of connections handed to Redis by resyncs after it was out of reach; a deadline already as late stays.",
+	})
 	metricPushes = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_pushes_total",
 		Help: "Guide pushes, by outcome (delivered, duplicate, queued, rejected, routed_in, from_inbox).",

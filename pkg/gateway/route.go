@@ -141,7 +141,7 @@ func (g *Gateway) keep(ctx context.Context, req PushRequest) error {
 func (g *Gateway) handOverInbox(ctx context.Context, c *conn) {
 	items, err := inboxTakeScript.Run(ctx, g.rdb, []string{g.store.Keyspace().InboxKey(c.uid)}).StringSlice()
 	if err != nil {
-		c.log.Warn("take inbox", "err", err)
+		g.routeLog.Fail(fmt.Errorf("take %q's inbox: %w", c.uid, err))
 		return
 	}
 	for i := len(items) - 1; i >= 0; i-- { // LPUSH keeps the newest first
@@ -167,10 +167,11 @@ func (g *Gateway) listen(ctx context.Context, sub *redis.PubSub) error {
 			return nil
 		}
 		if err != nil {
-			g.log.Warn("instance channel", "err", err)
+			g.channelLog.Fail(err)
 			time.Sleep(100 * time.Millisecond) // go-redis resubscribes on the next receive
 			continue
 		}
+		g.channelLog.OK()
 		var req PushRequest
 		if err := json.Unmarshal([]byte(msg.Payload), &req); err != nil {
 			g.log.Warn("bad routed guide", "err", err)
@@ -181,7 +182,7 @@ func (g *Gateway) listen(ctx context.Context, sub *redis.PubSub) error {
 			continue
 		}
 		if err := g.keep(ctx, req); err != nil {
-			g.log.Warn("keep routed guide", "err", err)
+			g.pushLog.Fail(err)
 		}
 	}
 }

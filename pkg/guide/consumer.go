@@ -100,6 +100,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Consumer, error
 	if err != nil {
 		return nil, err
 	}
+	if err := redisconn.CheckEviction(ctx, rdb); err != nil {
+		logger.Warn("Redis may evict session keys; give it maxmemory-policy noeviction", "err", err)
+	}
 	c := &Consumer{
 		cfg:       cfg,
 		log:       logger,

@@ -119,7 +119,8 @@ func Command(ctx context.Context, args []string, env config.Lookup, out io.Write
 
 func show(out io.Writer, p Policy, stored bool) error {
 	if !stored {
-		fmt.Fprintln(out, "no policy stored; the gateways' configured TTL and jitter apply:")
+		// Gateways that read one before keep it (see Watcher).
+		fmt.Fprintln(out, "no policy stored; the gateways' configured TTL and jitter apply, except in gateways that read a policy before, which keep it:")
 	}
 	b, err := json.MarshalIndent(p, "", "  ")
 	if err != nil {

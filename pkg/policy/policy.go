@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stillthere/stillthere/pkg/outage"
 	"github.com/stillthere/stillthere/pkg/session"
 )
 
@@ -184,18 +185,32 @@ func (s *Store) Save(ctx context.Context, p Policy) error {
 }
 
 // Watcher keeps the current policy, polling the store.
+//
+// Once it has loaded a stored policy, it keeps the last one it loaded if
+// the key vanishes. The key does not vanish by anyone's choice: the
+// command offers no delete, and a Redis that lost its data (a restart
+// without persistence, a failover to a replica that missed the write)
+// loses it. Falling back to the configured TTL then would silently give
+// every segment a TTL nobody chose. An operator who wants the configured
+// values back stores them with "gateway policy set"; a gateway started
+// while no policy is stored uses its configured values, so a fleet is
+// consistent again once one is stored.
 type Watcher struct {
 	store    *Store
 	fallback Policy
 	every    time.Duration
 	log      *slog.Logger
 	cur      atomic.Pointer[Policy]
+	loaded   atomic.Bool // a stored policy was loaded once
+	missing  atomic.Bool // the stored policy vanished after that; warned once
+	fails    *outage.Log
 }
 
 // NewWatcher starts from fallback, the policy that applies while none is
 // stored, and polls every interval once Run is called.
 func NewWatcher(store *Store, fallback Policy, every time.Duration, logger *slog.Logger) *Watcher {
-	w := &Watcher{store: store, fallback: fallback, every: every, log: logger}
+	w := &Watcher{store: store, fallback: fallback, every: every, log: logger,
+		fails: outage.NewLog(logger, "refresh timeout policy", 0)}
 	w.cur.Store(&fallback)
 	return w
 }
@@ -204,14 +219,24 @@ func NewWatcher(store *Store, fallback Policy, every time.Duration, logger *slog
 func (w *Watcher) Current() Policy { return *w.cur.Load() }
 
 // Refresh loads the stored policy once. A policy that cannot be read
-// leaves the current one in force.
+// leaves the current one in force, and so does one that vanished after
+// one was loaded (see Watcher).
 func (w *Watcher) Refresh(ctx context.Context) error {
 	p, err := w.store.Load(ctx)
 	switch {
+	case errors.Is(err, ErrNone) && w.loaded.Load():
+		if !w.missing.Swap(true) {
+			w.log.Warn("timeout policy missing from Redis; keeping the last known one",
+				"policy", w.Current().String(), "fix", "store it again with: gateway policy set")
+		}
+		return nil
 	case errors.Is(err, ErrNone):
 		p = w.fallback
 	case err != nil:
 		return err
+	default:
+		w.loaded.Store(true)
+		w.missing.Store(false)
 	}
 	if old := w.cur.Load(); old.String() != p.String() {
 		w.log.Info("timeout policy in force", "policy", p.String())
@@ -225,8 +250,12 @@ func (w *Watcher) Run(ctx context.Context) {
 	t := time.NewTicker(w.every)
 	defer t.Stop()
 	for {
+		// Failures are logged quietly: a Redis outage would otherwise
+		// cost a line per poll. The current policy stays in force.
 		if err := w.Refresh(ctx); err != nil && ctx.Err() == nil {
-			w.log.Warn("refresh timeout policy; keeping the current one", "err", err)
+			w.fails.Fail(err)
+		} else if err == nil {
+			w.fails.OK()
 		}
 		select {
 		case <-ctx.Done():

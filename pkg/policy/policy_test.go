@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -125,8 +126,69 @@ func TestWatcherPicksUpChanges(t *testing.T) {
 	if w.Current().TTL("new") != 30*time.Second {
 		t.Fatal("a corrupt stored policy replaced the good one")
 	}
+}
+
+func TestWatcherKeepsPolicyWhenKeyVanishes(t *testing.T) {
+	store, _ := newStore(t)
+	ctx := context.Background()
+	fallback := Policy{DefaultTTL: time.Minute, Jitter: time.Second}
+	var logs lockedBuffer
+	w := NewWatcher(store, fallback, 10*time.Millisecond, slog.New(slog.NewTextHandler(&logs, nil)))
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { w.Run(wctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	stored := Policy{DefaultTTL: 2 * time.Minute, Segments: map[string]time.Duration{"vip": 3 * time.Minute}}
+	if err := store.Save(ctx, stored); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return w.Current().String() == stored.String() })
+
+	// Redis loses the key, as a restart without its data would.
+	for round := 1; round <= 2; round++ {
+		if err := store.rdb.Del(ctx, store.key).Err(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond) // some 20 polls
+		if got := w.Current(); got.String() != stored.String() {
+			t.Fatalf("round %d: key gone: Current = %v, want the last known %v", round, got, stored)
+		}
+		if n := strings.Count(logs.String(), "timeout policy missing from Redis; keeping the last known one"); n != round {
+			t.Fatalf("round %d: %d warnings, want one per vanishing:\n%s", round, n, logs.String())
+		}
+		// Stored again: picked up, and a later vanishing warns again.
+		stored.DefaultTTL += time.Minute
+		if err := store.Save(ctx, stored); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { return w.Current().String() == stored.String() })
+	}
+
+	// A watcher that never loaded a policy uses its fallback.
 	store.rdb.Del(ctx, store.key)
-	waitFor(t, func() bool { return w.Current().String() == fallback.String() })
+	fresh := NewWatcher(store, fallback, time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := fresh.Refresh(ctx); err != nil || fresh.Current().String() != fallback.String() {
+		t.Fatalf("nothing ever stored: Current = %v, %v; want the fallback", fresh.Current(), err)
+	}
+}
+
+// lockedBuffer is a log sink that the test reads while the watcher logs.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func waitFor(t *testing.T, cond func() bool) {

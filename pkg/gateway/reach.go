@@ -1,0 +1,307 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/stillthere/stillthere/pkg/session"
+)
+
+// A silence we caused is not a silence. While this gateway cannot reach
+// Redis, its users' pings renew nothing, and their deadlines in the index
+// run out although they are there. So the gateway
+//
+//   - heartbeats: every heartbeat-interval it tells Redis it is alive,
+//     for a lease of three intervals; the heartbeat script records a gap
+//     in them as a blind interval of this instance, and Leave marks the
+//     instance gone when it stops;
+//   - reports its own renewal outages: once renewals succeed again after
+//     failing, it records how long they failed as a blind interval of
+//     this instance (session.BlindRenewals), first;
+//   - resyncs: then, and after a heartbeat gap, it writes every
+//     connection's last grant again, as far as it is left: the deadline
+//     its last ping was given, or would have been. A resync never moves a
+//     deadline past that, and never shortens one written since.
+//
+// The expiry listener reads the blind intervals and the instances'
+// heartbeats, and does not count such time toward a user's silence.
+
+const (
+	// resyncBatch is the grants handed to the renewer at once.
+	resyncBatch = 4096
+	// resyncRetry is the pause before a resync that failed is tried again.
+	resyncRetry = time.Second
+	// leaveTimeout bounds Leave on shutdown.
+	leaveTimeout = 2 * time.Second
+	// flushFailFresh is how long a failed renewal round trip stands for
+	// the renewals' state when none follows it. While clients ping,
+	// failed round trips follow each other much closer than this (one
+	// takes at most its 5s timeout).
+	flushFailFresh = 10 * time.Second
+)
+
+// reach is what the gateway knows of its own reach to Redis. The renewer's
+// OnFlush (on the renewer's goroutine) and the heartbeat loop write it;
+// readyz and the resync loop read it.
+type reach struct {
+	queued time.Duration // the longest a renewal waits for its round trip
+
+	mu         sync.Mutex
+	flushFail  time.Time // start of the current failure of renewal round trips; zero while they succeed
+	lastFail   time.Time // end of the latest failed round trip
+	blindSince time.Time // start of failed round trips not recorded as a blind interval yet
+	beatFail   time.Time // first failed heartbeat of the current failure; zero while they succeed
+	failures   uint64    // failed round trips and heartbeats so far
+
+	// kick wakes the resync loop: something healed, a resync may be owed.
+	kick chan struct{}
+}
+
+func newReach(queued time.Duration) *reach {
+	return &reach{queued: queued, kick: make(chan struct{}, 1)}
+}
+
+func (r *reach) signal() {
+	select {
+	case r.kick <- struct{}{}:
+	default: // a kick is pending already
+	}
+}
+
+// flushed observes one renewal round trip. It runs on the renewer's
+// goroutine, between round trips: it only updates state and kicks.
+func (r *reach) flushed(took time.Duration, err error) {
+	now := time.Now()
+	r.mu.Lock()
+	if err != nil {
+		// The renewals in it came up to a flush interval before it began.
+		start := now.Add(-took - r.queued)
+		if r.flushFail.IsZero() {
+			r.flushFail = start
+		}
+		if r.blindSince.IsZero() {
+			r.blindSince = start
+		}
+		r.lastFail = now
+		r.failures++
+		r.mu.Unlock()
+		return
+	}
+	healed := !r.flushFail.IsZero()
+	r.flushFail = time.Time{}
+	r.mu.Unlock()
+	if healed {
+		r.signal()
+	}
+}
+
+// beaten observes one heartbeat.
+func (r *reach) beaten(err error) {
+	now := time.Now()
+	r.mu.Lock()
+	if err != nil {
+		if r.beatFail.IsZero() {
+			r.beatFail = now
+		}
+		r.failures++
+		r.mu.Unlock()
+		return
+	}
+	healed := !r.beatFail.IsZero()
+	r.beatFail = time.Time{}
+	// Renewals that failed and were never followed by one that succeeded,
+	// as when every client went quiet during the outage: Redis answers
+	// the heartbeat, so that outage is over too.
+	if !r.flushFail.IsZero() && now.Sub(r.lastFail) > flushFailFresh {
+		r.flushFail = time.Time{}
+		healed = true
+	}
+	r.mu.Unlock()
+	if healed {
+		r.signal()
+	}
+}
+
+// failureCount is the failed round trips and heartbeats so far.
+func (r *reach) failureCount() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.failures
+}
+
+// unrecorded is the start of renewal failures not yet recorded as a blind
+// interval, or zero.
+func (r *reach) unrecorded() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.blindSince
+}
+
+// recorded notes that renewal failures up to at are recorded. If one
+// failed since, the rest of its time is still owed.
+func (r *reach) recorded(at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lastFail.After(at) {
+		r.blindSince = at
+	} else {
+		r.blindSince = time.Time{}
+	}
+}
+
+// err says what fails, for readyz.
+func (r *reach) err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case !r.beatFail.IsZero():
+		return fmt.Errorf("heartbeats failing since %s", r.beatFail.UTC().Format(time.RFC3339))
+	case !r.flushFail.IsZero():
+		return fmt.Errorf("session renewals failing since %s", r.flushFail.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// lease is how long one heartbeat keeps this instance alive.
+func (g *Gateway) lease() time.Duration { return 3 * g.cfg.HeartbeatInterval }
+
+// heartbeat beats every heartbeat-interval until ctx is done.
+func (g *Gateway) heartbeat(ctx context.Context) {
+	t := time.NewTicker(g.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		g.beat(ctx)
+	}
+}
+
+// beat tells Redis this instance is alive for one lease more.
+func (g *Gateway) beat(ctx context.Context) {
+	bctx, cancel := context.WithTimeout(ctx, g.lease())
+	defer cancel()
+	_, err := g.store.Heartbeat(bctx, g.instance, g.lease())
+	if err != nil && ctx.Err() != nil {
+		return // stopping: not a failure of Redis
+	}
+	g.reach.beaten(err)
+	if err != nil {
+		metricHeartbeats.WithLabelValues("error").Inc()
+		g.beatLog.Fail(err)
+		return
+	}
+	metricHeartbeats.WithLabelValues("ok").Inc()
+	g.beatLog.OK()
+}
+
+// leave marks this instance gone, once its connections are.
+func (g *Gateway) leave() {
+	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
+	defer cancel()
+	if err := g.store.Leave(ctx, g.instance); err != nil {
+		g.log.Warn("leave: the listener will find this instance's lease run out instead", "err", err)
+	}
+}
+
+// resyncLoop resyncs when kicked, if anything failed since the last
+// resync that completed. Kicks during a resync make it run again after;
+// a resync that fails is retried.
+func (g *Gateway) resyncLoop(ctx context.Context) {
+	var synced uint64 // failures that a completed resync followed
+	retry := time.NewTimer(resyncRetry)
+	retry.Stop()
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-g.reach.kick:
+		case <-retry.C:
+		}
+		failures := g.reach.failureCount()
+		if failures == synced {
+			continue
+		}
+		if err := g.resync(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			g.resyncLog.Fail(err)
+			retry.Reset(resyncRetry)
+			continue
+		}
+		g.resyncLog.OK()
+		synced = failures
+	}
+}
+
+// resync records the renewal outage it follows, if any, as a blind
+// interval of this instance, and only then restores every connection's
+// last grant: the listener that meets a deadline the outage let lapse
+// finds the outage recorded.
+func (g *Gateway) resync(ctx context.Context) error {
+	start := time.Now()
+	if since := g.reach.unrecorded(); !since.IsZero() {
+		rctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
+		at := time.Now()
+		b, err := g.store.RecordBlindFor(rctx, at.Sub(since), g.instance, session.BlindRenewals)
+		cancel()
+		if err != nil {
+			return err
+		}
+		g.reach.recorded(at)
+		g.log.Info("recorded renewal outage", "from", b.Start, "to", b.End, "for", b.End.Sub(b.Start))
+	}
+	n, err := g.resyncConns(ctx)
+	if err != nil {
+		return fmt.Errorf("resync sessions: %d restored before: %w", n, err)
+	}
+	metricResynced.Add(float64(n))
+	g.log.Info("resynced sessions", "sessions", n, "took", time.Since(start))
+	return nil
+}
+
+// resyncConns hands every connection's last grant to the renewer, in
+// batches, and returns how many it wrote. It stops at the first error:
+// Redis is out of reach again, and the next resync starts over.
+func (g *Gateway) resyncConns(ctx context.Context) (int, error) {
+	grants := make([]session.Grant, 0, resyncBatch)
+	conns := make([]*conn, 0, resyncBatch)
+	total := 0
+	send := func() error {
+		n, err := g.renewer.Resync(ctx, grants)
+		total += n
+		// A user who closed normally while their grant was on its way
+		// may have their session back: end it again, after.
+		for _, c := range conns {
+			if c.grant.Load() == 0 {
+				c.end(ctx)
+			}
+		}
+		grants, conns = grants[:0], conns[:0]
+		return err
+	}
+	for shard := range hubShards {
+		for _, c := range g.hub.shardConns(shard) {
+			gr, ok := c.lastGrant(time.Since(g.start))
+			if !ok {
+				continue
+			}
+			grants, conns = append(grants, gr), append(conns, c)
+			if len(grants) == resyncBatch {
+				if err := send(); err != nil {
+					return total, err
+				}
+			}
+		}
+	}
+	if len(grants) == 0 {
+		return total, nil
+	}
+	return total, send()
+}

@@ -1,0 +1,394 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/stillthere/stillthere/pkg/policy"
+	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
+	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/tcpproxy"
+)
+
+// The outage tests put the gateway behind a TCP proxy. A paused
+// redis-server would not do: the commands the gateway gave up on wait in
+// its socket and run when it resumes, renewing from then.
+
+// TestResyncAfterRenewalOutage cuts the gateway off Redis while clients
+// ping, then restores it: the outage is recorded as a blind interval of
+// the instance, and every connection's last grant is written again, as far
+// as it is left.
+func TestResyncAfterRenewalOutage(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		ttl    time.Duration
+		cutOff func(*tcpproxy.Proxy)
+		slow   bool
+	}{
+		// Redis down: every round trip fails within a second (the
+		// client's retries).
+		{"redis down", 5 * time.Second, (*tcpproxy.Proxy).Cut, false},
+		// A partition: every round trip hangs until its read timeout
+		// (3s).
+		{"partition", 10 * time.Second, (*tcpproxy.Proxy).Blackhole, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.slow && testing.Short() {
+				t.Skip("some 20s of timeouts")
+			}
+			testResync(t, tc.ttl, tc.cutOff)
+		})
+	}
+}
+
+func testResync(t *testing.T, ttl time.Duration, cutOff func(*tcpproxy.Proxy)) {
+	srv := redistest.Start(t)
+	proxy, err := tcpproxy.Start(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	var logs lockedBuffer
+	prefix := redistest.Prefix(t)
+	tg := startGatewayLogged(t, []string{proxy.Addr()}, prefix, slog.New(slog.NewTextHandler(&logs, nil)), nil)
+	ctx := context.Background()
+	ks := tg.store.Keyspace()
+	direct := redistest.Client(t, srv) // the test's own view of Redis, never cut off
+	score := func(uid string) time.Time {
+		t.Helper()
+		ms, err := direct.ZScore(ctx, ks.IndexKey(session.Bucket(uid)), uid).Result()
+		if err != nil {
+			t.Fatalf("deadline of %s: %v", uid, err)
+		}
+		return time.UnixMilli(int64(ms))
+	}
+
+	// Exact grants: ttl for everyone, 1s for the "short" segment.
+	err = policy.NewStore(direct, ks).Save(ctx, policy.Policy{DefaultTTL: ttl, Segments: map[string]time.Duration{"short": time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the policy is in force", func() bool { return tg.policy.Current().TTL("short") == time.Second })
+
+	stale := tg.dialSegment(t, "stale", "short")
+	pingPong(t, stale)
+	staleAt, staleDeadline := time.Now(), score("stale")
+	alice := tg.dial(t, "alice")
+	pingPong(t, alice)
+	carol := tg.dial(t, "carol")
+	var quiet []*websocket.Conn
+	for _, uid := range []string{"q1", "q2", "q3", "q4", "q5"} {
+		ws := tg.dial(t, uid)
+		pingPong(t, ws)
+		quiet = append(quiet, ws)
+	}
+
+	cutOff(proxy)
+	firstFailed := time.Now()
+	// carol's other device, on an instance that reaches Redis, renews
+	// after her ping here, for longer.
+	pingFails(t, carol)
+	if _, err := session.NewStore(direct, ks).Renew(ctx, "carol", "default", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	carolDeadline := score("carol")
+	// More failed renewals, all at once.
+	var wg sync.WaitGroup
+	for _, ws := range quiet {
+		wg.Go(func() { pingFails(t, ws) })
+	}
+	wg.Wait()
+	// alice keeps pinging: the last of her pings is the one that counts.
+	pingFails(t, alice)
+	time.Sleep(200 * time.Millisecond)
+	lastPing := time.Now()
+	pingFails(t, alice)
+	if code, body := get(t, tg, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "failing") {
+		t.Errorf("readyz during the outage: %d %s, want 503 naming what fails", code, body)
+	}
+	// stale's grant runs out before Redis is back.
+	time.Sleep(time.Until(staleAt.Add(1200 * time.Millisecond)))
+
+	restored := time.Now()
+	proxy.Restore()
+	waitUntil(t, "a resync", func() bool { return strings.Contains(logs.String(), `msg="resynced sessions"`) })
+
+	t.Run("the outage is a blind interval of the instance", func(t *testing.T) {
+		members, err := direct.ZRange(ctx, ks.BlindKey(), 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var found []session.BlindInterval
+		for _, m := range members {
+			b, err := session.ParseBlindInterval(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.Scope == tg.instance && b.Reason == session.BlindRenewals {
+				found = append(found, b)
+			}
+		}
+		if len(found) == 0 {
+			t.Fatalf("no %s interval of %s in %q", session.BlindRenewals, tg.instance, members)
+		}
+		b := found[0]
+		if b.Start.After(firstFailed.Add(50*time.Millisecond)) || b.End.Before(restored.Add(-10*time.Millisecond)) {
+			t.Errorf("blind interval %v..%v does not cover the failed pings from %v to the restore at %v",
+				b.Start, b.End, firstFailed, restored)
+		}
+	})
+	t.Run("the last ping's grant is restored, no longer", func(t *testing.T) {
+		want := lastPing.Add(ttl)
+		// The ping reached the gateway a moment after it was sent, and
+		// its grant a moment after that.
+		if got := score("alice"); got.Before(want.Add(-5*time.Millisecond)) || got.After(want.Add(50*time.Millisecond)) {
+			t.Errorf("alice's deadline %v, want her last ping's %v (%v later)", got, want, got.Sub(want))
+			t.Log(logs.String())
+		}
+		if n, _ := direct.Exists(ctx, ks.SessionKey("alice")).Result(); n != 1 {
+			t.Error("alice's session key not restored")
+		}
+	})
+	t.Run("a grant that ran out is not restored", func(t *testing.T) {
+		if got := score("stale"); !got.Equal(staleDeadline) {
+			t.Errorf("stale's deadline %v, want its last one %v", got, staleDeadline)
+		}
+		if n, _ := direct.Exists(ctx, ks.SessionKey("stale")).Result(); n != 0 {
+			t.Error("stale's session key came back")
+		}
+	})
+	t.Run("a later deadline from another device stays", func(t *testing.T) {
+		if got := score("carol"); !got.Equal(carolDeadline) {
+			t.Errorf("carol's deadline %v, want the other device's %v", got, carolDeadline)
+		}
+	})
+	t.Run("the outage is logged once, not per ping", func(t *testing.T) {
+		pingPong(t, alice) // the first renewal after it ends the outage's log
+		waitUntil(t, "the recovery line", func() bool { return strings.Contains(logs.String(), `msg="renew sessions recovered"`) })
+		out := logs.String()
+		if n := strings.Count(out, `msg="renew sessions failing"`); n != 1 {
+			t.Errorf(`%d "renew sessions failing" lines, want 1`, n)
+		}
+		// Eight failed renewals, a heartbeat failing every 100ms: a line
+		// per condition, not per failure.
+		if n := strings.Count(out, "level=WARN"); n > 6 {
+			t.Errorf("%d warnings for one outage:\n%s", n, out)
+		}
+		if code, body := get(t, tg, "/readyz"); code != http.StatusOK {
+			t.Errorf("readyz after the outage: %d %s", code, body)
+		}
+	})
+}
+
+// TestResyncAfterHeartbeatGap: a Redis that lost its data while every
+// client was quiet gets their grants back once the heartbeat gets
+// through again, though no renewal failed.
+func TestResyncAfterHeartbeatGap(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy, err := tcpproxy.Start(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	var logs lockedBuffer
+	tg := startGatewayLogged(t, []string{proxy.Addr()}, redistest.Prefix(t), slog.New(slog.NewTextHandler(&logs, nil)), nil)
+	ctx := context.Background()
+	ks := tg.store.Keyspace()
+	direct := redistest.Client(t, srv)
+
+	ws := tg.dial(t, "idle")
+	pingPong(t, ws)
+	before, err := direct.ZScore(ctx, ks.IndexKey(session.Bucket("idle")), "idle").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.Cut()
+	waitUntil(t, "a failed heartbeat", func() bool { return strings.Contains(logs.String(), `msg="heartbeat failing"`) })
+	if err := direct.FlushAll(ctx).Err(); err != nil { // Redis restarted empty
+		t.Fatal(err)
+	}
+	proxy.Restore()
+	waitUntil(t, "a resync", func() bool { return strings.Contains(logs.String(), `msg="resynced sessions"`) })
+	after, err := direct.ZScore(ctx, ks.IndexKey(session.Bucket("idle")), "idle").Result()
+	if err != nil {
+		t.Fatalf("idle's deadline not restored: %v", err)
+	}
+	// The restored deadline is the one granted, to Redis's millisecond.
+	if d := after - before; d < -2 || d > 50 {
+		t.Errorf("deadline restored as %v, was %v", after, before)
+	}
+	if blind, _ := direct.ZRange(ctx, ks.BlindKey(), 0, -1).Result(); strings.Contains(strings.Join(blind, " "), session.BlindRenewals) {
+		t.Errorf("no renewal failed, yet a renewal outage was recorded: %q", blind)
+	}
+}
+
+// TestHeartbeat: an instance is alive in Redis before it takes
+// connections, stays alive while it serves, and is marked gone when it
+// stops. Its renewals name it.
+func TestHeartbeat(t *testing.T) {
+	ctx := context.Background()
+	t.Run("alive from New, gone after shutdown", func(t *testing.T) {
+		// No beat of Serve's within the test: what is there, New wrote.
+		tg := startGateway(t, func(c *Config) { c.HeartbeatInterval = 10 * time.Second })
+		alive := tg.store.Keyspace().AliveKey()
+		if v, err := tg.rdb.HGet(ctx, alive, tg.instance).Result(); err != nil || !strings.HasSuffix(v, ":30000") {
+			t.Fatalf("heartbeat of %s after New: %q %v, want a lease of 3 intervals (30000 ms)", tg.instance, v, err)
+		}
+		ws := tg.dial(t, "alice")
+		pingPong(t, ws)
+		via, err := tg.rdb.HGet(ctx, tg.store.Keyspace().ViaKey(session.Bucket("alice")), "alice").Result()
+		if err != nil || via != tg.instance {
+			t.Fatalf("alice renewed via %q %v, want %s", via, err, tg.instance)
+		}
+		ws.Close()
+		tg.stop(t)
+		if v, _ := tg.rdb.HGet(ctx, alive, tg.instance).Result(); !strings.HasSuffix(v, ":0") {
+			t.Fatalf("heartbeat after shutdown %q, want lease 0", v)
+		}
+	})
+	t.Run("renewed while serving", func(t *testing.T) {
+		tg := startGateway(t, nil)
+		beat := func() string {
+			t.Helper()
+			v, err := tg.rdb.HGet(ctx, tg.store.Keyspace().AliveKey(), tg.instance).Result()
+			if err != nil || !strings.HasSuffix(v, ":300") {
+				t.Fatalf("heartbeat %q %v, want a lease of 300 ms", v, err)
+			}
+			return v
+		}
+		first := beat()
+		waitUntil(t, "a later heartbeat", func() bool { return beat() != first })
+	})
+}
+
+// TestReachState covers what the Redis tests cannot time: renewals that
+// failed and were never followed by one that succeeded.
+func TestReachState(t *testing.T) {
+	kicked := func(r *reach) bool {
+		select {
+		case <-r.kick:
+			return true
+		default:
+			return false
+		}
+	}
+	errDown := errors.New("down")
+
+	r := newReach(2 * time.Millisecond)
+	r.flushed(time.Second, errDown)
+	if err := r.err(); err == nil || !strings.Contains(err.Error(), "renewals failing") {
+		t.Fatalf("after a failed round trip: err() = %v", err)
+	}
+	if since := r.unrecorded(); time.Since(since) < time.Second {
+		t.Fatalf("unrecorded since %v: want the failed round trip's start, a second ago", since)
+	}
+	r.beaten(nil)
+	if kicked(r) || r.err() == nil {
+		t.Fatal("a heartbeat right after a failed round trip healed the renewals")
+	}
+	// No client pings again; the heartbeat gets through, long after.
+	r.mu.Lock()
+	r.lastFail = time.Now().Add(-flushFailFresh - time.Second)
+	r.mu.Unlock()
+	r.beaten(nil)
+	if !kicked(r) || r.err() != nil {
+		t.Fatalf("stale failed round trips: no kick or still failing (%v)", r.err())
+	}
+	if r.unrecorded().IsZero() {
+		t.Fatal("the failure was forgotten before it was recorded")
+	}
+	r.recorded(time.Now())
+	if !r.unrecorded().IsZero() {
+		t.Fatal("recorded, yet still owed")
+	}
+
+	// A round trip that fails while a record is written leaves the rest owed.
+	at := time.Now()
+	r.flushed(0, errDown)
+	r.recorded(at)
+	if got := r.unrecorded(); !got.Equal(at) {
+		t.Fatalf("owed since %v, want %v", got, at)
+	}
+	r.flushed(0, nil)
+	if !kicked(r) {
+		t.Fatal("no kick when round trips succeed again")
+	}
+
+	r.beaten(errDown)
+	if err := r.err(); err == nil || !strings.Contains(err.Error(), "heartbeats failing") {
+		t.Fatalf("after a failed heartbeat: err() = %v", err)
+	}
+	r.beaten(nil)
+	if !kicked(r) || r.err() != nil {
+		t.Fatal("a healed heartbeat gap: no kick, or still failing")
+	}
+	if r.failureCount() != 3 {
+		t.Fatalf("failures %d, want 3", r.failureCount())
+	}
+}
+
+// pingFails pings and expects the gateway to answer that the session
+// store is unavailable.
+func pingFails(t *testing.T, ws *websocket.Conn) {
+	t.Helper()
+	ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`))
+	// A round trip to a partitioned Redis takes its read timeout (3s)
+	// to fail.
+	ws.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, b, err := ws.ReadMessage()
+	if err != nil {
+		t.Errorf("read: %v", err)
+		return
+	}
+	if !bytes.Contains(b, []byte(`"type":"error"`)) {
+		t.Errorf("got %s, want an error frame", b)
+	}
+}
+
+func get(t *testing.T, tg *testGateway, path string) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + tg.PushAddr().String() + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// lockedBuffer is a log sink a test reads while the gateway writes.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
