@@ -48,6 +48,13 @@ type Log struct {
 	count    int64     // failures since lastLine, the start's not included
 	total    int64     // failures since since
 	lastErr  error
+	// A relapse within every of the last logged recovery, as in a partial
+	// outage where successes and failures interleave, is quiet: it logs
+	// no start line, and no end line unless it lasted long enough for a
+	// summary. So a flapping condition logs at most one start and one end
+	// line per interval.
+	quiet       bool
+	recoveredAt time.Time // the last logged recovery
 }
 
 // NewLog returns a Log of the condition what, which names it in every line
@@ -73,21 +80,25 @@ func (l *Log) Fail(err error) {
 	if l.since.IsZero() {
 		l.since, l.lastLine = now, now
 		l.failing.Store(true)
-		l.log.Warn(l.what+" failing", keyErr, err)
+		l.quiet = !l.recoveredAt.IsZero() && now.Sub(l.recoveredAt) < l.every
+		if !l.quiet {
+			l.log.Warn(l.what+" failing", keyErr, err)
+		}
 		return
 	}
 	l.count++
 	if now.Sub(l.lastLine) < l.every {
 		return
 	}
+	l.quiet = false
 	l.log.Warn(l.what+" still failing", keyFailures, l.count, keyTotal, l.total,
 		keySince, l.since, keyFor, now.Sub(l.since), keyErr, err)
 	l.lastLine, l.count = now, 0
 }
 
 // OK reports a success. If the condition was failing it logs "<what>
-// recovered" with how long it lasted, its failures and the latest error;
-// otherwise it costs one atomic load.
+// recovered" with how long it lasted, its failures and the latest error
+// (unless it was a quiet relapse); otherwise it costs one atomic load.
 func (l *Log) OK() {
 	if !l.failing.Load() {
 		return
@@ -97,8 +108,11 @@ func (l *Log) OK() {
 	if l.since.IsZero() {
 		return // another OK got here first
 	}
-	l.log.Info(l.what+" recovered", keyFor, time.Since(l.since), keyTotal, l.total, keyErr, l.lastErr)
-	l.since, l.lastLine, l.count, l.total, l.lastErr = time.Time{}, time.Time{}, 0, 0, nil
+	if !l.quiet {
+		l.log.Info(l.what+" recovered", keyFor, time.Since(l.since), keyTotal, l.total, keyErr, l.lastErr)
+		l.recoveredAt = time.Now()
+	}
+	l.since, l.lastLine, l.count, l.total, l.lastErr, l.quiet = time.Time{}, time.Time{}, 0, 0, nil, false
 	l.failing.Store(false)
 }
 

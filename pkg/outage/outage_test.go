@@ -107,6 +107,32 @@ func TestLogLines(t *testing.T) {
 			want: []string{start, recovered},
 		},
 		{
+			name:  "flapping: one start and one end line per interval",
+			every: 30 * time.Second,
+			run: func(l *Log) {
+				for range 100 {
+					l.Fail(errors.New("one master of three down"))
+					time.Sleep(10 * time.Millisecond)
+					l.OK()
+				}
+				time.Sleep(30 * time.Second)
+				l.Fail(errors.New("down again"))
+				l.OK()
+			},
+			want: []string{start, recovered, start, recovered},
+		},
+		{
+			name:  "a long relapse is logged once it lasts an interval",
+			every: 30 * time.Second,
+			run: func(l *Log) {
+				l.Fail(errors.New("down"))
+				l.OK()
+				failFor(l, 45*time.Second, time.Second)
+				l.OK()
+			},
+			want: []string{start, recovered, summary, recovered},
+		},
+		{
 			name: "OK when not failing: nothing",
 			run: func(l *Log) {
 				for range 1000 {
