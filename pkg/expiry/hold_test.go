@@ -86,3 +86,12 @@ func TestHoldUntil(t *testing.T) {
 		})
 	}
 }
+
+func TestInfoField(t *testing.T) {
+	info := "# Server\r\nredis_version:7.0.15\r\nrun_id:3a77f691a785\r\nuptime_in_seconds:12\r\n"
+	for name, want := range map[string]string{"run_id": "3a77f691a785", "uptime_in_seconds": "12", "run": "", "missing": ""} {
+		if got := infoField(info, name); got != want {
+			t.Errorf("infoField(%q) = %q, want %q", name, got, want)
+		}
+	}
+}

@@ -109,7 +109,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Listener, error
 		produceDown: outage.NewLog(logger.With("topic", cfg.Kafka.Topic),
 			"produce timeout events (unsent ones are spooled, or left to a replica that can produce)", 0),
 		marker: &marker{
-			store: store, cfg: cfg, id: id, log: logger, fresh: producerFresh(cfg),
+			store: store, rdb: rdb, cfg: cfg, id: id, log: logger, fresh: producerFresh(cfg),
 			down:  outage.NewLog(logger, "read the control state from Redis", 0),
 			fleet: outage.NewLog(logger, "gateway fleet", 0),
 		},

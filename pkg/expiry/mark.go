@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/stillthere/stillthere/pkg/outage"
 	"github.com/stillthere/stillthere/pkg/session"
 )
@@ -35,7 +37,12 @@ type marker struct {
 	seen     map[string]time.Time // blind intervals logged, by member; loop's own
 	down     *outage.Log          // marks failing: Redis out of reach
 	fleet    *outage.Log          // no gateway instance alive
+	rdb      redis.UniversalClient
+	restarts restarts // loop's own
 }
+
+// restartCheckEvery is how often the masters' run ids are read.
+const restartCheckEvery = time.Second
 
 // keepControl is how long blind intervals and dead gateway instances are
 // kept in Redis after they end: longer than any hold they cause.
@@ -118,7 +125,7 @@ func (m *marker) current() (session.Control, bool) {
 func (m *marker) loop(ctx context.Context, kafkaPing func(context.Context) error) {
 	t := time.NewTicker(m.cfg.SweepInterval)
 	defer t.Stop()
-	var lastCount, lastPing time.Time
+	var lastCount, lastPing, lastRestart time.Time
 	for {
 		if time.Since(lastPing) >= time.Second {
 			lastPing = time.Now()
@@ -129,6 +136,13 @@ func (m *marker) loop(ctx context.Context, kafkaPing func(context.Context) error
 		mctx, cancel := context.WithTimeout(ctx, max(time.Second, 5*m.cfg.SweepInterval))
 		c, err := m.mark(mctx)
 		cancel()
+		if err == nil && time.Since(lastRestart) >= restartCheckEvery {
+			lastRestart = time.Now()
+			for _, addr := range m.restarts.check(ctx, m.rdb, m.store, c.Now) {
+				metricBlind.WithLabelValues(session.BlindRestart).Inc()
+				m.log.Warn("Redis restarted; timeouts around the restart wait for the grace", "master", addr)
+			}
+		}
 		if err == nil {
 			m.report(c)
 			if time.Since(lastCount) >= 5*time.Second {

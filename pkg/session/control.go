@@ -24,6 +24,7 @@ const (
 	BlindGateway   = "gateway-gap"  // one gateway instance could not reach Redis
 	BlindFleetDown = "fleet-down"   // no gateway instance was alive
 	BlindRenewals  = "renewals-gap" // a gateway's renewals failed, as it reports on recovery
+	BlindRestart   = "redis-restart" // a Redis master restarted (a new run id)
 )
 
 // heartbeatScript records that a gateway instance is alive for lease ms
@@ -182,20 +183,26 @@ type Control struct {
 	Producers map[string]time.Time
 }
 
-// markScript records a complete sweep and returns the control state.
-// KEYS: swept, blind, alive, producers. ARGV: gap max ms, last seen ms,
-// elapsed ms, jump max ms, keep ms, listener id, kafka ok (0/1).
+// markScript records a complete sweep and returns the control state. It
+// also compares the node's run id with the one it last saw: a Redis that
+// restarted, however quickly, lost the pings sent while it was down.
+// KEYS: swept, blind, alive, producers, run id. ARGV: gap max ms, last
+// seen ms, elapsed ms, jump max ms, keep ms, listener id, kafka ok (0/1).
 var markScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local gapMax, lastSeen, elapsed = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local jumpMax, keep = tonumber(ARGV[4]), tonumber(ARGV[5])
+local rid = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+local prid = redis.call('GET', KEYS[5])
+if prid ~= rid then redis.call('SET', KEYS[5], rid) end
 local prev = redis.call('GET', KEYS[1])
 redis.call('SET', KEYS[1], now)
 local start, reason = 0, ''
 if prev then
   prev = tonumber(prev)
-  if now - prev > gapMax then start, reason = prev, 'sweep-gap' end
+  if prid and prid ~= rid then start, reason = prev, 'redis-restart'
+  elseif now - prev > gapMax then start, reason = prev, 'sweep-gap' end
 elseif lastSeen > 0 then
   start, reason = lastSeen, 'data-lost'
 end
@@ -226,7 +233,7 @@ func (s *Store) Mark(ctx context.Context, m SweepMark) (Control, error) {
 		ok = 1
 	}
 	vals, err := markScript.Run(ctx, s.rdb,
-		[]string{s.ks.SweptKey(), s.ks.BlindKey(), s.ks.AliveKey(), s.ks.ProducersKey()},
+		[]string{s.ks.SweptKey(), s.ks.BlindKey(), s.ks.AliveKey(), s.ks.ProducersKey(), s.ks.RunIDKey()},
 		m.GapMax.Milliseconds(), last, m.Elapsed.Milliseconds(), m.JumpMax.Milliseconds(),
 		m.Keep.Milliseconds(), m.Listener, ok).Slice()
 	if err != nil {

@@ -4,6 +4,9 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/stillthere/stillthere/pkg/redisserver"
+	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 )
 
 func TestParseBlindInterval(t *testing.T) {
@@ -277,5 +280,45 @@ func TestLapsesCountAcrossReplicas(t *testing.T) {
 	}
 	if n, err := s.Lapses(ctx, now.Add(11*time.Second), 10*time.Second, 0); err != nil || n != 0 {
 		t.Fatalf("Lapses 11s later = %d, %v; want none left in the window", n, err)
+	}
+}
+
+// TestMarkFindsRestart: a Redis restarted from its AOF, quicker than the
+// sweep gap, is still a blind interval: the pings sent while it was down
+// were lost.
+func TestMarkFindsRestart(t *testing.T) {
+	srv, err := redisserver.Start(context.Background(), redisserver.Options{AOF: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	rdb := redistest.Client(t, srv)
+	ks, _ := NewKeyspace(redistest.Prefix(t))
+	s, ctx := NewStore(rdb, ks), context.Background()
+	m := SweepMark{GapMax: time.Hour, JumpMax: time.Hour, Keep: time.Hour}
+	first, err := s.Mark(ctx, m)
+	if err != nil || first.Gap != nil {
+		t.Fatalf("first mark: %+v, %v", first.Gap, err)
+	}
+	if err := srv.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m.LastSeen, m.Elapsed = first.Now, 0
+	var c Control
+	for range 50 { // the client reconnects
+		if c, err = s.Mark(ctx, m); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Gap == nil || c.Gap.Reason != BlindRestart || !c.Gap.Start.Equal(first.Now) {
+		t.Fatalf("mark after a restart: gap %+v, want a redis-restart from %v", c.Gap, first.Now)
+	}
+	again, err := s.Mark(ctx, m)
+	if err != nil || again.Gap != nil {
+		t.Fatalf("second mark after the restart: %+v, %v; want no gap", again.Gap, err)
 	}
 }

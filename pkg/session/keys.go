@@ -23,6 +23,7 @@
 //	<prefix>:{ctl}:alive         gateway heartbeats: HASH instance -> "last ms:lease ms"
 //	<prefix>:{ctl}:blind         blind intervals: ZSET "start:end:reason:scope" -> end ms
 //	<prefix>:{ctl}:swept         Redis time of the last complete sweep, ms
+//	<prefix>:{ctl}:runid         run id of the Redis holding {ctl}, at the last sweep
 //	<prefix>:{ctl}:lapses:<s>    timeouts claimed in second s (mass-expiry brake)
 //	<prefix>:{ctl}:producers     listener replicas that can produce: HASH id -> last ok ms
 //
@@ -133,6 +134,10 @@ func (k Keyspace) BlindKey() string { return k.controlKey("blind") }
 
 // SweptKey holds Redis's time at the last complete sweep.
 func (k Keyspace) SweptKey() string { return k.controlKey("swept") }
+
+// RunIDKey holds the run id of the Redis that holds the control keys, as
+// the last sweep saw it.
+func (k Keyspace) RunIDKey() string { return k.controlKey("runid") }
 
 // LapsesKey counts the timeouts claimed in one second (Unix seconds).
 func (k Keyspace) LapsesKey(sec int64) string {
