@@ -18,12 +18,12 @@ import (
 
 // Reasons for a blind interval.
 const (
-	BlindSweepGap  = "sweep-gap"    // nobody swept the index (Redis or every listener was out)
-	BlindDataLost  = "data-lost"    // Redis lost the sweep mark: a restart without its data
-	BlindClockJump = "clock-jump"   // Redis's clock stepped forward
-	BlindGateway   = "gateway-gap"  // one gateway instance could not reach Redis
-	BlindFleetDown = "fleet-down"   // no gateway instance was alive
-	BlindRenewals  = "renewals-gap" // a gateway's renewals failed, as it reports on recovery
+	BlindSweepGap  = "sweep-gap"     // nobody swept the index (Redis or every listener was out)
+	BlindDataLost  = "data-lost"     // Redis lost the sweep mark: a restart without its data
+	BlindClockJump = "clock-jump"    // Redis's clock stepped forward
+	BlindGateway   = "gateway-gap"   // one gateway instance could not reach Redis
+	BlindFleetDown = "fleet-down"    // no gateway instance was alive
+	BlindRenewals  = "renewals-gap"  // a gateway's renewals failed, as it reports on recovery
 	BlindRestart   = "redis-restart" // a Redis master restarted (a new run id)
 )
 
