@@ -42,6 +42,25 @@ type values struct {
 	NetworkPolicy struct {
 		MetricsFrom []networkingv1.NetworkPolicyPeer `json:"metricsFrom"`
 	} `json:"networkPolicy"`
+	Gateway struct {
+		HeartbeatInterval string `json:"heartbeatInterval"`
+	} `json:"gateway"`
+	Listener struct {
+		OutageGrace  string `json:"outageGrace"`
+		SweepGapMax  string `json:"sweepGapMax"`
+		ClockJumpMax string `json:"clockJumpMax"`
+		MassExpiry   struct {
+			Share  float64 `json:"share"`
+			Floor  int     `json:"floor"`
+			Window string  `json:"window"`
+		} `json:"massExpiry"`
+	} `json:"listener"`
+	PrometheusRule struct {
+		Enabled     bool              `json:"enabled"`
+		Labels      map[string]string `json:"labels"`
+		Matchers    string            `json:"matchers"`
+		AlertLabels map[string]string `json:"alertLabels"`
+	} `json:"prometheusRule"`
 }
 
 func loadValues(t *testing.T, files ...string) values {
@@ -112,6 +131,8 @@ func checkChart(t *testing.T, m *manifests, v values) {
 	t.Run("push port network policy", func(t *testing.T) { checkPushPolicy(t, m, pods, v) })
 	t.Run("autoscaling", func(t *testing.T) { checkAutoscaling(t, m, pods, v) })
 	t.Run("service monitor", func(t *testing.T) { checkServiceMonitor(t, m) })
+	t.Run("outage settings", func(t *testing.T) { checkOutage(t, m, pods, v) })
+	t.Run("prometheus rule", func(t *testing.T) { checkPrometheusRule(t, m, v) })
 	t.Run("secrets stay out of config maps", func(t *testing.T) {
 		for name, cm := range m.configMaps {
 			for k := range cm.Data {
@@ -671,6 +692,32 @@ func TestChartRefusesBadValues(t *testing.T) {
 			[]string{"kafka.sasl.password"}},
 		{"webhook without a URL", []string{"--set", "consumer.sender=webhook", "--set", "secrets.webhookSecret=w"},
 			[]string{"consumer.webhookURL"}},
+		{"heartbeat interval out of range", []string{"--set", "gateway.heartbeatInterval=20s"},
+			[]string{"gateway.heartbeatInterval: 20s, want between 100ms and 10s"}},
+		{"outage grace not a duration", []string{"--set-string", "listener.outageGrace=75"},
+			[]string{"/listener/outageGrace"}},
+		{"outage grace under a TTL", []string{"--set", "gateway.sessionTTL=90s"},
+			[]string{"listener.outageGrace: 75s", "session-ttl 90s + session-jitter 5s + 10s", "at least 105s"}},
+		{"outage grace under a TTL from the free-form map", []string{"--set", "gateway.config.STILLTHERE_SESSION_TTL=2m", "--set", "gateway.config.session-jitter=1m"},
+			[]string{"listener.outageGrace: 75s", "session-ttl 2m + session-jitter 1m", "at least 190s"}},
+		{"outage grace through the free-form map", []string{"--set", "listener.config.outage-grace=5m"},
+			[]string{"listener.config.outage-grace", "STILLTHERE_OUTAGE_GRACE"}},
+		{"heartbeat through the common map", []string{"--set", "config.heartbeat-interval=2s"},
+			[]string{"config.heartbeat-interval", "STILLTHERE_HEARTBEAT_INTERVAL"}},
+		{"sweep gap under twice the sweep interval", []string{"--set", "listener.config.sweep-interval=1500ms"},
+			[]string{"listener.sweepGapMax: 2s, want at least twice sweep-interval (1500ms)"}},
+		{"clock jump too small", []string{"--set", "listener.clockJumpMax=10ms"},
+			[]string{"listener.clockJumpMax: 10ms, want at least 100ms"}},
+		{"brake window too long", []string{"--set", "listener.massExpiry.window=1h"},
+			[]string{"listener.massExpiry.window: 1h, want between 1s and 10m"}},
+		{"brake share of 0", []string{"--set", "listener.massExpiry.share=0"},
+			[]string{"/listener/massExpiry/share"}},
+		{"brake share above 1", []string{"--set", "listener.massExpiry.share=1.5"},
+			[]string{"/listener/massExpiry/share"}},
+		{"brake floor of 0", []string{"--set", "listener.massExpiry.floor=0"},
+			[]string{"/listener/massExpiry/floor"}},
+		{"alert matchers that are not PromQL", []string{"--set", "prometheusRule.enabled=true", "--set", "prometheusRule.matchers=namespace"},
+			[]string{"/prometheusRule/matchers"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := render(t, tc.args...)

@@ -110,6 +110,25 @@ type serviceMonitor struct {
 	} `json:"spec"`
 }
 
+// prometheusRule holds alerting rules only: a recording rule would fail
+// the strict decode.
+type prometheusRule struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Groups []struct {
+			Name  string `json:"name"`
+			Rules []struct {
+				Alert       string            `json:"alert"`
+				Expr        string            `json:"expr"`
+				For         string            `json:"for"`
+				Labels      map[string]string `json:"labels"`
+				Annotations map[string]string `json:"annotations"`
+			} `json:"rules"`
+		} `json:"groups"`
+	} `json:"spec"`
+}
+
 // manifests is a rendered chart, by kind and name.
 type manifests struct {
 	deployments   map[string]*appsv1.Deployment
@@ -124,6 +143,7 @@ type manifests struct {
 	scaledObjects map[string]*scaledObject
 	triggerAuths  map[string]*triggerAuthentication
 	monitors      map[string]*serviceMonitor
+	rules         map[string]*prometheusRule
 }
 
 // decode splits helm's output into documents and decodes each strictly
@@ -136,6 +156,7 @@ func decode(out string) (*manifests, error) {
 		pdbs: map[string]*policyv1.PodDisruptionBudget{}, netpols: map[string]*networkingv1.NetworkPolicy{},
 		hpas: map[string]*autoscalingv2.HorizontalPodAutoscaler{}, scaledObjects: map[string]*scaledObject{},
 		triggerAuths: map[string]*triggerAuthentication{}, monitors: map[string]*serviceMonitor{},
+		rules: map[string]*prometheusRule{},
 	}
 	var errs []error
 	for i, doc := range splitDocuments(out) {
@@ -174,6 +195,8 @@ func decode(out string) (*manifests, error) {
 			name, err = into(doc, m.triggerAuths)
 		case "monitoring.coreos.com/v1 ServiceMonitor":
 			name, err = into(doc, m.monitors)
+		case "monitoring.coreos.com/v1 PrometheusRule":
+			name, err = into(doc, m.rules)
 		default:
 			err = fmt.Errorf("unexpected %s %s: teach the test about it", head.APIVersion, head.Kind)
 		}

@@ -263,3 +263,100 @@ startupProbe:
   timeoutSeconds: 2
   failureThreshold: 30
 {{- end }}
+
+{{/*
+Milliseconds in a Go duration such as 1m15s or 250ms, as a float; fails
+naming the value when it is not one: (list "listener.outageGrace" "75s").
+*/}}
+{{- define "stillthere.milliseconds" -}}
+{{- $where := index . 0 }}
+{{- $d := toString (index . 1) }}
+{{- if not (regexMatch "^([0-9]+(\\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$" $d) }}
+{{- fail (printf "%s: %q is not a duration such as 75s or 1m30s" $where $d) }}
+{{- end }}
+{{- $unit := dict "ns" 0.000001 "us" 0.001 "µs" 0.001 "ms" 1.0 "s" 1000.0 "m" 60000.0 "h" 3600000.0 }}
+{{- $ms := 0.0 }}
+{{- range regexFindAll "[0-9.]+[^0-9.]+" $d -1 }}
+{{- $n := regexFind "^[0-9.]+" . }}
+{{- $ms = addf $ms (mulf (float64 $n) (get $unit (trimPrefix $n .))) }}
+{{- end }}
+{{- $ms }}
+{{- end }}
+
+{{/*
+Fails unless a duration lies within bounds, naming the value as the service
+would: (list "gateway.heartbeatInterval" "1s" "100ms" "10s"); an empty
+bound is open.
+*/}}
+{{- define "stillthere.checkDuration" -}}
+{{- $where := index . 0 }}
+{{- $d := index . 1 }}
+{{- $min := index . 2 }}
+{{- $max := index . 3 }}
+{{- $ms := include "stillthere.milliseconds" (list $where $d) | float64 }}
+{{- $low := and $min (lt $ms (include "stillthere.milliseconds" (list $where $min) | float64)) }}
+{{- $high := and $max (gt $ms (include "stillthere.milliseconds" (list $where $max) | float64)) }}
+{{- if and $min $max (or $low $high) }}
+{{- fail (printf "%s: %v, want between %s and %s" $where $d $min $max) }}
+{{- else if $low }}
+{{- fail (printf "%s: %v, want at least %s" $where $d $min) }}
+{{- else if $high }}
+{{- fail (printf "%s: %v, want at most %s" $where $d $max) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The value a service runs with for a setting the chart checks others
+against: its own config map (by flag name or variable), else the typed
+value, else the top-level config, else the service's default.
+(list $ .Values.gateway "session-ttl" typedValue "60s")
+*/}}
+{{- define "stillthere.effectiveSetting" -}}
+{{- $ := index . 0 }}
+{{- $env := include "stillthere.envName" (index . 2) }}
+{{- $out := "" }}
+{{- range $k, $v := $.Values.config }}
+{{- if eq (include "stillthere.envName" $k) $env }}{{ $out = $v }}{{ end }}
+{{- end }}
+{{- with index . 3 }}{{ $out = . }}{{ end }}
+{{- range $k, $v := (index . 1).config }}
+{{- if eq (include "stillthere.envName" $k) $env }}{{ $out = $v }}{{ end }}
+{{- end }}
+{{- include "stillthere.settingValue" (default (index . 4) $out) }}
+{{- end }}
+
+{{/*
+The listener's outage settings, which it takes only from typed values:
+a copy in a config map would be shadowed by, or shadow, them.
+*/}}
+{{- define "stillthere.listenerOutageSettings" -}}
+- outage-grace
+- sweep-gap-max
+- clock-jump-max
+- mass-expiry-share
+- mass-expiry-floor
+- mass-expiry-window
+{{- end }}
+
+{{/*
+Checks the listener's outage settings as it would at start, and that the
+grace lets every client ping again after an outage: the gateway's TTL,
+its jitter and 10s to reconnect.
+*/}}
+{{- define "stillthere.checkOutage" -}}
+{{- $l := .Values.listener }}
+{{- include "stillthere.checkDuration" (list "listener.outageGrace" $l.outageGrace "1s" "24h") }}
+{{- include "stillthere.checkDuration" (list "listener.clockJumpMax" $l.clockJumpMax "100ms" "") }}
+{{- include "stillthere.checkDuration" (list "listener.massExpiry.window" $l.massExpiry.window "1s" "10m") }}
+{{- $sweep := include "stillthere.effectiveSetting" (list . $l "sweep-interval" "" "200ms") }}
+{{- $sweepMs := include "stillthere.milliseconds" (list "sweep-interval" $sweep) | float64 }}
+{{- if lt (include "stillthere.milliseconds" (list "listener.sweepGapMax" $l.sweepGapMax) | float64) (mulf 2 $sweepMs) }}
+{{- fail (printf "listener.sweepGapMax: %v, want at least twice sweep-interval (%v)" $l.sweepGapMax $sweep) }}
+{{- end }}
+{{- $ttl := include "stillthere.effectiveSetting" (list . .Values.gateway "session-ttl" .Values.gateway.sessionTTL "60s") }}
+{{- $jitter := include "stillthere.effectiveSetting" (list . .Values.gateway "session-jitter" .Values.gateway.sessionJitter "5s") }}
+{{- $need := addf (include "stillthere.milliseconds" (list "session-ttl" $ttl) | float64) (include "stillthere.milliseconds" (list "session-jitter" $jitter) | float64) 10000 }}
+{{- if lt (include "stillthere.milliseconds" (list "listener.outageGrace" $l.outageGrace) | float64) $need }}
+{{- fail (printf "listener.outageGrace: %v is shorter than the gateway's session-ttl %v + session-jitter %v + 10s to reconnect: after an outage, users would be timed out before they could ping again; raise it to at least %.0fs" $l.outageGrace $ttl $jitter (divf $need 1000)) }}
+{{- end }}
+{{- end }}
