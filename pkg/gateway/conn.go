@@ -177,7 +177,7 @@ func (c *conn) lastGrant(now time.Duration) (g session.Grant, ok bool) {
 		return session.Grant{}, false
 	}
 	left := ttl.Abs() - (now - at)
-	return session.Grant{UID: c.uid, Segment: c.segment, Left: left}, left > 0
+	return session.Grant{UID: c.uid, Segment: c.segment, Left: left, Ago: now - at}, left > 0
 }
 
 // ended handles the end of the read side. A normal close (1000) is the

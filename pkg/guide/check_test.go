@@ -101,9 +101,9 @@ func (s skewedRedis) EvalSha(ctx context.Context, sha string, keys []string, arg
 }
 
 func (s skewedRedis) skew(cmd *redis.Cmd) {
-	if v, ok := cmd.Val().([]any); ok && len(v) == 2 {
+	if v, ok := cmd.Val().([]any); ok && len(v) == 3 {
 		if ms, ok := v[1].(int64); ok {
-			cmd.SetVal([]any{v[0], ms + s.by.Milliseconds()})
+			cmd.SetVal([]any{v[0], ms + s.by.Milliseconds(), v[2]})
 		}
 	}
 }

@@ -103,6 +103,49 @@ func TestUserBackIsStale(t *testing.T) {
 	})
 }
 
+// TestSilenceOverIsStale: a guide is stale once its user renewed after
+// its deadline, whether or not the session exists now. While the
+// downstream is down, one user comes back and closes normally (their
+// session is gone), another comes back and goes silent again (their
+// session ran out again): neither gets the guide for the silence that is
+// over. A third, silent all along, gets theirs.
+func TestSilenceOverIsStale(t *testing.T) {
+	e := newEnv(t)
+	e.gw.setMode(gatewayDown)
+	stale0 := guidesSettled(t, OutcomeStale)
+	evs := e.produce("left", "silent-again", "silent")
+	e.start(e.cfg)
+	waitFor(t, "a failed push", func() bool { return e.gw.attemptsFor(evs[0].ev.ID) > 0 })
+	ctx := context.Background()
+	if _, err := e.store.Renew(ctx, "left", "default", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.End(ctx, "left"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.store.Renew(ctx, "silent-again", "default", 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // its new session runs out
+	if live, _ := e.store.Live(ctx, "silent-again"); live {
+		t.Fatal("silent-again's session still live")
+	}
+	e.gw.setMode(gatewayUp)
+
+	e.waitCommittedToEnd(e.cfg.Group)
+	for _, p := range evs[:2] {
+		if n := e.gw.attemptsFor(p.ev.ID); e.gw.shown(p.ev.ID) {
+			t.Errorf("%s was shown the guide of a silence that was over (%d attempts)", p.ev.UID, n)
+		}
+	}
+	if !e.gw.shown(evs[2].ev.ID) {
+		t.Error("the user silent all along got no guide")
+	}
+	if d := guidesSettled(t, OutcomeStale) - stale0; d != 2 {
+		t.Errorf("stale outcomes: %v, want 2", d)
+	}
+}
+
 // TestOutageOpensBreakerAndHoldsOffsets: while the gateway answers 503 the
 // breaker opens, fetching pauses on every partition, the unsent records
 // are held (one probe per breaker timeout, not a retry storm) and no

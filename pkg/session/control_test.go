@@ -322,3 +322,42 @@ func TestMarkFindsRestart(t *testing.T) {
 		t.Fatalf("second mark after the restart: %+v, %v; want no gap", again.Gap, err)
 	}
 }
+
+// TestLastRenewed: a renewal, a resync and an end each record when the user
+// was last there; a resync records its ping's time, never moving it back.
+func TestLastRenewed(t *testing.T) {
+	s, ctx := newStore(t)
+	if at, err := s.LastRenewed(ctx, "u"); err != nil || !at.IsZero() {
+		t.Fatalf("LastRenewed before any renewal = %v, %v", at, err)
+	}
+	deadline, err := s.Renew(ctx, "u", "default", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at, err := s.LastRenewed(ctx, "u")
+	if err != nil || !at.Equal(deadline.Add(-time.Second)) {
+		t.Fatalf("LastRenewed = %v, %v; want the renewal, %v", at, err, deadline.Add(-time.Second))
+	}
+	if ttl := s.rdb.PTTL(ctx, s.ks.RenewedKey("u")).Val(); ttl < RenewedKeep || ttl > RenewedKeep+time.Second {
+		t.Errorf("renewal kept %v, want the session's TTL and RenewedKeep", ttl)
+	}
+	r := NewRenewer(s, RenewerConfig{})
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(rctx) }()
+	defer func() { cancel(); <-done }()
+	// A resync of a ping older than the last renewal records nothing new.
+	if _, err := r.Resync(ctx, []Grant{{UID: "u", Segment: "default", Left: 5 * time.Second, Ago: time.Minute}}); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := s.LastRenewed(ctx, "u"); !again.Equal(at) {
+		t.Errorf("after resyncing an older ping: %v, want %v", again, at)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if err := s.End(ctx, "u"); err != nil {
+		t.Fatal(err)
+	}
+	if ended, _ := s.LastRenewed(ctx, "u"); !ended.After(at) {
+		t.Errorf("after the end: %v, want later than %v", ended, at)
+	}
+}

@@ -15,6 +15,7 @@
 //	<prefix>:{b07}:via           gateway instance of the last renewal: HASH uid -> instance
 //	<prefix>:{b07}:hold          timeouts held for a recheck: ZSET uid -> release ms
 //	<prefix>:{b07}:held          deadline a timeout was held for: HASH uid -> deadline ms
+//	<prefix>:{b07}:rn:<uid>      when uid last renewed or ended its session, ms (Redis clock)
 //	<prefix>:{b07}:dd:<uid>:<n>  expiry listener's dedup key, n = deadline minute
 //	<prefix>:{b07}:pg:<id>       guide id the gateway delivered (idempotency)
 //	<prefix>:{b07}:rt:<uid>      gateway instances holding uid's connections
@@ -38,6 +39,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Buckets is the number of deadline-index buckets. Every gateway and
@@ -118,10 +120,20 @@ func (k Keyspace) bucketKeys(b int) []string {
 	return []string{k.IndexKey(b), k.SegmentsKey(b), k.ViaKey(b), k.HoldKey(b), k.HeldKey(b)}
 }
 
+// RenewedKey holds when uid last renewed its session, or ended it, by
+// Redis's clock: a guide whose deadline is older is for a silence that is
+// over. It outlives the session by RenewedKeep.
+func (k Keyspace) RenewedKey(uid string) string { return k.bucketPrefix(Bucket(uid)) + "rn:" + uid }
+
+// RenewedKeep is how long a renewal is remembered past its session: longer
+// than any guide for an earlier deadline can still go out (the consumer's
+// max age, the inbox's, an outage hold).
+const RenewedKeep = 2 * time.Hour
+
 // sessionKeys are the keys of uid's session scripts: its session key,
-// then its bucket's keys.
+// its bucket's keys, then its renewal key.
 func (k Keyspace) sessionKeys(uid string) []string {
-	return append([]string{k.SessionKey(uid)}, k.bucketKeys(Bucket(uid))...)
+	return append(append([]string{k.SessionKey(uid)}, k.bucketKeys(Bucket(uid))...), k.RenewedKey(uid))
 }
 
 func (k Keyspace) controlKey(name string) string { return k.prefix + ":{ctl}:" + name }

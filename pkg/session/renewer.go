@@ -50,8 +50,9 @@ type Renewer struct {
 type renewal struct {
 	uid, segment string
 	ttl          time.Duration
-	end          bool // End the session instead
-	resync       bool // restore a grant; ttl is what is left of it
+	end          bool          // End the session instead
+	resync       bool          // restore a grant; ttl is what is left of it
+	ago          time.Duration // with resync: how long ago the ping was
 	deadline     time.Time
 	err          error
 	done         chan struct{}
@@ -93,6 +94,9 @@ type Grant struct {
 	// Left is what remains of the grant: its deadline is Redis's now plus
 	// Left. Resync never writes a later deadline than that.
 	Left time.Duration
+	// Ago is how long ago the ping was that asked for the grant: the
+	// renewal is recorded then, not at the resync.
+	Ago time.Duration
 }
 
 // Resync restores grants that could not be written while Redis was out of
@@ -106,7 +110,8 @@ func (r *Renewer) Resync(ctx context.Context, grants []Grant) (int, error) {
 		if g.Left <= 0 {
 			continue
 		}
-		req := &renewal{uid: g.UID, segment: g.Segment, ttl: g.Left.Truncate(time.Millisecond), resync: true, done: make(chan struct{})}
+		req := &renewal{uid: g.UID, segment: g.Segment, ttl: g.Left.Truncate(time.Millisecond), resync: true,
+			ago: g.Ago, done: make(chan struct{})}
 		if err := r.enqueue(ctx, req); err != nil {
 			firstErr = err
 			break
@@ -258,9 +263,10 @@ func (r *Renewer) send(ctx context.Context, batch []*renewal, bySHA bool) []*red
 			if req.resync {
 				mode = modeResync
 			}
-			script, args := renewScript, []any{req.uid, req.ttl.Milliseconds(), req.segment, r.cfg.Instance, mode}
+			script, args := renewScript, []any{req.uid, req.ttl.Milliseconds(), req.segment, r.cfg.Instance, mode,
+				RenewedKeep.Milliseconds(), max(0, req.ago.Milliseconds())}
 			if req.end {
-				script, args = endScript, []any{req.uid}
+				script, args = endScript, []any{req.uid, RenewedKeep.Milliseconds()}
 			}
 			if bySHA {
 				cmds[i] = script.EvalSha(ctx, p, keys, args...)

@@ -15,13 +15,14 @@ import (
 // the declared keys' hash tag, so they live in the same cluster slot.
 
 // renewScript sets the session key's TTL and its deadline-index entry in one
-// step, records the gateway instance that renewed it, and cancels a hold
-// on its last timeout: the user is back. KEYS: session, then the bucket's
-// keys (index, segments, via, hold, held). ARGV: uid, ttl ms, segment,
-// instance, mode. Mode "resync" restores a grant a gateway could not
-// write while Redis was out of reach: it never shortens a deadline already
-// written (another device, a later ping) nor one held for a recheck.
-// Returns the deadline in ms.
+// step, records the gateway instance that renewed it and when, and cancels
+// a hold on its last timeout: the user is back. KEYS: session, then the
+// bucket's keys (index, segments, via, hold, held), then renewed.
+// ARGV: uid, ttl ms, segment, instance, mode, keep ms, pinged ms ago.
+// Mode "resync" restores a grant a gateway could not write while Redis was
+// out of reach: it never shortens a deadline already written (another
+// device, a later ping) nor one held for a recheck, and records the
+// renewal at the ping it restores. Returns the deadline in ms.
 var renewScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -38,12 +39,21 @@ redis.call('HSET', KEYS[3], uid, ARGV[3])
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[4], uid, ARGV[4]) end
 redis.call('ZREM', KEYS[5], uid)
 redis.call('HDEL', KEYS[6], uid)
+local at = now - (tonumber(ARGV[7]) or 0)
+local was = tonumber(redis.call('GET', KEYS[7]) or '0')
+if at > was then
+  redis.call('SET', KEYS[7], at, 'PX', ttl + tonumber(ARGV[6]))
+end
 return now + ttl
 `)
 
-// endScript removes a session deliberately ended by its user.
-// KEYS: session, then the bucket's keys. ARGV: uid.
+// endScript removes a session deliberately ended by its user, and records
+// the end as their last renewal: they were there until then.
+// KEYS: session, then the bucket's keys, then renewed. ARGV: uid, keep ms.
 var endScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('SET', KEYS[7], now, 'PX', tonumber(ARGV[2]))
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
@@ -186,7 +196,7 @@ func (s *Store) Keyspace() Keyspace { return s.ks }
 // trip, and returns the new deadline.
 func (s *Store) Renew(ctx context.Context, uid, segment string, ttl time.Duration) (time.Time, error) {
 	ms, err := renewScript.Run(ctx, s.rdb, s.ks.sessionKeys(uid),
-		uid, ttl.Milliseconds(), segment, "", modeRenew).Int64()
+		uid, ttl.Milliseconds(), segment, "", modeRenew, RenewedKeep.Milliseconds(), 0).Int64()
 	if err != nil {
 		return time.Time{}, fmt.Errorf("renew session %q: %w", uid, err)
 	}
@@ -195,11 +205,24 @@ func (s *Store) Renew(ctx context.Context, uid, segment string, ttl time.Duratio
 
 // End deletes uid's session and its index entry, so no timeout follows.
 func (s *Store) End(ctx context.Context, uid string) error {
-	err := endScript.Run(ctx, s.rdb, s.ks.sessionKeys(uid), uid).Err()
+	err := endScript.Run(ctx, s.rdb, s.ks.sessionKeys(uid), uid, RenewedKeep.Milliseconds()).Err()
 	if err != nil {
 		return fmt.Errorf("end session %q: %w", uid, err)
 	}
 	return nil
+}
+
+// LastRenewed is when uid last renewed or ended its session, by Redis's
+// clock, or zero if not within RenewedKeep.
+func (s *Store) LastRenewed(ctx context.Context, uid string) (time.Time, error) {
+	ms, err := s.rdb.Get(ctx, s.ks.RenewedKey(uid)).Int64()
+	if errors.Is(err, redis.Nil) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("last renewal of %q: %w", uid, err)
+	}
+	return time.UnixMilli(ms), nil
 }
 
 // Live reports whether uid has a session that has not run out.
