@@ -375,6 +375,7 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 	if err != nil {
 		return 0, err
 	}
+	l.deferToWindowEnd(ctx, found, states)
 	l.brakeFresh(ctx, c, found, states)
 	var settled, produced, spooled, failed []session.Expired
 	records := make([]*kgo.Record, 0, len(found))
@@ -387,8 +388,8 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 			continue
 		case dedupBusy:
 			continue // another replica is producing it; it settles the entry
-		case dedupHeld:
-			continue // held by the brake
+		case dedupHeld, dedupDefer:
+			continue // held: by the brake, or to its window's end
 		}
 		ev := timeoutevent.New(e.UID, e.Segment, e.Deadline, e.Detected, source)
 		b, err := ev.Marshal()
@@ -468,37 +469,6 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 	return len(settled), nil
 }
 
-// A dedup key is claimed before its timeout is produced and marked
-// produced after. Another listener replica that meets a claim leaves the
-// index entry alone, so if the claimer's produce fails the entry is still
-// there for a retry; only a produced mark lets it settle the entry.
-type dedupState int
-
-const (
-	dedupFresh dedupState = iota // claimed by us: produce it
-	dedupDone                    // produced already: settle the entry
-	dedupBusy                    // claimed by another replica: leave it
-	dedupHeld                    // claimed by us, then held by the brake: released
-)
-
-const (
-	dedupClaimed  = "claimed"
-	dedupProduced = "produced" // or spooled: held safely by its listener
-)
-
-// claimTTL is how long a claim outlives a crashed claimer, after which the
-// sweep retries its timeouts. It is well past the longest a produce and a
-// spool write take, so a live claimer's claim does not lapse under it: a
-// record already sent to a broker is not failed by the produce timeout,
-// only by franz-go's own retries, hence the floor of 30s.
-func (l *Listener) claimTTL() time.Duration { return max(30*time.Second, 3*l.cfg.ProduceTimeout) }
-
-// releaseScript deletes a claim only if it is still the caller's.
-var releaseScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-`)
-
 // holdBack holds the timeouts that fell in or near a time users could not
 // reach us (see hold.go) and returns the rest, to produce now. One that
 // could not be held stays in the index, for the next sweep.
@@ -558,88 +528,4 @@ func randomID() string {
 	var b [8]byte
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-// dedupWindow is the minute window of a deadline.
-func dedupWindow(deadline time.Time) int64 { return deadline.UnixMilli() / 60_000 }
-
-// distinct keeps the first of found's entries per dedup key: a batch
-// from expired events can hold a uid twice, and the second would meet
-// this listener's own claim.
-func (l *Listener) distinct(found []session.Expired) []session.Expired {
-	ks := l.store.Keyspace()
-	seen := make(map[string]bool, len(found))
-	out := found[:0:0]
-	for _, e := range found {
-		k := ks.DedupKey(e.UID, dedupWindow(e.Deadline))
-		if !seen[k] {
-			seen[k] = true
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
-// dedupe claims each timeout's dedup key (SET NX GET) in one pipeline. If
-// any claim fails, the claims it did take are released before it returns
-// the error, so that the entries are not held up until the claims lapse.
-// A key that already holds this listener's own claim (a release that
-// failed earlier) is its to produce.
-func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]dedupState, error) {
-	ks := l.store.Keyspace()
-	cmds := make([]*redis.StatusCmd, len(found))
-	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, e := range found {
-			cmds[i] = p.SetArgs(ctx, ks.DedupKey(e.UID, dedupWindow(e.Deadline)), l.claim,
-				redis.SetArgs{Mode: "NX", Get: true, TTL: l.claimTTL()})
-		}
-		return nil
-	})
-	states := make([]dedupState, len(found))
-	var claimed []session.Expired
-	var firstErr error
-	if err != nil && !errors.Is(err, redis.Nil) {
-		firstErr = fmt.Errorf("dedup %d timeouts: %w", len(found), err)
-	}
-	for i, c := range cmds {
-		switch val, err := c.Result(); {
-		case errors.Is(err, redis.Nil), err == nil && val == l.claim:
-			states[i] = dedupFresh
-			claimed = append(claimed, found[i])
-		case err != nil:
-			if firstErr == nil {
-				firstErr = fmt.Errorf("dedup timeout of %q: %w", found[i].UID, err)
-			}
-		case val == dedupProduced:
-			states[i] = dedupDone
-		default:
-			states[i] = dedupBusy
-		}
-	}
-	if firstErr != nil {
-		if err := l.markDedup(context.WithoutCancel(ctx), nil, claimed); err != nil {
-			l.log.Warn("release dedup claims", "count", len(claimed), "err", err)
-		}
-		return nil, firstErr
-	}
-	return states, nil
-}
-
-// markDedup marks produced (or spooled) timeouts for the dedup window, and releases the
-// claims of failed ones so that a retry may claim them.
-func (l *Listener) markDedup(ctx context.Context, produced, failed []session.Expired) error {
-	if len(produced)+len(failed) == 0 {
-		return nil
-	}
-	ks := l.store.Keyspace()
-	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, e := range produced {
-			p.Set(ctx, ks.DedupKey(e.UID, dedupWindow(e.Deadline)), dedupProduced, l.cfg.DedupTTL)
-		}
-		for _, e := range failed {
-			releaseScript.Eval(ctx, p, []string{ks.DedupKey(e.UID, dedupWindow(e.Deadline))}, l.claim)
-		}
-		return nil
-	})
-	return err
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
@@ -241,9 +242,9 @@ func TestProduceFailure(t *testing.T) {
 			// replica, or a later sweep, settles rather than produces it.
 			ks := h.store.Keyspace()
 			for uid, g := range want {
-				v, err := h.rdb.Get(context.Background(), ks.DedupKey(uid, dedupWindow(g.deadline))).Result()
-				if err != nil || v != dedupProduced {
-					t.Errorf("dedup key of %s: %q, %v; want %q", uid, v, err, dedupProduced)
+				v, err := h.rdb.Get(context.Background(), ks.DedupKey(uid, session.DedupWindow(g.deadline))).Result()
+				if want := session.DedupProduced(g.deadline); err != nil || v != want {
+					t.Errorf("dedup key of %s: %q, %v; want %q", uid, v, err, want)
 				}
 			}
 		})
@@ -281,7 +282,7 @@ func TestOwnClaimIsFresh(t *testing.T) {
 	h := newHarness(t)
 	l, stop := h.startListener(h.config(ModeSweep))
 	g := h.renew("user", "default", 300*time.Millisecond)
-	key := h.store.Keyspace().DedupKey("user", dedupWindow(g.deadline))
+	key := h.store.Keyspace().DedupKey("user", session.DedupWindow(g.deadline))
 	if err := h.rdb.Set(context.Background(), key, l.claim, time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}

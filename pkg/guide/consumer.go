@@ -260,6 +260,16 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (string, error) {
 		return "", err
 	}
 	if outcome := needless(ev, check, c.cfg.GuideMaxAge); outcome != "" {
+		if outcome == OutcomeStale {
+			// Another silence in this minute window gets its own guide
+			// at once, rather than at the window's end. Best effort: if
+			// the mark is lost, that silence still gets its guide, later.
+			mctx, cancel := context.WithTimeout(ctx, c.cfg.SendTimeout)
+			if err := session.NewStore(c.rdb, c.keyspace).MarkStale(mctx, ev.UID, ev.Deadline()); err != nil {
+				c.log.Debug("mark a stale timeout in its dedup window", "uid", ev.UID, "err", err)
+			}
+			cancel()
+		}
 		return outcome, nil
 	}
 	text, ok := c.templates[ev.Segment]

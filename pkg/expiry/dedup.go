@@ -1,0 +1,147 @@
+package expiry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stillthere/stillthere/pkg/session"
+)
+
+// A dedup key is claimed before its timeout is produced and marked
+// produced after (see package session for its values). Another listener
+// replica that meets a claim leaves the index entry alone, so if the
+// claimer's produce fails the entry is still there for a retry; only a
+// produced mark lets it settle the entry. A second silence of the same
+// user in the same minute window is never dropped: if the window's guide
+// was stale it is produced at once, otherwise it is held to the window's
+// end and produced then, if the user is still silent.
+type dedupState int
+
+const (
+	dedupFresh dedupState = iota // claimed by us: produce it
+	dedupDone                    // produced already: settle the entry
+	dedupBusy                    // claimed by another replica: leave it
+	dedupHeld                    // held (the brake, or deferred to the window's end)
+	dedupDefer                   // the window's guide may have gone out: defer
+)
+
+const dedupClaimed = "claimed"
+
+// holdMinute names holds of a second silence to its window's end.
+const holdMinute = "minute"
+
+// claimTTL is how long a claim outlives a crashed claimer, after which the
+// sweep retries its timeouts. It is well past the longest a produce and a
+// spool write take, so a live claimer's claim does not lapse under it: a
+// record already sent to a broker is not failed by the produce timeout,
+// only by franz-go's own retries, hence the floor of 30s.
+func (l *Listener) claimTTL() time.Duration { return max(30*time.Second, 3*l.cfg.ProduceTimeout) }
+
+// releaseScript deletes a claim only if it is still the caller's.
+var releaseScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+`)
+
+// distinct keeps the first of found's entries per dedup key: a batch
+// from expired events can hold a uid twice, and the second would meet
+// this listener's own claim.
+func (l *Listener) distinct(found []session.Expired) []session.Expired {
+	ks := l.store.Keyspace()
+	seen := make(map[string]bool, len(found))
+	out := found[:0:0]
+	for _, e := range found {
+		k := ks.DedupKey(e.UID, session.DedupWindow(e.Deadline))
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// dedupe claims each timeout's dedup key in one pipeline. If any claim
+// fails, the claims it did take are released before it returns the error,
+// so that the entries are not held up until the claims lapse. A key that
+// already holds this listener's own claim (a release that failed earlier)
+// is its to produce.
+func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]dedupState, error) {
+	cmds := make([]*redis.Cmd, len(found))
+	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, e := range found {
+			cmds[i] = l.store.ClaimTimeout(ctx, p, e, l.claim, l.claimTTL())
+		}
+		return nil
+	})
+	states := make([]dedupState, len(found))
+	var claimed []session.Expired
+	var firstErr error
+	if err != nil && !errors.Is(err, redis.Nil) {
+		firstErr = fmt.Errorf("dedup %d timeouts: %w", len(found), err)
+	}
+	for i, c := range cmds {
+		switch val, err := c.Text(); {
+		case err != nil:
+			if firstErr == nil {
+				firstErr = fmt.Errorf("dedup timeout of %q: %w", found[i].UID, err)
+			}
+		case val == session.ClaimFresh:
+			states[i] = dedupFresh
+			claimed = append(claimed, found[i])
+		case val == session.ClaimDone:
+			states[i] = dedupDone
+		case val == session.ClaimDefer:
+			states[i] = dedupDefer
+		default:
+			states[i] = dedupBusy
+		}
+	}
+	if firstErr != nil {
+		if err := l.markDedup(context.WithoutCancel(ctx), nil, claimed); err != nil {
+			l.log.Warn("release dedup claims", "count", len(claimed), "err", err)
+		}
+		return nil, firstErr
+	}
+	return states, nil
+}
+
+// deferToWindowEnd holds the second silences of a minute window whose
+// guide may have gone out until the window ends.
+func (l *Listener) deferToWindowEnd(ctx context.Context, found []session.Expired, states []dedupState) {
+	byEnd := map[time.Time][]session.Expired{}
+	for i, e := range found {
+		if states[i] == dedupDefer {
+			end := session.DedupWindowEnd(e.Deadline)
+			byEnd[end] = append(byEnd[end], e)
+			states[i] = dedupHeld
+		}
+	}
+	for end, es := range byEnd {
+		if err := l.hold(context.WithoutCancel(ctx), es, end, holdMinute); err != nil {
+			l.log.Debug("defer timeouts to their window's end; the next sweep retries", "count", len(es), "err", err)
+		}
+	}
+}
+
+// markDedup marks produced (or spooled) timeouts for the dedup window, and
+// releases the claims of failed ones so that a retry may claim them.
+func (l *Listener) markDedup(ctx context.Context, produced, failed []session.Expired) error {
+	if len(produced)+len(failed) == 0 {
+		return nil
+	}
+	ks := l.store.Keyspace()
+	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, e := range produced {
+			p.Set(ctx, ks.DedupKey(e.UID, session.DedupWindow(e.Deadline)), session.DedupProduced(e.Deadline), l.cfg.DedupTTL)
+		}
+		for _, e := range failed {
+			releaseScript.Eval(ctx, p, []string{ks.DedupKey(e.UID, session.DedupWindow(e.Deadline))}, l.claim)
+		}
+		return nil
+	})
+	return err
+}

@@ -1,0 +1,94 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A timeout's dedup key (DedupKey) is per uid and minute window of its
+// deadline. Its value says what became of the window's guide:
+//
+//	claimed:<listener>  a listener replica is producing it
+//	produced:<ms>       the timeout with deadline ms was produced (or
+//	                    spooled); its guide may have gone out
+//	stale:<ms>          the consumer found that timeout's silence over and
+//	                    sent nothing
+//
+// So the dedup is per window without loss: a second silence in a window
+// whose guide was stale gets its own guide at once; one in a window whose
+// guide may have gone out is deferred to the window's end, and produced
+// then if the user is still silent.
+
+// Dedup outcomes of a claim.
+const (
+	ClaimFresh = "fresh" // claimed: produce it
+	ClaimDone  = "done"  // this very timeout was produced already: settle it
+	ClaimBusy  = "busy"  // another replica is producing it: leave it
+	ClaimDefer = "defer" // the window's guide may have gone out: wait for its end
+)
+
+// DedupWindow is the minute window of a deadline.
+func DedupWindow(deadline time.Time) int64 { return deadline.UnixMilli() / 60_000 }
+
+// DedupWindowEnd is when the minute window of a deadline ends.
+func DedupWindowEnd(deadline time.Time) time.Time {
+	return time.UnixMilli((DedupWindow(deadline) + 1) * 60_000)
+}
+
+// DedupProduced is a dedup key's value once the timeout with this deadline
+// was produced.
+func DedupProduced(deadline time.Time) string {
+	return "produced:" + strconv.FormatInt(deadline.UnixMilli(), 10)
+}
+
+// claimScript claims a timeout's dedup key. KEYS: dedup key. ARGV: claim,
+// deadline ms, claim TTL ms. Returns one of the Claim outcomes.
+var claimScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local v = redis.call('GET', KEYS[1])
+local function claim()
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[3]))
+  return 'fresh'
+end
+if not v or v == ARGV[1] then return claim() end
+if string.sub(v, 1, 8) == 'claimed:' then return 'busy' end
+if v == 'produced' or v == 'produced:' .. ARGV[2] or v == 'stale:' .. ARGV[2] then return 'done' end
+if string.sub(v, 1, 6) == 'stale:' then return claim() end
+local windowEnd = (math.floor(tonumber(ARGV[2]) / 60000) + 1) * 60000
+if now >= windowEnd then return claim() end
+return 'defer'
+`)
+
+// ClaimTimeout claims e's dedup key for claim, in pipeline p; the command's
+// reply is one of the Claim outcomes.
+func (s *Store) ClaimTimeout(ctx context.Context, p redis.Pipeliner, e Expired, claim string, ttl time.Duration) *redis.Cmd {
+	return claimScript.Eval(ctx, p, []string{s.ks.DedupKey(e.UID, DedupWindow(e.Deadline))},
+		claim, e.Deadline.UnixMilli(), ttl.Milliseconds())
+}
+
+// markStaleScript records that the consumer found a produced timeout's
+// silence over, if its window still holds that timeout.
+// KEYS: dedup key. ARGV: deadline ms.
+var markStaleScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == 'produced:' .. ARGV[1] then
+  redis.call('SET', KEYS[1], 'stale:' .. ARGV[1], 'KEEPTTL')
+  return 1
+end
+return 0
+`)
+
+// MarkStale records that uid's timeout with this deadline sent no guide:
+// another silence in its minute window gets its own at once.
+func (s *Store) MarkStale(ctx context.Context, uid string, deadline time.Time) error {
+	err := markStaleScript.Run(ctx, s.rdb, []string{s.ks.DedupKey(uid, DedupWindow(deadline))},
+		deadline.UnixMilli()).Err()
+	if err != nil {
+		return fmt.Errorf("mark %q's timeout stale: %w", uid, err)
+	}
+	return nil
+}
