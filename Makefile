@@ -30,10 +30,10 @@ lint: ## gofmt and go vet
 	$(GO) vet ./...
 
 # The benchmark's programs, and where its report goes.
-BENCH_CMDS = ./gateway ./loadtest/wsload ./loadtest/guidebench ./loadtest/bench ./loadtest/detectbench
+BENCH_CMDS = ./gateway ./loadtest/wsload ./loadtest/guidebench ./loadtest/bench ./loadtest/detectbench ./loadtest/outagebench
 BENCH_OUT ?= bench
 
-bench: deps ## benchmark into bench/report.md and report.json (about 5 min), then micro-benchmarks; QUICK=1: small scale, under 3 min, no micro-benchmarks
+bench: deps ## benchmark into bench/report.md and report.json (about 7 min), then micro-benchmarks; QUICK=1: small scale, about 3 min, no micro-benchmarks
 	$(GO) build -o bin/ $(BENCH_CMDS)
 	bin/bench -bin bin -out $(BENCH_OUT) $(if $(QUICK),-quick)
 	$(if $(QUICK),,$(GO) test -run '^$$' -bench . -benchmem -count 1 ./pkg/... | tee bench/micro.txt)

@@ -70,6 +70,7 @@ type DetectMode struct {
 	LagP50ms   float64 `json:"lag_p50_ms"`
 	LagP99ms   float64 `json:"lag_p99_ms"`
 	LagMaxms   float64 `json:"lag_max_ms"`
+	Held       int     `json:"held"` // timeouts held for the grace: none, unless something looked like an outage
 	// Whole guides at a webhook, through the consumer.
 	Guided        int     `json:"guided"`
 	GuidesDoubled int     `json:"guides_doubled"`
@@ -78,15 +79,26 @@ type DetectMode struct {
 	GuideMaxms    float64 `json:"guide_max_ms"`
 }
 
-// Storm is detectbench's storm: sessions expiring within one window.
+// Storm is detectbench's storm: sessions expiring within one window, past
+// the mass-expiry brake's threshold.
 type Storm struct {
-	Sessions       int     `json:"sessions"`
-	WindowMs       float64 `json:"window_ms"`
-	Delivered      int     `json:"delivered"`
-	Lost           int     `json:"lost"`
-	Doubled        int     `json:"doubled"`
-	Resent         int     `json:"resent"` // posts of an id already taken, collapsed by the idempotency key
+	Sessions  int     `json:"sessions"`
+	WindowMs  float64 `json:"window_ms"`
+	Delivered int     `json:"delivered"`
+	Lost      int     `json:"lost"`
+	Doubled   int     `json:"doubled"`
+	Resent    int     `json:"resent"`  // posts of an id already taken, collapsed by the idempotency key
+	AtOnce    int     `json:"at_once"` // delivered before any held one could be released
+	Held      int     `json:"held"`    // held by the mass-expiry brake for the grace, then rechecked
+	HeldOther int     `json:"held_other"`
+	GraceMs   float64 `json:"grace_ms"`
+	// The listener's brake: it holds lapses past max(floor, share × live
+	// sessions) within the window.
+	BrakeFloor     int     `json:"brake_floor"`
+	BrakeShare     float64 `json:"brake_share"`
+	BrakeWindow    string  `json:"brake_window"`
 	AllDeliveredMs float64 `json:"all_delivered_ms"`
+	WaitedMs       float64 `json:"waited_ms"`
 }
 
 // Detection is steps 3 and 4, as detectbench prints them.
@@ -103,7 +115,11 @@ type detectScale struct {
 	// Window and Wait, when set and detectbench takes them: the silent
 	// sessions' deadlines spread, and the wait for events past the last.
 	Window, Wait time.Duration
-	Limit        time.Duration // the most detectbench may take
+	// Grace is the listeners' outage grace, short so that what the
+	// mass-expiry brake holds in the storm is delivered within the run;
+	// detectbench waits at least the grace past every deadline.
+	Grace time.Duration
+	Limit time.Duration // the most detectbench may take
 }
 
 func detection(ctx context.Context, bin string, sc detectScale) (*Detection, error) {
@@ -115,6 +131,9 @@ func detection(ctx context.Context, bin string, sc detectScale) (*Detection, err
 	}
 	if sc.Wait > 0 && has["wait"] {
 		args = append(args, "-wait", sc.Wait.String())
+	}
+	if sc.Grace > 0 && has["grace"] {
+		args = append(args, "-grace", sc.Grace.String())
 	}
 	if has["json"] {
 		args = append(args, "-json")

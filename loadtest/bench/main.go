@@ -1,7 +1,8 @@
 // Command bench is the benchmark behind make bench. It builds nothing: it
 // expects the gateway, wsload, guidebench and (when present) detectbench
-// binaries in -bin, starts a child redis-server, runs each step against
-// processes of their own, and writes report.md and report.json to -out:
+// and outagebench binaries in -bin, starts a child redis-server, runs each
+// step against processes of their own, and writes report.md and
+// report.json to -out:
 //
 //  1. connections: several gateway processes on one redis-server, held by
 //     several wsload processes at 15 s pings; sessions held, RSS and CPU
@@ -10,12 +11,15 @@
 //  2. renewals: Redis round trips per renewal at a renewal rate, with the
 //     gateway's and redis-server's CPU;
 //  3. and 4. detection and storm, from detectbench;
-//  5. consumer throughput and backlog drain, from guidebench.
+//  5. consumer throughput and backlog drain, from guidebench;
+//  6. outage: users guided or not through outages of Redis and of the
+//     gateways, from outagebench.
 //
 // Every figure in the report comes with the command that reproduces it.
 // It exits 1 when a guide was lost or doubled (events mode excepted: its
-// losses are what the sweep is for), a step failed, or the report could
-// not be written; never on a timing figure. Every child runs in a process
+// losses are what the sweep is for), a user who was there was guided
+// through an outage, a step failed, or the report could not be written;
+// never on a timing figure. Every child runs in a process
 // group of its own that is ended on exit, on SIGINT or SIGTERM, and (by
 // the parent-death signal) if bench itself dies.
 package main
@@ -32,9 +36,9 @@ import (
 )
 
 func main() {
-	bin := flag.String("bin", "bin", "directory with the gateway, wsload, guidebench and detectbench binaries")
+	bin := flag.String("bin", "bin", "directory with the gateway, wsload, guidebench, detectbench and outagebench binaries")
 	out := flag.String("out", "bench", "directory for report.md and report.json")
-	quick := flag.Bool("quick", false, "every step at small scale (under 3 minutes), for CI")
+	quick := flag.Bool("quick", false, "every step at small scale (about 3 minutes), for CI")
 	steps := flag.String("steps", strings.Join(allSteps, ","), "comma-separated steps to run")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -45,12 +49,12 @@ func main() {
 		os.Exit(1)
 	}
 	if failed {
-		fmt.Fprintln(os.Stderr, "bench: a step failed or a guide was lost or doubled; see the report")
+		fmt.Fprintln(os.Stderr, "bench: a step failed, a guide was lost or doubled, or a user who was there was guided; see the report")
 		os.Exit(1)
 	}
 }
 
-var allSteps = []string{"connections", "renewals", "detection", "consumer"}
+var allSteps = []string{"connections", "renewals", "detection", "consumer", "outage"}
 
 // scale is the size of every step.
 type scale struct {
@@ -58,6 +62,7 @@ type scale struct {
 	renew    renewScale
 	detect   detectScale
 	consumer consumerScale
+	outage   outageScale
 }
 
 func scaleFor(quick bool) scale {
@@ -65,9 +70,16 @@ func scaleFor(quick bool) scale {
 		return scale{
 			conns: connScale{Gateways: 2, Conns: 4000, Loaders: 2, Ramp: 2000,
 				Settle: 5 * time.Second, Window: 10 * time.Second, Pushes: 100, IPsPerGen: 1, Leave: 2 * time.Second},
-			renew:    renewScale{Conns: 2000, Loaders: 1, Every: 2 * time.Second, Window: 8 * time.Second},
-			detect:   detectScale{Live: 5000, Silent: 200, Storm: 2000, Window: 3 * time.Second, Wait: 15 * time.Second, Limit: 100 * time.Second},
+			renew: renewScale{Conns: 2000, Loaders: 1, Every: 2 * time.Second, Window: 8 * time.Second},
+			detect: detectScale{Live: 5000, Silent: 200, Storm: 2000, Window: 3 * time.Second, Wait: 15 * time.Second,
+				Grace: 10 * time.Second, Limit: 100 * time.Second},
 			consumer: consumerScale{Events: 2000, Queued: 1000, BreakerTimeout: 2 * time.Second, Limit: time.Minute},
+			// Two faults keep the quick run near 3 minutes: one in which
+			// the listener is as blind as the gateways (Redis frozen), one
+			// in which it sweeps on while every user is cut off and
+			// reconnecting.
+			outage: outageScale{Active: 200, Silent: 50, TTL: 6 * time.Second, Jitter: 500 * time.Millisecond,
+				Grace: 8 * time.Second, Faults: "redis-pause,gateways-down", Limit: 3 * time.Minute},
 		}
 	}
 	return scale{
@@ -77,7 +89,9 @@ func scaleFor(quick bool) scale {
 		conns: connScale{Gateways: 6, Conns: 100000, Loaders: 7, Ramp: 3000,
 			Settle: 16 * time.Second, Window: 30 * time.Second, Pushes: 1000, IPsPerGen: 2, Leave: 20 * time.Second},
 		renew:    renewScale{Conns: 10000, Loaders: 2, Every: 2 * time.Second, Window: 20 * time.Second},
-		detect:   detectScale{Live: 100000, Silent: 1000, Storm: 50000, Limit: 20 * time.Minute},
+		detect:   detectScale{Live: 100000, Silent: 1000, Storm: 50000, Grace: 10 * time.Second, Limit: 20 * time.Minute},
 		consumer: consumerScale{Events: 20000, Queued: 10000, BreakerTimeout: 10 * time.Second, Limit: 15 * time.Minute},
+		outage: outageScale{Active: 1000, Silent: 200, TTL: 6 * time.Second, Jitter: 500 * time.Millisecond,
+			Grace: 8 * time.Second, Faults: "redis-pause,redis-restart,redis-cut,gateways-down", Limit: 5 * time.Minute},
 	}
 }

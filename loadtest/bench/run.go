@@ -98,6 +98,14 @@ func run(ctx context.Context, bin, out string, quick bool, stepList string) (fai
 		rep.Consumer, err = consumer(ctx, bin, sc.consumer)
 		fail("consumer", err)
 	}
+	if slices.Contains(steps, "outage") && ctx.Err() == nil {
+		if available(bin, "outagebench") {
+			rep.Outage, err = outage(ctx, bin, sc.outage)
+			fail("outage", err)
+		} else {
+			rep.Skipped = append(rep.Skipped, "outage: outagebench is not built (loadtest/outagebench)")
+		}
+	}
 	if ctx.Err() != nil {
 		// A partial run must not replace the last report.
 		return true, fmt.Errorf("interrupted; no report written")

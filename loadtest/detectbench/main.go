@@ -3,7 +3,9 @@
 // how late after its deadline each silent session's timeout event is
 // produced and its guide reaches a webhook through the guide consumer,
 // and how many are lost or doubled. Then a storm: many sessions running
-// out within one second, timed until every guide is delivered.
+// out within one second, far more than the listener's mass-expiry brake
+// lets through at once; the rest are held for the outage grace and
+// checked again, and the storm is timed until every guide is delivered.
 //
 // It starts its own redis-server (with expired keyspace events on, as the
 // listener would set them) and embedded Kafka, writes the sessions through
@@ -14,6 +16,11 @@
 // guide latency is arrival at the webhook minus the deadline. Both clocks
 // are this machine's.
 //
+// Every listener runs with -grace as its outage grace (short, so that a
+// timeout held for it is seen within the run), and no silence is called
+// lost before the grace and 5 s more have passed since its deadline,
+// whatever -wait says.
+//
 //	go run ./loadtest/detectbench -live 100000 -silent 1000 -storm 50000
 package main
 
@@ -22,7 +29,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -56,6 +62,9 @@ type ModeResult struct {
 	LagP99MS   float64 `json:"lag_p99_ms"`
 	LagMaxMS   float64 `json:"lag_max_ms"`
 	WaitS      float64 `json:"wait_s"` // how long after the last deadline events were awaited
+	// Held counts timeouts the listener held for the grace, by any rule:
+	// none, when nothing looked like an outage.
+	Held int `json:"held"`
 	// Whole guides, through the consumer to a webhook: arrival there minus
 	// the deadline.
 	Guided        int     `json:"guided"`
@@ -67,13 +76,28 @@ type ModeResult struct {
 
 // StormResult is the storm's figures.
 type StormResult struct {
-	Sessions       int     `json:"sessions"`
-	WindowMS       int     `json:"window_ms"`
-	Delivered      int     `json:"delivered"` // distinct guide ids the webhook took
-	Lost           int     `json:"lost"`
-	Doubled        int     `json:"doubled"` // users who got two different guides
-	Resent         int     `json:"resent"`  // posts of an id already taken (collapsed by Idempotency-Key)
+	Sessions  int `json:"sessions"`
+	WindowMS  int `json:"window_ms"`
+	Delivered int `json:"delivered"` // distinct guide ids the webhook took
+	Lost      int `json:"lost"`
+	Doubled   int `json:"doubled"` // users who got two different guides
+	Resent    int `json:"resent"`  // posts of an id already taken (collapsed by Idempotency-Key)
+	// AtOnce were delivered before any held timeout could be released
+	// (the window's start plus the grace); Held were held by the
+	// mass-expiry brake, HeldOther by another rule (none, unless something
+	// looked like an outage).
+	AtOnce    int     `json:"at_once"`
+	Held      int     `json:"held"`
+	HeldOther int     `json:"held_other"`
+	GraceMS   float64 `json:"grace_ms"`
+	// Brake is the listener's mass-expiry setting.
+	BrakeFloor  int     `json:"brake_floor"`
+	BrakeShare  float64 `json:"brake_share"`
+	BrakeWindow string  `json:"brake_window"`
+	// AllDeliveredMS is when the last guide arrived, from the window's
+	// end; WaitedMS the most the bench would have waited from there.
 	AllDeliveredMS float64 `json:"all_delivered_ms"`
+	WaitedMS       float64 `json:"waited_ms"`
 }
 
 // Report is what detectbench prints.
@@ -95,13 +119,17 @@ func main() {
 	modes := flag.String("modes", "sweep,hybrid,events", "detection modes, run one after another")
 	wait := flag.Duration("wait", 60*time.Second, "how long past the last deadline to wait for events")
 	storm := flag.Int("storm", 50000, "sessions running out within one second in the storm; 0 skips it")
+	grace := flag.Duration("grace", 10*time.Second, "the listeners' outage grace; silences are awaited at least this plus 5s past their deadline")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	rep := Report{Command: "detectbench " + strings.Join(os.Args[1:], " "), Live: *live, Silent: *silent}
-	if err := run(ctx, log, &rep, *window, *wait, strings.Split(*modes, ","), *storm); err != nil {
+	// Never call a silence lost before a timeout held for the grace
+	// could have been released, checked and delivered.
+	*wait = max(*wait, *grace+minWaitPastGrace)
+	if err := run(ctx, log, &rep, *grace, *window, *wait, strings.Split(*modes, ","), *storm); err != nil {
 		fmt.Fprintln(os.Stderr, "detectbench:", err)
 		os.Exit(1)
 	}
@@ -110,15 +138,21 @@ func main() {
 	enc.Encode(rep)
 }
 
+// minWaitPastGrace is how much longer than the grace the bench waits for
+// a silence's guide past its deadline: the recheck, produce and send.
+const minWaitPastGrace = 5 * time.Second
+
 type bench struct {
 	log     *slog.Logger
 	redis   *redisserver.Server
 	kafka   *kfake.Cluster
 	store   *session.Store
 	dataDir string
+	grace   time.Duration // every listener's outage grace
+	idle    *idleReplica  // marks the index swept between measurements
 }
 
-func run(ctx context.Context, log *slog.Logger, rep *Report, window, wait time.Duration, modes []string, storm int) error {
+func run(ctx context.Context, log *slog.Logger, rep *Report, grace, window, wait time.Duration, modes []string, storm int) error {
 	rs, err := redisserver.Start(ctx, redisserver.Options{Args: []string{"--maxmemory", "4gb"}})
 	if err != nil {
 		return err
@@ -134,7 +168,7 @@ func run(ctx context.Context, log *slog.Logger, rep *Report, window, wait time.D
 		return err
 	}
 	defer os.RemoveAll(dir)
-	b := &bench{log: log, redis: rs, kafka: kc, dataDir: dir}
+	b := &bench{log: log, redis: rs, kafka: kc, dataDir: dir, grace: grace}
 	rdb, err := redisconn.Open(ctx, redisconn.Config{Addrs: []string{rs.Addr}, KeyPrefix: prefix0})
 	if err != nil {
 		return err
@@ -142,6 +176,12 @@ func run(ctx context.Context, log *slog.Logger, rep *Report, window, wait time.D
 	defer rdb.Close()
 	ks, _ := session.NewKeyspace(prefix0)
 	b.store = session.NewStore(rdb, ks)
+	lcfg, err := b.listenerConfig(expiry.ModeHybrid, "idle-replica")
+	if err != nil {
+		return err
+	}
+	b.idle = &idleReplica{store: b.store, cfg: lcfg}
+	defer b.idle.stop()
 
 	start := time.Now()
 	if err := b.renewMany(ctx, "live", rep.Live, func(int) time.Duration { return 30 * time.Minute }); err != nil {
@@ -153,9 +193,9 @@ func run(ctx context.Context, log *slog.Logger, rep *Report, window, wait time.D
 		if err != nil {
 			return fmt.Errorf("mode %s: %w", mode, err)
 		}
-		fmt.Fprintf(os.Stderr, "detectbench: %s: %d of %d produced, %d duplicates, lag p50 %.0f ms p99 %.0f ms max %.0f ms; %d guided, p50 %.0f ms p99 %.0f ms max %.0f ms\n",
+		fmt.Fprintf(os.Stderr, "detectbench: %s: %d of %d produced, %d duplicates, lag p50 %.0f ms p99 %.0f ms max %.0f ms; %d guided, p50 %.0f ms p99 %.0f ms max %.0f ms; %d held\n",
 			mode, res.Produced, res.Silent, res.Duplicates, res.LagP50MS, res.LagP99MS, res.LagMaxMS,
-			res.Guided, res.GuideP50MS, res.GuideP99MS, res.GuideMaxMS)
+			res.Guided, res.GuideP50MS, res.GuideP99MS, res.GuideMaxMS, res.Held)
 		rep.Modes = append(rep.Modes, res)
 	}
 	if storm > 0 {
@@ -163,8 +203,8 @@ func run(ctx context.Context, log *slog.Logger, rep *Report, window, wait time.D
 		if err != nil {
 			return fmt.Errorf("storm: %w", err)
 		}
-		fmt.Fprintf(os.Stderr, "detectbench: storm: %d of %d delivered in %.0f ms, %d lost, %d doubled\n",
-			res.Delivered, res.Sessions, res.AllDeliveredMS, res.Lost, res.Doubled)
+		fmt.Fprintf(os.Stderr, "detectbench: storm: %d of %d delivered, the last %.0f ms after the window; %d at once, %d held by the brake; %d lost, %d doubled\n",
+			res.Delivered, res.Sessions, res.AllDeliveredMS, res.AtOnce, res.Held, res.Lost, res.Doubled)
 		rep.Storm = res
 	}
 	return ctx.Err()
@@ -212,6 +252,7 @@ func (b *bench) listenerConfig(mode, topic string) (expiry.Config, error) {
 		"listener-admin-addr": "127.0.0.1:0",
 		"detect-mode":         mode,
 		"spool-dir":           b.dataDir + "/spool-" + topic,
+		"outage-grace":        b.grace.String(),
 	}))
 }
 
@@ -241,6 +282,10 @@ func (b *bench) detect(ctx context.Context, mode string, silent int, window, wai
 	}
 	defer stop()
 	time.Sleep(time.Second) // subscribed before the first deadline
+	// This mode's listener has marked sweeps for a second: the idle
+	// replica that covered the change of listeners steps aside.
+	b.idle.stop()
+	held0 := heldTotal()
 
 	lead := 2 * time.Second
 	if err := b.renewMany(ctx, name, silent, func(i int) time.Duration {
@@ -300,6 +345,8 @@ func (b *bench) detect(ctx context.Context, mode string, silent int, window, wai
 	distinct, _, doubled, _ := hook.summary()
 	res.Guided, res.GuidesDoubled = distinct, doubled
 	res.GuideP50MS, res.GuideP99MS, res.GuideMaxMS = quantiles(hook.guideLags())
+	res.Held = heldTotal() - held0
+	b.idle.start(ctx) // before this listener stops
 	stop()
 	return res, nil
 }
@@ -367,114 +414,4 @@ func (b *bench) startGuides(ctx context.Context, mode, topic, prefix string) (*w
 	go func() { cdone <- c.Run(cctx) }()
 	stops = append(stops, func() { cancel(); <-cdone })
 	return hook, sync.OnceFunc(stop), nil
-}
-
-// storm runs n sessions out within one second through a hybrid listener
-// and a guide consumer with the webhook sender, against a webhook that
-// answers 200 at once and records every guide id.
-func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormResult, error) {
-	res := &StormResult{Sessions: n, WindowMS: 1000}
-	topic := "storm"
-	hook, stopPipeline, err := b.startGuides(ctx, expiry.ModeHybrid, topic, "storm-")
-	if err != nil {
-		return nil, err
-	}
-	defer stopPipeline()
-
-	// Written before the window opens: the deadlines, not the writes,
-	// fall within one second.
-	lead := 3*time.Second + time.Duration(n/20000)*time.Second
-	begin := time.Now()
-	if err := b.renewMany(ctx, "storm", n, func(i int) time.Duration {
-		return lead + time.Second*time.Duration(i)/time.Duration(n) - time.Since(begin)
-	}); err != nil {
-		return nil, err
-	}
-	if time.Since(begin) > lead {
-		return nil, fmt.Errorf("writing %d sessions took %v, past the storm's start", n, time.Since(begin))
-	}
-	windowEnd := begin.Add(lead + time.Second)
-	deadline := windowEnd.Add(wait)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if hook.distinct() >= n {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	distinct, resent, doubled, lastAt := hook.summary()
-	res.Delivered = distinct
-	res.Lost = n - distinct
-	res.Resent = resent
-	res.Doubled = doubled
-	res.AllDeliveredMS = float64(lastAt.Sub(windowEnd).Milliseconds())
-	return res, nil
-}
-
-// webhook records the guides posted to it for uids starting with prefix;
-// others (a silence an earlier mode missed, found by a later sweep) are
-// answered and not counted.
-type webhook struct {
-	prefix string
-
-	mu    sync.Mutex
-	ids   map[string]int // posts per guide id
-	users map[string]int // distinct guide ids per uid
-	lags  []float64      // arrival minus deadline, ms, per first post of an id
-	posts int
-	last  time.Time
-}
-
-func newWebhook(prefix string) *webhook {
-	return &webhook{prefix: prefix, ids: map[string]int{}, users: map[string]int{}}
-}
-
-func (h *webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		ID         string `json:"id"`
-		UID        string `json:"uid"`
-		DeadlineMS int64  `json:"deadline_ms"`
-	}
-	b, err := io.ReadAll(r.Body)
-	if err != nil || json.Unmarshal(b, &body) != nil || body.ID == "" {
-		http.Error(w, "bad guide", http.StatusBadRequest)
-		return
-	}
-	now := time.Now()
-	if !strings.HasPrefix(body.UID, h.prefix) {
-		w.WriteHeader(http.StatusOK)
-		return
-	}
-	h.mu.Lock()
-	h.posts++
-	h.ids[body.ID]++
-	if h.ids[body.ID] == 1 {
-		h.users[body.UID]++
-		h.last = now
-		h.lags = append(h.lags, float64(now.UnixMilli()-body.DeadlineMS))
-	}
-	h.mu.Unlock()
-	w.WriteHeader(http.StatusOK)
-}
-
-func (h *webhook) distinct() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return len(h.ids)
-}
-
-func (h *webhook) summary() (distinct, resent, doubled int, last time.Time) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, n := range h.users {
-		if n > 1 {
-			doubled++
-		}
-	}
-	return len(h.ids), h.posts - len(h.ids), doubled, h.last
-}
-
-func (h *webhook) guideLags() []float64 {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return slices.Clone(h.lags)
 }

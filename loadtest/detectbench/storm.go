@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/stillthere/stillthere/pkg/expiry"
+)
+
+// storm runs n sessions out within one second through a hybrid listener
+// and a guide consumer with the webhook sender, against a webhook that
+// answers 200 at once and records every guide id. Past the listener's
+// mass-expiry threshold the brake holds the rest for the grace and checks
+// each again before it is produced, so the storm is awaited for at least
+// the grace (and 5 s more) past the window.
+func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormResult, error) {
+	cfg := b.idle.cfg
+	res := &StormResult{Sessions: n, WindowMS: 1000, GraceMS: float64(b.grace.Milliseconds()),
+		BrakeFloor: cfg.MassExpiryFloor, BrakeShare: cfg.MassExpiryShare, BrakeWindow: cfg.MassExpiryWindow.String()}
+	topic := "storm"
+	hook, stopPipeline, err := b.startGuides(ctx, expiry.ModeHybrid, topic, "storm-")
+	if err != nil {
+		return nil, err
+	}
+	defer stopPipeline()
+	time.Sleep(time.Second)
+	b.idle.stop() // the storm's listener marks sweeps now
+	held0 := held()
+
+	// Written before the window opens: the deadlines, not the writes,
+	// fall within one second.
+	lead := 3*time.Second + time.Duration(n/20000)*time.Second
+	begin := time.Now()
+	if err := b.renewMany(ctx, "storm", n, func(i int) time.Duration {
+		return lead + time.Second*time.Duration(i)/time.Duration(n) - time.Since(begin)
+	}); err != nil {
+		return nil, err
+	}
+	if time.Since(begin) > lead {
+		return nil, fmt.Errorf("writing %d sessions took %v, past the storm's start", n, time.Since(begin))
+	}
+	windowStart := begin.Add(lead)
+	windowEnd := windowStart.Add(time.Second)
+	wait = max(wait, b.grace+minWaitPastGrace)
+	deadline := windowEnd.Add(wait)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if hook.distinct() >= n {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	distinct, resent, doubled, lastAt := hook.summary()
+	res.Delivered = distinct
+	res.Lost = n - distinct
+	res.Resent = resent
+	res.Doubled = doubled
+	res.AllDeliveredMS = float64(lastAt.Sub(windowEnd).Milliseconds())
+	res.WaitedMS = float64(wait.Milliseconds())
+	// A held timeout is released a grace after it was held, which is
+	// after its deadline, so none arrives before the window's start plus
+	// the grace.
+	res.AtOnce = hook.arrivedBefore(windowStart.Add(b.grace))
+	for rule, v := range held() {
+		if d := v - held0[rule]; rule == "mass-expiry" {
+			res.Held += d
+		} else {
+			res.HeldOther += d
+		}
+	}
+	return res, nil
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// webhook records the guides posted to it for uids starting with prefix;
+// others (a silence an earlier mode missed, found by a later sweep) are
+// answered and not counted.
+type webhook struct {
+	prefix string
+
+	mu     sync.Mutex
+	ids    map[string]int // posts per guide id
+	users  map[string]int // distinct guide ids per uid
+	lags   []float64      // arrival minus deadline, ms, per first post of an id
+	firsts []time.Time    // arrival of the first post of each id
+	posts  int
+	last   time.Time
+}
+
+func newWebhook(prefix string) *webhook {
+	return &webhook{prefix: prefix, ids: map[string]int{}, users: map[string]int{}}
+}
+
+func (h *webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		ID         string `json:"id"`
+		UID        string `json:"uid"`
+		DeadlineMS int64  `json:"deadline_ms"`
+	}
+	b, err := io.ReadAll(r.Body)
+	if err != nil || json.Unmarshal(b, &body) != nil || body.ID == "" {
+		http.Error(w, "bad guide", http.StatusBadRequest)
+		return
+	}
+	now := time.Now()
+	if !strings.HasPrefix(body.UID, h.prefix) {
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	h.mu.Lock()
+	h.posts++
+	h.ids[body.ID]++
+	if h.ids[body.ID] == 1 {
+		h.users[body.UID]++
+		h.last = now
+		h.lags = append(h.lags, float64(now.UnixMilli()-body.DeadlineMS))
+		h.firsts = append(h.firsts, now)
+	}
+	h.mu.Unlock()
+	w.WriteHeader(http.StatusOK)
+}
+
+func (h *webhook) distinct() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.ids)
+}
+
+func (h *webhook) summary() (distinct, resent, doubled int, last time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, n := range h.users {
+		if n > 1 {
+			doubled++
+		}
+	}
+	return len(h.ids), h.posts - len(h.ids), doubled, h.last
+}
+
+func (h *webhook) guideLags() []float64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.lags)
+}
+
+// arrivedBefore counts the guide ids first posted before t.
+func (h *webhook) arrivedBefore(t time.Time) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, at := range h.firsts {
+		if at.Before(t) {
+			n++
+		}
+	}
+	return n
+}
