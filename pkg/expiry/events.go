@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/stillthere/stillthere/pkg/outage"
 )
 
 // expiredPattern matches the expired keyevent channel of every database.
@@ -93,14 +95,16 @@ func (l *Listener) followMasters(ctx context.Context, out chan<- string) error {
 	}()
 	t := time.NewTicker(masterRefresh)
 	defer t.Stop()
+	mastersDown := outage.NewLog(l.log, "list redis masters", 0)
 	for {
 		addrs, err := l.masterAddrs(ctx)
 		switch {
 		case ctx.Err() != nil:
 			return nil
 		case err != nil:
-			l.log.Warn("list redis masters", "err", err)
+			mastersDown.Fail(err)
 		default:
+			mastersDown.OK()
 			for addr, s := range subs {
 				if !slices.Contains(addrs, addr) {
 					l.log.Info("redis node is no longer a master; unsubscribing", "node", addr)
@@ -199,6 +203,7 @@ func (l *Listener) subscribe(ctx context.Context, addr string, out chan<- string
 	node := l.nodeClient(addr)
 	defer node.Close()
 	log := l.log.With("node", addr)
+	down := outage.NewLog(log, "keyspace events (the sweep covers what they miss)", 0)
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		if err := ensureNotify(ctx, node); err != nil {
@@ -208,7 +213,7 @@ func (l *Listener) subscribe(ctx context.Context, addr string, out chan<- string
 			if isConfigDenied(err) {
 				return err
 			}
-			log.Warn("keyspace events unavailable, retrying", "err", err)
+			down.Fail(fmt.Errorf("unavailable, retrying: %w", err))
 			metricSubscribeErrors.Inc()
 			select {
 			case broken <- struct{}{}:
@@ -223,7 +228,7 @@ func (l *Listener) subscribe(ctx context.Context, addr string, out chan<- string
 			break
 		}
 		metricSubscribeErrors.Inc()
-		log.Warn("keyspace event subscription broken, resubscribing", "err", err)
+		down.Fail(fmt.Errorf("subscription broken, resubscribing: %w", err))
 		select {
 		case broken <- struct{}{}:
 		default:

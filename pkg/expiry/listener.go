@@ -52,8 +52,9 @@ type Listener struct {
 	marker *marker
 	// brake is the mass-expiry brake; the pipeline goroutine's own.
 	brake brake
-	// produceDown logs a Kafka outage once, not once per event.
-	produceDown *outage.Log
+	// produceDown logs a Kafka outage once, not once per event; the others
+	// likewise for Redis (sweeps, event lookups), the topic and the replay.
+	produceDown, sweepDown, topicDown, replayDown *outage.Log
 
 	// topicReady is set once the topic is known to exist; until then
 	// events go to the spool, so that a broker that creates topics on
@@ -108,6 +109,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Listener, error
 		spooled:  make(chan struct{}, 1),
 		produceDown: outage.NewLog(logger.With("topic", cfg.Kafka.Topic),
 			"produce timeout events (unsent ones are spooled, or left to a replica that can produce)", 0),
+		sweepDown:  outage.NewLog(logger, "sweep the deadline index (due sessions wait in it)", 0),
+		topicDown:  outage.NewLog(logger.With("topic", cfg.Kafka.Topic), "ensure the kafka topic (timeouts are spooled until it is)", 0),
+		replayDown: outage.NewLog(logger.With("topic", cfg.Kafka.Topic), "replay spooled timeouts", 0),
 		marker: &marker{
 			store: store, rdb: rdb, cfg: cfg, id: id, log: logger, fresh: producerFresh(cfg),
 			down:  outage.NewLog(logger, "read the control state from Redis", 0),
@@ -298,7 +302,7 @@ func (l *Listener) sweep(ctx context.Context) {
 	for ctx.Err() == nil {
 		due, _, err := l.store.Due(ctx, l.cfg.SweepBatch)
 		if err != nil {
-			l.log.Warn("sweep", "err", err)
+			l.sweepDown.Fail(err)
 			return
 		}
 		metricDue.Set(float64(len(due)))
@@ -306,8 +310,10 @@ func (l *Listener) sweep(ctx context.Context) {
 		// interval that ended just before it is known.
 		c, err := l.marker.mark(ctx)
 		if err != nil {
+			l.sweepDown.Fail(err)
 			return
 		}
+		l.sweepDown.OK()
 		if len(due) == 0 {
 			if l.brake.engaged {
 				l.braking(ctx, c.Now, 0)
@@ -318,7 +324,7 @@ func (l *Listener) sweep(ctx context.Context) {
 		ready := l.holdBack(ctx, c, due)
 		settled, err := l.emit(ctx, c, ready, timeoutevent.SourceSweep)
 		if err != nil {
-			l.log.Warn("emit swept timeouts", "count", len(due), "err", err)
+			l.sweepDown.Fail(fmt.Errorf("emit %d swept timeouts: %w", len(due), err))
 			return
 		}
 		// Sweep again at once only if a bucket may hold more and this
@@ -338,7 +344,7 @@ func (l *Listener) fromEvents(ctx context.Context, uids []string) {
 	for _, uid := range uids {
 		e, ok, err := l.store.Lookup(ctx, uid)
 		if err != nil {
-			l.log.Warn("look up expired session", "uid", uid, "err", err)
+			l.sweepDown.Fail(err)
 			continue // still in the index: the sweep retries it
 		}
 		if ok {
@@ -355,7 +361,7 @@ func (l *Listener) fromEvents(ctx context.Context, uids []string) {
 	metricSeen.WithLabelValues(timeoutevent.SourceEvent).Add(float64(len(found)))
 	found = l.holdBack(ctx, c, found)
 	if _, err := l.emit(ctx, c, found, timeoutevent.SourceEvent); err != nil {
-		l.log.Warn("emit timeouts from events", "count", len(found), "err", err)
+		l.sweepDown.Fail(fmt.Errorf("emit %d timeouts from events: %w", len(found), err))
 	}
 }
 

@@ -26,7 +26,7 @@ type marker struct {
 
 	mu       sync.Mutex // serializes marks, so lastSeen and lastAt pair up
 	lastSeen time.Time  // Redis's time at this process's last mark
-	lastAt   time.Time  // local (monotonic) time of it
+	lastAt   time.Time  // local (monotonic) time of its reply
 
 	cur      atomic.Pointer[session.Control]
 	sessions atomic.Int64         // live sessions in the index, refreshed by markLoop
@@ -54,29 +54,38 @@ func (m *marker) keepControl() time.Duration {
 // the longest TTL plus the grace, no deadline of its users can be held.
 func (m *marker) keepInstances() time.Duration { return 24*time.Hour + m.cfg.OutageGrace }
 
-// mark records a sweep and returns the control state.
+// mark records a sweep and returns the control state. It also notices a
+// step in Redis's clock: between two replies, Redis's clock moved more
+// than ClockJumpMax further than the listener's. Replies, not requests,
+// are compared, so that a Redis that was paused (its clock ran on, the
+// listener's too) is not taken for a step.
 func (m *marker) mark(ctx context.Context) (session.Control, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var elapsed time.Duration
-	if !m.lastAt.IsZero() {
-		elapsed = time.Since(m.lastAt)
-	}
-	at := time.Now()
 	c, err := m.store.Mark(ctx, session.SweepMark{
 		GapMax:   m.cfg.SweepGapMax,
 		LastSeen: m.lastSeen,
-		Elapsed:  elapsed,
-		JumpMax:  m.cfg.ClockJumpMax,
 		Keep:     m.keepControl(),
 		Listener: m.id,
 		KafkaOK:  m.proven(),
 	})
+	at := time.Now()
 	if err != nil {
 		m.down.Fail(err)
 		return session.Control{}, err
 	}
 	m.down.OK()
+	if !m.lastAt.IsZero() {
+		if jump := c.Now.Sub(m.lastSeen) - at.Sub(m.lastAt); jump > m.cfg.ClockJumpMax {
+			b := session.BlindInterval{Start: m.lastSeen, End: c.Now, Reason: session.BlindClockJump}
+			if err := m.store.RecordBlind(ctx, b); err != nil {
+				m.down.Fail(err)
+				return session.Control{}, err // not marked: the next mark finds the step again
+			}
+			c.Gap = &b
+			c.Blind = append(c.Blind, b)
+		}
+	}
 	m.lastSeen, m.lastAt = c.Now, at
 	m.cur.Store(&c)
 	if c.Gap != nil {

@@ -372,3 +372,56 @@ func TestReplicaThatCannotProduceStandsBy(t *testing.T) {
 	stopA()
 	checkExactlyOnce(t, h.events(), want, timeoutevent.SourceSweep)
 }
+
+// TestClockJumpIsBlind: Redis's clock moves further between two sweeps
+// than the listener's (a step, as the marker sees it when its last reply
+// appears a minute older), and the time in between is a blind interval.
+// A Redis that was paused is not a step: both clocks ran on.
+func TestClockJumpIsBlind(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	l, stop := h.startListener(h.config(ModeSweep))
+	defer stop()
+	waitFor(t, waitLong, "a first mark", func() bool { _, ok := l.marker.current(); return ok })
+	m := l.marker
+	m.mu.Lock()
+	m.lastSeen = m.lastSeen.Add(-time.Minute) // Redis's clock stepped a minute ahead
+	m.mu.Unlock()
+	var found *session.BlindInterval
+	waitFor(t, waitLong, "a clock-jump blind interval", func() bool {
+		c, _ := m.current()
+		for _, b := range c.Blind {
+			if b.Reason == session.BlindClockJump {
+				found = &b
+				return true
+			}
+		}
+		return false
+	})
+	if d := found.End.Sub(found.Start); d < time.Minute || d > time.Minute+5*time.Second {
+		t.Errorf("clock-jump interval lasts %v, want about the step, a minute", d)
+	}
+
+	h.srv.Pause()
+	time.Sleep(2 * time.Second)
+	h.srv.Resume()
+	waitFor(t, waitLong, "a sweep-gap blind interval after the pause", func() bool {
+		c, _ := m.current()
+		for _, b := range c.Blind {
+			if b.Reason == session.BlindSweepGap {
+				return true
+			}
+		}
+		return false
+	})
+	c, _ := m.current()
+	n := 0
+	for _, b := range c.Blind {
+		if b.Reason == session.BlindClockJump {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d clock-jump intervals after a pause, want only the one step: %+v", n, c.Blind)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -24,9 +25,10 @@ func (l *Listener) ensureTopic(ctx context.Context) bool {
 	err := kafka.EnsureTopic(ctx, l.producer, l.cfg.Kafka)
 	if err != nil {
 		l.kafkaErr.Store(&err)
-		l.log.Warn("kafka topic not ensured; spooling timeouts until it is", "topic", l.cfg.Kafka.Topic, "err", err)
+		l.topicDown.Fail(err)
 		return false
 	}
+	l.topicDown.OK()
 	l.kafkaErr.Store(nil)
 	l.topicReady.Store(true)
 	return true
@@ -199,10 +201,11 @@ func (l *Listener) produceSpooled(ctx context.Context, values [][]byte) bool {
 			}
 		}
 		if len(again) == 0 {
+			l.replayDown.OK()
 			return true
 		}
 		metricProduceErrors.Add(float64(len(again)))
-		l.log.Warn("replay spooled timeouts", "failed", len(again), "of", len(records), "err", lastErr)
+		l.replayDown.Fail(fmt.Errorf("%d of %d failed: %w", len(again), len(records), lastErr))
 		records = again
 		sleep(ctx, backoff)
 		backoff = min(backoff*2, 5*time.Second)

@@ -160,12 +160,9 @@ type SweepMark struct {
 	// GapMax is the longest time between two complete sweeps (by any
 	// listener) that is not a blind interval.
 	GapMax time.Duration
-	// LastSeen is Redis's time at this process's previous mark (zero for
-	// none), and Elapsed the local monotonic time since it: a clock that
-	// moved more than JumpMax further than Elapsed stepped.
+	// LastSeen is Redis's time at this process's previous mark, zero for
+	// none: if the sweep mark is gone, Redis lost its data since then.
 	LastSeen time.Time
-	Elapsed  time.Duration
-	JumpMax  time.Duration
 	// Keep is how long blind intervals and dead instances are kept after
 	// they end.
 	Keep time.Duration
@@ -187,12 +184,11 @@ type Control struct {
 // also compares the node's run id with the one it last saw: a Redis that
 // restarted, however quickly, lost the pings sent while it was down.
 // KEYS: swept, blind, alive, producers, run id. ARGV: gap max ms, last
-// seen ms, elapsed ms, jump max ms, keep ms, listener id, kafka ok (0/1).
+// seen ms, keep ms, listener id, kafka ok (0/1).
 var markScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local gapMax, lastSeen, elapsed = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local jumpMax, keep = tonumber(ARGV[4]), tonumber(ARGV[5])
+local gapMax, lastSeen, keep = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local rid = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
 local prid = redis.call('GET', KEYS[5])
 if prid ~= rid then redis.call('SET', KEYS[5], rid) end
@@ -206,16 +202,12 @@ if prev then
 elseif lastSeen > 0 then
   start, reason = lastSeen, 'data-lost'
 end
-if lastSeen > 0 and (now - lastSeen) - elapsed > jumpMax then
-  if start == 0 or lastSeen < start then start = lastSeen end
-  reason = 'clock-jump'
-end
 if reason ~= '' then
   redis.call('ZADD', KEYS[2], now, start .. ':' .. now .. ':' .. reason .. ':')
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - keep)
-if ARGV[6] ~= '' then
-  if ARGV[7] == '1' then redis.call('HSET', KEYS[4], ARGV[6], now) end
+if ARGV[4] ~= '' then
+  if ARGV[5] == '1' then redis.call('HSET', KEYS[4], ARGV[4], now) end
 end
 return {now, start, reason, redis.call('HGETALL', KEYS[3]),
   redis.call('ZRANGE', KEYS[2], now - keep, '+inf', 'BYSCORE'), redis.call('HGETALL', KEYS[4])}
@@ -234,8 +226,7 @@ func (s *Store) Mark(ctx context.Context, m SweepMark) (Control, error) {
 	}
 	vals, err := markScript.Run(ctx, s.rdb,
 		[]string{s.ks.SweptKey(), s.ks.BlindKey(), s.ks.AliveKey(), s.ks.ProducersKey(), s.ks.RunIDKey()},
-		m.GapMax.Milliseconds(), last, m.Elapsed.Milliseconds(), m.JumpMax.Milliseconds(),
-		m.Keep.Milliseconds(), m.Listener, ok).Slice()
+		m.GapMax.Milliseconds(), last, m.Keep.Milliseconds(), m.Listener, ok).Slice()
 	if err != nil {
 		return Control{}, fmt.Errorf("mark sweep: %w", err)
 	}
