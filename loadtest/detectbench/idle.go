@@ -45,10 +45,10 @@ func (r *idleReplica) start(ctx context.Context) {
 		defer t.Stop()
 		for {
 			mctx, cancel := context.WithTimeout(ctx, time.Second)
-			// No listener id: it is not a producer other replicas could
-			// leave work to. No last-seen time: it does not judge clock
-			// steps, the listeners do.
-			r.store.Mark(mctx, session.SweepMark{GapMax: r.cfg.SweepGapMax, JumpMax: r.cfg.ClockJumpMax, Keep: time.Hour})
+			// No listener id: it is not a replica other replicas could
+			// leave work to. No last-seen time: it does not judge data
+			// loss, the listeners do.
+			r.store.Mark(mctx, session.SweepMark{GapMax: r.cfg.SweepGapMax, Keep: time.Hour})
 			cancel()
 			select {
 			case <-ctx.Done():

@@ -64,12 +64,13 @@ func (l *Listener) distinct(found []session.Expired) []session.Expired {
 	return out
 }
 
-// dedupe claims each timeout's dedup key in one pipeline. If any claim
-// fails, the claims it did take are released before it returns the error,
-// so that the entries are not held up until the claims lapse. A key that
-// already holds this listener's own claim (a release that failed earlier)
-// is its to produce.
-func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]dedupState, error) {
+// dedupe claims each timeout's dedup key in one pipeline, and returns
+// also, by uid, how many replicas failed to produce a claimed timeout
+// before. If any claim fails, the claims it did take are released before
+// it returns the error, so that the entries are not held up until the
+// claims lapse. A key that already holds this listener's own claim (a
+// release that failed earlier) is its to produce.
+func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]dedupState, map[string]int, error) {
 	cmds := make([]*redis.Cmd, len(found))
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, e := range found {
@@ -78,13 +79,16 @@ func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]dedup
 		return nil
 	})
 	states := make([]dedupState, len(found))
+	failures := map[string]int{}
 	var claimed []session.Expired
 	var firstErr error
 	if err != nil && !errors.Is(err, redis.Nil) {
 		firstErr = fmt.Errorf("dedup %d timeouts: %w", len(found), err)
 	}
 	for i, c := range cmds {
-		switch val, err := c.Text(); {
+		reply, err := c.Text()
+		val, failed := session.ParseClaim(reply)
+		switch {
 		case err != nil:
 			if firstErr == nil {
 				firstErr = fmt.Errorf("dedup timeout of %q: %w", found[i].UID, err)
@@ -92,6 +96,9 @@ func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]dedup
 		case val == session.ClaimFresh:
 			states[i] = dedupFresh
 			claimed = append(claimed, found[i])
+			if failed > 0 {
+				failures[found[i].UID] = failed
+			}
 		case val == session.ClaimDone:
 			states[i] = dedupDone
 		case val == session.ClaimDefer:
@@ -104,9 +111,24 @@ func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]dedup
 		if err := l.markDedup(context.WithoutCancel(ctx), nil, claimed); err != nil {
 			l.log.Warn("release dedup claims", "count", len(claimed), "err", err)
 		}
-		return nil, firstErr
+		return nil, nil, firstErr
 	}
-	return states, nil
+	return states, failures, nil
+}
+
+// retryElsewhere releases the claims of timeouts this replica failed to
+// produce, for another replica, counting the failure.
+func (l *Listener) retryElsewhere(ctx context.Context, es []session.Expired, failures map[string]int) error {
+	if len(es) == 0 {
+		return nil
+	}
+	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, e := range es {
+			l.store.RetryElsewhere(ctx, p, e, l.claim, failures[e.UID], l.claimTTL())
+		}
+		return nil
+	})
+	return err
 }
 
 // deferToWindowEnd holds the second silences of a minute window whose

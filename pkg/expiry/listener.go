@@ -113,7 +113,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Listener, error
 		topicDown:  outage.NewLog(logger.With("topic", cfg.Kafka.Topic), "ensure the kafka topic (timeouts are spooled until it is)", 0),
 		replayDown: outage.NewLog(logger.With("topic", cfg.Kafka.Topic), "replay spooled timeouts", 0),
 		marker: &marker{
-			store: store, rdb: rdb, cfg: cfg, id: id, log: logger, fresh: producerFresh(cfg),
+			store: store, rdb: rdb, cfg: cfg, id: id, log: logger,
 			down:  outage.NewLog(logger, "read the control state from Redis", 0),
 			fleet: outage.NewLog(logger, "gateway fleet", 0),
 		},
@@ -194,7 +194,7 @@ func (l *Listener) Run(ctx context.Context) error {
 	err := eg.Wait()
 	// Other replicas stop counting on this one at once.
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	l.store.ForgetProducer(fctx, l.marker.id)
+	l.store.ForgetListener(fctx, l.marker.id)
 	cancel()
 	if errors.Is(err, context.Canceled) {
 		return nil
@@ -230,31 +230,33 @@ func (l *Listener) kafkaPing(ctx context.Context) error {
 	return l.producer.Ping(ctx)
 }
 
-// producerFresh is how recently another replica must have produced for
-// this one to leave the work to it.
-func producerFresh(cfg Config) time.Duration { return 2*time.Second + 3*cfg.SweepInterval }
+// listenerFresh is how recently another replica must have marked a sweep
+// to count as alive.
+func (l *Listener) listenerFresh() time.Duration { return 2*time.Second + 3*l.cfg.SweepInterval }
 
-// othersProduce reports whether another listener replica could produce
-// lately, by the last control state.
-func (l *Listener) othersProduce() bool {
+// othersAlive reports whether another listener replica marked a sweep
+// lately, and could produce then, by the last control state.
+func (l *Listener) othersAlive() bool {
 	c, ok := l.marker.current()
 	if !ok {
 		return false
 	}
-	for id, at := range c.Producers {
-		if id != l.marker.id && c.Now.Sub(at) <= producerFresh(l.cfg) {
+	for id, r := range c.Listeners {
+		if id != l.marker.id && !r.Failing && c.Now.Sub(r.At) <= l.listenerFresh() {
 			return true
 		}
 	}
 	return false
 }
 
-// standby reports whether this replica stays out of the work: it cannot
-// produce and another replica can. It then takes no timeouts, so none is
-// spooled here while a healthy replica could produce it; it spools only
-// when no replica can produce.
+// standby reports whether this replica stays out of the work: its produce
+// failed lately (or Kafka does not answer it) and another replica is
+// alive. A timeout this replica failed to produce is left to another
+// (counted in its dedup key), and spooled only by the second replica that
+// fails it, or when no other is alive: so one broken replica does not
+// spool a share of every timeout while a healthy one could produce it.
 func (l *Listener) standby() bool {
-	return !l.marker.canProduce() && l.othersProduce()
+	return !l.marker.canProduce() && l.othersAlive()
 }
 
 // eventBatch bounds how many expired-event keys are looked up together.
@@ -377,7 +379,7 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 	}
 	begin := time.Now() // just after detection
 	found = l.distinct(found)
-	states, err := l.dedupe(ctx, found)
+	states, failures, err := l.dedupe(ctx, found)
 	if err != nil {
 		return 0, err
 	}
@@ -428,7 +430,6 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 				continue
 			}
 			l.produceDown.OK()
-			l.marker.produced()
 			metricProduced.WithLabelValues(source).Inc()
 			// Lag from the deadline to detection by Redis's clock, plus the
 			// local time since: no two hosts' clocks are compared.
@@ -436,15 +437,21 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 			produced = append(produced, e)
 		}
 	}
-	if len(unsent) > 0 && l.direct() && l.othersProduce() {
-		// Kafka does not take this replica's events, but another replica
-		// can produce: leave the entries in the index, released, for it.
+	var elsewhere []session.Expired
+	if len(unsent) > 0 && l.direct() && l.othersAlive() {
+		// Kafka does not take this replica's events, and another replica
+		// is alive: leave to it the entries no replica failed before,
+		// counting this failure.
 		l.marker.produceFailed()
-		l.log.Warn("kafka does not take this replica's events; leaving them to the other replicas until it does", "count", len(unsent))
+		keep := unsent[:0]
 		for _, r := range unsent {
-			failed = append(failed, byRecord[r])
+			if e := byRecord[r]; failures[e.UID] == 0 {
+				elsewhere = append(elsewhere, e)
+			} else {
+				keep = append(keep, r)
+			}
 		}
-		unsent = nil
+		unsent = keep
 	}
 	if len(unsent) > 0 {
 		if err := l.toSpool(unsent); err != nil {
@@ -462,6 +469,9 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 	done := append(produced, spooled...)
 	if err := l.markDedup(wctx, done, failed); err != nil {
 		l.log.Warn("record dedup outcome", "err", err)
+	}
+	if err := l.retryElsewhere(wctx, elsewhere, failures); err != nil {
+		l.log.Warn("leave timeouts to another replica", "count", len(elsewhere), "err", err)
 	}
 	settled = append(settled, done...)
 	if len(settled) > 0 {

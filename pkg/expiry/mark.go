@@ -32,8 +32,6 @@ type marker struct {
 	sessions atomic.Int64         // live sessions in the index, refreshed by markLoop
 	pingOK   atomic.Bool          // Kafka answered this replica's last ping
 	failedAt atomic.Int64         // when a produce last failed here, Unix ns
-	okAt     atomic.Int64         // when a produce last succeeded here, Unix ns
-	fresh    time.Duration        // how recent okAt must be to tell other replicas
 	seen     map[string]time.Time // blind intervals logged, by member; loop's own
 	down     *outage.Log          // marks failing: Redis out of reach
 	fleet    *outage.Log          // no gateway instance alive
@@ -67,7 +65,7 @@ func (m *marker) mark(ctx context.Context) (session.Control, error) {
 		LastSeen: m.lastSeen,
 		Keep:     m.keepControl(),
 		Listener: m.id,
-		KafkaOK:  m.proven(),
+		Failing:  !m.canProduce(),
 	})
 	at := time.Now()
 	if err != nil {
@@ -107,17 +105,6 @@ func (m *marker) canProduce() bool {
 
 // produceFailed notes that Kafka did not take this replica's events.
 func (m *marker) produceFailed() { m.failedAt.Store(time.Now().UnixNano()) }
-
-// produced notes that Kafka took this replica's events.
-func (m *marker) produced() { m.okAt.Store(time.Now().UnixNano()) }
-
-// proven reports whether this replica produced lately and nothing failed
-// since: only then do other replicas leave their work to it. A ping is
-// not proof: Kafka may answer pings and refuse records.
-func (m *marker) proven() bool {
-	ok, failed := m.okAt.Load(), m.failedAt.Load()
-	return ok > failed && time.Since(time.Unix(0, ok)) <= m.fresh
-}
 
 // current is the last control state read, if any.
 func (m *marker) current() (session.Control, bool) {

@@ -166,9 +166,10 @@ type SweepMark struct {
 	// Keep is how long blind intervals and dead instances are kept after
 	// they end.
 	Keep time.Duration
-	// Listener and KafkaOK record whether this replica can produce now.
+	// Listener names this replica, alive now; Failing says it cannot
+	// produce now.
 	Listener string
-	KafkaOK  bool
+	Failing  bool
 }
 
 // Control is the state of the control keys at one sweep.
@@ -177,14 +178,21 @@ type Control struct {
 	Gap       *BlindInterval // the blind interval this mark found, if any
 	Instances map[string]Instance
 	Blind     []BlindInterval // those that ended within Keep
-	Producers map[string]time.Time
+	// Listeners are the listener replicas, as they last marked.
+	Listeners map[string]Listener
+}
+
+// Listener is a listener replica's last sweep mark.
+type Listener struct {
+	At      time.Time
+	Failing bool // it could not produce then
 }
 
 // markScript records a complete sweep and returns the control state. It
 // also compares the node's run id with the one it last saw: a Redis that
 // restarted, however quickly, lost the pings sent while it was down.
-// KEYS: swept, blind, alive, producers, run id. ARGV: gap max ms, last
-// seen ms, keep ms, listener id, kafka ok (0/1).
+// KEYS: swept, blind, alive, listeners, run id. ARGV: gap max ms, last
+// seen ms, keep ms, listener id, listener failing (0/1).
 var markScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -207,7 +215,9 @@ if reason ~= '' then
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - keep)
 if ARGV[4] ~= '' then
-  if ARGV[5] == '1' then redis.call('HSET', KEYS[4], ARGV[4], now) end
+  local v = now
+  if ARGV[5] == '1' then v = now .. ':failing' end
+  redis.call('HSET', KEYS[4], ARGV[4], v)
 end
 return {now, start, reason, redis.call('HGETALL', KEYS[3]),
   redis.call('ZRANGE', KEYS[2], now - keep, '+inf', 'BYSCORE'), redis.call('HGETALL', KEYS[4])}
@@ -220,13 +230,13 @@ func (s *Store) Mark(ctx context.Context, m SweepMark) (Control, error) {
 	if !m.LastSeen.IsZero() {
 		last = m.LastSeen.UnixMilli()
 	}
-	ok := 0
-	if m.KafkaOK {
-		ok = 1
+	failing := 0
+	if m.Failing {
+		failing = 1
 	}
 	vals, err := markScript.Run(ctx, s.rdb,
-		[]string{s.ks.SweptKey(), s.ks.BlindKey(), s.ks.AliveKey(), s.ks.ProducersKey(), s.ks.RunIDKey()},
-		m.GapMax.Milliseconds(), last, m.Keep.Milliseconds(), m.Listener, ok).Slice()
+		[]string{s.ks.SweptKey(), s.ks.BlindKey(), s.ks.AliveKey(), s.ks.ListenersKey(), s.ks.RunIDKey()},
+		m.GapMax.Milliseconds(), last, m.Keep.Milliseconds(), m.Listener, failing).Slice()
 	if err != nil {
 		return Control{}, fmt.Errorf("mark sweep: %w", err)
 	}
@@ -236,7 +246,7 @@ func (s *Store) Mark(ctx context.Context, m SweepMark) (Control, error) {
 	nowMS, _ := vals[0].(int64)
 	start, _ := vals[1].(int64)
 	reason, _ := vals[2].(string)
-	c := Control{Now: time.UnixMilli(nowMS), Instances: map[string]Instance{}, Producers: map[string]time.Time{}}
+	c := Control{Now: time.UnixMilli(nowMS), Instances: map[string]Instance{}, Listeners: map[string]Listener{}}
 	if reason != "" {
 		c.Gap = &BlindInterval{Start: time.UnixMilli(start), End: c.Now, Reason: reason}
 	}
@@ -259,8 +269,9 @@ func (s *Store) Mark(ctx context.Context, m SweepMark) (Control, error) {
 	for i := 0; i+1 < len(prods); i += 2 {
 		name, _ := prods[i].(string)
 		v, _ := prods[i+1].(string)
-		if ms, err := strconv.ParseInt(v, 10, 64); err == nil {
-			c.Producers[name] = time.UnixMilli(ms)
+		at, failing := strings.CutSuffix(v, ":failing")
+		if ms, err := strconv.ParseInt(at, 10, 64); err == nil {
+			c.Listeners[name] = Listener{At: time.UnixMilli(ms), Failing: failing}
 		}
 	}
 	return c, nil
@@ -280,10 +291,9 @@ func (s *Store) PruneInstances(ctx context.Context, c Control, keep time.Duratio
 	return s.rdb.HDel(ctx, s.ks.AliveKey(), gone...).Err()
 }
 
-// ForgetProducer removes a listener replica from the producers, as it
-// stops.
-func (s *Store) ForgetProducer(ctx context.Context, id string) error {
-	return s.rdb.HDel(ctx, s.ks.ProducersKey(), id).Err()
+// ForgetListener removes a listener replica, as it stops.
+func (s *Store) ForgetListener(ctx context.Context, id string) error {
+	return s.rdb.HDel(ctx, s.ks.ListenersKey(), id).Err()
 }
 
 func parseInstance(v string) (Instance, error) {

@@ -171,12 +171,12 @@ func TestMarkFindsGaps(t *testing.T) {
 		}
 		return c
 	}
-	first := mark(SweepMark{Listener: "l1", KafkaOK: true})
+	first := mark(SweepMark{Listener: "l1"})
 	if first.Gap != nil {
 		t.Fatalf("first mark ever found a gap: %+v", first.Gap)
 	}
-	if _, ok := first.Producers["l1"]; !ok {
-		t.Fatalf("producers = %v, want l1", first.Producers)
+	if l, ok := first.Listeners["l1"]; !ok || l.Failing {
+		t.Fatalf("listeners = %v, want l1", first.Listeners)
 	}
 	second := mark(SweepMark{LastSeen: first.Now})
 	if second.Gap != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -17,6 +18,8 @@ import (
 //	                    spooled); its guide may have gone out
 //	stale:<ms>          the consumer found that timeout's silence over and
 //	                    sent nothing
+//	retry:<n>           n listener replicas failed to produce it and left
+//	                    it to another
 //
 // So the dedup is per window without loss: a second silence in a window
 // whose guide was stale gets its own guide at once; one in a window whose
@@ -46,16 +49,18 @@ func DedupProduced(deadline time.Time) string {
 }
 
 // claimScript claims a timeout's dedup key. KEYS: dedup key. ARGV: claim,
-// deadline ms, claim TTL ms. Returns one of the Claim outcomes.
+// deadline ms, claim TTL ms. Returns one of the Claim outcomes; a fresh
+// claim as "fresh:<n>", n the replicas that failed to produce it before.
 var claimScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local v = redis.call('GET', KEYS[1])
-local function claim()
+local function claim(n)
   redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[3]))
-  return 'fresh'
+  return 'fresh:' .. (n or 0)
 end
-if not v or v == ARGV[1] then return claim() end
+if not v or v == ARGV[1] then return claim(0) end
+if string.sub(v, 1, 6) == 'retry:' then return claim(tonumber(string.sub(v, 7)) or 0) end
 if string.sub(v, 1, 8) == 'claimed:' then return 'busy' end
 if v == 'produced' or v == 'produced:' .. ARGV[2] or v == 'stale:' .. ARGV[2] then return 'done' end
 if string.sub(v, 1, 6) == 'stale:' then return claim() end
@@ -65,10 +70,36 @@ return 'defer'
 `)
 
 // ClaimTimeout claims e's dedup key for claim, in pipeline p; the command's
-// reply is one of the Claim outcomes.
+// reply is one of the Claim outcomes (ParseClaim reads it).
 func (s *Store) ClaimTimeout(ctx context.Context, p redis.Pipeliner, e Expired, claim string, ttl time.Duration) *redis.Cmd {
 	return claimScript.Eval(ctx, p, []string{s.ks.DedupKey(e.UID, DedupWindow(e.Deadline))},
 		claim, e.Deadline.UnixMilli(), ttl.Milliseconds())
+}
+
+// ParseClaim reads a claim's reply: its outcome, and for a fresh claim how
+// many replicas failed to produce the timeout before.
+func ParseClaim(reply string) (outcome string, failed int) {
+	if n, ok := strings.CutPrefix(reply, ClaimFresh+":"); ok {
+		failed, _ = strconv.Atoi(n)
+		return ClaimFresh, failed
+	}
+	return reply, 0
+}
+
+// retryScript leaves a claimed timeout to another replica, counting the
+// failure. KEYS: dedup key. ARGV: claim, failures so far, TTL ms.
+var retryScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], 'retry:' .. (tonumber(ARGV[2]) + 1), 'PX', tonumber(ARGV[3]))
+  return 1
+end
+return 0
+`)
+
+// RetryElsewhere releases e's claim for another replica to produce it,
+// counting this replica's failure, in pipeline p.
+func (s *Store) RetryElsewhere(ctx context.Context, p redis.Pipeliner, e Expired, claim string, failed int, ttl time.Duration) {
+	retryScript.Eval(ctx, p, []string{s.ks.DedupKey(e.UID, DedupWindow(e.Deadline))}, claim, failed, ttl.Milliseconds())
 }
 
 // markStaleScript records that the consumer found a produced timeout's

@@ -26,7 +26,7 @@
 //	<prefix>:{ctl}:swept         Redis time of the last complete sweep, ms
 //	<prefix>:{ctl}:runid         run id of the Redis holding {ctl}, at the last sweep
 //	<prefix>:{ctl}:lapses:<s>    timeouts claimed in second s (mass-expiry brake)
-//	<prefix>:{ctl}:producers     listener replicas that can produce: HASH id -> last ok ms
+//	<prefix>:{ctl}:listeners     listener replicas: HASH id -> last sweep mark ms
 //
 // The {ctl} keys share one slot, so the scripts that read one and write
 // another are atomic on Redis Cluster too.
@@ -156,8 +156,8 @@ func (k Keyspace) LapsesKey(sec int64) string {
 	return k.controlKey("lapses:" + strconv.FormatInt(sec, 10))
 }
 
-// ProducersKey holds when each listener replica last could produce.
-func (k Keyspace) ProducersKey() string { return k.controlKey("producers") }
+// ListenersKey holds when each listener replica last marked a sweep.
+func (k Keyspace) ListenersKey() string { return k.controlKey("listeners") }
 
 // DedupKey marks that uid's timeout in the given minute window was produced.
 func (k Keyspace) DedupKey(uid string, window int64) string {

@@ -1,0 +1,174 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Presence across devices. A user is present while any of their
+// connections pings, on any gateway instance. Each instance writes, in the
+// user's route key, how many connections of the user it holds; a normal
+// close ends the session only when the route, after the closing
+// connection is counted out, holds none. The route key shares the user's
+// bucket hash tag with the session's keys, so one script does both,
+// atomically, on a Redis Cluster too.
+//
+//	<prefix>:{b07}:rt:<uid>        HASH gateway instance -> connections of uid
+//	<prefix>:{b07}:pg:<uid>/<id>   push claim and outcome of guide id for uid
+
+// DeliveredKey holds the push state of guide id for uid: claimed while a
+// push of it runs, then its outcome. It is scoped by uid, which cannot
+// contain '/', so two users never share a guide id's state.
+func (k Keyspace) DeliveredKey(uid, id string) string {
+	return k.bucketPrefix(Bucket(uid)) + "pg:" + uid + "/" + id
+}
+
+// routeScript writes one instance's connection count of one user,
+// absolutely (a count that a failed write left wrong heals with the next
+// one), drops the entries of instances known dead, and refreshes the
+// key's TTL while any connection is left. With end set, a normal close
+// asked to end the session: it does, as endScript does, only when no
+// connection of the user is left on any instance.
+// KEYS: route, then sessionKeys (session, the bucket's keys, renewed).
+// ARGV: instance, count, ttl ms, end (1/0), uid, keep ms, dead instances.
+// Returns {connections left, 1 if the session was ended}.
+var routeScript = redis.NewScript(`
+local n = tonumber(ARGV[2])
+if n > 0 then
+  redis.call('HSET', KEYS[1], ARGV[1], n)
+else
+  redis.call('HDEL', KEYS[1], ARGV[1])
+end
+for i = 7, #ARGV do redis.call('HDEL', KEYS[1], ARGV[i]) end
+local total = 0
+for _, v in ipairs(redis.call('HVALS', KEYS[1])) do total = total + (tonumber(v) or 0) end
+if total > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+if ARGV[4] ~= '1' or total > 0 then return {total, 0} end
+local uid = ARGV[5]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('SET', KEYS[8], now, 'PX', tonumber(ARGV[6]))
+redis.call('DEL', KEYS[2])
+redis.call('ZREM', KEYS[3], uid)
+redis.call('HDEL', KEYS[4], uid)
+redis.call('HDEL', KEYS[5], uid)
+redis.call('ZREM', KEYS[6], uid)
+redis.call('HDEL', KEYS[7], uid)
+return {total, 1}
+`)
+
+// RouteCount is one gateway instance's connections of one user.
+type RouteCount struct {
+	UID   string
+	Count int
+	// End asks to end the user's session, as a normal close (1000) does,
+	// if no connection of theirs is left on any instance.
+	End bool
+}
+
+// RouteResult is what writing one RouteCount found.
+type RouteResult struct {
+	Left  int  // the user's connections on every instance, after the write
+	Ended bool // the session was ended
+	Err   error
+}
+
+// WriteRoutes writes instance's counts in its users' route keys, in one
+// pipelined round trip, with one atomic script per user. Entries of the
+// dead instances are dropped on the way; ttl is the route keys' TTL,
+// refreshed while a connection is left. Results are in the order of
+// counts.
+func (s *Store) WriteRoutes(ctx context.Context, instance string, counts []RouteCount, ttl time.Duration, dead []string) []RouteResult {
+	args := func(c RouteCount) (keys []string, argv []any) {
+		end := 0
+		if c.End {
+			end = 1
+		}
+		argv = []any{instance, c.Count, ttl.Milliseconds(), end, c.UID, RenewedKeep.Milliseconds()}
+		for _, d := range dead {
+			if d != instance {
+				argv = append(argv, d)
+			}
+		}
+		return append([]string{s.ks.RouteKey(c.UID)}, s.ks.sessionKeys(c.UID)...), argv
+	}
+	cmds := s.pipelineScript(ctx, routeScript, len(counts), func(i int) ([]string, []any) { return args(counts[i]) })
+	out := make([]RouteResult, len(counts))
+	for i, cmd := range cmds {
+		v, err := cmd.Int64Slice()
+		if err == nil && len(v) != 2 {
+			err = fmt.Errorf("%w: %d values", errReply, len(v))
+		}
+		if err != nil {
+			out[i].Err = fmt.Errorf("write route of %q: %w", counts[i].UID, err)
+			continue
+		}
+		out[i] = RouteResult{Left: int(v[0]), Ended: v[1] == 1}
+	}
+	return out
+}
+
+// pipelineScript runs n calls of script in one pipeline, by SHA, and
+// those Redis did not have cached (first use, a restarted or failed-over
+// node) once more with the source, which caches it.
+func (s *Store) pipelineScript(ctx context.Context, script *redis.Script, n int, call func(i int) ([]string, []any)) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, n)
+	s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range n {
+			keys, argv := call(i)
+			cmds[i] = script.EvalSha(ctx, p, keys, argv...)
+		}
+		return nil
+	})
+	var again []int
+	for i, c := range cmds {
+		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			again = append(again, i)
+		}
+	}
+	if len(again) == 0 {
+		return cmds
+	}
+	s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, i := range again {
+			keys, argv := call(i)
+			cmds[i] = script.Eval(ctx, p, keys, argv...)
+		}
+		return nil
+	})
+	return cmds
+}
+
+// instancesScript reads the gateway instances' heartbeats with the clock
+// of the node that holds them. KEYS: alive. Returns {now, HGETALL}.
+var instancesScript = redis.NewScript(`
+local t = redis.call('TIME')
+return {tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), redis.call('HGETALL', KEYS[1])}
+`)
+
+// Instances reads every gateway instance's last heartbeat and Redis's
+// clock, so a caller can tell which instances are alive (Instance.AliveAt)
+// without a clock of its own.
+func (s *Store) Instances(ctx context.Context) (time.Time, map[string]Instance, error) {
+	vals, err := instancesScript.Run(ctx, s.rdb, []string{s.ks.AliveKey()}).Slice()
+	if err != nil {
+		return time.Time{}, nil, fmt.Errorf("read gateway instances: %w", err)
+	}
+	if len(vals) != 2 {
+		return time.Time{}, nil, fmt.Errorf("read gateway instances: %w: %d values", errReply, len(vals))
+	}
+	nowMS, _ := vals[0].(int64)
+	out := map[string]Instance{}
+	alive, _ := vals[1].([]any)
+	for i := 0; i+1 < len(alive); i += 2 {
+		name, _ := alive[i].(string)
+		v, _ := alive[i+1].(string)
+		if inst, err := parseInstance(v); err == nil {
+			out[name] = inst
+		}
+	}
+	return time.UnixMilli(nowMS), out, nil
+}
