@@ -31,7 +31,8 @@ const (
 // more. If it was not (a gap longer than its lease), it records the gap as
 // a blind interval of that instance; if no instance was alive at all, a
 // blind interval of the whole fleet from the last one seen alive.
-// KEYS: alive, blind. ARGV: instance, lease ms. Returns Redis's now.
+// KEYS: alive, blind. ARGV: instance, lease ms. Returns {Redis's now,
+// 1 if the instance had no heartbeat before}.
 var heartbeatScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -68,18 +69,29 @@ if fresh then
   end
 end
 redis.call('HSET', KEYS[1], inst, now .. ':' .. lease)
-return now
+return {now, prev and 0 or 1}
 `)
 
+// Beat is what a heartbeat found.
+type Beat struct {
+	Now time.Time // Redis's clock
+	// First means Redis held no heartbeat of the instance: its first, or,
+	// for an instance that beat before, a Redis that lost its data.
+	First bool
+}
+
 // Heartbeat says that gateway instance is alive for lease more, by Redis's
-// clock, and returns that clock.
-func (s *Store) Heartbeat(ctx context.Context, instance string, lease time.Duration) (time.Time, error) {
-	ms, err := heartbeatScript.Run(ctx, s.rdb, []string{s.ks.AliveKey(), s.ks.BlindKey()},
-		instance, lease.Milliseconds()).Int64()
+// clock.
+func (s *Store) Heartbeat(ctx context.Context, instance string, lease time.Duration) (Beat, error) {
+	vals, err := heartbeatScript.Run(ctx, s.rdb, []string{s.ks.AliveKey(), s.ks.BlindKey()},
+		instance, lease.Milliseconds()).Int64Slice()
 	if err != nil {
-		return time.Time{}, fmt.Errorf("heartbeat of %q: %w", instance, err)
+		return Beat{}, fmt.Errorf("heartbeat of %q: %w", instance, err)
 	}
-	return time.UnixMilli(ms), nil
+	if len(vals) != 2 {
+		return Beat{}, fmt.Errorf("heartbeat of %q: %w: %d values", instance, errReply, len(vals))
+	}
+	return Beat{Now: time.UnixMilli(vals[0]), First: vals[1] == 1}, nil
 }
 
 // Leave marks a gateway instance dead now, as a stop that closed its

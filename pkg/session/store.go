@@ -20,18 +20,23 @@ import (
 // bucket's keys (index, segments, via, hold, held), then renewed.
 // ARGV: uid, ttl ms, segment, instance, mode, keep ms, pinged ms ago.
 // Mode "resync" restores a grant a gateway could not write while Redis was
-// out of reach: it never shortens a deadline already written (another
-// device, a later ping) nor one held for a recheck, and records the
-// renewal at the ping it restores. Returns the deadline in ms.
+// out of reach, or that Redis lost: it never shortens a deadline already
+// written (another device, a later ping) nor one held for a recheck,
+// restores nothing older than a renewal or end Redis knows of, and
+// records the renewal at the ping it restores. Returns the deadline in ms.
 var renewScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
 local uid = ARGV[1]
+local at = now - (tonumber(ARGV[7]) or 0)
+local was = tonumber(redis.call('GET', KEYS[7]) or '0')
 if ARGV[5] == 'resync' then
   local cur = redis.call('ZSCORE', KEYS[2], uid) or redis.call('HGET', KEYS[6], uid)
   if cur and tonumber(cur) >= now + ttl then return tonumber(cur) end
   if ttl <= 0 then return now + ttl end
+  -- A renewal or an end Redis knows of since the ping is newer than it.
+  if was > at then return tonumber(cur or 0) end
 end
 redis.call('SET', KEYS[1], ARGV[3], 'PX', ttl)
 redis.call('ZADD', KEYS[2], now + ttl, uid)
@@ -39,8 +44,6 @@ redis.call('HSET', KEYS[3], uid, ARGV[3])
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[4], uid, ARGV[4]) end
 redis.call('ZREM', KEYS[5], uid)
 redis.call('HDEL', KEYS[6], uid)
-local at = now - (tonumber(ARGV[7]) or 0)
-local was = tonumber(redis.call('GET', KEYS[7]) or '0')
 if at > was then
   redis.call('SET', KEYS[7], at, 'PX', ttl + tonumber(ARGV[6]))
 end
