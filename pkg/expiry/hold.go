@@ -1,6 +1,7 @@
 package expiry
 
 import (
+	"slices"
 	"time"
 
 	"github.com/stillthere/stillthere/pkg/session"
@@ -16,6 +17,8 @@ import (
 //     step, the whole gateway fleet down) or of the user's gateway (its
 //     renewals failed, its heartbeat had a gap) holds a deadline in
 //     [start, end+grace] until end+grace.
+//   - The rules about a gateway apply to every instance of the user: the
+//     one that renewed last and every one holding a connection of theirs.
 //   - A gateway instance that is dead now, or missed a heartbeat (one a
 //     third of its lease), holds its users' deadlines in [last
 //     heartbeat-lease, last heartbeat+grace] until last heartbeat+grace:
@@ -36,7 +39,9 @@ const (
 )
 
 // holdUntil returns when e's timeout may be produced, and why it waits;
-// a zero time means now.
+// a zero time means now. Every gateway instance of the user counts: the
+// one that renewed last, and every one holding a connection of theirs,
+// since a user is present while any of their devices pings.
 func holdUntil(c session.Control, e session.Expired, grace time.Duration) (time.Time, string) {
 	var until time.Time
 	var why string
@@ -46,15 +51,23 @@ func holdUntil(c session.Control, e session.Expired, grace time.Duration) (time.
 		}
 	}
 	d := e.Deadline
+	instances := e.Routes
+	if e.Via != "" {
+		instances = append([]string{e.Via}, e.Routes...)
+	}
 	for _, b := range c.Blind {
-		if b.Scope != "" && b.Scope != e.Via {
+		if b.Scope != "" && !slices.Contains(instances, b.Scope) {
 			continue
 		}
 		if !d.Before(b.Start) && !d.After(b.End.Add(grace)) {
 			later(b.End.Add(grace), holdBlind)
 		}
 	}
-	if inst, ok := c.Instances[e.Via]; ok && e.Via != "" && missedBeat(inst, c.Now) {
+	for _, name := range instances {
+		inst, ok := c.Instances[name]
+		if !ok || !missedBeat(inst, c.Now) {
+			continue
+		}
 		if !d.Before(inst.Last.Add(-inst.Lease)) && !d.After(inst.Last.Add(grace)) {
 			later(inst.Last.Add(grace), holdDeadGW)
 		}

@@ -21,6 +21,7 @@ func TestHoldUntil(t *testing.T) {
 		now      float64
 		deadline float64
 		via      string
+		routes   []string
 		blind    []session.BlindInterval
 		inst     map[string]session.Instance
 		until    float64 // 0: produce now
@@ -61,6 +62,10 @@ func TestHoldUntil(t *testing.T) {
 			inst: map[string]session.Instance{"gw-a": alive}, until: 109, rule: holdDeadGW},
 		{name: "gateway within its heartbeat slack", now: 99 + 1.2, deadline: 100, via: "gw-a",
 			inst: map[string]session.Instance{"gw-a": alive}},
+		{name: "a second device's gateway is dead", now: 55, deadline: 54, via: "gw-a", routes: []string{"gw-a", "gw-b"},
+			inst: map[string]session.Instance{"gw-a": alive, "gw-b": dead}, until: 60, rule: holdDeadGW},
+		{name: "a second device's gateway's interval", now: 61, deadline: 50, via: "gw-a", routes: []string{"gw-b"},
+			blind: []session.BlindInterval{blind(40, 60, "gw-b")}, until: 70, rule: holdBlind},
 		{name: "unknown gateway", now: 55, deadline: 54, via: "gw-c",
 			inst: map[string]session.Instance{"gw-a": alive, "gw-b": dead}},
 		{name: "fleet down", now: 100, deadline: 99, via: "gw-b",
@@ -74,7 +79,7 @@ func TestHoldUntil(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := session.Control{Now: at(tt.now), Blind: tt.blind, Instances: tt.inst}
-			e := session.Expired{UID: "u", Deadline: at(tt.deadline), Via: tt.via}
+			e := session.Expired{UID: "u", Deadline: at(tt.deadline), Via: tt.via, Routes: tt.routes}
 			until, rule := holdUntil(c, e, grace)
 			var want time.Time
 			if tt.until != 0 {

@@ -139,6 +139,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Listener, error
 	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	l.marker.pingOK.Store(l.ensureTopic(tctx))
+	l.marker.swept.Store(true)
 	if l.adminLn, err = net.Listen("tcp", cfg.AdminAddr); err != nil {
 		l.close()
 		return nil, fmt.Errorf("listen on listener-admin-addr: %w", err)
@@ -304,9 +305,11 @@ func (l *Listener) sweep(ctx context.Context) {
 	for ctx.Err() == nil {
 		due, _, err := l.store.Due(ctx, l.cfg.SweepBatch)
 		if err != nil {
+			l.marker.swept.Store(false)
 			l.sweepDown.Fail(err)
 			return
 		}
+		l.marker.swept.Store(true)
 		metricDue.Set(float64(len(due)))
 		// The control state is read after the sweep, so that a blind
 		// interval that ended just before it is known.

@@ -2,6 +2,7 @@ package expiry
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -29,15 +30,20 @@ type marker struct {
 	lastAt   time.Time  // local (monotonic) time of its reply
 
 	cur      atomic.Pointer[session.Control]
-	sessions atomic.Int64         // live sessions in the index, refreshed by markLoop
-	pingOK   atomic.Bool          // Kafka answered this replica's last ping
-	failedAt atomic.Int64         // when a produce last failed here, Unix ns
+	sessions atomic.Int64 // live sessions in the index, refreshed by markLoop
+	pingOK   atomic.Bool  // Kafka answered this replica's last ping
+	failedAt atomic.Int64 // when a produce last failed here, Unix ns
+	// swept is false while the pipeline's sweeps fail: the loop then does
+	// not mark, so that the gap shows. Events mode never sweeps.
+	swept    atomic.Bool
 	seen     map[string]time.Time // blind intervals logged, by member; loop's own
 	down     *outage.Log          // marks failing: Redis out of reach
 	fleet    *outage.Log          // no gateway instance alive
 	rdb      redis.UniversalClient
 	restarts restarts // loop's own
 }
+
+var errNotSwept = errors.New("the sweep fails: not marked")
 
 // restartCheckEvery is how often the masters' run ids are read.
 const restartCheckEvery = time.Second
@@ -129,9 +135,13 @@ func (m *marker) loop(ctx context.Context, kafkaPing func(context.Context) error
 			m.pingOK.Store(kafkaPing(pctx) == nil)
 			cancel()
 		}
-		mctx, cancel := context.WithTimeout(ctx, max(time.Second, 5*m.cfg.SweepInterval))
-		c, err := m.mark(mctx)
-		cancel()
+		var c session.Control
+		err := errNotSwept
+		if m.swept.Load() {
+			mctx, cancel := context.WithTimeout(ctx, max(time.Second, 5*m.cfg.SweepInterval))
+			c, err = m.mark(mctx)
+			cancel()
+		}
 		if err == nil && time.Since(lastRestart) >= restartCheckEvery {
 			lastRestart = time.Now()
 			for _, addr := range m.restarts.check(ctx, m.rdb, m.store, c.Now) {

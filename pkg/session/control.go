@@ -25,6 +25,7 @@ const (
 	BlindFleetDown = "fleet-down"    // no gateway instance was alive
 	BlindRenewals  = "renewals-gap"  // a gateway's renewals failed, as it reports on recovery
 	BlindRestart   = "redis-restart" // a Redis master restarted (a new run id)
+	BlindFailover  = "failover"      // a Redis Cluster failover (a new epoch)
 )
 
 // heartbeatScript records that a gateway instance is alive for lease ms
@@ -201,8 +202,10 @@ type Listener struct {
 }
 
 // markScript records a complete sweep and returns the control state. It
-// also compares the node's run id with the one it last saw: a Redis that
-// restarted, however quickly, lost the pings sent while it was down.
+// also compares the node's run id with the one it last saw, and on a
+// cluster the cluster's epoch: a Redis that restarted, however quickly,
+// lost the pings sent while it was down, and renewals to a master that
+// failed over wait in clients' retries while their deadlines lapse.
 // KEYS: swept, blind, alive, listeners, run id. ARGV: gap max ms, last
 // seen ms, keep ms, listener id, listener failing (0/1).
 var markScript = redis.NewScript(`
@@ -210,14 +213,20 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local gapMax, lastSeen, keep = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local rid = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+-- On a cluster, a failover bumps the epoch: until its users' renewals
+-- find the promoted master, their deadlines lapse under them.
+local cok, cinfo = pcall(redis.call, 'CLUSTER', 'INFO')
+if cok then rid = rid .. '/' .. (string.match(cinfo, 'cluster_current_epoch:(%d+)') or '') end
 local prid = redis.call('GET', KEYS[5])
 if prid ~= rid then redis.call('SET', KEYS[5], rid) end
+local restarted = prid and string.match(prid, '^(%x*)') ~= string.match(rid, '^(%x*)')
 local prev = redis.call('GET', KEYS[1])
 redis.call('SET', KEYS[1], now)
 local start, reason = 0, ''
 if prev then
   prev = tonumber(prev)
-  if prid and prid ~= rid then start, reason = prev, 'redis-restart'
+  if restarted then start, reason = prev, 'redis-restart'
+  elseif prid and prid ~= rid then start, reason = prev, 'failover'
   elseif now - prev > gapMax then start, reason = prev, 'sweep-gap' end
 elseif lastSeen > 0 then
   start, reason = lastSeen, 'data-lost'

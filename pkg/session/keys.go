@@ -24,7 +24,7 @@
 //	<prefix>:{ctl}:alive         gateway heartbeats: HASH instance -> "last ms:lease ms"
 //	<prefix>:{ctl}:blind         blind intervals: ZSET "start:end:reason:scope" -> end ms
 //	<prefix>:{ctl}:swept         Redis time of the last complete sweep, ms
-//	<prefix>:{ctl}:runid         run id of the Redis holding {ctl}, at the last sweep
+//	<prefix>:{ctl}:runid         run id of the Redis holding {ctl} (/cluster epoch), at the last sweep
 //	<prefix>:{ctl}:lapses:<s>    timeouts claimed in second s (mass-expiry brake)
 //	<prefix>:{ctl}:listeners     listener replicas: HASH id -> last sweep mark ms
 //
@@ -147,8 +147,8 @@ func (k Keyspace) BlindKey() string { return k.controlKey("blind") }
 // SweptKey holds Redis's time at the last complete sweep.
 func (k Keyspace) SweptKey() string { return k.controlKey("swept") }
 
-// RunIDKey holds the run id of the Redis that holds the control keys, as
-// the last sweep saw it.
+// RunIDKey holds the run id of the Redis that holds the control keys, and
+// on a cluster the cluster's epoch, as the last sweep saw them.
 func (k Keyspace) RunIDKey() string { return k.controlKey("runid") }
 
 // LapsesKey counts the timeouts claimed in one second (Unix seconds).
@@ -197,7 +197,10 @@ func (k Keyspace) PushedKey(uid, id string) string {
 
 // RouteKey maps uid to the gateway instances holding its connections:
 // HASH instance -> connection count.
-func (k Keyspace) RouteKey(uid string) string { return k.bucketPrefix(Bucket(uid)) + "rt:" + uid }
+func (k Keyspace) RouteKey(uid string) string { return k.RouteKeyPrefix(Bucket(uid)) + uid }
+
+// RouteKeyPrefix is what every route key of bucket b starts with.
+func (k Keyspace) RouteKeyPrefix(b int) string { return k.bucketPrefix(b) + "rt:" }
 
 // InboxKey holds guides for uid while it has no connection: a capped LIST.
 func (k Keyspace) InboxKey(uid string) string { return k.bucketPrefix(Bucket(uid)) + "in:" + uid }

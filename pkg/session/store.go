@@ -71,9 +71,10 @@ return 1
 // index entries of one bucket whose deadline has passed and whose session
 // key is gone. EXISTS on a key past its TTL makes Redis expire it on the
 // spot. KEYS: the bucket's keys (index, segments, via, hold, held).
-// ARGV: session key prefix, limit.
-// Returns {now, uid, deadline, segment, via, held, ...}; held is 1 when
-// this deadline was held once already.
+// ARGV: session key prefix, limit, route key prefix.
+// Returns {now, uid, deadline, segment, via, held, routes, ...}; held is 1
+// when this deadline was held once already, routes the gateway instances
+// holding the user's connections.
 var dueScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -97,15 +98,17 @@ for i = 1, #due, 2 do
     out[#out+1] = redis.call('HGET', KEYS[2], uid) or ''
     out[#out+1] = redis.call('HGET', KEYS[3], uid) or ''
     out[#out+1] = (held and tonumber(held) == tonumber(due[i+1])) and 1 or 0
+    local ok, routes = pcall(redis.call, 'HKEYS', ARGV[3] .. uid)
+    out[#out+1] = ok and routes or {}
   end
 end
 return out
 `)
 
 // lookupScript is dueScript for one uid whose key was reported expired.
-// KEYS: session, then the bucket's keys. ARGV: uid. Returns {now} when
-// the session is live again, held, or already settled, else
-// {now, uid, deadline, segment, via, held}.
+// KEYS: session, then the bucket's keys. ARGV: uid, route key. Returns
+// {now} when the session is live again, held, or already settled, else
+// {now, uid, deadline, segment, via, held, routes}.
 var lookupScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -113,9 +116,12 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return {now} end
 local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if not score then return {now} end
 local held = redis.call('HGET', KEYS[6], ARGV[1])
+local ok, routes = pcall(redis.call, 'HKEYS', ARGV[2])
+if not ok then routes = {} end
 return {now, ARGV[1], score, redis.call('HGET', KEYS[3], ARGV[1]) or '',
   redis.call('HGET', KEYS[4], ARGV[1]) or '',
-  (held and tonumber(held) == tonumber(score)) and 1 or 0}
+  (held and tonumber(held) == tonumber(score)) and 1 or 0,
+  routes}
 `)
 
 // settleScript removes index entries whose timeouts are safely produced, but
@@ -179,6 +185,10 @@ type Expired struct {
 	// Rechecked means this deadline was held once and released: it was
 	// checked against the outage rules already.
 	Rechecked bool
+	// Routes are the gateway instances that hold the user's connections:
+	// a user is present while any of their devices pings, so an outage of
+	// any of them may have kept a ping from Redis.
+	Routes []string
 }
 
 // Store reads and writes sessions in Redis.
@@ -244,7 +254,7 @@ func (s *Store) Due(ctx context.Context, limit int) ([]Expired, time.Time, error
 	cmds := make([]*redis.Cmd, Buckets)
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for b := range Buckets {
-			cmds[b] = dueScript.Eval(ctx, p, s.ks.bucketKeys(b), s.ks.SessionKeyPrefix(b), limit)
+			cmds[b] = dueScript.Eval(ctx, p, s.ks.bucketKeys(b), s.ks.SessionKeyPrefix(b), limit, s.ks.RouteKeyPrefix(b))
 		}
 		return nil
 	})
@@ -269,7 +279,7 @@ func (s *Store) Due(ctx context.Context, limit int) ([]Expired, time.Time, error
 // Lookup checks a session reported expired. It returns ok false when the
 // session is live again or its timeout was already settled.
 func (s *Store) Lookup(ctx context.Context, uid string) (Expired, bool, error) {
-	cmd := lookupScript.Run(ctx, s.rdb, s.ks.sessionKeys(uid), uid)
+	cmd := lookupScript.Run(ctx, s.rdb, s.ks.sessionKeys(uid), uid, s.ks.RouteKey(uid))
 	got, _, err := parseExpired(cmd)
 	if err != nil {
 		return Expired{}, false, fmt.Errorf("look up expired session %q: %w", uid, err)
@@ -332,9 +342,9 @@ func (s *Store) Hold(ctx context.Context, found []Expired, release time.Time) (i
 }
 
 // fields of one entry in a due or lookup reply.
-const entryFields = 5
+const entryFields = 6
 
-// parseExpired decodes {now, uid, deadline, segment, via, held, ...}.
+// parseExpired decodes {now, uid, deadline, segment, via, held, routes, ...}.
 func parseExpired(cmd *redis.Cmd) ([]Expired, time.Time, error) {
 	vals, err := cmd.Slice()
 	if err != nil {
@@ -355,6 +365,14 @@ func parseExpired(cmd *redis.Cmd) ([]Expired, time.Time, error) {
 		seg, _ := vals[i+2].(string)
 		via, _ := vals[i+3].(string)
 		held, _ := vals[i+4].(int64)
+		var routes []string
+		if rs, ok := vals[i+5].([]any); ok {
+			for _, r := range rs {
+				if name, ok := r.(string); ok {
+					routes = append(routes, name)
+				}
+			}
+		}
 		ms, err := strconv.ParseFloat(score, 64)
 		if uid == "" || err != nil {
 			return nil, time.Time{}, fmt.Errorf("%w: entry %v %v", errReply, vals[i], vals[i+1])
@@ -363,7 +381,7 @@ func parseExpired(cmd *redis.Cmd) ([]Expired, time.Time, error) {
 			seg = DefaultSegment
 		}
 		out = append(out, Expired{UID: uid, Segment: seg, Deadline: time.UnixMilli(int64(ms)), Detected: now,
-			Via: via, Rechecked: held == 1})
+			Via: via, Rechecked: held == 1, Routes: routes})
 	}
 	return out, now, nil
 }
