@@ -85,13 +85,17 @@ func Pong(ttlMS int64) []byte {
 	}{TypePong, ttlMS})
 }
 
-// Guide asks the user whether they are still there.
-func Guide(id, text string) []byte {
+// Guide asks the user whether they are still there. deadlineMS is when
+// their session ran out (Unix ms, Redis's clock), so a client can say when
+// the question was asked; 0 leaves it out (a guide from an older
+// consumer, which did not say).
+func Guide(id, text string, deadlineMS int64) []byte {
 	return mustMarshal(struct {
-		Type string `json:"type"`
-		ID   string `json:"id"`
-		Text string `json:"text"`
-	}{TypeGuide, id, text})
+		Type       string `json:"type"`
+		ID         string `json:"id"`
+		Text       string `json:"text"`
+		DeadlineMS int64  `json:"deadline_ms,omitempty"`
+	}{TypeGuide, id, text, deadlineMS})
 }
 
 // Error reports a problem with a frame; the connection stays open.

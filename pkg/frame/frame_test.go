@@ -51,7 +51,7 @@ func TestParse(t *testing.T) {
 }
 
 func TestServerFrames(t *testing.T) {
-	for _, b := range [][]byte{Pong(61234), Guide("id1", "Are you still there?"), Error(CodeUnknownType, "")} {
+	for _, b := range [][]byte{Pong(61234), Guide("id1", "Are you still there?", 1795255600123), Error(CodeUnknownType, "")} {
 		var m map[string]any
 		if err := json.Unmarshal(b, &m); err != nil || m["type"] == nil {
 			t.Fatalf("%s: %v", b, err)
@@ -59,6 +59,12 @@ func TestServerFrames(t *testing.T) {
 	}
 	if got := string(Pong(61234)); got != `{"type":"pong","ttl_ms":61234}` {
 		t.Fatalf("Pong = %s", got)
+	}
+	if got := string(Guide("id1", "Still there?", 1795255600123)); got != `{"type":"guide","id":"id1","text":"Still there?","deadline_ms":1795255600123}` {
+		t.Fatalf("Guide = %s", got)
+	}
+	if got := string(Guide("id1", "Still there?", 0)); got != `{"type":"guide","id":"id1","text":"Still there?"}` {
+		t.Fatalf("Guide without a deadline = %s", got)
 	}
 }
 

@@ -1,12 +1,14 @@
 package gateway
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
 	"time"
 
 	"github.com/stillthere/stillthere/pkg/config"
+	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/token"
 )
@@ -66,9 +68,15 @@ type Config struct {
 	// Default: the host name plus a random suffix, new on every start.
 	InstanceID string
 	// InboxSize and InboxTTL bound the guides kept for a user with no
-	// connection until their next connect. Defaults 10 and 24h.
+	// connection until their next connect. Defaults 10 and 24h. Each
+	// guide is kept until GuideMaxAge after its deadline at most.
 	InboxSize int
 	InboxTTL  time.Duration
+	// GuideMaxAge is how long after its deadline a guide kept in an inbox
+	// may still be handed over: the guide consumer's guide-max-age, and
+	// the same setting (STILLTHERE_GUIDE_MAX_AGE). Zero means the
+	// consumer's default, 5m.
+	GuideMaxAge time.Duration
 
 	// MaxConns caps this instance's connections; beyond it an upgrade
 	// gets HTTP 503, so a load balancer tries another instance. Zero
@@ -90,7 +98,28 @@ type Config struct {
 	// count time in which an instance's users could not reach it toward
 	// their silence. Default 1s.
 	HeartbeatInterval time.Duration
+	// ShedAfter is how long Redis may be out of this instance's reach
+	// before it closes its clients' connections (close 1013, try again
+	// later), once per outage, so that they reconnect to an instance that
+	// can renew their sessions. The listener holds a dead or cut-off
+	// instance's users only for its outage grace after the instance's last
+	// heartbeat, so ShedAfter plus the clients' reconnect time must stay
+	// under that grace. 0 never sheds. Default 15s.
+	ShedAfter time.Duration
+
+	// routeRefreshEvery and routeKeyTTL override defaultRouteRefresh and
+	// defaultRouteTTL, for tests; zero means the default.
+	routeRefreshEvery, routeKeyTTL time.Duration
 }
+
+// guideMaxAge is GuideMaxAge, or its default.
+func (c Config) guideMaxAge() time.Duration { return cmp.Or(c.GuideMaxAge, defaultGuideMaxAge) }
+
+// defaultGuideMaxAge is the guide consumer's default guide-max-age.
+const defaultGuideMaxAge = 5 * time.Minute
+
+func (c Config) routeRefresh() time.Duration { return cmp.Or(c.routeRefreshEvery, defaultRouteRefresh) }
+func (c Config) routeTTL() time.Duration     { return cmp.Or(c.routeKeyTTL, defaultRouteTTL) }
 
 // Bind registers the gateway's settings on b.
 func (c *Config) Bind(b *config.Binder) {
@@ -113,12 +142,14 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "drain deadline on SIGTERM")
 	b.String(&c.InstanceID, "instance-id", "", "this gateway's name for routing guides; default host name plus a random suffix")
 	b.Int(&c.InboxSize, "inbox-size", 10, "guides kept per offline user")
-	b.Duration(&c.InboxTTL, "inbox-ttl", 24*time.Hour, "how long guides are kept for an offline user")
+	b.Duration(&c.InboxTTL, "inbox-ttl", 24*time.Hour, "how long guides are kept for an offline user, at most")
+	b.Duration(&c.GuideMaxAge, "guide-max-age", defaultGuideMaxAge, "how long after its deadline a kept guide may still be handed over (the consumer's setting)")
 	b.Int(&c.MaxConns, "max-conns", 0, "most connections on this instance, beyond it HTTP 503; 0 means the open-file limit less 1024")
 	b.Duration(&c.RenewGranularity, "renew-granularity", time.Second, "least time between two renewals of one connection")
 	b.Duration(&c.RenewFlushInterval, "renew-flush-interval", 2*time.Millisecond, "longest a renewal waits to share a Redis round trip")
 	b.Int(&c.RenewBatch, "renew-batch", 256, "renewals that fill a Redis round trip")
 	b.Duration(&c.HeartbeatInterval, "heartbeat-interval", time.Second, "how often this instance tells Redis it is alive (lease: 3 intervals)")
+	b.Duration(&c.ShedAfter, "shed-after", 15*time.Second, "close clients' connections (1013) once Redis has been out of reach this long, so they reconnect elsewhere; 0 never")
 }
 
 // LoadConfig reads the gateway's settings from args and env.
@@ -145,8 +176,8 @@ func (c Config) Validate() error {
 		return errors.New("push-addr: empty")
 	case len(c.TokenSecret) < token.MinSecretLen:
 		return fmt.Errorf("token-secret: %d bytes, want at least %d", len(c.TokenSecret), token.MinSecretLen)
-	case len(c.PushSecret) < 32:
-		return fmt.Errorf("push-secret: %d bytes, want at least 32", len(c.PushSecret))
+	case push.CheckSecret(c.PushSecret) != nil:
+		return push.CheckSecret(c.PushSecret)
 	case c.SessionTTL < time.Second:
 		return fmt.Errorf("session-ttl: %v, want at least 1s", c.SessionTTL)
 	case c.SessionJitter < 0 || c.SessionJitter > c.SessionTTL:
@@ -173,6 +204,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("inbox-size: %d, want between 1 and 1000", c.InboxSize)
 	case c.InboxTTL < time.Minute:
 		return fmt.Errorf("inbox-ttl: %v, want at least 1m", c.InboxTTL)
+	case c.GuideMaxAge < 0 || (c.GuideMaxAge > 0 && c.GuideMaxAge < time.Second):
+		return fmt.Errorf("guide-max-age: %v, want at least 1s (0 for the default, 5m)", c.GuideMaxAge)
 	case c.MaxConns < 0:
 		return fmt.Errorf("max-conns: %d, want 0 (from the open-file limit) or more", c.MaxConns)
 	case c.RenewGranularity < 0 || c.RenewGranularity > c.SessionTTL/2:
@@ -183,6 +216,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("renew-batch: %d, want at least 1", c.RenewBatch)
 	case c.HeartbeatInterval < 100*time.Millisecond || c.HeartbeatInterval > 10*time.Second:
 		return fmt.Errorf("heartbeat-interval: %v, want between 100ms and 10s", c.HeartbeatInterval)
+	case c.ShedAfter < 0 || c.ShedAfter > 10*time.Minute:
+		return fmt.Errorf("shed-after: %v, want between 0 (never) and 10m", c.ShedAfter)
 	}
 	return nil
 }

@@ -23,7 +23,8 @@ import (
 // at most one writes data frames (a flusher, started by enqueue only while
 // frames wait, so an idle connection costs no writer goroutine). Control
 // frames (close, and the gateway's protocol pings) go out through
-// WriteControl, which is safe beside both.
+// WriteControl, which is safe beside both. done is closed once serve has
+// returned and no flusher runs: nothing is written after it.
 type conn struct {
 	g       *Gateway
 	ws      *websocket.Conn
@@ -39,11 +40,16 @@ type conn struct {
 	// them, grant first; the resync loop reads them, pingAt first, so it
 	// never pairs a ping with the grant of an earlier one.
 	pingAt, grant atomic.Int64
+	// normalClose: the client closed with 1000, the user leaving on
+	// purpose. release ends the session if this was their last
+	// connection anywhere.
+	normalClose atomic.Bool
+	done        chan struct{}
 
 	mu       sync.Mutex
-	queue    [][]byte // frames waiting for the flusher; bounded, see enqueue
-	flushing bool     // a flusher is running
-	closed   bool     // serve returned, or a write failed: enqueue refuses
+	queue    []outFrame // frames waiting for the flusher; bounded, see enqueue
+	flushing bool       // a flusher is running
+	closed   bool       // serve returned, or a write failed: enqueue refuses
 	flushers sync.WaitGroup
 	closeSet bool // a close frame was sent; later ones are dropped
 }
@@ -55,6 +61,7 @@ func (c *conn) serve(ctx context.Context) {
 		c.mu.Unlock()
 		c.ws.Close() // a flusher blocked in a write fails at once
 		c.flushers.Wait()
+		close(c.done)
 	}()
 
 	limiter := rate.NewLimiter(rate.Limit(c.g.cfg.RatePerSecond), c.g.cfg.RateBurst)
@@ -66,7 +73,7 @@ func (c *conn) serve(ctx context.Context) {
 	for {
 		typ, data, err := c.ws.ReadMessage()
 		if err != nil {
-			c.ended(ctx, err)
+			c.ended(err)
 			return
 		}
 		if !c.handle(ctx, limiter, typ, data) {
@@ -181,9 +188,11 @@ func (c *conn) lastGrant(now time.Duration) (g session.Grant, ok bool) {
 }
 
 // ended handles the end of the read side. A normal close (1000) is the
-// user leaving on purpose: the session goes, and no guide follows. Any
-// other end leaves the session to run out.
-func (c *conn) ended(ctx context.Context, err error) {
+// user leaving on purpose: unless they are still connected elsewhere,
+// the session goes and no guide follows (release does it, with the route
+// write that counts this connection out). Any other end leaves the
+// session to run out.
+func (c *conn) ended(err error) {
 	var ce *websocket.CloseError
 	if !errors.As(err, &ce) {
 		if errors.Is(err, websocket.ErrReadLimit) {
@@ -202,18 +211,7 @@ func (c *conn) ended(ctx context.Context, err error) {
 	// Marked first, so that a resync does not restore the session; one
 	// that read the grant before is caught after (see resyncConns).
 	c.grant.Store(0)
-	c.end(ctx)
-}
-
-// end deletes the session, as the user asked by a normal close.
-func (c *conn) end(ctx context.Context) {
-	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.g.cfg.WriteTimeout)
-	defer cancel()
-	if err := c.g.renewer.End(ectx, c.uid); err != nil {
-		c.g.endLog.Fail(err)
-		return
-	}
-	c.g.endLog.OK()
+	c.normalClose.Store(true)
 }
 
 // closeWith sends a close frame with code and reason, once.
@@ -250,10 +248,21 @@ func (c *conn) linger() {
 // lingerTimeout bounds linger.
 const lingerTimeout = time.Second
 
+// outFrame is a frame waiting to be written, and what to call once it is
+// on the socket.
+type outFrame struct {
+	b       []byte
+	written func()
+}
+
 // enqueue queues a frame for the client without blocking, starting a
 // flusher if none runs. A client whose queue is full is not reading: it is
 // cut off so it cannot hold up the sender.
-func (c *conn) enqueue(b []byte) bool {
+func (c *conn) enqueue(b []byte) bool { return c.enqueueThen(b, nil) }
+
+// enqueueThen is enqueue, and calls written, on the flusher's goroutine,
+// once the frame is written to the socket. written must not block.
+func (c *conn) enqueueThen(b []byte, written func()) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -266,7 +275,7 @@ func (c *conn) enqueue(b []byte) bool {
 		c.ws.NetConn().Close() // unblocks serve's read, which cleans up
 		return false
 	}
-	c.queue = append(c.queue, b)
+	c.queue = append(c.queue, outFrame{b, written})
 	if !c.flushing {
 		c.flushing = true
 		c.flushers.Add(1)
@@ -288,14 +297,17 @@ func (c *conn) flush() {
 			return
 		}
 		c.mu.Unlock()
-		for _, b := range batch {
+		for _, f := range batch {
 			c.ws.SetWriteDeadline(time.Now().Add(c.g.cfg.WriteTimeout))
-			if err := c.ws.WriteMessage(websocket.TextMessage, b); err != nil {
+			if err := c.ws.WriteMessage(websocket.TextMessage, f.b); err != nil {
 				c.mu.Lock()
 				c.closed, c.flushing, c.queue = true, false, nil
 				c.mu.Unlock()
 				c.ws.NetConn().Close()
 				return
+			}
+			if f.written != nil {
+				f.written()
 			}
 		}
 	}

@@ -14,8 +14,6 @@ package gateway
 import (
 	"cmp"
 	"context"
-	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -33,9 +31,9 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/stillthere/stillthere/pkg/admin"
-	"github.com/stillthere/stillthere/pkg/frame"
 	"github.com/stillthere/stillthere/pkg/outage"
 	"github.com/stillthere/stillthere/pkg/policy"
+	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/token"
@@ -55,18 +53,27 @@ type Gateway struct {
 
 	instance         string        // this instance's name in route keys and heartbeats
 	sub              *redis.PubSub // its channel, for guides routed here
+	routes           *routeBook    // the one writer of its route entries
+	view             viewPtr       // the instances' heartbeats, read every heartbeat
 	publicLn, pushLn net.Listener
-	conns            sync.WaitGroup // one per connection being served
+	conns            sync.WaitGroup // one per goroutine of a connection being served
+	connsMu          sync.Mutex     // guards draining and conns' growth
+	draining         bool
 	maxConns         int64
 	open             atomic.Int64 // connections held or being upgraded
 
 	start time.Time // New's time; connections time their pings from it
 	reach *reach    // whether Redis answers renewals and heartbeats
+	// beatFailed: the last heartbeat failed; beaten: one succeeded; shed:
+	// this outage's connections were closed. The heartbeat loop's own.
+	beatFailed, beaten, shed bool
+	// dropped holds the grants of connections that dropped, for a resync.
+	dropped *dropped
 
 	// One outage log per condition: a line when it starts failing, a
 	// summary now and then, a line when it ends, not a line per call.
-	renewLog, endLog, beatLog, resyncLog *outage.Log
-	routeLog, pushLog, channelLog        *outage.Log
+	renewLog, beatLog, resyncLog  *outage.Log
+	routeLog, pushLog, channelLog *outage.Log
 }
 
 // Run opens a gateway and serves until ctx is done.
@@ -116,8 +123,8 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 		},
 		start:      time.Now(),
 		reach:      newReach(cfg.RenewFlushInterval),
+		dropped:    newDropped(),
 		renewLog:   outage.NewLog(logger, "renew sessions", 0),
-		endLog:     outage.NewLog(logger, "end sessions", 0),
 		beatLog:    outage.NewLog(logger, "heartbeat", 0),
 		resyncLog:  outage.NewLog(logger, "resync sessions", 0),
 		routeLog:   outage.NewLog(logger, "route bookkeeping", 0),
@@ -135,6 +142,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 			g.reach.flushed(took, err)
 		},
 	})
+	g.routes = newRouteBook(g)
 	g.policy = policy.NewWatcher(policy.NewStore(rdb, cfg.Redis.Keyspace()),
 		policy.Policy{DefaultTTL: cfg.SessionTTL, Jitter: cfg.SessionJitter},
 		cfg.PolicyRefresh, logger)
@@ -194,6 +202,7 @@ func (g *Gateway) Serve(ctx context.Context) error {
 	var background sync.WaitGroup
 	background.Go(func() { g.renewer.Run(bctx) })
 	background.Go(func() { g.heartbeat(bctx) })
+	background.Go(func() { g.routes.run(bctx) })
 	defer func() {
 		stopBackground()
 		background.Wait()
@@ -270,6 +279,9 @@ func (g *Gateway) pingAll(ctx context.Context) {
 const drainConcurrency = 256
 
 func (g *Gateway) drain() {
+	g.connsMu.Lock()
+	g.draining = true // connections still being set up close themselves
+	g.connsMu.Unlock()
 	conns := g.hub.all()
 	g.log.Info("draining connections", "count", len(conns))
 	var eg errgroup.Group
@@ -334,37 +346,80 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		segment: claims.Segment,
 		log:     g.log.With("uid", claims.UID),
 	}
-	// One-time Redis work (route registration, the inbox) runs here, on
-	// the handler's goroutine. The connection then gets a goroutine of its
-	// own that only reads, and the handler returns: that frees the HTTP
-	// server's per-request buffers (several KB), which a connection served
-	// from the handler would pin for its whole life.
+	// One-time Redis work (route registration, the first of the inbox)
+	// runs here, on the handler's goroutine. The connection then gets a
+	// goroutine of its own that only reads, and the handler returns: that
+	// frees the HTTP server's per-request buffers (several KB), which a
+	// connection served from the handler would pin for its whole life.
+	// The route is written before the inbox is read: a push that finds
+	// the user connected nowhere and keeps a guide meanwhile either sees
+	// the route and routes again, or keeps it before the inbox is read.
+	c.done = make(chan struct{})
 	g.hub.add(c)
 	metricConnections.Inc()
 	rctx := context.WithoutCancel(ctx) // route bookkeeping outlives shutdown
-	if err := g.register(rctx, c.uid); err != nil {
-		// Guides reach this connection only through this instance.
+	wctx, cancel := context.WithTimeout(rctx, routeWriteTimeout)
+	if err := g.routes.write(wctx, c.uid, false); err != nil {
+		// Guides reach this connection through this instance until the
+		// writer's retry gets through.
 		g.routeLog.Fail(err)
-	} else {
-		g.routeLog.OK()
 	}
-	g.handOverInbox(rctx, c)
-	g.conns.Add(1)
+	cancel()
+	rest := g.handOverInbox(rctx, c)
+	n := 1
+	if rest != nil {
+		n = 2
+	}
+	if !g.track(n) {
+		// The drain began while this one was being set up: it is told to
+		// reconnect like the others.
+		c.closeWith(websocket.CloseGoingAway, "server shutting down, reconnect")
+		c.ws.Close()
+		g.open.Add(-1)
+		g.release(rctx, c)
+		return
+	}
 	go func() {
 		defer g.conns.Done()
 		defer g.open.Add(-1)
 		c.serve(ctx)
 		g.release(rctx, c)
 	}()
+	if rest != nil {
+		go func() {
+			defer g.conns.Done()
+			rest()
+		}()
+	}
 }
 
-// release forgets an ended connection.
+// track counts n goroutines of a connection into conns, unless the drain
+// has begun: an HTTP server's Shutdown does not wait for the handlers of
+// upgraded connections, so one may still be setting up while the drain
+// waits, and a WaitGroup must not grow from zero during its Wait.
+func (g *Gateway) track(n int) bool {
+	g.connsMu.Lock()
+	defer g.connsMu.Unlock()
+	if g.draining {
+		return false
+	}
+	g.conns.Add(n)
+	return true
+}
+
+// release forgets an ended connection: it counts it out of the user's
+// route and, after a normal close, ends the session if that was the
+// user's last connection on any instance.
 func (g *Gateway) release(ctx context.Context, c *conn) {
 	g.hub.remove(c)
+	if !c.normalClose.Load() {
+		g.dropped.add(c)
+	}
 	metricConnections.Dec()
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, routeWriteTimeout)
 	defer cancel()
-	if err := g.unregister(ctx, c.uid); err != nil {
+	if err := g.routes.write(ctx, c.uid, c.normalClose.Load()); err != nil {
+		// The writer keeps the user marked, and retries.
 		g.routeLog.Fail(err)
 	}
 }
@@ -419,99 +474,6 @@ func (g *Gateway) pushMux() http.Handler {
 		}
 		return g.rdb.Ping(ctx).Err()
 	})
-	mux.HandleFunc("POST /v1/push", g.servePush)
+	mux.HandleFunc("POST "+push.Path, g.servePush)
 	return mux
-}
-
-// PushRequest is the body of POST /v1/push.
-type PushRequest struct {
-	ID   string `json:"id"`   // the guide's id, its idempotency key
-	UID  string `json:"uid"`  // the user to guide
-	Text string `json:"text"` // the guide's text
-}
-
-// Push outcomes, in the response's "status".
-const (
-	PushDelivered = "delivered" // handed to the user's connections, here or on other instances
-	PushDuplicate = "duplicate" // this id was delivered or queued before
-	PushQueued    = "queued"    // the user has no connection: kept for their next connect
-)
-
-// pushedTTL is how long a delivered guide id is remembered.
-const pushedTTL = 24 * time.Hour
-
-// maxGuideText bounds a guide's text.
-const maxGuideText = 1024
-
-func (g *Gateway) servePush(w http.ResponseWriter, r *http.Request) {
-	got := bearer(r)
-	if subtle.ConstantTimeCompare([]byte(got), []byte(g.cfg.PushSecret)) != 1 {
-		metricPushes.WithLabelValues("rejected").Inc()
-		admin.WriteError(w, http.StatusUnauthorized, "missing or wrong push credentials")
-		return
-	}
-	var req PushRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 16<<10))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		admin.WriteError(w, http.StatusBadRequest, "body: "+err.Error())
-		return
-	}
-	switch {
-	case req.ID == "" || len(req.ID) > frame.MaxIDLen:
-		admin.WriteError(w, http.StatusBadRequest, fmt.Sprintf("id: want 1-%d characters", frame.MaxIDLen))
-		return
-	case !session.ValidUID(req.UID):
-		admin.WriteError(w, http.StatusBadRequest, "uid: want 1-128 characters of [A-Za-z0-9._:@-]")
-		return
-	case req.Text == "" || len(req.Text) > maxGuideText:
-		admin.WriteError(w, http.StatusBadRequest, fmt.Sprintf("text: want 1-%d bytes", maxGuideText))
-		return
-	}
-	status, n, err := g.push(r.Context(), req)
-	if err != nil {
-		g.pushLog.Fail(fmt.Errorf("guide %s: %w", req.ID, err))
-		admin.WriteError(w, http.StatusServiceUnavailable, "push unavailable, retry")
-		return
-	}
-	g.pushLog.OK()
-	metricPushes.WithLabelValues(status).Inc()
-	admin.WriteJSON(w, http.StatusOK, map[string]any{"status": status, "connections": n})
-}
-
-// push delivers a guide once per id: the id is claimed in Redis first, and
-// released again if the guide could be neither delivered nor kept, so a
-// retry can.
-func (g *Gateway) push(ctx context.Context, req PushRequest) (string, int, error) {
-	key := g.store.Keyspace().PushedKey(req.UID, req.ID)
-	fresh, err := g.rdb.SetNX(ctx, key, 1, pushedTTL).Result()
-	if err != nil {
-		return "", 0, fmt.Errorf("claim guide id: %w", err)
-	}
-	if !fresh {
-		return PushDuplicate, 0, nil
-	}
-	status, n, err := g.route(ctx, req)
-	if err != nil {
-		if derr := g.rdb.Del(context.WithoutCancel(ctx), key).Err(); derr != nil {
-			return "", 0, fmt.Errorf("%w; and release guide id: %v", err, derr)
-		}
-		return "", 0, err
-	}
-	return status, n, nil
-}
-
-func (g *Gateway) route(ctx context.Context, req PushRequest) (string, int, error) {
-	n := g.deliverLocal(req)
-	remote, err := g.deliverElsewhere(ctx, req)
-	if n+remote > 0 {
-		return PushDelivered, n + remote, nil // what went out stays out
-	}
-	if err != nil {
-		return "", 0, err
-	}
-	if err := g.keep(ctx, req); err != nil {
-		return "", 0, err
-	}
-	return PushQueued, 0, nil
 }

@@ -50,6 +50,13 @@ func startGatewayOn(t *testing.T, addrs []string, prefix string, mutate func(*Co
 // startGatewayLogged is startGatewayOn with a logger.
 func startGatewayLogged(t *testing.T, addrs []string, prefix string, logger *slog.Logger, mutate func(*Config)) *testGateway {
 	t.Helper()
+	return startGatewayHooked(t, addrs, prefix, logger, mutate, nil)
+}
+
+// startGatewayHooked is startGatewayLogged, with hook called between New
+// and Serve.
+func startGatewayHooked(t *testing.T, addrs []string, prefix string, logger *slog.Logger, mutate func(*Config), hook func(*Gateway)) *testGateway {
+	t.Helper()
 	cfg := Config{
 		Redis:            redisconn.Config{Addrs: addrs, KeyPrefix: prefix},
 		Addr:             "127.0.0.1:0",
@@ -83,6 +90,9 @@ func startGatewayLogged(t *testing.T, addrs []string, prefix string, logger *slo
 	if err != nil {
 		cancel()
 		t.Fatal(err)
+	}
+	if hook != nil {
+		hook(g)
 	}
 	rdb, err := redisconn.Open(context.Background(), cfg.Redis)
 	if err != nil {
@@ -336,7 +346,8 @@ func TestPushEndpoint(t *testing.T) {
 			map[string]string{"uid": "bob", "text": "x"},
 			map[string]string{"id": "g", "uid": "b b", "text": "x"},
 			map[string]string{"id": "g", "uid": "bob"},
-			map[string]string{"id": "g", "uid": "bob", "text": "x", "extra": "y"},
+			map[string]any{"id": "g", "uid": "bob", "text": "x", "deadline_ms": "soon"},
+			map[string]string{"id": "g", "uid": "bob", "text": "x", "segment": "no spaces"},
 			"not an object",
 		} {
 			if code, out := tg.push(t, pushSecret, body); code != http.StatusBadRequest || out["error"] == nil {
@@ -464,8 +475,12 @@ func TestStaleRouteIsDropped(t *testing.T) {
 	tg := startGateway(t, nil)
 	ctx := context.Background()
 	key := tg.store.Keyspace().RouteKey("ghost")
-	// An instance that crashed without unregistering.
+	// An instance that crashed without unregistering: its lease ran out.
+	if _, err := tg.store.Heartbeat(ctx, "crashed-instance", time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
 	tg.rdb.HSet(ctx, key, "crashed-instance", 1)
+	waitUntil(t, "the gateway sees the instance dead", func() bool { return tg.instanceDead("crashed-instance") })
 	code, out := tg.push(t, pushSecret, map[string]string{"id": "s1", "uid": "ghost", "text": "t"})
 	if code != 200 || out["status"] != "queued" {
 		t.Fatalf("push: %d %v, want queued", code, out)
@@ -592,6 +607,8 @@ func TestConfigValidate(t *testing.T) {
 		{"session-jitter", func(c *Config) { c.SessionJitter = -1 }},
 		{"read-limit", func(c *Config) { c.ReadLimit = 1 }},
 		{"rate-per-second", func(c *Config) { c.RatePerSecond = 0 }},
+		{"guide-max-age", func(c *Config) { c.GuideMaxAge = -time.Second }},
+		{"guide-max-age", func(c *Config) { c.GuideMaxAge = time.Millisecond }},
 		{"heartbeat-interval", func(c *Config) { c.HeartbeatInterval = 50 * time.Millisecond }},
 		{"heartbeat-interval", func(c *Config) { c.HeartbeatInterval = 11 * time.Second }},
 		{"redis-addrs", func(c *Config) { c.Redis.Addrs = nil }},

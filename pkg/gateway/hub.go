@@ -97,3 +97,23 @@ func (h *hub) all() []*conn {
 	}
 	return out
 }
+
+// count is how many connections uid holds here.
+func (h *hub) count(uid string) int {
+	s := h.shard(uid)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.conns[uid])
+}
+
+// shardUIDs returns the users of one shard.
+func (h *hub) shardUIDs(i int) []string {
+	s := &h.shards[i]
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]string, 0, len(s.conns))
+	for uid := range s.conns {
+		out = append(out, uid)
+	}
+	return out
+}

@@ -55,8 +55,12 @@ var (
 	})
 	metricPushes = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_pushes_total",
-		Help: "Guide pushes, by outcome (delivered, duplicate, queued, rejected, routed_in, from_inbox).",
+		Help: "Guide pushes, by outcome: delivered, queued, duplicate, stale, too_old, retry (409, 503), invalid (400), rejected (401); routed_in (from another instance); from_inbox (written on connect), inbox_stale and inbox_expired (dropped at hand-over).",
 	}, []string{"outcome"})
+	metricRoutesPruned = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_gateway_routes_pruned_total",
+		Help: "Route entries of instances dead by their heartbeat, dropped when a guide published to them reached nobody.",
+	})
 	metricCloses = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_closes_total",
 		Help: "Connections ended, by close code the gateway sent or received (1000, 1001, 1003, 1007, 1008, 1009, or abnormal).",
@@ -68,5 +72,9 @@ var (
 	metricSlowClients = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_gateway_slow_clients_total",
 		Help: "Connections cut off because their send queue was full.",
+	})
+	metricShed = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_gateway_shed_total",
+		Help: "Connections closed with 1013 because Redis was out of the instance's reach for shed-after, so that clients reconnect elsewhere.",
 	})
 )

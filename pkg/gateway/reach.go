@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gorilla/websocket"
+
 	"github.com/stillthere/stillthere/pkg/session"
 )
 
@@ -35,6 +37,10 @@ const (
 	resyncRetry = time.Second
 	// leaveTimeout bounds Leave on shutdown.
 	leaveTimeout = 2 * time.Second
+	// slowFlush is how long a renewal round trip may take before it counts
+	// as an outage: renewals held up in the client's retries (a cluster
+	// failover) land after the deadlines they were to extend.
+	slowFlush = time.Second
 	// flushFailFresh is how long a failed renewal round trip stands for
 	// the renewals' state when none follows it. While clients ping,
 	// failed round trips follow each other much closer than this (one
@@ -91,10 +97,32 @@ func (r *reach) flushed(took time.Duration, err error) {
 	}
 	healed := !r.flushFail.IsZero()
 	r.flushFail = time.Time{}
+	if took > slowFlush {
+		// Written, but late: record it, and resync after.
+		if r.blindSince.IsZero() {
+			r.blindSince = now.Add(-took - r.queued)
+		}
+		r.lastFail = now
+		r.failures++
+		healed = true
+	}
 	r.mu.Unlock()
 	if healed {
 		r.signal()
 	}
+}
+
+// failingSince is when renewals or heartbeats started to fail, or zero.
+func (r *reach) failingSince() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.flushFail.IsZero():
+		return r.beatFail
+	case r.beatFail.IsZero() || r.flushFail.Before(r.beatFail):
+		return r.flushFail
+	}
+	return r.beatFail
 }
 
 // beaten observes one heartbeat.
@@ -122,6 +150,15 @@ func (r *reach) beaten(err error) {
 	if healed {
 		r.signal()
 	}
+}
+
+// lost notes that Redis lost its data: a resync is owed, although nothing
+// failed.
+func (r *reach) lost() {
+	r.mu.Lock()
+	r.failures++
+	r.mu.Unlock()
+	r.signal()
 }
 
 // failureCount is the failed round trips and heartbeats so far.
@@ -185,18 +222,64 @@ func (g *Gateway) heartbeat(ctx context.Context) {
 func (g *Gateway) beat(ctx context.Context) {
 	bctx, cancel := context.WithTimeout(ctx, g.lease())
 	defer cancel()
-	_, err := g.store.Heartbeat(bctx, g.instance, g.lease())
+	b, err := g.store.Heartbeat(bctx, g.instance, g.lease())
 	if err != nil && ctx.Err() != nil {
 		return // stopping: not a failure of Redis
 	}
+	if err == nil && b.First && g.beaten {
+		// Redis held no heartbeat of an instance that beat before: it lost
+		// its data (a restart without it, a failover to a replica that
+		// missed writes). Every session may be gone: write them back.
+		g.log.Warn("Redis lost this instance's heartbeat, so it lost its data; resyncing every session")
+		g.reach.lost()
+	}
+	if err == nil {
+		g.beaten = true
+	}
+	g.shedIfCutOff()
 	g.reach.beaten(err)
 	if err != nil {
 		metricHeartbeats.WithLabelValues("error").Inc()
 		g.beatLog.Fail(err)
+		g.beatFailed = true
 		return
 	}
 	metricHeartbeats.WithLabelValues("ok").Inc()
 	g.beatLog.OK()
+	g.readInstances(bctx)
+	if g.beatFailed {
+		// Others may have taken this instance for dead meanwhile, and
+		// dropped it from its users' routes: register them again.
+		g.beatFailed = false
+		g.routes.markAll()
+	}
+}
+
+// shedIfCutOff closes every client connection once Redis has been out of
+// reach for ShedAfter, once per outage: the listener holds this instance's
+// users only for its grace after the last heartbeat, and while the
+// instance is cut off their pings renew nothing. Told to try again later
+// (1013), they reconnect, through the load balancer, to an instance that
+// can renew them (this one is not ready meanwhile). The heartbeat loop's
+// own.
+func (g *Gateway) shedIfCutOff() {
+	since := g.reach.failingSince()
+	if since.IsZero() {
+		g.shed = false
+		return
+	}
+	if g.shed || g.cfg.ShedAfter == 0 || time.Since(since) < g.cfg.ShedAfter {
+		return
+	}
+	g.shed = true
+	conns := g.hub.all()
+	g.log.Warn("Redis out of reach: closing every connection so that clients reconnect to an instance that can renew them",
+		"since", since, "connections", len(conns))
+	metricShed.Add(float64(len(conns)))
+	for _, c := range conns {
+		c.closeWith(websocket.CloseTryAgainLater, "session store unreachable, reconnect later")
+		c.ws.NetConn().Close() // serve's read fails at once and releases it
+	}
 }
 
 // leave marks this instance gone, once its connections are.
@@ -277,10 +360,11 @@ func (g *Gateway) resyncConns(ctx context.Context) (int, error) {
 		n, err := g.renewer.Resync(ctx, grants)
 		total += n
 		// A user who closed normally while their grant was on its way
-		// may have their session back: end it again, after.
+		// may have their session back: end it again, after, if that was
+		// their last connection.
 		for _, c := range conns {
 			if c.grant.Load() == 0 {
-				c.end(ctx)
+				g.routes.mark(c.uid, true, nil)
 			}
 		}
 		grants, conns = grants[:0], conns[:0]
@@ -297,6 +381,17 @@ func (g *Gateway) resyncConns(ctx context.Context) (int, error) {
 				if err := send(); err != nil {
 					return total, err
 				}
+			}
+		}
+	}
+	// Connections dropped while their grants run: their sessions may be
+	// gone with Redis's data too. A grant older than a renewal Redis
+	// knows of (the user reconnected, or left) restores nothing.
+	for _, gr := range g.dropped.left(time.Since(g.start)) {
+		grants = append(grants, gr)
+		if len(grants) == resyncBatch {
+			if err := send(); err != nil {
+				return total, err
 			}
 		}
 	}

@@ -4,55 +4,50 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
-	"fmt"
+	"errors"
 	"os"
+	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/stillthere/stillthere/pkg/frame"
+	"github.com/stillthere/stillthere/pkg/session"
 )
 
-// Guides reach a user wherever they are connected: the push endpoint may be
-// called on any gateway instance. Each instance records in Redis which
-// users it holds (route keys) and listens on its own Pub/Sub channel; a
-// push is delivered locally, published to the other instances the user is
-// on, or, when the user is nowhere, kept in their inbox for their next
-// connect.
+// Route keys say which gateway instances hold a user's connections, and
+// so where a guide goes and whether a normal close was the user's last
+// connection (session.Store.WriteRoutes). This instance keeps its entries
+// equal to its hub through one writer, routeBook: a connection that comes
+// or goes marks its user, and the writer writes the user's absolute count,
+// read from the hub when it writes, batched and pipelined. With one
+// writer the writes of one user never overtake each other, and a write
+// that failed, or one that Redis lost, is healed by the next.
+//
+// Every routeRefresh, and whenever this instance may have been forgotten
+// (its channel resubscribed, its heartbeat came back), it marks all its
+// users: that keeps the route keys' TTL ahead while their connections
+// live, and heals counts.
 //
 // The channels are sharded (SSUBSCRIBE/SPUBLISH): in a Redis Cluster a
 // shard channel lives on one master, and SPUBLISH counts its subscribers
 // exactly, where a classic PUBLISH counts only those on the node it hit.
 
-// unregisterScript drops one connection from a route, and the instance
-// from it at zero. KEYS: route. ARGV: instance.
-var unregisterScript = redis.NewScript(`
-local n = redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
-if n <= 0 then redis.call('HDEL', KEYS[1], ARGV[1]) end
-return n
-`)
+const (
+	// defaultRouteRefresh is how often every route entry of this
+	// instance is written again.
+	defaultRouteRefresh = time.Minute
+	// defaultRouteTTL is the route keys' TTL, refreshed by every write:
+	// ten refreshes missed, and the key of a user nobody holds any more
+	// goes.
+	defaultRouteTTL = 10 * time.Minute
+	// routeBatch is the most users written in one round trip.
+	routeBatch = 512
+	// routeRetry is the pause after a failed write before the next.
+	routeRetry = time.Second
+	// routeWriteTimeout bounds a connection's wait for its route write.
+	routeWriteTimeout = 5 * time.Second
+)
 
-// inboxPushScript adds a guide to a capped, TTL'd inbox.
-// KEYS: inbox. ARGV: guide JSON, cap, ttl ms.
-var inboxPushScript = redis.NewScript(`
-redis.call('LPUSH', KEYS[1], ARGV[1])
-redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[2]) - 1)
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1
-`)
-
-// inboxTakeScript empties an inbox and returns it, oldest first, so each
-// guide in it is handed out once. KEYS: inbox.
-var inboxTakeScript = redis.NewScript(`
-local items = redis.call('LRANGE', KEYS[1], 0, -1)
-redis.call('DEL', KEYS[1])
-return items
-`)
-
-// routeTTL bounds how long a crashed instance's route entries linger; a
-// publish that reaches nobody also removes them.
-const routeTTL = 24 * time.Hour
+var errRoutesStopped = errors.New("route writer stopped")
 
 func newInstanceID() string {
 	host, _ := os.Hostname()
@@ -64,125 +59,234 @@ func newInstanceID() string {
 	return host + "-" + hex.EncodeToString(b[:])
 }
 
-// register records that this instance holds one more connection of uid.
-func (g *Gateway) register(ctx context.Context, uid string) error {
-	key := g.store.Keyspace().RouteKey(uid)
-	_, err := g.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.HIncrBy(ctx, key, g.instance, 1)
-		p.Expire(ctx, key, routeTTL)
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("register %q's connection: %w", uid, err)
-	}
-	return nil
+// routeBook is this instance's one writer of route entries.
+type routeBook struct {
+	g    *Gateway
+	kick chan struct{}
+
+	mu      sync.Mutex
+	pending map[string]*routeMark
+	stopped bool
 }
 
-func (g *Gateway) unregister(ctx context.Context, uid string) error {
-	err := unregisterScript.Run(ctx, g.rdb, []string{g.store.Keyspace().RouteKey(uid)}, g.instance).Err()
-	if err != nil {
-		return fmt.Errorf("unregister %q's connection: %w", uid, err)
-	}
-	return nil
+// routeMark is a user whose count is to be written.
+type routeMark struct {
+	// end: a connection of the user closed normally, so the session ends
+	// if no connection of theirs is left anywhere.
+	end     bool
+	waiters []chan error
 }
 
-// deliverLocal hands a guide to uid's connections on this instance.
-func (g *Gateway) deliverLocal(req PushRequest) int {
-	b := frame.Guide(req.ID, req.Text)
-	n := 0
-	for _, c := range g.hub.lookup(req.UID) {
-		if c.enqueue(b) {
-			n++
+func newRouteBook(g *Gateway) *routeBook {
+	return &routeBook{g: g, kick: make(chan struct{}, 1), pending: make(map[string]*routeMark)}
+}
+
+// mark queues uid's count to be written. done, if not nil, receives the
+// write's result.
+func (b *routeBook) mark(uid string, end bool, done chan error) {
+	b.mu.Lock()
+	if b.stopped {
+		b.mu.Unlock()
+		if done != nil {
+			done <- errRoutesStopped
 		}
-	}
-	return n
-}
-
-// deliverElsewhere publishes a guide to the other instances that hold uid,
-// and returns how many took it. An instance that no longer listens is
-// dropped from the route.
-func (g *Gateway) deliverElsewhere(ctx context.Context, req PushRequest) (int, error) {
-	ks := g.store.Keyspace()
-	routes, err := g.rdb.HGetAll(ctx, ks.RouteKey(req.UID)).Result()
-	if err != nil {
-		return 0, fmt.Errorf("look up %q's route: %w", req.UID, err)
-	}
-	payload, _ := json.Marshal(req)
-	n := 0
-	for inst := range routes {
-		if inst == g.instance {
-			continue
-		}
-		got, err := g.rdb.SPublish(ctx, ks.InstanceChannel(inst), payload).Result()
-		if err != nil {
-			return n, fmt.Errorf("route guide to %s: %w", inst, err)
-		}
-		if got == 0 {
-			g.rdb.HDel(ctx, ks.RouteKey(req.UID), inst) // a crashed instance
-			continue
-		}
-		n++
-	}
-	return n, nil
-}
-
-// keep stores a guide in uid's inbox for their next connect.
-func (g *Gateway) keep(ctx context.Context, req PushRequest) error {
-	b, _ := json.Marshal(req)
-	err := inboxPushScript.Run(ctx, g.rdb, []string{g.store.Keyspace().InboxKey(req.UID)},
-		b, g.cfg.InboxSize, g.cfg.InboxTTL.Milliseconds()).Err()
-	if err != nil {
-		return fmt.Errorf("keep guide %s for %q: %w", req.ID, req.UID, err)
-	}
-	return nil
-}
-
-// handOverInbox sends a newly connected user the guides kept for them.
-func (g *Gateway) handOverInbox(ctx context.Context, c *conn) {
-	items, err := inboxTakeScript.Run(ctx, g.rdb, []string{g.store.Keyspace().InboxKey(c.uid)}).StringSlice()
-	if err != nil {
-		g.routeLog.Fail(fmt.Errorf("take %q's inbox: %w", c.uid, err))
 		return
 	}
-	for i := len(items) - 1; i >= 0; i-- { // LPUSH keeps the newest first
-		var req PushRequest
-		if json.Unmarshal([]byte(items[i]), &req) != nil {
-			continue
-		}
-		c.enqueue(frame.Guide(req.ID, req.Text))
-		metricPushes.WithLabelValues("from_inbox").Inc()
+	b.add(uid, end, done)
+	b.mu.Unlock()
+	b.signal()
+}
+
+// add is mark's bookkeeping; b.mu is held.
+func (b *routeBook) add(uid string, end bool, done chan error) {
+	m := b.pending[uid]
+	if m == nil {
+		m = &routeMark{}
+		b.pending[uid] = m
+	}
+	m.end = m.end || end
+	if done != nil {
+		m.waiters = append(m.waiters, done)
 	}
 }
 
-// listen takes guides other instances route here until ctx is done,
-// resubscribing after a broken connection. A guide for a user who has
-// just left goes to their inbox.
-func (g *Gateway) listen(ctx context.Context, sub *redis.PubSub) error {
-	defer sub.Close()
-	stop := context.AfterFunc(ctx, func() { sub.Close() })
-	defer stop()
+func (b *routeBook) signal() {
+	select {
+	case b.kick <- struct{}{}:
+	default:
+	}
+}
+
+// write marks uid and waits for its count to be written.
+func (b *routeBook) write(ctx context.Context, uid string, end bool) error {
+	done := make(chan error, 1)
+	b.mark(uid, end, done)
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// markAll marks every user this instance holds.
+func (b *routeBook) markAll() {
+	for shard := range hubShards {
+		uids := b.g.hub.shardUIDs(shard)
+		b.mu.Lock()
+		if !b.stopped {
+			for _, uid := range uids {
+				b.add(uid, false, nil)
+			}
+		}
+		b.mu.Unlock()
+	}
+	b.signal()
+}
+
+// run writes marked users until ctx is done, then writes what is still
+// marked once more, and refuses marks from then on.
+func (b *routeBook) run(ctx context.Context) {
+	refresh := time.NewTicker(b.g.cfg.routeRefresh())
+	defer refresh.Stop()
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
 	for {
-		msg, err := sub.ReceiveMessage(ctx)
-		if ctx.Err() != nil {
-			return nil
+		select {
+		case <-ctx.Done():
+			b.mu.Lock()
+			b.stopped = true
+			b.mu.Unlock()
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), routeWriteTimeout)
+			b.flush(fctx)
+			cancel()
+			b.mu.Lock()
+			for _, m := range b.pending {
+				for _, w := range m.waiters {
+					w <- errRoutesStopped
+				}
+			}
+			b.pending = nil
+			b.mu.Unlock()
+			return
+		case <-b.kick:
+		case <-refresh.C:
+			b.markAll()
+		case <-retry.C:
 		}
-		if err != nil {
-			g.channelLog.Fail(err)
-			time.Sleep(100 * time.Millisecond) // go-redis resubscribes on the next receive
-			continue
-		}
-		g.channelLog.OK()
-		var req PushRequest
-		if err := json.Unmarshal([]byte(msg.Payload), &req); err != nil {
-			g.log.Warn("bad routed guide", "err", err)
-			continue
-		}
-		if g.deliverLocal(req) > 0 {
-			metricPushes.WithLabelValues("routed_in").Inc()
-			continue
-		}
-		if err := g.keep(ctx, req); err != nil {
-			g.pushLog.Fail(err)
+		if !b.flush(ctx) {
+			retry.Reset(routeRetry)
 		}
 	}
 }
+
+// flush writes every marked user, a batch per round trip, and reports
+// whether all writes succeeded. A failed user stays marked for the next.
+func (b *routeBook) flush(ctx context.Context) bool {
+	for {
+		b.mu.Lock()
+		if len(b.pending) == 0 {
+			b.mu.Unlock()
+			return true
+		}
+		uids := make([]string, 0, min(len(b.pending), routeBatch))
+		marks := make([]*routeMark, 0, cap(uids))
+		for uid, m := range b.pending {
+			uids, marks = append(uids, uid), append(marks, m)
+			delete(b.pending, uid)
+			if len(uids) == routeBatch {
+				break
+			}
+		}
+		b.mu.Unlock()
+
+		// Counts are read now, after the marks were taken: a connection
+		// that comes or goes from here on marks its user again.
+		counts := make([]session.RouteCount, len(uids))
+		for i, uid := range uids {
+			counts[i] = session.RouteCount{UID: uid, Count: b.g.hub.count(uid), End: marks[i].end}
+		}
+		wctx, cancel := context.WithTimeout(ctx, routeWriteTimeout)
+		res := b.g.store.WriteRoutes(wctx, b.g.instance, counts, b.g.cfg.routeTTL(), b.g.recentlyDead())
+		cancel()
+		failed := false
+		for i, r := range res {
+			if r.Err != nil {
+				failed = true
+				b.g.routeLog.Fail(r.Err)
+				b.mu.Lock()
+				if b.pending != nil {
+					b.add(uids[i], marks[i].end, nil)
+				}
+				b.mu.Unlock()
+			}
+			if r.Ended {
+				b.g.log.Debug("last connection closed normally: session ended", "uid", uids[i])
+			}
+			for _, w := range marks[i].waiters {
+				w <- r.Err
+			}
+		}
+		if failed {
+			return false
+		}
+		b.g.routeLog.OK()
+	}
+}
+
+// instanceView is the gateway instances' heartbeats as last read, every
+// heartbeat.
+type instanceView struct {
+	now       time.Time // Redis's clock when read
+	at        time.Time // this host's clock then (monotonic)
+	instances map[string]session.Instance
+}
+
+// readInstances refreshes the view of the instances' heartbeats.
+func (g *Gateway) readInstances(ctx context.Context) {
+	now, inst, err := g.store.Instances(ctx)
+	if err != nil {
+		g.routeLog.Fail(err)
+		return
+	}
+	g.view.Store(&instanceView{now: now, at: time.Now(), instances: inst})
+}
+
+// redisNow estimates Redis's clock from the view.
+func (v *instanceView) redisNow() time.Time { return v.now.Add(time.Since(v.at)) }
+
+// instanceDead reports whether inst is dead by its heartbeat: its lease
+// ran out, or it left. An instance the view does not know is not judged
+// dead: it may have started since.
+func (g *Gateway) instanceDead(inst string) bool {
+	v := g.view.Load()
+	if v == nil {
+		return false
+	}
+	i, ok := v.instances[inst]
+	return ok && !i.AliveAt(v.redisNow())
+}
+
+// recentlyDead lists the instances dead for less than twice the route
+// TTL: their entries may still be in route keys that live instances
+// refresh. Those dead longer were dropped by such a refresh, or their
+// keys ran out.
+func (g *Gateway) recentlyDead() []string {
+	v := g.view.Load()
+	if v == nil {
+		return nil
+	}
+	now := v.redisNow()
+	var out []string
+	for name, i := range v.instances {
+		if name != g.instance && !i.AliveAt(now) && now.Sub(i.Last.Add(i.Lease)) < 2*g.cfg.routeTTL() {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// viewPtr holds the instance view; a type of its own so the Gateway
+// struct reads plainly.
+type viewPtr = atomic.Pointer[instanceView]

@@ -202,7 +202,9 @@ func (l *loop) pause() {
 	}
 	if len(ids) > 0 {
 		l.c.client.PauseFetchPartitions(map[string][]int32{l.topic: ids})
-		l.c.log.Info("fetching paused", "partitions", ids, "probing", l.probing, "held", l.held)
+		// Debug: at the in-flight bound this happens many times a second
+		// under load; an open breaker logs its own line.
+		l.c.log.Debug("fetching paused", "partitions", ids, "probing", l.probing, "held", l.held)
 	}
 }
 
@@ -215,7 +217,7 @@ func (l *loop) resume() {
 	}
 	clear(l.paused)
 	l.c.client.ResumeFetchPartitions(map[string][]int32{l.topic: ids})
-	l.c.log.Info("fetching resumed", "partitions", ids, "held", l.held)
+	l.c.log.Debug("fetching resumed", "partitions", ids, "held", l.held)
 }
 
 // take tracks a poll's records and starts them, or holds them while the

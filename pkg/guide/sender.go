@@ -1,33 +1,28 @@
 package guide
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"net/http"
+
+	"github.com/stillthere/stillthere/pkg/push"
 )
 
-// Guide is one message to deliver.
-type Guide struct {
-	ID         string // the timeout event's id: the idempotency key
-	UID        string
-	Segment    string
-	Text       string
-	DeadlineMS int64 // when the session ran out, Unix ms
-}
+// Guide is one message to deliver: the push request, whose ID (the
+// timeout event's id) is the idempotency key and whose DeadlineMS is when
+// the session ran out.
+type Guide = push.Request
 
 // Outcomes of a settled guide, the label of stillthere_consumer_guides_total.
+// Those a gateway answers are its push statuses.
 const (
-	OutcomeDelivered = "delivered" // shown to the user
-	OutcomeDuplicate = "duplicate" // shown before: the downstream deduped it
-	OutcomeQueued    = "queued"    // the user had no connection: kept for their next connect
-	OutcomeStale     = "stale"     // the user came back before the guide went out
-	OutcomeTooOld    = "too_old"   // the deadline is older than guide-max-age: dropped
-	OutcomeRejected  = "rejected"  // the downstream refused it for good (4xx): dead-lettered
-	OutcomeInvalid   = "invalid"   // not a timeout event this build reads: dead-lettered
+	OutcomeDelivered = string(push.Delivered) // shown to the user
+	OutcomeDuplicate = string(push.Duplicate) // shown before: the downstream deduped it
+	OutcomeQueued    = string(push.Queued)    // the user had no connection: kept for their next connect
+	OutcomeStale     = string(push.Stale)     // the user came back before the guide went out
+	OutcomeTooOld    = string(push.TooOld)    // the deadline is older than guide-max-age: dropped
+	OutcomeRejected  = "rejected"             // the downstream refused it for good (4xx): dead-lettered
+	OutcomeInvalid   = "invalid"              // not a timeout event this build reads: dead-lettered
 )
 
 // sender delivers one guide and says how it was settled. An error is the
@@ -54,45 +49,25 @@ func isPermanent(err error) bool {
 }
 
 // gatewaySender delivers guides through the gateway's push endpoint, which
-// dedupes on the guide id.
+// dedupes on the user and guide id: a thin use of push.Client.
 type gatewaySender struct {
 	url    string
 	secret string
 	client *http.Client
 }
 
-// Send pushes g and returns its outcome. Errors other than permanentError
-// are the downstream failing: 5xx, 401/403 (a misconfigured secret must
-// not drop guides), 429, timeouts and connection errors.
+// Send pushes g and returns its outcome. The gateway's definite no (400)
+// is a permanentError; everything else that does not settle the guide
+// (409 while another push of it is under way, 5xx, 401/403, an older
+// gateway refusing a field, timeouts, connection errors) is the
+// downstream failing, to be retried.
 func (s *gatewaySender) Send(ctx context.Context, g Guide) (string, error) {
-	// The push endpoint refuses unknown fields: only these three.
-	body, err := json.Marshal(map[string]string{"id": g.ID, "uid": g.UID, "text": g.Text})
-	if err != nil {
+	res, err := push.NewClient(s.url, s.secret, s.client).Push(ctx, g)
+	if push.IsRejected(err) {
 		return "", permanentError{err}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
 	if err != nil {
-		return "", permanentError{err}
+		return "", err
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+s.secret)
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return "", fmt.Errorf("push guide %s: %w", g.ID, err)
-	}
-	defer resp.Body.Close()
-	var out struct {
-		Status string `json:"status"`
-		Error  string `json:"error"`
-	}
-	json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&out)
-	switch {
-	case resp.StatusCode == http.StatusOK &&
-		(out.Status == OutcomeDelivered || out.Status == OutcomeDuplicate || out.Status == OutcomeQueued):
-		return out.Status, nil
-	case resp.StatusCode == http.StatusBadRequest:
-		return "", permanentError{fmt.Errorf("push guide %s: %s: %s", g.ID, resp.Status, out.Error)}
-	default:
-		return "", fmt.Errorf("push guide %s: %s %s", g.ID, resp.Status, out.Error)
-	}
+	return string(res.Status), nil
 }

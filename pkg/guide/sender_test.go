@@ -121,7 +121,7 @@ func TestSenderRequest(t *testing.T) {
 	defer srv.Close()
 	s := &gatewaySender{url: srv.URL + "/v1/push", secret: testSecret, client: srv.Client()}
 
-	if _, err := s.Send(context.Background(), Guide{ID: "id-1", UID: "user-1", Segment: "vip", Text: testText}); err != nil {
+	if _, err := s.Send(context.Background(), Guide{ID: "id-1", UID: "user-1", Segment: "vip", Text: testText, DeadlineMS: 1795255600123}); err != nil {
 		t.Fatal(err)
 	}
 	p := <-got
@@ -134,7 +134,7 @@ func TestSenderRequest(t *testing.T) {
 	if p.auth != "Bearer "+testSecret {
 		t.Errorf("Authorization %q, want the bearer secret", p.auth)
 	}
-	want := map[string]any{"id": "id-1", "uid": "user-1", "text": testText}
+	want := map[string]any{"id": "id-1", "uid": "user-1", "segment": "vip", "text": testText, "deadline_ms": float64(1795255600123)}
 	if len(p.body) != len(want) {
 		t.Errorf("body %v, want %v", p.body, want)
 	}

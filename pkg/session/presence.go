@@ -18,6 +18,7 @@ import (
 //
 //	<prefix>:{b07}:rt:<uid>        HASH gateway instance -> connections of uid
 //	<prefix>:{b07}:pg:<uid>/<id>   push claim and outcome of guide id for uid
+//	<prefix>:{b07}:in:<uid>/lease  inbox guides being handed over: HASH id -> until ms
 
 // DeliveredKey holds the push state of guide id for uid: claimed while a
 // push of it runs, then its outcome. It is scoped by uid, which cannot
@@ -25,6 +26,10 @@ import (
 func (k Keyspace) DeliveredKey(uid, id string) string {
 	return k.bucketPrefix(Bucket(uid)) + "pg:" + uid + "/" + id
 }
+
+// InboxLeaseKey holds which of uid's inbox guides a connection is being
+// handed, until when, so a second connection does not take them too.
+func (k Keyspace) InboxLeaseKey(uid string) string { return k.InboxKey(uid) + "/lease" }
 
 // routeScript writes one instance's connection count of one user,
 // absolutely (a count that a failed write left wrong heals with the next

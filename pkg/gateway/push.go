@@ -1,0 +1,609 @@
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stillthere/stillthere/pkg/frame"
+	"github.com/stillthere/stillthere/pkg/push"
+)
+
+// The push flow, in the order a guide takes it. The contract itself (the
+// request, the statuses, the limits, the secret) is package push.
+//
+//  1. servePush checks the secret and the request.
+//  2. claim: one script moves the guide's state for this user
+//     (Keyspace.DeliveredKey) from nothing to claimed, or answers
+//     duplicate (done before), retry (claimed by a push still under way:
+//     its outcome is not known, so it is not a duplicate) or stale (the
+//     user renewed after the guide's deadline).
+//  3. route: hand the guide to this instance's connections of the user,
+//     and publish it on the sharded Pub/Sub channel of every other
+//     instance in the user's route key. An instance that published to
+//     nobody is dropped from the route only when its heartbeat says it is
+//     dead; a live one (resubscribing) is tried again, and if the guide
+//     reached nobody the push answers retry.
+//  4. keep: a user connected nowhere gets the guide in their inbox, unless
+//     a connection registered since the route was read, in which case
+//     routing starts over.
+//  5. the claim becomes the outcome, kept for a day, or is released when
+//     the guide went nowhere, so that a retry can push it.
+//
+// Each instance takes guides others route to it on its channel (listen),
+// and hands a connecting user their inbox (handOverInbox).
+
+const (
+	// claimTTL bounds how long a push of one id can hold it: a claim
+	// whose gateway died lapses, and the id can be pushed again.
+	claimTTL = 30 * time.Second
+	// pushTimeout bounds one push's work, well within claimTTL, so no
+	// claim lapses under a push still running.
+	pushTimeout = 10 * time.Second
+	// pushedTTL is how long an id's outcome is remembered.
+	pushedTTL = 24 * time.Hour
+	// pushRetryAfter is the Retry-After of a retry answer.
+	pushRetryAfter = time.Second
+	// publishRetries and publishRetryWait bound how long a push waits for
+	// a live instance to listen again (go-redis resubscribes at once).
+	publishRetries   = 5
+	publishRetryWait = 200 * time.Millisecond
+	// reroutes bounds how often a push starts over because connections
+	// registered while it routed.
+	reroutes = 3
+)
+
+var (
+	errClaimed   = errors.New("another push of this guide is under way")
+	errUnreached = errors.New("no subscriber on the channel of a live instance holding the user")
+)
+
+// claimScript claims a guide id for one user. KEYS: delivered, the same
+// id's key as gateways before uid scoping wrote it (read only, so a guide
+// they delivered is not delivered again after an upgrade), renewed.
+// ARGV: claim token, claim ms, deadline ms (0 unknown). Returns "fresh",
+// "busy" (claimed), "done" or "stale".
+var claimScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v then
+  if string.sub(v, 1, 2) == 'c:' then return 'busy' end
+  return 'done'
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 'done' end
+local dl = tonumber(ARGV[3])
+if dl > 0 and (tonumber(redis.call('GET', KEYS[3]) or '0') or 0) > dl then return 'stale' end
+redis.call('SET', KEYS[1], 'c:' .. ARGV[1], 'PX', ARGV[2])
+return 'fresh'
+`)
+
+// settleClaimScript records the outcome of a claimed push, or releases
+// the claim when the outcome is empty; only while the claim is the
+// caller's. KEYS: delivered. ARGV: claim token, outcome, keep ms.
+var settleClaimScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= 'c:' .. ARGV[1] then return 0 end
+if ARGV[2] == '' then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('SET', KEYS[1], 'd:' .. ARGV[2], 'PX', ARGV[3])
+end
+return 1
+`)
+
+// keepScript adds a guide to a user's capped inbox, unless a connection
+// of the user registered since the route was read (returns 0: route
+// again) or the guide is past its max age (returns -1). An entry is the
+// request's JSON with kept_ms and expires_ms added: its deadline (or,
+// unknown, the time it was kept) plus the max age. Older gateways read it
+// as a request. KEYS: inbox, route. ARGV: request JSON, max age ms, cap,
+// inbox ttl ms, deadline ms, check route (1/0), then the route as read:
+// instance, count pairs. Returns 1 when kept.
+var keepScript = redis.NewScript(`
+if ARGV[6] == '1' then
+  local seen = {}
+  for i = 7, #ARGV, 2 do seen[ARGV[i]] = tonumber(ARGV[i+1]) end
+  local cur = redis.call('HGETALL', KEYS[2])
+  for i = 1, #cur, 2 do
+    if (tonumber(cur[i+1]) or 0) > (seen[cur[i]] or 0) then return 0 end
+  end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local dl = tonumber(ARGV[5])
+local exp = (dl > 0 and dl or now) + tonumber(ARGV[2])
+if exp <= now then return -1 end
+local entry = string.sub(ARGV[1], 1, -2) .. ',"kept_ms":' .. now .. ',"expires_ms":' .. exp .. '}'
+redis.call('LPUSH', KEYS[1], entry)
+redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[3]) - 1)
+local ttl = math.min(exp - now, tonumber(ARGV[4]))
+if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
+return 1
+`)
+
+// inboxTakeScript returns up to ARGV[1] inbox entries, oldest first,
+// without removing them: an entry leaves the inbox once written to a
+// socket. Each returned is leased for ARGV[2] ms, so that another
+// connection of the user does not take it meanwhile; its lease goes when
+// it is written, or when the connection ends first. Entries past their
+// expiry, and those whose user renewed after their deadline (stale), are
+// removed on the way; entries of older gateways, which carry neither,
+// are handed over. KEYS: inbox, renewed, leases.
+// Returns {stale removed, expired removed, entry...}.
+var inboxTakeScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local renewed = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
+local items = redis.call('LRANGE', KEYS[1], 0, -1)
+local out = {0, 0}
+for i = #items, 1, -1 do
+  local ok, e = pcall(cjson.decode, items[i])
+  local drop, id = 0, nil
+  if ok and type(e) == 'table' then
+    if type(e['id']) == 'string' then id = e['id'] end
+    local exp = tonumber(e['expires_ms'])
+    local asked = tonumber(e['deadline_ms'])
+    if not asked or asked <= 0 then asked = tonumber(e['kept_ms']) end
+    if exp and exp <= now then drop = 2
+    elseif asked and renewed > asked then drop = 1 end
+  end
+  if drop > 0 then
+    redis.call('LREM', KEYS[1], 1, items[i])
+    if id then redis.call('HDEL', KEYS[3], id) end
+    out[drop] = out[drop] + 1
+  elseif #out - 2 < limit then
+    local held = 0
+    if id then held = tonumber(redis.call('HGET', KEYS[3], id) or '0') or 0 end
+    if held <= now then
+      out[#out + 1] = items[i]
+      if id then redis.call('HSET', KEYS[3], id, now + lease) end
+    end
+  end
+end
+if #out > 2 and redis.call('PTTL', KEYS[3]) < lease then redis.call('PEXPIRE', KEYS[3], lease) end
+return out
+`)
+
+func (g *Gateway) servePush(w http.ResponseWriter, r *http.Request) {
+	if !push.Authorized(r, g.cfg.PushSecret) {
+		metricPushes.WithLabelValues("rejected").Inc()
+		push.WriteUnauthorized(w)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, push.MaxBodyBytes))
+	if err != nil {
+		metricPushes.WithLabelValues("invalid").Inc()
+		push.WriteRejected(w, "body: "+err.Error())
+		return
+	}
+	req, err := push.ParseRequest(body)
+	if err != nil {
+		metricPushes.WithLabelValues("invalid").Inc()
+		push.WriteRejected(w, err.Error())
+		return
+	}
+	// Not cut short by the consumer hanging up: a push under way finishes
+	// and records its outcome, which the consumer's retry then finds.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), pushTimeout)
+	defer cancel()
+	res, err := g.push(ctx, req)
+	switch {
+	case errors.Is(err, errClaimed):
+		metricPushes.WithLabelValues(string(push.Retry)).Inc()
+		push.WriteRetry(w, http.StatusConflict, pushRetryAfter, "guide "+req.ID+" is being pushed; its outcome is not known yet")
+	case err != nil:
+		metricPushes.WithLabelValues(string(push.Retry)).Inc()
+		g.pushLog.Fail(fmt.Errorf("guide %s: %w", req.ID, err))
+		push.WriteRetry(w, http.StatusServiceUnavailable, pushRetryAfter, "push unavailable, retry")
+	default:
+		g.pushLog.OK()
+		metricPushes.WithLabelValues(string(res.Status)).Inc()
+		push.WriteSettled(w, res.Status, res.Connections)
+	}
+}
+
+// push delivers a guide once per user and id (see the flow above).
+func (g *Gateway) push(ctx context.Context, req push.Request) (push.Response, error) {
+	ks := g.store.Keyspace()
+	key := ks.DeliveredKey(req.UID, req.ID)
+	token := newToken()
+	state, err := claimScript.Run(ctx, g.rdb,
+		[]string{key, ks.PushedKey(req.UID, req.ID), ks.RenewedKey(req.UID)},
+		token, claimTTL.Milliseconds(), req.DeadlineMS).Text()
+	if err != nil {
+		return push.Response{}, fmt.Errorf("claim guide id: %w", err)
+	}
+	switch state {
+	case "busy":
+		return push.Response{}, errClaimed
+	case "done":
+		return push.Response{Status: push.Duplicate}, nil
+	case "stale":
+		return push.Response{Status: push.Stale}, nil
+	}
+	res, err := g.route(ctx, req)
+	outcome := ""
+	if err == nil {
+		outcome = string(res.Status)
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.WriteTimeout)
+	defer cancel()
+	serr := settleClaimScript.Run(sctx, g.rdb, []string{key}, token, outcome, pushedTTL.Milliseconds()).Err()
+	if err != nil {
+		if serr != nil {
+			// The claim lapses after claimTTL; retries meanwhile hear retry.
+			return push.Response{}, fmt.Errorf("%w; and release the claim: %v", err, serr)
+		}
+		return push.Response{}, err
+	}
+	if serr != nil {
+		// What went out stays out, and the consumer is told so; only a
+		// resend after the claim lapses could show it again.
+		g.pushLog.Fail(fmt.Errorf("guide %s %s, but recording that failed: %w", req.ID, res.Status, serr))
+	}
+	return res, nil
+}
+
+// route hands a claimed guide to the user's connections wherever they
+// are, or keeps it in their inbox.
+func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, error) {
+	routeKey := g.store.Keyspace().RouteKey(req.UID)
+	payload, err := json.Marshal(req)
+	if err != nil {
+		return push.Response{}, err
+	}
+	for range reroutes {
+		routes, err := g.rdb.HGetAll(ctx, routeKey).Result()
+		if err != nil {
+			return push.Response{}, fmt.Errorf("look up %q's route: %w", req.UID, err)
+		}
+		n := g.deliverLocal(req)
+		remote, err := g.deliverElsewhere(ctx, req.UID, payload, routes)
+		if n+remote > 0 {
+			if err != nil {
+				g.log.Warn("guide delivered, but not to every instance holding the user", "uid", req.UID, "guide_id", req.ID, "err", err)
+			}
+			return push.Response{Status: push.Delivered, Connections: n + remote}, nil
+		}
+		if err != nil {
+			return push.Response{}, err
+		}
+		status, err := g.keep(ctx, req, payload, routes, true)
+		if err != nil || status != "" {
+			return push.Response{Status: status}, err
+		}
+		// A connection registered since the route was read: route again.
+	}
+	return push.Response{}, fmt.Errorf("route of %q kept changing", req.UID)
+}
+
+// deliverLocal hands a guide to uid's connections on this instance, and
+// returns how many took it.
+func (g *Gateway) deliverLocal(req push.Request) int {
+	b := frame.Guide(req.ID, req.Text, req.DeadlineMS)
+	n := 0
+	for _, c := range g.hub.lookup(req.UID) {
+		if c.enqueue(b) {
+			n++
+		}
+	}
+	return n
+}
+
+// deliverElsewhere publishes a guide to the other instances in uid's
+// route, and returns how many took it. A channel with no subscriber
+// belongs to a dead instance, which is dropped from the route, or to a
+// live one resubscribing, which is tried again for a while: one publish
+// that reached nobody says nothing about an instance's connections.
+func (g *Gateway) deliverElsewhere(ctx context.Context, uid string, payload []byte, routes map[string]string) (int, error) {
+	ks := g.store.Keyspace()
+	targets := make([]string, 0, len(routes))
+	for inst := range routes {
+		if inst != g.instance {
+			targets = append(targets, inst)
+		}
+	}
+	slices.Sort(targets)
+	n := 0
+	for attempt := 0; len(targets) > 0; attempt++ {
+		var missed []string
+		for _, inst := range targets {
+			got, err := g.rdb.SPublish(ctx, ks.InstanceChannel(inst), payload).Result()
+			if err != nil {
+				return n, fmt.Errorf("route guide to %s: %w", inst, err)
+			}
+			switch {
+			case got > 0:
+				n++
+			case g.instanceDead(inst):
+				if err := g.rdb.HDel(ctx, ks.RouteKey(uid), inst).Err(); err == nil {
+					metricRoutesPruned.Inc()
+				}
+			default:
+				missed = append(missed, inst)
+			}
+		}
+		targets = missed
+		if len(targets) == 0 {
+			break
+		}
+		if attempt == publishRetries {
+			return n, fmt.Errorf("%w: %v", errUnreached, targets)
+		}
+		select {
+		case <-ctx.Done():
+			return n, ctx.Err()
+		case <-time.After(publishRetryWait):
+		}
+	}
+	return n, nil
+}
+
+// keep stores a guide in uid's inbox. With check, it refuses (status "")
+// when a connection registered since routes was read.
+func (g *Gateway) keep(ctx context.Context, req push.Request, payload []byte, routes map[string]string, check bool) (push.Status, error) {
+	ks := g.store.Keyspace()
+	flag := 0
+	if check {
+		flag = 1
+	}
+	args := []any{payload, g.cfg.guideMaxAge().Milliseconds(), g.cfg.InboxSize, g.cfg.InboxTTL.Milliseconds(), req.DeadlineMS, flag}
+	for inst, n := range routes {
+		args = append(args, inst, n)
+	}
+	n, err := keepScript.Run(ctx, g.rdb, []string{ks.InboxKey(req.UID), ks.RouteKey(req.UID)}, args...).Int()
+	if err != nil {
+		return "", fmt.Errorf("keep guide %s for %q: %w", req.ID, req.UID, err)
+	}
+	switch n {
+	case 1:
+		return push.Queued, nil
+	case -1:
+		return push.TooOld, nil
+	}
+	return "", nil
+}
+
+// listen takes guides other instances route here until ctx is done. After
+// a broken connection go-redis resubscribes; once it has, this instance
+// writes its users' routes again, which a push that met no subscriber in
+// between may have missed. A guide for a user who has just left goes to
+// their inbox.
+func (g *Gateway) listen(ctx context.Context, sub *redis.PubSub) {
+	defer sub.Close()
+	stop := context.AfterFunc(ctx, func() { sub.Close() })
+	defer stop()
+	broken := false
+	for {
+		msg, err := sub.Receive(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			g.channelLog.Fail(err)
+			broken = true
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			g.channelLog.OK()
+			if broken {
+				broken = false
+				g.log.Info("instance channel resubscribed; registering users again")
+				g.routes.markAll()
+			}
+		case *redis.Message:
+			g.channelLog.OK()
+			g.routedIn(ctx, m.Payload)
+		}
+	}
+}
+
+// routedIn delivers a guide another instance routed here.
+func (g *Gateway) routedIn(ctx context.Context, payload string) {
+	var req push.Request
+	if err := json.Unmarshal([]byte(payload), &req); err != nil || req.Validate() != nil {
+		g.log.Warn("bad routed guide", "err", err)
+		return
+	}
+	if g.deliverLocal(req) > 0 {
+		metricPushes.WithLabelValues("routed_in").Inc()
+		return
+	}
+	kctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
+	defer cancel()
+	if _, err := g.keep(kctx, req, []byte(payload), nil, false); err != nil {
+		g.pushLog.Fail(err)
+	}
+}
+
+// inboxChunk is how many inbox guides wait in a connection's send queue at
+// once: half of it, so that a handover never fills the queue it shares
+// with pongs, and a large inbox never cuts its client off.
+func (g *Gateway) inboxChunk() int { return max(1, g.cfg.SendQueue/2) }
+
+// inboxLease is how long a connection may take to write one chunk of
+// inbox guides before another connection of the user may take them too:
+// each frame's write timeout, and a margin.
+func (g *Gateway) inboxLease() time.Duration {
+	return time.Duration(g.inboxChunk())*g.cfg.WriteTimeout + 5*time.Second
+}
+
+// takeInbox leases up to inboxChunk of uid's inbox entries, oldest first,
+// leaving them in the inbox.
+func (g *Gateway) takeInbox(ctx context.Context, uid string) ([]string, error) {
+	ks := g.store.Keyspace()
+	vals, err := inboxTakeScript.Run(ctx, g.rdb, []string{ks.InboxKey(uid), ks.RenewedKey(uid), ks.InboxLeaseKey(uid)},
+		g.inboxChunk(), g.inboxLease().Milliseconds()).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("take %q's inbox: %w", uid, err)
+	}
+	if len(vals) < 2 {
+		return nil, fmt.Errorf("take %q's inbox: %d values", uid, len(vals))
+	}
+	stale, _ := vals[0].(int64)
+	expired, _ := vals[1].(int64)
+	metricPushes.WithLabelValues("inbox_stale").Add(float64(stale))
+	metricPushes.WithLabelValues("inbox_expired").Add(float64(expired))
+	items := make([]string, 0, len(vals)-2)
+	for _, v := range vals[2:] {
+		if s, ok := v.(string); ok {
+			items = append(items, s)
+		}
+	}
+	return items, nil
+}
+
+// handOverInbox queues a connecting user's first inbox guides on c,
+// oldest first, before anything else. It returns the rest of the
+// handover, for a goroutine of its own, or nil when there is none: each
+// guide leaves the inbox once written to the socket, and the next ones
+// are queued then, so a connection that drops first leaves them for the
+// next connect.
+func (g *Gateway) handOverInbox(ctx context.Context, c *conn) func() {
+	items, err := g.takeInbox(ctx, c.uid)
+	if err != nil {
+		g.routeLog.Fail(err)
+		return nil
+	}
+	if len(items) == 0 {
+		return nil
+	}
+	h := &handover{g: g, c: c}
+	h.queue(ctx, items)
+	return func() { h.run(ctx, len(items)) }
+}
+
+// handover is one connection's inbox handover.
+type handover struct {
+	g       *Gateway
+	c       *conn
+	written chan string       // entries of the chunk the connection's flusher wrote
+	queued  map[string]string // entries of the chunk on the connection: entry -> guide id
+}
+
+// queue puts a chunk of entries on the connection, each reporting on
+// written once it is on the socket. Entries that do not parse leave the
+// inbox at once; those the connection did not take are released.
+func (h *handover) queue(ctx context.Context, items []string) {
+	written := make(chan string, len(items))
+	h.written = written
+	h.queued = make(map[string]string, len(items))
+	var bad, unsent []string
+	for _, raw := range items {
+		var req push.Request
+		if json.Unmarshal([]byte(raw), &req) != nil || req.ID == "" {
+			bad = append(bad, raw)
+			continue
+		}
+		if len(unsent) > 0 || !h.c.enqueueThen(frame.Guide(req.ID, req.Text, req.DeadlineMS), func() { written <- raw }) {
+			unsent = append(unsent, req.ID)
+			continue
+		}
+		h.queued[raw] = req.ID
+	}
+	if len(bad) > 0 || len(unsent) > 0 {
+		h.settle(ctx, bad, unsent)
+	}
+}
+
+// run waits for each chunk to be written, removes it from the inbox, and
+// queues the next, until the inbox is empty or the connection ends.
+func (h *handover) run(ctx context.Context, taken int) {
+	chunk := h.g.inboxChunk()
+	for {
+		done := h.wait()
+		var unsent []string
+		for raw, id := range h.queued {
+			if !slices.Contains(done, raw) {
+				unsent = append(unsent, id)
+			}
+		}
+		if err := h.settle(ctx, done, unsent); err != nil {
+			// Taking the inbox again would return the written ones.
+			return
+		}
+		metricPushes.WithLabelValues("from_inbox").Add(float64(len(done)))
+		if len(unsent) > 0 || taken < chunk {
+			return
+		}
+		items, err := h.g.takeInbox(ctx, h.c.uid)
+		if err != nil {
+			h.g.routeLog.Fail(err)
+			return
+		}
+		if len(items) == 0 {
+			return
+		}
+		taken = len(items)
+		h.queue(ctx, items)
+	}
+}
+
+// wait returns the entries of the current chunk written to the socket:
+// all of them, or those written before the connection ended.
+func (h *handover) wait() []string {
+	done := make([]string, 0, len(h.queued))
+	for len(done) < len(h.queued) {
+		select {
+		case raw := <-h.written:
+			done = append(done, raw)
+		case <-h.c.done:
+			// Its flushers have exited: every write was reported.
+			for {
+				select {
+				case raw := <-h.written:
+					done = append(done, raw)
+				default:
+					return done
+				}
+			}
+		}
+	}
+	return done
+}
+
+// settle removes entries from the inbox, with their leases, and releases
+// the leases of guides the connection did not write, in one round trip.
+func (h *handover) settle(ctx context.Context, remove []string, release []string) error {
+	ctx, cancel := context.WithTimeout(ctx, h.g.cfg.WriteTimeout)
+	defer cancel()
+	ks := h.g.store.Keyspace()
+	inbox, leases := ks.InboxKey(h.c.uid), ks.InboxLeaseKey(h.c.uid)
+	_, err := h.g.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, e := range remove {
+			p.LRem(ctx, inbox, 1, e)
+			if id, ok := h.queued[e]; ok {
+				p.HDel(ctx, leases, id)
+			}
+		}
+		if len(release) > 0 {
+			p.HDel(ctx, leases, release...)
+		}
+		return nil
+	})
+	if err != nil {
+		h.g.routeLog.Fail(fmt.Errorf("settle %d handed-over guides of %q's inbox: %w", len(remove)+len(release), h.c.uid, err))
+	}
+	return err
+}
+
+// newToken names one push's claim.
+func newToken() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
