@@ -1,0 +1,248 @@
+package expiry
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/stillthere/stillthere/pkg/gateway"
+	"github.com/stillthere/stillthere/pkg/redisconn"
+	"github.com/stillthere/stillthere/pkg/token"
+)
+
+// Helpers of the attack tests: real gateways in front of the listener,
+// and clients that ping them as a chat app would.
+
+const (
+	attackTokenSecret = "0123456789abcdef0123456789abcdef"
+	attackPushSecret  = "push-secret-push-secret-push-secret"
+)
+
+// attackGateway is a running gateway instance.
+type attackGateway struct {
+	*gateway.Gateway
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+}
+
+// startAttackGateway runs a gateway on Redis at addr with the harness's
+// key prefix, granting ttl and no jitter, heartbeating every 100ms.
+func (h *harness) startAttackGateway(addr string, ttl time.Duration, mutate func(*gateway.Config)) *attackGateway {
+	t := h.t
+	t.Helper()
+	cfg := gateway.Config{
+		Redis:              redisconn.Config{Addrs: []string{addr}, KeyPrefix: h.prefix},
+		Addr:               "127.0.0.1:0",
+		PushAddr:           "127.0.0.1:0",
+		TokenSecret:        attackTokenSecret,
+		PushSecret:         attackPushSecret,
+		SessionTTL:         ttl,
+		SessionJitter:      0,
+		ReadLimit:          4096,
+		RateBurst:          50,
+		RatePerSecond:      20,
+		IdleTimeout:        time.Minute,
+		WriteTimeout:       5 * time.Second,
+		HandshakeTimeout:   5 * time.Second,
+		SendQueue:          64,
+		ShutdownTimeout:    5 * time.Second,
+		RenewGranularity:   0,
+		RenewFlushInterval: 2 * time.Millisecond,
+		RenewBatch:         256,
+		PolicyRefresh:      100 * time.Millisecond,
+		InboxSize:          3,
+		InboxTTL:           time.Hour,
+		HeartbeatInterval:  100 * time.Millisecond,
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	g, err := gateway.New(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	ag := &attackGateway{Gateway: g, cancel: cancel, done: make(chan error, 1)}
+	go func() { ag.done <- g.Serve(ctx) }()
+	t.Cleanup(ag.stop)
+	return ag
+}
+
+func (ag *attackGateway) stop() {
+	ag.once.Do(func() {
+		ag.cancel()
+		select {
+		case <-ag.done:
+		case <-time.After(15 * time.Second):
+		}
+	})
+}
+
+// pinger is one client device: it pings its gateway every period, and
+// counts the pongs and errors it is answered.
+type pinger struct {
+	uid    string
+	pongs  atomic.Int64
+	errs   atomic.Int64
+	cancel context.CancelFunc
+	done   chan struct{}
+	ws     *websocket.Conn
+}
+
+// dialAttack connects uid to g.
+func dialAttack(t *testing.T, g *attackGateway, uid string) (*websocket.Conn, error) {
+	t.Helper()
+	tok, err := token.Mint([]byte(attackTokenSecret), uid, "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws, _, err := websocket.DefaultDialer.Dial("ws://"+g.PublicAddr().String()+"/v1/ws",
+		http.Header{"Authorization": {"Bearer " + tok}})
+	return ws, err
+}
+
+// startPinger connects uid to g and pings every period until stop. With
+// period 0 it pings once and then stays connected without a word.
+func startPinger(t *testing.T, g *attackGateway, uid string, period time.Duration) *pinger {
+	t.Helper()
+	ws, err := dialAttack(t, g, uid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &pinger{uid: uid, cancel: cancel, done: make(chan struct{}), ws: ws}
+	go func() {
+		for {
+			_, b, err := ws.ReadMessage()
+			if err != nil {
+				return
+			}
+			if bytes.Contains(b, []byte(`"type":"pong"`)) {
+				p.pongs.Add(1)
+			} else {
+				p.errs.Add(1)
+			}
+		}
+	}()
+	var wmu sync.Mutex
+	ping := func() {
+		wmu.Lock()
+		defer wmu.Unlock()
+		ws.SetWriteDeadline(time.Now().Add(time.Second))
+		ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`))
+	}
+	ping()
+	go func() {
+		defer close(p.done)
+		if period == 0 {
+			<-ctx.Done()
+			return
+		}
+		tk := time.NewTicker(period)
+		defer tk.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tk.C:
+				ping()
+			}
+		}
+	}()
+	t.Cleanup(p.stop)
+	return p
+}
+
+func (p *pinger) stop() {
+	p.cancel()
+	<-p.done
+	if p.ws != nil {
+		p.ws.Close()
+	}
+}
+
+// startMovingPinger is startPinger for a client that reconnects when its
+// connection is closed, as real clients do: to the next gateway of gws,
+// as a load balancer sends it to an instance that is ready.
+func startMovingPinger(t *testing.T, gws []*attackGateway, uid string, period time.Duration) *pinger {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &pinger{uid: uid, cancel: cancel, done: make(chan struct{})}
+	var mu sync.Mutex // guards ws
+	var ws *websocket.Conn
+	connect := func(i int) bool {
+		for ctx.Err() == nil {
+			c, err := dialAttack(t, gws[i%len(gws)], uid)
+			if err == nil {
+				mu.Lock()
+				ws = c
+				mu.Unlock()
+				return true
+			}
+			i++
+			time.Sleep(50 * time.Millisecond)
+		}
+		return false
+	}
+	ping := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if ws != nil {
+			ws.SetWriteDeadline(time.Now().Add(time.Second))
+			ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`))
+		}
+	}
+	if !connect(0) {
+		t.Fatal("no gateway to connect to")
+	}
+	ping()
+	readerDone := make(chan struct{})
+	go func() { // the reader: reconnects on a close
+		defer close(readerDone)
+		next := 1
+		for ctx.Err() == nil {
+			mu.Lock()
+			c := ws
+			mu.Unlock()
+			if _, _, err := c.ReadMessage(); err != nil {
+				c.Close()
+				if !connect(next) {
+					return
+				}
+				next++
+				ping()
+			}
+		}
+	}()
+	go func() {
+		defer close(p.done)
+		tk := time.NewTicker(period)
+		defer tk.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				mu.Lock()
+				if ws != nil {
+					ws.Close()
+				}
+				mu.Unlock()
+				<-readerDone
+				return
+			case <-tk.C:
+				ping()
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-p.done })
+	return p
+}
