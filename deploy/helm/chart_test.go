@@ -44,6 +44,7 @@ type values struct {
 	} `json:"networkPolicy"`
 	Gateway struct {
 		HeartbeatInterval string `json:"heartbeatInterval"`
+		ShedAfter         string `json:"shedAfter"`
 	} `json:"gateway"`
 	Listener struct {
 		OutageGrace  string `json:"outageGrace"`
@@ -694,6 +695,20 @@ func TestChartRefusesBadValues(t *testing.T) {
 			[]string{"consumer.webhookURL"}},
 		{"heartbeat interval out of range", []string{"--set", "gateway.heartbeatInterval=20s"},
 			[]string{"gateway.heartbeatInterval: 20s, want between 100ms and 10s"}},
+		{"shed-after out of range", []string{"--set", "gateway.shedAfter=11m", "--set", "listener.outageGrace=1h"},
+			[]string{"gateway.shedAfter: 11m, want between 0 and 10m"}},
+		{"shed-after not a duration", []string{"--set-string", "gateway.shedAfter=15"},
+			[]string{"/gateway/shedAfter"}},
+		{"shed-after a number other than 0", []string{"--set", "gateway.shedAfter=15"},
+			[]string{"/gateway/shedAfter"}},
+		{"shed-after through the free-form map", []string{"--set", "gateway.config.shed-after=5s"},
+			[]string{"gateway.config.shed-after", "STILLTHERE_SHED_AFTER"}},
+		{"shed-after through the common map", []string{"--set", "config.STILLTHERE_SHED_AFTER=5s"},
+			[]string{"config.STILLTHERE_SHED_AFTER", "STILLTHERE_SHED_AFTER"}},
+		{"shed-after + reconnect up to the grace", []string{"--set", "gateway.shedAfter=65s"},
+			[]string{"gateway.shedAfter: 65s + 10s to reconnect is not under listener.outageGrace 75s", "above 75s", "below 65s"}},
+		{"shed-after + reconnect over a raised grace", []string{"--set", "gateway.shedAfter=2m", "--set", "listener.outageGrace=90s"},
+			[]string{"gateway.shedAfter: 2m + 10s to reconnect is not under listener.outageGrace 90s", "above 130s", "below 80s"}},
 		{"outage grace not a duration", []string{"--set-string", "listener.outageGrace=75"},
 			[]string{"/listener/outageGrace"}},
 		{"outage grace under a TTL", []string{"--set", "gateway.sessionTTL=90s"},

@@ -2,6 +2,7 @@ package helm
 
 import (
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,8 +21,9 @@ const (
 
 // checkOutage: the settings of "a silence we caused is not a silence"
 // reach the service that reads them, as the values give them, and no
-// other; the grace lets every client ping again after an outage, and the
-// gateways' heartbeat lease is shorter than a session.
+// other; the grace lets every client ping again after an outage, and
+// those a gateway sheds reconnect within it; the gateways' heartbeat lease
+// is shorter than a session.
 func checkOutage(t *testing.T, m *manifests, pods map[string]*corev1.PodTemplateSpec, v values) {
 	envs := map[string]map[string]string{}
 	for _, c := range components {
@@ -30,6 +32,7 @@ func checkOutage(t *testing.T, m *manifests, pods map[string]*corev1.PodTemplate
 	l := v.Listener
 	for _, s := range []struct{ component, name, want string }{
 		{"gateway", "STILLTHERE_HEARTBEAT_INTERVAL", v.Gateway.HeartbeatInterval},
+		{"gateway", "STILLTHERE_SHED_AFTER", v.Gateway.ShedAfter},
 		{"expiry-listener", "STILLTHERE_OUTAGE_GRACE", l.OutageGrace},
 		{"expiry-listener", "STILLTHERE_SWEEP_GAP_MAX", l.SweepGapMax},
 		{"expiry-listener", "STILLTHERE_CLOCK_JUMP_MAX", l.ClockJumpMax},
@@ -55,10 +58,49 @@ func checkOutage(t *testing.T, m *manifests, pods map[string]*corev1.PodTemplate
 	if _, ok := gw["STILLTHERE_SESSION_JITTER"]; ok {
 		jitter = duration(t, gw, "STILLTHERE_SESSION_JITTER")
 	}
-	if grace := duration(t, envs["expiry-listener"], "STILLTHERE_OUTAGE_GRACE"); grace < ttl+jitter+reconnectTime {
+	grace := duration(t, envs["expiry-listener"], "STILLTHERE_OUTAGE_GRACE")
+	if grace < ttl+jitter+reconnectTime {
 		t.Errorf("outage-grace %v is under session-ttl %v + session-jitter %v + %v to reconnect", grace, ttl, jitter, reconnectTime)
+	}
+	if shed := duration(t, gw, "STILLTHERE_SHED_AFTER"); shed > 0 && shed+reconnectTime >= grace {
+		t.Errorf("shed-after %v + %v to reconnect is not under outage-grace %v: clients shed by a gateway cut off from Redis would be back after the grace", shed, reconnectTime, grace)
 	}
 	if lease := 3 * duration(t, gw, "STILLTHERE_HEARTBEAT_INTERVAL"); lease >= ttl {
 		t.Errorf("the heartbeat lease %v is not under session-ttl %v: a gateway cut off from Redis would be noticed after its users' deadlines", lease, ttl)
+	}
+}
+
+// TestChartShedAfterNever: gateway.shedAfter 0, as a number or a string,
+// reaches the gateway as never shedding, and then the grace need not
+// cover it: a grace that shedding after 1s would not fit in renders.
+func TestChartShedAfterNever(t *testing.T) {
+	short := []string{"--set", "gateway.sessionTTL=1s", "--set", "gateway.sessionJitter=0s", "--set", "listener.outageGrace=11s"}
+	if _, err := render(t, append(short, "--set", "gateway.shedAfter=1s")...); err == nil || !strings.Contains(err.Error(), "gateway.shedAfter: 1s + 10s to reconnect is not under listener.outageGrace 11s") {
+		t.Fatalf("shedAfter 1s with an 11s grace: got %v, want the chart to refuse it", err)
+	}
+	for _, set := range [][]string{
+		{"--set", "gateway.shedAfter=0"},
+		{"--set-string", "gateway.shedAfter=0"},
+		{"--set", "gateway.shedAfter=0s"},
+	} {
+		out, err := render(t, append(short, set...)...)
+		if err != nil {
+			t.Fatalf("%q: %v", set, err)
+		}
+		m, err := decode(out)
+		if err != nil {
+			t.Fatalf("%q: decoding the rendered chart strictly:\n%v", set, err)
+		}
+		cm := m.configMaps[fullname+"-gateway"]
+		if cm == nil {
+			t.Fatalf("%q: no ConfigMap %s-gateway", set, fullname)
+		}
+		got, ok := cm.Data["STILLTHERE_SHED_AFTER"]
+		if !ok {
+			t.Fatalf("%q: STILLTHERE_SHED_AFTER is not set", set)
+		}
+		if d, err := time.ParseDuration(got); err != nil || d != 0 {
+			t.Errorf("%q: STILLTHERE_SHED_AFTER = %q, want 0", set, got)
+		}
 	}
 }

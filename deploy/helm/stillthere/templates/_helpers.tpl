@@ -265,13 +265,13 @@ startupProbe:
 {{- end }}
 
 {{/*
-Milliseconds in a Go duration such as 1m15s or 250ms, as a float; fails
+Milliseconds in a Go duration such as 1m15s, 250ms or 0, as a float; fails
 naming the value when it is not one: (list "listener.outageGrace" "75s").
 */}}
 {{- define "stillthere.milliseconds" -}}
 {{- $where := index . 0 }}
 {{- $d := toString (index . 1) }}
-{{- if not (regexMatch "^([0-9]+(\\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$" $d) }}
+{{- if not (regexMatch "^(0|([0-9]+(\\.[0-9]+)?(ns|us|µs|ms|s|m|h))+)$" $d) }}
 {{- fail (printf "%s: %q is not a duration such as 75s or 1m30s" $where $d) }}
 {{- end }}
 {{- $unit := dict "ns" 0.000001 "us" 0.001 "µs" 0.001 "ms" 1.0 "s" 1000.0 "m" 60000.0 "h" 3600000.0 }}
@@ -341,7 +341,8 @@ a copy in a config map would be shadowed by, or shadow, them.
 {{/*
 Checks the listener's outage settings as it would at start, and that the
 grace lets every client ping again after an outage: the gateway's TTL,
-its jitter and 10s to reconnect.
+its jitter and 10s to reconnect; and, unless the gateway never sheds, its
+shed-after and 10s to reconnect.
 */}}
 {{- define "stillthere.checkOutage" -}}
 {{- $l := .Values.listener }}
@@ -358,5 +359,11 @@ its jitter and 10s to reconnect.
 {{- $need := addf (include "stillthere.milliseconds" (list "session-ttl" $ttl) | float64) (include "stillthere.milliseconds" (list "session-jitter" $jitter) | float64) 10000 }}
 {{- if lt (include "stillthere.milliseconds" (list "listener.outageGrace" $l.outageGrace) | float64) $need }}
 {{- fail (printf "listener.outageGrace: %v is shorter than the gateway's session-ttl %v + session-jitter %v + 10s to reconnect: after an outage, users would be timed out before they could ping again; raise it to at least %.0fs" $l.outageGrace $ttl $jitter (divf $need 1000)) }}
+{{- end }}
+{{- $shed := include "stillthere.settingValue" .Values.gateway.shedAfter }}
+{{- $shedMs := include "stillthere.milliseconds" (list "gateway.shedAfter" $shed) | float64 }}
+{{- $graceMs := include "stillthere.milliseconds" (list "listener.outageGrace" $l.outageGrace) | float64 }}
+{{- if and (gt $shedMs 0.0) (ge (addf $shedMs 10000) $graceMs) }}
+{{- fail (printf "gateway.shedAfter: %v + 10s to reconnect is not under listener.outageGrace %v: clients shed by a gateway cut off from Redis would reconnect only after the grace, and be timed out though they were there; raise listener.outageGrace above %gs, lower gateway.shedAfter below %gs, or set it to 0 to never shed" $shed $l.outageGrace (divf (addf $shedMs 10000) 1000) (divf (subf $graceMs 10000) 1000)) }}
 {{- end }}
 {{- end }}
