@@ -1,0 +1,478 @@
+package devstack
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stillthere/stillthere/pkg/session"
+)
+
+// A silence we caused is not a silence. These tests stage outages of
+// Redis, of the gateways' path to it and of the gateways themselves
+// against real redis-servers and kfake, while users keep pinging, go
+// silent or come back, and count the guides each user gets at the
+// webhook:
+//
+//   - a user who kept pinging gets none;
+//   - neither does one who reconnected and pinged within the grace;
+//   - every user who went silent before or during the fault gets exactly
+//     one, at most grace + 2s after recovery (or, delivered before the
+//     fault, at most 1s after its deadline).
+
+// outageFault is one fault the tests stage.
+type outageFault struct {
+	name string
+	opts rigOptions
+	// lasts is how long the fault lasts; 0 means until inject returns.
+	lasts time.Duration
+	// killsGateways means clients lose their connections and cannot
+	// connect until recovery: some come back within the grace.
+	killsGateways bool
+	// inject starts the fault and returns what ends it, which returns
+	// once users can reach us again.
+	inject func(t *testing.T, r *faultRig) (heal func())
+}
+
+var outageFaults = []outageFault{
+	{
+		name:  "redis-paused",
+		lasts: faultLength,
+		inject: func(t *testing.T, r *faultRig) func() {
+			r.redis.Pause()
+			return r.redis.Resume
+		},
+	},
+	{
+		name:  "redis-killed-restarted-from-aof",
+		opts:  rigOptions{AOF: true},
+		lasts: faultLength,
+		inject: func(t *testing.T, r *faultRig) func() {
+			r.redis.Kill()
+			return func() {
+				if err := r.redis.Restart(context.Background()); err != nil {
+					t.Fatalf("restart redis: %v", err)
+				}
+			}
+		},
+	},
+	{
+		name: "redis-restarted-empty",
+		inject: func(t *testing.T, r *faultRig) func() {
+			if err := r.redis.RestartEmpty(context.Background()); err != nil {
+				t.Fatalf("restart redis empty: %v", err)
+			}
+			return func() {}
+		},
+	},
+	{
+		name:  "gateways-cut-from-redis",
+		lasts: faultLength,
+		inject: func(t *testing.T, r *faultRig) func() {
+			gws := r.liveGateways()
+			for _, g := range gws {
+				g.back.Cut()
+			}
+			return func() {
+				for _, g := range gws {
+					g.back.Restore()
+				}
+			}
+		},
+	},
+	{
+		name:          "every-gateway-killed",
+		lasts:         faultLength,
+		killsGateways: true,
+		inject: func(t *testing.T, r *faultRig) func() {
+			n := len(r.liveGateways())
+			r.killGateways()
+			return func() {
+				for range n {
+					r.startGateway()
+				}
+			}
+		},
+	},
+	{
+		name: "cluster-master-failover",
+		opts: rigOptions{Cluster: true},
+		inject: func(t *testing.T, r *faultRig) func() {
+			i := r.masterWithoutControlKeys()
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			if err := r.cluster.Failover(ctx, i); err != nil {
+				t.Fatalf("fail over master %d: %v", i, err)
+			}
+			return func() {}
+		},
+	},
+}
+
+// Ping periods, as a ratio of the TTL.
+var outagePeriods = []struct {
+	name   string
+	period time.Duration
+}{
+	{"ping-every-quarter-TTL", faultTTL / 4},
+	{"ping-every-three-quarters-TTL", faultTTL * 3 / 4},
+}
+
+// TestOutageGuides stages each fault at two ratios of ping period to TTL,
+// on a stack of its own, in parallel with the others.
+func TestOutageGuides(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fault tests: two minutes")
+	}
+	t.Parallel()
+	for _, f := range outageFaults {
+		t.Run(f.name, func(t *testing.T) {
+			t.Parallel()
+			for _, p := range outagePeriods {
+				t.Run(p.name, func(t *testing.T) {
+					t.Parallel()
+					testOutage(t, f, p.period)
+				})
+			}
+		})
+	}
+}
+
+// Groups of users.
+const (
+	groupActive       = "active"        // pings to the end, reconnecting
+	groupSilentBefore = "silent-before" // pings once, its deadline before the fault
+	groupSilentLate   = "silent-late"   // pings once, a second before the fault
+	groupSilentDuring = "silent-during" // pings until the fault starts
+	groupBack         = "back"          // loses its connection to the fault, comes back within the grace
+)
+
+func testOutage(t *testing.T, f outageFault, period time.Duration) {
+	opts := f.opts
+	opts.Gateways = 2
+	r := newFaultRig(t, opts)
+	c := newCrowd(r, period)
+	start := time.Now()
+	// Silent-before users are guided before the fault starts.
+	faultAt := start.Add(faultTTL + faultJitter + 1500*time.Millisecond)
+	for range 20 {
+		c.add(groupActive, true, pingWindow{from: start})
+	}
+	for i := range 6 {
+		c.add(groupSilentBefore, i%2 == 0, pingWindow{from: start, until: start})
+	}
+	for i := range 6 {
+		at := faultAt.Add(-time.Second)
+		c.add(groupSilentLate, i%2 == 0, pingWindow{from: at, until: at})
+	}
+	for i := range 10 {
+		c.add(groupSilentDuring, i%2 == 0, pingWindow{from: start, until: faultAt})
+	}
+	if f.killsGateways {
+		back := faultAt.Add(f.lasts + time.Second)
+		for range 6 {
+			c.add(groupBack, false, pingWindow{from: start, until: faultAt}, pingWindow{from: back})
+		}
+	}
+
+	time.Sleep(time.Until(faultAt))
+	faultAt = time.Now()
+	r.log.Info("test: fault starts", "fault", f.name)
+	heal := f.inject(t, r)
+	time.Sleep(time.Until(faultAt.Add(f.lasts)))
+	heal()
+	recovered := time.Now()
+	r.log.Info("test: recovered", "fault", f.name, "after", recovered.Sub(faultAt))
+	time.Sleep(time.Until(recovered.Add(faultGrace + 3*time.Second)))
+	// Guides counted before the users leave: their sessions then run
+	// out, or are ended.
+	checkOutageGuides(t, r, c.users, faultAt, recovered)
+	c.stop()
+}
+
+// checkOutageGuides checks the guides each user got.
+func checkOutageGuides(t *testing.T, r *faultRig, users []*chatUser, faultAt, recovered time.Time) {
+	t.Helper()
+	rel := func(at time.Time) string {
+		return fmt.Sprintf("fault%+.2fs", at.Sub(faultAt).Seconds())
+	}
+	var lates []time.Duration // past recovery, of guides after the fault
+	type tally struct{ users, pongs, unavailable, dials, failedDials int }
+	groups := map[string]*tally{}
+	for _, u := range users {
+		u.mu.Lock()
+		g := groups[u.group]
+		if g == nil {
+			g = &tally{}
+			groups[u.group] = g
+		}
+		g.users++
+		g.pongs += u.pongs
+		g.unavailable += u.unavailable
+		g.dials += u.dials
+		g.failedDials += u.failedDials
+		u.mu.Unlock()
+	}
+	for _, name := range []string{groupActive, groupBack, groupSilentDuring} {
+		if g := groups[name]; g != nil {
+			t.Logf("%d %s users: %d pongs, %d pings answered unavailable, %d of %d dials failed",
+				g.users, name, g.pongs, g.unavailable, g.failedDials, g.dials)
+		}
+	}
+	for _, u := range users {
+		gs := r.hook.Guides(u.uid)
+		low, high := u.deadlines()
+		u.mu.Lock()
+		stats := fmt.Sprintf("last ping %s, deadline in [%s, %s], %d pongs, %d unavailable, %d of %d dials failed",
+			rel(u.lastPing), rel(low), rel(high), u.pongs, u.unavailable, u.failedDials, u.dials)
+		u.mu.Unlock()
+		var at []string
+		for _, g := range gs {
+			at = append(at, rel(g.At))
+		}
+		switch u.group {
+		case groupActive, groupBack:
+			if len(gs) != 0 {
+				t.Errorf("%s kept pinging, got %d guides at %v (recovered at %s); %s",
+					u.uid, len(gs), at, rel(recovered), stats)
+			}
+			continue
+		}
+		if len(gs) != 1 {
+			t.Errorf("%s went silent, got %d guides at %v, want 1 (recovered at %s); %s",
+				u.uid, len(gs), at, rel(recovered), stats)
+			continue
+		}
+		g := gs[0]
+		if g.At.Before(low.Add(-50 * time.Millisecond)) {
+			t.Errorf("%s guided at %s, %v before its deadline; %s", u.uid, rel(g.At), low.Sub(g.At), stats)
+		}
+		bound := later(recovered.Add(faultGrace), high).Add(2 * time.Second)
+		if g.At.Before(faultAt) {
+			bound = high.Add(time.Second)
+		} else {
+			lates = append(lates, g.At.Sub(recovered))
+		}
+		if g.At.After(bound) {
+			t.Errorf("%s guided at %s, %v past its bound %s (recovered at %s); %s",
+				u.uid, rel(g.At), g.At.Sub(bound), rel(bound), rel(recovered), stats)
+		}
+	}
+	slices.Sort(lates)
+	if len(lates) > 0 {
+		t.Logf("recovered %v after the fault began; %d guides after it, from %v to %v past recovery (grace %v)",
+			recovered.Sub(faultAt).Round(time.Millisecond), len(lates),
+			lates[0].Round(time.Millisecond), lates[len(lates)-1].Round(time.Millisecond), faultGrace)
+	}
+	// Timeouts the listener produced for users who kept pinging: those
+	// not reported above were found stale by the consumer's session
+	// check, the last line of defence.
+	var stale []string
+	for uid, evs := range r.events() {
+		if strings.HasPrefix(uid, groupActive) || strings.HasPrefix(uid, groupBack) {
+			stale = append(stale, fmt.Sprintf("%s×%d", uid, len(evs)))
+		}
+	}
+	if len(stale) > 0 {
+		slices.Sort(stale)
+		t.Logf("timeout events for users who kept pinging: %v", stale)
+	}
+}
+
+// masterWithoutControlKeys picks a master that does not hold the control
+// keys: while it fails over, heartbeats and sweep marks go on, and only
+// the gateways can tell that some of their renewals failed.
+func (r *faultRig) masterWithoutControlKeys() int {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: r.cluster.Masters[0].Addr})
+	defer rdb.Close()
+	slot, err := rdb.ClusterKeySlot(ctx, r.keyspace().AliveKey()).Result()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	slots, err := rdb.ClusterSlots(ctx).Result()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	var owner string
+	for _, s := range slots {
+		if int64(s.Start) <= slot && slot <= int64(s.End) {
+			owner = s.Nodes[0].Addr
+		}
+	}
+	for i, m := range r.cluster.Masters {
+		if m.Addr != owner {
+			r.log.Info("test: failing over a master without the control keys", "master", m.Addr, "control", owner)
+			return i
+		}
+	}
+	r.t.Fatal("every master holds the control keys")
+	return 0
+}
+
+// TestMassLeaveGuidesEachOnce: half of 10,000 live sessions stop pinging
+// at once, with no fault. The mass-expiry brake may hold them for the
+// grace, but each still gets exactly one guide, at most grace + 2s past
+// its deadline; the other half get none. The sessions are renewed as the
+// gateway's renewer does, with its instance, not over WebSockets; the
+// guides go the whole way, listener to Kafka to consumer to webhook.
+func TestMassLeaveGuidesEachOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("10,000 sessions")
+	}
+	// Not parallel: the guides released together at the end of the hold
+	// must get through the consumer within 2s, which under -race takes
+	// most of two cores.
+	const (
+		sessions = 10_000
+		leaving  = 5_000
+		ttl      = 3 * time.Second
+		round    = ttl / 2
+		workers  = 256
+	)
+	r := newFaultRig(t, rigOptions{Gateways: 1})
+	inst := r.liveGateways()[0].id
+	renewer := session.NewRenewer(session.NewStore(r.client(), r.keyspace()), session.RenewerConfig{Instance: inst})
+	rctx, stopRenewer := context.WithCancel(context.Background())
+	renewerDone := make(chan struct{})
+	go func() {
+		defer close(renewerDone)
+		renewer.Run(rctx)
+	}()
+	defer func() {
+		stopRenewer()
+		<-renewerDone
+	}()
+
+	uid := func(i int) string { return fmt.Sprintf("mass-%05d", i) }
+	leaves := func(i int) bool { return i%2 == 0 }
+	deadlines := make([]time.Time, sessions) // each written by its worker only
+	start := time.Now()
+	leaveAt := start.Add(3 * round)
+	stop := make(chan struct{})
+	var (
+		wg     sync.WaitGroup
+		failMu sync.Mutex
+		failed int
+		first  error
+	)
+	for w := range workers {
+		wg.Go(func() {
+			for next := start; ; next = next.Add(round) {
+				select {
+				case <-stop:
+					return
+				case <-time.After(time.Until(next)):
+				}
+				for i := w; i < sessions; i += workers {
+					if leaves(i) && !next.Before(leaveAt) {
+						continue
+					}
+					d, err := renewer.Renew(context.Background(), uid(i), session.DefaultSegment, ttl)
+					if err != nil {
+						failMu.Lock()
+						failed++
+						if first == nil {
+							first = err
+						}
+						failMu.Unlock()
+						continue
+					}
+					deadlines[i] = d
+				}
+			}
+		})
+	}
+	// The last leaver's deadline is at most a round of renewals past
+	// leaveAt plus the TTL.
+	end := leaveAt.Add(round + ttl + faultGrace + 3*time.Second)
+	time.Sleep(time.Until(end))
+	var (
+		lates          []time.Duration
+		wrong, guided  int
+		stayersGuided  int
+		worstLate      time.Duration
+		worstLateUID   string
+		earliestBefore time.Duration
+	)
+	// The stayers renew until the guides are counted.
+	counted := map[string][]time.Time{}
+	for i := range sessions {
+		for _, g := range r.hook.Guides(uid(i)) {
+			counted[uid(i)] = append(counted[uid(i)], g.At)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if failed > 0 {
+		t.Errorf("%d renewals failed, first: %v", failed, first)
+	}
+	for i := range sessions {
+		gs := counted[uid(i)]
+		if !leaves(i) {
+			if len(gs) > 0 {
+				stayersGuided++
+			}
+			continue
+		}
+		if len(gs) != 1 {
+			wrong++
+			if wrong <= 5 {
+				t.Errorf("%s left with deadline %v, got %d guides", uid(i), deadlines[i].Format(time.StampMilli), len(gs))
+			}
+			continue
+		}
+		guided++
+		late := gs[0].Sub(deadlines[i])
+		lates = append(lates, late)
+		if late > worstLate {
+			worstLate, worstLateUID = late, uid(i)
+		}
+		if late < earliestBefore {
+			earliestBefore = late
+		}
+	}
+	if wrong > 0 {
+		t.Errorf("%d of %d leavers did not get exactly one guide", wrong, leaving)
+	}
+	if stayersGuided > 0 {
+		t.Errorf("%d of %d users who kept renewing got a guide", stayersGuided, sessions-leaving)
+	}
+	if earliestBefore < -50*time.Millisecond {
+		t.Errorf("a leaver was guided %v before its deadline", -earliestBefore)
+	}
+	if worstLate > faultGrace+2*time.Second {
+		t.Errorf("%s guided %v past its deadline, want at most grace + 2s = %v", worstLateUID, worstLate, faultGrace+2*time.Second)
+	}
+	slices.Sort(lates)
+	if len(lates) > 0 {
+		held := 0
+		for _, l := range lates {
+			if l > time.Second {
+				held++
+			}
+		}
+		t.Logf("%d leavers guided once: past the deadline min %v, p50 %v, p99 %v, max %v; %d of them after a hold",
+			guided, lates[0].Round(time.Millisecond), lates[len(lates)/2].Round(time.Millisecond),
+			lates[len(lates)*99/100].Round(time.Millisecond), lates[len(lates)-1].Round(time.Millisecond), held)
+	}
+	// Where the time went: the listener's last detection (for a held
+	// timeout, its recheck), past the deadline.
+	var detected []time.Duration
+	for _, evs := range r.events() {
+		for _, ev := range evs {
+			detected = append(detected, time.UnixMilli(ev.DetectedMS).Sub(ev.Deadline()))
+		}
+	}
+	slices.Sort(detected)
+	if len(detected) > 0 {
+		t.Logf("%d timeout events: detected past the deadline min %v, p50 %v, max %v", len(detected),
+			detected[0], detected[len(detected)/2], detected[len(detected)-1])
+	}
+}
