@@ -447,8 +447,18 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 	if earliestBefore < -50*time.Millisecond {
 		t.Errorf("a leaver was guided %v before its deadline", -earliestBefore)
 	}
-	if worstLate > faultGrace+2*time.Second {
-		t.Errorf("%s guided %v past its deadline, want at most grace + 2s = %v", worstLateUID, worstLate, faultGrace+2*time.Second)
+	// The bound, grace + 2s, is for the guides. Under the race
+	// detector, with the rest of the suite running beside it, the
+	// consumer drains the 5,000 guides released together at about 2,000
+	// a second (20,000 without it: loadtest/guidebench), so the bound on
+	// guides gets the drain's time; the listener's events keep the issue's
+	// bound (below).
+	bound := faultGrace + 2*time.Second
+	if raceDetector {
+		bound += 3 * time.Second
+	}
+	if worstLate > bound {
+		t.Errorf("%s guided %v past its deadline, want at most %v", worstLateUID, worstLate, bound)
 	}
 	slices.Sort(lates)
 	if len(lates) > 0 {
@@ -474,5 +484,8 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 	if len(detected) > 0 {
 		t.Logf("%d timeout events: detected past the deadline min %v, p50 %v, max %v", len(detected),
 			detected[0], detected[len(detected)/2], detected[len(detected)-1])
+		if last := detected[len(detected)-1]; last > faultGrace+2*time.Second {
+			t.Errorf("a timeout was produced %v past its deadline, want at most grace + 2s = %v", last, faultGrace+2*time.Second)
+		}
 	}
 }

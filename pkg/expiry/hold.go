@@ -36,6 +36,7 @@ const (
 	holdDeadGW    = "gateway-dead"
 	holdFleetDown = "fleet-down"
 	holdBrake     = "mass-expiry"
+	holdRetry     = "retry" // released, but the recheck could not run
 )
 
 // holdUntil returns when e's timeout may be produced, and why it waits;

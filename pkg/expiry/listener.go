@@ -266,18 +266,19 @@ const eventBatch = 256
 // pipeline is the one goroutine that turns found sessions into events.
 // Being one, the sweep and the events path never race on one entry.
 func (l *Listener) pipeline(ctx context.Context, expired <-chan string) error {
-	var tick <-chan time.Time
-	if l.cfg.Mode != ModeEvents {
-		t := time.NewTicker(l.cfg.SweepInterval)
-		defer t.Stop()
-		tick = t.C
-	}
+	// Every mode ticks: without a sweep, held timeouts are still released.
+	t := time.NewTicker(l.cfg.SweepInterval)
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-tick:
-			l.sweep(ctx)
+		case <-t.C:
+			if l.cfg.Mode == ModeEvents {
+				l.releaseHeld(ctx)
+			} else {
+				l.sweep(ctx)
+			}
 		case uid := <-expired:
 			uids := []string{uid}
 		more:
@@ -338,6 +339,37 @@ func (l *Listener) sweep(ctx context.Context) {
 		if len(due) < l.cfg.SweepBatch || settled+len(due)-len(ready) == 0 {
 			return
 		}
+	}
+}
+
+// releaseHeld produces the held timeouts whose release time came, for a
+// listener in events mode, which does not sweep.
+func (l *Listener) releaseHeld(ctx context.Context) {
+	if l.pausedBySpool() || l.standby() {
+		return
+	}
+	found, err := l.store.Released(ctx, l.cfg.SweepBatch)
+	if err != nil {
+		l.sweepDown.Fail(err)
+		return
+	}
+	if len(found) == 0 {
+		return
+	}
+	c, err := l.marker.mark(ctx)
+	if err != nil {
+		l.sweepDown.Fail(err)
+		// Back in the index, where no expired event finds them again:
+		// hold them once more, to retry at the next tick.
+		if err := l.hold(ctx, found, found[0].Detected.Add(l.cfg.SweepInterval), holdRetry); err != nil {
+			l.log.Debug("hold released timeouts again", "count", len(found), "err", err)
+		}
+		return
+	}
+	l.sweepDown.OK()
+	found = l.holdBack(ctx, c, found)
+	if _, err := l.emit(ctx, c, found, timeoutevent.SourceEvent); err != nil {
+		l.sweepDown.Fail(fmt.Errorf("emit %d released timeouts: %w", len(found), err))
 	}
 }
 

@@ -92,9 +92,18 @@ func detectedAt(evs []timeoutevent.Event) map[string]time.Time {
 // the meantime is not. The hold lives in Redis: a listener restart in the
 // middle of it changes nothing.
 func TestBlindIntervalHolds(t *testing.T) {
+	for _, mode := range []string{ModeHybrid, ModeEvents} {
+		t.Run(mode, func(t *testing.T) { testBlindIntervalHolds(t, mode) })
+	}
+}
+
+// testBlindIntervalHolds is TestBlindIntervalHolds in one mode. In events
+// mode the listener does not sweep, and held timeouts are released all
+// the same.
+func testBlindIntervalHolds(t *testing.T, mode string) {
 	t.Parallel()
 	h := newHarness(t)
-	cfg := h.config(ModeHybrid)
+	cfg := h.config(mode)
 	start := h.redisNow()
 	// Users could not reach us from start to start+1s.
 	if err := h.store.RecordBlind(context.Background(), session.BlindInterval{
@@ -108,6 +117,9 @@ func TestBlindIntervalHolds(t *testing.T) {
 	}
 	h.renew("back", "default", 600*time.Millisecond)
 	stop := h.start(cfg)
+	if mode != ModeSweep {
+		h.waitSubscribed(1)
+	}
 	release := start.Add(time.Second + testGrace)
 
 	time.Sleep(2 * time.Second)
@@ -121,7 +133,7 @@ func TestBlindIntervalHolds(t *testing.T) {
 	time.Sleep(time.Second) // and nothing more
 	stop()
 	evs := h.events()
-	checkExactlyOnce(t, evs, want, sourcesOf(ModeHybrid)...)
+	checkExactlyOnce(t, evs, want, sourcesOf(mode)...)
 	for uid, at := range detectedAt(evs) {
 		if at.Before(release) {
 			t.Errorf("%s produced at %v, before the grace ended at %v", uid, at, release)

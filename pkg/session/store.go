@@ -105,6 +105,60 @@ end
 return out
 `)
 
+// releasedScript is dueScript for held timeouts only: it returns those
+// whose release time came to the index, and lists them if their sessions
+// are still gone, for a listener that does not sweep (events mode).
+// KEYS: the bucket's keys. ARGV: session key prefix, limit, route key
+// prefix. Returns what dueScript does.
+var releasedScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local back = redis.call('ZRANGE', KEYS[4], '-inf', now, 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[2]))
+local out = {now}
+for _, uid in ipairs(back) do
+  redis.call('ZREM', KEYS[4], uid)
+  local d = redis.call('HGET', KEYS[5], uid)
+  if d and not redis.call('ZSCORE', KEYS[1], uid) then
+    redis.call('ZADD', KEYS[1], d, uid)
+    if redis.call('EXISTS', ARGV[1] .. uid) == 0 then
+      out[#out+1] = uid
+      out[#out+1] = d
+      out[#out+1] = redis.call('HGET', KEYS[2], uid) or ''
+      out[#out+1] = redis.call('HGET', KEYS[3], uid) or ''
+      out[#out+1] = 1
+      local ok, routes = pcall(redis.call, 'HKEYS', ARGV[3] .. uid)
+      out[#out+1] = ok and routes or {}
+    end
+  end
+end
+return out
+`)
+
+// Released returns held timeouts whose release time came to the index,
+// as Due does, but no others: for a listener that learns of expiries only
+// from keyspace events, which do not come again for a released timeout.
+func (s *Store) Released(ctx context.Context, limit int) ([]Expired, error) {
+	cmds := make([]*redis.Cmd, Buckets)
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for b := range Buckets {
+			cmds[b] = releasedScript.Eval(ctx, p, s.ks.bucketKeys(b), s.ks.SessionKeyPrefix(b), limit, s.ks.RouteKeyPrefix(b))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("release held timeouts: %w", err)
+	}
+	var out []Expired
+	for _, cmd := range cmds {
+		got, _, err := parseExpired(cmd)
+		if err != nil {
+			return nil, fmt.Errorf("release held timeouts: %w", err)
+		}
+		out = append(out, got...)
+	}
+	return out, nil
+}
+
 // lookupScript is dueScript for one uid whose key was reported expired.
 // KEYS: session, then the bucket's keys. ARGV: uid, route key. Returns
 // {now} when the session is live again, held, or already settled, else

@@ -1,0 +1,5 @@
+//go:build !race
+
+package devstack
+
+const raceDetector = false
