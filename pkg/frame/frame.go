@@ -12,6 +12,9 @@ import (
 const (
 	TypePing = "ping"
 	TypeAck  = "ack"
+	// TypeAuth carries a fresh token for the connection, before the one
+	// it was opened with expires.
+	TypeAuth = "auth"
 )
 
 // Server frame types.
@@ -19,6 +22,8 @@ const (
 	TypePong  = "pong"
 	TypeGuide = "guide"
 	TypeError = "error"
+	// TypeAuthOK answers an auth frame whose token was taken.
+	TypeAuthOK = "auth_ok"
 )
 
 // Error codes sent in error frames.
@@ -26,15 +31,30 @@ const (
 	CodeUnknownType = "unknown_type"
 	CodeBadFrame    = "bad_frame"
 	CodeUnavailable = "unavailable"
+	// CodeBadToken answers an auth frame whose token was refused; the
+	// connection keeps the token it had, until that expires.
+	CodeBadToken = "bad_token"
+)
+
+// Close codes of the gateway's own, beyond RFC 6455's (see
+// docs/protocol.md for all of them).
+const (
+	// CloseTokenExpired ends a connection whose token expired with no
+	// fresh one sent in an auth frame. Reconnect with a fresh token.
+	CloseTokenExpired = 4001
 )
 
 // MaxIDLen bounds an ack's id; guide ids are 32 hex digits.
 const MaxIDLen = 128
 
+// MaxTokenLen bounds an auth frame's token.
+const MaxTokenLen = 3072
+
 // Client is a frame from a client.
 type Client struct {
-	Type string `json:"type"`
-	ID   string `json:"id,omitempty"`
+	Type  string `json:"type"`
+	ID    string `json:"id,omitempty"`
+	Token string `json:"token,omitempty"`
 }
 
 // ErrInvalidJSON means the payload is not a JSON object. The gateway closes
@@ -54,6 +74,7 @@ func Parse(b []byte) (Client, error) {
 	// caller answers as an unknown type or a bad ack.
 	_ = json.Unmarshal(raw["type"], &c.Type)
 	_ = json.Unmarshal(raw["id"], &c.ID)
+	_ = json.Unmarshal(raw["token"], &c.Token)
 	return c, nil
 }
 
@@ -65,6 +86,11 @@ func (c Client) Validate() error {
 	case TypeAck:
 		if c.ID == "" || len(c.ID) > MaxIDLen {
 			return fmt.Errorf("ack needs an id of 1-%d characters", MaxIDLen)
+		}
+		return nil
+	case TypeAuth:
+		if c.Token == "" || len(c.Token) > MaxTokenLen {
+			return fmt.Errorf("auth needs a token of 1-%d characters", MaxTokenLen)
 		}
 		return nil
 	default:
@@ -96,6 +122,16 @@ func Guide(id, text string, deadlineMS int64) []byte {
 		Text       string `json:"text"`
 		DeadlineMS int64  `json:"deadline_ms,omitempty"`
 	}{TypeGuide, id, text, deadlineMS})
+}
+
+// AuthOK says the token of an auth frame was taken: the connection now
+// lasts until expiresMS (Unix ms), when it is closed with
+// CloseTokenExpired unless another fresh token came first.
+func AuthOK(expiresMS int64) []byte {
+	return mustMarshal(struct {
+		Type      string `json:"type"`
+		ExpiresMS int64  `json:"expires_ms"`
+	}{TypeAuthOK, expiresMS})
 }
 
 // Error reports a problem with a frame; the connection stays open.

@@ -29,6 +29,15 @@ type Config struct {
 	// PushSecret is the bearer token the push endpoint requires, at least
 	// 32 bytes. Required.
 	PushSecret string
+	// TokenIssuer and TokenAudience, when set, must be the client tokens'
+	// "iss" and among their "aud". Default empty: not checked.
+	TokenIssuer   string
+	TokenAudience string
+	// TokenMaxLifetime refuses tokens that live longer than this, from
+	// their "iat" (or from now) to their "exp". 0 means no limit. Default
+	// 24h. A connection is closed with 4001 when its token expires,
+	// unless the client sent a fresh one in an auth frame.
+	TokenMaxLifetime time.Duration
 	// AllowedOrigins lists the browser Origins allowed to connect. Empty
 	// allows only an Origin whose host is the request's Host.
 	AllowedOrigins []string
@@ -56,8 +65,14 @@ type Config struct {
 	IdleTimeout time.Duration
 	// WriteTimeout bounds each write to a client. Default 10s.
 	WriteTimeout time.Duration
-	// HandshakeTimeout bounds the WebSocket upgrade. Default 10s.
+	// HandshakeTimeout bounds the WebSocket upgrade: reading its request,
+	// and the whole of a connection that never upgrades. Default 10s.
 	HandshakeTimeout time.Duration
+	// PushIdleTimeout closes a keep-alive connection to the internal
+	// listener idle this long. Keep it above the consumer's idle
+	// connection timeout (90s), so that the consumer closes first.
+	// Default (and zero) 120s.
+	PushIdleTimeout time.Duration
 	// SendQueue is the number of frames queued per connection; a client
 	// that lets it fill is cut off. Default 32.
 	SendQueue int
@@ -115,6 +130,17 @@ type Config struct {
 // guideMaxAge is GuideMaxAge, or its default.
 func (c Config) guideMaxAge() time.Duration { return cmp.Or(c.GuideMaxAge, defaultGuideMaxAge) }
 
+func (c Config) pushIdleTimeout() time.Duration {
+	return cmp.Or(c.PushIdleTimeout, defaultPushIdleTimeout)
+}
+
+// defaultPushIdleTimeout is PushIdleTimeout's default.
+const defaultPushIdleTimeout = 120 * time.Second
+
+// pushReadTimeout bounds reading a whole request on the internal
+// listener: a push is a few hundred bytes.
+const pushReadTimeout = 30 * time.Second
+
 // defaultGuideMaxAge is the guide consumer's default guide-max-age.
 const defaultGuideMaxAge = 5 * time.Minute
 
@@ -128,6 +154,9 @@ func (c *Config) Bind(b *config.Binder) {
 	b.String(&c.PushAddr, "push-addr", "127.0.0.1:8081", "internal listen address: push endpoint, health, metrics")
 	b.Secret(&c.TokenSecret, "token-secret", "HS256 secret of client tokens, at least 32 bytes (required)")
 	b.Secret(&c.PushSecret, "push-secret", "bearer secret of the push endpoint, at least 32 bytes (required)")
+	b.String(&c.TokenIssuer, "token-issuer", "", "required iss of client tokens; empty: not checked")
+	b.String(&c.TokenAudience, "token-audience", "", "required aud of client tokens; empty: not checked")
+	b.Duration(&c.TokenMaxLifetime, "token-max-lifetime", 24*time.Hour, "longest lifetime (exp less iat) of a client token; 0: no limit")
 	b.List(&c.AllowedOrigins, "allowed-origins", "", "browser Origins allowed to connect, comma-separated; empty allows same host only")
 	b.Duration(&c.SessionTTL, "session-ttl", 60*time.Second, "session TTL granted on each ping")
 	b.Duration(&c.SessionJitter, "session-jitter", 5*time.Second, "random extra TTL in [0, jitter)")
@@ -138,6 +167,7 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Duration(&c.IdleTimeout, "idle-timeout", 60*time.Second, "close a connection silent at the protocol level this long")
 	b.Duration(&c.WriteTimeout, "write-timeout", 10*time.Second, "timeout of each write to a client")
 	b.Duration(&c.HandshakeTimeout, "handshake-timeout", 10*time.Second, "timeout of the WebSocket upgrade")
+	b.Duration(&c.PushIdleTimeout, "push-idle-timeout", defaultPushIdleTimeout, "close a keep-alive connection to the internal listener idle this long")
 	b.Int(&c.SendQueue, "send-queue", 32, "frames queued per connection before it is cut off as slow")
 	b.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "drain deadline on SIGTERM")
 	b.String(&c.InstanceID, "instance-id", "", "this gateway's name for routing guides; default host name plus a random suffix")
@@ -178,6 +208,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("token-secret: %d bytes, want at least %d", len(c.TokenSecret), token.MinSecretLen)
 	case push.CheckSecret(c.PushSecret) != nil:
 		return push.CheckSecret(c.PushSecret)
+	case c.TokenMaxLifetime < 0:
+		return fmt.Errorf("token-max-lifetime: %v, want 0 (no limit) or more", c.TokenMaxLifetime)
 	case c.SessionTTL < time.Second:
 		return fmt.Errorf("session-ttl: %v, want at least 1s", c.SessionTTL)
 	case c.SessionJitter < 0 || c.SessionJitter > c.SessionTTL:
@@ -196,6 +228,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("write-timeout: %v, want more than 0", c.WriteTimeout)
 	case c.HandshakeTimeout <= 0:
 		return fmt.Errorf("handshake-timeout: %v, want more than 0", c.HandshakeTimeout)
+	case c.PushIdleTimeout < 0 || (c.PushIdleTimeout > 0 && c.PushIdleTimeout < 100*time.Millisecond):
+		return fmt.Errorf("push-idle-timeout: %v, want at least 100ms (0 for the default, 120s)", c.PushIdleTimeout)
 	case c.SendQueue < 1:
 		return fmt.Errorf("send-queue: %d, want at least 1", c.SendQueue)
 	case c.ShutdownTimeout <= 0:

@@ -46,6 +46,13 @@ type conn struct {
 	normalClose atomic.Bool
 	done        chan struct{}
 
+	// expiresMS is when the connection's token expires (Unix ms); an
+	// auth frame with a fresh token moves it later. revoked: the token
+	// expired and the connection is being closed. See auth.go.
+	expiresMS atomic.Int64
+	revoked   atomic.Bool
+	expiry    *time.Timer // guarded by mu
+
 	mu       sync.Mutex
 	queue    []outFrame // frames waiting for the flusher; bounded, see enqueue
 	flushing bool       // a flusher is running
@@ -59,6 +66,7 @@ func (c *conn) serve(ctx context.Context) {
 		c.mu.Lock()
 		c.closed = true
 		c.mu.Unlock()
+		c.stopExpiry()
 		c.ws.Close() // a flusher blocked in a write fails at once
 		c.flushers.Wait()
 		close(c.done)
@@ -68,6 +76,9 @@ func (c *conn) serve(ctx context.Context) {
 	c.ws.SetReadLimit(int64(c.g.cfg.ReadLimit))
 	c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
 	c.ws.SetPongHandler(func(string) error {
+		if c.revoked.Load() {
+			return nil // the linger deadline stands
+		}
 		return c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
 	})
 	for {
@@ -90,6 +101,13 @@ func (c *conn) serve(ctx context.Context) {
 //
 //go:noinline
 func (c *conn) handle(ctx context.Context, limiter *rate.Limiter, typ int, data []byte) bool {
+	if c.revoked.Load() || c.tokenExpired() {
+		// Nothing a client sends after its token expired is taken, above
+		// all no ping: it would renew a session nobody vouches for.
+		c.expire()
+		c.linger()
+		return false
+	}
 	c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
 	if !limiter.Allow() {
 		metricRateLimited.Inc()
@@ -128,6 +146,10 @@ func (c *conn) handle(ctx context.Context, limiter *rate.Limiter, typ int, data 
 		// Bookkeeping only: an ack must not renew the session, or a
 		// client that acks automatically would be guided every TTL.
 		c.log.Debug("guide acknowledged", "guide_id", f.ID)
+	case frame.TypeAuth:
+		// Not activity either: a tab that refreshes its token while
+		// nobody is at it is a silent user.
+		c.refresh(f.Token)
 	}
 	return true
 }

@@ -14,9 +14,13 @@ var (
 		Name: "stillthere_gateway_rejected_total",
 		Help: "Upgrade requests refused before the upgrade, by reason (token, origin).",
 	}, []string{"reason"})
+	metricTokens = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "stillthere_gateway_tokens_total",
+		Help: "Connection tokens, by event: refreshed or refused (auth frames), expired (connection closed with 4001).",
+	}, []string{"event"})
 	metricFrames = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_frames_total",
-		Help: "Client frames received, by type (ping, ack, unknown, invalid, binary).",
+		Help: "Client frames received, by type (ping, ack, auth, unknown, invalid, binary).",
 	}, []string{"type"})
 	metricRenewals = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_renewals_total",
