@@ -287,23 +287,6 @@ func pingConn(t *testing.T, ws *websocket.Conn) (low, high time.Time) {
 	}
 }
 
-// closeNormally closes ws with 1000, as a user leaving does, and waits
-// for the gateway's answer.
-func closeNormally(t *testing.T, ws *websocket.Conn) {
-	t.Helper()
-	ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, "bye"), time.Now().Add(time.Second))
-	ws.SetReadDeadline(time.Now().Add(5 * time.Second))
-	for {
-		if _, _, err := ws.ReadMessage(); err != nil {
-			if !websocket.IsCloseError(err, websocket.CloseNormalClosure) {
-				t.Errorf("normal close answered with %v", err)
-			}
-			ws.Close()
-			return
-		}
-	}
-}
-
 // flakyFront forwards the consumer's webhook requests to the receiver,
 // or answers 503 while failing. It records when each guide id was first
 // delivered (answered 2xx by the receiver), and which users' guides were
