@@ -18,6 +18,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
+	"github.com/stillthere/stillthere/pkg/webhook"
 )
 
 func TestDeliversEachGuideOnce(t *testing.T) {
@@ -538,13 +539,13 @@ func TestGroupSplitsAndTakesOver(t *testing.T) {
 }
 
 // TestWebhookSenderEndToEnd: with sender=webhook the consumer POSTs each
-// guide, signed, to the webhook; a 4xx dead-letters the guide and a 5xx is
-// retried.
+// guide, signed, to the webhook; a final answer (422) dead-letters the
+// guide and a 5xx is retried.
 func TestWebhookSenderEndToEnd(t *testing.T) {
 	e := newEnv(t)
 	secret := strings.Repeat("k", 32)
 	type hook struct {
-		body webhookBody
+		body webhook.Body
 		key  string
 	}
 	var mu sync.Mutex
@@ -552,11 +553,12 @@ func TestWebhookSenderEndToEnd(t *testing.T) {
 	failed := map[string]bool{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
-		if r.Header.Get(HeaderSignature) != Sign([]byte(secret), b) {
+		if err := webhook.Verify(r.Header.Get(webhook.HeaderSignature), b, time.Now(), []byte(secret)); err != nil {
+			t.Errorf("webhook: %v", err)
 			w.WriteHeader(http.StatusUnauthorized)
 			return
 		}
-		var body webhookBody
+		var body webhook.Body
 		json.Unmarshal(b, &body)
 		mu.Lock()
 		defer mu.Unlock()
@@ -567,7 +569,7 @@ func TestWebhookSenderEndToEnd(t *testing.T) {
 			failed[body.ID] = true
 			w.WriteHeader(http.StatusBadGateway)
 		default:
-			got = append(got, hook{body, r.Header.Get(HeaderIdempotencyKey)})
+			got = append(got, hook{body, r.Header.Get(webhook.HeaderIdempotencyKey)})
 			w.WriteHeader(http.StatusNoContent)
 		}
 	}))
@@ -591,7 +593,7 @@ func TestWebhookSenderEndToEnd(t *testing.T) {
 				ev = p.ev
 			}
 		}
-		want := webhookBody{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: "Hello?", DeadlineMS: ev.DeadlineMS}
+		want := webhook.Body{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: "Hello?", DeadlineMS: ev.DeadlineMS}
 		if h.body != want || h.key != ev.ID {
 			t.Errorf("webhook got %+v with key %q, want %+v with key %q", h.body, h.key, want, ev.ID)
 		}

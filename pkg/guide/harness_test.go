@@ -655,6 +655,25 @@ func (e *testEnv) deadLetters(want int) []dlqRecord {
 	return out
 }
 
+// deadLettered counts the records on the dead-letter topic.
+func (e *testEnv) deadLettered() int64 {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	listed, err := e.adm.ListEndOffsets(ctx, e.cfg.DLQTopic)
+	if err != nil {
+		e.t.Fatalf("list end offsets of %s: %v", e.cfg.DLQTopic, err)
+	}
+	var n int64
+	listed.Each(func(o kadm.ListedOffset) {
+		if o.Err != nil {
+			e.t.Fatalf("end offset of %s/%d: %v", o.Topic, o.Partition, o.Err)
+		}
+		n += o.Offset
+	})
+	return n
+}
+
 func breakerOpens(t *testing.T) float64 {
 	return metricValue(t, "stillthere_consumer_breaker_changes_total", "downstream", "gateway", "to", "open")
 }

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/sony/gobreaker/v2"
+
+	"github.com/stillthere/stillthere/pkg/webhook"
 )
 
 func TestSenderOutcomes(t *testing.T) {
@@ -157,9 +159,15 @@ func TestWebhookSender(t *testing.T) {
 		{name: "202 delivers", status: 202, want: OutcomeDelivered},
 		{name: "204 delivers", status: 204, want: OutcomeDelivered},
 		{name: "400 is permanent", status: 400, perm: true},
-		{name: "401 is permanent", status: 401, perm: true},
 		{name: "404 is permanent", status: 404, perm: true},
+		{name: "410 is permanent", status: 410, perm: true},
 		{name: "422 is permanent", status: 422, perm: true},
+		// A rotated secret or a blocked consumer: every guide gets it,
+		// so it is the receiver failing, as on the push endpoint.
+		{name: "401 fails", status: 401},
+		{name: "403 fails", status: 403},
+		{name: "405 fails", status: 405},
+		{name: "409 fails", status: 409},
 		{name: "408 fails", status: 408},
 		{name: "429 fails", status: 429},
 		{name: "500 fails", status: 500},
@@ -224,10 +232,10 @@ func TestWebhookSender(t *testing.T) {
 		if h.method != http.MethodPost || h.contentType != "application/json" || h.key != "id-1" {
 			t.Errorf("%s, Content-Type %q, Idempotency-Key %q; want POST, application/json, the guide id", h.method, h.contentType, h.key)
 		}
-		if want := Sign(secret, h.body); h.sig != want || !strings.HasPrefix(h.sig, "sha256=") {
-			t.Errorf("signature %q, want %q over the body", h.sig, want)
+		if err := webhook.Verify(h.sig, h.body, time.Now(), secret); err != nil {
+			t.Errorf("signature %q: %v", h.sig, err)
 		}
-		if Sign([]byte(strings.Repeat("x", 32)), h.body) == h.sig {
+		if webhook.Verify(h.sig, h.body, time.Now(), []byte(strings.Repeat("x", 32))) == nil {
 			t.Error("signature does not depend on the secret")
 		}
 		var body map[string]any
