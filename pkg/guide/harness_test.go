@@ -228,12 +228,6 @@ func (g *fakeGateway) pathOf(id string) string {
 	return g.shownPath[id]
 }
 
-func (g *fakeGateway) guidesShownTo(uid string) int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.perUID[uid]
-}
-
 // onShown sets a hook run when a guide is first shown, before the push
 // is answered.
 func (g *fakeGateway) onShown(hook func(id string)) {
