@@ -24,6 +24,9 @@ type Config struct {
 	// consumer calls, health and metrics. Default 127.0.0.1:8081. Keep it
 	// off the public network.
 	PushAddr string
+	// Pprof serves /debug/pprof/ on the internal listener. Default false:
+	// profiles are unauthenticated and cost CPU while they run.
+	Pprof bool
 	// TokenSecret signs client JWTs (HS256), at least 32 bytes. Required.
 	TokenSecret string
 	// PushSecret is the bearer token the push endpoint requires, at least
@@ -126,6 +129,7 @@ func (c *Config) Bind(b *config.Binder) {
 	c.Redis.Bind(b)
 	b.String(&c.Addr, "gateway-addr", "127.0.0.1:8080", "public WebSocket listen address")
 	b.String(&c.PushAddr, "push-addr", "127.0.0.1:8081", "internal listen address: push endpoint, health, metrics")
+	b.Bool(&c.Pprof, "pprof", false, "serve /debug/pprof/ on the internal listener (unauthenticated)")
 	b.Secret(&c.TokenSecret, "token-secret", "HS256 secret of client tokens, at least 32 bytes (required)")
 	b.Secret(&c.PushSecret, "push-secret", "bearer secret of the push endpoint, at least 32 bytes (required)")
 	b.List(&c.AllowedOrigins, "allowed-origins", "", "browser Origins allowed to connect, comma-separated; empty allows same host only")

@@ -473,7 +473,7 @@ func (g *Gateway) pushMux() http.Handler {
 			return err
 		}
 		return g.rdb.Ping(ctx).Err()
-	})
+	}, g.cfg.Pprof)
 	mux.HandleFunc("POST "+push.Path, g.servePush)
 	return mux
 }
