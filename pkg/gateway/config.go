@@ -88,7 +88,10 @@ type Config struct {
 
 	// RenewGranularity is the least time between two renewals of one
 	// connection; pings in between are answered from the last grant.
-	// Default 1s.
+	// Default 1s. At most half the session TTL, and the gateway applies no
+	// stored policy with a shorter TTL than twice it: a client pinging just
+	// faster than the granularity is renewed only at its second ping, up
+	// to twice the granularity after the last renewal.
 	RenewGranularity time.Duration
 	// RenewFlushInterval and RenewBatch set how renewals from all
 	// connections share Redis round trips: a flush every interval or
@@ -213,7 +216,7 @@ func (c Config) Validate() error {
 	case c.MaxConns < 0:
 		return fmt.Errorf("max-conns: %d, want 0 (from the open-file limit) or more", c.MaxConns)
 	case c.RenewGranularity < 0 || c.RenewGranularity > c.SessionTTL/2:
-		return fmt.Errorf("renew-granularity: %v, want between 0 and half the session-ttl", c.RenewGranularity)
+		return fmt.Errorf("renew-granularity: %v, want between 0 and half the session-ttl %v (%v): a client pinging just faster than the granularity would lapse", c.RenewGranularity, c.SessionTTL, c.SessionTTL/2)
 	case c.RenewFlushInterval <= 0 || c.RenewFlushInterval > time.Second:
 		return fmt.Errorf("renew-flush-interval: %v, want more than 0 and at most 1s", c.RenewFlushInterval)
 	case c.RenewBatch < 1:
