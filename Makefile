@@ -53,5 +53,5 @@ smoke: deps ## k6 smoke test (loadtest/smoke.js) against a dev stack of its own;
 deps: ## install redis-server when it is missing (Debian), or say how
 	@./dev/ensure-redis.sh
 
-chart: ## helm lint and template of deploy/helm/stillthere, default and all-features values (installs helm when missing)
+chart: ## helm lint and template of deploy/helm/stillthere with each ci values file, twice the same; the defaults alone must fail (installs helm when missing)
 	./deploy/helm/check.sh

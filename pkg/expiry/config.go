@@ -25,6 +25,9 @@ type Config struct {
 
 	// AdminAddr serves /healthz, /readyz and /metrics. Default 127.0.0.1:8082.
 	AdminAddr string
+	// Pprof serves /debug/pprof/ on the admin listener. Default false:
+	// profiles are unauthenticated and cost CPU while they run.
+	Pprof bool
 	// Mode is events, sweep or hybrid. Default hybrid.
 	Mode string
 	// SweepInterval is the pause between sweeps of all buckets. Default
@@ -76,6 +79,7 @@ func (c *Config) Bind(b *config.Binder) {
 	c.Redis.Bind(b)
 	c.Kafka.Bind(b)
 	b.String(&c.AdminAddr, "listener-admin-addr", "127.0.0.1:8082", "listen address of health and metrics")
+	b.Bool(&c.Pprof, "pprof", false, "serve /debug/pprof/ on the admin listener (unauthenticated)")
 	b.String(&c.Mode, "detect-mode", ModeHybrid, "expiry detection: events, sweep or hybrid")
 	b.Duration(&c.SweepInterval, "sweep-interval", 200*time.Millisecond, "pause between sweeps of the deadline index")
 	b.Int(&c.SweepBatch, "sweep-batch", 256, "most due sessions taken per bucket per sweep")

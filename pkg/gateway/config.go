@@ -24,6 +24,9 @@ type Config struct {
 	// consumer calls, health and metrics. Default 127.0.0.1:8081. Keep it
 	// off the public network.
 	PushAddr string
+	// Pprof serves /debug/pprof/ on the internal listener. Default false:
+	// profiles are unauthenticated and cost CPU while they run.
+	Pprof bool
 	// TokenSecret signs client JWTs (HS256), at least 32 bytes. Required.
 	TokenSecret string
 	// PushSecret is the bearer token the push endpoint requires, at least
@@ -100,7 +103,10 @@ type Config struct {
 
 	// RenewGranularity is the least time between two renewals of one
 	// connection; pings in between are answered from the last grant.
-	// Default 1s.
+	// Default 1s. At most half the session TTL, and the gateway applies no
+	// stored policy with a shorter TTL than twice it: a client pinging just
+	// faster than the granularity is renewed only at its second ping, up
+	// to twice the granularity after the last renewal.
 	RenewGranularity time.Duration
 	// RenewFlushInterval and RenewBatch set how renewals from all
 	// connections share Redis round trips: a flush every interval or
@@ -152,6 +158,7 @@ func (c *Config) Bind(b *config.Binder) {
 	c.Redis.Bind(b)
 	b.String(&c.Addr, "gateway-addr", "127.0.0.1:8080", "public WebSocket listen address")
 	b.String(&c.PushAddr, "push-addr", "127.0.0.1:8081", "internal listen address: push endpoint, health, metrics")
+	b.Bool(&c.Pprof, "pprof", false, "serve /debug/pprof/ on the internal listener (unauthenticated)")
 	b.Secret(&c.TokenSecret, "token-secret", "HS256 secret of client tokens, at least 32 bytes (required)")
 	b.Secret(&c.PushSecret, "push-secret", "bearer secret of the push endpoint, at least 32 bytes (required)")
 	b.String(&c.TokenIssuer, "token-issuer", "", "required iss of client tokens; empty: not checked")
@@ -243,7 +250,7 @@ func (c Config) Validate() error {
 	case c.MaxConns < 0:
 		return fmt.Errorf("max-conns: %d, want 0 (from the open-file limit) or more", c.MaxConns)
 	case c.RenewGranularity < 0 || c.RenewGranularity > c.SessionTTL/2:
-		return fmt.Errorf("renew-granularity: %v, want between 0 and half the session-ttl", c.RenewGranularity)
+		return fmt.Errorf("renew-granularity: %v, want between 0 and half the session-ttl %v (%v): a client pinging just faster than the granularity would lapse", c.RenewGranularity, c.SessionTTL, c.SessionTTL/2)
 	case c.RenewFlushInterval <= 0 || c.RenewFlushInterval > time.Second:
 		return fmt.Errorf("renew-flush-interval: %v, want more than 0 and at most 1s", c.RenewFlushInterval)
 	case c.RenewBatch < 1:

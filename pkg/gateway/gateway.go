@@ -149,7 +149,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	g.routes = newRouteBook(g)
 	g.policy = policy.NewWatcher(policy.NewStore(rdb, cfg.Redis.Keyspace()),
 		policy.Policy{DefaultTTL: cfg.SessionTTL, Jitter: cfg.SessionJitter},
-		cfg.PolicyRefresh, logger)
+		cfg.PolicyRefresh, cfg.RenewGranularity, logger)
 	if err := g.policy.Refresh(ctx); err != nil {
 		logger.Warn("timeout policy unreadable; using the configured TTL until it is fixed", "err", err)
 	}
@@ -495,7 +495,7 @@ func (g *Gateway) pushMux() http.Handler {
 			return err
 		}
 		return g.rdb.Ping(ctx).Err()
-	})
+	}, g.cfg.Pprof)
 	mux.HandleFunc("POST "+push.Path, g.servePush)
 	return mux
 }

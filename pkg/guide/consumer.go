@@ -198,7 +198,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.log.Info("guide consumer running", "group", c.cfg.Group, "topic", c.cfg.Kafka.Topic,
 		"sender", c.cfg.Sender, "dlq_topic", c.cfg.DLQTopic, "admin", c.AdminAddr().String())
 	eg, ctx := errgroup.WithContext(ctx)
-	srv := &http.Server{Handler: admin.NewMux(c.ready), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: admin.NewMux(c.ready, c.cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
 	eg.Go(func() error {
 		if err := srv.Serve(c.adminLn); !errors.Is(err, http.ErrServerClosed) {
 			return err

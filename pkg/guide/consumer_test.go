@@ -52,6 +52,18 @@ func TestDeliversEachGuideOnce(t *testing.T) {
 				t.Errorf("/metrics does not count delivered guides")
 			}
 		}
+		// pprof is off unless turned on: no profile or trace for whoever
+		// reaches the admin port.
+		for _, path := range []string{"/debug/pprof/", "/debug/pprof/profile", "/debug/pprof/trace"} {
+			resp, err := http.Get("http://" + r.c.AdminAddr().String() + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusNotFound {
+				t.Errorf("%s with pprof off: %s, want 404", path, resp.Status)
+			}
+		}
 	})
 }
 

@@ -22,8 +22,9 @@ const usage = `usage:
 Shows or changes the per-segment session timeout policy in Redis. Every
 gateway picks a change up within seconds. "set" starts from the stored
 policy (or, when none is stored, from STILLTHERE_SESSION_TTL and
-STILLTHERE_SESSION_JITTER) and validates the result before writing it.
-Redis is found through the usual STILLTHERE_REDIS_* and STILLTHERE_KEY_PREFIX
+STILLTHERE_SESSION_JITTER) and validates the result before writing it,
+refusing a TTL under twice the gateways' STILLTHERE_RENEW_GRANULARITY
+(-renew-granularity, default 1s, as the gateway's). Redis is found through the usual STILLTHERE_REDIS_* and STILLTHERE_KEY_PREFIX
 settings, or their flags.`
 
 // Command runs the operator command with args such as ["set", "-segment",
@@ -41,6 +42,10 @@ func Command(ctx context.Context, args []string, env config.Lookup, out io.Write
 	var fallback Policy
 	b.Duration(&fallback.DefaultTTL, "session-ttl", 60*time.Second, "TTL when no policy is stored")
 	b.Duration(&fallback.Jitter, "session-jitter", 5*time.Second, "jitter when no policy is stored")
+	// The gateways' setting, read the same way: run in a gateway's
+	// container, the command holds a policy to that gateway's bound.
+	var granularity time.Duration
+	b.Duration(&granularity, "renew-granularity", time.Second, "the gateways' renewal granularity: every TTL must be at least twice it")
 	var defaultTTL, jitter time.Duration
 	var set, remove []string
 	if verb == "set" {
@@ -61,6 +66,9 @@ func Command(ctx context.Context, args []string, env config.Lookup, out io.Write
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q\n%s", fs.Args(), usage)
 	}
+	if granularity < 0 {
+		return fmt.Errorf("renew-granularity: %v, want 0 or more", granularity)
+	}
 	if err := rc.Validate(); err != nil {
 		return err
 	}
@@ -80,7 +88,7 @@ func Command(ctx context.Context, args []string, env config.Lookup, out io.Write
 		return err
 	}
 	if verb == "show" {
-		return show(out, p, stored)
+		return show(out, p, stored, granularity)
 	}
 
 	p.Segments = maps.Clone(p.Segments)
@@ -110,17 +118,27 @@ func Command(ctx context.Context, args []string, env config.Lookup, out io.Write
 		}
 		delete(p.Segments, name)
 	}
+	// Validated first, for the reasons Save gives; then against the
+	// gateways' granularity, which Save does not know.
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("policy not changed: %w", err)
+	}
+	if err := p.CheckGranularity(granularity); err != nil {
+		return fmt.Errorf("policy not changed: %w", err)
+	}
 	if err := store.Save(ctx, p); err != nil {
 		return fmt.Errorf("policy not changed: %w", err)
 	}
 	fmt.Fprintln(out, "saved; gateways pick it up within seconds")
-	return show(out, p, true)
+	return show(out, p, true, granularity)
 }
 
-func show(out io.Writer, p Policy, stored bool) error {
+func show(out io.Writer, p Policy, stored bool, granularity time.Duration) error {
 	if !stored {
 		// Gateways that read one before keep it (see Watcher).
 		fmt.Fprintln(out, "no policy stored; the gateways' configured TTL and jitter apply, except in gateways that read a policy before, which keep it:")
+	} else if err := p.CheckGranularity(granularity); err != nil {
+		fmt.Fprintf(out, "gateways with renew-granularity %v do not apply this policy, and keep the one they had: %v\n", granularity, err)
 	}
 	b, err := json.MarshalIndent(p, "", "  ")
 	if err != nil {

@@ -76,6 +76,34 @@ func checkTTL(what string, ttl time.Duration) error {
 	return nil
 }
 
+// CheckGranularity names the first TTL of the policy under twice
+// granularity, a gateway's renew-granularity: the least time it leaves
+// between two renewals of one connection, answering pings in between from
+// the last grant. A client pinging every p < granularity is renewed at the
+// first ping at least a granularity after the last renewal, up to
+// granularity + p after it; a TTL of twice the granularity covers that
+// for every ping period shorter than the TTL, and a shorter one lapses a
+// client pinging just faster than the granularity. The gateway's own
+// session-ttl is held to the same bound.
+func (p Policy) CheckGranularity(granularity time.Duration) error {
+	check := func(what string, ttl time.Duration) error {
+		if ttl < 2*granularity {
+			return fmt.Errorf("%s TTL %v: below twice the gateway's renewal granularity %v (want at least %v), or a client pinging just faster than the granularity lapses",
+				what, ttl, granularity, 2*granularity)
+		}
+		return nil
+	}
+	if err := check("default", p.DefaultTTL); err != nil {
+		return err
+	}
+	for _, name := range slices.Sorted(maps.Keys(p.Segments)) {
+		if err := check("segment "+name, p.Segments[name]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // String is the policy in one line, segments in name order.
 func (p Policy) String() string {
 	var b strings.Builder
@@ -195,21 +223,33 @@ func (s *Store) Save(ctx context.Context, p Policy) error {
 // values back stores them with "gateway policy set"; a gateway started
 // while no policy is stored uses its configured values, so a fleet is
 // consistent again once one is stored.
+//
+// Likewise it keeps the policy in force, and warns once, when the stored
+// one has a TTL under twice its renewal granularity (see
+// CheckGranularity): "gateway policy set" refuses such a policy, but
+// another tool, or a gateway configured with a smaller granularity, may
+// have stored it.
 type Watcher struct {
-	store    *Store
-	fallback Policy
-	every    time.Duration
-	log      *slog.Logger
-	cur      atomic.Pointer[Policy]
-	loaded   atomic.Bool // a stored policy was loaded once
-	missing  atomic.Bool // the stored policy vanished after that; warned once
-	fails    *outage.Log
+	store       *Store
+	fallback    Policy
+	every       time.Duration
+	granularity time.Duration
+	log         *slog.Logger
+	cur         atomic.Pointer[Policy]
+	loaded      atomic.Bool // a stored policy was loaded once
+	missing     atomic.Bool // the stored policy vanished after that; warned once
+	// refused is the stored policy last refused for the granularity,
+	// warned once; nil when the stored one applies.
+	refused atomic.Pointer[string]
+	fails   *outage.Log
 }
 
 // NewWatcher starts from fallback, the policy that applies while none is
-// stored, and polls every interval once Run is called.
-func NewWatcher(store *Store, fallback Policy, every time.Duration, logger *slog.Logger) *Watcher {
-	w := &Watcher{store: store, fallback: fallback, every: every, log: logger,
+// stored, and polls every interval once Run is called. granularity is the
+// gateway's renew-granularity; a stored policy too short for it is not
+// applied.
+func NewWatcher(store *Store, fallback Policy, every, granularity time.Duration, logger *slog.Logger) *Watcher {
+	w := &Watcher{store: store, fallback: fallback, every: every, granularity: granularity, log: logger,
 		fails: outage.NewLog(logger, "refresh timeout policy", 0)}
 	w.cur.Store(&fallback)
 	return w
@@ -219,10 +259,19 @@ func NewWatcher(store *Store, fallback Policy, every time.Duration, logger *slog
 func (w *Watcher) Current() Policy { return *w.cur.Load() }
 
 // Refresh loads the stored policy once. A policy that cannot be read
-// leaves the current one in force, and so does one that vanished after
-// one was loaded (see Watcher).
+// leaves the current one in force, and so do one that vanished after one
+// was loaded and one too short for the renewal granularity (see Watcher).
 func (w *Watcher) Refresh(ctx context.Context) error {
 	p, err := w.store.Load(ctx)
+	if err == nil {
+		if bad := p.CheckGranularity(w.granularity); bad != nil {
+			w.refuse(p, bad)
+			return nil
+		}
+	}
+	if err == nil || errors.Is(err, ErrNone) {
+		w.refused.Store(nil) // a later refusal warns again
+	}
 	switch {
 	case errors.Is(err, ErrNone) && w.loaded.Load():
 		if !w.missing.Swap(true) {
@@ -243,6 +292,18 @@ func (w *Watcher) Refresh(ctx context.Context) error {
 	}
 	w.cur.Store(&p)
 	return nil
+}
+
+// refuse keeps the current policy instead of p, warning once per policy
+// refused.
+func (w *Watcher) refuse(p Policy, why error) {
+	s := p.String()
+	if old := w.refused.Swap(&s); old != nil && *old == s {
+		return
+	}
+	w.log.Warn("timeout policy in Redis not applied; keeping the one in force",
+		"refused", s, "err", why, "policy", w.Current().String(),
+		"fix", "store a policy every gateway can apply with: gateway policy set")
 }
 
 // Run polls until ctx is done.
