@@ -31,7 +31,8 @@ settings, or their flags.`
 // "vip=180s"], writing its report to out.
 func Command(ctx context.Context, args []string, env config.Lookup, out io.Writer) error {
 	if len(args) == 0 || (args[0] != "show" && args[0] != "set") {
-		return errors.New(usage)
+		fmt.Fprint(out, usage)
+		return errors.New("usage: want show or set")
 	}
 	verb := args[0]
 	fs := flag.NewFlagSet("policy "+verb, flag.ContinueOnError)
