@@ -42,6 +42,11 @@ const (
 	// CloseTokenExpired ends a connection whose token expired with no
 	// fresh one sent in an auth frame. Reconnect with a fresh token.
 	CloseTokenExpired = 4001
+	// CloseInactive ends a connection after the guide of a close stage:
+	// the user was silent through every stage, and the session is over.
+	// Do not reconnect on your own; a new chat starts when the user
+	// comes back.
+	CloseInactive = 4000
 )
 
 // MaxIDLen bounds an ack's id; guide ids are 32 hex digits.
@@ -111,17 +116,22 @@ func Pong(ttlMS int64) []byte {
 	}{TypePong, ttlMS})
 }
 
-// Guide asks the user whether they are still there. deadlineMS is when
-// their session ran out (Unix ms, Redis's clock), so a client can say when
-// the question was asked; 0 leaves it out (a guide from an older
-// consumer, which did not say).
-func Guide(id, text string, deadlineMS int64) []byte {
+// Guide asks the user whether they are still there, or on a final stage
+// says the chat is closed. deadlineMS is when their session ran out (Unix
+// ms, Redis's clock), so a client can say when the question was asked; 0
+// leaves it out (a guide from an older consumer, which did not say).
+// stage is the stage of that silence, from 1 (0 is taken as 1). final is
+// true on a close stage: the gateway closes the connection with
+// CloseInactive after the frame.
+func Guide(id, text string, deadlineMS int64, stage int, final bool) []byte {
 	return mustMarshal(struct {
 		Type       string `json:"type"`
 		ID         string `json:"id"`
 		Text       string `json:"text"`
 		DeadlineMS int64  `json:"deadline_ms,omitempty"`
-	}{TypeGuide, id, text, deadlineMS})
+		Stage      int    `json:"stage"`
+		Final      bool   `json:"final"`
+	}{TypeGuide, id, text, deadlineMS, max(stage, 1), final})
 }
 
 // AuthOK says the token of an auth frame was taken: the connection now

@@ -58,7 +58,7 @@ func TestParse(t *testing.T) {
 }
 
 func TestServerFrames(t *testing.T) {
-	for _, b := range [][]byte{Pong(61234), Guide("id1", "Are you still there?", 1795255600123), Error(CodeUnknownType, ""), AuthOK(1795255600123)} {
+	for _, b := range [][]byte{Pong(61234), Guide("id1", "Are you still there?", 1795255600123, 1, false), Error(CodeUnknownType, ""), AuthOK(1795255600123)} {
 		var m map[string]any
 		if err := json.Unmarshal(b, &m); err != nil || m["type"] == nil {
 			t.Fatalf("%s: %v", b, err)
@@ -67,13 +67,16 @@ func TestServerFrames(t *testing.T) {
 	if got := string(Pong(61234)); got != `{"type":"pong","ttl_ms":61234}` {
 		t.Fatalf("Pong = %s", got)
 	}
-	if got := string(Guide("id1", "Still there?", 1795255600123)); got != `{"type":"guide","id":"id1","text":"Still there?","deadline_ms":1795255600123}` {
+	if got := string(Guide("id1", "Still there?", 1795255600123, 1, false)); got != `{"type":"guide","id":"id1","text":"Still there?","deadline_ms":1795255600123,"stage":1,"final":false}` {
 		t.Fatalf("Guide = %s", got)
 	}
 	if got := string(AuthOK(1795255600123)); got != `{"type":"auth_ok","expires_ms":1795255600123}` {
 		t.Fatalf("AuthOK = %s", got)
 	}
-	if got := string(Guide("id1", "Still there?", 0)); got != `{"type":"guide","id":"id1","text":"Still there?"}` {
+	if got := string(Guide("id1", "We closed this chat.", 1795255600123, 2, true)); got != `{"type":"guide","id":"id1","text":"We closed this chat.","deadline_ms":1795255600123,"stage":2,"final":true}` {
+		t.Fatalf("Guide of a close stage = %s", got)
+	}
+	if got := string(Guide("id1", "Still there?", 0, 0, false)); got != `{"type":"guide","id":"id1","text":"Still there?","stage":1,"final":false}` {
 		t.Fatalf("Guide without a deadline = %s", got)
 	}
 }

@@ -288,7 +288,7 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 // deliverLocal hands a guide to uid's connections on this instance, and
 // returns how many took it.
 func (g *Gateway) deliverLocal(req push.Request) int {
-	b := frame.Guide(req.ID, req.Text, req.DeadlineMS)
+	b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)
 	n := 0
 	for _, c := range g.hub.lookup(req.UID) {
 		if c.enqueue(b) {
@@ -509,7 +509,7 @@ func (h *handover) queue(ctx context.Context, items []string) {
 			bad = append(bad, raw)
 			continue
 		}
-		if len(unsent) > 0 || !h.c.enqueueThen(frame.Guide(req.ID, req.Text, req.DeadlineMS), func() { written <- raw }) {
+		if len(unsent) > 0 || !h.c.enqueueThen(frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final), func() { written <- raw }) {
 			unsent = append(unsent, req.ID)
 			continue
 		}

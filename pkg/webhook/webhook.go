@@ -40,6 +40,12 @@ type Body struct {
 	Text string `json:"text"`
 	// DeadlineMS is when the session ran out, Unix ms by Redis's clock.
 	DeadlineMS int64 `json:"deadline_ms"`
+	// Stage is the stage of the silence, from 1; Action is "remind" or
+	// "close"; Final is true on a close stage, after which the chat is
+	// over: a chat backend closes the conversation.
+	Stage  int    `json:"stage"`
+	Action string `json:"action"`
+	Final  bool   `json:"final"`
 }
 
 // Final reports whether code, a receiver's answer, refuses the guide for
