@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -190,6 +191,7 @@ func TestTokenRules(t *testing.T) {
 		{"good", jwt.MapClaims{"sub": "a", "iss": "https://login.example", "aud": "stillthere", "iat": now.Unix(), "exp": now.Add(time.Hour).Unix()}, http.StatusSwitchingProtocols},
 		{"wrong issuer", jwt.MapClaims{"sub": "a", "iss": "https://evil.example", "aud": "stillthere", "exp": now.Add(time.Minute).Unix()}, http.StatusUnauthorized},
 		{"no audience", jwt.MapClaims{"sub": "a", "iss": "https://login.example", "exp": now.Add(time.Minute).Unix()}, http.StatusUnauthorized},
+		{"longer than an auth frame holds", jwt.MapClaims{"sub": "a", "iss": "https://login.example", "aud": "stillthere", "iat": now.Unix(), "exp": now.Add(time.Hour).Unix(), "pad": strings.Repeat("x", frame.MaxTokenLen)}, http.StatusUnauthorized},
 		{"too long", jwt.MapClaims{"sub": "a", "iss": "https://login.example", "aud": "stillthere", "iat": now.Unix(), "exp": now.Add(25 * time.Hour).Unix()}, http.StatusUnauthorized},
 	}
 	for _, tt := range tests {

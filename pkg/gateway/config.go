@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stillthere/stillthere/pkg/config"
+	"github.com/stillthere/stillthere/pkg/frame"
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/token"
@@ -56,7 +57,8 @@ type Config struct {
 	PolicyRefresh time.Duration
 
 	// ReadLimit is the largest client frame, in bytes; larger ones close
-	// the connection with 1009. Default 4096.
+	// the connection with 1009. Default 4096; at least 3200, room for an
+	// auth frame with the longest token.
 	ReadLimit int
 	// RateBurst and RatePerSecond limit each connection's frames; beyond
 	// them it is closed with 1008. Defaults 20 and 5.
@@ -139,6 +141,10 @@ func (c Config) guideMaxAge() time.Duration { return cmp.Or(c.GuideMaxAge, defau
 func (c Config) pushIdleTimeout() time.Duration {
 	return cmp.Or(c.PushIdleTimeout, defaultPushIdleTimeout)
 }
+
+// minReadLimit is the least read-limit: an auth frame of the longest
+// token, with room for its JSON.
+const minReadLimit = frame.MaxTokenLen + 128
 
 // defaultPushIdleTimeout is PushIdleTimeout's default.
 const defaultPushIdleTimeout = 120 * time.Second
@@ -223,8 +229,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("session-jitter: %v, want between 0 and session-ttl", c.SessionJitter)
 	case c.PolicyRefresh < 100*time.Millisecond:
 		return fmt.Errorf("policy-refresh: %v, want at least 100ms", c.PolicyRefresh)
-	case c.ReadLimit < 64:
-		return fmt.Errorf("read-limit: %d, want at least 64", c.ReadLimit)
+	case c.ReadLimit < minReadLimit:
+		return fmt.Errorf("read-limit: %d, want at least %d, so that an auth frame with a token of %d characters fits", c.ReadLimit, minReadLimit, frame.MaxTokenLen)
 	case c.RateBurst < 1:
 		return fmt.Errorf("rate-burst: %d, want at least 1", c.RateBurst)
 	case c.RatePerSecond <= 0:

@@ -58,7 +58,14 @@ type conn struct {
 	flushing bool       // a flusher is running
 	closed   bool       // serve returned, or a write failed: enqueue refuses
 	flushers sync.WaitGroup
-	closeSet bool // a close frame was sent; later ones are dropped
+	// closeSet: the gateway closes the connection; enqueue refuses from
+	// then on (nothing is written after a close frame), later closes are
+	// dropped, and a close the client answers with is not its own.
+	closeSet bool
+	// pendingClose is the close frame a running flusher writes once the
+	// frames queued before it are written, so a guide queued before a
+	// close is not lost to it.
+	pendingClose []byte
 }
 
 func (c *conn) serve(ctx context.Context) {
@@ -230,23 +237,38 @@ func (c *conn) ended(err error) {
 	if ce.Code != websocket.CloseNormalClosure {
 		return
 	}
+	c.mu.Lock()
+	ours := c.closeSet
+	c.mu.Unlock()
+	if ours {
+		// A 1000 in answer to the gateway's own close (4001, 1001, ...):
+		// RFC 6455 only says a client "typically" echoes the code, and
+		// many answer 1000 whatever they got. The user did not leave.
+		return
+	}
 	// Marked first, so that a resync does not restore the session; one
 	// that read the grant before is caught after (see resyncConns).
 	c.grant.Store(0)
 	c.normalClose.Store(true)
 }
 
-// closeWith sends a close frame with code and reason, once.
+// closeWith sends a close frame with code and reason, once, after the
+// frames already queued: while a flusher runs, it is left to the flusher.
 func (c *conn) closeWith(code int, reason string) {
+	msg := websocket.FormatCloseMessage(code, reason)
 	c.mu.Lock()
 	if c.closeSet {
 		c.mu.Unlock()
 		return
 	}
 	c.closeSet = true
-	c.mu.Unlock()
 	metricCloses.WithLabelValues(strconv.Itoa(code)).Inc()
-	msg := websocket.FormatCloseMessage(code, reason)
+	if c.flushing {
+		c.pendingClose = msg
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
 	c.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(c.g.cfg.WriteTimeout))
 }
 
@@ -287,7 +309,7 @@ func (c *conn) enqueue(b []byte) bool { return c.enqueueThen(b, nil) }
 func (c *conn) enqueueThen(b []byte, written func()) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
+	if c.closed || c.closeSet {
 		return false
 	}
 	if len(c.queue) >= c.g.cfg.SendQueue {
@@ -315,7 +337,13 @@ func (c *conn) flush() {
 		c.queue = nil
 		if len(batch) == 0 || c.closed {
 			c.flushing = false
+			closing := c.pendingClose
+			c.pendingClose = nil
+			closed := c.closed
 			c.mu.Unlock()
+			if closing != nil && !closed {
+				c.ws.WriteControl(websocket.CloseMessage, closing, time.Now().Add(c.g.cfg.WriteTimeout))
+			}
 			return
 		}
 		c.mu.Unlock()

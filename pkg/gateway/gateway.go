@@ -31,6 +31,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/stillthere/stillthere/pkg/admin"
+	"github.com/stillthere/stillthere/pkg/frame"
 	"github.com/stillthere/stillthere/pkg/outage"
 	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/push"
@@ -340,7 +341,12 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		admin.WriteError(w, http.StatusForbidden, "origin not allowed")
 		return
 	}
-	claims, err := g.verifier.Verify(bearer(r))
+	raw := bearer(r)
+	claims, err := g.verifier.Verify(raw)
+	if err == nil && len(raw) > frame.MaxTokenLen {
+		// It could never be refreshed: an auth frame holds no longer one.
+		err = fmt.Errorf("token of %d characters, want at most %d", len(raw), frame.MaxTokenLen)
+	}
 	if err != nil {
 		metricRejected.WithLabelValues("token").Inc()
 		admin.WriteError(w, http.StatusUnauthorized, err.Error())

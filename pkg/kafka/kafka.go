@@ -172,6 +172,12 @@ func EnsureTopic(ctx context.Context, cl *kgo.Client, c Config) error {
 	switch {
 	case err == nil || errors.Is(err, kerr.TopicAlreadyExists):
 		return nil
+	case isAuthErr(err) && ok && !errors.Is(td.Err, kerr.UnknownTopicOrPartition):
+		// The metadata named the topic, with a passing error such as
+		// LEADER_NOT_AVAILABLE: it exists. Kafka authorizes a create
+		// before it looks for the topic, so a principal without CREATE
+		// is refused here all the same.
+		return nil
 	case isAuthErr(err):
 		return fmt.Errorf("topic %q does not exist and this client may not create it: create it, or grant CREATE on the topic or the cluster: %w", c.Topic, err)
 	}
