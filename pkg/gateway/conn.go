@@ -41,10 +41,15 @@ type conn struct {
 	// never pairs a ping with the grant of an earlier one.
 	pingAt, grant atomic.Int64
 	// normalClose: the client closed with 1000, the user leaving on
-	// purpose. release ends the session if this was their last
-	// connection anywhere.
+	// purpose, or the gateway closed with 4000 after a close stage's
+	// guide (see inactive.go). release ends the session if this was
+	// their last connection anywhere.
 	normalClose atomic.Bool
-	done        chan struct{}
+	// inactive: the guide of a close stage was written, and the
+	// connection is being closed with 4000; nothing is read or written
+	// on it any more.
+	inactive atomic.Bool
+	done     chan struct{}
 
 	// expiresMS is when the connection's token expires (Unix ms); an
 	// auth frame with a fresh token moves it later. revoked: the token
@@ -82,8 +87,14 @@ func (c *conn) serve(ctx context.Context) {
 	limiter := rate.NewLimiter(rate.Limit(c.g.cfg.RatePerSecond), c.g.cfg.RateBurst)
 	c.ws.SetReadLimit(int64(c.g.cfg.ReadLimit))
 	c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
+	if c.revoked.Load() || c.inactive.Load() {
+		// Closed while being set up (a guide pushed, a token run out):
+		// the linger deadline that close set stands. Checked after the
+		// deadline above, so that either order ends with the linger.
+		c.ws.SetReadDeadline(time.Now().Add(lingerTimeout))
+	}
 	c.ws.SetPongHandler(func(string) error {
-		if c.revoked.Load() {
+		if c.revoked.Load() || c.inactive.Load() {
 			return nil // the linger deadline stands
 		}
 		return c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
@@ -108,6 +119,12 @@ func (c *conn) serve(ctx context.Context) {
 //
 //go:noinline
 func (c *conn) handle(ctx context.Context, limiter *rate.Limiter, typ int, data []byte) bool {
+	if c.inactive.Load() {
+		// Closed for inactivity: nothing the client sends now is taken,
+		// above all no ping, which would renew the session that ended.
+		c.linger()
+		return false
+	}
 	if c.revoked.Load() || c.tokenExpired() {
 		// Nothing a client sends after its token expired is taken, above
 		// all no ping: it would renew a session nobody vouches for.
@@ -358,6 +375,14 @@ func (c *conn) flush() {
 			}
 			if f.written != nil {
 				f.written()
+				if c.inactive.Load() {
+					// The frame ended the connection (closeInactive):
+					// nothing goes out after its close frame.
+					c.mu.Lock()
+					c.flushing, c.queue = false, nil
+					c.mu.Unlock()
+					return
+				}
 			}
 		}
 	}

@@ -123,7 +123,8 @@ func TestSenderRequest(t *testing.T) {
 	defer srv.Close()
 	s := &gatewaySender{url: srv.URL + "/v1/push", secret: testSecret, client: srv.Client()}
 
-	if _, err := s.Send(context.Background(), Guide{ID: "id-1", UID: "user-1", Segment: "vip", Text: testText, DeadlineMS: 1795255600123}); err != nil {
+	if _, err := s.Send(context.Background(), Guide{ID: "id-1", UID: "user-1", Segment: "vip", Text: testText, DeadlineMS: 1795255600123,
+		Stage: 2, Action: "close", Final: true}); err != nil {
 		t.Fatal(err)
 	}
 	p := <-got
@@ -136,7 +137,8 @@ func TestSenderRequest(t *testing.T) {
 	if p.auth != "Bearer "+testSecret {
 		t.Errorf("Authorization %q, want the bearer secret", p.auth)
 	}
-	want := map[string]any{"id": "id-1", "uid": "user-1", "segment": "vip", "text": testText, "deadline_ms": float64(1795255600123)}
+	want := map[string]any{"id": "id-1", "uid": "user-1", "segment": "vip", "text": testText, "deadline_ms": float64(1795255600123),
+		"stage": float64(2), "action": "close", "final": true}
 	if len(p.body) != len(want) {
 		t.Errorf("body %v, want %v", p.body, want)
 	}
@@ -224,7 +226,8 @@ func TestWebhookSender(t *testing.T) {
 		}))
 		defer srv.Close()
 		s := &webhookSender{url: srv.URL, secret: secret, client: srv.Client()}
-		g := Guide{ID: "id-1", UID: "user-1", Segment: "vip", Text: "Still with us?", DeadlineMS: 1795255600123}
+		g := Guide{ID: "id-1", UID: "user-1", Segment: "vip", Text: "Still with us?", DeadlineMS: 1795255600123,
+			Stage: 2, Action: "close", Final: true}
 		if _, err := s.Send(context.Background(), g); err != nil {
 			t.Fatal(err)
 		}
@@ -242,9 +245,24 @@ func TestWebhookSender(t *testing.T) {
 		if err := json.Unmarshal(h.body, &body); err != nil {
 			t.Fatal(err)
 		}
-		want := map[string]any{"id": "id-1", "uid": "user-1", "segment": "vip", "text": "Still with us?", "deadline_ms": float64(1795255600123)}
+		want := map[string]any{"id": "id-1", "uid": "user-1", "segment": "vip", "text": "Still with us?", "deadline_ms": float64(1795255600123),
+			"stage": float64(2), "action": "close", "final": true}
 		if !maps.Equal(body, want) {
 			t.Errorf("body %v, want %v", body, want)
+		}
+
+		// A guide that names no stage is stage 1's reminder, on the
+		// webhook too: its receiver always gets all three.
+		if _, err := s.Send(context.Background(), Guide{ID: "id-2", UID: "user-1", Text: "Still with us?"}); err != nil {
+			t.Fatal(err)
+		}
+		h = <-got
+		var plain webhook.Body
+		if err := json.Unmarshal(h.body, &plain); err != nil {
+			t.Fatal(err)
+		}
+		if plain.Stage != 1 || plain.Action != "remind" || plain.Final {
+			t.Errorf("body of a guide without a stage %s, want stage 1, remind, not final", h.body)
 		}
 	})
 }

@@ -2,6 +2,7 @@ package guide
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
 	"github.com/stillthere/stillthere/pkg/webhook"
 )
 
@@ -27,7 +29,10 @@ type webhookSender struct {
 // which a rotated secret gets for every guide, as much as 5xx, timeouts
 // and connection errors.
 func (s *webhookSender) Send(ctx context.Context, g Guide) (string, error) {
-	body, err := json.Marshal(webhook.Body{ID: g.ID, UID: g.UID, Segment: g.Segment, Text: g.Text, DeadlineMS: g.DeadlineMS})
+	// A guide without a stage (0, "") is stage 1's reminder, as on the
+	// push endpoint: the webhook's receiver always gets all three.
+	body, err := json.Marshal(webhook.Body{ID: g.ID, UID: g.UID, Segment: g.Segment, Text: g.Text, DeadlineMS: g.DeadlineMS,
+		Stage: max(g.Stage, 1), Action: cmp.Or(g.Action, timeoutevent.ActionRemind), Final: g.Final})
 	if err != nil {
 		return "", permanentError{err}
 	}

@@ -1,9 +1,10 @@
 // Package guidetest receives guides in tests as a platform's webhook does
 // (package webhook; "Guide webhook" in docs/protocol.md): it verifies each
-// request's signature, shows the user one guide per id, and records when
-// each guide first arrived, so a test can count the guides every user saw
-// and how late they came. A test can also make it refuse the consumer, as
-// a receiver whose secret was rotated first or a firewall does.
+// request's signature and body (stage, action and final included), shows
+// the user one guide per id, and records when each guide first arrived, so
+// a test can count the guides every user saw, of which stage, and how
+// late they came. A test can also make it refuse the consumer, as a
+// receiver whose secret was rotated first or a firewall does.
 package guidetest
 
 import (
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
 	"github.com/stillthere/stillthere/pkg/webhook"
 )
 
@@ -23,6 +25,11 @@ import (
 type Guide struct {
 	ID, UID, Segment, Text string
 	Deadline               time.Time
+	// Stage, Action and Final say which stage of the silence it was:
+	// Final is a close stage's, after which the chat is over.
+	Stage  int
+	Action string
+	Final  bool
 	// At is when its first send arrived; Sends counts them all, repeats
 	// included.
 	At    time.Time
@@ -100,7 +107,7 @@ func (w *Webhook) serve(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var g webhook.Body
-	if err := json.Unmarshal(body, &g); err != nil || g.ID == "" || g.UID == "" {
+	if err := json.Unmarshal(body, &g); err != nil || g.ID == "" || g.UID == "" || !stageValid(g) {
 		w.t.Errorf("webhook: body %s: %v", body, err)
 		http.Error(rw, "bad body", http.StatusBadRequest)
 		return
@@ -115,9 +122,17 @@ func (w *Webhook) serve(rw http.ResponseWriter, r *http.Request) {
 		return // 200: shown once already
 	}
 	shown := &Guide{ID: g.ID, UID: g.UID, Segment: g.Segment, Text: g.Text,
-		Deadline: time.UnixMilli(g.DeadlineMS), At: at, Sends: 1}
+		Deadline: time.UnixMilli(g.DeadlineMS), Stage: g.Stage, Action: g.Action, Final: g.Final, At: at, Sends: 1}
 	w.byID[g.ID] = shown
 	w.byUID[g.UID] = append(w.byUID[g.UID], shown)
+}
+
+// stageValid checks a body's stage as the contract has it: from 1, an
+// action of remind or close, and final exactly on a close.
+func stageValid(g webhook.Body) bool {
+	return g.Stage >= 1 && g.Stage <= timeoutevent.MaxStages &&
+		(g.Action == timeoutevent.ActionRemind || g.Action == timeoutevent.ActionClose) &&
+		g.Final == (g.Action == timeoutevent.ActionClose)
 }
 
 // SetSecrets replaces the secrets a signature may be made with, as a

@@ -2,6 +2,7 @@ package guidetest
 
 import (
 	"bytes"
+	"encoding/json"
 	"net/http"
 	"testing"
 	"time"
@@ -17,7 +18,9 @@ func post(t *testing.T, w *Webhook, body []byte, sig string) int {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(webhook.HeaderIdempotencyKey, "g1")
+	var b struct{ ID string }
+	json.Unmarshal(body, &b)
+	req.Header.Set(webhook.HeaderIdempotencyKey, b.ID)
 	req.Header.Set(webhook.HeaderSignature, sig)
 	resp, err := w.srv.Client().Do(req)
 	if err != nil {
@@ -27,7 +30,7 @@ func post(t *testing.T, w *Webhook, body []byte, sig string) int {
 	return resp.StatusCode
 }
 
-var body = []byte(`{"id":"g1","uid":"alice","segment":"default","text":"Still there?","deadline_ms":1795255600123}`)
+var body = []byte(`{"id":"g1","uid":"alice","segment":"default","text":"Still there?","deadline_ms":1795255600123,"stage":1,"action":"remind","final":false}`)
 
 // TestReplayIsRefused: a signed request sent again within the tolerance
 // shows nothing new (one guide per id); replayed later, it is refused.
@@ -77,5 +80,27 @@ func TestRotation(t *testing.T) {
 	w.Refuse(http.StatusForbidden)
 	if code := post(t, w, body, webhook.Sign(body, time.Now(), []byte(old))); code != http.StatusForbidden {
 		t.Errorf("while refusing: %d, want 403", code)
+	}
+}
+
+// TestStagesRecorded: each stage of a silence is its own guide, recorded
+// with its stage, action and final.
+func TestStagesRecorded(t *testing.T) {
+	w := StartWebhook(t)
+	closing := []byte(`{"id":"g2","uid":"alice","segment":"default","text":"We closed this chat.","deadline_ms":1795255600123,"stage":2,"action":"close","final":true}`)
+	for _, b := range [][]byte{body, closing} {
+		if code := post(t, w, b, webhook.Sign(b, time.Now(), []byte(w.Secret))); code != http.StatusOK {
+			t.Fatalf("signed request: %d, want 200", code)
+		}
+	}
+	g := w.Guides("alice")
+	if len(g) != 2 {
+		t.Fatalf("alice was shown %+v, want two stages", g)
+	}
+	if g[0].Stage != 1 || g[0].Action != "remind" || g[0].Final {
+		t.Errorf("first guide %+v, want stage 1, remind, not final", g[0])
+	}
+	if g[1].Stage != 2 || g[1].Action != "close" || !g[1].Final || g[1].Text != "We closed this chat." {
+		t.Errorf("second guide %+v, want stage 2, close, final", g[1])
 	}
 }
