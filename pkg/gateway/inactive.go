@@ -1,7 +1,10 @@
 package gateway
 
 import (
+	"strconv"
 	"time"
+
+	"github.com/gorilla/websocket"
 
 	"github.com/stillthere/stillthere/pkg/frame"
 )
@@ -40,10 +43,20 @@ func (c *conn) closeInactive() {
 	// restore the session (see resyncConns).
 	c.grant.Store(0)
 	c.normalClose.Store(true)
+	// This is the flusher, the one writer: the close frame is written
+	// here, not left to closeWith, which would leave it to the flusher.
+	// It replaces a close still pending behind the guide (a token that ran
+	// out meanwhile, a drain): the chat is over.
 	c.mu.Lock()
+	written := c.closeSet && c.pendingClose == nil
 	c.closed, c.queue = true, nil // nothing may follow the close frame
+	c.closeSet, c.pendingClose = true, nil
 	c.mu.Unlock()
 	c.log.Debug("closing for inactivity after the close stage's guide")
-	c.closeWith(frame.CloseInactive, "inactive")
+	if !written {
+		metricCloses.WithLabelValues(strconv.Itoa(frame.CloseInactive)).Inc()
+		msg := websocket.FormatCloseMessage(frame.CloseInactive, "inactive")
+		c.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(c.g.cfg.WriteTimeout))
+	}
 	c.ws.NetConn().SetReadDeadline(time.Now().Add(lingerTimeout))
 }
