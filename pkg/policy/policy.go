@@ -1,9 +1,13 @@
-// Package policy is the per-segment session timeout policy. It lives in
-// Redis, so operators change it once for every gateway without a restart;
-// gateways poll it and pick a change up within seconds.
+// Package policy is the per-segment session timeout policy: each
+// segment's session TTL, and the stages of a silence (a reminder at the
+// deadline, later ones, perhaps a close). It lives in Redis, so operators
+// change it once for every service without a restart; gateways (for the
+// TTL) and expiry listeners (for the stages) poll it and pick a change up
+// within seconds.
 package policy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,7 +28,8 @@ const (
 	MaxTTL = 24 * time.Hour
 )
 
-// Policy maps a user's segment to their session TTL.
+// Policy maps a user's segment to their session TTL and the stages of
+// their silences.
 type Policy struct {
 	// DefaultTTL applies to segments not listed.
 	DefaultTTL time.Duration
@@ -32,6 +37,11 @@ type Policy struct {
 	Jitter time.Duration
 	// Segments override DefaultTTL by segment name.
 	Segments map[string]time.Duration
+	// SegmentStages are the stages of a silence by segment name. A
+	// segment not listed has the default segment's (session.DefaultSegment);
+	// with those not listed either, one reminder at the deadline with the
+	// consumer's text. See Stages.
+	SegmentStages map[string][]Stage
 }
 
 // TTL is the session TTL of segment, before jitter.
@@ -59,6 +69,14 @@ func (p Policy) Validate() error {
 	}
 	if p.Jitter < 0 || p.Jitter > shortest/2 {
 		return fmt.Errorf("jitter %v: want between 0 and half the shortest TTL (%v)", p.Jitter, shortest/2)
+	}
+	for _, name := range slices.Sorted(maps.Keys(p.SegmentStages)) {
+		if !session.ValidSegment(name) {
+			return fmt.Errorf("stages of segment %q: want a segment name of 1-64 characters of [A-Za-z0-9._-]", name)
+		}
+		if err := checkStages(name, p.SegmentStages[name]); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -101,21 +119,39 @@ func (p Policy) CheckGranularity(granularity time.Duration) error {
 	return nil
 }
 
-// String is the policy in one line, segments in name order.
+// String is the policy in one line, segments in name order, stage texts
+// cut short.
 func (p Policy) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "default=%v jitter=%v", p.DefaultTTL, p.Jitter)
 	for _, name := range slices.Sorted(maps.Keys(p.Segments)) {
 		fmt.Fprintf(&b, " %s=%v", name, p.Segments[name])
 	}
+	if len(p.SegmentStages) > 0 {
+		b.WriteString("; stages")
+		for _, name := range slices.Sorted(maps.Keys(p.SegmentStages)) {
+			fmt.Fprintf(&b, " %s=%s", name, describe(p.SegmentStages[name]))
+		}
+	}
 	return b.String()
 }
 
+// Equal reports whether p and q are the same policy, texts and all, as
+// stored: an empty action is the same as "remind".
+func (p Policy) Equal(q Policy) bool {
+	a, errA := json.Marshal(p)
+	b, errB := json.Marshal(q)
+	return errA == nil && errB == nil && bytes.Equal(a, b)
+}
+
 // stored is the JSON form in Redis: durations as Go duration strings.
+// Documents from before stages have no "stages" and still load: their
+// segments have one reminder at the deadline, as they had then.
 type stored struct {
-	DefaultTTL string            `json:"default_ttl"`
-	Jitter     string            `json:"jitter"`
-	Segments   map[string]string `json:"segments,omitempty"`
+	DefaultTTL string             `json:"default_ttl"`
+	Jitter     string             `json:"jitter"`
+	Segments   map[string]string  `json:"segments,omitempty"`
+	Stages     map[string][]Stage `json:"stages,omitempty"`
 }
 
 // MarshalJSON encodes durations as strings such as "60s".
@@ -126,6 +162,9 @@ func (p Policy) MarshalJSON() ([]byte, error) {
 		for k, v := range p.Segments {
 			s.Segments[k] = v.String()
 		}
+	}
+	if len(p.SegmentStages) > 0 {
+		s.Stages = p.SegmentStages
 	}
 	return json.Marshal(s)
 }
@@ -155,6 +194,9 @@ func (p *Policy) UnmarshalJSON(b []byte) error {
 			out.Segments = map[string]time.Duration{}
 		}
 		out.Segments[name] = d
+	}
+	if len(s.Stages) > 0 {
+		out.SegmentStages = s.Stages
 	}
 	if err := out.Validate(); err != nil {
 		return err

@@ -10,17 +10,18 @@ import (
 	"github.com/stillthere/stillthere/pkg/outage"
 )
 
-// Watcher keeps the current policy, polling the store.
+// Watcher keeps the current policy, polling the store. Gateways watch it
+// for the TTLs they grant, expiry listeners for the stages they schedule.
 //
 // Once it has loaded a stored policy, it keeps the last one it loaded if
 // the key vanishes. The key does not vanish by anyone's choice: the
 // command offers no delete, and a Redis that lost its data (a restart
 // without persistence, a failover to a replica that missed the write)
-// loses it. Falling back to the configured TTL then would silently give
-// every segment a TTL nobody chose. An operator who wants the configured
-// values back stores them with "gateway policy set"; a gateway started
-// while no policy is stored uses its configured values, so a fleet is
-// consistent again once one is stored.
+// loses it. Falling back to the configured TTL and stages then would
+// silently give every segment a TTL, or a close, nobody chose. An operator
+// who wants the configured values back stores them with "gateway policy
+// set"; a service started while no policy is stored uses its configured
+// values, so a fleet is consistent again once one is stored.
 //
 // Likewise it keeps the policy in force, and warns once, when the stored
 // one has a TTL under twice its renewal granularity (see
@@ -43,9 +44,11 @@ type Watcher struct {
 }
 
 // NewWatcher starts from fallback, the policy that applies while none is
-// stored, and polls every interval once Run is called. granularity is the
-// gateway's renew-granularity; a stored policy too short for it is not
-// applied.
+// stored (see Fallback), and polls every interval once Run is called.
+// granularity is the gateway's renew-granularity; a stored policy too
+// short for it is not applied. An expiry listener, which grants no TTL,
+// passes 0: it applies the stages of any valid stored policy, also one
+// whose TTLs gateways with a coarser granularity refuse.
 func NewWatcher(store *Store, fallback Policy, every, granularity time.Duration, logger *slog.Logger) *Watcher {
 	w := &Watcher{store: store, fallback: fallback, every: every, granularity: granularity, log: logger,
 		fails: outage.NewLog(logger, "refresh timeout policy", 0)}
@@ -85,7 +88,7 @@ func (w *Watcher) Refresh(ctx context.Context) error {
 		w.loaded.Store(true)
 		w.missing.Store(false)
 	}
-	if old := w.cur.Load(); old.String() != p.String() {
+	if old := w.cur.Load(); !old.Equal(p) {
 		w.log.Info("timeout policy in force", "policy", p.String())
 	}
 	w.cur.Store(&p)
