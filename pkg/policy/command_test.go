@@ -70,7 +70,8 @@ func TestCommandStages(t *testing.T) {
 	}{
 		{"no segment", []string{"-stages", `[{}]`}, `-stages "[{}]": want name=[stage, ...]`},
 		{"bad segment name", []string{"-stages", `v i p=[{}]`}, `-stages: segment "v i p"`},
-		{"not JSON", []string{"-stages", `vip=remind`}, "-stages: segment vip stages: want a JSON array"},
+		{"not JSON", []string{"-stages", `vip=remind`}, `-stages: segment vip stages "remind": not JSON; want an array such as`},
+		{"bad delay", []string{"-stages", `vip=[{}, {"after": "5 min", "text": "t"}]`}, `-stages: segment vip stage 2: after "5 min": not a duration such as 3m`},
 		{"unknown field", []string{"-stages", `vip=[{"delay": "1m"}]`}, `unknown field "delay"`},
 		{"no stages", []string{"-stages", `vip=[]`}, "segment vip: 0 stages, want 1-10"},
 		{"stage 1 delayed", []string{"-stages", `vip=[{"after": "1m"}]`}, "segment vip stage 1: after 1m0s"},

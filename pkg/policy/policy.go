@@ -148,10 +148,12 @@ func (p Policy) Equal(q Policy) bool {
 // Documents from before stages have no "stages" and still load: their
 // segments have one reminder at the deadline, as they had then.
 type stored struct {
-	DefaultTTL string             `json:"default_ttl"`
-	Jitter     string             `json:"jitter"`
-	Segments   map[string]string  `json:"segments,omitempty"`
-	Stages     map[string][]Stage `json:"stages,omitempty"`
+	DefaultTTL string            `json:"default_ttl"`
+	Jitter     string            `json:"jitter"`
+	Segments   map[string]string `json:"segments,omitempty"`
+	// Stages are decoded one by one (see decodeStages), so that an error
+	// names the segment and stage.
+	Stages map[string]json.RawMessage `json:"stages,omitempty"`
 }
 
 // MarshalJSON encodes durations as strings such as "60s".
@@ -164,7 +166,14 @@ func (p Policy) MarshalJSON() ([]byte, error) {
 		}
 	}
 	if len(p.SegmentStages) > 0 {
-		s.Stages = p.SegmentStages
+		s.Stages = make(map[string]json.RawMessage, len(p.SegmentStages))
+		for name, stages := range p.SegmentStages {
+			b, err := json.Marshal(stages)
+			if err != nil {
+				return nil, err
+			}
+			s.Stages[name] = b
+		}
 	}
 	return json.Marshal(s)
 }
@@ -195,8 +204,15 @@ func (p *Policy) UnmarshalJSON(b []byte) error {
 		}
 		out.Segments[name] = d
 	}
-	if len(s.Stages) > 0 {
-		out.SegmentStages = s.Stages
+	for _, name := range slices.Sorted(maps.Keys(s.Stages)) {
+		stages, err := decodeStages(name, s.Stages[name])
+		if err != nil {
+			return err
+		}
+		if out.SegmentStages == nil {
+			out.SegmentStages = map[string][]Stage{}
+		}
+		out.SegmentStages[name] = stages
 	}
 	if err := out.Validate(); err != nil {
 		return err

@@ -140,13 +140,13 @@ func (s *Stage) UnmarshalJSON(b []byte) error {
 	dec := json.NewDecoder(strings.NewReader(string(b)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&in); err != nil {
-		return fmt.Errorf("decode stage: %w", err)
+		return fmt.Errorf("want an object such as {\"after\": \"3m\", \"action\": \"close\", \"text\": \"Closed.\"}: %w", err)
 	}
 	var out Stage
 	if in.After != "" {
 		d, err := time.ParseDuration(in.After)
 		if err != nil {
-			return fmt.Errorf("stage after %q: not a duration such as 3m", in.After)
+			return fmt.Errorf("after %q: not a duration such as 3m", in.After)
 		}
 		out.After = d
 	}
@@ -163,12 +163,36 @@ func (s *Stage) UnmarshalJSON(b []byte) error {
 //
 // and checks it as the list of segment.
 func ParseStages(segment, list string) ([]Stage, error) {
-	var stages []Stage
-	if err := json.Unmarshal([]byte(list), &stages); err != nil {
-		return nil, fmt.Errorf("segment %s stages: want a JSON array such as [{\"text\": \"Still there?\"}, {\"after\": \"3m\", \"action\": \"close\", \"text\": \"Closed.\"}]: %w", segment, err)
+	if !json.Valid([]byte(list)) {
+		return nil, fmt.Errorf("segment %s stages %q: not JSON; want an array such as %s", segment, shorten(list, 64), stagesExample)
+	}
+	stages, err := decodeStages(segment, []byte(list))
+	if err != nil {
+		return nil, err
 	}
 	if err := checkStages(segment, stages); err != nil {
 		return nil, err
+	}
+	return stages, nil
+}
+
+const stagesExample = `[{"text": "Still there?"}, {"after": "3m", "action": "close", "text": "Closed."}]`
+
+// decodeStages decodes segment's list from valid JSON, naming the stage
+// that does not decode. Where each may stand in the list is checked by
+// checkStages.
+func decodeStages(segment string, list json.RawMessage) ([]Stage, error) {
+	var raw []json.RawMessage
+	if err := json.Unmarshal(list, &raw); err != nil {
+		return nil, fmt.Errorf("segment %s stages %s: want an array such as %s", segment, shorten(string(list), 64), stagesExample)
+	}
+	var stages []Stage
+	for i, r := range raw {
+		var s Stage
+		if err := json.Unmarshal(r, &s); err != nil {
+			return nil, fmt.Errorf("segment %s stage %d: %w", segment, i+1, err)
+		}
+		stages = append(stages, s)
 	}
 	return stages, nil
 }

@@ -147,14 +147,14 @@ func TestStagesJSON(t *testing.T) {
 	}
 
 	for _, bad := range []struct{ doc, want string }{
-		{`{"default_ttl":"60s","jitter":"5s","stages":{"vip":[{"wait":"3m"}]}}`, `unknown field "wait"`},
-		{`{"default_ttl":"60s","jitter":"5s","stages":{"vip":[{},{"after":"3","text":"t"}]}}`, `stage after "3"`},
+		{`{"default_ttl":"60s","jitter":"5s","stages":{"vip":[{"wait":"3m"}]}}`, `segment vip stage 1: want an object such as {"after": "3m", "action": "close", "text": "Closed."}: json: unknown field "wait"`},
+		{`{"default_ttl":"60s","jitter":"5s","stages":{"vip":[{},{"after":"3","text":"t"}]}}`, `segment vip stage 2: after "3": not a duration such as 3m`},
 		{`{"default_ttl":"60s","jitter":"5s","stages":{"vip":[{},{"after":"1m"}]}}`, "segment vip stage 2: no text"},
 		{`{"default_ttl":"60s","jitter":"5s","stages":{"vip":[]}}`, "segment vip: 0 stages"},
 		{`{"default_ttl":"60s","jitter":"5s","stages":{"vip":null}}`, "segment vip: 0 stages"},
 		{`{"default_ttl":"60s","jitter":"5s","stages":{"vip":[{"action":"close"}]}}`, "close with no text"},
-		{`{"default_ttl":"60s","jitter":"5s","stages":{"vip":{}}}`, "cannot unmarshal"},
-		{`{"default_ttl":"60s","jitter":"5s","stages":{"vip":[{"text":1}]}}`, "cannot unmarshal"},
+		{`{"default_ttl":"60s","jitter":"5s","stages":{"vip":{}}}`, "segment vip stages {}: want an array such as"},
+		{`{"default_ttl":"60s","jitter":"5s","stages":{"vip":[{},{"text":1}]}}`, "segment vip stage 2: want an object"},
 	} {
 		if err := json.Unmarshal([]byte(bad.doc), &back); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("Unmarshal(%s) = %v, want an error about %q", bad.doc, err, bad.want)
@@ -169,9 +169,11 @@ func TestParseStages(t *testing.T) {
 		t.Fatalf("ParseStages = %v, %v; want %v", got, err, want)
 	}
 	for _, tt := range []struct{ list, want string }{
-		{``, "segment vip stages: want a JSON array"},
-		{`{"text": "t"}`, "segment vip stages: want a JSON array"},
-		{`[{}] x`, "segment vip stages: want a JSON array"},
+		{``, `segment vip stages "": not JSON; want an array such as [{"text": "Still there?"}`},
+		{`{"text": "t"}`, `segment vip stages {"text": "t"}: want an array such as`},
+		{`[{}] x`, `segment vip stages "[{}] x": not JSON`},
+		{`[{}, {"after": "3"}]`, `segment vip stage 2: after "3": not a duration`},
+		{`[{}, {"after": "3m", "txt": "t"}]`, `segment vip stage 2: want an object such as`},
 		{`null`, "segment vip: 0 stages"},
 		{`[]`, "segment vip: 0 stages"},
 		{`[{"after": "1m"}]`, "segment vip stage 1: after 1m0s"},
