@@ -9,6 +9,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/config"
 	"github.com/stillthere/stillthere/pkg/frame"
+	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/token"
@@ -52,6 +53,11 @@ type Config struct {
 	// both, per segment.
 	SessionTTL    time.Duration
 	SessionJitter time.Duration
+	// Closing shapes the default segment's stages while no timeout
+	// policy is stored: a reminder at the deadline, then a close stage
+	// (close-after, default 3m; 0: none) with close-text. The expiry
+	// listener reads the same settings; give both the same values.
+	Closing policy.Closing
 	// PolicyRefresh is how often the stored timeout policy is re-read.
 	// Default 2s.
 	PolicyRefresh time.Duration
@@ -135,6 +141,11 @@ type Config struct {
 	routeRefreshEvery, routeKeyTTL time.Duration
 }
 
+// FallbackPolicy is the timeout policy in force while none is stored.
+func (c Config) FallbackPolicy() policy.Policy {
+	return policy.Fallback(c.SessionTTL, c.SessionJitter, c.Closing)
+}
+
 // guideMaxAge is GuideMaxAge, or its default.
 func (c Config) guideMaxAge() time.Duration { return cmp.Or(c.GuideMaxAge, defaultGuideMaxAge) }
 
@@ -173,6 +184,7 @@ func (c *Config) Bind(b *config.Binder) {
 	b.List(&c.AllowedOrigins, "allowed-origins", "", "browser Origins allowed to connect, comma-separated; empty allows same host only")
 	b.Duration(&c.SessionTTL, "session-ttl", 60*time.Second, "session TTL granted on each ping")
 	b.Duration(&c.SessionJitter, "session-jitter", 5*time.Second, "random extra TTL in [0, jitter)")
+	c.Closing.Bind(b)
 	b.Duration(&c.PolicyRefresh, "policy-refresh", 2*time.Second, "how often the timeout policy in Redis is re-read")
 	b.Int(&c.ReadLimit, "read-limit", 4096, "largest client frame in bytes")
 	b.Int(&c.RateBurst, "rate-burst", 20, "frames a connection may send in a burst")
@@ -210,6 +222,9 @@ func LoadConfig(args []string, env config.Lookup) (Config, error) {
 // Validate names the first bad field.
 func (c Config) Validate() error {
 	if err := c.Redis.Validate(); err != nil {
+		return err
+	}
+	if err := c.Closing.Validate(); err != nil {
 		return err
 	}
 	switch {

@@ -149,8 +149,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	})
 	g.routes = newRouteBook(g)
 	g.policy = policy.NewWatcher(policy.NewStore(rdb, cfg.Redis.Keyspace()),
-		policy.Policy{DefaultTTL: cfg.SessionTTL, Jitter: cfg.SessionJitter},
-		cfg.PolicyRefresh, cfg.RenewGranularity, logger)
+		cfg.FallbackPolicy(), cfg.PolicyRefresh, cfg.RenewGranularity, logger)
 	if err := g.policy.Refresh(ctx); err != nil {
 		logger.Warn("timeout policy unreadable; using the configured TTL until it is fixed", "err", err)
 	}

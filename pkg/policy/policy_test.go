@@ -118,6 +118,8 @@ func TestJSON(t *testing.T) {
 func FuzzUnmarshal(f *testing.F) {
 	f.Add([]byte(`{"default_ttl":"60s","jitter":"5s","segments":{"vip":"180s"}}`))
 	f.Add([]byte(`{"default_ttl":"1s","jitter":"0s"}`))
+	f.Add([]byte(`{"default_ttl":"60s","jitter":"5s","stages":{"default":[{"action":"remind"},{"after":"3m0s","action":"close","text":"Closed."}],"vip":[{"text":"a"},{"after":"1s","text":"b"}]}}`))
+	f.Add([]byte(`{"default_ttl":"60s","jitter":"5s","stages":{"x":[{"after":"0s","action":"close","text":"\u00e9"}]}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var p Policy
 		if err := json.Unmarshal(b, &p); err != nil {
@@ -128,7 +130,7 @@ func FuzzUnmarshal(f *testing.F) {
 		}
 		out, _ := json.Marshal(p)
 		var again Policy
-		if err := json.Unmarshal(out, &again); err != nil || again.String() != p.String() {
+		if err := json.Unmarshal(out, &again); err != nil || again.String() != p.String() || !again.Equal(p) {
 			t.Fatalf("re-decode of %s: %v %v", out, again, err)
 		}
 	})
