@@ -277,3 +277,53 @@ func TestWriteRoutesRetriesThroughSlotMigration(t *testing.T) {
 		t.Errorf("Live after the last connection closed = %v, %v", live, err)
 	}
 }
+
+// TestPipelineOfMixedRefusals: mid-migration one pipeline to the source
+// holds a renewal refused with TRYAGAIN (its keys split) first, and one
+// answered ASK (its keys all moved) after it. go-redis would resend the
+// first's whole batch, the second with it, while it also follows the
+// second's ASK: the second then runs on two connections at once, racing
+// on its reply (the race detector fails this test then). runScripts
+// resends the refused calls itself, each once per round.
+func TestPipelineOfMixedRefusals(t *testing.T) {
+	const split = "mig-split"
+	r := newMigrationRig(t, split)
+	s, ctx := r.s, context.Background()
+	var moved string
+	for i := 0; moved == ""; i++ {
+		if u := "mig-moved-" + itoa(i); Bucket(u) == r.bucket {
+			moved = u
+		}
+	}
+	for _, uid := range []string{split, moved} {
+		if _, err := s.Renew(ctx, uid, "default", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := r.begin(t)
+	ks := s.ks
+	// The bucket's keys and every key of moved on the target; split's
+	// session and renewal keys still on the source.
+	if err := m.Move(ctx, ks.IndexKey(r.bucket), ks.SegmentsKey(r.bucket), ks.ViaKey(r.bucket),
+		ks.SessionKey(moved), ks.RenewedKey(moved)); err != nil {
+		t.Fatal(err)
+	}
+	call := func(i int) (*redis.Script, []string, []any) {
+		uid := []string{split, moved}[i]
+		return renewScript, ks.sessionKeys(uid), []any{uid, time.Minute.Milliseconds(), "default", "", modeRenew,
+			RenewedKeep.Milliseconds(), 0}
+	}
+	for i, cmd := range s.runScripts(ctx, 2, call, 50*time.Millisecond) {
+		if err := cmd.Err(); !slotMoving(err) {
+			t.Errorf("call %d while the keys stay split: %v, want a moving slot's refusal", i, err)
+		}
+	}
+	if err := m.Finish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, cmd := range s.runScripts(ctx, 2, call, DefaultSlotRetry) {
+		if err := cmd.Err(); err != nil {
+			t.Errorf("call %d after the move: %v", i, err)
+		}
+	}
+}

@@ -19,10 +19,16 @@ import (
 //
 // go-redis v9 follows MOVED and ASK in a pipeline, up to MaxRedirects
 // times, but retries TRYAGAIN only when it is the reply to the first
-// command of a node's batch (and then the whole batch); an ASK that leads
-// to TRYAGAIN surfaces as that error. And a slot moved to a node that
-// never ran a script answers its EVALSHA with NOSCRIPT. runScripts
-// handles both.
+// command of a node's batch, and then it resends the whole batch: with
+// the commands of it that were answered ASK or MOVED, which it has
+// queued for their new node already. Those then run twice, on two
+// connections at once that race to write their replies (v9.23.0, seen
+// by the race detector mid-migration). So runScripts marks its calls as
+// not to be resent by go-redis (a batch holding one is not), and resends
+// those a moving slot refused itself; an ASK that leads to TRYAGAIN
+// surfaces as that error too. And a slot moved to a node that never ran
+// a script answers its EVALSHA with NOSCRIPT: runScripts resends those
+// with the source.
 
 const (
 	// slotRetryPause is the first pause before sending again calls a
@@ -51,6 +57,36 @@ func slotMoving(err error) bool {
 	return ask || moved
 }
 
+// noRetry is a script call go-redis does not resend itself.
+type noRetry struct{ *redis.Cmd }
+
+func (noRetry) NoRetry() bool { return true }
+
+// noRetryPipe queues the scripts' EVAL and EVALSHA as noRetry.
+type noRetryPipe struct{ redis.Pipeliner }
+
+func (p noRetryPipe) Eval(ctx context.Context, src string, keys []string, args ...any) *redis.Cmd {
+	return p.eval(ctx, "eval", src, keys, args)
+}
+
+func (p noRetryPipe) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
+	return p.eval(ctx, "evalsha", sha, keys, args)
+}
+
+func (p noRetryPipe) eval(ctx context.Context, name, payload string, keys []string, args []any) *redis.Cmd {
+	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
+	cmdArgs = append(cmdArgs, name, payload, len(keys))
+	for _, k := range keys {
+		cmdArgs = append(cmdArgs, k)
+	}
+	cmd := redis.NewCmd(ctx, append(cmdArgs, args...)...)
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	p.Process(ctx, noRetry{cmd})
+	return cmd
+}
+
 // scriptCall is the i-th script call of a pipeline: the script, its keys
 // and its arguments.
 type scriptCall func(i int) (*redis.Script, []string, []any)
@@ -73,7 +109,8 @@ func (s *Store) runScripts(ctx context.Context, n int, call scriptCall, within t
 	bySHA := true
 	for {
 		// Errors are per command; Pipelined's own is the first of them.
-		s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		s.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			p := noRetryPipe{pipe}
 			for _, i := range pending {
 				script, keys, args := call(i)
 				if bySHA {
