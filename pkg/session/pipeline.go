@@ -23,12 +23,12 @@ import (
 // the commands of it that were answered ASK or MOVED, which it has
 // queued for their new node already. Those then run twice, on two
 // connections at once that race to write their replies (v9.23.0, seen
-// by the race detector mid-migration). So runScripts marks its calls as
-// not to be resent by go-redis (a batch holding one is not), and resends
-// those a moving slot refused itself; an ASK that leads to TRYAGAIN
-// surfaces as that error too. And a slot moved to a node that never ran
-// a script answers its EVALSHA with NOSCRIPT: runScripts resends those
-// with the source.
+// by the race detector mid-migration). So on a cluster runScripts marks
+// its calls as not to be resent by go-redis (a batch holding one is not),
+// and resends those a moving slot refused itself; an ASK that leads to
+// TRYAGAIN surfaces as that error too. And a slot moved to a node that
+// never ran a script answers its EVALSHA with NOSCRIPT: runScripts
+// resends those with the source.
 
 const (
 	// slotRetryPause is the first pause before sending again calls a
@@ -110,7 +110,12 @@ func (s *Store) runScripts(ctx context.Context, n int, call scriptCall, within t
 	for {
 		// Errors are per command; Pipelined's own is the first of them.
 		s.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			p := noRetryPipe{pipe}
+			var p redis.Pipeliner = pipe
+			if _, cluster := s.rdb.(*redis.ClusterClient); cluster {
+				// A single Redis keeps go-redis's resending of a pipeline
+				// whose connection broke.
+				p = noRetryPipe{pipe}
+			}
 			for _, i := range pending {
 				script, keys, args := call(i)
 				if bySHA {
