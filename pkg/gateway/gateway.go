@@ -140,6 +140,10 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 		FlushInterval: cfg.RenewFlushInterval,
 		MaxBatch:      cfg.RenewBatch,
 		Instance:      g.instance,
+		// Renewals a migrating cluster slot refuses are sent again, but
+		// only for as long as keeps the round trip under slowFlush: one
+		// held up longer fails, and reach counts it as an outage.
+		SlotRetry: slowFlush * 3 / 4,
 		OnFlush: func(size int, took time.Duration, err error) {
 			metricRenewRoundTrips.Inc()
 			metricRenewBatchSize.Observe(float64(size))

@@ -21,7 +21,13 @@ import (
 //     instance gone when it stops;
 //   - reports its own renewal outages: once renewals succeed again after
 //     failing, it records how long they failed as a blind interval of
-//     this instance (session.BlindRenewals), first;
+//     this instance (session.BlindRenewals), first; and while they fail
+//     and Redis still takes its heartbeats (a partial outage: a cluster
+//     slot migrating for longer than renewals are retried, a master
+//     failing over while the control keys' one answers), it records the
+//     outage so far every second, so that a listener that meets a
+//     lapsed deadline the moment its slot is back finds the outage
+//     already recorded;
 //   - resyncs: then, and after a heartbeat gap, it writes every
 //     connection's last grant again, as far as it is left: the deadline
 //     its last ping was given, or would have been. A resync never moves a
@@ -46,6 +52,9 @@ const (
 	// failed round trips follow each other much closer than this (one
 	// takes at most its 5s timeout).
 	flushFailFresh = 10 * time.Second
+	// ongoingRecordEvery is how often an outage that lasts is recorded
+	// again, each record replacing the last: far inside any grace.
+	ongoingRecordEvery = time.Second
 )
 
 // reach is what the gateway knows of its own reach to Redis. The renewer's
@@ -63,16 +72,22 @@ type reach struct {
 
 	// kick wakes the resync loop: something healed, a resync may be owed.
 	kick chan struct{}
+	// failed wakes it too: renewals fail, the outage so far may be
+	// recorded while it lasts.
+	failed chan struct{}
 }
 
 func newReach(queued time.Duration) *reach {
-	return &reach{queued: queued, kick: make(chan struct{}, 1)}
+	return &reach{queued: queued, kick: make(chan struct{}, 1), failed: make(chan struct{}, 1)}
 }
 
-func (r *reach) signal() {
+func (r *reach) signal() { wake(r.kick) }
+
+// wake signals c unless a signal is pending already.
+func wake(c chan struct{}) {
 	select {
-	case r.kick <- struct{}{}:
-	default: // a kick is pending already
+	case c <- struct{}{}:
+	default:
 	}
 }
 
@@ -93,6 +108,7 @@ func (r *reach) flushed(took time.Duration, err error) {
 		r.lastFail = now
 		r.failures++
 		r.mu.Unlock()
+		wake(r.failed)
 		return
 	}
 	healed := !r.flushFail.IsZero()
@@ -166,6 +182,14 @@ func (r *reach) failureCount() uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.failures
+}
+
+// partial reports whether renewals are failing while heartbeats get
+// through: Redis takes a record of the outage while it lasts.
+func (r *reach) partial() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.flushFail.IsZero() && r.beatFail.IsZero()
 }
 
 // unrecorded is the start of renewal failures not yet recorded as a blind
@@ -296,6 +320,7 @@ func (g *Gateway) leave() {
 // a resync that fails is retried.
 func (g *Gateway) resyncLoop(ctx context.Context) {
 	var synced uint64 // failures that a completed resync followed
+	var open *ongoing // the outage recorded while it lasts
 	retry := time.NewTimer(resyncRetry)
 	retry.Stop()
 	defer retry.Stop()
@@ -305,12 +330,15 @@ func (g *Gateway) resyncLoop(ctx context.Context) {
 			return
 		case <-g.reach.kick:
 		case <-retry.C:
+		case <-g.reach.failed:
+			open = g.recordOngoing(ctx, open)
+			continue
 		}
 		failures := g.reach.failureCount()
 		if failures == synced {
 			continue
 		}
-		if err := g.resync(ctx); err != nil {
+		if err := g.resync(ctx, &open); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -323,16 +351,59 @@ func (g *Gateway) resyncLoop(ctx context.Context) {
 	}
 }
 
+// ongoing is a renewal outage recorded while it lasts: its last record.
+type ongoing struct {
+	b  session.BlindInterval
+	at time.Time // when it was written, by the local clock
+}
+
+// recordOngoing records a renewal outage so far, while it lasts, when
+// Redis takes heartbeats meanwhile, at most every ongoingRecordEvery, and
+// returns the outage's record. Each record replaces the last, so an
+// outage keeps one. Where Redis is out of reach the heartbeat gap
+// protects the users, and the record waits for the recovery.
+func (g *Gateway) recordOngoing(ctx context.Context, open *ongoing) *ongoing {
+	since := g.reach.unrecorded()
+	if since.IsZero() || !g.reach.partial() || (open != nil && time.Since(open.at) < ongoingRecordEvery) {
+		return open
+	}
+	rctx, cancel := context.WithTimeout(ctx, g.lease())
+	defer cancel()
+	at := time.Now()
+	b, err := g.store.RecordBlindFor(rctx, at.Sub(since), g.instance, session.BlindRenewals)
+	if err != nil {
+		g.log.Debug("record the renewal outage while it lasts; recovery records it", "err", err)
+		return open
+	}
+	g.forgetOngoing(rctx, open)
+	g.log.Info("renewals failing: recorded the outage so far", "from", b.Start, "to", b.End, "for", b.End.Sub(b.Start))
+	return &ongoing{b: b, at: at}
+}
+
+// forgetOngoing removes the record of an outage that a later one covers.
+func (g *Gateway) forgetOngoing(ctx context.Context, open *ongoing) {
+	if open == nil {
+		return
+	}
+	if err := g.store.ForgetBlind(ctx, open.b); err != nil {
+		g.log.Debug("remove a record of a renewal outage that a later one covers", "err", err)
+	}
+}
+
 // resync records the renewal outage it follows, if any, as a blind
-// interval of this instance, and only then restores every connection's
-// last grant: the listener that meets a deadline the outage let lapse
-// finds the outage recorded.
-func (g *Gateway) resync(ctx context.Context) error {
+// interval of this instance (replacing its record while it lasted), and
+// only then restores every connection's last grant: the listener that
+// meets a deadline the outage let lapse finds the outage recorded.
+func (g *Gateway) resync(ctx context.Context, open **ongoing) error {
 	start := time.Now()
 	if since := g.reach.unrecorded(); !since.IsZero() {
 		rctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
 		at := time.Now()
 		b, err := g.store.RecordBlindFor(rctx, at.Sub(since), g.instance, session.BlindRenewals)
+		if err == nil {
+			g.forgetOngoing(rctx, *open)
+			*open = nil
+		}
 		cancel()
 		if err != nil {
 			return err

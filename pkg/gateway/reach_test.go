@@ -289,6 +289,14 @@ func TestReachState(t *testing.T) {
 	if err := r.err(); err == nil || !strings.Contains(err.Error(), "renewals failing") {
 		t.Fatalf("after a failed round trip: err() = %v", err)
 	}
+	select {
+	case <-r.failed:
+	default:
+		t.Fatal("a failed round trip did not wake the recorder of outages that last")
+	}
+	if !r.partial() {
+		t.Fatal("renewals fail, heartbeats do not: not a partial outage")
+	}
 	if since := r.unrecorded(); time.Since(since) < time.Second {
 		t.Fatalf("unrecorded since %v: want the failed round trip's start, a second ago", since)
 	}
@@ -328,12 +336,85 @@ func TestReachState(t *testing.T) {
 	if err := r.err(); err == nil || !strings.Contains(err.Error(), "heartbeats failing") {
 		t.Fatalf("after a failed heartbeat: err() = %v", err)
 	}
+	if r.flushed(0, errDown); r.partial() {
+		t.Fatal("renewals and heartbeats fail: taken for a partial outage")
+	}
+	r.flushed(0, nil)
+	<-r.kick
 	r.beaten(nil)
 	if !kicked(r) || r.err() != nil {
 		t.Fatal("a healed heartbeat gap: no kick, or still failing")
 	}
-	if r.failureCount() != 3 {
-		t.Fatalf("failures %d, want 3", r.failureCount())
+	if r.failureCount() != 4 {
+		t.Fatalf("failures %d, want 4", r.failureCount())
+	}
+}
+
+// TestRecordsPartialOutageWhileItLasts: renewals of one bucket fail while
+// Redis answers everything else, as while a cluster slot migrates for
+// longer than renewals are retried. The outage is recorded while it
+// lasts, before any renewal of the bucket succeeds again (the moment the
+// slot is back a listener may meet the deadlines it let lapse), as one
+// record that later ones replace, the recovery's last.
+func TestRecordsPartialOutageWhileItLasts(t *testing.T) {
+	srv := redistest.Start(t)
+	tg := startGatewayLogged(t, []string{srv.Addr}, redistest.Prefix(t), slog.New(slog.DiscardHandler), nil)
+	direct := redistest.Client(t, srv)
+	ctx := context.Background()
+	ks := tg.store.Keyspace()
+	gaps := func() []session.BlindInterval {
+		t.Helper()
+		members, err := direct.ZRange(ctx, ks.BlindKey(), 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []session.BlindInterval
+		for _, m := range members {
+			if b, err := session.ParseBlindInterval(m); err == nil && b.Scope == tg.instance && b.Reason == session.BlindRenewals {
+				out = append(out, b)
+			}
+		}
+		return out
+	}
+	ws := tg.dial(t, "alice")
+	pingPong(t, ws)
+	// A wrong type where the renewal writes: it fails, and nothing else.
+	index := ks.IndexKey(session.Bucket("alice"))
+	if err := direct.Set(ctx, index, "not a sorted set", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	firstFailed := time.Now()
+	pingFails(t, ws)
+	// Well before a heartbeat would take the failure for stale
+	// (flushFailFresh) and record it as over.
+	for deadline := time.Now().Add(2 * ongoingRecordEvery); len(gaps()) != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("renewals failing for %v, and no record of it: %q", time.Since(firstFailed), gaps())
+		}
+	}
+	first := gaps()[0]
+	if first.Start.After(firstFailed.Add(50 * time.Millisecond)) {
+		t.Errorf("recorded from %v, after the first failure at %v", first.Start, firstFailed)
+	}
+
+	time.Sleep(ongoingRecordEvery)
+	pingFails(t, ws)
+	waitUntil(t, "the record extended, still one", func() bool {
+		g := gaps()
+		return len(g) == 1 && g[0].End.After(first.End)
+	})
+
+	if err := direct.Del(ctx, index).Err(); err != nil {
+		t.Fatal(err)
+	}
+	restored := time.Now()
+	pingPong(t, ws)
+	waitUntil(t, "the recovery's record, in place of the last", func() bool {
+		g := gaps()
+		return len(g) == 1 && !g[0].End.Before(restored.Add(-10*time.Millisecond))
+	})
+	if g := gaps()[0]; g.Start.Sub(first.Start).Abs() > 50*time.Millisecond {
+		t.Errorf("the recovery's record starts at %v, the outage at %v", g.Start, first.Start)
 	}
 }
 

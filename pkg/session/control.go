@@ -144,6 +144,15 @@ func (s *Store) RecordBlind(ctx context.Context, b BlindInterval) error {
 	return nil
 }
 
+// ForgetBlind removes a blind interval, as one that a longer one of the
+// same outage, recorded since, replaces.
+func (s *Store) ForgetBlind(ctx context.Context, b BlindInterval) error {
+	if err := s.rdb.ZRem(ctx, s.ks.BlindKey(), b.member()).Err(); err != nil {
+		return fmt.Errorf("forget blind interval: %w", err)
+	}
+	return nil
+}
+
 // RecordBlindFor stores a blind interval that ended now, by Redis's clock,
 // and lasted took, as a gateway measures an outage of its own. It returns
 // the interval.

@@ -84,8 +84,9 @@ type RouteResult struct {
 // WriteRoutes writes instance's counts in its users' route keys, in one
 // pipelined round trip, with one atomic script per user. Entries of the
 // dead instances are dropped on the way; ttl is the route keys' TTL,
-// refreshed while a connection is left. Results are in the order of
-// counts.
+// refreshed while a connection is left. Writes a moving cluster slot
+// refuses are sent again for up to DefaultSlotRetry. Results are in the
+// order of counts.
 func (s *Store) WriteRoutes(ctx context.Context, instance string, counts []RouteCount, ttl time.Duration, dead []string) []RouteResult {
 	args := func(c RouteCount) (keys []string, argv []any) {
 		end := 0
@@ -100,7 +101,10 @@ func (s *Store) WriteRoutes(ctx context.Context, instance string, counts []Route
 		}
 		return append([]string{s.ks.RouteKey(c.UID)}, s.ks.sessionKeys(c.UID)...), argv
 	}
-	cmds := s.pipelineScript(ctx, routeScript, len(counts), func(i int) ([]string, []any) { return args(counts[i]) })
+	cmds := s.runScripts(ctx, len(counts), func(i int) (*redis.Script, []string, []any) {
+		keys, argv := args(counts[i])
+		return routeScript, keys, argv
+	}, DefaultSlotRetry)
 	out := make([]RouteResult, len(counts))
 	for i, cmd := range cmds {
 		v, err := cmd.Int64Slice()
@@ -114,37 +118,6 @@ func (s *Store) WriteRoutes(ctx context.Context, instance string, counts []Route
 		out[i] = RouteResult{Left: int(v[0]), Ended: v[1] == 1}
 	}
 	return out
-}
-
-// pipelineScript runs n calls of script in one pipeline, by SHA, and
-// those Redis did not have cached (first use, a restarted or failed-over
-// node) once more with the source, which caches it.
-func (s *Store) pipelineScript(ctx context.Context, script *redis.Script, n int, call func(i int) ([]string, []any)) []*redis.Cmd {
-	cmds := make([]*redis.Cmd, n)
-	s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i := range n {
-			keys, argv := call(i)
-			cmds[i] = script.EvalSha(ctx, p, keys, argv...)
-		}
-		return nil
-	})
-	var again []int
-	for i, c := range cmds {
-		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-			again = append(again, i)
-		}
-	}
-	if len(again) == 0 {
-		return cmds
-	}
-	s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, i := range again {
-			keys, argv := call(i)
-			cmds[i] = script.Eval(ctx, p, keys, argv...)
-		}
-		return nil
-	})
-	return cmds
 }
 
 // instancesScript reads the gateway instances' heartbeats with the clock

@@ -31,6 +31,12 @@ type RenewerConfig struct {
 	// listener can tell its users' deadlines apart when it dies. Empty
 	// records none.
 	Instance string
+	// SlotRetry is how long a round trip sends again the renewals a Redis
+	// Cluster refuses while their slot migrates (TRYAGAIN, ASK, MOVED),
+	// with short pauses; past it they fail. The round trip takes that much
+	// longer, and holds up the renewals behind it, so it must stay under
+	// what the caller counts as an outage. Default DefaultSlotRetry.
+	SlotRetry time.Duration
 }
 
 // Renewer coalesces renewals from many connections into pipelined round
@@ -68,6 +74,9 @@ func NewRenewer(store *Store, cfg RenewerConfig) *Renewer {
 	}
 	if cfg.QueueSize <= 0 {
 		cfg.QueueSize = 8192
+	}
+	if cfg.SlotRetry <= 0 {
+		cfg.SlotRetry = DefaultSlotRetry
 	}
 	return &Renewer{store: store, cfg: cfg, reqs: make(chan *renewal, cfg.QueueSize)}
 }
@@ -205,27 +214,17 @@ func (r *Renewer) Run(ctx context.Context) {
 	}
 }
 
-// flush sends a batch in one pipeline. A renewal whose script is missing
-// from Redis's cache (first use, or a restarted Redis) is sent again with
-// the script's source, which also caches it; renewals are idempotent.
+// flush sends a batch in one pipeline (see runScripts): a renewal whose
+// script is missing from Redis's cache (first use, a restarted Redis, a
+// slot moved to a node that never ran it) is sent again with the
+// script's source, and one a migrating cluster slot refused is sent
+// again until it lands or SlotRetry has passed. Renewals are idempotent,
+// and a refused one never ran.
 func (r *Renewer) flush(batch []*renewal) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	start := time.Now()
-	cmds := r.send(ctx, batch, true)
-	var again []*renewal
-	var againAt []int
-	for i, cmd := range cmds {
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			again = append(again, batch[i])
-			againAt = append(againAt, i)
-		}
-	}
-	if len(again) > 0 {
-		for j, cmd := range r.send(ctx, again, false) {
-			cmds[againAt[j]] = cmd
-		}
-	}
+	cmds := r.store.runScripts(ctx, len(batch), r.call(batch), r.cfg.SlotRetry)
 	var firstErr error
 	for i, req := range batch {
 		if req.end {
@@ -250,31 +249,20 @@ func (r *Renewer) flush(batch []*renewal) {
 	}
 }
 
-// send runs one renewal (or end) script per request in a single
-// pipeline, by the scripts' SHA when bySHA, else with their source.
-func (r *Renewer) send(ctx context.Context, batch []*renewal, bySHA bool) []*redis.Cmd {
+// call is the renewal (or end) script call of each request of batch.
+func (r *Renewer) call(batch []*renewal) scriptCall {
 	ks := r.store.ks
-	cmds := make([]*redis.Cmd, len(batch))
-	// Errors are per command; Pipelined's own is the first of them.
-	r.store.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, req := range batch {
-			keys := ks.sessionKeys(req.uid)
-			mode := modeRenew
-			if req.resync {
-				mode = modeResync
-			}
-			script, args := renewScript, []any{req.uid, req.ttl.Milliseconds(), req.segment, r.cfg.Instance, mode,
-				RenewedKeep.Milliseconds(), max(0, req.ago.Milliseconds())}
-			if req.end {
-				script, args = endScript, []any{req.uid, RenewedKeep.Milliseconds()}
-			}
-			if bySHA {
-				cmds[i] = script.EvalSha(ctx, p, keys, args...)
-			} else {
-				cmds[i] = script.Eval(ctx, p, keys, args...)
-			}
+	return func(i int) (*redis.Script, []string, []any) {
+		req := batch[i]
+		keys := ks.sessionKeys(req.uid)
+		if req.end {
+			return endScript, keys, []any{req.uid, RenewedKeep.Milliseconds()}
 		}
-		return nil
-	})
-	return cmds
+		mode := modeRenew
+		if req.resync {
+			mode = modeResync
+		}
+		return renewScript, keys, []any{req.uid, req.ttl.Milliseconds(), req.segment, r.cfg.Instance, mode,
+			RenewedKeep.Milliseconds(), max(0, req.ago.Milliseconds())}
+	}
 }

@@ -1,9 +1,11 @@
 package session
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -11,8 +13,10 @@ import (
 )
 
 // The scripts take their time from Redis (TIME), so deadlines never depend
-// on a gateway's or listener's clock. Keys a script computes from ARGV share
-// the declared keys' hash tag, so they live in the same cluster slot.
+// on a gateway's or listener's clock. Each declares in KEYS every key it
+// touches, all of one bucket's hash tag: on a Redis Cluster whose slot
+// migrates, the node then runs it only where all of them are (see
+// pipeline.go), never reading a key where it no longer is.
 
 // renewScript sets the session key's TTL and its deadline-index entry in one
 // step, records the gateway instance that renewed it and when, and cancels
@@ -66,69 +70,57 @@ redis.call('HDEL', KEYS[6], ARGV[1])
 return 1
 `)
 
-// dueScript first returns held timeouts whose release time came to the
-// index, with the deadline they were held for, then lists up to ARGV[2]
-// index entries of one bucket whose deadline has passed and whose session
-// key is gone. EXISTS on a key past its TTL makes Redis expire it on the
-// spot. KEYS: the bucket's keys (index, segments, via, hold, held).
-// ARGV: session key prefix, limit, route key prefix.
-// Returns {now, uid, deadline, segment, via, held, routes, ...}; held is 1
-// when this deadline was held once already, routes the gateway instances
-// holding the user's connections.
-var dueScript = redis.NewScript(`
+// candidatesScript lists, by Redis's clock, up to ARGV[1] members of one
+// sorted set whose score has come: the index entries whose deadline
+// passed, or the held timeouts whose release time came. It reads one
+// key, which a migrating slot never refuses: a key the source no longer
+// holds is read on the target (ASK). KEYS: the set. Returns {now,
+// member...}.
+var candidatesScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local limit = tonumber(ARGV[2])
-local back = redis.call('ZRANGE', KEYS[4], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
-for _, uid in ipairs(back) do
-  redis.call('ZREM', KEYS[4], uid)
-  local d = redis.call('HGET', KEYS[5], uid)
-  if d and not redis.call('ZSCORE', KEYS[1], uid) then
-    redis.call('ZADD', KEYS[1], d, uid)
-  end
-end
-local due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
-local out = {now}
-for i = 1, #due, 2 do
-  local uid = due[i]
-  if redis.call('EXISTS', ARGV[1] .. uid) == 0 then
-    local held = redis.call('HGET', KEYS[5], uid)
-    out[#out+1] = uid
-    out[#out+1] = due[i+1]
-    out[#out+1] = redis.call('HGET', KEYS[2], uid) or ''
-    out[#out+1] = redis.call('HGET', KEYS[3], uid) or ''
-    out[#out+1] = (held and tonumber(held) == tonumber(due[i+1])) and 1 or 0
-    local ok, routes = pcall(redis.call, 'HKEYS', ARGV[3] .. uid)
-    out[#out+1] = ok and routes or {}
-  end
-end
+local out = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[1]))
+table.insert(out, 1, now)
 return out
 `)
 
-// releasedScript is dueScript for held timeouts only: it returns those
-// whose release time came to the index, and lists them if their sessions
-// are still gone, for a listener that does not sweep (events mode).
-// KEYS: the bucket's keys. ARGV: session key prefix, limit, route key
-// prefix. Returns what dueScript does.
-var releasedScript = redis.NewScript(`
+// dueScript decides which of one bucket's candidates are due. It first
+// puts back into the index the held timeouts among them (the first
+// ARGV[2]) whose release time came, then lists up to ARGV[1] candidates
+// whose deadline in the index has passed and whose session key is gone.
+// EXISTS on a key past its TTL makes Redis expire it on the spot.
+// KEYS: the bucket's keys (index, segments, via, hold, held), then each
+// candidate's session key and route key. ARGV: limit, held count, then
+// the candidates' uids. Returns {now, uid, deadline, segment, via, held,
+// routes, ...}; held is 1 when this deadline was held once already,
+// routes the gateway instances holding the user's connections.
+var dueScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local back = redis.call('ZRANGE', KEYS[4], '-inf', now, 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[2]))
-local out = {now}
-for _, uid in ipairs(back) do
-  redis.call('ZREM', KEYS[4], uid)
-  local d = redis.call('HGET', KEYS[5], uid)
-  if d and not redis.call('ZSCORE', KEYS[1], uid) then
-    redis.call('ZADD', KEYS[1], d, uid)
-    if redis.call('EXISTS', ARGV[1] .. uid) == 0 then
-      out[#out+1] = uid
-      out[#out+1] = d
-      out[#out+1] = redis.call('HGET', KEYS[2], uid) or ''
-      out[#out+1] = redis.call('HGET', KEYS[3], uid) or ''
-      out[#out+1] = 1
-      local ok, routes = pcall(redis.call, 'HKEYS', ARGV[3] .. uid)
-      out[#out+1] = ok and routes or {}
+local limit, nheld = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out, n = {now}, 0
+for j = 1, #ARGV - 2 do
+  local uid = ARGV[j + 2]
+  if j <= nheld then
+    local r = redis.call('ZSCORE', KEYS[4], uid)
+    if r and tonumber(r) <= now then
+      redis.call('ZREM', KEYS[4], uid)
+      local d = redis.call('HGET', KEYS[5], uid)
+      if d and not redis.call('ZSCORE', KEYS[1], uid) then
+        redis.call('ZADD', KEYS[1], d, uid)
+      end
     end
+  end
+  local score = redis.call('ZSCORE', KEYS[1], uid)
+  if n < limit and score and tonumber(score) <= now and redis.call('EXISTS', KEYS[4 + 2 * j]) == 0 then
+    local held = redis.call('HGET', KEYS[5], uid)
+    out[#out+1] = uid
+    out[#out+1] = score
+    out[#out+1] = redis.call('HGET', KEYS[2], uid) or ''
+    out[#out+1] = redis.call('HGET', KEYS[3], uid) or ''
+    out[#out+1] = (held and tonumber(held) == tonumber(score)) and 1 or 0
+    out[#out+1] = redis.call('HKEYS', KEYS[5 + 2 * j])
+    n = n + 1
   end
 end
 return out
@@ -138,31 +130,93 @@ return out
 // as Due does, but no others: for a listener that learns of expiries only
 // from keyspace events, which do not come again for a released timeout.
 func (s *Store) Released(ctx context.Context, limit int) ([]Expired, error) {
-	cmds := make([]*redis.Cmd, Buckets)
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for b := range Buckets {
-			cmds[b] = releasedScript.Eval(ctx, p, s.ks.bucketKeys(b), s.ks.SessionKeyPrefix(b), limit, s.ks.RouteKeyPrefix(b))
-		}
-		return nil
-	})
+	out, _, err := s.sweep(ctx, limit, false)
 	if err != nil {
 		return nil, fmt.Errorf("release held timeouts: %w", err)
-	}
-	var out []Expired
-	for _, cmd := range cmds {
-		got, _, err := parseExpired(cmd)
-		if err != nil {
-			return nil, fmt.Errorf("release held timeouts: %w", err)
-		}
-		out = append(out, got...)
 	}
 	return out, nil
 }
 
+// candidates are the uids of one bucket a sweep decides on.
+type candidates struct {
+	held []string // held timeouts whose release time came
+	due  []string // index entries whose deadline passed, not among held
+}
+
+// sweep finds due timeouts in two round trips: candidatesScript reads
+// every bucket's candidates, with one key each, then dueScript decides on
+// them, in the buckets that have any, with all their keys declared. With
+// index false it reads the held timeouts only. It returns the latest
+// Redis clock it saw.
+func (s *Store) sweep(ctx context.Context, limit int, index bool) ([]Expired, time.Time, error) {
+	sets := []func(int) string{s.ks.HoldKey}
+	if index {
+		sets = append(sets, s.ks.IndexKey)
+	}
+	reads := s.runScripts(ctx, Buckets*len(sets), func(i int) (*redis.Script, []string, []any) {
+		return candidatesScript, []string{sets[i/Buckets](i % Buckets)}, []any{limit}
+	}, 0)
+	var found [Buckets]candidates
+	var nowMS int64
+	for i, cmd := range reads {
+		vals, err := cmd.Slice()
+		if err != nil {
+			return nil, time.Time{}, err
+		}
+		ms, ok := int64(0), len(vals) > 0
+		if ok {
+			ms, ok = vals[0].(int64)
+		}
+		if !ok {
+			return nil, time.Time{}, fmt.Errorf("%w: no time in %v", errReply, vals)
+		}
+		nowMS = max(nowMS, ms)
+		c := &found[i%Buckets]
+		for _, v := range vals[1:] {
+			uid, _ := v.(string)
+			switch {
+			case uid == "":
+				return nil, time.Time{}, fmt.Errorf("%w: member %v", errReply, v)
+			case i < Buckets:
+				c.held = append(c.held, uid)
+			case !slices.Contains(c.held, uid):
+				c.due = append(c.due, uid)
+			}
+		}
+	}
+	var busy []int
+	for b := range found {
+		if len(found[b].held)+len(found[b].due) > 0 {
+			busy = append(busy, b)
+		}
+	}
+	decided := s.runScripts(ctx, len(busy), func(i int) (*redis.Script, []string, []any) {
+		b := busy[i]
+		c := found[b]
+		keys := s.ks.bucketKeys(b)
+		args := []any{limit, len(c.held)}
+		for _, uid := range slices.Concat(c.held, c.due) {
+			keys = append(keys, s.ks.SessionKey(uid), s.ks.RouteKey(uid))
+			args = append(args, uid)
+		}
+		return dueScript, keys, args
+	}, 0)
+	var out []Expired
+	for _, cmd := range decided {
+		got, t, err := parseExpired(cmd)
+		if err != nil {
+			return nil, time.Time{}, err
+		}
+		out = append(out, got...)
+		nowMS = max(nowMS, t.UnixMilli())
+	}
+	return out, time.UnixMilli(nowMS), nil
+}
+
 // lookupScript is dueScript for one uid whose key was reported expired.
-// KEYS: session, then the bucket's keys. ARGV: uid, route key. Returns
-// {now} when the session is live again, held, or already settled, else
-// {now, uid, deadline, segment, via, held, routes}.
+// KEYS: session, then the bucket's keys, renewed, route. ARGV: uid.
+// Returns {now} when the session is live again, held, or already
+// settled, else {now, uid, deadline, segment, via, held, routes}.
 var lookupScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -170,26 +224,24 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return {now} end
 local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if not score then return {now} end
 local held = redis.call('HGET', KEYS[6], ARGV[1])
-local ok, routes = pcall(redis.call, 'HKEYS', ARGV[2])
-if not ok then routes = {} end
 return {now, ARGV[1], score, redis.call('HGET', KEYS[3], ARGV[1]) or '',
   redis.call('HGET', KEYS[4], ARGV[1]) or '',
   (held and tonumber(held) == tonumber(score)) and 1 or 0,
-  routes}
+  redis.call('HKEYS', KEYS[8])}
 `)
 
 // settleScript removes index entries whose timeouts are safely produced, but
 // only when the deadline is still the one produced: a renewal in between
-// wrote a new deadline that must stay. KEYS: the bucket's keys.
-// ARGV: session key prefix, then uid, deadline pairs.
+// wrote a new deadline that must stay. KEYS: the bucket's keys, then the
+// session key of each pair. ARGV: uid, deadline pairs.
 var settleScript = redis.NewScript(`
 local n = 0
-for i = 2, #ARGV, 2 do
-  local uid = ARGV[i]
+for j = 1, #ARGV / 2 do
+  local uid = ARGV[2 * j - 1]
   local score = redis.call('ZSCORE', KEYS[1], uid)
-  if score and tonumber(score) == tonumber(ARGV[i+1]) then
+  if score and tonumber(score) == tonumber(ARGV[2 * j]) then
     redis.call('ZREM', KEYS[1], uid)
-    if redis.call('EXISTS', ARGV[1] .. uid) == 0 then
+    if redis.call('EXISTS', KEYS[5 + j]) == 0 then
       redis.call('HDEL', KEYS[2], uid)
       redis.call('HDEL', KEYS[3], uid)
       redis.call('HDEL', KEYS[5], uid)
@@ -204,17 +256,17 @@ return n
 // when dueScript puts them back for a recheck, unless the user renewed in
 // between (renewScript cancels the hold). An entry is moved only if its
 // deadline is still the one decided on and its session is still gone.
-// KEYS: the bucket's keys. ARGV: session key prefix, then uid, deadline,
-// release triples. Returns how many were held.
+// KEYS: the bucket's keys, then the session key of each triple. ARGV:
+// uid, deadline, release triples. Returns how many were held.
 var holdScript = redis.NewScript(`
 local n = 0
-for i = 2, #ARGV, 3 do
-  local uid = ARGV[i]
+for j = 1, #ARGV / 3 do
+  local uid = ARGV[3 * j - 2]
   local score = redis.call('ZSCORE', KEYS[1], uid)
-  if score and tonumber(score) == tonumber(ARGV[i+1]) and redis.call('EXISTS', ARGV[1] .. uid) == 0 then
+  if score and tonumber(score) == tonumber(ARGV[3 * j - 1]) and redis.call('EXISTS', KEYS[5 + j]) == 0 then
     redis.call('ZREM', KEYS[1], uid)
-    redis.call('ZADD', KEYS[4], ARGV[i+2], uid)
-    redis.call('HSET', KEYS[5], uid, ARGV[i+1])
+    redis.call('ZADD', KEYS[4], ARGV[3 * j], uid)
+    redis.call('HSET', KEYS[5], uid, ARGV[3 * j - 1])
     n = n + 1
   end
 end
@@ -302,30 +354,14 @@ func (s *Store) Live(ctx context.Context, uid string) (bool, error) {
 }
 
 // Due lists expired sessions still in the deadline index, up to limit per
-// bucket, with one pipelined script call per bucket. It also returns
-// Redis's clock at the sweep.
+// bucket, in two pipelined round trips (see sweep). It also returns
+// Redis's clock at the sweep. On a Redis Cluster, a bucket whose slot is
+// migrating fails it (TRYAGAIN) until its keys are in one place again:
+// the next sweep tries again, and the time shows as a gap in the sweeps.
 func (s *Store) Due(ctx context.Context, limit int) ([]Expired, time.Time, error) {
-	cmds := make([]*redis.Cmd, Buckets)
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for b := range Buckets {
-			cmds[b] = dueScript.Eval(ctx, p, s.ks.bucketKeys(b), s.ks.SessionKeyPrefix(b), limit, s.ks.RouteKeyPrefix(b))
-		}
-		return nil
-	})
+	out, now, err := s.sweep(ctx, limit, true)
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("sweep deadline index: %w", err)
-	}
-	var out []Expired
-	var now time.Time
-	for _, cmd := range cmds {
-		got, t, err := parseExpired(cmd)
-		if err != nil {
-			return nil, time.Time{}, fmt.Errorf("sweep deadline index: %w", err)
-		}
-		out = append(out, got...)
-		if t.After(now) {
-			now = t
-		}
 	}
 	return out, now, nil
 }
@@ -333,7 +369,7 @@ func (s *Store) Due(ctx context.Context, limit int) ([]Expired, time.Time, error
 // Lookup checks a session reported expired. It returns ok false when the
 // session is live again or its timeout was already settled.
 func (s *Store) Lookup(ctx context.Context, uid string) (Expired, bool, error) {
-	cmd := lookupScript.Run(ctx, s.rdb, s.ks.sessionKeys(uid), uid, s.ks.RouteKey(uid))
+	cmd := lookupScript.Run(ctx, s.rdb, append(s.ks.sessionKeys(uid), s.ks.RouteKey(uid)), uid)
 	got, _, err := parseExpired(cmd)
 	if err != nil {
 		return Expired{}, false, fmt.Errorf("look up expired session %q: %w", uid, err)
@@ -347,22 +383,40 @@ func (s *Store) Lookup(ctx context.Context, uid string) (Expired, bool, error) {
 // Settle removes the index entries of timeouts that are safely produced.
 // An entry whose deadline changed since (the user came back) stays.
 func (s *Store) Settle(ctx context.Context, done []Expired) error {
-	byBucket := make(map[int][]any)
-	for _, e := range done {
-		b := Bucket(e.UID)
-		byBucket[b] = append(byBucket[b], e.UID, e.Deadline.UnixMilli())
-	}
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for b, pairs := range byBucket {
-			args := append([]any{s.ks.SessionKeyPrefix(b)}, pairs...)
-			settleScript.Eval(ctx, p, s.ks.bucketKeys(b), args...)
-		}
-		return nil
+	cmds := s.perBucket(ctx, settleScript, done, func(e Expired) []any {
+		return []any{e.UID, e.Deadline.UnixMilli()}
 	})
-	if err != nil {
-		return fmt.Errorf("settle %d timeouts: %w", len(done), err)
+	for _, c := range cmds {
+		if err := c.Err(); err != nil {
+			return fmt.Errorf("settle %d timeouts: %w", len(done), err)
+		}
 	}
 	return nil
+}
+
+// perBucket runs script once per bucket of es, in one pipeline, with the
+// bucket's keys and each entry's session key declared, and each entry's
+// arguments in turn.
+func (s *Store) perBucket(ctx context.Context, script *redis.Script, es []Expired, args func(Expired) []any) []*redis.Cmd {
+	byBucket := make(map[int][]Expired)
+	var buckets []int
+	for _, e := range es {
+		b := Bucket(e.UID)
+		if byBucket[b] == nil {
+			buckets = append(buckets, b)
+		}
+		byBucket[b] = append(byBucket[b], e)
+	}
+	return s.runScripts(ctx, len(buckets), func(i int) (*redis.Script, []string, []any) {
+		b := buckets[i]
+		keys := s.ks.bucketKeys(b)
+		var argv []any
+		for _, e := range byBucket[b] {
+			keys = append(keys, s.ks.SessionKey(e.UID))
+			argv = append(argv, args(e)...)
+		}
+		return script, keys, argv
+	}, 0)
 }
 
 var errReply = errors.New("unexpected script reply")
@@ -371,26 +425,21 @@ var errReply = errors.New("unexpected script reply")
 // rechecks them. One whose user renewed since, or whose deadline changed,
 // is left alone. It returns how many it held.
 func (s *Store) Hold(ctx context.Context, found []Expired, release time.Time) (int, error) {
-	byBucket := make(map[int][]any)
-	for _, e := range found {
-		b := Bucket(e.UID)
-		byBucket[b] = append(byBucket[b], e.UID, e.Deadline.UnixMilli(), release.UnixMilli())
-	}
-	cmds := make([]*redis.Cmd, 0, len(byBucket))
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for b, triples := range byBucket {
-			args := append([]any{s.ks.SessionKeyPrefix(b)}, triples...)
-			cmds = append(cmds, holdScript.Eval(ctx, p, s.ks.bucketKeys(b), args...))
-		}
-		return nil
+	cmds := s.perBucket(ctx, holdScript, found, func(e Expired) []any {
+		return []any{e.UID, e.Deadline.UnixMilli(), release.UnixMilli()}
 	})
-	if err != nil {
-		return 0, fmt.Errorf("hold %d timeouts: %w", len(found), err)
-	}
 	n := 0
+	var firstErr error
 	for _, c := range cmds {
-		k, _ := c.Int()
+		k, err := c.Int()
+		if err != nil {
+			firstErr = cmp.Or(firstErr, err)
+			continue
+		}
 		n += k
+	}
+	if firstErr != nil {
+		return n, fmt.Errorf("hold %d timeouts: %w", len(found), firstErr)
 	}
 	return n, nil
 }

@@ -1,0 +1,129 @@
+package redisserver_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stillthere/stillthere/pkg/redisserver"
+)
+
+// TestMigrateSlot moves a slot that holds keys with and without a TTL to
+// another master, and checks what clients meet on the way: ASK for a key
+// moved already, TRYAGAIN for a command of keys split between the nodes,
+// and after, every master names the new owner and the keys are there with
+// their TTLs.
+func TestMigrateSlot(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	ctx := context.Background()
+	c, err := redisserver.StartCluster(ctx, t.TempDir(), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	slot, err := c.SlotOf(ctx, "{m}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	from, err := c.SlotOwner(ctx, slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := (from + 1) % len(c.Masters)
+	src := redis.NewClient(&redis.Options{Addr: c.Masters[from].Addr, MaxRetries: -1})
+	defer src.Close()
+	var keys []string
+	for i := range 20 {
+		k := fmt.Sprintf("{m}:k%d", i)
+		keys = append(keys, k)
+		ttl := time.Duration(0)
+		if i%2 == 0 {
+			ttl = time.Hour
+		}
+		if err := src.Set(ctx, k, i, ttl).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	m, err := c.BeginMigration(ctx, slot, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Move(ctx, keys[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Get(ctx, keys[0]).Err(); err == nil || !strings.HasPrefix(err.Error(), "ASK ") {
+		t.Errorf("GET of a moved key on the source: %v, want ASK", err)
+	}
+	if err := src.MGet(ctx, keys[0], keys[1]).Err(); err == nil || !strings.HasPrefix(err.Error(), "TRYAGAIN") {
+		t.Errorf("MGET of keys split between the nodes: %v, want TRYAGAIN", err)
+	}
+	if n, err := m.MoveBatch(ctx, 5); err != nil || n != 5 {
+		t.Fatalf("MoveBatch(5) = %d, %v; want 5 keys", n, err)
+	}
+	if err := m.Finish(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	for i := range c.Masters {
+		cl := redis.NewClient(&redis.Options{Addr: c.Masters[i].Addr})
+		slots, err := cl.ClusterSlots(ctx).Result()
+		cl.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range slots {
+			if s.Start <= slot && slot <= s.End && s.Nodes[0].Addr != c.Masters[to].Addr {
+				t.Errorf("master %d says slot %d is served by %s, want %s", i, slot, s.Nodes[0].Addr, c.Masters[to].Addr)
+			}
+		}
+	}
+	if owner, err := c.SlotOwner(ctx, slot); err != nil || owner != to {
+		t.Errorf("SlotOwner = %d, %v; want %d", owner, err, to)
+	}
+	dst := redis.NewClient(&redis.Options{Addr: c.Masters[to].Addr})
+	defer dst.Close()
+	for i, k := range keys {
+		v, err := dst.Get(ctx, k).Int()
+		if err != nil || v != i {
+			t.Errorf("GET %s on the new owner = %d, %v; want %d", k, v, err, i)
+		}
+		ttl, err := dst.PTTL(ctx, k).Result()
+		switch {
+		case err != nil:
+			t.Error(err)
+		case i%2 == 0 && (ttl <= 0 || ttl > time.Hour):
+			t.Errorf("%s: TTL %v after the move, want its hour", k, ttl)
+		case i%2 == 1 && ttl != -1:
+			t.Errorf("%s: TTL %v after the move, want none", k, ttl)
+		}
+	}
+	if err := src.Exists(ctx, keys[0]).Err(); err == nil || !strings.HasPrefix(err.Error(), "MOVED ") {
+		t.Errorf("EXISTS on the old owner: %v, want MOVED", err)
+	}
+
+	t.Run("bad arguments", func(t *testing.T) {
+		for _, tc := range []struct {
+			slot, to int
+			want     string
+		}{
+			{-1, 0, "slot -1"},
+			{16384, 0, "slot 16384"},
+			{slot, 7, "target master 7"},
+			{slot, to, "serves it already"},
+		} {
+			if _, err := c.BeginMigration(ctx, tc.slot, tc.to); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("BeginMigration(%d, %d) = %v, want an error naming %q", tc.slot, tc.to, err, tc.want)
+			}
+		}
+		if err := c.MigrateSlot(ctx, slot, from, 0, 0); err == nil || !strings.Contains(err.Error(), "batch 0") {
+			t.Errorf("MigrateSlot with batch 0 = %v, want an error naming it", err)
+		}
+	})
+}
