@@ -48,6 +48,11 @@ type panel struct {
 
 // rowSeries are series each row must show, by row title.
 var rowSeries = map[string][]string{
+	"Inactivity stages": {
+		"stillthere_consumer_stage_guides_total",
+		"stillthere_consumer_deadline_to_delivery_seconds_bucket",
+		"stillthere_gateway_closed_inactive_total",
+	},
 	"Outages": {
 		"stillthere_listener_mass_expiry_brake",
 		"stillthere_listener_gateway_fleet_down",

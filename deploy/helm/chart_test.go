@@ -5,6 +5,7 @@ import (
 	"maps"
 	"net"
 	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -31,11 +32,15 @@ var components = []string{"gateway", "expiry-listener", "guide-consumer"}
 // values are the few chart values the assertions compare against, read
 // from values.yaml with a values file on top.
 type values struct {
+	Secrets struct {
+		ExistingSecret string `json:"existingSecret"`
+	} `json:"secrets"`
 	Kafka struct {
 		Partitions int `json:"partitions"`
 	} `json:"kafka"`
 	Consumer struct {
-		Keda struct {
+		Pprof bool `json:"pprof"`
+		Keda  struct {
 			LagThreshold int `json:"lagThreshold"`
 		} `json:"keda"`
 	} `json:"consumer"`
@@ -43,10 +48,12 @@ type values struct {
 		MetricsFrom []networkingv1.NetworkPolicyPeer `json:"metricsFrom"`
 	} `json:"networkPolicy"`
 	Gateway struct {
+		Pprof             bool   `json:"pprof"`
 		HeartbeatInterval string `json:"heartbeatInterval"`
 		ShedAfter         string `json:"shedAfter"`
 	} `json:"gateway"`
 	Listener struct {
+		Pprof        bool   `json:"pprof"`
 		OutageGrace  string `json:"outageGrace"`
 		SweepGapMax  string `json:"sweepGapMax"`
 		ClockJumpMax string `json:"clockJumpMax"`
@@ -79,21 +86,23 @@ func loadValues(t *testing.T, files ...string) values {
 	return v
 }
 
-// valueSets are the values the chart is rendered with: its defaults, and
-// every optional feature on.
-var valueSets = []struct{ name, file string }{
-	{"defaults", ""},
-	{"all features", chartDir + "/ci/all-features-values.yaml"},
+// valueSets are the values files the chart is rendered with, as
+// deploy/helm/check.sh renders it: ci/*-values.yaml, the defaults with an
+// existing Secret (the defaults alone supply no secret) and every
+// optional feature on.
+func valueSets(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob(chartDir + "/ci/*-values.yaml")
+	if err != nil || len(files) < 2 {
+		t.Fatalf("values files in %s/ci: %q, %v", chartDir, files, err)
+	}
+	return files
 }
 
 func TestChart(t *testing.T) {
-	for _, vs := range valueSets {
-		t.Run(vs.name, func(t *testing.T) {
-			var args, files []string
-			if vs.file != "" {
-				args, files = []string{"-f", vs.file}, []string{vs.file}
-			}
-			out, err := render(t, args...)
+	for _, file := range valueSets(t) {
+		t.Run(filepath.Base(file), func(t *testing.T) {
+			out, err := render(t, "-f", file)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -101,7 +110,7 @@ func TestChart(t *testing.T) {
 			if err != nil {
 				t.Fatalf("decoding the rendered chart strictly:\n%v", err)
 			}
-			checkChart(t, m, loadValues(t, files...))
+			checkChart(t, m, loadValues(t, file))
 		})
 	}
 }
@@ -134,6 +143,14 @@ func checkChart(t *testing.T, m *manifests, v values) {
 	t.Run("service monitor", func(t *testing.T) { checkServiceMonitor(t, m) })
 	t.Run("outage settings", func(t *testing.T) { checkOutage(t, m, pods, v) })
 	t.Run("prometheus rule", func(t *testing.T) { checkPrometheusRule(t, m, v) })
+	t.Run("secrets", func(t *testing.T) { checkSecrets(t, m, pods, v) })
+	t.Run("pprof", func(t *testing.T) {
+		for c, on := range map[string]bool{"gateway": v.Gateway.Pprof, "expiry-listener": v.Listener.Pprof, "guide-consumer": v.Consumer.Pprof} {
+			if got, want := setting(t, env(t, m, &pods[c].Spec.Containers[0]), "STILLTHERE_PPROF"), strconv.FormatBool(on); got != want {
+				t.Errorf("%s: STILLTHERE_PPROF = %q, want %q from the values", c, got, want)
+			}
+		}
+	})
 	t.Run("secrets stay out of config maps", func(t *testing.T) {
 		for name, cm := range m.configMaps {
 			for k := range cm.Data {
@@ -691,7 +708,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 			[]string{"consumer.config.webhook-secret", "secret"}},
 		{"SASL without a password", []string{"--set", "kafka.sasl.mechanism=plain", "--set", "kafka.sasl.username=u"},
 			[]string{"kafka.sasl.password"}},
-		{"webhook without a URL", []string{"--set", "consumer.sender=webhook", "--set", "secrets.webhookSecret=w"},
+		{"webhook without a URL", []string{"--set", "consumer.sender=webhook", "--set", "secrets.webhookSecret=webhook-secret-for-tests-0123456789"},
 			[]string{"consumer.webhookURL"}},
 		{"heartbeat interval out of range", []string{"--set", "gateway.heartbeatInterval=20s"},
 			[]string{"gateway.heartbeatInterval: 20s, want between 100ms and 10s"}},
@@ -719,6 +736,14 @@ func TestChartRefusesBadValues(t *testing.T) {
 			[]string{"listener.config.outage-grace", "STILLTHERE_OUTAGE_GRACE"}},
 		{"heartbeat through the common map", []string{"--set", "config.heartbeat-interval=2s"},
 			[]string{"config.heartbeat-interval", "STILLTHERE_HEARTBEAT_INTERVAL"}},
+		{"pprof through the free-form map", []string{"--set", "gateway.config.pprof=true"},
+			[]string{"gateway.config.pprof", "STILLTHERE_PPROF"}},
+		{"pprof through the common map", []string{"--set", "config.STILLTHERE_PPROF=true"},
+			[]string{"config.STILLTHERE_PPROF", "STILLTHERE_PPROF"}},
+		{"pprof not a boolean", []string{"--set-string", "listener.pprof=yes"},
+			[]string{"/listener/pprof"}},
+		{"short webhook secret", []string{"--set", "consumer.sender=webhook", "--set", "consumer.webhookURL=https://im.example.com/hook", "--set", "secrets.webhookSecret=short"},
+			[]string{"/secrets/webhookSecret"}},
 		{"sweep gap under twice the sweep interval", []string{"--set", "listener.config.sweep-interval=1500ms"},
 			[]string{"listener.sweepGapMax: 2s, want at least twice sweep-interval (1500ms)"}},
 		{"clock jump too small", []string{"--set", "listener.clockJumpMax=10ms"},
@@ -735,7 +760,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 			[]string{"/prometheusRule/matchers"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := render(t, tc.args...)
+			_, err := render(t, append(slices.Clone(secretValues), tc.args...)...)
 			if err == nil {
 				t.Fatalf("helm template %q succeeded, want an error naming %q", tc.args, tc.want)
 			}

@@ -74,7 +74,7 @@ func checkOutage(t *testing.T, m *manifests, pods map[string]*corev1.PodTemplate
 // reaches the gateway as never shedding, and then the grace need not
 // cover it: a grace that shedding after 1s would not fit in renders.
 func TestChartShedAfterNever(t *testing.T) {
-	short := []string{"--set", "gateway.sessionTTL=1s", "--set", "gateway.sessionJitter=0s", "--set", "listener.outageGrace=11s"}
+	short := []string{"--set", "secrets.existingSecret=stillthere", "--set", "gateway.sessionTTL=1s", "--set", "gateway.sessionJitter=0s", "--set", "listener.outageGrace=11s"}
 	if _, err := render(t, append(short, "--set", "gateway.shedAfter=1s")...); err == nil || !strings.Contains(err.Error(), "gateway.shedAfter: 1s + 10s to reconnect is not under listener.outageGrace 11s") {
 		t.Fatalf("shedAfter 1s with an 11s grace: got %v, want the chart to refuse it", err)
 	}

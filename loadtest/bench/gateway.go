@@ -26,7 +26,7 @@ type gateway struct {
 	cmd      *exec.Cmd
 	done     chan struct{}
 	addr     string // public WebSocket listener
-	pushAddr string // push, metrics, pprof
+	pushAddr string // push, metrics, pprof (turned on)
 	logs     *logTally
 }
 
@@ -58,6 +58,8 @@ func startGateway(ctx context.Context, bin, redisAddr, id string, s secrets) (*g
 		"STILLTHERE_INSTANCE_ID="+id,
 		"STILLTHERE_LOG_LEVEL=warn",
 		"STILLTHERE_KEY_PREFIX=bench",
+		// The report holds a heap profile of a gateway under load.
+		"STILLTHERE_PPROF=true",
 	)
 	g.logs = newLogTally(os.Stderr, 3)
 	g.cmd.Stderr = g.logs

@@ -20,7 +20,6 @@ import (
 // so every address pair stays far inside the ephemeral port range.
 type fleet struct {
 	procs  []*loader
-	perIP  int
 	gwURLs []string
 
 	stopOnce sync.Once

@@ -1,6 +1,7 @@
 // Package admin serves the health and metrics endpoints every service
 // exposes on its internal listener: /healthz (the process is up), /readyz
-// (its dependencies answer), /metrics (Prometheus) and /debug/pprof/.
+// (its dependencies answer), /metrics (Prometheus) and, when a service's
+// pprof setting is on, /debug/pprof/.
 package admin
 
 import (
@@ -16,9 +17,9 @@ import (
 // Check reports whether a dependency is usable; nil means ready.
 type Check func(ctx context.Context) error
 
-// NewMux returns a mux with /healthz, /readyz and /metrics. Callers add
-// their own routes to it.
-func NewMux(ready Check) *http.ServeMux {
+// NewMux returns a mux with /healthz, /readyz and /metrics, and with
+// profiles the pprof endpoints. Callers add their own routes to it.
+func NewMux(ready Check, profiles bool) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -33,11 +34,16 @@ func NewMux(ready Check) *http.ServeMux {
 		WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
 	mux.Handle("GET /metrics", promhttp.Handler())
-	// Profiles, for ops on this internal listener: go tool pprof
-	// http://<addr>/debug/pprof/heap
-	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
-	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	if profiles {
+		// Off unless asked for: the listener has no authentication, and
+		// a profile or a trace costs CPU while it runs and shows the
+		// process's internals to whoever can reach the port, which in a
+		// cluster includes the metrics scrapers. Turned on to look at one
+		// instance: go tool pprof http://<addr>/debug/pprof/heap
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }
 

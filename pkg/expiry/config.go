@@ -8,6 +8,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/config"
 	"github.com/stillthere/stillthere/pkg/kafka"
+	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 )
 
@@ -25,6 +26,9 @@ type Config struct {
 
 	// AdminAddr serves /healthz, /readyz and /metrics. Default 127.0.0.1:8082.
 	AdminAddr string
+	// Pprof serves /debug/pprof/ on the admin listener. Default false:
+	// profiles are unauthenticated and cost CPU while they run.
+	Pprof bool
 	// Mode is events, sweep or hybrid. Default hybrid.
 	Mode string
 	// SweepInterval is the pause between sweeps of all buckets. Default
@@ -69,13 +73,31 @@ type Config struct {
 	MassExpiryShare  float64
 	MassExpiryFloor  int
 	MassExpiryWindow time.Duration
+
+	// Closing shapes the default segment's stages while no timeout policy
+	// is stored: a reminder at the deadline, then a close stage
+	// (close-after, default 3m; 0: none) with close-text. The gateways
+	// read the same settings; give both the same values.
+	Closing policy.Closing
+	// PolicyRefresh is how often the stored timeout policy, whose stages
+	// the listener schedules, is re-read. Default (and zero) 2s, as the
+	// gateways'.
+	PolicyRefresh time.Duration
 }
+
+// defaultPolicyRefresh is PolicyRefresh's default.
+const defaultPolicyRefresh = 2 * time.Second
+
+// FallbackPolicy is the timeout policy in force while none is stored. The
+// listener grants no TTL, so only its stages matter.
+func (c Config) FallbackPolicy() policy.Policy { return policy.Fallback(0, 0, c.Closing) }
 
 // Bind registers the listener's settings on b.
 func (c *Config) Bind(b *config.Binder) {
 	c.Redis.Bind(b)
 	c.Kafka.Bind(b)
 	b.String(&c.AdminAddr, "listener-admin-addr", "127.0.0.1:8082", "listen address of health and metrics")
+	b.Bool(&c.Pprof, "pprof", false, "serve /debug/pprof/ on the admin listener (unauthenticated)")
 	b.String(&c.Mode, "detect-mode", ModeHybrid, "expiry detection: events, sweep or hybrid")
 	b.Duration(&c.SweepInterval, "sweep-interval", 200*time.Millisecond, "pause between sweeps of the deadline index")
 	b.Int(&c.SweepBatch, "sweep-batch", 256, "most due sessions taken per bucket per sweep")
@@ -89,6 +111,8 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Float(&c.MassExpiryShare, "mass-expiry-share", 0.1, "mass-expiry brake: share of live sessions lapsing within the window")
 	b.Int(&c.MassExpiryFloor, "mass-expiry-floor", 1000, "mass-expiry brake: fewest lapses within the window that can engage it")
 	b.Duration(&c.MassExpiryWindow, "mass-expiry-window", 10*time.Second, "mass-expiry brake: the window lapses are counted in")
+	c.Closing.Bind(b)
+	b.Duration(&c.PolicyRefresh, "policy-refresh", defaultPolicyRefresh, "how often the timeout policy in Redis is re-read")
 }
 
 // LoadConfig reads the listener's settings from args and env.
@@ -109,6 +133,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.Kafka.Validate(); err != nil {
+		return err
+	}
+	if err := c.Closing.Validate(); err != nil {
 		return err
 	}
 	switch {
@@ -140,6 +167,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("mass-expiry-floor: %d, want at least 1", c.MassExpiryFloor)
 	case c.MassExpiryWindow < time.Second || c.MassExpiryWindow > 10*time.Minute:
 		return fmt.Errorf("mass-expiry-window: %v, want between 1s and 10m", c.MassExpiryWindow)
+	case c.PolicyRefresh < 0 || (c.PolicyRefresh > 0 && c.PolicyRefresh < 100*time.Millisecond):
+		return fmt.Errorf("policy-refresh: %v, want at least 100ms (0 for the default, 2s)", c.PolicyRefresh)
 	}
 	return nil
 }

@@ -35,6 +35,15 @@ func TestLoadConfig(t *testing.T) {
 			t.Fatalf("got mode %q, interval %v, batch %d; want sweep, 50ms, 20 (the flag wins)", c.Mode, c.SweepInterval, c.SweepBatch)
 		}
 	})
+	t.Run("pprof", func(t *testing.T) {
+		for value, want := range map[string]bool{"": false, "false": false, "true": true} {
+			env := map[string]string{config.EnvName("pprof"): value}
+			c, err := LoadConfig(nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+			if err != nil || c.Pprof != want {
+				t.Errorf("STILLTHERE_PPROF=%q: Pprof %v, %v; want %v", value, c.Pprof, err, want)
+			}
+		}
+	})
 	t.Run("invalid", func(t *testing.T) {
 		lookup := func(k string) (string, bool) {
 			if k == config.EnvName("detect-mode") {

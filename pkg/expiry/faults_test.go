@@ -73,16 +73,6 @@ func (h *harness) silentOver(name string, n int, from, span time.Duration) map[s
 	return want
 }
 
-func lastDeadline(want map[string]grant) time.Time {
-	var last time.Time
-	for _, g := range want {
-		if g.deadline.After(last) {
-			last = g.deadline
-		}
-	}
-	return last
-}
-
 // checkCollapsible checks that every uid of want has an event, that no
 // other uid has one, and that any duplicates carry the same id, which
 // downstream collapses. It returns the number of duplicates.

@@ -168,7 +168,7 @@ func (l *Listener) Run(ctx context.Context) error {
 	l.log.Info("expiry listener running", "mode", l.cfg.Mode, "admin", l.AdminAddr().String(),
 		"topic", l.cfg.Kafka.Topic, "sweep_interval", l.cfg.SweepInterval, "spool", l.cfg.SpoolDir)
 	eg, ctx := errgroup.WithContext(ctx)
-	srv := &http.Server{Handler: admin.NewMux(l.ready), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: admin.NewMux(l.ready, l.cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
 	eg.Go(func() error {
 		if err := srv.Serve(l.adminLn); !errors.Is(err, http.ErrServerClosed) {
 			return err

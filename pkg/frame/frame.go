@@ -12,6 +12,9 @@ import (
 const (
 	TypePing = "ping"
 	TypeAck  = "ack"
+	// TypeAuth carries a fresh token for the connection, before the one
+	// it was opened with expires.
+	TypeAuth = "auth"
 )
 
 // Server frame types.
@@ -19,6 +22,8 @@ const (
 	TypePong  = "pong"
 	TypeGuide = "guide"
 	TypeError = "error"
+	// TypeAuthOK answers an auth frame whose token was taken.
+	TypeAuthOK = "auth_ok"
 )
 
 // Error codes sent in error frames.
@@ -26,15 +31,35 @@ const (
 	CodeUnknownType = "unknown_type"
 	CodeBadFrame    = "bad_frame"
 	CodeUnavailable = "unavailable"
+	// CodeBadToken answers an auth frame whose token was refused; the
+	// connection keeps the token it had, until that expires.
+	CodeBadToken = "bad_token"
+)
+
+// Close codes of the gateway's own, beyond RFC 6455's (see
+// docs/protocol.md for all of them).
+const (
+	// CloseTokenExpired ends a connection whose token expired with no
+	// fresh one sent in an auth frame. Reconnect with a fresh token.
+	CloseTokenExpired = 4001
+	// CloseInactive ends a connection after the guide of a close stage:
+	// the user was silent through every stage, and the session is over.
+	// Do not reconnect on your own; a new chat starts when the user
+	// comes back.
+	CloseInactive = 4000
 )
 
 // MaxIDLen bounds an ack's id; guide ids are 32 hex digits.
 const MaxIDLen = 128
 
+// MaxTokenLen bounds an auth frame's token.
+const MaxTokenLen = 3072
+
 // Client is a frame from a client.
 type Client struct {
-	Type string `json:"type"`
-	ID   string `json:"id,omitempty"`
+	Type  string `json:"type"`
+	ID    string `json:"id,omitempty"`
+	Token string `json:"token,omitempty"`
 }
 
 // ErrInvalidJSON means the payload is not a JSON object. The gateway closes
@@ -54,6 +79,7 @@ func Parse(b []byte) (Client, error) {
 	// caller answers as an unknown type or a bad ack.
 	_ = json.Unmarshal(raw["type"], &c.Type)
 	_ = json.Unmarshal(raw["id"], &c.ID)
+	_ = json.Unmarshal(raw["token"], &c.Token)
 	return c, nil
 }
 
@@ -65,6 +91,11 @@ func (c Client) Validate() error {
 	case TypeAck:
 		if c.ID == "" || len(c.ID) > MaxIDLen {
 			return fmt.Errorf("ack needs an id of 1-%d characters", MaxIDLen)
+		}
+		return nil
+	case TypeAuth:
+		if c.Token == "" || len(c.Token) > MaxTokenLen {
+			return fmt.Errorf("auth needs a token of 1-%d characters", MaxTokenLen)
 		}
 		return nil
 	default:
@@ -85,17 +116,32 @@ func Pong(ttlMS int64) []byte {
 	}{TypePong, ttlMS})
 }
 
-// Guide asks the user whether they are still there. deadlineMS is when
-// their session ran out (Unix ms, Redis's clock), so a client can say when
-// the question was asked; 0 leaves it out (a guide from an older
-// consumer, which did not say).
-func Guide(id, text string, deadlineMS int64) []byte {
+// Guide asks the user whether they are still there, or on a final stage
+// says the chat is closed. deadlineMS is when their session ran out (Unix
+// ms, Redis's clock), so a client can say when the question was asked; 0
+// leaves it out (a guide from an older consumer, which did not say).
+// stage is the stage of that silence, from 1 (0 is taken as 1). final is
+// true on a close stage: the gateway closes the connection with
+// CloseInactive after the frame.
+func Guide(id, text string, deadlineMS int64, stage int, final bool) []byte {
 	return mustMarshal(struct {
 		Type       string `json:"type"`
 		ID         string `json:"id"`
 		Text       string `json:"text"`
 		DeadlineMS int64  `json:"deadline_ms,omitempty"`
-	}{TypeGuide, id, text, deadlineMS})
+		Stage      int    `json:"stage"`
+		Final      bool   `json:"final"`
+	}{TypeGuide, id, text, deadlineMS, max(stage, 1), final})
+}
+
+// AuthOK says the token of an auth frame was taken: the connection now
+// lasts until expiresMS (Unix ms), when it is closed with
+// CloseTokenExpired unless another fresh token came first.
+func AuthOK(expiresMS int64) []byte {
+	return mustMarshal(struct {
+		Type      string `json:"type"`
+		ExpiresMS int64  `json:"expires_ms"`
+	}{TypeAuthOK, expiresMS})
 }
 
 // Error reports a problem with a frame; the connection stays open.

@@ -3,6 +3,7 @@ package frame
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -19,6 +20,12 @@ func TestParse(t *testing.T) {
 		{in: `{"type":"ack","id":"abc"}`, want: Client{Type: "ack", ID: "abc"}},
 		{in: `{"type":"ack"}`, want: Client{Type: "ack"}, bad: true},
 		{in: `{"type":"ack","id":7}`, want: Client{Type: "ack"}, bad: true},
+		{in: `{"type":"auth","token":"a.b.c"}`, want: Client{Type: "auth", Token: "a.b.c"}},
+		{in: `{"type":"auth"}`, want: Client{Type: "auth"}, bad: true},
+		{in: `{"type":"auth","token":""}`, want: Client{Type: "auth"}, bad: true},
+		{in: `{"type":"auth","token":["a"]}`, want: Client{Type: "auth"}, bad: true},
+		{in: `{"type":"auth","token":"` + strings.Repeat("a", MaxTokenLen+1) + `"}`, want: Client{Type: "auth", Token: strings.Repeat("a", MaxTokenLen+1)}, bad: true},
+		{in: `{"type":"ping","token":"a.b.c"}`, want: Client{Type: "ping", Token: "a.b.c"}},
 		{in: `{"type":"hello"}`, want: Client{Type: "hello"}, unknown: true},
 		{in: `{}`, unknown: true},
 		{in: `{"type":1}`, unknown: true},
@@ -31,7 +38,7 @@ func TestParse(t *testing.T) {
 		{in: "{\"type\":\"ping\"}\xff", invalid: true},
 	}
 	for _, tt := range tests {
-		t.Run(tt.in, func(t *testing.T) {
+		t.Run(tt.in[:min(len(tt.in), 40)], func(t *testing.T) {
 			c, err := Parse([]byte(tt.in))
 			if tt.invalid {
 				if !errors.Is(err, ErrInvalidJSON) {
@@ -51,7 +58,7 @@ func TestParse(t *testing.T) {
 }
 
 func TestServerFrames(t *testing.T) {
-	for _, b := range [][]byte{Pong(61234), Guide("id1", "Are you still there?", 1795255600123), Error(CodeUnknownType, "")} {
+	for _, b := range [][]byte{Pong(61234), Guide("id1", "Are you still there?", 1795255600123, 1, false), Error(CodeUnknownType, ""), AuthOK(1795255600123)} {
 		var m map[string]any
 		if err := json.Unmarshal(b, &m); err != nil || m["type"] == nil {
 			t.Fatalf("%s: %v", b, err)
@@ -60,16 +67,23 @@ func TestServerFrames(t *testing.T) {
 	if got := string(Pong(61234)); got != `{"type":"pong","ttl_ms":61234}` {
 		t.Fatalf("Pong = %s", got)
 	}
-	if got := string(Guide("id1", "Still there?", 1795255600123)); got != `{"type":"guide","id":"id1","text":"Still there?","deadline_ms":1795255600123}` {
+	if got := string(Guide("id1", "Still there?", 1795255600123, 1, false)); got != `{"type":"guide","id":"id1","text":"Still there?","deadline_ms":1795255600123,"stage":1,"final":false}` {
 		t.Fatalf("Guide = %s", got)
 	}
-	if got := string(Guide("id1", "Still there?", 0)); got != `{"type":"guide","id":"id1","text":"Still there?"}` {
+	if got := string(AuthOK(1795255600123)); got != `{"type":"auth_ok","expires_ms":1795255600123}` {
+		t.Fatalf("AuthOK = %s", got)
+	}
+	if got := string(Guide("id1", "We closed this chat.", 1795255600123, 2, true)); got != `{"type":"guide","id":"id1","text":"We closed this chat.","deadline_ms":1795255600123,"stage":2,"final":true}` {
+		t.Fatalf("Guide of a close stage = %s", got)
+	}
+	if got := string(Guide("id1", "Still there?", 0, 0, false)); got != `{"type":"guide","id":"id1","text":"Still there?","stage":1,"final":false}` {
 		t.Fatalf("Guide without a deadline = %s", got)
 	}
 }
 
 func FuzzParse(f *testing.F) {
-	for _, s := range []string{`{"type":"ping"}`, `{"type":"ack","id":"x"}`, `[]`, `{"type":{}}`} {
+	for _, s := range []string{`{"type":"ping"}`, `{"type":"ack","id":"x"}`, `[]`, `{"type":{}}`,
+		`{"type":"auth","token":"eyJhbGciOiJIUzI1NiJ9.e30.sig"}`, `{"type":"auth","token":null}`, `{"type":"auth","token":"\u0000"}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -83,8 +97,12 @@ func FuzzParse(f *testing.F) {
 		if !json.Valid(b) {
 			t.Fatalf("accepted invalid JSON %q", b)
 		}
-		if err := c.Validate(); err == nil && c.Type != TypePing && c.Type != TypeAck {
+		err = c.Validate()
+		if err == nil && c.Type != TypePing && c.Type != TypeAck && c.Type != TypeAuth {
 			t.Fatalf("validated unknown type %q", c.Type)
+		}
+		if err == nil && c.Type == TypeAuth && (c.Token == "" || len(c.Token) > MaxTokenLen) {
+			t.Fatalf("validated an auth frame with a %d-byte token", len(c.Token))
 		}
 	})
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/stillthere/stillthere/pkg/config"
+	"github.com/stillthere/stillthere/pkg/frame"
+	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/token"
@@ -24,11 +26,23 @@ type Config struct {
 	// consumer calls, health and metrics. Default 127.0.0.1:8081. Keep it
 	// off the public network.
 	PushAddr string
+	// Pprof serves /debug/pprof/ on the internal listener. Default false:
+	// profiles are unauthenticated and cost CPU while they run.
+	Pprof bool
 	// TokenSecret signs client JWTs (HS256), at least 32 bytes. Required.
 	TokenSecret string
 	// PushSecret is the bearer token the push endpoint requires, at least
 	// 32 bytes. Required.
 	PushSecret string
+	// TokenIssuer and TokenAudience, when set, must be the client tokens'
+	// "iss" and among their "aud". Default empty: not checked.
+	TokenIssuer   string
+	TokenAudience string
+	// TokenMaxLifetime refuses tokens that live longer than this, from
+	// their "iat" (or from now) to their "exp". 0 means no limit. Default
+	// 24h. A connection is closed with 4001 when its token expires,
+	// unless the client sent a fresh one in an auth frame.
+	TokenMaxLifetime time.Duration
 	// AllowedOrigins lists the browser Origins allowed to connect. Empty
 	// allows only an Origin whose host is the request's Host.
 	AllowedOrigins []string
@@ -39,12 +53,18 @@ type Config struct {
 	// both, per segment.
 	SessionTTL    time.Duration
 	SessionJitter time.Duration
+	// Closing shapes the default segment's stages while no timeout
+	// policy is stored: a reminder at the deadline, then a close stage
+	// (close-after, default 3m; 0: none) with close-text. The expiry
+	// listener reads the same settings; give both the same values.
+	Closing policy.Closing
 	// PolicyRefresh is how often the stored timeout policy is re-read.
 	// Default 2s.
 	PolicyRefresh time.Duration
 
 	// ReadLimit is the largest client frame, in bytes; larger ones close
-	// the connection with 1009. Default 4096.
+	// the connection with 1009. Default 4096; at least 3200, room for an
+	// auth frame with the longest token.
 	ReadLimit int
 	// RateBurst and RatePerSecond limit each connection's frames; beyond
 	// them it is closed with 1008. Defaults 20 and 5.
@@ -56,8 +76,14 @@ type Config struct {
 	IdleTimeout time.Duration
 	// WriteTimeout bounds each write to a client. Default 10s.
 	WriteTimeout time.Duration
-	// HandshakeTimeout bounds the WebSocket upgrade. Default 10s.
+	// HandshakeTimeout bounds the WebSocket upgrade: reading its request,
+	// and the whole of a connection that never upgrades. Default 10s.
 	HandshakeTimeout time.Duration
+	// PushIdleTimeout closes a keep-alive connection to the internal
+	// listener idle this long. Keep it above the consumer's idle
+	// connection timeout (90s), so that the consumer closes first.
+	// Default (and zero) 120s.
+	PushIdleTimeout time.Duration
 	// SendQueue is the number of frames queued per connection; a client
 	// that lets it fill is cut off. Default 32.
 	SendQueue int
@@ -85,7 +111,10 @@ type Config struct {
 
 	// RenewGranularity is the least time between two renewals of one
 	// connection; pings in between are answered from the last grant.
-	// Default 1s.
+	// Default 1s. At most half the session TTL, and the gateway applies no
+	// stored policy with a shorter TTL than twice it: a client pinging just
+	// faster than the granularity is renewed only at its second ping, up
+	// to twice the granularity after the last renewal.
 	RenewGranularity time.Duration
 	// RenewFlushInterval and RenewBatch set how renewals from all
 	// connections share Redis round trips: a flush every interval or
@@ -112,8 +141,28 @@ type Config struct {
 	routeRefreshEvery, routeKeyTTL time.Duration
 }
 
+// FallbackPolicy is the timeout policy in force while none is stored.
+func (c Config) FallbackPolicy() policy.Policy {
+	return policy.Fallback(c.SessionTTL, c.SessionJitter, c.Closing)
+}
+
 // guideMaxAge is GuideMaxAge, or its default.
 func (c Config) guideMaxAge() time.Duration { return cmp.Or(c.GuideMaxAge, defaultGuideMaxAge) }
+
+func (c Config) pushIdleTimeout() time.Duration {
+	return cmp.Or(c.PushIdleTimeout, defaultPushIdleTimeout)
+}
+
+// minReadLimit is the least read-limit: an auth frame of the longest
+// token, with room for its JSON.
+const minReadLimit = frame.MaxTokenLen + 128
+
+// defaultPushIdleTimeout is PushIdleTimeout's default.
+const defaultPushIdleTimeout = 120 * time.Second
+
+// pushReadTimeout bounds reading a whole request on the internal
+// listener: a push is a few hundred bytes.
+const pushReadTimeout = 30 * time.Second
 
 // defaultGuideMaxAge is the guide consumer's default guide-max-age.
 const defaultGuideMaxAge = 5 * time.Minute
@@ -126,11 +175,16 @@ func (c *Config) Bind(b *config.Binder) {
 	c.Redis.Bind(b)
 	b.String(&c.Addr, "gateway-addr", "127.0.0.1:8080", "public WebSocket listen address")
 	b.String(&c.PushAddr, "push-addr", "127.0.0.1:8081", "internal listen address: push endpoint, health, metrics")
+	b.Bool(&c.Pprof, "pprof", false, "serve /debug/pprof/ on the internal listener (unauthenticated)")
 	b.Secret(&c.TokenSecret, "token-secret", "HS256 secret of client tokens, at least 32 bytes (required)")
 	b.Secret(&c.PushSecret, "push-secret", "bearer secret of the push endpoint, at least 32 bytes (required)")
+	b.String(&c.TokenIssuer, "token-issuer", "", "required iss of client tokens; empty: not checked")
+	b.String(&c.TokenAudience, "token-audience", "", "required aud of client tokens; empty: not checked")
+	b.Duration(&c.TokenMaxLifetime, "token-max-lifetime", 24*time.Hour, "longest lifetime (exp less iat) of a client token; 0: no limit")
 	b.List(&c.AllowedOrigins, "allowed-origins", "", "browser Origins allowed to connect, comma-separated; empty allows same host only")
 	b.Duration(&c.SessionTTL, "session-ttl", 60*time.Second, "session TTL granted on each ping")
 	b.Duration(&c.SessionJitter, "session-jitter", 5*time.Second, "random extra TTL in [0, jitter)")
+	c.Closing.Bind(b)
 	b.Duration(&c.PolicyRefresh, "policy-refresh", 2*time.Second, "how often the timeout policy in Redis is re-read")
 	b.Int(&c.ReadLimit, "read-limit", 4096, "largest client frame in bytes")
 	b.Int(&c.RateBurst, "rate-burst", 20, "frames a connection may send in a burst")
@@ -138,6 +192,7 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Duration(&c.IdleTimeout, "idle-timeout", 60*time.Second, "close a connection silent at the protocol level this long")
 	b.Duration(&c.WriteTimeout, "write-timeout", 10*time.Second, "timeout of each write to a client")
 	b.Duration(&c.HandshakeTimeout, "handshake-timeout", 10*time.Second, "timeout of the WebSocket upgrade")
+	b.Duration(&c.PushIdleTimeout, "push-idle-timeout", defaultPushIdleTimeout, "close a keep-alive connection to the internal listener idle this long")
 	b.Int(&c.SendQueue, "send-queue", 32, "frames queued per connection before it is cut off as slow")
 	b.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "drain deadline on SIGTERM")
 	b.String(&c.InstanceID, "instance-id", "", "this gateway's name for routing guides; default host name plus a random suffix")
@@ -169,6 +224,9 @@ func (c Config) Validate() error {
 	if err := c.Redis.Validate(); err != nil {
 		return err
 	}
+	if err := c.Closing.Validate(); err != nil {
+		return err
+	}
 	switch {
 	case c.Addr == "":
 		return errors.New("gateway-addr: empty")
@@ -178,14 +236,16 @@ func (c Config) Validate() error {
 		return fmt.Errorf("token-secret: %d bytes, want at least %d", len(c.TokenSecret), token.MinSecretLen)
 	case push.CheckSecret(c.PushSecret) != nil:
 		return push.CheckSecret(c.PushSecret)
+	case c.TokenMaxLifetime < 0:
+		return fmt.Errorf("token-max-lifetime: %v, want 0 (no limit) or more", c.TokenMaxLifetime)
 	case c.SessionTTL < time.Second:
 		return fmt.Errorf("session-ttl: %v, want at least 1s", c.SessionTTL)
 	case c.SessionJitter < 0 || c.SessionJitter > c.SessionTTL:
 		return fmt.Errorf("session-jitter: %v, want between 0 and session-ttl", c.SessionJitter)
 	case c.PolicyRefresh < 100*time.Millisecond:
 		return fmt.Errorf("policy-refresh: %v, want at least 100ms", c.PolicyRefresh)
-	case c.ReadLimit < 64:
-		return fmt.Errorf("read-limit: %d, want at least 64", c.ReadLimit)
+	case c.ReadLimit < minReadLimit:
+		return fmt.Errorf("read-limit: %d, want at least %d, so that an auth frame with a token of %d characters fits", c.ReadLimit, minReadLimit, frame.MaxTokenLen)
 	case c.RateBurst < 1:
 		return fmt.Errorf("rate-burst: %d, want at least 1", c.RateBurst)
 	case c.RatePerSecond <= 0:
@@ -196,6 +256,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("write-timeout: %v, want more than 0", c.WriteTimeout)
 	case c.HandshakeTimeout <= 0:
 		return fmt.Errorf("handshake-timeout: %v, want more than 0", c.HandshakeTimeout)
+	case c.PushIdleTimeout < 0 || (c.PushIdleTimeout > 0 && c.PushIdleTimeout < 100*time.Millisecond):
+		return fmt.Errorf("push-idle-timeout: %v, want at least 100ms (0 for the default, 120s)", c.PushIdleTimeout)
 	case c.SendQueue < 1:
 		return fmt.Errorf("send-queue: %d, want at least 1", c.SendQueue)
 	case c.ShutdownTimeout <= 0:
@@ -209,7 +271,7 @@ func (c Config) Validate() error {
 	case c.MaxConns < 0:
 		return fmt.Errorf("max-conns: %d, want 0 (from the open-file limit) or more", c.MaxConns)
 	case c.RenewGranularity < 0 || c.RenewGranularity > c.SessionTTL/2:
-		return fmt.Errorf("renew-granularity: %v, want between 0 and half the session-ttl", c.RenewGranularity)
+		return fmt.Errorf("renew-granularity: %v, want between 0 and half the session-ttl %v (%v): a client pinging just faster than the granularity would lapse", c.RenewGranularity, c.SessionTTL, c.SessionTTL/2)
 	case c.RenewFlushInterval <= 0 || c.RenewFlushInterval > time.Second:
 		return fmt.Errorf("renew-flush-interval: %v, want more than 0 and at most 1s", c.RenewFlushInterval)
 	case c.RenewBatch < 1:

@@ -41,17 +41,36 @@ type conn struct {
 	// never pairs a ping with the grant of an earlier one.
 	pingAt, grant atomic.Int64
 	// normalClose: the client closed with 1000, the user leaving on
-	// purpose. release ends the session if this was their last
-	// connection anywhere.
+	// purpose, or the gateway closed with 4000 after a close stage's
+	// guide (see inactive.go). release ends the session if this was
+	// their last connection anywhere.
 	normalClose atomic.Bool
-	done        chan struct{}
+	// inactive: the guide of a close stage was written, and the
+	// connection is being closed with 4000; nothing is read or written
+	// on it any more.
+	inactive atomic.Bool
+	done     chan struct{}
+
+	// expiresMS is when the connection's token expires (Unix ms); an
+	// auth frame with a fresh token moves it later. revoked: the token
+	// expired and the connection is being closed. See auth.go.
+	expiresMS atomic.Int64
+	revoked   atomic.Bool
+	expiry    *time.Timer // guarded by mu
 
 	mu       sync.Mutex
 	queue    []outFrame // frames waiting for the flusher; bounded, see enqueue
 	flushing bool       // a flusher is running
 	closed   bool       // serve returned, or a write failed: enqueue refuses
 	flushers sync.WaitGroup
-	closeSet bool // a close frame was sent; later ones are dropped
+	// closeSet: the gateway closes the connection; enqueue refuses from
+	// then on (nothing is written after a close frame), later closes are
+	// dropped, and a close the client answers with is not its own.
+	closeSet bool
+	// pendingClose is the close frame a running flusher writes once the
+	// frames queued before it are written, so a guide queued before a
+	// close is not lost to it.
+	pendingClose []byte
 }
 
 func (c *conn) serve(ctx context.Context) {
@@ -59,6 +78,7 @@ func (c *conn) serve(ctx context.Context) {
 		c.mu.Lock()
 		c.closed = true
 		c.mu.Unlock()
+		c.stopExpiry()
 		c.ws.Close() // a flusher blocked in a write fails at once
 		c.flushers.Wait()
 		close(c.done)
@@ -67,7 +87,16 @@ func (c *conn) serve(ctx context.Context) {
 	limiter := rate.NewLimiter(rate.Limit(c.g.cfg.RatePerSecond), c.g.cfg.RateBurst)
 	c.ws.SetReadLimit(int64(c.g.cfg.ReadLimit))
 	c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
+	if c.revoked.Load() || c.inactive.Load() {
+		// Closed while being set up (a guide pushed, a token run out):
+		// the linger deadline that close set stands. Checked after the
+		// deadline above, so that either order ends with the linger.
+		c.ws.SetReadDeadline(time.Now().Add(lingerTimeout))
+	}
 	c.ws.SetPongHandler(func(string) error {
+		if c.revoked.Load() || c.inactive.Load() {
+			return nil // the linger deadline stands
+		}
 		return c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
 	})
 	for {
@@ -90,6 +119,19 @@ func (c *conn) serve(ctx context.Context) {
 //
 //go:noinline
 func (c *conn) handle(ctx context.Context, limiter *rate.Limiter, typ int, data []byte) bool {
+	if c.inactive.Load() {
+		// Closed for inactivity: nothing the client sends now is taken,
+		// above all no ping, which would renew the session that ended.
+		c.linger()
+		return false
+	}
+	if c.revoked.Load() || c.tokenExpired() {
+		// Nothing a client sends after its token expired is taken, above
+		// all no ping: it would renew a session nobody vouches for.
+		c.expire()
+		c.linger()
+		return false
+	}
 	c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
 	if !limiter.Allow() {
 		metricRateLimited.Inc()
@@ -128,6 +170,10 @@ func (c *conn) handle(ctx context.Context, limiter *rate.Limiter, typ int, data 
 		// Bookkeeping only: an ack must not renew the session, or a
 		// client that acks automatically would be guided every TTL.
 		c.log.Debug("guide acknowledged", "guide_id", f.ID)
+	case frame.TypeAuth:
+		// Not activity either: a tab that refreshes its token while
+		// nobody is at it is a silent user.
+		c.refresh(f.Token)
 	}
 	return true
 }
@@ -208,23 +254,38 @@ func (c *conn) ended(err error) {
 	if ce.Code != websocket.CloseNormalClosure {
 		return
 	}
+	c.mu.Lock()
+	ours := c.closeSet
+	c.mu.Unlock()
+	if ours {
+		// A 1000 in answer to the gateway's own close (4001, 1001, ...):
+		// RFC 6455 only says a client "typically" echoes the code, and
+		// many answer 1000 whatever they got. The user did not leave.
+		return
+	}
 	// Marked first, so that a resync does not restore the session; one
 	// that read the grant before is caught after (see resyncConns).
 	c.grant.Store(0)
 	c.normalClose.Store(true)
 }
 
-// closeWith sends a close frame with code and reason, once.
+// closeWith sends a close frame with code and reason, once, after the
+// frames already queued: while a flusher runs, it is left to the flusher.
 func (c *conn) closeWith(code int, reason string) {
+	msg := websocket.FormatCloseMessage(code, reason)
 	c.mu.Lock()
 	if c.closeSet {
 		c.mu.Unlock()
 		return
 	}
 	c.closeSet = true
-	c.mu.Unlock()
 	metricCloses.WithLabelValues(strconv.Itoa(code)).Inc()
-	msg := websocket.FormatCloseMessage(code, reason)
+	if c.flushing {
+		c.pendingClose = msg
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
 	c.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(c.g.cfg.WriteTimeout))
 }
 
@@ -265,7 +326,7 @@ func (c *conn) enqueue(b []byte) bool { return c.enqueueThen(b, nil) }
 func (c *conn) enqueueThen(b []byte, written func()) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
+	if c.closed || c.closeSet {
 		return false
 	}
 	if len(c.queue) >= c.g.cfg.SendQueue {
@@ -293,7 +354,13 @@ func (c *conn) flush() {
 		c.queue = nil
 		if len(batch) == 0 || c.closed {
 			c.flushing = false
+			closing := c.pendingClose
+			c.pendingClose = nil
+			closed := c.closed
 			c.mu.Unlock()
+			if closing != nil && !closed {
+				c.ws.WriteControl(websocket.CloseMessage, closing, time.Now().Add(c.g.cfg.WriteTimeout))
+			}
 			return
 		}
 		c.mu.Unlock()
@@ -308,6 +375,14 @@ func (c *conn) flush() {
 			}
 			if f.written != nil {
 				f.written()
+				if c.inactive.Load() {
+					// The frame ended the connection (closeInactive):
+					// nothing goes out after its close frame.
+					c.mu.Lock()
+					c.flushing, c.queue = false, nil
+					c.mu.Unlock()
+					return
+				}
 			}
 		}
 	}

@@ -31,6 +31,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/stillthere/stillthere/pkg/admin"
+	"github.com/stillthere/stillthere/pkg/frame"
 	"github.com/stillthere/stillthere/pkg/outage"
 	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/push"
@@ -90,7 +91,11 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("gateway config: %w", err)
 	}
-	verifier, err := token.NewVerifier([]byte(cfg.TokenSecret))
+	verifier, err := token.NewVerifier([]byte(cfg.TokenSecret), token.Rules{
+		Issuer:      cfg.TokenIssuer,
+		Audience:    cfg.TokenAudience,
+		MaxLifetime: cfg.TokenMaxLifetime,
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -148,8 +153,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	})
 	g.routes = newRouteBook(g)
 	g.policy = policy.NewWatcher(policy.NewStore(rdb, cfg.Redis.Keyspace()),
-		policy.Policy{DefaultTTL: cfg.SessionTTL, Jitter: cfg.SessionJitter},
-		cfg.PolicyRefresh, logger)
+		cfg.FallbackPolicy(), cfg.PolicyRefresh, cfg.RenewGranularity, logger)
 	if err := g.policy.Refresh(ctx); err != nil {
 		logger.Warn("timeout policy unreadable; using the configured TTL until it is fixed", "err", err)
 	}
@@ -217,14 +221,25 @@ func (g *Gateway) Serve(ctx context.Context) error {
 	loops.Go(func() { g.policy.Run(ctx) })
 	loops.Go(func() { g.resyncLoop(ctx) })
 
+	// The public listener's only use is the upgrade: a connection that
+	// has not upgraded within the handshake timeout is closed, and so is
+	// one after any other answer (see publicMux), so a stranger cannot
+	// park connections that max-conns does not count. An upgraded
+	// connection sets its own deadlines.
 	public := &http.Server{
 		Handler:           g.publicMux(ctx),
 		ReadHeaderTimeout: g.cfg.HandshakeTimeout,
+		ReadTimeout:       g.cfg.HandshakeTimeout,
+		IdleTimeout:       g.cfg.HandshakeTimeout,
 		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 	}
+	// No write timeout on the internal listener: a CPU profile streams
+	// for as long as it was asked to.
 	push := &http.Server{
 		Handler:           g.pushMux(),
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: min(10*time.Second, g.cfg.pushIdleTimeout()),
+		ReadTimeout:       pushReadTimeout,
+		IdleTimeout:       g.cfg.pushIdleTimeout(),
 		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 	}
 	g.log.Info("gateway listening", "public", g.PublicAddr().String(), "push", g.PushAddr().String(), "instance", g.instance)
@@ -313,7 +328,12 @@ func (g *Gateway) drain() {
 func (g *Gateway) publicMux(ctx context.Context) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/ws", func(w http.ResponseWriter, r *http.Request) { g.serveWS(ctx, w, r) })
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Every answer but an upgrade (which writes its own) ends the
+		// connection: a client that was refused reconnects to retry.
+		w.Header().Set("Connection", "close")
+		mux.ServeHTTP(w, r)
+	})
 }
 
 // serveWS authenticates, upgrades and serves one client. ctx is the
@@ -324,7 +344,12 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		admin.WriteError(w, http.StatusForbidden, "origin not allowed")
 		return
 	}
-	claims, err := g.verifier.Verify(bearer(r))
+	raw := bearer(r)
+	claims, err := g.verifier.Verify(raw)
+	if err == nil && len(raw) > frame.MaxTokenLen {
+		// It could never be refreshed: an auth frame holds no longer one.
+		err = fmt.Errorf("token of %d characters, want at most %d", len(raw), frame.MaxTokenLen)
+	}
 	if err != nil {
 		metricRejected.WithLabelValues("token").Inc()
 		admin.WriteError(w, http.StatusUnauthorized, err.Error())
@@ -359,6 +384,7 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	// the user connected nowhere and keeps a guide meanwhile either sees
 	// the route and routes again, or keeps it before the inbox is read.
 	c.done = make(chan struct{})
+	c.expiresMS.Store(claims.Expires.UnixMilli())
 	g.hub.add(c)
 	metricConnections.Inc()
 	rctx := context.WithoutCancel(ctx) // route bookkeeping outlives shutdown
@@ -383,6 +409,7 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		g.release(rctx, c)
 		return
 	}
+	c.armExpiry()
 	go func() {
 		defer g.conns.Done()
 		defer g.open.Add(-1)
@@ -477,7 +504,7 @@ func (g *Gateway) pushMux() http.Handler {
 			return err
 		}
 		return g.rdb.Ping(ctx).Err()
-	})
+	}, g.cfg.Pprof)
 	mux.HandleFunc("POST "+push.Path, g.servePush)
 	return mux
 }

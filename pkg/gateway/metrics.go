@@ -14,9 +14,13 @@ var (
 		Name: "stillthere_gateway_rejected_total",
 		Help: "Upgrade requests refused before the upgrade, by reason (token, origin).",
 	}, []string{"reason"})
+	metricTokens = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "stillthere_gateway_tokens_total",
+		Help: "Connection tokens, by event: refreshed or refused (auth frames), expired (connection closed with 4001).",
+	}, []string{"event"})
 	metricFrames = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_frames_total",
-		Help: "Client frames received, by type (ping, ack, unknown, invalid, binary).",
+		Help: "Client frames received, by type (ping, ack, auth, unknown, invalid, binary).",
 	}, []string{"type"})
 	metricRenewals = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_renewals_total",
@@ -63,8 +67,14 @@ var (
 	})
 	metricCloses = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_closes_total",
-		Help: "Connections ended, by close code the gateway sent or received (1000, 1001, 1003, 1007, 1008, 1009, or abnormal).",
+		Help: "Connections ended, by close code the gateway sent or received (1000, 1001, 1003, 1007, 1008, 1009, 1013, 4000, 4001, or abnormal).",
 	}, []string{"code"})
+	metricClosedInactive = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_gateway_closed_inactive_total",
+		Help: "Users closed for inactivity: pushes of a close stage's guide delivered to the user's connections, " +
+			"each then closed with 4000 and the session ended. One per user, however many devices; " +
+			"a close stage for a user with no connection is queued, not counted.",
+	})
 	metricRateLimited = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_gateway_rate_limited_total",
 		Help: "Connections closed with 1008 for going over the frame rate limit.",

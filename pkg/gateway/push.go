@@ -102,10 +102,11 @@ return 1
 // of the user registered since the route was read (returns 0: route
 // again) or the guide is past its max age (returns -1). An entry is the
 // request's JSON with kept_ms and expires_ms added: its deadline (or,
-// unknown, the time it was kept) plus the max age. Older gateways read it
-// as a request. KEYS: inbox, route. ARGV: request JSON, max age ms, cap,
-// inbox ttl ms, deadline ms, check route (1/0), then the route as read:
-// instance, count pairs. Returns 1 when kept.
+// unknown or a later stage's, the time it was kept) plus the max age.
+// Older gateways read it as a request. KEYS: inbox, route. ARGV: request
+// JSON, max age ms, cap, inbox ttl ms, deadline ms (0: count from now),
+// check route (1/0), then the route as read: instance, count pairs.
+// Returns 1 when kept.
 var keepScript = redis.NewScript(`
 if ARGV[6] == '1' then
   local seen = {}
@@ -206,6 +207,9 @@ func (g *Gateway) servePush(w http.ResponseWriter, r *http.Request) {
 	default:
 		g.pushLog.OK()
 		metricPushes.WithLabelValues(string(res.Status)).Inc()
+		if req.Final && res.Status == push.Delivered {
+			metricClosedInactive.Inc()
+		}
 		push.WriteSettled(w, res.Status, res.Connections)
 	}
 }
@@ -286,12 +290,13 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 }
 
 // deliverLocal hands a guide to uid's connections on this instance, and
-// returns how many took it.
+// returns how many took it. A close stage's guide closes each connection
+// once written to it (see inactive.go).
 func (g *Gateway) deliverLocal(req push.Request) int {
-	b := frame.Guide(req.ID, req.Text, req.DeadlineMS)
+	b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)
 	n := 0
 	for _, c := range g.hub.lookup(req.UID) {
-		if c.enqueue(b) {
+		if c.enqueueGuide(b, req.Final) {
 			n++
 		}
 	}
@@ -355,7 +360,17 @@ func (g *Gateway) keep(ctx context.Context, req push.Request, payload []byte, ro
 	if check {
 		flag = 1
 	}
-	args := []any{payload, g.cfg.guideMaxAge().Milliseconds(), g.cfg.InboxSize, g.cfg.InboxTTL.Milliseconds(), req.DeadlineMS, flag}
+	// Stage 1 is due at the deadline, and its max age counts from there.
+	// A later stage was due its delays after it, which the request does
+	// not say: its max age counts from when it is kept, as an undated
+	// guide's does, or a stage due minutes after the deadline would be
+	// too old on arrival. The consumer judged its age from when it was
+	// due. The entry keeps its deadline for the staleness check.
+	maxAgeFrom := req.DeadlineMS
+	if req.Stage > 1 {
+		maxAgeFrom = 0
+	}
+	args := []any{payload, g.cfg.guideMaxAge().Milliseconds(), g.cfg.InboxSize, g.cfg.InboxTTL.Milliseconds(), maxAgeFrom, flag}
 	for inst, n := range routes {
 		args = append(args, inst, n)
 	}
@@ -509,7 +524,9 @@ func (h *handover) queue(ctx context.Context, items []string) {
 			bad = append(bad, raw)
 			continue
 		}
-		if len(unsent) > 0 || !h.c.enqueueThen(frame.Guide(req.ID, req.Text, req.DeadlineMS), func() { written <- raw }) {
+		// A close stage's guide too closes nothing here: the user is
+		// back, on this connection.
+		if len(unsent) > 0 || !h.c.enqueueThen(frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final), func() { written <- raw }) {
 			unsent = append(unsent, req.ID)
 			continue
 		}

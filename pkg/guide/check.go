@@ -51,11 +51,14 @@ func (c *Consumer) checkSession(ctx context.Context, uid string) (sessionCheck, 
 // it does. It reads no clock but Redis's, as s.now: an event confirmed
 // longer than maxAge ago there is too old; one whose user renewed (or
 // ended the session) after its deadline is stale, whether or not the
-// session exists now: that silence is over. An event is confirmed when it is detected: at its deadline, or,
-// for one the listener held through an outage, when the hold ended, so
-// that a long outage does not age out the guides it only delayed.
+// session exists now: that silence is over, and so are its later stages.
+// An event is confirmed when it is detected: at its deadline, or, for one
+// the listener held through an outage, when the hold ended, so that a
+// long outage does not age out the guides it only delayed. A later stage
+// is confirmed no earlier than it was due: its age counts from then, not
+// from a deadline that stage delays may have put minutes back.
 func needless(ev timeoutevent.Event, s sessionCheck, maxAge time.Duration) string {
-	confirmed := time.UnixMilli(max(ev.DeadlineMS, ev.DetectedMS))
+	confirmed := time.UnixMilli(max(ev.DeadlineMS, ev.DetectedMS, ev.DueMS))
 	switch {
 	case s.now.Sub(confirmed) > maxAge:
 		return OutcomeTooOld

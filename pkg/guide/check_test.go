@@ -65,7 +65,7 @@ func TestNeedlessReadsRedisClock(t *testing.T) {
 			ev := timeoutevent.New(tt.uid, session.DefaultSegment, deadline, deadline, timeoutevent.SourceSweep)
 
 			synctest.Test(t, func(t *testing.T) {
-				time.Sleep(check.now.Add(tt.localSkew).Sub(time.Now())) // set the bubble's clock
+				time.Sleep(time.Until(check.now.Add(tt.localSkew))) // set the bubble's clock
 				if localOld := time.Since(ev.Deadline()) > maxAge; localOld == (tt.want == OutcomeTooOld) {
 					t.Fatal("the local clock gives the same age verdict: the case tells nothing")
 				}

@@ -32,6 +32,9 @@ type Config struct {
 
 	// AdminAddr serves /healthz, /readyz and /metrics. Default 127.0.0.1:8083.
 	AdminAddr string
+	// Pprof serves /debug/pprof/ on the admin listener. Default false:
+	// profiles are unauthenticated and cost CPU while they run.
+	Pprof bool
 	// Group is the Kafka consumer group. Default "stillthere-guide".
 	Group string
 	// GroupSessionTimeout is how long a replica that stopped heartbeating
@@ -88,6 +91,7 @@ func (c *Config) Bind(b *config.Binder) {
 	c.Redis.Bind(b)
 	c.Kafka.Bind(b)
 	b.String(&c.AdminAddr, "consumer-admin-addr", "127.0.0.1:8083", "listen address of health and metrics")
+	b.Bool(&c.Pprof, "pprof", false, "serve /debug/pprof/ on the admin listener (unauthenticated)")
 	b.String(&c.Group, "consumer-group", "stillthere-guide", "Kafka consumer group")
 	b.Duration(&c.GroupSessionTimeout, "group-session-timeout", 45*time.Second, "how long a crashed replica keeps its partitions")
 	b.String(&c.DLQTopic, "dlq-topic", "session-timeouts-dlq", "dead-letter topic for poison records and refused guides")

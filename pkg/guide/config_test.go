@@ -112,6 +112,16 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+func TestPprofSetting(t *testing.T) {
+	for value, want := range map[string]bool{"": false, "false": false, "true": true} {
+		env := map[string]string{"STILLTHERE_PUSH_SECRET": strings.Repeat("s", 32), "STILLTHERE_PPROF": value}
+		c, err := LoadConfig(nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+		if err != nil || c.Pprof != want {
+			t.Errorf("STILLTHERE_PPROF=%q: Pprof %v, %v; want %v", value, c.Pprof, err, want)
+		}
+	}
+}
+
 func TestTemplates(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, body string) string {

@@ -198,7 +198,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.log.Info("guide consumer running", "group", c.cfg.Group, "topic", c.cfg.Kafka.Topic,
 		"sender", c.cfg.Sender, "dlq_topic", c.cfg.DLQTopic, "admin", c.AdminAddr().String())
 	eg, ctx := errgroup.WithContext(ctx)
-	srv := &http.Server{Handler: admin.NewMux(c.ready), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: admin.NewMux(c.ready, c.cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
 	eg.Go(func() error {
 		if err := srv.Serve(c.adminLn); !errors.Is(err, http.ErrServerClosed) {
 			return err
@@ -272,11 +272,8 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (string, error) {
 		}
 		return outcome, nil
 	}
-	text, ok := c.templates[ev.Segment]
-	if !ok {
-		text = c.cfg.GuideText
-	}
-	g := Guide{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: text, DeadlineMS: ev.DeadlineMS}
+	g := Guide{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: c.text(ev), DeadlineMS: ev.DeadlineMS,
+		Stage: ev.Stage, Action: ev.Action, Final: ev.Final}
 	outcome, err := c.breaker.Execute(func() (string, error) {
 		start := time.Now()
 		defer func() { metricSendSeconds.Observe(time.Since(start).Seconds()) }()
@@ -290,12 +287,23 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (string, error) {
 		c.log.Error("guide refused by downstream, dead-lettered", "uid", ev.UID, "guide_id", ev.ID, "err", err)
 		return OutcomeRejected, nil
 	}
-	if err == nil && outcome == OutcomeDelivered {
-		// A metric, not a decision, so the local clock will do: it is
-		// off by as much as this host's clock is from Redis's.
-		metricEndToEnd.Observe(time.Since(ev.Deadline()).Seconds())
+	if err == nil {
+		observeSent(ev, outcome)
 	}
 	return outcome, err
+}
+
+// text is what the guide of ev says: its stage's text from the timeout
+// policy, or, when the policy gives none, the segment's template or the
+// default guide text.
+func (c *Consumer) text(ev timeoutevent.Event) string {
+	if ev.Text != "" {
+		return ev.Text
+	}
+	if text, ok := c.templates[ev.Segment]; ok {
+		return text
+	}
+	return c.cfg.GuideText
 }
 
 // deadLetter copies r to the dead-letter topic with the reason in a header.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
+	"github.com/stillthere/stillthere/pkg/webhook"
 )
 
 func TestDeliversEachGuideOnce(t *testing.T) {
@@ -49,6 +50,18 @@ func TestDeliversEachGuideOnce(t *testing.T) {
 			}
 			if path == "/metrics" && !strings.Contains(string(body), `stillthere_consumer_guides_total{outcome="delivered"}`) {
 				t.Errorf("/metrics does not count delivered guides")
+			}
+		}
+		// pprof is off unless turned on: no profile or trace for whoever
+		// reaches the admin port.
+		for _, path := range []string{"/debug/pprof/", "/debug/pprof/profile", "/debug/pprof/trace"} {
+			resp, err := http.Get("http://" + r.c.AdminAddr().String() + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusNotFound {
+				t.Errorf("%s with pprof off: %s, want 404", path, resp.Status)
 			}
 		}
 	})
@@ -538,13 +551,13 @@ func TestGroupSplitsAndTakesOver(t *testing.T) {
 }
 
 // TestWebhookSenderEndToEnd: with sender=webhook the consumer POSTs each
-// guide, signed, to the webhook; a 4xx dead-letters the guide and a 5xx is
-// retried.
+// guide, signed, to the webhook; a final answer (422) dead-letters the
+// guide and a 5xx is retried.
 func TestWebhookSenderEndToEnd(t *testing.T) {
 	e := newEnv(t)
 	secret := strings.Repeat("k", 32)
 	type hook struct {
-		body webhookBody
+		body webhook.Body
 		key  string
 	}
 	var mu sync.Mutex
@@ -552,11 +565,12 @@ func TestWebhookSenderEndToEnd(t *testing.T) {
 	failed := map[string]bool{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
-		if r.Header.Get(HeaderSignature) != Sign([]byte(secret), b) {
+		if err := webhook.Verify(r.Header.Get(webhook.HeaderSignature), b, time.Now(), []byte(secret)); err != nil {
+			t.Errorf("webhook: %v", err)
 			w.WriteHeader(http.StatusUnauthorized)
 			return
 		}
-		var body webhookBody
+		var body webhook.Body
 		json.Unmarshal(b, &body)
 		mu.Lock()
 		defer mu.Unlock()
@@ -567,7 +581,7 @@ func TestWebhookSenderEndToEnd(t *testing.T) {
 			failed[body.ID] = true
 			w.WriteHeader(http.StatusBadGateway)
 		default:
-			got = append(got, hook{body, r.Header.Get(HeaderIdempotencyKey)})
+			got = append(got, hook{body, r.Header.Get(webhook.HeaderIdempotencyKey)})
 			w.WriteHeader(http.StatusNoContent)
 		}
 	}))
@@ -591,7 +605,8 @@ func TestWebhookSenderEndToEnd(t *testing.T) {
 				ev = p.ev
 			}
 		}
-		want := webhookBody{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: "Hello?", DeadlineMS: ev.DeadlineMS}
+		want := webhook.Body{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: "Hello?", DeadlineMS: ev.DeadlineMS,
+			Stage: 1, Action: timeoutevent.ActionRemind}
 		if h.body != want || h.key != ev.ID {
 			t.Errorf("webhook got %+v with key %q, want %+v with key %q", h.body, h.key, want, ev.ID)
 		}

@@ -25,6 +25,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/stillthere/stillthere/pkg/config"
+	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
@@ -78,18 +79,19 @@ type fakeGateway struct {
 
 	mu        sync.Mutex
 	mode      gatewayMode
-	release   chan struct{}     // closed when a hang ends
-	statusFor map[string]int    // uid -> status every push for it gets
-	attempts  map[string]int    // guide id -> pushes received with the right secret
-	shownUID  map[string]string // guide id -> uid, once delivered
-	shownPath map[string]string // guide id -> request path it was delivered on
-	perUID    map[string]int    // uid -> guides shown
-	texts     map[string]bool   // texts received
-	badAuth   int               // pushes without the right secret
-	abandoned int               // hung pushes whose client gave up
-	serving   int               // pushes being answered now
-	peak      int               // most pushes answered at once
-	afterShow func(id string)   // called once a guide is first shown, before the answer
+	release   chan struct{}           // closed when a hang ends
+	statusFor map[string]int          // uid -> status every push for it gets
+	attempts  map[string]int          // guide id -> pushes received with the right secret
+	shownUID  map[string]string       // guide id -> uid, once delivered
+	shownPath map[string]string       // guide id -> request path it was delivered on
+	shownReq  map[string]push.Request // guide id -> the request that delivered it
+	perUID    map[string]int          // uid -> guides shown
+	texts     map[string]bool         // texts received
+	badAuth   int                     // pushes without the right secret
+	abandoned int                     // hung pushes whose client gave up
+	serving   int                     // pushes being answered now
+	peak      int                     // most pushes answered at once
+	afterShow func(id string)         // called once a guide is first shown, before the answer
 }
 
 func newFakeGateway(t *testing.T) *fakeGateway {
@@ -100,6 +102,7 @@ func newFakeGateway(t *testing.T) *fakeGateway {
 		attempts:  make(map[string]int),
 		shownUID:  make(map[string]string),
 		shownPath: make(map[string]string),
+		shownReq:  make(map[string]push.Request),
 		perUID:    make(map[string]int),
 		texts:     make(map[string]bool),
 	}
@@ -128,7 +131,7 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Read the body to its end: only then does the server notice a client
 	// that gives up, which a hung push waits for.
 	body, _ := io.ReadAll(r.Body)
-	var p struct{ ID, UID, Text string }
+	var p push.Request
 	if err := json.Unmarshal(body, &p); err != nil || p.ID == "" || p.UID == "" || p.Text == "" {
 		writeJSON(w, http.StatusUnprocessableEntity, map[string]string{"error": "bad body"})
 		return
@@ -168,6 +171,7 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !dup {
 		g.shownUID[p.ID] = p.UID
 		g.shownPath[p.ID] = r.URL.Path
+		g.shownReq[p.ID] = p
 		g.perUID[p.UID]++
 	}
 	hook := g.afterShow
@@ -222,16 +226,18 @@ func (g *fakeGateway) shown(id string) bool {
 	return ok
 }
 
+// requestOf is the request that delivered guide id.
+func (g *fakeGateway) requestOf(id string) (push.Request, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	r, ok := g.shownReq[id]
+	return r, ok
+}
+
 func (g *fakeGateway) pathOf(id string) string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.shownPath[id]
-}
-
-func (g *fakeGateway) guidesShownTo(uid string) int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.perUID[uid]
 }
 
 // onShown sets a hook run when a guide is first shown, before the push
@@ -653,6 +659,25 @@ func (e *testEnv) deadLetters(want int) []dlqRecord {
 		})
 	}
 	return out
+}
+
+// deadLettered counts the records on the dead-letter topic.
+func (e *testEnv) deadLettered() int64 {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	listed, err := e.adm.ListEndOffsets(ctx, e.cfg.DLQTopic)
+	if err != nil {
+		e.t.Fatalf("list end offsets of %s: %v", e.cfg.DLQTopic, err)
+	}
+	var n int64
+	listed.Each(func(o kadm.ListedOffset) {
+		if o.Err != nil {
+			e.t.Fatalf("end offset of %s/%d: %v", o.Topic, o.Partition, o.Err)
+		}
+		n += o.Offset
+	})
+	return n
 }
 
 func breakerOpens(t *testing.T) float64 {

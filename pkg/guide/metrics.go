@@ -1,8 +1,13 @@
 package guide
 
 import (
+	"strconv"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
 var (
@@ -39,9 +44,31 @@ var (
 		Help:    "Latency of one send to the downstream.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 	})
-	metricEndToEnd = promauto.NewHistogram(prometheus.HistogramOpts{
-		Name:    "stillthere_consumer_deadline_to_delivery_seconds",
-		Help:    "Time from a session's deadline to its guide's delivery.",
+	metricEndToEnd = promauto.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "stillthere_consumer_deadline_to_delivery_seconds",
+		Help: "Time from when a guide was due to its delivery, by stage (1-10): stage 1 is due at the session's deadline, " +
+			"each later stage its delay after the one before, so this is each stage's lateness.",
 		Buckets: []float64{.05, .1, .2, .3, .5, .75, 1, 1.5, 2, 5, 10, 30, 60, 300},
-	})
+	}, []string{"stage"})
+	metricStageGuides = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "stillthere_consumer_stage_guides_total",
+		Help: "Guides sent (delivered, or queued for the user's next connect), by stage of the silence (1-10) " +
+			"and action (remind, close): action=\"close\" counts the chats closed for inactivity.",
+	}, []string{"stage", "action"})
 )
+
+// observeSent books a guide the downstream took (outcome), by its stage.
+// Parse bounds the stage to 1-timeoutevent.MaxStages and the action to
+// two values, so the labels' cardinality is bounded.
+func observeSent(ev timeoutevent.Event, outcome string) {
+	if outcome != OutcomeDelivered && outcome != OutcomeQueued {
+		return
+	}
+	stage := strconv.Itoa(min(max(ev.Stage, 1), timeoutevent.MaxStages))
+	metricStageGuides.WithLabelValues(stage, ev.Action).Inc()
+	if outcome == OutcomeDelivered {
+		// A metric, not a decision, so the local clock will do: it is
+		// off by as much as this host's clock is from Redis's.
+		metricEndToEnd.WithLabelValues(stage).Observe(time.Since(time.UnixMilli(ev.DueMS)).Seconds())
+	}
+}

@@ -21,7 +21,7 @@ const (
 	OutcomeQueued    = string(push.Queued)    // the user had no connection: kept for their next connect
 	OutcomeStale     = string(push.Stale)     // the user came back before the guide went out
 	OutcomeTooOld    = string(push.TooOld)    // the deadline is older than guide-max-age: dropped
-	OutcomeRejected  = "rejected"             // the downstream refused it for good (4xx): dead-lettered
+	OutcomeRejected  = "rejected"             // the downstream refused this guide for good: dead-lettered
 	OutcomeInvalid   = "invalid"              // not a timeout event this build reads: dead-lettered
 )
 
@@ -36,8 +36,13 @@ var (
 	_ sender = (*webhookSender)(nil)
 )
 
-// permanentError is a downstream's definite no: retrying cannot help, and
-// the downstream is healthy, so the breaker counts it as a success.
+// permanentError is a downstream's definite no to one guide: retrying
+// cannot help, and the downstream is healthy, so the breaker counts it as
+// a success. Only answers about the guide itself are one (the push
+// endpoint's 400; the webhook's 400, 404, 410, 422), never a refusal of
+// our credentials (401, 403): that one every guide gets, and as a success
+// it would dead-letter them all at full speed instead of opening the
+// breaker.
 type permanentError struct{ err error }
 
 func (e permanentError) Error() string { return e.err.Error() }

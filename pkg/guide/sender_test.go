@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/sony/gobreaker/v2"
+
+	"github.com/stillthere/stillthere/pkg/webhook"
 )
 
 func TestSenderOutcomes(t *testing.T) {
@@ -121,7 +123,8 @@ func TestSenderRequest(t *testing.T) {
 	defer srv.Close()
 	s := &gatewaySender{url: srv.URL + "/v1/push", secret: testSecret, client: srv.Client()}
 
-	if _, err := s.Send(context.Background(), Guide{ID: "id-1", UID: "user-1", Segment: "vip", Text: testText, DeadlineMS: 1795255600123}); err != nil {
+	if _, err := s.Send(context.Background(), Guide{ID: "id-1", UID: "user-1", Segment: "vip", Text: testText, DeadlineMS: 1795255600123,
+		Stage: 2, Action: "close", Final: true}); err != nil {
 		t.Fatal(err)
 	}
 	p := <-got
@@ -134,7 +137,8 @@ func TestSenderRequest(t *testing.T) {
 	if p.auth != "Bearer "+testSecret {
 		t.Errorf("Authorization %q, want the bearer secret", p.auth)
 	}
-	want := map[string]any{"id": "id-1", "uid": "user-1", "segment": "vip", "text": testText, "deadline_ms": float64(1795255600123)}
+	want := map[string]any{"id": "id-1", "uid": "user-1", "segment": "vip", "text": testText, "deadline_ms": float64(1795255600123),
+		"stage": float64(2), "action": "close", "final": true}
 	if len(p.body) != len(want) {
 		t.Errorf("body %v, want %v", p.body, want)
 	}
@@ -157,9 +161,15 @@ func TestWebhookSender(t *testing.T) {
 		{name: "202 delivers", status: 202, want: OutcomeDelivered},
 		{name: "204 delivers", status: 204, want: OutcomeDelivered},
 		{name: "400 is permanent", status: 400, perm: true},
-		{name: "401 is permanent", status: 401, perm: true},
 		{name: "404 is permanent", status: 404, perm: true},
+		{name: "410 is permanent", status: 410, perm: true},
 		{name: "422 is permanent", status: 422, perm: true},
+		// A rotated secret or a blocked consumer: every guide gets it,
+		// so it is the receiver failing, as on the push endpoint.
+		{name: "401 fails", status: 401},
+		{name: "403 fails", status: 403},
+		{name: "405 fails", status: 405},
+		{name: "409 fails", status: 409},
 		{name: "408 fails", status: 408},
 		{name: "429 fails", status: 429},
 		{name: "500 fails", status: 500},
@@ -216,7 +226,8 @@ func TestWebhookSender(t *testing.T) {
 		}))
 		defer srv.Close()
 		s := &webhookSender{url: srv.URL, secret: secret, client: srv.Client()}
-		g := Guide{ID: "id-1", UID: "user-1", Segment: "vip", Text: "Still with us?", DeadlineMS: 1795255600123}
+		g := Guide{ID: "id-1", UID: "user-1", Segment: "vip", Text: "Still with us?", DeadlineMS: 1795255600123,
+			Stage: 2, Action: "close", Final: true}
 		if _, err := s.Send(context.Background(), g); err != nil {
 			t.Fatal(err)
 		}
@@ -224,19 +235,34 @@ func TestWebhookSender(t *testing.T) {
 		if h.method != http.MethodPost || h.contentType != "application/json" || h.key != "id-1" {
 			t.Errorf("%s, Content-Type %q, Idempotency-Key %q; want POST, application/json, the guide id", h.method, h.contentType, h.key)
 		}
-		if want := Sign(secret, h.body); h.sig != want || !strings.HasPrefix(h.sig, "sha256=") {
-			t.Errorf("signature %q, want %q over the body", h.sig, want)
+		if err := webhook.Verify(h.sig, h.body, time.Now(), secret); err != nil {
+			t.Errorf("signature %q: %v", h.sig, err)
 		}
-		if Sign([]byte(strings.Repeat("x", 32)), h.body) == h.sig {
+		if webhook.Verify(h.sig, h.body, time.Now(), []byte(strings.Repeat("x", 32))) == nil {
 			t.Error("signature does not depend on the secret")
 		}
 		var body map[string]any
 		if err := json.Unmarshal(h.body, &body); err != nil {
 			t.Fatal(err)
 		}
-		want := map[string]any{"id": "id-1", "uid": "user-1", "segment": "vip", "text": "Still with us?", "deadline_ms": float64(1795255600123)}
+		want := map[string]any{"id": "id-1", "uid": "user-1", "segment": "vip", "text": "Still with us?", "deadline_ms": float64(1795255600123),
+			"stage": float64(2), "action": "close", "final": true}
 		if !maps.Equal(body, want) {
 			t.Errorf("body %v, want %v", body, want)
+		}
+
+		// A guide that names no stage is stage 1's reminder, on the
+		// webhook too: its receiver always gets all three.
+		if _, err := s.Send(context.Background(), Guide{ID: "id-2", UID: "user-1", Text: "Still with us?"}); err != nil {
+			t.Fatal(err)
+		}
+		h = <-got
+		var plain webhook.Body
+		if err := json.Unmarshal(h.body, &plain); err != nil {
+			t.Fatal(err)
+		}
+		if plain.Stage != 1 || plain.Action != "remind" || plain.Final {
+			t.Errorf("body of a guide without a stage %s, want stage 1, remind, not final", h.body)
 		}
 	})
 }

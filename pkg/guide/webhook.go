@@ -2,54 +2,37 @@ package guide
 
 import (
 	"bytes"
+	"cmp"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"time"
+
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
+	"github.com/stillthere/stillthere/pkg/webhook"
 )
 
-// Webhook request headers.
-const (
-	// HeaderIdempotencyKey carries the guide id: the same for every send of
-	// one silence, so the receiver shows it once.
-	HeaderIdempotencyKey = "Idempotency-Key"
-	// HeaderSignature is "sha256=" and the hex HMAC-SHA256 of the body
-	// under the webhook secret.
-	HeaderSignature = "X-Stillthere-Signature"
-)
-
-// webhookBody is the JSON a webhook receives.
-type webhookBody struct {
-	ID         string `json:"id"`
-	UID        string `json:"uid"`
-	Segment    string `json:"segment"`
-	Text       string `json:"text"`
-	DeadlineMS int64  `json:"deadline_ms"`
-}
-
-// webhookSender POSTs guides to a platform whose IM API lives elsewhere.
+// webhookSender POSTs guides to a platform whose IM API lives elsewhere,
+// as package webhook describes.
 type webhookSender struct {
 	url    string
 	secret []byte
 	client *http.Client
 }
 
-// Sign returns the HeaderSignature value of body under secret.
-func Sign(secret, body []byte) string {
-	m := hmac.New(sha256.New, secret)
-	m.Write(body)
-	return "sha256=" + hex.EncodeToString(m.Sum(nil))
-}
-
-// Send posts g. Any 2xx delivers it. 408, 429, 5xx, other statuses,
-// timeouts and connection errors are the downstream failing; any other
-// 4xx is its definite no (permanentError).
+// Send posts g, signed as it goes out: a retry is a new request with a
+// fresh timestamp. Any 2xx delivers it; a final answer (webhook.Final:
+// 400, 404, 410, 422) is the receiver's definite no (permanentError).
+// Everything else is the receiver failing, to be retried: 401 and 403,
+// which a rotated secret gets for every guide, as much as 5xx, timeouts
+// and connection errors.
 func (s *webhookSender) Send(ctx context.Context, g Guide) (string, error) {
-	body, err := json.Marshal(webhookBody{ID: g.ID, UID: g.UID, Segment: g.Segment, Text: g.Text, DeadlineMS: g.DeadlineMS})
+	// A guide without a stage (0, "") is stage 1's reminder, as on the
+	// push endpoint: the webhook's receiver always gets all three.
+	body, err := json.Marshal(webhook.Body{ID: g.ID, UID: g.UID, Segment: g.Segment, Text: g.Text, DeadlineMS: g.DeadlineMS,
+		Stage: max(g.Stage, 1), Action: cmp.Or(g.Action, timeoutevent.ActionRemind), Final: g.Final})
 	if err != nil {
 		return "", permanentError{err}
 	}
@@ -58,8 +41,8 @@ func (s *webhookSender) Send(ctx context.Context, g Guide) (string, error) {
 		return "", permanentError{err}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(HeaderIdempotencyKey, g.ID)
-	req.Header.Set(HeaderSignature, Sign(s.secret, body))
+	req.Header.Set(webhook.HeaderIdempotencyKey, g.ID)
+	req.Header.Set(webhook.HeaderSignature, webhook.Sign(body, time.Now(), s.secret))
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return "", fmt.Errorf("webhook guide %s: %w", g.ID, err)
@@ -70,7 +53,7 @@ func (s *webhookSender) Send(ctx context.Context, g Guide) (string, error) {
 	switch code := resp.StatusCode; {
 	case code >= 200 && code < 300:
 		return OutcomeDelivered, nil
-	case code >= 400 && code < 500 && code != http.StatusRequestTimeout && code != http.StatusTooManyRequests:
+	case webhook.Final(code):
 		return "", permanentError{fmt.Errorf("webhook guide %s: %s", g.ID, resp.Status)}
 	default:
 		return "", fmt.Errorf("webhook guide %s: %s", g.ID, resp.Status)

@@ -147,12 +147,45 @@ func NewClient(c Config, logger *slog.Logger, opts ...kgo.Opt) (*kgo.Client, err
 	return cl, nil
 }
 
-// EnsureTopic creates the topic unless it exists.
+// EnsureTopic makes sure the topic exists: it describes the topic, and
+// creates it only when the metadata says it is missing. Kafka authorizes a
+// CreateTopics before it looks for the topic, so creating first would fail
+// a client without CREATE even on a topic that ops created: with the
+// least-privilege ACLs (WRITE or READ, which imply DESCRIBE) the describe
+// alone settles it. Errors name the topic and the ACL that is missing.
 func EnsureTopic(ctx context.Context, cl *kgo.Client, c Config) error {
 	adm := kadm.NewClient(cl)
-	_, err := adm.CreateTopic(ctx, int32(c.Partitions), int16(c.ReplicationFactor), nil, c.Topic)
-	if err == nil || errors.Is(err, kerr.TopicAlreadyExists) {
+	described, err := adm.ListTopics(ctx, c.Topic)
+	if isAuthErr(err) {
+		return fmt.Errorf("describe topic %q: not authorized: grant DESCRIBE on it (WRITE or READ imply it): %w", c.Topic, err)
+	}
+	if err != nil {
+		return fmt.Errorf("describe topic %q: %w", c.Topic, err)
+	}
+	td, ok := described[c.Topic]
+	if ok && td.Err == nil {
 		return nil
 	}
+	// Missing, or named with an error such as LEADER_NOT_AVAILABLE while
+	// another client creates it: the create says which.
+	_, err = adm.CreateTopic(ctx, int32(c.Partitions), int16(c.ReplicationFactor), nil, c.Topic)
+	switch {
+	case err == nil || errors.Is(err, kerr.TopicAlreadyExists):
+		return nil
+	case isAuthErr(err) && ok && !errors.Is(td.Err, kerr.UnknownTopicOrPartition):
+		// The metadata named the topic, with a passing error such as
+		// LEADER_NOT_AVAILABLE: it exists. Kafka authorizes a create
+		// before it looks for the topic, so a principal without CREATE
+		// is refused here all the same.
+		return nil
+	case isAuthErr(err):
+		return fmt.Errorf("topic %q does not exist and this client may not create it: create it, or grant CREATE on the topic or the cluster: %w", c.Topic, err)
+	}
 	return fmt.Errorf("create topic %q: %w", c.Topic, err)
+}
+
+// isAuthErr reports whether err is the broker refusing an operation to this
+// client's principal.
+func isAuthErr(err error) bool {
+	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.ClusterAuthorizationFailed)
 }

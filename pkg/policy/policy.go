@@ -1,23 +1,24 @@
-// Package policy is the per-segment session timeout policy. It lives in
-// Redis, so operators change it once for every gateway without a restart;
-// gateways poll it and pick a change up within seconds.
+// Package policy is the per-segment session timeout policy: each
+// segment's session TTL, and the stages of a silence (a reminder at the
+// deadline, later ones, perhaps a close). It lives in Redis, so operators
+// change it once for every service without a restart; gateways (for the
+// TTL) and expiry listeners (for the stages) poll it and pick a change up
+// within seconds.
 package policy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/stillthere/stillthere/pkg/outage"
 	"github.com/stillthere/stillthere/pkg/session"
 )
 
@@ -27,7 +28,8 @@ const (
 	MaxTTL = 24 * time.Hour
 )
 
-// Policy maps a user's segment to their session TTL.
+// Policy maps a user's segment to their session TTL and the stages of
+// their silences.
 type Policy struct {
 	// DefaultTTL applies to segments not listed.
 	DefaultTTL time.Duration
@@ -35,6 +37,11 @@ type Policy struct {
 	Jitter time.Duration
 	// Segments override DefaultTTL by segment name.
 	Segments map[string]time.Duration
+	// SegmentStages are the stages of a silence by segment name. A
+	// segment not listed has the default segment's (session.DefaultSegment);
+	// with those not listed either, one reminder at the deadline with the
+	// consumer's text. See Stages.
+	SegmentStages map[string][]Stage
 }
 
 // TTL is the session TTL of segment, before jitter.
@@ -63,6 +70,14 @@ func (p Policy) Validate() error {
 	if p.Jitter < 0 || p.Jitter > shortest/2 {
 		return fmt.Errorf("jitter %v: want between 0 and half the shortest TTL (%v)", p.Jitter, shortest/2)
 	}
+	for _, name := range slices.Sorted(maps.Keys(p.SegmentStages)) {
+		if !session.ValidSegment(name) {
+			return fmt.Errorf("stages of segment %q: want a segment name of 1-64 characters of [A-Za-z0-9._-]", name)
+		}
+		if err := checkStages(name, p.SegmentStages[name]); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -76,21 +91,69 @@ func checkTTL(what string, ttl time.Duration) error {
 	return nil
 }
 
-// String is the policy in one line, segments in name order.
+// CheckGranularity names the first TTL of the policy under twice
+// granularity, a gateway's renew-granularity: the least time it leaves
+// between two renewals of one connection, answering pings in between from
+// the last grant. A client pinging every p < granularity is renewed at the
+// first ping at least a granularity after the last renewal, up to
+// granularity + p after it; a TTL of twice the granularity covers that
+// for every ping period shorter than the TTL, and a shorter one lapses a
+// client pinging just faster than the granularity. The gateway's own
+// session-ttl is held to the same bound.
+func (p Policy) CheckGranularity(granularity time.Duration) error {
+	check := func(what string, ttl time.Duration) error {
+		if ttl < 2*granularity {
+			return fmt.Errorf("%s TTL %v: below twice the gateway's renewal granularity %v (want at least %v), or a client pinging just faster than the granularity lapses",
+				what, ttl, granularity, 2*granularity)
+		}
+		return nil
+	}
+	if err := check("default", p.DefaultTTL); err != nil {
+		return err
+	}
+	for _, name := range slices.Sorted(maps.Keys(p.Segments)) {
+		if err := check("segment "+name, p.Segments[name]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// String is the policy in one line, segments in name order, stage texts
+// cut short.
 func (p Policy) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "default=%v jitter=%v", p.DefaultTTL, p.Jitter)
 	for _, name := range slices.Sorted(maps.Keys(p.Segments)) {
 		fmt.Fprintf(&b, " %s=%v", name, p.Segments[name])
 	}
+	if len(p.SegmentStages) > 0 {
+		b.WriteString("; stages")
+		for _, name := range slices.Sorted(maps.Keys(p.SegmentStages)) {
+			fmt.Fprintf(&b, " %s=%s", name, describe(p.SegmentStages[name]))
+		}
+	}
 	return b.String()
 }
 
+// Equal reports whether p and q are the same policy, texts and all, as
+// stored: an empty action is the same as "remind".
+func (p Policy) Equal(q Policy) bool {
+	a, errA := json.Marshal(p)
+	b, errB := json.Marshal(q)
+	return errA == nil && errB == nil && bytes.Equal(a, b)
+}
+
 // stored is the JSON form in Redis: durations as Go duration strings.
+// Documents from before stages have no "stages" and still load: their
+// segments have one reminder at the deadline, as they had then.
 type stored struct {
 	DefaultTTL string            `json:"default_ttl"`
 	Jitter     string            `json:"jitter"`
 	Segments   map[string]string `json:"segments,omitempty"`
+	// Stages are decoded one by one (see decodeStages), so that an error
+	// names the segment and stage.
+	Stages map[string]json.RawMessage `json:"stages,omitempty"`
 }
 
 // MarshalJSON encodes durations as strings such as "60s".
@@ -100,6 +163,16 @@ func (p Policy) MarshalJSON() ([]byte, error) {
 		s.Segments = make(map[string]string, len(p.Segments))
 		for k, v := range p.Segments {
 			s.Segments[k] = v.String()
+		}
+	}
+	if len(p.SegmentStages) > 0 {
+		s.Stages = make(map[string]json.RawMessage, len(p.SegmentStages))
+		for name, stages := range p.SegmentStages {
+			b, err := json.Marshal(stages)
+			if err != nil {
+				return nil, err
+			}
+			s.Stages[name] = b
 		}
 	}
 	return json.Marshal(s)
@@ -130,6 +203,16 @@ func (p *Policy) UnmarshalJSON(b []byte) error {
 			out.Segments = map[string]time.Duration{}
 		}
 		out.Segments[name] = d
+	}
+	for _, name := range slices.Sorted(maps.Keys(s.Stages)) {
+		stages, err := decodeStages(name, s.Stages[name])
+		if err != nil {
+			return err
+		}
+		if out.SegmentStages == nil {
+			out.SegmentStages = map[string][]Stage{}
+		}
+		out.SegmentStages[name] = stages
 	}
 	if err := out.Validate(); err != nil {
 		return err
@@ -182,85 +265,4 @@ func (s *Store) Save(ctx context.Context, p Policy) error {
 		return fmt.Errorf("save timeout policy: %w", err)
 	}
 	return nil
-}
-
-// Watcher keeps the current policy, polling the store.
-//
-// Once it has loaded a stored policy, it keeps the last one it loaded if
-// the key vanishes. The key does not vanish by anyone's choice: the
-// command offers no delete, and a Redis that lost its data (a restart
-// without persistence, a failover to a replica that missed the write)
-// loses it. Falling back to the configured TTL then would silently give
-// every segment a TTL nobody chose. An operator who wants the configured
-// values back stores them with "gateway policy set"; a gateway started
-// while no policy is stored uses its configured values, so a fleet is
-// consistent again once one is stored.
-type Watcher struct {
-	store    *Store
-	fallback Policy
-	every    time.Duration
-	log      *slog.Logger
-	cur      atomic.Pointer[Policy]
-	loaded   atomic.Bool // a stored policy was loaded once
-	missing  atomic.Bool // the stored policy vanished after that; warned once
-	fails    *outage.Log
-}
-
-// NewWatcher starts from fallback, the policy that applies while none is
-// stored, and polls every interval once Run is called.
-func NewWatcher(store *Store, fallback Policy, every time.Duration, logger *slog.Logger) *Watcher {
-	w := &Watcher{store: store, fallback: fallback, every: every, log: logger,
-		fails: outage.NewLog(logger, "refresh timeout policy", 0)}
-	w.cur.Store(&fallback)
-	return w
-}
-
-// Current is the policy in force.
-func (w *Watcher) Current() Policy { return *w.cur.Load() }
-
-// Refresh loads the stored policy once. A policy that cannot be read
-// leaves the current one in force, and so does one that vanished after
-// one was loaded (see Watcher).
-func (w *Watcher) Refresh(ctx context.Context) error {
-	p, err := w.store.Load(ctx)
-	switch {
-	case errors.Is(err, ErrNone) && w.loaded.Load():
-		if !w.missing.Swap(true) {
-			w.log.Warn("timeout policy missing from Redis; keeping the last known one",
-				"policy", w.Current().String(), "fix", "store it again with: gateway policy set")
-		}
-		return nil
-	case errors.Is(err, ErrNone):
-		p = w.fallback
-	case err != nil:
-		return err
-	default:
-		w.loaded.Store(true)
-		w.missing.Store(false)
-	}
-	if old := w.cur.Load(); old.String() != p.String() {
-		w.log.Info("timeout policy in force", "policy", p.String())
-	}
-	w.cur.Store(&p)
-	return nil
-}
-
-// Run polls until ctx is done.
-func (w *Watcher) Run(ctx context.Context) {
-	t := time.NewTicker(w.every)
-	defer t.Stop()
-	for {
-		// Failures are logged quietly: a Redis outage would otherwise
-		// cost a line per poll. The current policy stays in force.
-		if err := w.Refresh(ctx); err != nil && ctx.Err() == nil {
-			w.fails.Fail(err)
-		} else if err == nil {
-			w.fails.OK()
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
 }

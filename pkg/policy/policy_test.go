@@ -49,6 +49,46 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+func TestCheckGranularity(t *testing.T) {
+	tests := []struct {
+		name        string
+		p           Policy
+		granularity time.Duration
+		want        []string // substrings of the error; nil means none
+	}{
+		{"every ping renews", Policy{DefaultTTL: time.Second}, 0, nil},
+		{"twice the granularity", Policy{DefaultTTL: 2 * time.Second, Segments: map[string]time.Duration{"vip": 2 * time.Second}}, time.Second, nil},
+		{"a smaller granularity", Policy{DefaultTTL: time.Minute, Segments: map[string]time.Duration{"new": time.Second}}, 500 * time.Millisecond, nil},
+		{"default under twice", Policy{DefaultTTL: 1999 * time.Millisecond}, time.Second,
+			[]string{"default TTL 1.999s", "renewal granularity 1s", "at least 2s"}},
+		{"segment under twice", Policy{DefaultTTL: time.Minute, Segments: map[string]time.Duration{"vip": 1500 * time.Millisecond}}, time.Second,
+			[]string{"segment vip TTL 1.5s", "renewal granularity 1s", "at least 2s"}},
+		{"segment below the granularity", Policy{DefaultTTL: time.Minute, Segments: map[string]time.Duration{"vip": 3 * time.Second}}, 5 * time.Second,
+			[]string{"segment vip TTL 3s", "renewal granularity 5s", "at least 10s"}},
+		{"first of two in name order", Policy{DefaultTTL: time.Minute, Segments: map[string]time.Duration{"b": time.Second, "a": time.Second}}, time.Second,
+			[]string{"segment a TTL"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.p.CheckGranularity(tt.granularity)
+			if tt.want == nil {
+				if err != nil {
+					t.Fatalf("CheckGranularity(%v) = %v, want nil", tt.granularity, err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("CheckGranularity(%v) = nil, want an error naming %q", tt.granularity, tt.want)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("CheckGranularity(%v) = %v, want it to name %q", tt.granularity, err, w)
+				}
+			}
+		})
+	}
+}
+
 func TestJSON(t *testing.T) {
 	p := Policy{DefaultTTL: time.Minute, Jitter: 5 * time.Second, Segments: map[string]time.Duration{"vip": 3 * time.Minute}}
 	b, err := json.Marshal(p)
@@ -78,6 +118,8 @@ func TestJSON(t *testing.T) {
 func FuzzUnmarshal(f *testing.F) {
 	f.Add([]byte(`{"default_ttl":"60s","jitter":"5s","segments":{"vip":"180s"}}`))
 	f.Add([]byte(`{"default_ttl":"1s","jitter":"0s"}`))
+	f.Add([]byte(`{"default_ttl":"60s","jitter":"5s","stages":{"default":[{"action":"remind"},{"after":"3m0s","action":"close","text":"Closed."}],"vip":[{"text":"a"},{"after":"1s","text":"b"}]}}`))
+	f.Add([]byte(`{"default_ttl":"60s","jitter":"5s","stages":{"x":[{"after":"0s","action":"close","text":"\u00e9"}]}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var p Policy
 		if err := json.Unmarshal(b, &p); err != nil {
@@ -88,7 +130,7 @@ func FuzzUnmarshal(f *testing.F) {
 		}
 		out, _ := json.Marshal(p)
 		var again Policy
-		if err := json.Unmarshal(out, &again); err != nil || again.String() != p.String() {
+		if err := json.Unmarshal(out, &again); err != nil || again.String() != p.String() || !again.Equal(p) {
 			t.Fatalf("re-decode of %s: %v %v", out, again, err)
 		}
 	})
@@ -106,7 +148,7 @@ func TestWatcherPicksUpChanges(t *testing.T) {
 	store, _ := newStore(t)
 	ctx := context.Background()
 	fallback := Policy{DefaultTTL: time.Minute, Jitter: time.Second}
-	w := NewWatcher(store, fallback, 20*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	w := NewWatcher(store, fallback, 20*time.Millisecond, time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { w.Run(wctx); close(done) }()
@@ -133,7 +175,7 @@ func TestWatcherKeepsPolicyWhenKeyVanishes(t *testing.T) {
 	ctx := context.Background()
 	fallback := Policy{DefaultTTL: time.Minute, Jitter: time.Second}
 	var logs lockedBuffer
-	w := NewWatcher(store, fallback, 10*time.Millisecond, slog.New(slog.NewTextHandler(&logs, nil)))
+	w := NewWatcher(store, fallback, 10*time.Millisecond, time.Second, slog.New(slog.NewTextHandler(&logs, nil)))
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { w.Run(wctx); close(done) }()
@@ -167,9 +209,73 @@ func TestWatcherKeepsPolicyWhenKeyVanishes(t *testing.T) {
 
 	// A watcher that never loaded a policy uses its fallback.
 	store.rdb.Del(ctx, store.key)
-	fresh := NewWatcher(store, fallback, time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	fresh := NewWatcher(store, fallback, time.Second, time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := fresh.Refresh(ctx); err != nil || fresh.Current().String() != fallback.String() {
 		t.Fatalf("nothing ever stored: Current = %v, %v; want the fallback", fresh.Current(), err)
+	}
+}
+
+// TestWatcherRefusesTTLUnderGranularity: a stored policy with a TTL under
+// twice the gateway's renewal granularity, stored by another tool or by
+// a gateway with a smaller granularity, is not applied: the policy in
+// force stays, with one warning per refused policy.
+func TestWatcherRefusesTTLUnderGranularity(t *testing.T) {
+	store, _ := newStore(t)
+	ctx := context.Background()
+	fallback := Policy{DefaultTTL: time.Minute, Jitter: time.Second}
+	var logs lockedBuffer
+	w := NewWatcher(store, fallback, 10*time.Millisecond, time.Second, slog.New(slog.NewTextHandler(&logs, nil)))
+	warnings := func() int { return strings.Count(logs.String(), "timeout policy in Redis not applied") }
+
+	// Before anything was applied, the fallback stays.
+	tooShort := Policy{DefaultTTL: time.Minute, Segments: map[string]time.Duration{"vip": 1500 * time.Millisecond}}
+	if err := store.Save(ctx, tooShort); err != nil { // Save knows no granularity
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := w.Refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := w.Current(); got.String() != fallback.String() {
+		t.Fatalf("a policy too short for the granularity stored first: Current = %v, want the fallback %v", got, fallback)
+	}
+	if n := warnings(); n != 1 {
+		t.Fatalf("%d warnings after three refreshes, want 1:\n%s", n, logs.String())
+	}
+	for _, want := range []string{"vip=1.5s", "segment vip TTL 1.5s", "renewal granularity 1s"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the warning does not name %q:\n%s", want, logs.String())
+		}
+	}
+
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { w.Run(wctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	good := Policy{DefaultTTL: 2 * time.Minute, Segments: map[string]time.Duration{"vip": 3 * time.Minute}}
+	for round, bad := range []Policy{
+		tooShort,
+		{DefaultTTL: time.Minute, Segments: map[string]time.Duration{"vip": 1200 * time.Millisecond}},
+		{DefaultTTL: 1500 * time.Millisecond},
+	} {
+		if err := store.Save(ctx, good); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { return w.Current().String() == good.String() })
+		before := warnings()
+		if err := store.Save(ctx, bad); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond) // some 20 polls
+		if got := w.Current(); got.String() != good.String() {
+			t.Fatalf("round %d: %v stored: Current = %v, want the last good %v", round, bad, got, good)
+		}
+		if n := warnings() - before; n != 1 {
+			t.Fatalf("round %d: %d warnings, want one per refused policy:\n%s", round, n, logs.String())
+		}
+		good.DefaultTTL += time.Minute
 	}
 }
 
@@ -237,6 +343,10 @@ func TestCommand(t *testing.T) {
 		{[]string{"set", "-segment", "vip=100ms"}, "segment vip TTL"},
 		{[]string{"set", "-segment", "v:ip=60s"}, `segment "v:ip"`},
 		{[]string{"set", "-jitter", "80s"}, "jitter"},
+		{[]string{"set", "-jitter", "0s", "-segment", "vip=1500ms"}, "segment vip TTL 1.5s: below twice the gateway's renewal granularity 1s"},
+		{[]string{"set", "-jitter", "0s", "-default", "1999ms"}, "default TTL 1.999s: below twice the gateway's renewal granularity 1s"},
+		{[]string{"set", "-jitter", "0s", "-renew-granularity", "5s", "-segment", "vip=8s"}, "segment vip TTL 8s: below twice the gateway's renewal granularity 5s"},
+		{[]string{"set", "-renew-granularity", "-1s", "-segment", "vip=8s"}, "renew-granularity: -1s"},
 		{[]string{"set", "-remove", "nope"}, "no such segment"},
 		{[]string{"delete"}, "usage"},
 		{[]string{}, "usage"},
@@ -252,5 +362,19 @@ func TestCommand(t *testing.T) {
 	}
 	if _, err := store.Load(ctx); errors.Is(err, ErrNone) {
 		t.Fatal("policy vanished")
+	}
+
+	// The bound is the gateways' setting: with theirs at 500ms, 1s TTLs do.
+	env["STILLTHERE_RENEW_GRANULARITY"] = "500ms"
+	if _, err := run("set", "-jitter", "0s", "-segment", "fast=1s"); err != nil {
+		t.Fatalf("1s TTL with a 500ms granularity: %v", err)
+	}
+	if p, _ := store.Load(ctx); p.TTL("fast") != time.Second {
+		t.Fatalf("after setting fast=1s: %v", p)
+	}
+	// Shown to a gateway with the default 1s, it says it is not applied.
+	delete(env, "STILLTHERE_RENEW_GRANULARITY")
+	if out, err := run("show"); err != nil || !strings.Contains(out, "gateways with renew-granularity 1s do not apply this policy") || !strings.Contains(out, "segment fast TTL 1s") {
+		t.Fatalf("show of a policy too short for 1s: %q, %v", out, err)
 	}
 }

@@ -81,6 +81,10 @@ func (c *Client) Push(ctx context.Context, r Request) (Response, error) {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+c.secret)
+	// The push is idempotent per user and id: with this header, the
+	// transport also resends it on a kept-alive connection the gateway
+	// closed as idle just as the request went out.
+	req.Header.Set("Idempotency-Key", r.ID)
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		return Response{}, fmt.Errorf("push guide %s: %w", r.ID, err)

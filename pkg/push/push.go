@@ -26,6 +26,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/frame"
 	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
 // Path is where the gateway's internal listener serves the endpoint.
@@ -37,7 +38,7 @@ const (
 	// client acks a guide by its id, so the bound is the ack frame's.
 	MaxIDLen = frame.MaxIDLen
 	// MaxTextLen bounds a guide's text, in bytes.
-	MaxTextLen = 1024
+	MaxTextLen = timeoutevent.MaxTextLen
 	// MaxBodyBytes bounds a request body.
 	MaxBodyBytes = 16 << 10
 	// MinSecretLen is the shortest push secret either side accepts.
@@ -60,6 +61,16 @@ type Request struct {
 	// guide whose user renewed since (Stale), and its inbox keeps the
 	// guide until the deadline plus the guide max age.
 	DeadlineMS int64 `json:"deadline_ms,omitempty"`
+	// Stage is the stage of the silence this guide belongs to, from 1
+	// (see timeoutevent); 0, from an older consumer, means 1.
+	Stage int `json:"stage,omitempty"`
+	// Action is the stage's: "remind" ("" from an older consumer), or
+	// "close", with Final.
+	Action string `json:"action,omitempty"`
+	// Final is true on a close stage: after the guide's frame the
+	// gateway closes the user's connections with 4000 ("inactive") and
+	// ends the session.
+	Final bool `json:"final,omitempty"`
 }
 
 // Validate checks the limits, naming the first bad field.
@@ -75,6 +86,12 @@ func (r Request) Validate() error {
 		return fmt.Errorf("text: want 1-%d bytes", MaxTextLen)
 	case r.DeadlineMS < 0:
 		return fmt.Errorf("deadline_ms: %d, want 0 (unknown) or more", r.DeadlineMS)
+	case r.Stage < 0 || r.Stage > timeoutevent.MaxStages:
+		return fmt.Errorf("stage: %d, want 1-%d (0 means 1)", r.Stage, timeoutevent.MaxStages)
+	case r.Action != "" && r.Action != timeoutevent.ActionRemind && r.Action != timeoutevent.ActionClose:
+		return fmt.Errorf("action: %q, want %q or %q", r.Action, timeoutevent.ActionRemind, timeoutevent.ActionClose)
+	case r.Final != (r.Action == timeoutevent.ActionClose):
+		return fmt.Errorf("final: %v with action %q, want true exactly on a close stage", r.Final, r.Action)
 	}
 	return nil
 }

@@ -2,9 +2,14 @@
 // produces when a session runs out, and the guide consumer reads.
 //
 // The event is JSON, versioned by its "v" field. Its id is derived from the
-// uid and the deadline, so it is the same whichever path (sweep or Redis
-// expired event) and whichever listener replica saw the silence, and
-// downstream can use it as an idempotency key.
+// uid, the deadline and the stage, so it is the same whichever path (sweep
+// or Redis expired event) and whichever listener replica saw the silence,
+// and downstream can use it as an idempotency key.
+//
+// A silence goes through stages (see package policy): stage 1 at the
+// deadline, each later one its delay after the one before, while the user
+// stays silent. Each stage is its own event. Stage 1's id is the one
+// events had before stages, so its consumers see no change.
 package timeoutevent
 
 import (
@@ -26,7 +31,24 @@ const (
 	SourceEvent = "event" // a Redis expired keyspace event
 )
 
-// Event says that a user's session ran out without a renewal.
+// Actions of a stage.
+const (
+	// ActionRemind asks the user whether they are still there.
+	ActionRemind = "remind"
+	// ActionClose tells the user the chat is closed for inactivity; the
+	// gateway closes their connections (4000) and the session ends. A
+	// close stage is always the last.
+	ActionClose = "close"
+)
+
+// MaxStages bounds the stages of a silence.
+const MaxStages = 10
+
+// MaxTextLen bounds a stage's text, in bytes: the push endpoint's limit.
+const MaxTextLen = 1024
+
+// Event says that a user's session ran out without a renewal, and which
+// stage of that silence is due.
 type Event struct {
 	Version    int    `json:"v"`
 	ID         string `json:"id"`
@@ -35,9 +57,23 @@ type Event struct {
 	DeadlineMS int64  `json:"deadline_ms"` // when the session ran out, Unix ms
 	DetectedMS int64  `json:"detected_ms"` // when it was found gone, Unix ms, Redis clock
 	Source     string `json:"source"`
+	// Stage is the stage of the silence, from 1. Events of listeners
+	// before stages carry none; Parse reads that as 1.
+	Stage int `json:"stage"`
+	// DueMS is when the stage was due: the deadline for stage 1, then
+	// each stage's delay after the one before. Unix ms, Redis clock.
+	DueMS int64 `json:"due_ms"`
+	// Action is ActionRemind or ActionClose.
+	Action string `json:"action"`
+	// Final is true on a close stage: the chat ends with it.
+	Final bool `json:"final"`
+	// Text is the stage's text from the policy; empty means the
+	// consumer's text for the segment.
+	Text string `json:"text,omitempty"`
 }
 
-// New builds a version 1 event with its stable id.
+// New builds the event of stage 1, a reminder at the deadline, with its
+// stable id.
 func New(uid, segment string, deadline, detected time.Time, source string) Event {
 	return Event{
 		Version:    Version,
@@ -47,16 +83,39 @@ func New(uid, segment string, deadline, detected time.Time, source string) Event
 		DeadlineMS: deadline.UnixMilli(),
 		DetectedMS: detected.UnixMilli(),
 		Source:     source,
+		Stage:      1,
+		DueMS:      deadline.UnixMilli(),
+		Action:     ActionRemind,
 	}
 }
 
-// ID is the id of uid's silence that ran out at deadlineMS: 32 hex digits.
-func ID(uid string, deadlineMS int64) string {
+// AtStage makes e the event of stage, due at due, with action and text.
+func (e Event) AtStage(stage int, due time.Time, action, text string) Event {
+	e.Stage = stage
+	e.DueMS = due.UnixMilli()
+	e.Action = action
+	e.Final = action == ActionClose
+	e.Text = text
+	e.ID = StageID(e.UID, e.DeadlineMS, stage)
+	return e
+}
+
+// ID is the id of uid's silence that ran out at deadlineMS, and of its
+// first stage: 32 hex digits.
+func ID(uid string, deadlineMS int64) string { return StageID(uid, deadlineMS, 1) }
+
+// StageID is the id of a stage of uid's silence that ran out at
+// deadlineMS. Stage 1's is ID's, as before stages.
+func StageID(uid string, deadlineMS int64, stage int) string {
 	h := sha256.New()
 	h.Write([]byte("stillthere/timeout/v1\x00"))
 	h.Write([]byte(uid))
 	h.Write([]byte{0})
 	h.Write([]byte(strconv.FormatInt(deadlineMS, 10)))
+	if stage > 1 {
+		h.Write([]byte("\x00stage\x00"))
+		h.Write([]byte(strconv.Itoa(stage)))
+	}
 	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
@@ -88,13 +147,30 @@ func Parse(b []byte) (Event, error) {
 	if err := json.Unmarshal(b, &e); err != nil {
 		return Event{}, fmt.Errorf("decode timeout event: %w", err)
 	}
+	// An event from before stages is stage 1's reminder.
+	if e.Stage == 0 && e.Action == "" && !e.Final {
+		e.Stage, e.Action = 1, ActionRemind
+	}
+	if e.DueMS == 0 && e.Stage == 1 {
+		e.DueMS = e.DeadlineMS
+	}
 	switch {
 	case e.UID == "":
 		return Event{}, errors.New("timeout event has no uid")
 	case e.DeadlineMS <= 0:
 		return Event{}, fmt.Errorf("timeout event for %q has no deadline", e.UID)
-	case e.ID != ID(e.UID, e.DeadlineMS):
-		return Event{}, fmt.Errorf("timeout event for %q: id %q does not match uid and deadline", e.UID, e.ID)
+	case e.Stage < 1 || e.Stage > MaxStages:
+		return Event{}, fmt.Errorf("timeout event for %q: stage %d, want 1-%d", e.UID, e.Stage, MaxStages)
+	case e.Action != ActionRemind && e.Action != ActionClose:
+		return Event{}, fmt.Errorf("timeout event for %q: action %q, want %q or %q", e.UID, e.Action, ActionRemind, ActionClose)
+	case e.Final != (e.Action == ActionClose):
+		return Event{}, fmt.Errorf("timeout event for %q: final %v with action %q (final is true on a close stage only)", e.UID, e.Final, e.Action)
+	case e.DueMS < e.DeadlineMS:
+		return Event{}, fmt.Errorf("timeout event for %q: due_ms %d before deadline_ms %d", e.UID, e.DueMS, e.DeadlineMS)
+	case len(e.Text) > MaxTextLen:
+		return Event{}, fmt.Errorf("timeout event for %q: text of %d bytes, want at most %d", e.UID, len(e.Text), MaxTextLen)
+	case e.ID != StageID(e.UID, e.DeadlineMS, e.Stage):
+		return Event{}, fmt.Errorf("timeout event for %q: id %q does not match uid, deadline and stage", e.UID, e.ID)
 	}
 	return e, nil
 }

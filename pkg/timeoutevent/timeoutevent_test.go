@@ -41,6 +41,34 @@ func TestIDStableAcrossSources(t *testing.T) {
 	}
 }
 
+func TestStages(t *testing.T) {
+	d := time.UnixMilli(1_763_720_000_123)
+	first := New("alice", "vip", d, d, SourceSweep)
+	// Stage 1's id is the id of events before stages: a consumer that
+	// dedupes by it sees no change across the upgrade.
+	if first.ID != "39a1182abddf6ed9cf9e569d908c7b37" || first.Stage != 1 || first.Action != ActionRemind || first.Final || first.DueMS != d.UnixMilli() {
+		t.Fatalf("stage 1: %+v", first)
+	}
+	closing := first.AtStage(2, d.Add(3*time.Minute), ActionClose, "We closed this chat.")
+	if closing.ID == first.ID || closing.ID != StageID("alice", d.UnixMilli(), 2) || !closing.Final || closing.DeadlineMS != first.DeadlineMS {
+		t.Fatalf("stage 2: %+v", closing)
+	}
+	if again := first.AtStage(1, d, ActionRemind, ""); again.ID != first.ID {
+		t.Fatal("AtStage(1) changed the id")
+	}
+	b, _ := closing.Marshal()
+	got, err := Parse(b)
+	if err != nil || got != closing {
+		t.Fatalf("round trip: %+v, %v; want %+v", got, err, closing)
+	}
+	// An event of a listener before stages reads as stage 1's reminder.
+	old := `{"v":1,"id":"39a1182abddf6ed9cf9e569d908c7b37","uid":"alice","segment":"vip","deadline_ms":1763720000123,"detected_ms":1763720000200,"source":"sweep"}`
+	got, err = Parse([]byte(old))
+	if err != nil || got.Stage != 1 || got.Action != ActionRemind || got.Final || got.DueMS != d.UnixMilli() {
+		t.Fatalf("event before stages: %+v, %v", got, err)
+	}
+}
+
 func TestParseRejects(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -54,6 +82,13 @@ func TestParseRejects(t *testing.T) {
 		{"no deadline", `{"v":1,"id":"x","uid":"u"}`, false},
 		{"forged id", `{"v":1,"id":"00","uid":"u","deadline_ms":1}`, false},
 		{"string version", `{"v":"1"}`, false},
+		{"stage 0 with an action", `{"v":1,"id":"39a1182abddf6ed9cf9e569d908c7b37","uid":"alice","deadline_ms":1763720000123,"action":"remind"}`, false},
+		{"stage too high", `{"v":1,"id":"x","uid":"alice","deadline_ms":1763720000123,"stage":11,"due_ms":1763720000123,"action":"remind"}`, false},
+		{"unknown action", `{"v":1,"id":"39a1182abddf6ed9cf9e569d908c7b37","uid":"alice","deadline_ms":1763720000123,"stage":1,"due_ms":1763720000123,"action":"nag"}`, false},
+		{"final reminder", `{"v":1,"id":"39a1182abddf6ed9cf9e569d908c7b37","uid":"alice","deadline_ms":1763720000123,"stage":1,"due_ms":1763720000123,"action":"remind","final":true}`, false},
+		{"close not final", `{"v":1,"id":"39a1182abddf6ed9cf9e569d908c7b37","uid":"alice","deadline_ms":1763720000123,"stage":1,"due_ms":1763720000123,"action":"close"}`, false},
+		{"due before deadline", `{"v":1,"id":"39a1182abddf6ed9cf9e569d908c7b37","uid":"alice","deadline_ms":1763720000123,"stage":1,"due_ms":5,"action":"remind"}`, false},
+		{"stage 1 id on stage 2", `{"v":1,"id":"39a1182abddf6ed9cf9e569d908c7b37","uid":"alice","deadline_ms":1763720000123,"stage":2,"due_ms":1763720000123,"action":"remind"}`, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -74,6 +109,9 @@ func FuzzParse(f *testing.F) {
 	f.Add(b)
 	f.Add([]byte(`{"v":2}`))
 	f.Add([]byte(`{"v":1,"uid":"","deadline_ms":-1}`))
+	c := e.AtStage(3, time.UnixMilli(1e12+60_000), ActionClose, "closed")
+	b, _ = c.Marshal()
+	f.Add(b)
 	f.Fuzz(func(t *testing.T, in []byte) {
 		e, err := Parse(in)
 		if err != nil {

@@ -1,11 +1,13 @@
 // Package token verifies and mints the HS256 JWTs that clients present to
 // the gateway. A token's "sub" is the user id, "exp" is required, and the
-// optional "seg" names the user's segment.
+// optional "seg" names the user's segment. A Verifier can also require an
+// issuer ("iss"), an audience ("aud") and a maximum lifetime.
 package token
 
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -29,25 +31,51 @@ type jwtClaims struct {
 	jwt.RegisteredClaims
 }
 
-// Verifier checks tokens against one secret.
+// Rules are what a Verifier requires of a token beyond its signature and
+// exp. The zero value requires nothing more.
+type Rules struct {
+	// Issuer, when set, must be the token's "iss".
+	Issuer string
+	// Audience, when set, must be among the token's "aud".
+	Audience string
+	// MaxLifetime, when set, bounds a token's lifetime: from its "iat" to
+	// its "exp", or from now when it has no "iat". A stolen token is then
+	// worth at most this long, whatever its issuer wrote.
+	MaxLifetime time.Duration
+}
+
+// Leeway is the clock skew between the token's issuer and the gateway that
+// exp, iat and the maximum lifetime allow.
+const Leeway = 5 * time.Second
+
+// Verifier checks tokens against one secret and its rules.
 type Verifier struct {
 	secret []byte
+	rules  Rules
 	parser *jwt.Parser
 }
 
-// NewVerifier returns a Verifier for secret.
-func NewVerifier(secret []byte) (*Verifier, error) {
+// NewVerifier returns a Verifier for secret that enforces rules.
+func NewVerifier(secret []byte, rules Rules) (*Verifier, error) {
 	if len(secret) < MinSecretLen {
 		return nil, fmt.Errorf("token secret is %d bytes, want at least %d", len(secret), MinSecretLen)
 	}
-	return &Verifier{
-		secret: secret,
-		parser: jwt.NewParser(
-			jwt.WithValidMethods([]string{"HS256"}), // rejects alg none and key confusion
-			jwt.WithExpirationRequired(),
-			jwt.WithLeeway(5*time.Second),
-		),
-	}, nil
+	if rules.MaxLifetime < 0 {
+		return nil, fmt.Errorf("token max lifetime is %v, want 0 (none) or more", rules.MaxLifetime)
+	}
+	opts := []jwt.ParserOption{
+		jwt.WithValidMethods([]string{"HS256"}), // rejects alg none and key confusion
+		jwt.WithExpirationRequired(),
+		jwt.WithIssuedAt(), // an iat in the future is refused
+		jwt.WithLeeway(Leeway),
+	}
+	if rules.Issuer != "" {
+		opts = append(opts, jwt.WithIssuer(rules.Issuer))
+	}
+	if rules.Audience != "" {
+		opts = append(opts, jwt.WithAudience(rules.Audience))
+	}
+	return &Verifier{secret: secret, rules: rules, parser: jwt.NewParser(opts...)}, nil
 }
 
 // Verify checks raw and returns its claims. Its errors are safe to show to
@@ -65,7 +93,22 @@ func (v *Verifier) Verify(raw string) (Claims, error) {
 		return Claims{}, errors.New("malformed token")
 	case errors.Is(err, jwt.ErrTokenSignatureInvalid), errors.Is(err, jwt.ErrTokenUnverifiable):
 		return Claims{}, errors.New("invalid token signature or algorithm")
+	case errors.Is(err, jwt.ErrTokenInvalidIssuer):
+		return Claims{}, errors.New("token iss is not the one this gateway accepts")
+	case errors.Is(err, jwt.ErrTokenInvalidAudience):
+		return Claims{}, errors.New("token aud does not name this gateway")
+	case errors.Is(err, jwt.ErrTokenUsedBeforeIssued):
+		return Claims{}, errors.New("token iat is in the future")
+	case errors.Is(err, jwt.ErrTokenNotValidYet):
+		return Claims{}, errors.New("token nbf is in the future")
 	case errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
+		// exp always, iss and aud when the rules name them; the parser
+		// says which only in its message.
+		for _, claim := range []string{"iss", "aud"} {
+			if strings.Contains(err.Error(), claim+" claim is required") {
+				return Claims{}, fmt.Errorf("token has no %s claim", claim)
+			}
+		}
 		return Claims{}, errors.New("token has no exp claim")
 	case err != nil:
 		return Claims{}, errors.New("invalid token")
@@ -78,6 +121,15 @@ func (v *Verifier) Verify(raw string) (Claims, error) {
 		seg = session.DefaultSegment
 	} else if !session.ValidSegment(seg) {
 		return Claims{}, errors.New("token seg must be 1-64 characters of [A-Za-z0-9._-]")
+	}
+	if max := v.rules.MaxLifetime; max > 0 {
+		from := time.Now()
+		if c.IssuedAt != nil {
+			from = c.IssuedAt.Time
+		}
+		if life := c.ExpiresAt.Sub(from); life > max+Leeway {
+			return Claims{}, fmt.Errorf("token lifetime %v is longer than the %v allowed", life.Round(time.Second), max)
+		}
 	}
 	return Claims{UID: c.Subject, Segment: seg, Expires: c.ExpiresAt.Time}, nil
 }

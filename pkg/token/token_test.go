@@ -21,7 +21,7 @@ func sign(t *testing.T, method jwt.SigningMethod, key any, claims jwt.MapClaims)
 }
 
 func TestVerify(t *testing.T) {
-	v, err := NewVerifier(secret)
+	v, err := NewVerifier(secret, Rules{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,14 +71,75 @@ func TestVerify(t *testing.T) {
 	}
 }
 
+func TestVerifyRules(t *testing.T) {
+	v, err := NewVerifier(secret, Rules{Issuer: "https://login.example", Audience: "stillthere", MaxLifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	claims := func(extra jwt.MapClaims) jwt.MapClaims {
+		c := jwt.MapClaims{"sub": "alice", "iss": "https://login.example", "aud": "stillthere",
+			"iat": now.Unix(), "exp": now.Add(30 * time.Minute).Unix()}
+		for k, val := range extra {
+			if val == nil {
+				delete(c, k)
+			} else {
+				c[k] = val
+			}
+		}
+		return c
+	}
+	tests := []struct {
+		name    string
+		claims  jwt.MapClaims
+		wantErr string
+	}{
+		{"good", claims(nil), ""},
+		{"aud among several", claims(jwt.MapClaims{"aud": []string{"other", "stillthere"}}), ""},
+		{"no iat: lifetime from now", claims(jwt.MapClaims{"iat": nil}), ""},
+		{"lifetime at the limit", claims(jwt.MapClaims{"exp": now.Add(time.Hour).Unix()}), ""},
+		{"wrong iss", claims(jwt.MapClaims{"iss": "https://evil.example"}), "token iss"},
+		{"no iss", claims(jwt.MapClaims{"iss": nil}), "no iss claim"},
+		{"wrong aud", claims(jwt.MapClaims{"aud": "other"}), "token aud"},
+		{"no aud", claims(jwt.MapClaims{"aud": nil}), "no aud claim"},
+		{"lifetime too long", claims(jwt.MapClaims{"exp": now.Add(2 * time.Hour).Unix()}), "lifetime"},
+		{"no iat, too long from now", claims(jwt.MapClaims{"iat": nil, "exp": now.Add(2 * time.Hour).Unix()}), "lifetime"},
+		{"iat in the future", claims(jwt.MapClaims{"iat": now.Add(time.Minute).Unix()}), "iat"},
+		{"old iat stretches nothing", claims(jwt.MapClaims{"iat": now.Add(-50 * time.Minute).Unix(), "exp": now.Add(20 * time.Minute).Unix()}), "lifetime"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := v.Verify(sign(t, jwt.SigningMethodHS256, secret, tt.claims))
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("Verify: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("Verify = %v, want error containing %q", err, tt.wantErr)
+			}
+		})
+	}
+	// Without rules, the same checks are off: an issuer's token without
+	// iss or aud, of any lifetime, is fine.
+	open, _ := NewVerifier(secret, Rules{})
+	if _, err := open.Verify(sign(t, jwt.SigningMethodHS256, secret, jwt.MapClaims{"sub": "a", "exp": now.Add(48 * time.Hour).Unix()})); err != nil {
+		t.Fatalf("no rules: %v", err)
+	}
+	if _, err := NewVerifier(secret, Rules{MaxLifetime: -time.Second}); err == nil {
+		t.Fatal("NewVerifier accepted a negative max lifetime")
+	}
+}
+
 func TestShortSecretRejected(t *testing.T) {
-	if _, err := NewVerifier([]byte("short")); err == nil {
+	if _, err := NewVerifier([]byte("short"), Rules{}); err == nil {
 		t.Fatal("NewVerifier accepted a 5-byte secret")
 	}
 }
 
 func FuzzVerify(f *testing.F) {
-	v, _ := NewVerifier(secret)
+	v, _ := NewVerifier(secret, Rules{})
 	good, _ := Mint(secret, "alice", "vip", time.Hour)
 	f.Add(good)
 	f.Add("a.b.c")
@@ -102,7 +163,7 @@ func FuzzVerify(f *testing.F) {
 }
 
 func BenchmarkVerify(b *testing.B) {
-	v, _ := NewVerifier(secret)
+	v, _ := NewVerifier(secret, Rules{})
 	raw, _ := Mint(secret, "alice", "vip", time.Hour)
 	b.ReportAllocs()
 	for b.Loop() {

@@ -1,14 +1,13 @@
 // Package guidetest receives guides in tests as a platform's webhook does
-// (see "Guide webhook" in docs/protocol.md): it checks each request's
-// signature, shows the user one guide per id, and records when each guide
-// first arrived, so a test can count the guides every user saw and how
-// late they came.
+// (package webhook; "Guide webhook" in docs/protocol.md): it verifies each
+// request's signature and body (stage, action and final included), shows
+// the user one guide per id, and records when each guide first arrived, so
+// a test can count the guides every user saw, of which stage, and how
+// late they came. A test can also make it refuse the consumer, as a
+// receiver whose secret was rotated first or a firewall does.
 package guidetest
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -17,18 +16,20 @@ import (
 	"sync"
 	"testing"
 	"time"
-)
 
-// Request headers of the webhook contract.
-const (
-	headerIdempotencyKey = "Idempotency-Key"
-	headerSignature      = "X-Stillthere-Signature"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
+	"github.com/stillthere/stillthere/pkg/webhook"
 )
 
 // Guide is one guide a user was shown.
 type Guide struct {
 	ID, UID, Segment, Text string
 	Deadline               time.Time
+	// Stage, Action and Final say which stage of the silence it was:
+	// Final is a close stage's, after which the chat is over.
+	Stage  int
+	Action string
+	Final  bool
 	// At is when its first send arrived; Sends counts them all, repeats
 	// included.
 	At    time.Time
@@ -46,21 +47,32 @@ type Webhook struct {
 	srv *httptest.Server
 	t   testing.TB
 
-	mu    sync.Mutex
-	byID  map[string]*Guide
-	byUID map[string][]*Guide
+	mu      sync.Mutex
+	secrets [][]byte      // the secrets a signature may be made with
+	skew    time.Duration // added to this clock when verifying
+	refuse  int           // when not 0, the answer to every request
+	// strict holds until the test changes the secrets or the clock: a
+	// request that fails verification before is the consumer breaking
+	// the contract, and fails the test.
+	strict  bool
+	refused int
+	byID    map[string]*Guide
+	byUID   map[string][]*Guide
 }
 
 // StartWebhook listens on a loopback port and stops at cleanup. A request
-// that breaks the contract fails the test and is answered 400.
+// that breaks the contract fails the test: answered 401 when its signature
+// does not verify, 400 when its body is wrong.
 func StartWebhook(t testing.TB) *Webhook {
 	t.Helper()
 	w := &Webhook{
 		Secret: "guidetest-webhook-secret-0123456789abcdef",
 		t:      t,
+		strict: true,
 		byID:   make(map[string]*Guide),
 		byUID:  make(map[string][]*Guide),
 	}
+	w.secrets = [][]byte{[]byte(w.Secret)}
 	w.srv = httptest.NewServer(http.HandlerFunc(w.serve))
 	w.URL = w.srv.URL + "/guides"
 	t.Cleanup(w.srv.Close)
@@ -74,27 +86,33 @@ func (w *Webhook) serve(rw http.ResponseWriter, r *http.Request) {
 		http.Error(rw, err.Error(), http.StatusBadRequest)
 		return
 	}
-	m := hmac.New(sha256.New, []byte(w.Secret))
-	m.Write(body)
-	want := "sha256=" + hex.EncodeToString(m.Sum(nil))
-	if !hmac.Equal([]byte(r.Header.Get(headerSignature)), []byte(want)) {
-		w.t.Errorf("webhook: bad signature on %s", body)
-		http.Error(rw, "bad signature", http.StatusBadRequest)
+	w.mu.Lock()
+	secrets, now, refuse, strict := w.secrets, at.Add(w.skew), w.refuse, w.strict
+	if refuse != 0 {
+		w.refused++
+	}
+	w.mu.Unlock()
+	if refuse != 0 {
+		http.Error(rw, http.StatusText(refuse), refuse)
 		return
 	}
-	var g struct {
-		ID         string `json:"id"`
-		UID        string `json:"uid"`
-		Segment    string `json:"segment"`
-		Text       string `json:"text"`
-		DeadlineMS int64  `json:"deadline_ms"`
+	if err := webhook.Verify(r.Header.Get(webhook.HeaderSignature), body, now, secrets...); err != nil {
+		if strict {
+			w.t.Errorf("webhook: %v, on %s", err, body)
+		}
+		w.mu.Lock()
+		w.refused++
+		w.mu.Unlock()
+		http.Error(rw, "bad signature", http.StatusUnauthorized)
+		return
 	}
-	if err := json.Unmarshal(body, &g); err != nil || g.ID == "" || g.UID == "" {
+	var g webhook.Body
+	if err := json.Unmarshal(body, &g); err != nil || g.ID == "" || g.UID == "" || !stageValid(g) {
 		w.t.Errorf("webhook: body %s: %v", body, err)
 		http.Error(rw, "bad body", http.StatusBadRequest)
 		return
 	}
-	if key := r.Header.Get(headerIdempotencyKey); key != g.ID {
+	if key := r.Header.Get(webhook.HeaderIdempotencyKey); key != g.ID {
 		w.t.Errorf("webhook: idempotency key %q on guide %s", key, g.ID)
 	}
 	w.mu.Lock()
@@ -104,9 +122,59 @@ func (w *Webhook) serve(rw http.ResponseWriter, r *http.Request) {
 		return // 200: shown once already
 	}
 	shown := &Guide{ID: g.ID, UID: g.UID, Segment: g.Segment, Text: g.Text,
-		Deadline: time.UnixMilli(g.DeadlineMS), At: at, Sends: 1}
+		Deadline: time.UnixMilli(g.DeadlineMS), Stage: g.Stage, Action: g.Action, Final: g.Final, At: at, Sends: 1}
 	w.byID[g.ID] = shown
 	w.byUID[g.UID] = append(w.byUID[g.UID], shown)
+}
+
+// stageValid checks a body's stage as the contract has it: from 1, an
+// action of remind or close, and final exactly on a close.
+func stageValid(g webhook.Body) bool {
+	return g.Stage >= 1 && g.Stage <= timeoutevent.MaxStages &&
+		(g.Action == timeoutevent.ActionRemind || g.Action == timeoutevent.ActionClose) &&
+		g.Final == (g.Action == timeoutevent.ActionClose)
+}
+
+// SetSecrets replaces the secrets a signature may be made with, as a
+// receiver does when the secret is rotated: SetSecrets(new) before the
+// consumer has it refuses every guide, SetSecrets(new, old) accepts both.
+// From then on a request that does not verify is answered 401 and counted
+// by Refused, not a test failure.
+func (w *Webhook) SetSecrets(secrets ...string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.secrets = w.secrets[:0:0]
+	for _, s := range secrets {
+		w.secrets = append(w.secrets, []byte(s))
+	}
+	w.strict = false
+}
+
+// Advance moves the receiver's clock d ahead, as if d had passed since a
+// request was signed: past webhook.Tolerance it refuses a replay. Like
+// SetSecrets, it makes a request that does not verify a 401, not a test
+// failure.
+func (w *Webhook) Advance(d time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.skew += d
+	w.strict = false
+}
+
+// Refuse answers every request with code, before looking at it, as a
+// firewall or a receiver that blocked the consumer does (403); 0 stops.
+func (w *Webhook) Refuse(code int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.refuse = code
+}
+
+// Refused is the number of requests answered with a refusal: a signature
+// that did not verify, or Refuse.
+func (w *Webhook) Refused() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.refused
 }
 
 // Guides returns the guides uid was shown, in order of arrival.

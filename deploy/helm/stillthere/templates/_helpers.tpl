@@ -339,6 +339,30 @@ a copy in a config map would be shadowed by, or shadow, them.
 {{- end }}
 
 {{/*
+The settings of the timeout policy in force while none is stored, which
+gateways and listeners both read: only from policy.*, so that the two
+cannot differ.
+*/}}
+{{- define "stillthere.policySettings" -}}
+- close-after
+- close-text
+{{- end }}
+
+{{/* Checks policy.* as the services would at start. */}}
+{{- define "stillthere.checkPolicy" -}}
+{{- $after := include "stillthere.settingValue" .Values.policy.closeAfter }}
+{{- if $after }}
+{{- $ms := include "stillthere.milliseconds" (list "policy.closeAfter" $after) | float64 }}
+{{- if and (ne $ms 0.0) (or (lt $ms 1000.0) (gt $ms 86400000.0)) }}
+{{- fail (printf "policy.closeAfter: %v, want 0 (no close stage) or between 1s and 24h" $after) }}
+{{- end }}
+{{- end }}
+{{- if gt (len .Values.policy.closeText) 1024 }}
+{{- fail (printf "policy.closeText: %d bytes, want at most 1024" (len .Values.policy.closeText)) }}
+{{- end }}
+{{- end }}
+
+{{/*
 Checks the listener's outage settings as it would at start, and that the
 grace lets every client ping again after an outage: the gateway's TTL,
 its jitter and 10s to reconnect; and, unless the gateway never sheds, its

@@ -1,0 +1,62 @@
+package gateway
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/stillthere/stillthere/pkg/frame"
+)
+
+// A silence's last stage may close the chat (timeoutevent.ActionClose):
+// its guide, marked final, is the last frame the user's connections get.
+// Once a connection's flusher has written it, the connection is closed
+// with frame.CloseInactive (4000, "inactive") and counts as the user's
+// own normal close: its grant is not restored by a resync, it is not kept
+// among the dropped, and release's route write ends the session when it
+// was the user's last connection on any instance. A user on two devices
+// gets the frame and the close on both, the session ending with the
+// second.
+//
+// A final guide handed over from the inbox on connect is written like any
+// other and closes nothing: the user is back, on that very connection.
+
+// enqueueGuide queues a guide frame pushed to c's user, and for a close
+// stage (final) closes c once the frame is on the socket.
+func (c *conn) enqueueGuide(b []byte, final bool) bool {
+	if !final {
+		return c.enqueue(b)
+	}
+	return c.enqueueThen(b, c.closeInactive)
+}
+
+// closeInactive ends c after its close stage's guide, once. It runs on
+// the flusher, which stops after it; the reader ends on the client's
+// close frame, on any other frame (handle checks inactive), or at the
+// linger deadline set here, whichever is first.
+func (c *conn) closeInactive() {
+	if !c.inactive.CompareAndSwap(false, true) {
+		return
+	}
+	// As ended does for a 1000: marked first, so that a resync does not
+	// restore the session (see resyncConns).
+	c.grant.Store(0)
+	c.normalClose.Store(true)
+	// This is the flusher, the one writer: the close frame is written
+	// here, not left to closeWith, which would leave it to the flusher.
+	// It replaces a close still pending behind the guide (a token that ran
+	// out meanwhile, a drain): the chat is over.
+	c.mu.Lock()
+	written := c.closeSet && c.pendingClose == nil
+	c.closed, c.queue = true, nil // nothing may follow the close frame
+	c.closeSet, c.pendingClose = true, nil
+	c.mu.Unlock()
+	c.log.Debug("closing for inactivity after the close stage's guide")
+	if !written {
+		metricCloses.WithLabelValues(strconv.Itoa(frame.CloseInactive)).Inc()
+		msg := websocket.FormatCloseMessage(frame.CloseInactive, "inactive")
+		c.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(c.g.cfg.WriteTimeout))
+	}
+	c.ws.NetConn().SetReadDeadline(time.Now().Add(lingerTimeout))
+}
