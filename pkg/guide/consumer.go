@@ -265,7 +265,7 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (string, error) {
 			// at once, rather than at the window's end. Best effort: if
 			// the mark is lost, that silence still gets its guide, later.
 			mctx, cancel := context.WithTimeout(ctx, c.cfg.SendTimeout)
-			if err := session.NewStore(c.rdb, c.keyspace).MarkStale(mctx, ev.UID, ev.Deadline()); err != nil {
+			if err := session.NewStore(c.rdb, c.keyspace).MarkStale(mctx, ev.UID, ev.Stage, time.UnixMilli(ev.DueMS), ev.Deadline()); err != nil {
 				c.log.Debug("mark a stale timeout in its dedup window", "uid", ev.UID, "err", err)
 			}
 			cancel()
