@@ -272,7 +272,7 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (string, error) {
 		}
 		return outcome, nil
 	}
-	g := Guide{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: c.text(ev), DeadlineMS: ev.DeadlineMS,
+	g := Guide{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: c.text(ev), DeadlineMS: ev.DeadlineMS, DueMS: ev.DueMS,
 		Stage: ev.Stage, Action: ev.Action, Final: ev.Final}
 	outcome, err := c.breaker.Execute(func() (string, error) {
 		start := time.Now()
