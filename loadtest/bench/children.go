@@ -77,6 +77,17 @@ type DetectMode struct {
 	GuideP50ms    float64 `json:"guide_p50_ms"`
 	GuideP99ms    float64 `json:"guide_p99_ms"`
 	GuideMaxms    float64 `json:"guide_max_ms"`
+	// The close stage, CloseAfterS after the reminder: lateness from
+	// when it was due, of its events and its guides.
+	CloseAfterS   float64 `json:"close_after_s"`
+	Closed        int     `json:"closed"`
+	CloseLagP50   float64 `json:"close_lag_p50_ms"`
+	CloseLagP99   float64 `json:"close_lag_p99_ms"`
+	CloseLagMax   float64 `json:"close_lag_max_ms"`
+	CloseGuided   int     `json:"close_guided"`
+	CloseGuideP50 float64 `json:"close_guide_p50_ms"`
+	CloseGuideP99 float64 `json:"close_guide_p99_ms"`
+	CloseGuideMax float64 `json:"close_guide_max_ms"`
 }
 
 // Storm is detectbench's storm: sessions expiring within one window, past

@@ -169,6 +169,14 @@ func (r *Report) markdown() string {
 			}
 			row("3", fmt.Sprintf("guide latency past the deadline, %s (p50 / p99 / max)", md.Mode),
 				fmt.Sprintf("%.0f / **%.0f** / %.0f ms, %d lost", md.GuideP50ms, md.GuideP99ms, md.GuideMaxms, max(md.Lost, md.Silent-md.Guided)), goal, st, d.Command)
+			if md.CloseAfterS > 0 {
+				goal, st := "", ""
+				if md.Mode == "hybrid" {
+					goal, st = "p99 under 1 s past its delay", r.status(md.CloseGuideP99 < goalHybridP99ms && md.CloseGuided >= md.Silent, false)
+				}
+				row("3", fmt.Sprintf("close stage (%.0f s after the reminder), %s: guide latency past when it was due (p50 / p99 / max)", md.CloseAfterS, md.Mode),
+					fmt.Sprintf("%.0f / **%.0f** / %.0f ms, %d of %d", md.CloseGuideP50, md.CloseGuideP99, md.CloseGuideMax, md.CloseGuided, md.Silent), goal, st, d.Command)
+			}
 		}
 		if s := d.Storm; s != nil {
 			within := s.GraceMs + goalStormPastGraceMs
@@ -225,6 +233,14 @@ func (r *Report) markdown() string {
 		for _, md := range d.Modes {
 			p("| %s | %d | %d | %d | %d | %d | %.0f / %.0f / %.0f ms | %d | %d | %.0f / **%.0f** / %.0f ms |\n", md.Mode, md.Silent, md.Produced, md.Lost, md.Duplicates, md.Held,
 				md.LagP50ms, md.LagP99ms, md.LagMaxms, md.Guided, md.GuidesDoubled, md.GuideP50ms, md.GuideP99ms, md.GuideMaxms)
+		}
+		if len(d.Modes) > 0 && d.Modes[0].CloseAfterS > 0 {
+			p("\nLater stages: every silence also has a close stage %.0f s after its reminder, scheduled in the deadline index. Its lateness is from when it was due (the reminder's detection plus the delay) to its event, and to its guide at the webhook.\n\n", d.Modes[0].CloseAfterS)
+			p("| mode | close events | event lag p50 / p99 / max | close guides | guide latency p50 / p99 / max |\n|---|---|---|---|---|\n")
+			for _, md := range d.Modes {
+				p("| %s | %d | %.0f / %.0f / %.0f ms | %d | %.0f / **%.0f** / %.0f ms |\n", md.Mode, md.Closed,
+					md.CloseLagP50, md.CloseLagP99, md.CloseLagMax, md.CloseGuided, md.CloseGuideP50, md.CloseGuideP99, md.CloseGuideMax)
+			}
 		}
 		p("\nThe modes run one after another on one Redis key prefix, each with a listener of its own. Between two, while one listener stops and the next starts, an idle replica marks the index swept every sweep interval, as a deployment always has a listener sweeping; otherwise the next listener would rightly take the pause for a blind interval and hold its mode's silences for the grace. *held* counts the timeouts a mode's listener held for the grace: none, when nothing looked like an outage.\n")
 		if s := d.Storm; s != nil {

@@ -72,6 +72,18 @@ type ModeResult struct {
 	GuideP50MS    float64 `json:"guide_p50_ms"`
 	GuideP99MS    float64 `json:"guide_p99_ms"`
 	GuideMaxMS    float64 `json:"guide_max_ms"`
+	// The close stage, CloseAfterS after the reminder: its events (lag
+	// from when it was due) and its guides at the webhook (arrival minus
+	// when it was due).
+	CloseAfterS   float64 `json:"close_after_s"`
+	Closed        int     `json:"closed"` // distinct close-stage events
+	CloseLagP50   float64 `json:"close_lag_p50_ms"`
+	CloseLagP99   float64 `json:"close_lag_p99_ms"`
+	CloseLagMax   float64 `json:"close_lag_max_ms"`
+	CloseGuided   int     `json:"close_guided"`
+	CloseGuideP50 float64 `json:"close_guide_p50_ms"`
+	CloseGuideP99 float64 `json:"close_guide_p99_ms"`
+	CloseGuideMax float64 `json:"close_guide_max_ms"`
 }
 
 // StormResult is the storm's figures.
@@ -120,6 +132,7 @@ func main() {
 	wait := flag.Duration("wait", 60*time.Second, "how long past the last deadline to wait for events")
 	storm := flag.Int("storm", 50000, "sessions running out within one second in the storm; 0 skips it")
 	grace := flag.Duration("grace", 10*time.Second, "the listeners' outage grace; silences are awaited at least this plus 5s past their deadline")
+	closeAfter := flag.Duration("close-after", 5*time.Second, "each silence's close stage follows its reminder this much later (the lateness of a later stage); 0: one stage only")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -129,7 +142,7 @@ func main() {
 	// Never call a silence lost before a timeout held for the grace
 	// could have been released, checked and delivered.
 	*wait = max(*wait, *grace+minWaitPastGrace)
-	if err := run(ctx, log, &rep, *grace, *window, *wait, strings.Split(*modes, ","), *storm); err != nil {
+	if err := run(ctx, log, &rep, *grace, *closeAfter, *window, *wait, strings.Split(*modes, ","), *storm); err != nil {
 		fmt.Fprintln(os.Stderr, "detectbench:", err)
 		os.Exit(1)
 	}
@@ -149,10 +162,13 @@ type bench struct {
 	store   *session.Store
 	dataDir string
 	grace   time.Duration // every listener's outage grace
-	idle    *idleReplica  // marks the index swept between measurements
+	// closeAfter is the close stage's delay after the reminder in the
+	// modes' runs; the storm runs with one stage.
+	closeAfter time.Duration
+	idle       *idleReplica // marks the index swept between measurements
 }
 
-func run(ctx context.Context, log *slog.Logger, rep *Report, grace, window, wait time.Duration, modes []string, storm int) error {
+func run(ctx context.Context, log *slog.Logger, rep *Report, grace, closeAfter, window, wait time.Duration, modes []string, storm int) error {
 	rs, err := redisserver.Start(ctx, redisserver.Options{Args: []string{"--maxmemory", "4gb"}})
 	if err != nil {
 		return err
@@ -168,7 +184,7 @@ func run(ctx context.Context, log *slog.Logger, rep *Report, grace, window, wait
 		return err
 	}
 	defer os.RemoveAll(dir)
-	b := &bench{log: log, redis: rs, kafka: kc, dataDir: dir, grace: grace}
+	b := &bench{log: log, redis: rs, kafka: kc, dataDir: dir, grace: grace, closeAfter: closeAfter}
 	rdb, err := redisconn.Open(ctx, redisconn.Config{Addrs: []string{rs.Addr}, KeyPrefix: prefix0})
 	if err != nil {
 		return err
@@ -176,7 +192,7 @@ func run(ctx context.Context, log *slog.Logger, rep *Report, grace, window, wait
 	defer rdb.Close()
 	ks, _ := session.NewKeyspace(prefix0)
 	b.store = session.NewStore(rdb, ks)
-	lcfg, err := b.listenerConfig(expiry.ModeHybrid, "idle-replica")
+	lcfg, err := b.listenerConfig(expiry.ModeHybrid, "idle-replica", 0)
 	if err != nil {
 		return err
 	}
@@ -193,9 +209,10 @@ func run(ctx context.Context, log *slog.Logger, rep *Report, grace, window, wait
 		if err != nil {
 			return fmt.Errorf("mode %s: %w", mode, err)
 		}
-		fmt.Fprintf(os.Stderr, "detectbench: %s: %d of %d produced, %d duplicates, lag p50 %.0f ms p99 %.0f ms max %.0f ms; %d guided, p50 %.0f ms p99 %.0f ms max %.0f ms; %d held\n",
+		fmt.Fprintf(os.Stderr, "detectbench: %s: %d of %d produced, %d duplicates, lag p50 %.0f ms p99 %.0f ms max %.0f ms; %d guided, p50 %.0f ms p99 %.0f ms max %.0f ms; %d held; close stage: %d produced, lag p99 %.0f ms, %d guided, p99 %.0f ms\n",
 			mode, res.Produced, res.Silent, res.Duplicates, res.LagP50MS, res.LagP99MS, res.LagMaxMS,
-			res.Guided, res.GuideP50MS, res.GuideP99MS, res.GuideMaxMS, res.Held)
+			res.Guided, res.GuideP50MS, res.GuideP99MS, res.GuideMaxMS, res.Held,
+			res.Closed, res.CloseLagP99, res.CloseGuided, res.CloseGuideP99)
 		rep.Modes = append(rep.Modes, res)
 	}
 	if storm > 0 {
@@ -243,8 +260,9 @@ func env(kv map[string]string) config.Lookup {
 	}
 }
 
-func (b *bench) listenerConfig(mode, topic string) (expiry.Config, error) {
+func (b *bench) listenerConfig(mode, topic string, closeAfter time.Duration) (expiry.Config, error) {
 	return expiry.LoadConfig(nil, env(map[string]string{
+		"close-after":         closeAfter.String(),
 		"redis-addrs":         b.redis.Addr,
 		"key-prefix":          prefix0,
 		"kafka-brokers":       b.kafka.ListenAddrs()[0],
@@ -276,7 +294,7 @@ func (b *bench) detect(ctx context.Context, mode string, silent int, window, wai
 	res := ModeResult{Mode: mode, Silent: silent}
 	topic := "detect-" + mode
 	name := "silent-" + mode
-	hook, stop, err := b.startGuides(ctx, mode, topic, name+"-")
+	hook, stop, err := b.startGuides(ctx, mode, topic, name+"-", b.closeAfter)
 	if err != nil {
 		return res, err
 	}
@@ -301,35 +319,49 @@ func (b *bench) detect(ctx context.Context, mode string, silent int, window, wai
 		return res, err
 	}
 	defer cl.Close()
-	seen := make(map[string]int)
-	var lags []float64
-	rctx, cancel := context.WithDeadline(ctx, last.Add(wait))
+	seen := make(map[string]int)   // stage 1 events per uid
+	closed := make(map[string]int) // close-stage events per uid
+	var lags, closeLags []float64
+	wantClosed := 0
+	if b.closeAfter > 0 {
+		wantClosed = silent
+	}
+	record := func(r *kgo.Record) {
+		ev, err := timeoutevent.Parse(r.Value)
+		if err != nil || !strings.HasPrefix(ev.UID, name+"-") {
+			return
+		}
+		if ev.Stage > 1 {
+			closed[ev.UID]++
+			if closed[ev.UID] == 1 {
+				closeLags = append(closeLags, float64(r.Timestamp.UnixMilli()-ev.DueMS))
+			}
+			return
+		}
+		seen[ev.UID]++
+		if seen[ev.UID] == 1 {
+			lags = append(lags, float64(r.Timestamp.UnixMilli()-ev.DeadlineMS))
+		}
+	}
+	rctx, cancel := context.WithDeadline(ctx, last.Add(wait+b.closeAfter))
 	defer cancel()
-	for len(seen) < silent && rctx.Err() == nil {
-		fs := cl.PollFetches(rctx)
-		fs.EachRecord(func(r *kgo.Record) {
-			ev, err := timeoutevent.Parse(r.Value)
-			if err != nil || !strings.HasPrefix(ev.UID, name+"-") {
-				return
-			}
-			seen[ev.UID]++
-			if seen[ev.UID] == 1 {
-				lags = append(lags, float64(r.Timestamp.UnixMilli()-ev.DeadlineMS))
-			}
-		})
+	for (len(seen) < silent || len(closed) < wantClosed) && rctx.Err() == nil {
+		cl.PollFetches(rctx).EachRecord(record)
 	}
 	// Late duplicates arrive after the last first event, if at all.
 	if ctx.Err() == nil {
 		dctx, dcancel := context.WithTimeout(ctx, time.Second)
 		for dctx.Err() == nil {
-			cl.PollFetches(dctx).EachRecord(func(r *kgo.Record) {
-				if ev, err := timeoutevent.Parse(r.Value); err == nil && seen[ev.UID] > 0 {
-					seen[ev.UID]++
-				}
-			})
+			cl.PollFetches(dctx).EachRecord(record)
 		}
 		dcancel()
 	}
+	res.CloseAfterS = b.closeAfter.Seconds()
+	res.Closed = len(closed)
+	for _, n := range closed {
+		res.Duplicates += n - 1
+	}
+	res.CloseLagP50, res.CloseLagP99, res.CloseLagMax = quantiles(closeLags)
 	res.Produced = len(seen)
 	res.Lost = silent - len(seen)
 	for _, n := range seen {
@@ -339,9 +371,12 @@ func (b *bench) detect(ctx context.Context, mode string, silent int, window, wai
 	res.LagP50MS, res.LagP99MS, res.LagMaxMS = quantiles(lags)
 	// The guides follow their events by milliseconds; give the last ones
 	// a moment, then read the webhook.
-	for end := time.Now().Add(5 * time.Second); hook.distinct() < res.Produced && time.Now().Before(end); {
+	for end := time.Now().Add(5 * time.Second); (hook.distinct() < res.Produced || len(hook.laterLags()) < res.Closed) && time.Now().Before(end); {
 		time.Sleep(10 * time.Millisecond)
 	}
+	closeGuides := hook.laterLags()
+	res.CloseGuided = len(closeGuides)
+	res.CloseGuideP50, res.CloseGuideP99, res.CloseGuideMax = quantiles(closeGuides)
 	distinct, _, doubled, _ := hook.summary()
 	res.Guided, res.GuidesDoubled = distinct, doubled
 	res.GuideP50MS, res.GuideP99MS, res.GuideMaxMS = quantiles(hook.guideLags())
@@ -362,7 +397,7 @@ func quantiles(v []float64) (p50, p99, maxv float64) {
 // startGuides runs a listener in mode producing to topic, a guide consumer
 // of topic with the webhook sender, and a webhook that records the guides
 // of uids starting with prefix. stop ends all three.
-func (b *bench) startGuides(ctx context.Context, mode, topic, prefix string) (*webhook, func(), error) {
+func (b *bench) startGuides(ctx context.Context, mode, topic, prefix string, closeAfter time.Duration) (*webhook, func(), error) {
 	hook := newWebhook(prefix)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -377,7 +412,7 @@ func (b *bench) startGuides(ctx context.Context, mode, topic, prefix string) (*w
 		}
 	}
 	stops = append(stops, func() { srv.Close() })
-	lcfg, err := b.listenerConfig(mode, topic)
+	lcfg, err := b.listenerConfig(mode, topic, closeAfter)
 	if err != nil {
 		stop()
 		return nil, nil, err

@@ -5,12 +5,14 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 )
 
-// webhook records the guides posted to it for uids starting with prefix;
+// webhook records the guides posted to it for uids starting with prefix,
+// stage 1 apart from later stages;
 // others (a silence an earlier mode missed, found by a later sweep) are
 // answered and not counted.
 type webhook struct {
@@ -18,8 +20,9 @@ type webhook struct {
 
 	mu     sync.Mutex
 	ids    map[string]int // posts per guide id
-	users  map[string]int // distinct guide ids per uid
-	lags   []float64      // arrival minus deadline, ms, per first post of an id
+	users  map[string]int // distinct guide ids per uid and stage
+	lags   []float64      // stage 1: arrival minus deadline, ms, per first post of an id
+	later  []float64      // later stages: arrival minus when the stage was due, ms
 	firsts []time.Time    // arrival of the first post of each id
 	posts  int
 	last   time.Time
@@ -34,6 +37,8 @@ func (h *webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ID         string `json:"id"`
 		UID        string `json:"uid"`
 		DeadlineMS int64  `json:"deadline_ms"`
+		DueMS      int64  `json:"due_ms"`
+		Stage      int    `json:"stage"`
 	}
 	b, err := io.ReadAll(r.Body)
 	if err != nil || json.Unmarshal(b, &body) != nil || body.ID == "" {
@@ -49,19 +54,31 @@ func (h *webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.posts++
 	h.ids[body.ID]++
 	if h.ids[body.ID] == 1 {
-		h.users[body.UID]++
+		h.users[body.UID+"/"+strconv.Itoa(body.Stage)]++
 		h.last = now
-		h.lags = append(h.lags, float64(now.UnixMilli()-body.DeadlineMS))
-		h.firsts = append(h.firsts, now)
+		if body.Stage <= 1 {
+			h.lags = append(h.lags, float64(now.UnixMilli()-body.DeadlineMS))
+			h.firsts = append(h.firsts, now)
+		} else {
+			h.later = append(h.later, float64(now.UnixMilli()-body.DueMS))
+		}
 	}
 	h.mu.Unlock()
 	w.WriteHeader(http.StatusOK)
 }
 
+// distinct counts the stage 1 guides taken.
 func (h *webhook) distinct() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return len(h.ids)
+	return len(h.lags)
+}
+
+// laterLags are the later stages' lateness, ms from when each was due.
+func (h *webhook) laterLags() []float64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.later)
 }
 
 func (h *webhook) summary() (distinct, resent, doubled int, last time.Time) {
@@ -72,7 +89,7 @@ func (h *webhook) summary() (distinct, resent, doubled int, last time.Time) {
 			doubled++
 		}
 	}
-	return len(h.ids), h.posts - len(h.ids), doubled, h.last
+	return len(h.lags), h.posts - len(h.ids), doubled, h.last
 }
 
 func (h *webhook) guideLags() []float64 {

@@ -43,6 +43,8 @@ func startStack(t *testing.T, extra map[string]string) *Stack {
 		"STILLTHERE_SWEEP_INTERVAL":      "100ms",
 		"STILLTHERE_BREAKER_TIMEOUT":     "1s",
 		"STILLTHERE_SHUTDOWN_TIMEOUT":    "3s",
+		// One guide per silence, unless a test asks for stages.
+		"STILLTHERE_CLOSE_AFTER": "0",
 	}
 	for k, v := range extra {
 		env[k] = v

@@ -177,6 +177,8 @@ func (r *faultRig) env(extra map[string]string) config.Lookup {
 		"STILLTHERE_TOPIC_PARTITIONS": "4",
 		"STILLTHERE_TOKEN_SECRET":     r.tokenSecret,
 		"STILLTHERE_PUSH_SECRET":      r.pushSecret,
+		// One guide per silence: these tests are about the first stage.
+		"STILLTHERE_CLOSE_AFTER": "0",
 	}
 	for k, v := range extra {
 		env[k] = v

@@ -48,6 +48,7 @@ type pipelineRig struct {
 	// push is the consumer's path to the push endpoint (gateway sender).
 	push *tcpproxy.Proxy
 
+	kafka    *kfake.Cluster
 	lcfg     expiry.Config
 	ccfg     guide.Config
 	mu       sync.Mutex // guards listener and consumer
@@ -86,7 +87,7 @@ func newPipelineRig(t *testing.T, opts pipelineOptions) *pipelineRig {
 	for range opts.Gateways {
 		r.startGateway()
 	}
-	p := &pipelineRig{faultRig: r, sender: opts.Sender}
+	p := &pipelineRig{faultRig: r, sender: opts.Sender, kafka: kc}
 
 	p.lcfg, err = expiry.LoadConfig(nil, r.env(map[string]string{
 		"STILLTHERE_LISTENER_ADMIN_ADDR": "127.0.0.1:0",
@@ -251,6 +252,8 @@ type guideFrame struct {
 	Text       string `json:"text"`
 	Code       string `json:"code"`
 	DeadlineMS int64  `json:"deadline_ms"`
+	Stage      int    `json:"stage"`
+	Final      bool   `json:"final"`
 }
 
 func readServerFrame(ws *websocket.Conn) (guideFrame, error) {

@@ -55,7 +55,7 @@ func (l *Listener) distinct(found []session.Expired) []session.Expired {
 	seen := make(map[string]bool, len(found))
 	out := found[:0:0]
 	for _, e := range found {
-		k := ks.DedupKey(e.UID, session.DedupWindow(e.Deadline))
+		k := ks.StageDedupKey(e.UID, e.Stage, e.Due)
 		if !seen[k] {
 			seen[k] = true
 			out = append(out, e)
@@ -137,7 +137,7 @@ func (l *Listener) deferToWindowEnd(ctx context.Context, found []session.Expired
 	byEnd := map[time.Time][]session.Expired{}
 	for i, e := range found {
 		if states[i] == dedupDefer {
-			end := session.DedupWindowEnd(e.Deadline)
+			end := session.DedupWindowEnd(e.Due)
 			byEnd[end] = append(byEnd[end], e)
 			states[i] = dedupHeld
 		}
@@ -158,10 +158,10 @@ func (l *Listener) markDedup(ctx context.Context, produced, failed []session.Exp
 	ks := l.store.Keyspace()
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, e := range produced {
-			p.Set(ctx, ks.DedupKey(e.UID, session.DedupWindow(e.Deadline)), session.DedupProduced(e.Deadline), l.cfg.DedupTTL)
+			p.Set(ctx, ks.StageDedupKey(e.UID, e.Stage, e.Due), session.DedupProduced(e.Deadline), l.cfg.DedupTTL)
 		}
 		for _, e := range failed {
-			releaseScript.Eval(ctx, p, []string{ks.DedupKey(e.UID, session.DedupWindow(e.Deadline))}, l.claim)
+			releaseScript.Eval(ctx, p, []string{ks.StageDedupKey(e.UID, e.Stage, e.Due)}, l.claim)
 		}
 		return nil
 	})

@@ -35,7 +35,7 @@ func TestSecondSilenceAfterStaleGuide(t *testing.T) {
 	first := h.renew("user", "default", 300*time.Millisecond)
 	h.waitProduced(1)
 	// The consumer found it stale: the user came back, then fell silent.
-	if err := h.store.MarkStale(context.Background(), "user", first.deadline); err != nil {
+	if err := h.store.MarkStale(context.Background(), "user", 1, first.deadline, first.deadline); err != nil {
 		t.Fatal(err)
 	}
 	second := h.renew("user", "default", 300*time.Millisecond)

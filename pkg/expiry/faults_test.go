@@ -54,6 +54,8 @@ func env(cfg Config) []string {
 		"produce-timeout":     cfg.ProduceTimeout.String(),
 		"spool-dir":           cfg.SpoolDir,
 		"spool-max-bytes":     fmt.Sprint(cfg.SpoolMaxBytes),
+		// The stages of cfg: one reminder, unless it says a close.
+		"close-after": cfg.Closing.After.String(),
 	}
 	out := append(os.Environ(), listenerProcessEnv+"=1")
 	for k, v := range kv {

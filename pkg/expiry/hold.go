@@ -51,7 +51,9 @@ func holdUntil(c session.Control, e session.Expired, grace time.Duration) (time.
 			until, why = t, reason
 		}
 	}
-	d := e.Deadline
+	// The stage's due time: for stage 1 the deadline; for a later stage,
+	// a ping in an outage before it would have ended the silence.
+	d := e.Due
 	instances := e.Routes
 	if e.Via != "" {
 		instances = append([]string{e.Via}, e.Routes...)

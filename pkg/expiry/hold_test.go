@@ -79,7 +79,7 @@ func TestHoldUntil(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := session.Control{Now: at(tt.now), Blind: tt.blind, Instances: tt.inst}
-			e := session.Expired{UID: "u", Deadline: at(tt.deadline), Via: tt.via, Routes: tt.routes}
+			e := session.Expired{UID: "u", Deadline: at(tt.deadline), Stage: 1, Due: at(tt.deadline), Via: tt.via, Routes: tt.routes}
 			until, rule := holdUntil(c, e, grace)
 			var want time.Time
 			if tt.until != 0 {

@@ -30,6 +30,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/admin"
 	"github.com/stillthere/stillthere/pkg/kafka"
 	"github.com/stillthere/stillthere/pkg/outage"
+	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/spool"
@@ -52,6 +53,9 @@ type Listener struct {
 	marker *marker
 	// brake is the mass-expiry brake; the pipeline goroutine's own.
 	brake brake
+	// policy holds the timeout policy in force, for the stages of each
+	// silence (see stages.go).
+	policy *policy.Watcher
 	// produceDown logs a Kafka outage once, not once per event; the others
 	// likewise for Redis (sweeps, event lookups), the topic and the replay.
 	produceDown, sweepDown, topicDown, replayDown *outage.Log
@@ -99,6 +103,14 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Listener, error
 	}
 	id := randomID()
 	store := session.NewStore(rdb, cfg.Redis.Keyspace())
+	watcher := cfg.NewPolicyWatcher(rdb, logger)
+	// A first read, so that the stages of a stored policy apply from the
+	// first sweep; while Redis does not answer, the configured ones do.
+	pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+	if err := watcher.Refresh(pctx); err != nil {
+		logger.Debug("read the timeout policy; the configured stages apply until it is read", "err", err)
+	}
+	pcancel()
 	l := &Listener{
 		cfg:      cfg,
 		log:      logger,
@@ -106,6 +118,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Listener, error
 		store:    store,
 		producer: producer,
 		claim:    dedupClaimed + ":" + id,
+		policy:   watcher,
 		spooled:  make(chan struct{}, 1),
 		produceDown: outage.NewLog(logger.With("topic", cfg.Kafka.Topic),
 			"produce timeout events (unsent ones are spooled, or left to a replica that can produce)", 0),
@@ -187,6 +200,10 @@ func (l *Listener) Run(ctx context.Context) error {
 		eg.Go(func() error { return l.followMasters(ctx, expired) })
 	}
 	eg.Go(func() error { return l.pipeline(ctx, expired) })
+	eg.Go(func() error {
+		l.policy.Run(ctx)
+		return nil
+	})
 	eg.Go(func() error { return l.replay(ctx) })
 	eg.Go(func() error {
 		l.marker.loop(ctx, l.kafkaPing)
@@ -414,13 +431,29 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 	}
 	begin := time.Now() // just after detection
 	found = l.distinct(found)
+	// Each entry's stage, from the policy in force. A stage the policy
+	// no longer has ends its silence: settled, with no event.
+	var settled []session.Expired
+	actions := make(map[string][2]string, len(found))
+	kept := found[:0:0]
+	for _, e := range found {
+		e, action, text, ok := l.stageOf(e)
+		if !ok {
+			metricStagesDropped.Inc()
+			settled = append(settled, e)
+			continue
+		}
+		actions[e.UID] = [2]string{action, text}
+		kept = append(kept, e)
+	}
+	found = kept
 	states, failures, err := l.dedupe(ctx, found)
 	if err != nil {
 		return 0, err
 	}
 	l.deferToWindowEnd(ctx, found, states)
 	l.brakeFresh(ctx, c, found, states)
-	var settled, produced, spooled, failed []session.Expired
+	var produced, spooled, failed []session.Expired
 	records := make([]*kgo.Record, 0, len(found))
 	byRecord := make(map[*kgo.Record]session.Expired, len(found))
 	for i, e := range found {
@@ -434,7 +467,8 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 		case dedupHeld, dedupDefer:
 			continue // held: by the brake, or to its window's end
 		}
-		ev := timeoutevent.New(e.UID, e.Segment, e.Deadline, e.Detected, source)
+		a := actions[e.UID]
+		ev := event(e, a[0], a[1], source)
 		b, err := ev.Marshal()
 		if err != nil {
 			return 0, fmt.Errorf("encode timeout for %q: %w", e.UID, err)
@@ -466,9 +500,10 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 			}
 			l.produceDown.OK()
 			metricProduced.WithLabelValues(source).Inc()
-			// Lag from the deadline to detection by Redis's clock, plus the
-			// local time since: no two hosts' clocks are compared.
-			metricLag.WithLabelValues(source).Observe((e.Detected.Sub(e.Deadline) + producedAt.Sub(begin)).Seconds())
+			// Lag from when the stage was due (for stage 1, the deadline)
+			// to detection by Redis's clock, plus the local time since: no
+			// two hosts' clocks are compared.
+			metricLag.WithLabelValues(source).Observe((e.Detected.Sub(e.Due) + producedAt.Sub(begin)).Seconds())
 			produced = append(produced, e)
 		}
 	}
@@ -552,7 +587,8 @@ func (l *Listener) holdBack(ctx context.Context, c session.Control, found []sess
 func (l *Listener) brakeFresh(ctx context.Context, c session.Control, found []session.Expired, states []dedupState) {
 	var fresh []int
 	for i, e := range found {
-		if states[i] == dedupFresh && !e.Rechecked {
+		// A later stage is no new lapse: its user went silent a stage ago.
+		if states[i] == dedupFresh && !e.Rechecked && e.Stage == 1 {
 			fresh = append(fresh, i)
 		}
 	}

@@ -24,9 +24,13 @@ var (
 	})
 	metricLag = promauto.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "stillthere_listener_detection_lag_seconds",
-		Help:    "Time from a session's deadline to its timeout event being produced, by path (sweep, event, spool).",
+		Help:    "Time from a session's deadline (for a later stage, from when it was due) to its timeout event being produced, by path (sweep, event, spool).",
 		Buckets: []float64{.01, .025, .05, .1, .2, .3, .5, .75, 1, 2, 5, 10, 30, 60, 120},
 	}, []string{"path"})
+	metricStagesDropped = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_listener_stages_dropped_total",
+		Help: "Silences ended at a stage their segment's timeout policy no longer has (the policy changed between stages); no event was produced.",
+	})
 	metricSweepSeconds = promauto.NewHistogram(prometheus.HistogramOpts{
 		Name:    "stillthere_listener_sweep_seconds",
 		Help:    "Duration of one sweep of the deadline index over all buckets.",

@@ -169,8 +169,8 @@ func (l *Listener) produceSpooled(ctx context.Context, values [][]byte) bool {
 		}
 		r := &kgo.Record{Key: []byte(ev.UID), Value: v}
 		records = append(records, r)
-		if ev.DeadlineMS > 0 {
-			deadlines[r] = time.UnixMilli(ev.DeadlineMS)
+		if ev.DueMS > 0 {
+			deadlines[r] = time.UnixMilli(ev.DueMS) // the stage's; for stage 1 the deadline
 		}
 	}
 	backoff := 100 * time.Millisecond

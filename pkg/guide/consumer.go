@@ -265,14 +265,14 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (string, error) {
 			// at once, rather than at the window's end. Best effort: if
 			// the mark is lost, that silence still gets its guide, later.
 			mctx, cancel := context.WithTimeout(ctx, c.cfg.SendTimeout)
-			if err := session.NewStore(c.rdb, c.keyspace).MarkStale(mctx, ev.UID, ev.Deadline()); err != nil {
+			if err := session.NewStore(c.rdb, c.keyspace).MarkStale(mctx, ev.UID, ev.Stage, time.UnixMilli(ev.DueMS), ev.Deadline()); err != nil {
 				c.log.Debug("mark a stale timeout in its dedup window", "uid", ev.UID, "err", err)
 			}
 			cancel()
 		}
 		return outcome, nil
 	}
-	g := Guide{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: c.text(ev), DeadlineMS: ev.DeadlineMS,
+	g := Guide{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: c.text(ev), DeadlineMS: ev.DeadlineMS, DueMS: ev.DueMS,
 		Stage: ev.Stage, Action: ev.Action, Final: ev.Final}
 	outcome, err := c.breaker.Execute(func() (string, error) {
 		start := time.Now()

@@ -605,7 +605,7 @@ func TestWebhookSenderEndToEnd(t *testing.T) {
 				ev = p.ev
 			}
 		}
-		want := webhook.Body{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: "Hello?", DeadlineMS: ev.DeadlineMS,
+		want := webhook.Body{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: "Hello?", DeadlineMS: ev.DeadlineMS, DueMS: ev.DeadlineMS,
 			Stage: 1, Action: timeoutevent.ActionRemind}
 		if h.body != want || h.key != ev.ID {
 			t.Errorf("webhook got %+v with key %q, want %+v with key %q", h.body, h.key, want, ev.ID)

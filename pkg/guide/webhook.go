@@ -31,7 +31,7 @@ type webhookSender struct {
 func (s *webhookSender) Send(ctx context.Context, g Guide) (string, error) {
 	// A guide without a stage (0, "") is stage 1's reminder, as on the
 	// push endpoint: the webhook's receiver always gets all three.
-	body, err := json.Marshal(webhook.Body{ID: g.ID, UID: g.UID, Segment: g.Segment, Text: g.Text, DeadlineMS: g.DeadlineMS,
+	body, err := json.Marshal(webhook.Body{ID: g.ID, UID: g.UID, Segment: g.Segment, Text: g.Text, DeadlineMS: g.DeadlineMS, DueMS: cmp.Or(g.DueMS, g.DeadlineMS),
 		Stage: max(g.Stage, 1), Action: cmp.Or(g.Action, timeoutevent.ActionRemind), Final: g.Final})
 	if err != nil {
 		return "", permanentError{err}

@@ -61,6 +61,9 @@ type Request struct {
 	// guide whose user renewed since (Stale), and its inbox keeps the
 	// guide until the deadline plus the guide max age.
 	DeadlineMS int64 `json:"deadline_ms,omitempty"`
+	// DueMS is when this stage was due, Unix ms by Redis's clock: the
+	// deadline for stage 1; 0 when unknown (an older consumer).
+	DueMS int64 `json:"due_ms,omitempty"`
 	// Stage is the stage of the silence this guide belongs to, from 1
 	// (see timeoutevent); 0, from an older consumer, means 1.
 	Stage int `json:"stage,omitempty"`
@@ -86,6 +89,8 @@ func (r Request) Validate() error {
 		return fmt.Errorf("text: want 1-%d bytes", MaxTextLen)
 	case r.DeadlineMS < 0:
 		return fmt.Errorf("deadline_ms: %d, want 0 (unknown) or more", r.DeadlineMS)
+	case r.DueMS < 0 || (r.DueMS > 0 && r.DueMS < r.DeadlineMS):
+		return fmt.Errorf("due_ms: %d, want 0 (unknown) or at least deadline_ms", r.DueMS)
 	case r.Stage < 0 || r.Stage > timeoutevent.MaxStages:
 		return fmt.Errorf("stage: %d, want 1-%d (0 means 1)", r.Stage, timeoutevent.MaxStages)
 	case r.Action != "" && r.Action != timeoutevent.ActionRemind && r.Action != timeoutevent.ActionClose:

@@ -78,7 +78,7 @@ func TestHoldReleaseAndRenew(t *testing.T) {
 	}
 	// A deadline that changed since it was found is not held.
 	stale := due[2]
-	stale.Deadline = stale.Deadline.Add(-time.Millisecond)
+	stale.Due = stale.Due.Add(-time.Millisecond)
 	n, err := s.Hold(ctx, []Expired{due[0], due[1], stale}, now.Add(300*time.Millisecond))
 	if err != nil || n != 2 {
 		t.Fatalf("Hold = %d, %v; want 2", n, err)

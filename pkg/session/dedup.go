@@ -10,8 +10,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// A timeout's dedup key (DedupKey) is per uid and minute window of its
-// deadline. Its value says what became of the window's guide:
+// A timeout's dedup key (StageDedupKey) is per uid, stage and minute
+// window of when the stage was due (for stage 1, the deadline). Its value
+// says what became of the window's guide, naming the silence by its
+// deadline:
 //
 //	claimed:<listener>  a listener replica is producing it
 //	produced:<ms>       the timeout with deadline ms was produced (or
@@ -49,7 +51,7 @@ func DedupProduced(deadline time.Time) string {
 }
 
 // claimScript claims a timeout's dedup key. KEYS: dedup key. ARGV: claim,
-// deadline ms, claim TTL ms. Returns one of the Claim outcomes; a fresh
+// deadline ms, claim TTL ms, due ms (the window's). Returns one of the Claim outcomes; a fresh
 // claim as "fresh:<n>", n the replicas that failed to produce it before.
 var claimScript = redis.NewScript(`
 local t = redis.call('TIME')
@@ -64,7 +66,7 @@ if string.sub(v, 1, 6) == 'retry:' then return claim(tonumber(string.sub(v, 7)) 
 if string.sub(v, 1, 8) == 'claimed:' then return 'busy' end
 if v == 'produced' or v == 'produced:' .. ARGV[2] or v == 'stale:' .. ARGV[2] then return 'done' end
 if string.sub(v, 1, 6) == 'stale:' then return claim() end
-local windowEnd = (math.floor(tonumber(ARGV[2]) / 60000) + 1) * 60000
+local windowEnd = (math.floor(tonumber(ARGV[4] or ARGV[2]) / 60000) + 1) * 60000
 if now >= windowEnd then return claim() end
 return 'defer'
 `)
@@ -72,8 +74,8 @@ return 'defer'
 // ClaimTimeout claims e's dedup key for claim, in pipeline p; the command's
 // reply is one of the Claim outcomes (ParseClaim reads it).
 func (s *Store) ClaimTimeout(ctx context.Context, p redis.Pipeliner, e Expired, claim string, ttl time.Duration) *redis.Cmd {
-	return claimScript.Eval(ctx, p, []string{s.ks.DedupKey(e.UID, DedupWindow(e.Deadline))},
-		claim, e.Deadline.UnixMilli(), ttl.Milliseconds())
+	return claimScript.Eval(ctx, p, []string{s.ks.StageDedupKey(e.UID, e.Stage, e.Due)},
+		claim, e.Deadline.UnixMilli(), ttl.Milliseconds(), e.Due.UnixMilli())
 }
 
 // ParseClaim reads a claim's reply: its outcome, and for a fresh claim how
@@ -99,7 +101,7 @@ return 0
 // RetryElsewhere releases e's claim for another replica to produce it,
 // counting this replica's failure, in pipeline p.
 func (s *Store) RetryElsewhere(ctx context.Context, p redis.Pipeliner, e Expired, claim string, failed int, ttl time.Duration) {
-	retryScript.Eval(ctx, p, []string{s.ks.DedupKey(e.UID, DedupWindow(e.Deadline))}, claim, failed, ttl.Milliseconds())
+	retryScript.Eval(ctx, p, []string{s.ks.StageDedupKey(e.UID, e.Stage, e.Due)}, claim, failed, ttl.Milliseconds())
 }
 
 // markStaleScript records that the consumer found a produced timeout's
@@ -113,10 +115,11 @@ end
 return 0
 `)
 
-// MarkStale records that uid's timeout with this deadline sent no guide:
-// another silence in its minute window gets its own at once.
-func (s *Store) MarkStale(ctx context.Context, uid string, deadline time.Time) error {
-	err := markStaleScript.Run(ctx, s.rdb, []string{s.ks.DedupKey(uid, DedupWindow(deadline))},
+// MarkStale records that uid's timeout with this deadline, at stage, due
+// at due, sent no guide: another silence whose stage falls in its minute
+// window gets its own at once.
+func (s *Store) MarkStale(ctx context.Context, uid string, stage int, due, deadline time.Time) error {
+	err := markStaleScript.Run(ctx, s.rdb, []string{s.ks.StageDedupKey(uid, stage, due)},
 		deadline.UnixMilli()).Err()
 	if err != nil {
 		return fmt.Errorf("mark %q's timeout stale: %w", uid, err)

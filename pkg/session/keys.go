@@ -114,10 +114,16 @@ func (k Keyspace) HoldKey(b int) string { return k.bucketPrefix(b) + "hold" }
 // for. It outlives the release, so a recheck is known as one.
 func (k Keyspace) HeldKey(b int) string { return k.bucketPrefix(b) + "held" }
 
+// StageKey is bucket b's hash of uid to the stage its index entry is due
+// for, past the first, as "<stage>:<deadline ms>": the entry's score is
+// then that stage's due time, and the deadline is the silence's. A uid
+// without one is due for stage 1 at its score, its deadline.
+func (k Keyspace) StageKey(b int) string { return k.bucketPrefix(b) + "stage" }
+
 // bucketKeys are the keys every session script of bucket b declares, in
-// this order: index, segments, via, hold, held.
+// this order: index, segments, via, hold, held, stage.
 func (k Keyspace) bucketKeys(b int) []string {
-	return []string{k.IndexKey(b), k.SegmentsKey(b), k.ViaKey(b), k.HoldKey(b), k.HeldKey(b)}
+	return []string{k.IndexKey(b), k.SegmentsKey(b), k.ViaKey(b), k.HoldKey(b), k.HeldKey(b), k.StageKey(b)}
 }
 
 // RenewedKey holds when uid last renewed its session, or ended it, by
@@ -162,6 +168,17 @@ func (k Keyspace) ListenersKey() string { return k.controlKey("listeners") }
 // DedupKey marks that uid's timeout in the given minute window was produced.
 func (k Keyspace) DedupKey(uid string, window int64) string {
 	return k.bucketPrefix(Bucket(uid)) + "dd:" + uid + ":" + strconv.FormatInt(window, 10)
+}
+
+// StageDedupKey is the dedup key of uid's timeouts at stage that were due
+// in the minute window of due: stage 1's is DedupKey of its deadline, and
+// the stages of one silence are not each other's duplicates.
+func (k Keyspace) StageDedupKey(uid string, stage int, due time.Time) string {
+	key := k.DedupKey(uid, DedupWindow(due))
+	if stage > 1 {
+		key += ":s" + strconv.Itoa(stage)
+	}
+	return key
 }
 
 // ErrNotSession means a key is not one of this keyspace's session keys.

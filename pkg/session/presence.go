@@ -55,13 +55,14 @@ if ARGV[4] ~= '1' or total > 0 then return {total, 0} end
 local uid = ARGV[5]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('SET', KEYS[8], now, 'PX', tonumber(ARGV[6]))
+redis.call('SET', KEYS[9], now, 'PX', tonumber(ARGV[6]))
 redis.call('DEL', KEYS[2])
 redis.call('ZREM', KEYS[3], uid)
 redis.call('HDEL', KEYS[4], uid)
 redis.call('HDEL', KEYS[5], uid)
 redis.call('ZREM', KEYS[6], uid)
 redis.call('HDEL', KEYS[7], uid)
+redis.call('HDEL', KEYS[8], uid)
 return {total, 1}
 `)
 

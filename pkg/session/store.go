@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -20,8 +21,9 @@ import (
 
 // renewScript sets the session key's TTL and its deadline-index entry in one
 // step, records the gateway instance that renewed it and when, and cancels
-// a hold on its last timeout: the user is back. KEYS: session, then the
-// bucket's keys (index, segments, via, hold, held), then renewed.
+// a hold on its last timeout and the stages left of it: the user is
+// back. KEYS: session, then the bucket's keys (index, segments, via,
+// hold, held, stage), then renewed.
 // ARGV: uid, ttl ms, segment, instance, mode, keep ms, pinged ms ago.
 // Mode "resync" restores a grant a gateway could not write while Redis was
 // out of reach, or that Redis lost: it never shortens a deadline already
@@ -34,7 +36,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
 local uid = ARGV[1]
 local at = now - (tonumber(ARGV[7]) or 0)
-local was = tonumber(redis.call('GET', KEYS[7]) or '0')
+local was = tonumber(redis.call('GET', KEYS[8]) or '0')
 if ARGV[5] == 'resync' then
   local cur = redis.call('ZSCORE', KEYS[2], uid) or redis.call('HGET', KEYS[6], uid)
   if cur and tonumber(cur) >= now + ttl then return tonumber(cur) end
@@ -48,8 +50,9 @@ redis.call('HSET', KEYS[3], uid, ARGV[3])
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[4], uid, ARGV[4]) end
 redis.call('ZREM', KEYS[5], uid)
 redis.call('HDEL', KEYS[6], uid)
+redis.call('HDEL', KEYS[7], uid)
 if at > was then
-  redis.call('SET', KEYS[7], at, 'PX', ttl + tonumber(ARGV[6]))
+  redis.call('SET', KEYS[8], at, 'PX', ttl + tonumber(ARGV[6]))
 end
 return now + ttl
 `)
@@ -60,13 +63,14 @@ return now + ttl
 var endScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('SET', KEYS[7], now, 'PX', tonumber(ARGV[2]))
+redis.call('SET', KEYS[8], now, 'PX', tonumber(ARGV[2]))
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('HDEL', KEYS[6], ARGV[1])
+redis.call('HDEL', KEYS[7], ARGV[1])
 return 1
 `)
 
@@ -84,23 +88,46 @@ table.insert(out, 1, now)
 return out
 `)
 
+// stagedCandidatesScript is candidatesScript for the index entries due
+// for a stage past the first, found through the stage hash: a listener of
+// keyspace events gets no event for them, and the index may hold many
+// entries of stage 1 whose events never came. KEYS: stage, index. ARGV:
+// limit. Returns {now, member...}.
+var stagedCandidatesScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out, limit = {now}, tonumber(ARGV[1])
+for _, uid in ipairs(redis.call('HKEYS', KEYS[1])) do
+  local score = redis.call('ZSCORE', KEYS[2], uid)
+  if score and tonumber(score) <= now then
+    out[#out+1] = uid
+    if #out > limit then break end
+  end
+end
+return out
+`)
+
 // dueScript decides which of one bucket's candidates are due. It first
 // puts back into the index the held timeouts among them (the first
 // ARGV[2]) whose release time came, then lists up to ARGV[1] candidates
 // whose deadline in the index has passed and whose session key is gone.
 // EXISTS on a key past its TTL makes Redis expire it on the spot.
-// KEYS: the bucket's keys (index, segments, via, hold, held), then each
-// candidate's session key and route key. ARGV: limit, held count, then
-// the candidates' uids. Returns {now, uid, deadline, segment, via, held,
-// routes, ...}; held is 1 when this deadline was held once already,
-// routes the gateway instances holding the user's connections.
+// With ARGV[3] "staged", a candidate of the index is listed only when it
+// is due for a stage past the first (a listener of keyspace events, which
+// do not come again for a later stage). KEYS: the bucket's keys (index,
+// segments, via, hold, held, stage), then each candidate's session key
+// and route key. ARGV: limit, held count, mode, then the candidates'
+// uids. Returns {now, uid, due, segment, via, held, routes, stage, ...};
+// held is 1 when this due time was held once already, routes the gateway
+// instances holding the user's connections, stage "<stage>:<deadline>"
+// or "" for stage 1.
 var dueScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local limit, nheld = tonumber(ARGV[1]), tonumber(ARGV[2])
+local limit, nheld, staged = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3] == 'staged'
 local out, n = {now}, 0
-for j = 1, #ARGV - 2 do
-  local uid = ARGV[j + 2]
+for j = 1, #ARGV - 3 do
+  local uid = ARGV[j + 3]
   if j <= nheld then
     local r = redis.call('ZSCORE', KEYS[4], uid)
     if r and tonumber(r) <= now then
@@ -112,14 +139,17 @@ for j = 1, #ARGV - 2 do
     end
   end
   local score = redis.call('ZSCORE', KEYS[1], uid)
-  if n < limit and score and tonumber(score) <= now and redis.call('EXISTS', KEYS[4 + 2 * j]) == 0 then
+  local stage = redis.call('HGET', KEYS[6], uid) or ''
+  if n < limit and score and tonumber(score) <= now and (j <= nheld or not staged or stage ~= '')
+      and redis.call('EXISTS', KEYS[5 + 2 * j]) == 0 then
     local held = redis.call('HGET', KEYS[5], uid)
     out[#out+1] = uid
     out[#out+1] = score
     out[#out+1] = redis.call('HGET', KEYS[2], uid) or ''
     out[#out+1] = redis.call('HGET', KEYS[3], uid) or ''
     out[#out+1] = (held and tonumber(held) == tonumber(score)) and 1 or 0
-    out[#out+1] = redis.call('HKEYS', KEYS[5 + 2 * j])
+    out[#out+1] = redis.call('HKEYS', KEYS[6 + 2 * j])
+    out[#out+1] = stage
     n = n + 1
   end
 end
@@ -127,8 +157,10 @@ return out
 `)
 
 // Released returns held timeouts whose release time came to the index,
-// as Due does, but no others: for a listener that learns of expiries only
-// from keyspace events, which do not come again for a released timeout.
+// as Due does, and the entries due for a stage past the first, but no
+// others: for a listener that learns of expiries only from keyspace
+// events, which do not come again for a released timeout, and do not
+// come at all for a later stage.
 func (s *Store) Released(ctx context.Context, limit int) ([]Expired, error) {
 	out, _, err := s.sweep(ctx, limit, false)
 	if err != nil {
@@ -146,15 +178,23 @@ type candidates struct {
 // sweep finds due timeouts in two round trips: candidatesScript reads
 // every bucket's candidates, with one key each, then dueScript decides on
 // them, in the buckets that have any, with all their keys declared. With
-// index false it reads the held timeouts only. It returns the latest
-// Redis clock it saw.
+// index false it reads the held timeouts and the entries due for a later
+// stage only. It returns the latest Redis clock it saw.
 func (s *Store) sweep(ctx context.Context, limit int, index bool) ([]Expired, time.Time, error) {
-	sets := []func(int) string{s.ks.HoldKey}
-	if index {
-		sets = append(sets, s.ks.IndexKey)
+	mode := "all"
+	if !index {
+		mode = "staged"
 	}
-	reads := s.runScripts(ctx, Buckets*len(sets), func(i int) (*redis.Script, []string, []any) {
-		return candidatesScript, []string{sets[i/Buckets](i % Buckets)}, []any{limit}
+	reads := s.runScripts(ctx, 2*Buckets, func(i int) (*redis.Script, []string, []any) {
+		b := i % Buckets
+		switch {
+		case i < Buckets:
+			return candidatesScript, []string{s.ks.HoldKey(b)}, []any{limit}
+		case index:
+			return candidatesScript, []string{s.ks.IndexKey(b)}, []any{limit}
+		default:
+			return stagedCandidatesScript, []string{s.ks.StageKey(b), s.ks.IndexKey(b)}, []any{limit}
+		}
 	}, 0)
 	var found [Buckets]candidates
 	var nowMS int64
@@ -194,7 +234,7 @@ func (s *Store) sweep(ctx context.Context, limit int, index bool) ([]Expired, ti
 		b := busy[i]
 		c := found[b]
 		keys := s.ks.bucketKeys(b)
-		args := []any{limit, len(c.held)}
+		args := []any{limit, len(c.held), mode}
 		for _, uid := range slices.Concat(c.held, c.due) {
 			keys = append(keys, s.ks.SessionKey(uid), s.ks.RouteKey(uid))
 			args = append(args, uid)
@@ -215,36 +255,49 @@ func (s *Store) sweep(ctx context.Context, limit int, index bool) ([]Expired, ti
 
 // lookupScript is dueScript for one uid whose key was reported expired.
 // KEYS: session, then the bucket's keys, renewed, route. ARGV: uid.
-// Returns {now} when the session is live again, held, or already
-// settled, else {now, uid, deadline, segment, via, held, routes}.
+// Returns {now} when the session is live again, held, already settled or
+// not due yet, else {now, uid, due, segment, via, held, routes, stage}.
 var lookupScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if redis.call('EXISTS', KEYS[1]) == 1 then return {now} end
 local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if not score then return {now} end
+-- Not yet due: a later stage of the silence, scheduled after the first
+-- was settled, that a late event of the first must not bring forward.
+if not score or tonumber(score) > now then return {now} end
 local held = redis.call('HGET', KEYS[6], ARGV[1])
 return {now, ARGV[1], score, redis.call('HGET', KEYS[3], ARGV[1]) or '',
   redis.call('HGET', KEYS[4], ARGV[1]) or '',
   (held and tonumber(held) == tonumber(score)) and 1 or 0,
-  redis.call('HKEYS', KEYS[8])}
+  redis.call('HKEYS', KEYS[9]), redis.call('HGET', KEYS[7], ARGV[1]) or ''}
 `)
 
-// settleScript removes index entries whose timeouts are safely produced, but
-// only when the deadline is still the one produced: a renewal in between
-// wrote a new deadline that must stay. KEYS: the bucket's keys, then the
-// session key of each pair. ARGV: uid, deadline pairs.
+// settleScript settles index entries whose timeouts are safely produced,
+// but only when the due time is still the one produced: a renewal in
+// between wrote a new deadline that must stay. An entry with a next stage
+// stays in the index, due then for that stage; the last stage's entry
+// goes. KEYS: the bucket's keys, then the session key of each entry.
+// ARGV: uid, due, next due (0: none), next stage ("<stage>:<deadline>")
+// quadruples.
 var settleScript = redis.NewScript(`
 local n = 0
-for j = 1, #ARGV / 2 do
-  local uid = ARGV[2 * j - 1]
+for j = 1, #ARGV / 4 do
+  local uid = ARGV[4 * j - 3]
   local score = redis.call('ZSCORE', KEYS[1], uid)
-  if score and tonumber(score) == tonumber(ARGV[2 * j]) then
-    redis.call('ZREM', KEYS[1], uid)
-    if redis.call('EXISTS', KEYS[5 + j]) == 0 then
-      redis.call('HDEL', KEYS[2], uid)
-      redis.call('HDEL', KEYS[3], uid)
+  if score and tonumber(score) == tonumber(ARGV[4 * j - 2]) then
+    local nxt = tonumber(ARGV[4 * j - 1])
+    if nxt > 0 then
+      redis.call('ZADD', KEYS[1], nxt, uid)
+      redis.call('HSET', KEYS[6], uid, ARGV[4 * j])
       redis.call('HDEL', KEYS[5], uid)
+    else
+      redis.call('ZREM', KEYS[1], uid)
+      redis.call('HDEL', KEYS[6], uid)
+      if redis.call('EXISTS', KEYS[6 + j]) == 0 then
+        redis.call('HDEL', KEYS[2], uid)
+        redis.call('HDEL', KEYS[3], uid)
+        redis.call('HDEL', KEYS[5], uid)
+      end
     end
     n = n + 1
   end
@@ -255,15 +308,15 @@ return n
 // holdScript moves timeouts out of the index until their release time,
 // when dueScript puts them back for a recheck, unless the user renewed in
 // between (renewScript cancels the hold). An entry is moved only if its
-// deadline is still the one decided on and its session is still gone.
+// due time is still the one decided on and its session is still gone.
 // KEYS: the bucket's keys, then the session key of each triple. ARGV:
-// uid, deadline, release triples. Returns how many were held.
+// uid, due, release triples. Returns how many were held.
 var holdScript = redis.NewScript(`
 local n = 0
 for j = 1, #ARGV / 3 do
   local uid = ARGV[3 * j - 2]
   local score = redis.call('ZSCORE', KEYS[1], uid)
-  if score and tonumber(score) == tonumber(ARGV[3 * j - 1]) and redis.call('EXISTS', KEYS[5 + j]) == 0 then
+  if score and tonumber(score) == tonumber(ARGV[3 * j - 1]) and redis.call('EXISTS', KEYS[6 + j]) == 0 then
     redis.call('ZREM', KEYS[1], uid)
     redis.call('ZADD', KEYS[4], ARGV[3 * j], uid)
     redis.call('HSET', KEYS[5], uid, ARGV[3 * j - 1])
@@ -279,12 +332,21 @@ const (
 	modeResync = "resync"
 )
 
-// Expired is a session whose deadline passed without a renewal.
+// Expired is a session whose deadline passed without a renewal, and the
+// stage of that silence now due.
 type Expired struct {
 	UID      string
 	Segment  string
 	Deadline time.Time // when the session's TTL ran out
 	Detected time.Time // when Redis reported it gone, by Redis's clock
+	// Stage is the stage of the silence due, from 1, and Due when: the
+	// deadline for stage 1, then each stage's delay after the one before
+	// (the index entry's score).
+	Stage int
+	Due   time.Time
+	// NextDue, set by the listener before Settle, is when the next stage
+	// of the silence is due; zero when this stage is the last.
+	NextDue time.Time
 	// Via is the gateway instance that last renewed the session, or ""
 	// when it was renewed without one.
 	Via string
@@ -384,7 +446,11 @@ func (s *Store) Lookup(ctx context.Context, uid string) (Expired, bool, error) {
 // An entry whose deadline changed since (the user came back) stays.
 func (s *Store) Settle(ctx context.Context, done []Expired) error {
 	cmds := s.perBucket(ctx, settleScript, done, func(e Expired) []any {
-		return []any{e.UID, e.Deadline.UnixMilli()}
+		if e.NextDue.IsZero() {
+			return []any{e.UID, e.Due.UnixMilli(), 0, ""}
+		}
+		return []any{e.UID, e.Due.UnixMilli(), e.NextDue.UnixMilli(),
+			strconv.Itoa(e.Stage+1) + ":" + strconv.FormatInt(e.Deadline.UnixMilli(), 10)}
 	})
 	for _, c := range cmds {
 		if err := c.Err(); err != nil {
@@ -426,7 +492,7 @@ var errReply = errors.New("unexpected script reply")
 // is left alone. It returns how many it held.
 func (s *Store) Hold(ctx context.Context, found []Expired, release time.Time) (int, error) {
 	cmds := s.perBucket(ctx, holdScript, found, func(e Expired) []any {
-		return []any{e.UID, e.Deadline.UnixMilli(), release.UnixMilli()}
+		return []any{e.UID, e.Due.UnixMilli(), release.UnixMilli()}
 	})
 	n := 0
 	var firstErr error
@@ -444,8 +510,19 @@ func (s *Store) Hold(ctx context.Context, found []Expired, release time.Time) (i
 	return n, nil
 }
 
+// parseStage reads a stage hash value, "<stage>:<deadline ms>".
+func parseStage(v string) (stage int, deadline time.Time, ok bool) {
+	a, b, found := strings.Cut(v, ":")
+	n, err1 := strconv.Atoi(a)
+	ms, err2 := strconv.ParseInt(b, 10, 64)
+	if !found || err1 != nil || err2 != nil || n < 2 || ms <= 0 {
+		return 0, time.Time{}, false
+	}
+	return n, time.UnixMilli(ms), true
+}
+
 // fields of one entry in a due or lookup reply.
-const entryFields = 6
+const entryFields = 7
 
 // parseExpired decodes {now, uid, deadline, segment, via, held, routes, ...}.
 func parseExpired(cmd *redis.Cmd) ([]Expired, time.Time, error) {
@@ -483,8 +560,17 @@ func parseExpired(cmd *redis.Cmd) ([]Expired, time.Time, error) {
 		if seg == "" {
 			seg = DefaultSegment
 		}
-		out = append(out, Expired{UID: uid, Segment: seg, Deadline: time.UnixMilli(int64(ms)), Detected: now,
-			Via: via, Rechecked: held == 1, Routes: routes})
+		due := time.UnixMilli(int64(ms))
+		e := Expired{UID: uid, Segment: seg, Deadline: due, Detected: now, Stage: 1, Due: due,
+			Via: via, Rechecked: held == 1, Routes: routes}
+		if st, _ := vals[i+6].(string); st != "" {
+			stage, deadline, ok := parseStage(st)
+			if !ok {
+				return nil, time.Time{}, fmt.Errorf("%w: stage %q of %q", errReply, st, uid)
+			}
+			e.Stage, e.Deadline = stage, deadline
+		}
+		out = append(out, e)
 	}
 	return out, now, nil
 }

@@ -40,6 +40,9 @@ type Body struct {
 	Text string `json:"text"`
 	// DeadlineMS is when the session ran out, Unix ms by Redis's clock.
 	DeadlineMS int64 `json:"deadline_ms"`
+	// DueMS is when this stage was due, Unix ms by Redis's clock: the
+	// deadline for stage 1, then each stage's delay after the one before.
+	DueMS int64 `json:"due_ms"`
 	// Stage is the stage of the silence, from 1; Action is "remind" or
 	// "close"; Final is true on a close stage, after which the chat is
 	// over: a chat backend closes the conversation.

@@ -1,0 +1,144 @@
+package expiry
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stillthere/stillthere/pkg/policy"
+	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
+)
+
+// stagePolicy stores a policy whose default segment reminds at the
+// deadline, again after 1s, and closes 1s after that; segment vip
+// reminds twice and never closes.
+func (h *harness) stagePolicy() {
+	h.t.Helper()
+	p := policy.Policy{
+		DefaultTTL: 10 * time.Second,
+		SegmentStages: map[string][]policy.Stage{
+			"default": {
+				{Action: timeoutevent.ActionRemind},
+				{After: time.Second, Action: timeoutevent.ActionRemind, Text: "Still with us?"},
+				{After: time.Second, Action: timeoutevent.ActionClose, Text: "We closed this chat."},
+			},
+			"vip": {
+				{Action: timeoutevent.ActionRemind, Text: "Anything else?"},
+				{After: time.Second, Action: timeoutevent.ActionRemind, Text: "We are here when you need us."},
+			},
+		},
+	}
+	if err := policy.NewStore(h.rdb, h.store.Keyspace()).Save(context.Background(), p); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// wantStages checks uid's events: one per stage, in order, each due its
+// delay after the one before, with its action, text and id, all of the
+// silence that ran out at g.deadline.
+func wantStages(t *testing.T, evs []timeoutevent.Event, uid string, g grant, actions []string, afters []time.Duration) {
+	t.Helper()
+	if len(evs) != len(actions) {
+		t.Fatalf("%s: %d events %+v, want %d stages", uid, len(evs), evs, len(actions))
+	}
+	due := g.deadline
+	seen := map[string]bool{}
+	for i, ev := range evs {
+		if i > 0 {
+			// Its delay after the stage before was found due.
+			due = time.UnixMilli(max(evs[i-1].DueMS, evs[i-1].DetectedMS)).Add(afters[i])
+		}
+		switch {
+		case ev.Stage != i+1, ev.DeadlineMS != g.deadline.UnixMilli(), ev.DueMS != due.UnixMilli(),
+			ev.Action != actions[i], ev.Final != (actions[i] == timeoutevent.ActionClose),
+			ev.ID != timeoutevent.StageID(uid, g.deadline.UnixMilli(), i+1), seen[ev.ID]:
+			t.Fatalf("%s stage %d: %+v; want due %d, action %s", uid, i+1, ev, due.UnixMilli(), actions[i])
+		}
+		seen[ev.ID] = true
+		// Produced on time: within a second of being due (detection
+		// is by Redis's clock; the listener sweeps every 50ms).
+		if late := time.UnixMilli(ev.DetectedMS).Sub(due); late < 0 || late > time.Second {
+			t.Fatalf("%s stage %d detected %v after due", uid, i+1, late)
+		}
+	}
+}
+
+// TestStagesOfASilence: a silent user gets each stage of their segment's
+// policy, once, on time; one who comes back between stages gets no more
+// of them, and their next silence starts at stage 1.
+func TestStagesOfASilence(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.stagePolicy()
+	stop := h.start(h.config(ModeSweep))
+	defer stop()
+
+	silent := h.renew("silent", "default", 300*time.Millisecond)
+	vip := h.renew("vip", "vip", 300*time.Millisecond)
+	back := h.renew("back", "default", 300*time.Millisecond)
+	// "back" comes back after stage 1, before stage 2: the stages left
+	// of that silence are dropped. Their next silence, in the same
+	// minute window as the first, waits for the window's end (the minute
+	// rule): nothing more within this test.
+	waitFor(t, 5*time.Second, "back's stage 1", func() bool { return len(byUID(h.events())["back"]) == 1 })
+	h.renew("back", "default", 1500*time.Millisecond)
+
+	waitFor(t, 10*time.Second, "every stage", func() bool {
+		by := byUID(h.events())
+		return len(by["silent"]) == 3 && len(by["vip"]) == 2
+	})
+	time.Sleep(1500 * time.Millisecond) // nothing more comes
+	by := byUID(h.events())
+	wantStages(t, by["silent"], "silent", silent, []string{"remind", "remind", "close"}, []time.Duration{0, time.Second, time.Second})
+	wantStages(t, by["vip"], "vip", vip, []string{"remind", "remind"}, []time.Duration{0, time.Second})
+	if by["vip"][0].Text != "Anything else?" || by["silent"][0].Text != "" || by["silent"][2].Text != "We closed this chat." {
+		t.Fatalf("texts: %q %q %q", by["vip"][0].Text, by["silent"][0].Text, by["silent"][2].Text)
+	}
+	wantStages(t, by["back"], "back", back, []string{"remind"}, []time.Duration{0})
+	ks := h.store.Keyspace()
+	if _, err := h.rdb.ZScore(context.Background(), ks.HoldKey(session.Bucket("back")), "back").Result(); err != nil && !h.inIndex("back") {
+		t.Fatal("back's second silence is neither in the index nor held to its window's end")
+	}
+	h.waitSettled([]string{"silent", "vip"})
+}
+
+// TestStagesAcrossListenerRestart: a listener stopped between stages, and
+// another started, lose and double nothing: the schedule is in Redis.
+func TestStagesAcrossListenerRestart(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.stagePolicy()
+	stop := h.start(h.config(ModeSweep))
+	h.renew("ruth", "default", 200*time.Millisecond)
+	waitFor(t, 5*time.Second, "stage 1", func() bool { return len(byUID(h.events())["ruth"]) == 1 })
+	stop()
+	time.Sleep(1500 * time.Millisecond) // stage 2 falls due while no listener runs
+	stop = h.start(h.config(ModeSweep))
+	defer stop()
+	waitFor(t, 10*time.Second, "stage 3", func() bool { return len(byUID(h.events())["ruth"]) >= 3 })
+	time.Sleep(1500 * time.Millisecond)
+	evs := byUID(h.events())["ruth"]
+	if len(evs) != 3 || evs[1].Stage != 2 || evs[2].Stage != 3 || !evs[2].Final {
+		t.Fatalf("events %+v, want stages 1, 2 and 3 once each", evs)
+	}
+	h.waitSettled([]string{"ruth"})
+}
+
+// TestStagesInEventsMode: a listener of keyspace events alone, which gets
+// no event for a later stage, finds later stages all the same.
+func TestStagesInEventsMode(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.stagePolicy()
+	stop := h.start(h.config(ModeEvents))
+	defer stop()
+	h.waitSubscribed(1)
+	g := h.renew("eve", "vip", 200*time.Millisecond)
+	waitFor(t, 10*time.Second, "both stages", func() bool { return len(byUID(h.events())["eve"]) >= 2 })
+	time.Sleep(500 * time.Millisecond)
+	evs := byUID(h.events())["eve"]
+	if len(evs) != 2 || evs[0].Stage != 1 || evs[1].Stage != 2 || evs[1].DeadlineMS != g.deadline.UnixMilli() {
+		t.Fatalf("events %+v, want stages 1 and 2 once each", evs)
+	}
+}
