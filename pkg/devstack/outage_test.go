@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/session"
 )
 
@@ -296,14 +297,14 @@ func (r *faultRig) masterWithoutControlKeys() int {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	slots, err := rdb.ClusterSlots(ctx).Result()
+	slots, err := redisserver.SlotMap(ctx, rdb)
 	if err != nil {
 		r.t.Fatal(err)
 	}
 	var owner string
 	for _, s := range slots {
 		if int64(s.Start) <= slot && slot <= int64(s.End) {
-			owner = s.Nodes[0].Addr
+			owner = s.Master
 		}
 	}
 	for i, m := range r.cluster.Masters {

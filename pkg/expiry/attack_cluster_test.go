@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stillthere/stillthere/pkg/gateway"
+	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/session"
 )
 
@@ -22,14 +23,14 @@ func (h *harness) masterOf(key string) int {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	slots, err := c.ClusterSlots(ctx).Result()
+	slots, err := redisserver.SlotMap(ctx, c)
 	if err != nil {
 		h.t.Fatal(err)
 	}
 	for _, s := range slots {
 		if int64(s.Start) <= slot && slot <= int64(s.End) {
 			for i, m := range h.cluster.Masters {
-				if m.Addr == s.Nodes[0].Addr {
+				if m.Addr == s.Master {
 					return i
 				}
 			}

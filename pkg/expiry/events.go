@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -150,16 +151,21 @@ func (l *Listener) masterAddrs(ctx context.Context) ([]string, error) {
 	case *redis.Client:
 		return []string{c.Options().Addr}, nil
 	case *redis.ClusterClient:
-		slots, err := c.ClusterSlots(ctx).Result()
-		if err != nil {
-			return nil, fmt.Errorf("cluster slots: %w", err)
-		}
+		// The masters the client knows from the slot map it keeps.
+		var mu sync.Mutex
 		var addrs []string
-		for _, s := range slots {
-			if len(s.Nodes) > 0 && !slices.Contains(addrs, s.Nodes[0].Addr) {
-				addrs = append(addrs, s.Nodes[0].Addr)
+		err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if a := m.Options().Addr; !slices.Contains(addrs, a) {
+				addrs = append(addrs, a)
 			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("cluster masters: %w", err)
 		}
+		slices.Sort(addrs)
 		return addrs, nil
 	default:
 		return nil, fmt.Errorf("unsupported redis client %T", l.rdb)

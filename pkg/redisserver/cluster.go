@@ -228,13 +228,13 @@ func (c *Cluster) waitOK(ctx context.Context, nodes []*Server) error {
 				nodes, _ := cl.ClusterNodes(ctx).Result()
 				return fmt.Errorf("cluster state not ok; its view:\n%s", nodes)
 			}
-			slots, err := cl.ClusterSlots(ctx).Result()
+			slots, err := SlotMap(ctx, cl)
 			if err != nil {
 				return err
 			}
 			for _, s := range slots {
-				if len(s.Nodes) == 0 || !c.isMaster(s.Nodes[0].Addr) {
-					return fmt.Errorf("slots %d-%d served by %v, not a current master", s.Start, s.End, s.Nodes)
+				if !c.isMaster(s.Master) {
+					return fmt.Errorf("slots %d-%d served by %q, not a current master", s.Start, s.End, s.Master)
 				}
 			}
 			return nil

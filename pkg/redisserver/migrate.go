@@ -52,18 +52,18 @@ func (c *Cluster) SlotOwner(ctx context.Context, slot int) (int, error) {
 func (c *Cluster) slotOwnerSeenBy(ctx context.Context, addr string, slot int) (int, error) {
 	cl := redis.NewClient(&redis.Options{Addr: addr})
 	defer cl.Close()
-	slots, err := cl.ClusterSlots(ctx).Result()
+	slots, err := SlotMap(ctx, cl)
 	if err != nil {
 		return -1, fmt.Errorf("slot map of %s: %w", addr, err)
 	}
 	for _, s := range slots {
-		if s.Start <= slot && slot <= s.End && len(s.Nodes) > 0 {
+		if s.Start <= slot && slot <= s.End && s.Master != "" {
 			for i, m := range c.Masters {
-				if m.Addr == s.Nodes[0].Addr {
+				if m.Addr == s.Master {
 					return i, nil
 				}
 			}
-			return -1, fmt.Errorf("slot %d served by %s, not a master of this cluster", slot, s.Nodes[0].Addr)
+			return -1, fmt.Errorf("slot %d served by %s, not a master of this cluster", slot, s.Master)
 		}
 	}
 	return -1, fmt.Errorf("slot %d served by nobody, as %s sees it", slot, addr)
