@@ -88,10 +88,27 @@ func TestRenewerRetriesThroughSlotMigration(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); rn.Run(rctx) }()
 	defer func() { cancel(); <-done }()
-	lastFlush := func() flush {
+	flushCount := func() int {
 		mu.Lock()
 		defer mu.Unlock()
-		return flushes[len(flushes)-1]
+		return len(flushes)
+	}
+	// flushAfter is the last flush once more than n were seen, waiting
+	// briefly for it: the renewer answers its callers before it reports
+	// the flush.
+	flushAfter := func(n int) flush {
+		for end := time.Now().Add(time.Second); ; time.Sleep(5 * time.Millisecond) {
+			mu.Lock()
+			var f flush
+			seen := len(flushes)
+			if seen > 0 {
+				f = flushes[seen-1]
+			}
+			mu.Unlock()
+			if seen > n || time.Now().After(end) {
+				return f
+			}
+		}
 	}
 
 	m := r.begin(t)
@@ -101,6 +118,7 @@ func TestRenewerRetriesThroughSlotMigration(t *testing.T) {
 	}
 
 	t.Run("held up longer than SlotRetry", func(t *testing.T) {
+		n := flushCount()
 		start := time.Now()
 		_, err := rn.Renew(ctx, uid, "default", time.Minute)
 		took := time.Since(start)
@@ -110,7 +128,7 @@ func TestRenewerRetriesThroughSlotMigration(t *testing.T) {
 		if took < slotRetry/2 || took > slotRetry+time.Second {
 			t.Errorf("Renew failed after %v, want it retried for about SlotRetry (%v)", took, slotRetry)
 		}
-		if f := lastFlush(); f.err == nil || f.took > slotRetry+time.Second {
+		if f := flushAfter(n); f.err == nil || f.took > slotRetry+time.Second {
 			t.Errorf("OnFlush saw %+v, want the failure, within SlotRetry and a round trip", f)
 		}
 	})
@@ -121,6 +139,7 @@ func TestRenewerRetriesThroughSlotMigration(t *testing.T) {
 			err      error
 		}
 		res := make(chan result, 1)
+		n := flushCount()
 		start := time.Now()
 		go func() {
 			d, err := rn.Renew(ctx, uid, "default", time.Minute)
@@ -140,7 +159,7 @@ func TestRenewerRetriesThroughSlotMigration(t *testing.T) {
 		if took := time.Since(start); took > slotRetry+time.Second {
 			t.Errorf("Renew took %v", took)
 		}
-		if f := lastFlush(); f.err != nil {
+		if f := flushAfter(n); f.err != nil {
 			t.Errorf("OnFlush saw %+v, want success", f)
 		}
 	})
