@@ -1,0 +1,83 @@
+package expiry
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/stillthere/stillthere/pkg/policy"
+	"github.com/stillthere/stillthere/pkg/tcpproxy"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
+)
+
+// TestAttackPingInOutageBetweenStages: "a ping cancels the remaining
+// stages", "never sent to a user who came back in between". A user gets
+// the reminder, then pings while their gateway cannot reach Redis (a
+// short cut, as a network blip or a cluster slot moving for longer than
+// renewals are retried). Once Redis is back the gateway resyncs the
+// grant of that ping, and the user is quiet again for a little while.
+// Their ping started a new silence: its deadline is the ping's, and no
+// close of the old silence may follow. The resync takes the index
+// entry's score (the close stage's due time) for a deadline already
+// written and writes nothing, so the close of the old silence is
+// produced at its time, seconds after the user pinged.
+func TestAttackPingInOutageBetweenStages(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	const (
+		ttl        = 3 * time.Second
+		closeAfter = 4 * time.Second
+	)
+	p := policy.Policy{
+		DefaultTTL: ttl,
+		SegmentStages: map[string][]policy.Stage{
+			"default": {
+				{Action: timeoutevent.ActionRemind},
+				{After: closeAfter, Action: timeoutevent.ActionClose, Text: "We closed this chat."},
+			},
+		},
+	}
+	if err := policy.NewStore(h.rdb, h.store.Keyspace()).Save(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	cfg := h.config(ModeSweep)
+	cfg.OutageGrace = time.Second
+	proxy, err := tcpproxy.Start(h.srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	gw := h.startAttackGateway(proxy.Addr(), ttl, nil)
+	stop := h.start(cfg)
+	defer stop()
+
+	user := startPinger(t, gw, "rosa", 0) // one ping, then quiet
+	waitFor(t, 2*ttl, "the reminder", func() bool { return len(byUID(h.events())["rosa"]) == 1 })
+	reminder := byUID(h.events())["rosa"][0]
+
+	// The gateway's path to Redis breaks; the user answers the reminder
+	// with a ping, which the gateway cannot write now.
+	proxy.Cut()
+	time.Sleep(200 * time.Millisecond)
+	user.ws.SetWriteDeadline(time.Now().Add(time.Second))
+	if err := user.ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`)); err != nil {
+		t.Fatal(err)
+	}
+	pinged := h.redisNow()
+	time.Sleep(1800 * time.Millisecond)
+	proxy.Restore() // the gateway resyncs the ping's grant
+
+	// Past the old silence's close, held or not.
+	closeDue := time.UnixMilli(reminder.DetectedMS).Add(closeAfter)
+	time.Sleep(time.Until(closeDue) + cfg.OutageGrace + 1500*time.Millisecond)
+	stop()
+	for _, ev := range byUID(h.events())["rosa"] {
+		if ev.DeadlineMS == reminder.DeadlineMS && ev.Stage > 1 {
+			t.Errorf("the user pinged %v after the reminder (their gateway resynced the ping once Redis was back), yet the old silence's stage %d (%s, final %v) was produced %v after that ping",
+				pinged.Sub(time.UnixMilli(reminder.DetectedMS)).Round(time.Millisecond), ev.Stage, ev.Action, ev.Final,
+				time.UnixMilli(ev.DetectedMS).Sub(pinged).Round(time.Millisecond))
+		}
+	}
+}
