@@ -436,7 +436,15 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 	var settled []session.Expired
 	actions := make(map[string][2]string, len(found))
 	kept := found[:0:0]
+	spooling := !l.direct()
 	for _, e := range found {
+		if spooling && e.Stage > 1 {
+			// While events queue in the spool, a later stage waits in
+			// the index: spooled behind the stage before it, it would
+			// reach the topic with it. The replay moves it to its delay
+			// after that stage goes out (see stages.go).
+			continue
+		}
 		e, action, text, ok := l.stageOf(e)
 		if !ok {
 			metricStagesDropped.Inc()

@@ -149,6 +149,7 @@ func (l *Listener) replay(ctx context.Context) error {
 func (l *Listener) produceSpooled(ctx context.Context, values [][]byte) bool {
 	records := make([]*kgo.Record, 0, len(values))
 	deadlines := make(map[*kgo.Record]time.Time, len(values))
+	events := make(map[*kgo.Record]timeoutevent.Event, len(values)) // stages that others follow
 	for _, v := range values {
 		ev, err := timeoutevent.Parse(v)
 		if errors.Is(err, timeoutevent.ErrUnknownVersion) {
@@ -169,6 +170,9 @@ func (l *Listener) produceSpooled(ctx context.Context, values [][]byte) bool {
 		}
 		r := &kgo.Record{Key: []byte(ev.UID), Value: v}
 		records = append(records, r)
+		if ev.ID != "" && !ev.Final {
+			events[r] = ev
+		}
 		if ev.DueMS > 0 {
 			deadlines[r] = time.UnixMilli(ev.DueMS) // the stage's; for stage 1 the deadline
 		}
@@ -188,6 +192,9 @@ func (l *Listener) produceSpooled(ctx context.Context, values [][]byte) bool {
 				if d, ok := deadlines[r.Record]; ok {
 					deadlines[nr] = d
 				}
+				if ev, ok := events[r.Record]; ok {
+					events[nr] = ev
+				}
 				again = append(again, nr)
 				lastErr = r.Err
 				continue
@@ -198,6 +205,9 @@ func (l *Listener) produceSpooled(ctx context.Context, values [][]byte) bool {
 			// an outage's lag.
 			if d, ok := deadlines[r.Record]; ok {
 				metricLag.WithLabelValues(pathSpool).Observe(time.Since(d).Seconds())
+			}
+			if ev, ok := events[r.Record]; ok {
+				l.followSpooled(ctx, ev)
 			}
 		}
 		if len(again) == 0 {

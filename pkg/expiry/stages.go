@@ -1,6 +1,9 @@
 package expiry
 
 import (
+	"context"
+	"time"
+
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
@@ -19,7 +22,10 @@ import (
 //
 // A later stage is due its delay after the stage before was found due
 // (Redis's clock at the sweep that found it), which is when that stage
-// was due unless it was held. The stages are read from the policy in
+// was due unless it was held. A stage that went to the spool goes out
+// only when the spool is replayed: while events queue there, later stages
+// wait in the index, and the replay moves the next stage to its delay
+// after the one it produced (followSpooled). The stages are read from the policy in
 // force when a stage is due. If a
 // policy change left a silence at a stage its segment no longer has, the
 // silence ends there, without an event.
@@ -49,4 +55,20 @@ func (l *Listener) stageOf(e session.Expired) (out session.Expired, action, text
 // event is the timeout event of e's stage.
 func event(e session.Expired, action, text, source string) timeoutevent.Event {
 	return timeoutevent.New(e.UID, e.Segment, e.Deadline, e.Detected, source).AtStage(e.Stage, e.Due, action, text)
+}
+
+// followSpooled moves the next stage of a silence whose stage ev the
+// replay just produced, late, to its delay after now.
+func (l *Listener) followSpooled(ctx context.Context, ev timeoutevent.Event) {
+	stages := l.policy.Current().Stages(ev.Segment)
+	if ev.Stage < 1 || ev.Stage >= len(stages) {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if _, err := l.store.Reschedule(rctx, ev.UID, ev.Stage+1, ev.Deadline(), stages[ev.Stage].After); err != nil {
+		// The next stage then follows its delay after the stage was found
+		// due, as it was scheduled: early, not lost.
+		l.log.Warn("move a later stage after its replayed one", "uid", ev.UID, "stage", ev.Stage+1, "err", err)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -51,8 +52,13 @@ type loop struct {
 
 // partition is the loop's view of one assigned partition.
 type partition struct {
-	id       int32
-	pending  []*job // taken and not yet marked, in offset order
+	id      int32
+	pending []*job // taken and not yet marked, in offset order
+	// byKey holds, per record key (a user), the records taken and not
+	// settled, in offset order. Only the first of a key is sent: the
+	// stages of one silence go out in order, a reminder never after its
+	// close, even when the reminder's send is retried.
+	byKey    map[string][]*job
 	inFlight int
 	leaving  bool // revoked: sends under way still settle and mark
 	lost     bool // lost: nothing more is marked
@@ -65,6 +71,27 @@ type job struct {
 	attempts  int
 	notBefore time.Time
 	done      bool
+}
+
+func newPartition(id int32) *partition {
+	return &partition{id: id, byKey: make(map[string][]*job)}
+}
+
+// blocked reports whether an earlier record of j's key is not settled.
+func (j *job) blocked() bool { return j.p.byKey[string(j.rec.Key)][0] != j }
+
+// settled takes j, settled, off its key's queue, unblocking the next.
+func (j *job) settled() {
+	k := string(j.rec.Key)
+	q := j.p.byKey[k]
+	if i := slices.Index(q, j); i >= 0 {
+		q = slices.Delete(q, i, i+1)
+	}
+	if len(q) == 0 {
+		delete(j.p.byKey, k)
+	} else {
+		j.p.byKey[k] = q
+	}
 }
 
 type result struct {
@@ -238,13 +265,15 @@ func (l *loop) take(ctx context.Context, fs kgo.Fetches) {
 		if p == nil {
 			// The assignment always reaches the loop before fetching
 			// starts; this is only a safety net.
-			p = &partition{id: r.Partition}
+			p = newPartition(r.Partition)
 			l.parts[r.Partition] = p
 		}
 		j := &job{rec: r, p: p}
 		p.pending = append(p.pending, j)
+		p.byKey[string(r.Key)] = append(p.byKey[string(r.Key)], j)
 		l.held++
-		if l.probing {
+		if l.probing || j.blocked() {
+			j.notBefore = time.Now()
 			l.retry = append(l.retry, j)
 			return
 		}
@@ -277,6 +306,7 @@ func (l *loop) settle(r result) {
 		metricGuides.WithLabelValues(r.outcome).Inc()
 		l.c.log.Debug("guide settled", "outcome", r.outcome, "partition", j.rec.Partition, "offset", j.rec.Offset)
 		j.done = true
+		j.settled()
 		l.mark(p)
 		if wasProbe {
 			l.probed()
@@ -357,6 +387,9 @@ func (l *loop) wake() time.Time {
 	}
 	var at time.Time
 	for _, j := range l.retry {
+		if j.blocked() {
+			continue // started once the record before it settles
+		}
 		if at.IsZero() || j.notBefore.Before(at) {
 			at = j.notBefore
 		}
@@ -374,14 +407,18 @@ func (l *loop) due(ctx context.Context, now time.Time) {
 			l.probing = false // nothing left to probe with: fetch, and learn from the next send
 			return
 		}
-		l.probe = l.retry[0]
-		l.retry = l.retry[1:]
+		i := slices.IndexFunc(l.retry, func(j *job) bool { return !j.blocked() })
+		if i < 0 {
+			return // cannot happen: the first record of a key is never blocked
+		}
+		l.probe = l.retry[i]
+		l.retry = slices.Delete(l.retry, i, i+1)
 		l.start(ctx, l.probe)
 		return
 	}
 	keep := l.retry[:0]
 	for _, j := range l.retry {
-		if now.Before(j.notBefore) {
+		if now.Before(j.notBefore) || j.blocked() {
 			keep = append(keep, j)
 			continue
 		}
@@ -423,7 +460,7 @@ func (l *loop) rebalanced(req rebalanceReq) {
 	if req.kind == assigned {
 		for _, id := range req.parts {
 			if l.parts[id] == nil {
-				l.parts[id] = &partition{id: id}
+				l.parts[id] = newPartition(id)
 			}
 		}
 		if l.wantPause() {

@@ -28,8 +28,9 @@ import (
 // Mode "resync" restores a grant a gateway could not write while Redis was
 // out of reach, or that Redis lost: it never shortens a deadline already
 // written (another device, a later ping) nor one held for a recheck,
-// restores nothing older than a renewal or end Redis knows of, and
-// records the renewal at the ping it restores. Returns the deadline in ms.
+// but ends a silence between its stages, restores nothing older than a
+// renewal or end Redis knows of, and records the renewal at the ping it
+// restores. Returns the deadline in ms.
 var renewScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -38,7 +39,12 @@ local uid = ARGV[1]
 local at = now - (tonumber(ARGV[7]) or 0)
 local was = tonumber(redis.call('GET', KEYS[8]) or '0')
 if ARGV[5] == 'resync' then
-  local cur = redis.call('ZSCORE', KEYS[2], uid) or redis.call('HGET', KEYS[6], uid)
+  -- Between stages the index holds when the next stage is due, not a
+  -- deadline: the silence is past, and a ping restored now ends it.
+  local cur = nil
+  if redis.call('HEXISTS', KEYS[7], uid) == 0 then
+    cur = redis.call('ZSCORE', KEYS[2], uid) or redis.call('HGET', KEYS[6], uid)
+  end
   if cur and tonumber(cur) >= now + ttl then return tonumber(cur) end
   if ttl <= 0 then return now + ttl end
   -- A renewal or an end Redis knows of since the ping is newer than it.
@@ -305,6 +311,32 @@ end
 return n
 `)
 
+// rescheduleScript moves a silence's next stage to its delay after now,
+// by Redis's clock, if the silence is still at that stage: a stage that
+// went out late (replayed from a spool) is followed its delay after it
+// went out, not after it was found due. It only ever moves the stage
+// later; a held one is put back at the later time when released. KEYS:
+// the bucket's keys. ARGV: uid, stage value ("<stage>:<deadline>"),
+// delay ms. Returns 1 if it moved it.
+var rescheduleScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local uid, due = ARGV[1], now + tonumber(ARGV[3])
+if redis.call('HGET', KEYS[6], uid) ~= ARGV[2] then return 0 end
+local score = redis.call('ZSCORE', KEYS[1], uid)
+if score then
+  if tonumber(score) >= due then return 0 end
+  redis.call('ZADD', KEYS[1], due, uid)
+  return 1
+end
+local held = redis.call('HGET', KEYS[5], uid)
+if redis.call('ZSCORE', KEYS[4], uid) and held and tonumber(held) < due then
+  redis.call('HSET', KEYS[5], uid, due)
+  return 1
+end
+return 0
+`)
+
 // holdScript moves timeouts out of the index until their release time,
 // when dueScript puts them back for a recheck, unless the user renewed in
 // between (renewScript cancels the hold). An entry is moved only if its
@@ -458,6 +490,18 @@ func (s *Store) Settle(ctx context.Context, done []Expired) error {
 		}
 	}
 	return nil
+}
+
+// Reschedule moves uid's next stage of the silence that ran out at
+// deadline to delay after now, by Redis's clock, if the silence is still
+// waiting for that stage and it was due sooner (see rescheduleScript).
+func (s *Store) Reschedule(ctx context.Context, uid string, stage int, deadline time.Time, delay time.Duration) (bool, error) {
+	val := strconv.Itoa(stage) + ":" + strconv.FormatInt(deadline.UnixMilli(), 10)
+	n, err := rescheduleScript.Run(ctx, s.rdb, s.ks.bucketKeys(Bucket(uid)), uid, val, delay.Milliseconds()).Int()
+	if err != nil {
+		return false, fmt.Errorf("reschedule stage %d of %q: %w", stage, uid, err)
+	}
+	return n == 1, nil
 }
 
 // perBucket runs script once per bucket of es, in one pipeline, with the
