@@ -394,6 +394,20 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 	// leaveAt plus the TTL.
 	end := leaveAt.Add(round + ttl + faultGrace + 3*time.Second)
 	time.Sleep(time.Until(end))
+	// Then until every leaver has a guide, for a while: how late they
+	// came is checked below, against its bound; here they are counted.
+	for more := time.Now().Add(10 * time.Second); time.Now().Before(more); time.Sleep(100 * time.Millisecond) {
+		all := true
+		for i := range sessions {
+			if leaves(i) && len(r.hook.Guides(uid(i))) == 0 {
+				all = false
+				break
+			}
+		}
+		if all {
+			break
+		}
+	}
 	var (
 		lates          []time.Duration
 		wrong, guided  int
@@ -456,7 +470,7 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 	// bound (below).
 	bound := faultGrace + 2*time.Second
 	if raceDetector {
-		bound += 3 * time.Second
+		bound += 5 * time.Second
 	}
 	if worstLate > bound {
 		t.Errorf("%s guided %v past its deadline, want at most %v", worstLateUID, worstLate, bound)
