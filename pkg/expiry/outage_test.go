@@ -112,7 +112,7 @@ func testBlindIntervalHolds(t *testing.T, mode string) {
 		t.Fatal(err)
 	}
 	want := map[string]grant{
-		"in-it":    h.renew("in-it", "default", 500*time.Millisecond),
+		"in-it": h.renew("in-it", "default", 500*time.Millisecond),
 		// After the interval, in the grace; well before the first
 		// listener stops, so that in events mode its expired event
 		// reaches that listener (events mode loses what comes while no
