@@ -27,6 +27,12 @@ func (h *harness) stagePolicy() {
 				{Action: timeoutevent.ActionRemind, Text: "Anything else?"},
 				{After: time.Second, Action: timeoutevent.ActionRemind, Text: "We are here when you need us."},
 			},
+			// Room to come back between the stages, however slow the
+			// machine: its close would come 3s after the reminder.
+			"slow": {
+				{Action: timeoutevent.ActionRemind},
+				{After: 3 * time.Second, Action: timeoutevent.ActionClose, Text: "We closed this chat."},
+			},
 		},
 	}
 	if err := policy.NewStore(h.rdb, h.store.Keyspace()).Save(context.Background(), p); err != nil {
@@ -76,19 +82,23 @@ func TestStagesOfASilence(t *testing.T) {
 
 	silent := h.renew("silent", "default", 300*time.Millisecond)
 	vip := h.renew("vip", "vip", 300*time.Millisecond)
-	back := h.renew("back", "default", 300*time.Millisecond)
+	back := h.renew("back", "slow", 300*time.Millisecond)
 	// "back" comes back after stage 1, before stage 2: the stages left
 	// of that silence are dropped. Their next silence, in the same
 	// minute window as the first, waits for the window's end (the minute
 	// rule): nothing more within this test.
-	waitFor(t, 5*time.Second, "back's stage 1", func() bool { return len(byUID(h.events())["back"]) == 1 })
-	h.renew("back", "default", 1500*time.Millisecond)
+	waitFor(t, waitLong, "back's stage 1", func() bool { return len(byUID(h.events())["back"]) == 1 })
+	h.renew("back", "slow", 1500*time.Millisecond)
 
 	waitFor(t, 10*time.Second, "every stage", func() bool {
 		by := byUID(h.events())
 		return len(by["silent"]) == 3 && len(by["vip"]) == 2
 	})
-	time.Sleep(1500 * time.Millisecond) // nothing more comes
+	// Nothing more comes: not the silent users', nor back's close, due
+	// 3s after its reminder.
+	for until := time.UnixMilli(byUID(h.events())["back"][0].DetectedMS).Add(3500 * time.Millisecond); time.Now().Before(until); {
+		time.Sleep(100 * time.Millisecond)
+	}
 	by := byUID(h.events())
 	wantStages(t, by["silent"], "silent", silent, []string{"remind", "remind", "close"}, []time.Duration{0, time.Second, time.Second})
 	wantStages(t, by["vip"], "vip", vip, []string{"remind", "remind"}, []time.Duration{0, time.Second})
@@ -111,7 +121,7 @@ func TestStagesAcrossListenerRestart(t *testing.T) {
 	h.stagePolicy()
 	stop := h.start(h.config(ModeSweep))
 	h.renew("ruth", "default", 200*time.Millisecond)
-	waitFor(t, 5*time.Second, "stage 1", func() bool { return len(byUID(h.events())["ruth"]) == 1 })
+	waitFor(t, waitLong, "stage 1", func() bool { return len(byUID(h.events())["ruth"]) == 1 })
 	stop()
 	time.Sleep(1500 * time.Millisecond) // stage 2 falls due while no listener runs
 	stop = h.start(h.config(ModeSweep))
