@@ -72,10 +72,11 @@ export interface Options {
   activityTarget?: EventTarget | null;
   /**
    * The renewal interval, ms: at most one ping per interval, however
-   * busy the user. 0 (the default) takes a quarter of the TTL the gateway
-   * last granted, within 1 to 30 s. At least 1000: the gateway answers
-   * pings closer together than its renewal granularity (1 s) without
-   * renewing.
+   * busy the user, counted from the gateway's answer to the last one, so
+   * that the gateway sees them at least that far apart. 0 (the default)
+   * takes a quarter of the TTL the gateway last granted, within 1 to
+   * 30 s. At least 1000: the gateway answers pings closer together than
+   * its renewal granularity (1 s) without renewing.
    */
   pingInterval?: number;
   /** How long before the token's exp to ask for a fresh one, ms; at most half the time it has left. Default 60000. */

@@ -149,6 +149,10 @@ export class StillThere extends EventTarget {
   #activityAt = -Infinity;
   #renewedFor = -Infinity;
   #pingedFor = -Infinity; // the activity the last ping on this connection carried
+  // When the last ping was answered (or sent, while it is not): the next
+  // goes an interval after it. Counted from the answer, the gateway has
+  // always taken the last ping before this one leaves, so that it sees
+  // them at least the interval apart, however slow the way there.
   #lastPingAt = -Infinity;
   #unanswered = []; // pings without an answer yet, oldest first
   #pingTimer = null;
@@ -512,6 +516,8 @@ export class StillThere extends EventTarget {
 
   #maybePing() {
     if (this.#state !== State.OPEN || this.#ending || this.#activityAt <= this.#pingedFor) return;
+    // One ping at a time: its answer calls again.
+    if (this.#unanswered.length > 0) return;
     const wait = this.#lastPingAt + this.#interval() - this.#now();
     if (wait <= 0) {
       this.#ping();
@@ -542,12 +548,14 @@ export class StillThere extends EventTarget {
   #onPong(f) {
     const ping = this.#unanswered.shift();
     if (!ping || !Number.isFinite(f.ttl_ms)) return;
+    this.#lastPingAt = this.#now();
     this.#renewedFor = Math.max(this.#renewedFor, ping.activityAt);
     this.#ttl = f.ttl_ms;
     // From when the ping left, not when the pong came: the deadline is
     // never later than the gateway's.
     this.#deadline = ping.sentAt + f.ttl_ms;
     this.#emit('pong', { ttlMs: f.ttl_ms, deadline: this.#deadline });
+    this.#maybePing(); // activity since it left is owed a ping
   }
 
   #onError(f) {
@@ -557,6 +565,7 @@ export class StillThere extends EventTarget {
       // The session store missed this ping: the activity it carried is
       // owed again, at the end of the interval.
       this.#unanswered.shift();
+      this.#lastPingAt = this.#now();
       this.#pingedFor = this.#renewedFor;
       this.#maybePing();
     }

@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 
 import { StillThere, backoffDelay, closeAction, tokenExpiry } from '../stillthere.js';
 import { startStack } from '../../teststack/stack.js';
-import { busyUntil, memoryStorage, record, sleep, spySocket, uid } from './helpers.js';
+import { busyUntil, memoryStorage, metric, record, sleep, spySocket, uid } from './helpers.js';
 
 describe('closeAction', () => {
   for (const [code, want] of [
@@ -81,8 +81,8 @@ describe('against a real gateway', { concurrency: true }, () => {
     await stack?.stop();
   });
 
-  function client(options) {
-    const spy = spySocket();
+  function client(options, spyOptions) {
+    const spy = spySocket(spyOptions);
     const c = new StillThere({ url: stack.gateway, WebSocket: spy.SpySocket, storage: memoryStorage(), ...options });
     clients.push(c);
     return { c, spy, rec: record(c) };
@@ -115,6 +115,21 @@ describe('against a real gateway', { concurrency: true }, () => {
     const quiet = spy.frames('ping').length;
     await sleep(1500);
     assert.equal(spy.frames('ping').length, quiet, 'a ping without activity');
+  });
+
+  it('spaces pings from the answer to the last, so that each one renews, even over a slow uplink', async () => {
+    const { c, rec } = client({ token: await stack.token(uid('slowlink')) }, { delayFirst: 700 });
+    c.start();
+    await rec.waitFor('statechange', (e) => e.state === 'open');
+    // Activity while the first ping is on its way: owed a second ping,
+    // which the gateway must take at least its granularity (1 s) after
+    // the first, or it answers from the first grant and renews nothing.
+    await sleep(100);
+    c.activity();
+    const [first, second] = [await rec.waitFor('pong'), await rec.waitFor('pong', () => rec.of('pong').length >= 2)];
+    assert.ok(second.deadline > first.deadline, `deadlines ${first.deadline}, then ${second.deadline}`);
+    // No client of these tests had a ping answered without a renewal.
+    assert.equal(await metric(stack, 'stillthere_gateway_renewals_coalesced_total'), 0);
   });
 
   it('keeps a busy user out of the guide, and guides them once they go quiet', async () => {
@@ -155,7 +170,7 @@ describe('against a real gateway', { concurrency: true }, () => {
     first.c.start();
     await first.rec.waitFor('pong');
     const id = `guide-${user}`;
-    assert.equal(await stack.push({ id, uid: user, text: 'Still with us?' }), 'delivered');
+    assert.equal(await stack.pushGuide({ id, uid: user, text: 'Still with us?' }), 'delivered');
     const shown = await first.rec.waitFor('guide');
     assert.deepEqual({ ...shown, at: 0 }, { type: 'guide', at: 0, id, text: 'Still with us?', stage: 1, final: false, deadline: null });
     // The same frame again (a resend, a second delivery): acked, not shown.

@@ -11,19 +11,23 @@ export function uid(name) {
  * A WebSocket class for the client's WebSocket option: a real socket that
  * records the frames the client sends and keeps every socket, so that a
  * test can send behind the client's back, or replay a frame to it.
+ * delayFirst holds each socket's first frame back that many ms.
  */
-export function spySocket() {
+export function spySocket({ delayFirst = 0 } = {}) {
   const sockets = [];
   const sent = [];
   class SpySocket extends WebSocket {
     #onmessage = null;
+    #sends = 0;
     constructor(url) {
       super(url);
       sockets.push(this);
     }
     send(data) {
       sent.push({ at: Date.now(), frame: JSON.parse(data) });
-      super.send(data);
+      // A slow uplink: the first frame reaches the gateway late.
+      if (this.#sends++ === 0 && delayFirst > 0) setTimeout(() => super.send(data), delayFirst);
+      else super.send(data);
     }
     set onmessage(fn) {
       this.#onmessage = fn;
@@ -96,4 +100,12 @@ export async function busyUntil(client, promise) {
     await Promise.race([sleep(300), settled.catch(() => {})]);
   }
   return settled;
+}
+
+/** The value of a counter on a gateway's internal listener, 0 when absent. */
+export async function metric(stack, name) {
+  const res = await fetch(stack.push.replace(/\/v1\/push$/, '/metrics'));
+  const text = await res.text();
+  const line = text.split('\n').find((l) => l.startsWith(`${name} `));
+  return line ? Number(line.split(' ')[1]) : 0;
 }
