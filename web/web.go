@@ -26,10 +26,11 @@ var demoFiles = map[string]struct{ path, contentType string }{
 }
 
 // demoPolicy lets the page load only its own files and open WebSockets to
-// the host that served it ('self' covers ws: and wss: of the same host).
+// the host that served it ('self' covers ws: and wss: of the same host),
+// and an empty data: icon, so that the browser asks for no favicon.
 // The page takes its token from the URL's fragment, which the browser
 // never sends: it is neither in a request nor in a referrer.
-const demoPolicy = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+const demoPolicy = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
 // Demo serves the demo page's files by their names, the request path
 // with the page's prefix stripped ("" and "index.html" are the page).

@@ -127,6 +127,7 @@ function run(token) {
   }
 
   client.start();
+  noteActivity('opened the chat');
   input.focus();
 }
 
