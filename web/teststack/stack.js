@@ -70,7 +70,7 @@ export async function startStack(flags = {}, { within = 180_000 } = {}) {
     },
 
     /** Pushes a guide through the push endpoint; resolves with its status. */
-    async push(guide) {
+    async pushGuide(guide) {
       const res = await fetch(info.push, {
         method: 'POST',
         headers: { authorization: `Bearer ${info.pushSecret}`, 'content-type': 'application/json', 'idempotency-key': guide.id },
