@@ -122,7 +122,12 @@ export interface Guide {
   text: string;
   /** The stage of the silence, from 1. */
   stage: number;
-  /** A close stage: the chat is closed, and the gateway closes with 4000 right after. */
+  /**
+   * A close stage: the chat is closed. Sent live, the gateway closes the
+   * connection with 4000 right after; handed over from the inbox on
+   * connect, it closes nothing: the user is back, and a new chat begins
+   * with their activity.
+   */
   final: boolean;
   /** When the session ran out, Unix ms (the gateway's clock), or null when the sender did not say. */
   deadline: number | null;

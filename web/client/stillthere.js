@@ -158,7 +158,6 @@ export class StillThere extends EventTarget {
   #pingTimer = null;
   #ttl = 0; // the last TTL granted, ms
   #deadline = null;
-  #ending = false; // a close stage's guide came: the 4000 follows
 
   #seen = new Set();
   #listening = false;
@@ -247,7 +246,6 @@ export class StillThere extends EventTarget {
       this.activity();
       return;
     }
-    this.#ending = false;
     this.#step = 0;
     this.#listen(true);
     this.#activityAt = this.#now();
@@ -515,7 +513,7 @@ export class StillThere extends EventTarget {
   }
 
   #maybePing() {
-    if (this.#state !== State.OPEN || this.#ending || this.#activityAt <= this.#pingedFor) return;
+    if (this.#state !== State.OPEN || this.#activityAt <= this.#pingedFor) return;
     // One ping at a time: its answer calls again.
     if (this.#unanswered.length > 0) return;
     const wait = this.#lastPingAt + this.#interval() - this.#now();
@@ -582,8 +580,10 @@ export class StillThere extends EventTarget {
     if (typeof f.id !== 'string' || f.id === '') return;
     // Every copy is acked: bookkeeping for the gateway, never a renewal.
     this.#send({ type: 'ack', id: f.id });
+    // A close stage's guide sent live is followed by the 4000, and the
+    // gateway takes nothing in between; one handed over from the inbox on
+    // connect closes nothing: the user is back, and their pings count.
     const final = f.final === true;
-    if (final) this.#ending = true; // no ping renews a chat that closed
     if (this.#wasShown(f.id)) return;
     this.#markShown(f.id);
     this.#emit('guide', {

@@ -194,6 +194,25 @@ describe('against a real gateway', { concurrency: true }, () => {
     assert.equal(fresh.rec.of('guide').length, 1);
   });
 
+  it('a close stage handed over from the inbox leaves the user back on their connection', async () => {
+    // The chat closed while the user had no connection: its guide waits
+    // in their inbox, and on their next connect closes nothing.
+    const user = uid('inbox');
+    const id = `close-${user}`;
+    const status = await stack.pushGuide({ id, uid: user, text: 'We closed this chat.', stage: 2, action: 'close', final: true });
+    assert.equal(status, 'queued');
+    const { c, rec } = client({ token: await stack.token(user) });
+    c.start();
+    const closed = await rec.waitFor('guide');
+    assert.equal(closed.final, true);
+    // Back: their activity renews a new session on the same connection.
+    await rec.waitFor('pong');
+    await sleep(1100);
+    c.activity();
+    await rec.waitFor('pong', () => rec.of('pong').length >= 2, 5_000);
+    assert.equal(c.state, 'open');
+  });
+
   it('ignores frames it does not know', async () => {
     const { c, spy, rec } = client({ token: await stack.token(uid('future')) });
     c.start();
