@@ -79,7 +79,12 @@ export interface Options {
    * its renewal granularity (1 s) without renewing.
    */
   pingInterval?: number;
-  /** How long before the token's exp to ask for a fresh one, ms; at most half the time it has left. Default 60000. */
+  /**
+   * How long before the token's exp to ask for a fresh one, ms: at a
+   * random point between this and half of it, so that clients whose
+   * tokens were minted together do not ask together; at most half the
+   * time the token has left. Default 60000.
+   */
   refreshBefore?: number;
   backoff?: Backoff;
   /** A connection open this long, ms, starts the backoff over when it ends. Default 5000. */
@@ -208,6 +213,9 @@ export declare function closeAction(code: number): 'now' | 'backoff' | 'token' |
 
 /** The wait before reconnect attempt step (from 0): uniform in [0, min(max, initial * 2^step)). */
 export declare function backoffDelay(step: number, backoff: Required<Backoff>, random?: () => number): number;
+
+/** When to ask for a fresh token, ms from now, for a token with left ms to live. */
+export declare function refreshDelay(left: number, refreshBefore: number, random?: () => number): number;
 
 /** The exp of a JWT, Unix ms, or null; the token is not verified. */
 export declare function tokenExpiry(token: string): number | null;

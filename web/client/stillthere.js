@@ -60,7 +60,8 @@ const seenCap = 100;
  *   backoff: the gateway asked to slow down (1008 over the rate limit,
  *            1013 no session store): reconnect after a wait that starts
  *            at the fourth step of the backoff;
- *   token:   get a fresh token, then reconnect (4001: the token expired);
+ *   token:   get a fresh token, then reconnect at once (4001: the token
+ *            expired);
  *   stop:    do not reconnect (4000: the chat was closed for inactivity);
  *   retry:   anything else (a dropped network, a refused upgrade): reconnect
  *            after the next step of the backoff.
@@ -95,6 +96,21 @@ export function closeAction(code) {
 export function backoffDelay(step, backoff, random = Math.random) {
   const cap = Math.min(backoff.max, backoff.initial * 2 ** Math.min(step, 30));
   return Math.floor(random() * cap);
+}
+
+/**
+ * When to ask for a fresh token, in ms from now, for a token with left ms
+ * to live: at a random point between refreshBefore and half of it before
+ * its expiry, or, for a token with less than twice refreshBefore left,
+ * between a half and a quarter of what it has left. The spread keeps the
+ * clients whose tokens were minted together from asking together.
+ * @param {number} left
+ * @param {number} refreshBefore
+ * @param {() => number} [random]
+ */
+export function refreshDelay(left, refreshBefore, random = Math.random) {
+  const lead = Math.min(refreshBefore, left / 2);
+  return Math.max(0, Math.floor(left - lead + (random() * lead) / 2));
 }
 
 /**
@@ -401,7 +417,9 @@ export class StillThere extends EventTarget {
         delay = backoffDelay(0, this.#opts.backoff, this.#random);
         break;
       case 'token':
-        delay = 0;
+        // At once, spread like 1001: the tokens of clients that connected
+        // together run out together.
+        delay = backoffDelay(0, this.#opts.backoff, this.#random);
         break;
       case 'backoff':
         this.#step = Math.max(this.#step, 3);
@@ -628,9 +646,7 @@ export class StillThere extends EventTarget {
     clearTimeout(this.#refreshTimer);
     this.#refreshTimer = null;
     if (typeof this.#tokenSource !== 'function' || this.#tokenExp === null) return;
-    const left = this.#tokenExp - this.#now();
-    const lead = Math.min(this.#opts.refreshBefore, left / 2);
-    this.#refreshAfter(Math.max(0, left - lead));
+    this.#refreshAfter(refreshDelay(this.#tokenExp - this.#now(), this.#opts.refreshBefore, this.#random));
   }
 
   #refreshAfter(delay) {

@@ -4,7 +4,7 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { StillThere, backoffDelay, closeAction, tokenExpiry } from '../stillthere.js';
+import { StillThere, backoffDelay, closeAction, refreshDelay, tokenExpiry } from '../stillthere.js';
 import { startStack } from '../../teststack/stack.js';
 import { busyUntil, memoryStorage, metric, record, sleep, spySocket, uid } from './helpers.js';
 
@@ -36,6 +36,21 @@ describe('backoffDelay', () => {
   ]) {
     it(`step ${step}, random ${random}: ${want} ms`, () => {
       assert.equal(backoffDelay(step, backoff, () => random), want);
+    });
+  }
+});
+
+describe('refreshDelay', () => {
+  for (const [left, random, want] of [
+    [3_600_000, 0, 3_540_000], // a minute before the hour is up
+    [3_600_000, 0.999, 3_569_970], // up to half a minute later
+    [100_000, 0, 50_000], // less than two minutes left: at half
+    [100_000, 0.999, 74_975], // to a quarter left
+    [0, 0.5, 0],
+    [-5_000, 0.5, 0], // expired: at once
+  ]) {
+    it(`${left} ms left, random ${random}: ${want} ms`, () => {
+      assert.equal(refreshDelay(left, 60_000, () => random), want);
     });
   }
 });
@@ -300,6 +315,7 @@ describe('against a real gateway', { concurrency: true }, () => {
     const user = uid('expired');
     const reasons = [];
     const { c, spy, rec } = client({
+      random: () => 0.5,
       token: ({ reason }) => {
         reasons.push(reason);
         // The auth server is down for refreshes: the token runs out.
@@ -312,7 +328,7 @@ describe('against a real gateway', { concurrency: true }, () => {
     assert.equal(failed.code, 'token_failed');
     const told = await busyUntil(c, rec.waitFor('statechange', (e) => e.code === 4001, 15_000));
     assert.equal(told.state, 'reconnecting');
-    assert.equal(told.retryIn, 0);
+    assert.equal(told.retryIn, 250, 'not at once, spread over the first 500 ms');
     await rec.waitFor('statechange', (e) => e.state === 'open' && e.at > told.at);
     assert.ok(reasons.includes('expired'), `token asked for ${reasons}`);
     assert.equal(spy.sockets.length, 2);

@@ -7,6 +7,7 @@ import {
   backoffDelay,
   closeAction,
   defaults,
+  refreshDelay,
   tokenExpiry,
   type Guide,
   type Options,
@@ -49,7 +50,8 @@ client.stop();
 const action: 'now' | 'backoff' | 'token' | 'stop' | 'retry' = closeAction(4001);
 const wait: number = backoffDelay(3, defaults.backoff, Math.random);
 const exp: number | null = tokenExpiry('a.b.c');
-console.log(action, wait, exp);
+const refresh: number = refreshDelay(3_600_000, defaults.refreshBefore);
+console.log(action, wait, exp, refresh);
 
 // @ts-expect-error: a token is a string or a function that gives one
 new StillThere({ url: 'wss://chat.example.com/v1/ws', token: 42 });
