@@ -175,6 +175,7 @@ export class StillThere extends EventTarget {
   #ttl = 0; // the last TTL granted, ms
   #deadline = null;
 
+  #storage; // where shown guide ids are kept, or null
   #seen = new Set();
   #listening = false;
   #onActivity = () => this.activity();
@@ -240,8 +241,6 @@ export class StillThere extends EventTarget {
     this.#storage = options.storage === undefined ? sessionStorageOrNull() : options.storage;
     this.#loadSeen();
   }
-
-  #storage;
 
   /** The client's state: connecting, open, reconnecting or closed. */
   get state() {
