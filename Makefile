@@ -2,7 +2,7 @@ GO ?= go
 FUZZTIME ?= 3s
 
 .DEFAULT_GOAL := help
-.PHONY: help run test fuzz lint bench deps smoke chart
+.PHONY: help run test fuzz lint bench deps smoke chart web
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -10,10 +10,11 @@ help: ## list the targets
 run: deps ## run the whole pipeline: redis-server, embedded Kafka, the three services
 	$(GO) run ./dev
 
-test: deps lint chart ## vet, lint and render the chart, every test with -race, short fuzzing, the k6 smoke test
+test: deps lint chart ## vet, lint and render the chart, every test with -race, short fuzzing, the k6 smoke test, the browser tests
 	STILLTHERE_REQUIRE_HELM=1 PATH="$$($(GO) env GOPATH)/bin:$$PATH" $(GO) test -race -count=1 ./...
 	$(MAKE) --no-print-directory fuzz
 	$(MAKE) --no-print-directory smoke
+	$(MAKE) --no-print-directory web
 
 fuzz: ## run each fuzz target for FUZZTIME (default 3s)
 	@grep -rlE '^func Fuzz' --include='*_test.go' . | sort | while read -r file; do \
@@ -45,6 +46,9 @@ bench: deps ## benchmark into bench/report.md and report.json (about 7 min), the
 
 smoke: deps ## k6 smoke test (loadtest/smoke.js) against a dev stack of its own; builds the pinned k6 once
 	./loadtest/smoke.sh
+
+web: deps ## the JavaScript client's unit tests (Node) and the demo page in headless Chromium (web/test.sh); installs chromium and the pinned test packages when missing
+	./web/test.sh
 
 deps: ## install redis-server when it is missing (Debian), or say how
 	@./dev/ensure-redis.sh

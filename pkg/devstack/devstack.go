@@ -117,6 +117,9 @@ func Start(ctx context.Context, opts Options) (s *Stack, err error) {
 	for _, name := range []string{"token-secret", "push-secret"} {
 		set(name, randomSecret())
 	}
+	// The demo chat page, on the gateway's public listener: a dev stack
+	// is for trying stillthere. Production gateways serve no page.
+	set("demo-page", "true")
 	s.TokenSecret = get("token-secret")
 
 	if s.GatewayConfig, err = gateway.LoadConfig(nil, env); err != nil {
@@ -233,7 +236,7 @@ dev token for user "dev-user", valid 24h:
 
 try it:
   go run ./dev/client -url ws://%s/v1/ws -token %s
-`,
+%s`,
 		s.RedisAddr, redisNote,
 		s.KafkaBrokers, kafkaNote, l.Kafka.Topic, l.Kafka.Partitions,
 		s.Gateway.PublicAddr(), s.Gateway.PushAddr(),
@@ -241,7 +244,26 @@ try it:
 		s.Consumer.AdminAddr(), c.Group,
 		g.SessionTTL, g.SessionJitter,
 		s.DevToken,
-		s.Gateway.PublicAddr(), s.DevToken)
+		s.Gateway.PublicAddr(), s.DevToken,
+		s.demoLine())
+}
+
+// DemoURL is the demo page's address with the dev token in its fragment,
+// which the browser keeps to itself; empty when the gateway serves no
+// page.
+func (s *Stack) DemoURL() string {
+	if !s.GatewayConfig.DemoPage {
+		return ""
+	}
+	return "http://" + s.Gateway.PublicAddr().String() + "/demo/#token=" + s.DevToken
+}
+
+func (s *Stack) demoLine() string {
+	u := s.DemoURL()
+	if u == "" {
+		return ""
+	}
+	return "or open the demo chat in a browser, and stop typing:\n  " + u + "\n"
 }
 
 func randomSecret() string {

@@ -46,6 +46,10 @@ type Config struct {
 	// AllowedOrigins lists the browser Origins allowed to connect. Empty
 	// allows only an Origin whose host is the request's Host.
 	AllowedOrigins []string
+	// DemoPage serves the demo chat page (package web) at /demo/ on the
+	// public listener. Default false: it is for trying stillthere, not
+	// for users; the dev stack turns it on.
+	DemoPage bool
 
 	// SessionTTL is granted on each ping, plus a uniform jitter in
 	// [0, SessionJitter) so expiries don't clump. Defaults 60s and 5s.
@@ -182,6 +186,7 @@ func (c *Config) Bind(b *config.Binder) {
 	b.String(&c.TokenAudience, "token-audience", "", "required aud of client tokens; empty: not checked")
 	b.Duration(&c.TokenMaxLifetime, "token-max-lifetime", 24*time.Hour, "longest lifetime (exp less iat) of a client token; 0: no limit")
 	b.List(&c.AllowedOrigins, "allowed-origins", "", "browser Origins allowed to connect, comma-separated; empty allows same host only")
+	b.Bool(&c.DemoPage, "demo-page", false, "serve the demo chat page at /demo/ on the public listener (for trying stillthere, not for users)")
 	b.Duration(&c.SessionTTL, "session-ttl", 60*time.Second, "session TTL granted on each ping")
 	b.Duration(&c.SessionJitter, "session-jitter", 5*time.Second, "random extra TTL in [0, jitter)")
 	c.Closing.Bind(b)

@@ -38,6 +38,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/token"
+	"github.com/stillthere/stillthere/web"
 )
 
 // Gateway is a running gateway: open with New, then Serve.
@@ -328,6 +329,11 @@ func (g *Gateway) drain() {
 func (g *Gateway) publicMux(ctx context.Context) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/ws", func(w http.ResponseWriter, r *http.Request) { g.serveWS(ctx, w, r) })
+	if g.cfg.DemoPage {
+		// Same origin as the WebSocket, so the default Origin policy
+		// lets the page connect.
+		mux.Handle("GET /demo/", http.StripPrefix("/demo/", web.Demo()))
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// Every answer but an upgrade (which writes its own) ends the
 		// connection: a client that was refused reconnects to retry.

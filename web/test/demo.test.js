@@ -1,0 +1,203 @@
+// The demo page in a real browser: Debian's Chromium, headless, driven by
+// playwright-core, against a test stack with a 2 s TTL and a close stage
+// 3 s after the reminder. Writes a screenshot of the page with a guide on
+// screen, and the time from the deadline to the guide on screen, to the
+// artifacts directory ($STILLTHERE_ARTIFACTS, default web/test/out).
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdir, writeFile } from 'node:fs/promises';
+import { fileURLToPath } from 'node:url';
+
+import { chromium } from 'playwright-core';
+
+import { startStack } from '../teststack/stack.js';
+
+const artifacts = process.env.STILLTHERE_ARTIFACTS || fileURLToPath(new URL('out', import.meta.url));
+const chromiumPath = process.env.STILLTHERE_CHROMIUM || '/usr/bin/chromium';
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+let users = 0;
+const uid = (name) => `${name}-${process.pid}-${++users}`;
+
+describe('the demo page in Chromium', () => {
+  let stack;
+  let browser;
+  before(async () => {
+    [stack, browser] = await Promise.all([
+      startStack(),
+      chromium.launch({
+        executablePath: chromiumPath,
+        args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+        timeout: 60_000,
+      }),
+    ]);
+    await mkdir(artifacts, { recursive: true });
+  });
+  after(async () => {
+    await browser?.close();
+    await stack?.stop();
+  });
+
+  // A fresh browser context (its own sessionStorage) on the demo page of
+  // the test stack's second gateway, as user.
+  async function open(user, { route } = {}) {
+    const context = await browser.newContext({ viewport: { width: 480, height: 600 }, deviceScaleFactor: 2 });
+    const page = await context.newPage();
+    const problems = [];
+    page.on('pageerror', (err) => problems.push(err.message));
+    page.on('console', (m) => m.type() === 'error' && problems.push(m.text()));
+    if (route) await page.routeWebSocket(/\/v1\/ws/, route);
+    const url = `${stack.demo}#token=${await stack.token(user)}`;
+    await page.goto(url);
+    await page.waitForSelector('#state[data-state="open"]', { timeout: 10_000 });
+    return { page, context, problems };
+  }
+
+  const guides = (page, selector = '.guide') => page.locator(`#messages ${selector}`);
+  const pongsAnswered = async (page) => Number((await page.textContent('#activity')).match(/(\d+) pings? answered/)?.[1] ?? 0);
+
+  it('connects, and shows the session from the last pong', async () => {
+    const { page, context, problems } = await open(uid('connect'));
+    await page.waitForFunction(() => Number(document.querySelector('#remaining').dataset.leftMs) > 0, null, { timeout: 5_000 });
+    assert.match(await page.textContent('#remaining'), /s left$/);
+    assert.equal(await page.textContent('#state'), 'open');
+    assert.deepEqual(problems, []);
+    await context.close();
+  });
+
+  it('takes typing as activity: each ping extends the session, and no guide comes', async () => {
+    const { page, context, problems } = await open(uid('typist'));
+    await page.click('#input');
+    const before = await pongsAnswered(page);
+    // Twice the longest TTL and more of typing, watching the session.
+    const until = Date.now() + 2 * (stack.ttlMs + stack.jitterMs) + 1000;
+    let least = Infinity;
+    while (Date.now() < until) {
+      await page.keyboard.type('hi ', { delay: 80 });
+      least = Math.min(least, Number(await page.getAttribute('#remaining', 'data-left-ms')));
+      await sleep(150);
+    }
+    await page.keyboard.press('Enter');
+    const pings = (await pongsAnswered(page)) - before;
+    assert.ok(pings >= 4, `${pings} pings answered while typing`);
+    assert.ok(least > 0, `the session ran down to ${least} ms while the user typed`);
+    assert.equal(await guides(page).count(), 0, 'a typing user was guided');
+    assert.match(await page.textContent('#activity'), /^typing/);
+    assert.equal(await page.locator('#messages .me').count(), 1);
+    assert.deepEqual(problems, []);
+    await context.close();
+  });
+
+  let idle; // the page of the next two tests
+  it('brings the guide on screen once when the user goes idle', async (t) => {
+    idle = await open(uid('idle'));
+    const { page } = idle;
+    // A question, then nothing: the user went away.
+    await page.click('#input');
+    await page.keyboard.type('Hi! Where is my order #1042?');
+    const lastKey = Date.now();
+    await page.keyboard.press('Enter');
+    const guide = guides(page, '.guide[data-shown-ms]');
+    await guide.first().waitFor({ timeout: stack.ttlMs + stack.jitterMs + 15_000 });
+    const shown = await guide.first().evaluate((el) => ({
+      id: el.dataset.id,
+      stage: el.dataset.stage,
+      text: el.querySelector('p').textContent,
+      deadlineMs: Number(el.dataset.deadlineMs),
+      shownMs: Number(el.dataset.shownMs),
+    }));
+    assert.equal(shown.stage, '1');
+    assert.match(shown.text, /still there/i);
+    // A whole TTL from the last key press, not less: the ping it owed
+    // renewed the session.
+    assert.ok(shown.deadlineMs >= lastKey + stack.ttlMs, `deadline ${shown.deadlineMs - lastKey} ms after the last key press`);
+    const late = shown.shownMs - shown.deadlineMs;
+    t.diagnostic(`deadline to guide on screen: ${late} ms`);
+    assert.ok(late >= 0 && late < 5_000, `guide on screen ${late} ms after the deadline`);
+    await page.screenshot({ path: `${artifacts}/demo-guide.png` });
+    await writeFile(`${artifacts}/guide-latency.json`, `${JSON.stringify({ deadlineToScreenMs: late, ...shown }, null, 2)}\n`);
+    // Once: still one, a second later (before the close stage).
+    await sleep(1000);
+    assert.equal(await guides(page).count(), 1);
+    assert.deepEqual(idle.problems, []);
+  });
+
+  it('ends the chat on screen at the close stage', async () => {
+    const { page, context, problems } = idle;
+    await page.waitForSelector('#closed:not([hidden])', { timeout: stack.closeAfterMs + 10_000 });
+    assert.match(await page.textContent('#closed-text'), /closed this chat/);
+    await page.waitForSelector('#state[data-state="closed"]', { timeout: 5_000 });
+    assert.equal(await page.isDisabled('#input'), true);
+    assert.equal(await guides(page, '.guide[data-stage="1"]').count(), 1);
+    assert.equal(await guides(page, '.guide.final').count(), 1);
+    // Closed stays closed: no reconnect on its own.
+    await sleep(1500);
+    assert.equal(await page.getAttribute('#state', 'data-state'), 'closed');
+    // The user comes back: a new chat.
+    await page.click('#restart');
+    await page.waitForSelector('#state[data-state="open"]', { timeout: 10_000 });
+    assert.equal(await page.isDisabled('#input'), false);
+    assert.deepEqual(problems, []);
+    await context.close();
+  });
+
+  it('shows no second copy of a guide after a reload', async () => {
+    // The gateway's frames pass through a route that keeps the guide, and
+    // after the reload hands it to the new page again, as a resend would.
+    let guideFrame = null;
+    let loads = 0;
+    const acks = [];
+    const route = (ws) => {
+      const load = ++loads;
+      const server = ws.connectToServer();
+      server.onMessage((m) => {
+        if (JSON.parse(m).type === 'guide' && guideFrame === null) guideFrame = m;
+        ws.send(m);
+      });
+      let replayed = false;
+      ws.onMessage((m) => {
+        const f = JSON.parse(m);
+        if (f.type === 'ack') acks.push({ load, id: f.id });
+        server.send(m);
+        if (load > 1 && guideFrame !== null && !replayed) {
+          replayed = true;
+          ws.send(guideFrame);
+        }
+      });
+    };
+    const { page, context, problems } = await open(uid('reload'), { route });
+    await guides(page).first().waitFor({ timeout: stack.ttlMs + stack.jitterMs + 15_000 });
+    const id = await guides(page).first().getAttribute('data-id');
+    await page.reload();
+    await page.waitForSelector('#state[data-state="open"]', { timeout: 10_000 });
+    // The replayed guide reached the page, which acked it and showed nothing.
+    await page.waitForFunction(() => true, null, { timeout: 1_000 });
+    for (let i = 0; i < 50 && !acks.some((a) => a.load > 1); i++) await sleep(100);
+    assert.deepEqual(acks.filter((a) => a.load > 1), [{ load: 2, id }], 'the replayed guide was not acked once');
+    await sleep(500);
+    assert.equal(await guides(page).count(), 0, 'the guide was shown again after the reload');
+    assert.deepEqual(problems, []);
+    await context.close();
+  });
+
+  it('reconnects by itself when its gateway restarts', async () => {
+    const { page, context, problems } = await open(uid('restart'));
+    const states = [];
+    await page.exposeFunction('noteState', (s) => states.push(s));
+    await page.evaluate(() => {
+      new MutationObserver(() => window.noteState(document.querySelector('#state').dataset.state)).observe(document.querySelector('#state'), { attributes: true });
+    });
+    const before = await pongsAnswered(page);
+    await stack.restart();
+    await page.waitForFunction(() => document.querySelector('#state').dataset.state === 'open' && document.querySelector('#state').textContent === 'open', null, { timeout: 10_000 });
+    for (let i = 0; i < 50 && !states.includes('open'); i++) await sleep(100);
+    assert.ok(states.includes('reconnecting'), `states seen: ${states}`);
+    assert.equal(states.at(-1), 'open', `states seen: ${states}`);
+    // The user types: the new instance renews the session.
+    await page.click('#input');
+    await page.keyboard.type('back');
+    await page.waitForFunction((n) => Number(document.querySelector('#activity').textContent.match(/(\d+) pings? answered/)?.[1] ?? 0) > n, before, { timeout: 5_000 });
+    assert.deepEqual(problems, []);
+    await context.close();
+  });
+});
