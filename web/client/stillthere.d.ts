@@ -190,8 +190,13 @@ export declare class StillThere extends EventTarget {
   start(): void;
   /** Reports user activity the listeners do not see. */
   activity(): void;
-  /** The user leaves on purpose: closes with 1000, and no guide follows. */
-  stop(): void;
+  /**
+   * The user leaves on purpose: closes with 1000, and no guide follows.
+   * Without an open connection (while reconnecting) it connects once to
+   * close with 1000, trying for up to 30 s; the promise settles when the
+   * gateway was told, or it gave up.
+   */
+  stop(): Promise<void>;
   /** Listens for an event; returns the function that stops listening. */
   on<K extends keyof StillThereEventMap>(type: K, listener: (event: StillThereEventMap[K]) => void): () => void;
   addEventListener<K extends keyof StillThereEventMap>(

@@ -156,6 +156,8 @@ export class StillThere extends EventTarget {
   // upgrade (401) as a dropped network; every third such attempt asks the
   // callback for a fresh token, in case this one is why.
   #failedOpens = 0;
+  // A connection opened once: the user may have a session to end.
+  #everOpened = false;
   #freshNext = false;
 
   // Activity and pings. activityAt is the last activity (ms); a ping
@@ -283,8 +285,17 @@ export class StillThere extends EventTarget {
    * (unless they are connected on another device), so no guide follows.
    */
   stop() {
+    if (this.#state === State.CLOSED) return Promise.resolve();
+    const ws = this.#ws;
+    const open = ws !== null && ws.readyState === 1;
+    const token = this.#token;
     this.#shutdown(CloseCode.NORMAL, 'user left');
     this.#setState(State.CLOSED, { code: CloseCode.NORMAL, reason: 'stopped' });
+    // No open connection to close (the client was reconnecting): the
+    // session it had would run out and be guided. Tell the gateway on a
+    // connection of its own.
+    if (open || !this.#everOpened || token === null) return Promise.resolve();
+    return this.#leave(token);
   }
 
   /**
@@ -299,6 +310,47 @@ export class StillThere extends EventTarget {
 
   // --- connection ---
 
+  // Connects with token only to close with 1000, so that the gateway ends
+  // the session: tried until it works, for LEAVE_FOR at most.
+  async #leave(token) {
+    const until = this.#now() + LEAVE_FOR;
+    for (let i = 0; this.#now() < until; i++) {
+      if (await this.#leaveOnce(token)) return;
+      await new Promise((resolve) => setTimeout(resolve, Math.min(2_000, 250 * 2 ** i)));
+    }
+  }
+
+  #leaveOnce(token) {
+    return new Promise((resolve) => {
+      const url = new URL(this.#url);
+      url.searchParams.set('token', token);
+      let ws;
+      try {
+        ws = new this.#WebSocket(url.href);
+      } catch {
+        resolve(false);
+        return;
+      }
+      const timer = setTimeout(() => {
+        try {
+          ws.close();
+        } catch {
+          // not open
+        }
+        resolve(false);
+      }, 5_000);
+      ws.onopen = () => {
+        clearTimeout(timer);
+        ws.close(CloseCode.NORMAL, 'user left');
+        resolve(true);
+      };
+      ws.onerror = ws.onclose = () => {
+        clearTimeout(timer);
+        resolve(false);
+      };
+    });
+  }
+
   async #connect(reason) {
     if (this.#connecting || this.#ws) return;
     this.#connecting = true;
@@ -308,6 +360,11 @@ export class StillThere extends EventTarget {
     } catch (err) {
       this.#connecting = false;
       if (this.#state === State.CLOSED) return;
+      if (err instanceof TokenExpiredError) {
+        this.#shutdown();
+        this.#setState(State.CLOSED, { code: CloseCode.TOKEN_EXPIRED, reason: 'token expired' });
+        return;
+      }
       this.#emit('error', { code: 'token_failed', message: errorMessage(err) });
       this.#scheduleReconnect('retry', {});
       return;
@@ -332,6 +389,7 @@ export class StillThere extends EventTarget {
     ws.onopen = () => {
       if (this.#ws !== ws) return;
       this.#openedAt = this.#now();
+      this.#everOpened = true;
       this.#failedOpens = 0;
       this.#setState(State.OPEN, {});
       this.#scheduleRefresh();
@@ -344,7 +402,15 @@ export class StillThere extends EventTarget {
       if (this.#ws !== ws) return;
       this.#onClose(e.code, e.reason, this.#openedAt);
     };
-    ws.onerror = () => {}; // a close event always follows, with the code
+    // A close event follows an error, with the code, in browsers; Node 20's
+    // WebSocket sends none after a refused upgrade, so an error before the
+    // socket opened ends the attempt as an abnormal close (1006). The
+    // check on #ws keeps a close event that does follow from counting
+    // twice.
+    ws.onerror = () => {
+      if (this.#ws !== ws || this.#openedAt) return;
+      this.#onClose(1006, 'connection failed', 0);
+    };
   }
 
   // The token to connect with: the one in hand while it has more than
@@ -352,6 +418,9 @@ export class StillThere extends EventTarget {
   async #currentToken(reason) {
     if (typeof this.#tokenSource === 'string') {
       this.#setToken(this.#tokenSource);
+      // Past its exp and the gateway's leeway, a fixed token is refused
+      // at every try: as after a 4001, only the application can help.
+      if (this.#tokenExp !== null && this.#tokenExp + TOKEN_LEEWAY <= this.#now()) throw new TokenExpiredError();
       return this.#tokenSource;
     }
     if (reason !== 'expired' && !this.#freshNext && this.#token !== null) {
@@ -650,10 +719,21 @@ export class StillThere extends EventTarget {
 
   #refreshAfter(delay) {
     clearTimeout(this.#refreshTimer);
-    this.#refreshTimer = setTimeout(() => {
-      this.#refreshTimer = null;
-      this.#refresh();
-    }, delay);
+    // setTimeout fires at once past 2^31-1 ms (about 24.8 days): a longer
+    // wait is taken in steps, each looking again whether it is time.
+    const due = this.#now() + delay;
+    const step = () => {
+      const left = due - this.#now();
+      if (left > MAX_TIMEOUT) {
+        this.#refreshTimer = setTimeout(step, MAX_TIMEOUT);
+        return;
+      }
+      this.#refreshTimer = setTimeout(() => {
+        this.#refreshTimer = null;
+        this.#refresh();
+      }, Math.max(0, left));
+    };
+    step();
   }
 
   async #refresh() {
@@ -694,6 +774,22 @@ export class StillThere extends EventTarget {
     this.dispatchEvent(new CustomEvent(type, { detail }));
   }
 }
+
+// How long stop() keeps trying to tell the gateway the user left.
+const LEAVE_FOR = 30_000;
+
+// The gateway's leeway for clock skew past a token's exp.
+const TOKEN_LEEWAY = 5_000;
+
+// A fixed token past its exp: the client cannot connect with it.
+class TokenExpiredError extends Error {
+  constructor() {
+    super('the token has expired');
+  }
+}
+
+// The longest wait setTimeout takes as it is (2^31-1 ms).
+const MAX_TIMEOUT = 2 ** 31 - 1;
 
 function sessionStorageOrNull() {
   try {

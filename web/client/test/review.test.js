@@ -62,8 +62,9 @@ describe('review: against a real gateway', { concurrency: true }, () => {
     await rec.waitFor('pong');
     const restarted = stack.restart();
     await rec.waitFor('statechange', (e) => e.state === 'reconnecting' && e.code === 1001);
-    c.stop();
+    const left = c.stop();
     await restarted;
+    await left; // the gateway was told
     // A connection that only listens (it never pings, which would start
     // a session) sees what the user would be sent.
     const frames = [];
