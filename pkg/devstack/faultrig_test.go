@@ -87,9 +87,10 @@ type rigGateway struct {
 	svc   *service
 }
 
-func newFaultRig(t *testing.T, opts rigOptions) *faultRig {
-	t.Helper()
-	r := &faultRig{
+// newBareRig is a rig with its logs, key prefix, secrets and topic, and
+// nothing started yet.
+func newBareRig(t *testing.T) *faultRig {
+	return &faultRig{
 		t:           t,
 		log:         serviceLog(t),
 		prefix:      redistest.Prefix(t),
@@ -97,6 +98,37 @@ func newFaultRig(t *testing.T, opts rigOptions) *faultRig {
 		pushSecret:  randomSecret(),
 		topic:       "session-timeouts",
 	}
+}
+
+// startKafka starts the rig's in-process Kafka and its webhook receiver,
+// both stopped at cleanup.
+func (r *faultRig) startKafka() *kfake.Cluster {
+	r.t.Helper()
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		r.t.Fatalf("start kfake: %v", err)
+	}
+	r.t.Cleanup(kc.Close)
+	r.brokers = kc.ListenAddrs()[0]
+	r.hook = guidetest.StartWebhook(r.t)
+	return kc
+}
+
+// listenerConfig is the rig's listener: quick sweeps, and the rig's
+// outage grace.
+func (r *faultRig) listenerConfig() (expiry.Config, error) {
+	return expiry.LoadConfig(nil, r.env(map[string]string{
+		"STILLTHERE_LISTENER_ADMIN_ADDR": "127.0.0.1:0",
+		"STILLTHERE_SWEEP_INTERVAL":      "100ms",
+		"STILLTHERE_SWEEP_GAP_MAX":       "1s",
+		"STILLTHERE_OUTAGE_GRACE":        faultGrace.String(),
+		"STILLTHERE_SPOOL_DIR":           r.t.TempDir(),
+	}))
+}
+
+func newFaultRig(t *testing.T, opts rigOptions) *faultRig {
+	t.Helper()
+	r := newBareRig(t)
 	ctx := context.Background()
 	if opts.Cluster {
 		c, err := redisserver.StartCluster(ctx, t.TempDir(), 3)
@@ -116,22 +148,10 @@ func newFaultRig(t *testing.T, opts rigOptions) *faultRig {
 		t.Cleanup(func() { srv.Close() })
 		r.redis = srv
 	}
-	kc, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatalf("start kfake: %v", err)
-	}
-	t.Cleanup(kc.Close)
-	r.brokers = kc.ListenAddrs()[0]
-	r.hook = guidetest.StartWebhook(t)
+	r.startKafka()
 
 	// The listener creates the topic, so it opens before the consumer.
-	lcfg, err := expiry.LoadConfig(nil, r.env(map[string]string{
-		"STILLTHERE_LISTENER_ADMIN_ADDR": "127.0.0.1:0",
-		"STILLTHERE_SWEEP_INTERVAL":      "100ms",
-		"STILLTHERE_SWEEP_GAP_MAX":       "1s",
-		"STILLTHERE_OUTAGE_GRACE":        faultGrace.String(),
-		"STILLTHERE_SPOOL_DIR":           t.TempDir(),
-	}))
+	lcfg, err := r.listenerConfig()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,9 +18,10 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/expiry"
 	"github.com/stillthere/stillthere/pkg/guide"
-	"github.com/stillthere/stillthere/pkg/guide/guidetest"
+	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
+	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/tcpproxy"
 )
 
@@ -35,6 +36,9 @@ type pipelineOptions struct {
 	// (the first gateway's push endpoint, behind a proxy that can be
 	// cut).
 	Sender string
+	// Policy, when set, is the timeout policy stored before any service
+	// starts, so that every one has it from its first read.
+	Policy *policy.Policy
 }
 
 // pipelineRig is a faultRig whose listener and consumer can be restarted
@@ -58,14 +62,7 @@ type pipelineRig struct {
 
 func newPipelineRig(t *testing.T, opts pipelineOptions) *pipelineRig {
 	t.Helper()
-	r := &faultRig{
-		t:           t,
-		log:         serviceLog(t),
-		prefix:      redistest.Prefix(t),
-		tokenSecret: randomSecret(),
-		pushSecret:  randomSecret(),
-		topic:       "session-timeouts",
-	}
+	r := newBareRig(t)
 	ctx := context.Background()
 	if opts.Cluster {
 		r.cluster = redistest.StartCluster(t)
@@ -77,26 +74,23 @@ func newPipelineRig(t *testing.T, opts pipelineOptions) *pipelineRig {
 		t.Cleanup(func() { srv.Close() })
 		r.redis = srv
 	}
-	kc, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatalf("start kfake: %v", err)
+	if opts.Policy != nil {
+		ks, err := session.NewKeyspace(r.prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := policy.NewStore(r.client(), ks).Save(ctx, *opts.Policy); err != nil {
+			t.Fatal(err)
+		}
 	}
-	t.Cleanup(kc.Close)
-	r.brokers = kc.ListenAddrs()[0]
-	r.hook = guidetest.StartWebhook(t)
+	kc := r.startKafka()
 	for range opts.Gateways {
 		r.startGateway()
 	}
 	p := &pipelineRig{faultRig: r, sender: opts.Sender, kafka: kc}
 
-	p.lcfg, err = expiry.LoadConfig(nil, r.env(map[string]string{
-		"STILLTHERE_LISTENER_ADMIN_ADDR": "127.0.0.1:0",
-		"STILLTHERE_SWEEP_INTERVAL":      "100ms",
-		"STILLTHERE_SWEEP_GAP_MAX":       "1s",
-		"STILLTHERE_OUTAGE_GRACE":        faultGrace.String(),
-		"STILLTHERE_SPOOL_DIR":           t.TempDir(),
-	}))
-	if err != nil {
+	var err error
+	if p.lcfg, err = r.listenerConfig(); err != nil {
 		t.Fatal(err)
 	}
 	cenv := map[string]string{

@@ -1,7 +1,6 @@
 package devstack
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -16,7 +15,6 @@ import (
 	"github.com/stillthere/stillthere/pkg/frame"
 	"github.com/stillthere/stillthere/pkg/guide"
 	"github.com/stillthere/stillthere/pkg/policy"
-	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 	"github.com/stillthere/stillthere/pkg/token"
 )
@@ -30,15 +28,9 @@ const (
 	closeText  = "We closed this chat."
 )
 
-// storeStages stores the tests' policy and waits for the services to
-// read it.
-func (p *pipelineRig) storeStages() {
-	p.t.Helper()
-	ks, err := session.NewKeyspace(p.prefix)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	pol := policy.Policy{
+// stagePolicy is the tests' timeout policy.
+func stagePolicy() *policy.Policy {
+	return &policy.Policy{
 		DefaultTTL: faultTTL,
 		Jitter:     faultJitter,
 		SegmentStages: map[string][]policy.Stage{
@@ -52,10 +44,6 @@ func (p *pipelineRig) storeStages() {
 			},
 		},
 	}
-	if err := policy.NewStore(p.client(), ks).Save(context.Background(), pol); err != nil {
-		p.t.Fatal(err)
-	}
-	time.Sleep(3 * time.Second) // the policy refresh is 2s
 }
 
 // dialSegment is dialUser for a user of segment seg.
@@ -126,8 +114,7 @@ func stagesOf(t *testing.T, who string, s seen, texts []string, afters []time.Du
 // TestStagesEndToEnd: the stages through the whole pipeline, real Redis,
 // the in-process Kafka, two gateways, the consumer pushing to them.
 func TestStagesEndToEnd(t *testing.T) {
-	p := newPipelineRig(t, pipelineOptions{Gateways: 2, Sender: guide.SenderGateway})
-	p.storeStages()
+	p := newPipelineRig(t, pipelineOptions{Gateways: 2, Sender: guide.SenderGateway, Policy: stagePolicy()})
 	var wg sync.WaitGroup
 	run := func(name string, f func(t *testing.T)) {
 		wg.Add(1)
@@ -206,8 +193,7 @@ func TestStagesEndToEnd(t *testing.T) {
 // stages, and Kafka refusing every produce between stages, lose and
 // double nothing: every user gets each stage once.
 func TestStagesAcrossRestartAndKafkaOutage(t *testing.T) {
-	p := newPipelineRig(t, pipelineOptions{Gateways: 1, Sender: guide.SenderGateway})
-	p.storeStages()
+	p := newPipelineRig(t, pipelineOptions{Gateways: 1, Sender: guide.SenderGateway, Policy: stagePolicy()})
 	const n = 6
 	conns := make([]*websocket.Conn, n)
 	for i := range conns {

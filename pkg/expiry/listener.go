@@ -434,7 +434,8 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 	// Each entry's stage, from the policy in force. A stage the policy
 	// no longer has ends its silence: settled, with no event.
 	var settled []session.Expired
-	actions := make(map[string][2]string, len(found))
+	type said struct{ action, text string }
+	stages := make(map[string]said, len(found)) // what each uid's stage says
 	kept := found[:0:0]
 	spooling := !l.direct()
 	for _, e := range found {
@@ -451,7 +452,7 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 			settled = append(settled, e)
 			continue
 		}
-		actions[e.UID] = [2]string{action, text}
+		stages[e.UID] = said{action, text}
 		kept = append(kept, e)
 	}
 	found = kept
@@ -475,8 +476,8 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 		case dedupHeld, dedupDefer:
 			continue // held: by the brake, or to its window's end
 		}
-		a := actions[e.UID]
-		ev := event(e, a[0], a[1], source)
+		st := stages[e.UID]
+		ev := event(e, st.action, st.text, source)
 		b, err := ev.Marshal()
 		if err != nil {
 			return 0, fmt.Errorf("encode timeout for %q: %w", e.UID, err)
