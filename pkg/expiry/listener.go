@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -591,22 +592,35 @@ func (l *Listener) holdBack(ctx context.Context, c session.Control, found []sess
 }
 
 // brakeFresh applies the mass-expiry brake to the timeouts this batch
-// claimed that were not held once already: past the threshold they are
-// held for the grace, and their claims released.
+// claimed that were not held once already. Only first stages count as
+// lapses: a later stage is no new lapse, its user went silent a stage
+// ago. But while the brake is engaged a later stage is held as well, as a
+// first one is: the mass of lapses says users may not reach us now, and a
+// close must not end the chat of someone who tried to answer its
+// reminder. Held timeouts wait for the grace, their claims released.
 func (l *Listener) brakeFresh(ctx context.Context, c session.Control, found []session.Expired, states []dedupState) {
-	var fresh []int
+	var fresh, later []int
 	for i, e := range found {
-		// A later stage is no new lapse: its user went silent a stage ago.
-		if states[i] == dedupFresh && !e.Rechecked && e.Stage == 1 {
+		switch {
+		case states[i] != dedupFresh || e.Rechecked:
+		case e.Stage == 1:
 			fresh = append(fresh, i)
+		default:
+			later = append(later, i)
 		}
 	}
-	if len(fresh) == 0 || !l.braking(ctx, c.Now, len(fresh)) {
+	if len(fresh)+len(later) == 0 {
 		return
 	}
-	braked := make([]session.Expired, 0, len(fresh))
-	for _, i := range fresh {
+	// With no first stage to count, the state is still brought up to
+	// date, so a brake that should have let go holds nothing.
+	if !l.braking(ctx, c.Now, len(fresh)) {
+		return
+	}
+	braked := make([]session.Expired, 0, len(fresh)+len(later))
+	for _, i := range slices.Concat(fresh, later) {
 		braked = append(braked, found[i])
+		states[i] = dedupHeld
 	}
 	wctx := context.WithoutCancel(ctx)
 	if err := l.hold(wctx, braked, c.Now.Add(l.cfg.OutageGrace), holdBrake); err != nil {
@@ -614,9 +628,6 @@ func (l *Listener) brakeFresh(ctx context.Context, c session.Control, found []se
 	}
 	if err := l.markDedup(wctx, nil, braked); err != nil {
 		l.log.Debug("release dedup claims of held timeouts", "count", len(braked), "err", err)
-	}
-	for _, i := range fresh {
-		states[i] = dedupHeld
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
@@ -439,5 +440,79 @@ func TestClockJumpIsBlind(t *testing.T) {
 	}
 	if n != 1 {
 		t.Errorf("%d clock-jump intervals after a pause, want only the one step: %+v", n, c.Blind)
+	}
+}
+
+// TestBrakeHoldsLaterStages: a close stage falls due while the mass-expiry
+// brake is engaged. It is held for the grace as the first stages of the
+// storm are: the user who answers their reminder in the grace keeps their
+// chat, and the one still silent is closed once, after the grace.
+func TestBrakeHoldsLaterStages(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	p := policy.Policy{
+		DefaultTTL: 10 * time.Second,
+		SegmentStages: map[string][]policy.Stage{
+			"default": {{Action: timeoutevent.ActionRemind}},
+			"slow": {
+				{Action: timeoutevent.ActionRemind},
+				{After: 3 * time.Second, Action: timeoutevent.ActionClose, Text: "We closed this chat."},
+			},
+		},
+	}
+	if err := policy.NewStore(h.rdb, h.store.Keyspace()).Save(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	cfg := h.config(ModeSweep)
+	cfg.MassExpiryShare, cfg.MassExpiryFloor = 0.1, 50
+	stop := h.start(cfg)
+	defer stop()
+
+	h.renew("answers", "slow", 300*time.Millisecond)
+	silent := h.renew("silent", "slow", 300*time.Millisecond)
+	waitFor(t, waitLong, "both reminders", func() bool {
+		by := byUID(h.events())
+		return len(by["answers"]) == 1 && len(by["silent"]) == 1
+	})
+	first := byUID(h.events())["silent"][0]
+	if first.Stage != 1 {
+		t.Fatalf("first event %+v, want stage 1", first)
+	}
+	// Their close is due 3s after the reminder was found due. A storm of
+	// 200 lapses a second before it engages the brake.
+	closeDue := time.UnixMilli(max(first.DueMS, first.DetectedMS)).Add(3 * time.Second)
+	stormTTL := closeDue.Add(-time.Second).Sub(h.redisNow())
+	if stormTTL < 200*time.Millisecond {
+		t.Fatalf("the reminders came too late to storm before the close (%v left)", stormTTL)
+	}
+	storm := map[string]grant{}
+	for i := range 200 {
+		uid := fmt.Sprintf("storm-%03d", i)
+		storm[uid] = h.renew(uid, "default", stormTTL)
+	}
+	// "answers" comes back after their close fell due, within the grace.
+	for time.Until(closeDue.Add(500*time.Millisecond)) > 0 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	h.renew("answers", "slow", 10*time.Minute)
+	waitFor(t, waitLong, "silent's close", func() bool { return len(byUID(h.events())["silent"]) == 2 })
+	h.waitProduced(2 + 1 + len(storm))
+	time.Sleep(time.Second)
+	evs := h.events()
+	by := byUID(evs)
+	if got := by["answers"]; len(got) != 1 {
+		t.Fatalf("answers got %d events %+v: closed while the brake was engaged, though they answered in the grace", len(got), got)
+	}
+	closing := by["silent"][1]
+	if closing.Stage != 2 || !closing.Final || closing.DeadlineMS != silent.deadline.UnixMilli() {
+		t.Fatalf("silent's second event %+v, want the close stage", closing)
+	}
+	if at := time.UnixMilli(closing.DetectedMS); at.Before(closeDue.Add(testGrace - 200*time.Millisecond)) {
+		t.Fatalf("silent closed at %v, %v after due: not held for the grace", at, at.Sub(closeDue))
+	}
+	for uid, g := range storm {
+		if got := by[uid]; len(got) != 1 || got[0].DeadlineMS != g.deadline.UnixMilli() {
+			t.Fatalf("%s: events %+v, want one for its deadline", uid, got)
+		}
 	}
 }
