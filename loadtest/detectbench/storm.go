@@ -57,9 +57,9 @@ func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormRes
 	res.Doubled = doubled
 	res.AllDeliveredMS = float64(lastAt.Sub(windowEnd).Milliseconds())
 	res.WaitedMS = float64(wait.Milliseconds())
-	// A held timeout is released a grace after it was held, which is
-	// after its deadline, so none arrives before the window's start plus
-	// the grace.
+	// A held timeout is released a grace after its deadline (or at
+	// once, if found later than that), so none arrives before the
+	// window's start plus the grace.
 	res.AtOnce = hook.arrivedBefore(windowStart.Add(b.grace))
 	for rule, v := range held() {
 		if d := v - held0[rule]; rule == "mass-expiry" {

@@ -11,9 +11,10 @@ import (
 // window than normal (a share of the live sessions, above a floor) is more
 // likely an outage nobody measured than a crowd leaving: a network
 // partition between the users and us, a load balancer dropping
-// connections. The lapses past the threshold are held for the grace and
-// checked again before they are produced; a real crowd still gets its
-// guides, one grace late. Lapses are counted in Redis, so that replicas
+// connections. The lapses past the threshold are held until the grace
+// after their deadlines and checked again before they are produced; a
+// real crowd still gets its guides, one grace late. Later stages falling
+// due while it is engaged are held too (see brakeFresh). Lapses are counted in Redis, so that replicas
 // that share the work share the count. Only the pipeline goroutine uses
 // it.
 type brake struct {
@@ -58,8 +59,26 @@ func (l *Listener) braking(ctx context.Context, now time.Time, n int) bool {
 func (l *Listener) hold(ctx context.Context, found []session.Expired, release time.Time, rule string) error {
 	n, err := l.store.Hold(ctx, found, release)
 	metricHeld.WithLabelValues(rule).Add(float64(n))
-	if rule == holdBrake {
-		l.brake.held += n
-	}
 	return err
+}
+
+// holdBraked holds timeouts for the brake until the grace after each was
+// due, as a blind interval holds until the grace after its end: not after
+// its detection, which a storm makes late, so a crowd that really left
+// is guided a grace after its deadlines and not later. One found a grace
+// late or more is still held to the next sweep and checked again then.
+func (l *Listener) holdBraked(ctx context.Context, found []session.Expired, now time.Time) error {
+	n, err := l.store.HoldEach(ctx, found, func(e session.Expired) time.Time {
+		return later(e.Due.Add(l.cfg.OutageGrace), now.Add(l.cfg.SweepInterval))
+	})
+	metricHeld.WithLabelValues(holdBrake).Add(float64(n))
+	l.brake.held += n
+	return err
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

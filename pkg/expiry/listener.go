@@ -623,7 +623,7 @@ func (l *Listener) brakeFresh(ctx context.Context, c session.Control, found []se
 		states[i] = dedupHeld
 	}
 	wctx := context.WithoutCancel(ctx)
-	if err := l.hold(wctx, braked, c.Now.Add(l.cfg.OutageGrace), holdBrake); err != nil {
+	if err := l.holdBraked(wctx, braked, c.Now); err != nil {
 		l.log.Debug("hold timeouts for the mass-expiry brake; the next sweep retries", "count", len(braked), "err", err)
 	}
 	if err := l.markDedup(wctx, nil, braked); err != nil {

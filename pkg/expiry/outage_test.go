@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -513,6 +514,55 @@ func TestBrakeHoldsLaterStages(t *testing.T) {
 	for uid, g := range storm {
 		if got := by[uid]; len(got) != 1 || got[0].DeadlineMS != g.deadline.UnixMilli() {
 			t.Fatalf("%s: events %+v, want one for its deadline", uid, got)
+		}
+	}
+}
+
+// TestBrakeReleasesAGraceAfterTheDeadline: the brake holds a timeout until
+// the grace after it was due, not after it was found: a storm that keeps
+// the listener busy must not add its own delay to the grace. One found
+// more than a grace late is still held until the next sweep, and checked
+// again then.
+func TestBrakeReleasesAGraceAfterTheDeadline(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	l, err := New(context.Background(), h.config(ModeSweep), testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.close()
+	h.renew("late", "default", 100*time.Millisecond)
+	h.renew("very-late", "default", 100*time.Millisecond)
+	time.Sleep(200 * time.Millisecond)
+	ctx := context.Background()
+	due, _, err := h.store.Due(ctx, 10)
+	if err != nil || len(due) != 2 {
+		t.Fatalf("due: %+v, %v", due, err)
+	}
+	now := h.redisNow()
+	for i := range due {
+		if due[i].UID == "very-late" {
+			due[i].Due = due[i].Due.Add(-testGrace - time.Second) // as if found a grace late
+			if err := h.rdb.ZAdd(ctx, h.store.Keyspace().IndexKey(session.Bucket("very-late")),
+				redis.Z{Score: float64(due[i].Due.UnixMilli()), Member: "very-late"}).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := l.holdBraked(ctx, due, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range due {
+		release, err := h.rdb.ZScore(ctx, h.store.Keyspace().HoldKey(session.Bucket(e.UID)), e.UID).Result()
+		if err != nil {
+			t.Fatalf("%s not held: %v", e.UID, err)
+		}
+		want := e.Due.Add(testGrace)
+		if e.UID == "very-late" {
+			want = now.Add(l.cfg.SweepInterval)
+		}
+		if got := time.UnixMilli(int64(release)); got.UnixMilli() != want.UnixMilli() {
+			t.Errorf("%s (due %v, found %v later) released at %v, want %v", e.UID, e.Due, now.Sub(e.Due), got, want)
 		}
 	}
 }

@@ -535,8 +535,13 @@ var errReply = errors.New("unexpected script reply")
 // rechecks them. One whose user renewed since, or whose deadline changed,
 // is left alone. It returns how many it held.
 func (s *Store) Hold(ctx context.Context, found []Expired, release time.Time) (int, error) {
+	return s.HoldEach(ctx, found, func(Expired) time.Time { return release })
+}
+
+// HoldEach is Hold with a release time of each timeout's own.
+func (s *Store) HoldEach(ctx context.Context, found []Expired, release func(Expired) time.Time) (int, error) {
 	cmds := s.perBucket(ctx, holdScript, found, func(e Expired) []any {
-		return []any{e.UID, e.Due.UnixMilli(), release.UnixMilli()}
+		return []any{e.UID, e.Due.UnixMilli(), release(e).UnixMilli()}
 	})
 	n := 0
 	var firstErr error
