@@ -592,20 +592,23 @@ func (l *Listener) holdBack(ctx context.Context, c session.Control, found []sess
 }
 
 // brakeFresh applies the mass-expiry brake to the timeouts this batch
-// claimed that were not held once already. Only first stages count as
-// lapses: a later stage is no new lapse, its user went silent a stage
-// ago. But while the brake is engaged a later stage is held as well, as a
-// first one is: the mass of lapses says users may not reach us now, and a
-// close must not end the chat of someone who tried to answer its
-// reminder. Held timeouts wait for the grace, their claims released.
+// claimed. Only first stages not held before count as lapses. But while
+// the brake is engaged it holds, uncounted, every timeout whose grace
+// after it was due has not passed: a later stage (its user went silent a
+// stage ago, and a close must not end the chat of someone who tried to
+// answer its reminder), and one held before by another rule (the minute
+// rule holds to its window's end, which may come before that grace).
+// One the brake released has had its grace, and is not held again. Held
+// timeouts wait until the grace after they were due, their claims
+// released.
 func (l *Listener) brakeFresh(ctx context.Context, c session.Control, found []session.Expired, states []dedupState) {
 	var fresh, later []int
 	for i, e := range found {
 		switch {
-		case states[i] != dedupFresh || e.Rechecked:
-		case e.Stage == 1:
+		case states[i] != dedupFresh:
+		case e.Stage == 1 && !e.Rechecked:
 			fresh = append(fresh, i)
-		default:
+		case c.Now.Before(e.Due.Add(l.cfg.OutageGrace)):
 			later = append(later, i)
 		}
 	}
