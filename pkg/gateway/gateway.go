@@ -43,15 +43,18 @@ import (
 
 // Gateway is a running gateway: open with New, then Serve.
 type Gateway struct {
-	cfg      Config
-	log      *slog.Logger
-	rdb      redis.UniversalClient
-	store    *session.Store
-	renewer  *session.Renewer
-	policy   *policy.Watcher
-	verifier *token.Verifier
-	hub      *hub
-	upgrader websocket.Upgrader
+	cfg   Config
+	log   *slog.Logger
+	rdb   redis.UniversalClient
+	store *session.Store
+	// beatRdb and beatStore are the heartbeat's own connection: see New.
+	beatRdb   redis.UniversalClient
+	beatStore *session.Store
+	renewer   *session.Renewer
+	policy    *policy.Watcher
+	verifier  *token.Verifier
+	hub       *hub
+	upgrader  websocket.Upgrader
 
 	instance         string        // this instance's name in route keys and heartbeats
 	sub              *redis.PubSub // its channel, for guides routed here
@@ -107,15 +110,31 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	if err := redisconn.CheckEviction(ctx, rdb); err != nil {
 		logger.Warn("Redis may evict session keys", "err", err)
 	}
+	// The heartbeat has a connection of its own. It tells the listener
+	// whether this instance can reach Redis: queued behind a burst of
+	// connection set-ups in the shared pool, it ran out its lease with
+	// Redis at hand, and after ShedAfter the gateway cut off every
+	// client, whose reconnects made the next burst. (Renewals are
+	// pipelines, which go-redis sends on a pool of their own when the
+	// shared one is full.)
+	bc := cfg.Redis
+	bc.PoolSize = 1
+	beatRdb, err := redisconn.Open(ctx, bc)
+	if err != nil {
+		rdb.Close()
+		return nil, err
+	}
 	store := session.NewStore(rdb, cfg.Redis.Keyspace())
 	g := &Gateway{
-		cfg:      cfg,
-		log:      logger,
-		rdb:      rdb,
-		store:    store,
-		instance: cmp.Or(cfg.InstanceID, newInstanceID()),
-		verifier: verifier,
-		hub:      newHub(),
+		cfg:       cfg,
+		log:       logger,
+		rdb:       rdb,
+		beatRdb:   beatRdb,
+		store:     store,
+		beatStore: session.NewStore(beatRdb, cfg.Redis.Keyspace()),
+		instance:  cmp.Or(cfg.InstanceID, newInstanceID()),
+		verifier:  verifier,
+		hub:       newHub(),
 		upgrader: websocket.Upgrader{
 			HandshakeTimeout: cfg.HandshakeTimeout,
 			// Client frames are small; the read buffer only sizes syscalls.
@@ -163,7 +182,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	g.sub = rdb.SSubscribe(ctx, g.store.Keyspace().InstanceChannel(g.instance))
 	if _, err := g.sub.Receive(ctx); err != nil {
 		g.sub.Close()
-		rdb.Close()
+		g.closeRedis()
 		return nil, fmt.Errorf("subscribe to the instance channel: %w", err)
 	}
 	// Alive before it takes connections. Redis answered just now; if it
@@ -177,17 +196,22 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	if g.publicLn, err = net.Listen("tcp", cfg.Addr); err != nil {
 		g.leave()
 		g.sub.Close()
-		rdb.Close()
+		g.closeRedis()
 		return nil, fmt.Errorf("listen on gateway-addr: %w", err)
 	}
 	if g.pushLn, err = net.Listen("tcp", cfg.PushAddr); err != nil {
 		g.publicLn.Close()
 		g.leave()
 		g.sub.Close()
-		rdb.Close()
+		g.closeRedis()
 		return nil, fmt.Errorf("listen on push-addr: %w", err)
 	}
 	return g, nil
+}
+
+func (g *Gateway) closeRedis() {
+	g.rdb.Close()
+	g.beatRdb.Close()
 }
 
 // PublicAddr is where clients connect.
@@ -202,7 +226,7 @@ func (g *Gateway) PushAddr() net.Addr { return g.pushLn.Addr() }
 // shutdown timeout, flushes the renewals still queued, marks the instance
 // gone (Leave), and releases Redis.
 func (g *Gateway) Serve(ctx context.Context) error {
-	defer g.rdb.Close()
+	defer g.closeRedis()
 	// The renewer and the heartbeat outlive the connections: they stop
 	// after the drain, and only then does the instance leave. A heartbeat
 	// that stopped before the drain would let the lease run out while

@@ -246,7 +246,7 @@ func (g *Gateway) heartbeat(ctx context.Context) {
 func (g *Gateway) beat(ctx context.Context) {
 	bctx, cancel := context.WithTimeout(ctx, g.lease())
 	defer cancel()
-	b, err := g.store.Heartbeat(bctx, g.instance, g.lease())
+	b, err := g.beatStore.Heartbeat(bctx, g.instance, g.lease())
 	if err != nil && ctx.Err() != nil {
 		return // stopping: not a failure of Redis
 	}
@@ -310,7 +310,7 @@ func (g *Gateway) shedIfCutOff() {
 func (g *Gateway) leave() {
 	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 	defer cancel()
-	if err := g.store.Leave(ctx, g.instance); err != nil {
+	if err := g.beatStore.Leave(ctx, g.instance); err != nil {
 		g.log.Warn("leave: the listener will find this instance's lease run out instead", "err", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
@@ -472,4 +474,41 @@ func (b *lockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// TestBusyPoolStillRenewsAndBeats: a burst of connection set-ups (here,
+// blocking commands) holds every connection of the gateway's shared Redis
+// pool. The heartbeat has a connection of its own, and renewals (go-redis
+// pipelines) spill to a pool of their own: a ping is answered at once,
+// and no heartbeat fails, so the gateway neither reports Redis out of
+// reach nor sheds its clients while Redis answers.
+func TestBusyPoolStillRenewsAndBeats(t *testing.T) {
+	tg := startGateway(t, nil)
+	ws := tg.dial(t, "alice")
+	pingPong(t, ws)
+	shared := tg.Gateway.rdb.(*redis.Client)
+	size := shared.Options().PoolSize
+	const busy = 3 * time.Second
+	var wg sync.WaitGroup
+	for i := range size {
+		wg.Go(func() {
+			shared.BLPop(context.Background(), busy, fmt.Sprintf("busy-%d", i))
+		})
+	}
+	defer wg.Wait()
+	waitUntil(t, "the shared pool to be taken", func() bool {
+		s := shared.PoolStats()
+		return int(s.TotalConns) == size && s.IdleConns == 0
+	})
+	start := time.Now()
+	pingPong(t, ws)
+	if took := time.Since(start); took > busy/3 {
+		t.Errorf("a ping took %v to be answered while the shared pool was busy: renewals wait behind other work", took)
+	}
+	for time.Since(start) < busy-500*time.Millisecond {
+		if since := tg.reach.failingSince(); !since.IsZero() {
+			t.Fatalf("Redis counted out of reach since %v while it answered: the heartbeat waited behind other work", since)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

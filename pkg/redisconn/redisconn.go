@@ -35,6 +35,10 @@ type Config struct {
 	// optional. A cluster's nodes are dialed at the addresses they
 	// announce, often IPs: name the certificate's host in ServerName then.
 	TLSFiles tlsfiles.Files
+	// PoolSize is the most connections per node; 0 is go-redis's
+	// default, 10 per CPU. Not a setting: a service sizes a client of
+	// its own for work that must not queue behind the rest.
+	PoolSize int
 }
 
 // Bind registers the Redis settings.
@@ -96,6 +100,7 @@ func Open(ctx context.Context, c Config) (redis.UniversalClient, error) {
 			// client of its replica's promotion: re-read the slot map
 			// every 2s (go-redis's default is 60s) to follow a failover.
 			ClusterStateReloadInterval: clusterStateReload,
+			PoolSize:                   c.PoolSize,
 		})
 	} else {
 		rdb = redis.NewClient(&redis.Options{
@@ -103,6 +108,7 @@ func Open(ctx context.Context, c Config) (redis.UniversalClient, error) {
 			Username:  c.Username,
 			Password:  c.Password,
 			TLSConfig: tc,
+			PoolSize:  c.PoolSize,
 		})
 	}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
