@@ -47,14 +47,15 @@ type Gateway struct {
 	log   *slog.Logger
 	rdb   redis.UniversalClient
 	store *session.Store
-	// beatRdb and beatStore are the heartbeat's own connection: see New.
-	beatRdb   redis.UniversalClient
-	beatStore *session.Store
-	renewer   *session.Renewer
-	policy    *policy.Watcher
-	verifier  *token.Verifier
-	hub       *hub
-	upgrader  websocket.Upgrader
+	// ctlRdb and ctl are the control connection: the heartbeat, the
+	// instances' heartbeats, blind intervals and leave. See New.
+	ctlRdb   redis.UniversalClient
+	ctl      *session.Store
+	renewer  *session.Renewer
+	policy   *policy.Watcher
+	verifier *token.Verifier
+	hub      *hub
+	upgrader websocket.Upgrader
 
 	instance         string        // this instance's name in route keys and heartbeats
 	sub              *redis.PubSub // its channel, for guides routed here
@@ -110,31 +111,33 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	if err := redisconn.CheckEviction(ctx, rdb); err != nil {
 		logger.Warn("Redis may evict session keys", "err", err)
 	}
-	// The heartbeat has a connection of its own. It tells the listener
-	// whether this instance can reach Redis: queued behind a burst of
-	// connection set-ups in the shared pool, it ran out its lease with
-	// Redis at hand, and after ShedAfter the gateway cut off every
-	// client, whose reconnects made the next burst. (Renewals are
-	// pipelines, which go-redis sends on a pool of their own when the
-	// shared one is full.)
+	// The heartbeat, and the records of this instance's outages, have a
+	// connection of their own, the control connection. Queued behind a
+	// burst of connection set-ups in the shared pool, the heartbeat ran
+	// out its lease with Redis at hand, and after ShedAfter the gateway
+	// cut off every client, whose reconnects made the next burst.
+	// (Renewals are pipelines, which go-redis sends on a pool of their
+	// own when the shared one is full.) A heartbeat that gets through so
+	// no longer shows that renewals do: the shared pool is checked
+	// before a renewal failure is taken as over (see beat).
 	bc := cfg.Redis
 	bc.PoolSize = 1
-	beatRdb, err := redisconn.Open(ctx, bc)
+	ctlRdb, err := redisconn.Open(ctx, bc)
 	if err != nil {
 		rdb.Close()
 		return nil, err
 	}
 	store := session.NewStore(rdb, cfg.Redis.Keyspace())
 	g := &Gateway{
-		cfg:       cfg,
-		log:       logger,
-		rdb:       rdb,
-		beatRdb:   beatRdb,
-		store:     store,
-		beatStore: session.NewStore(beatRdb, cfg.Redis.Keyspace()),
-		instance:  cmp.Or(cfg.InstanceID, newInstanceID()),
-		verifier:  verifier,
-		hub:       newHub(),
+		cfg:      cfg,
+		log:      logger,
+		rdb:      rdb,
+		ctlRdb:   ctlRdb,
+		store:    store,
+		ctl:      session.NewStore(ctlRdb, cfg.Redis.Keyspace()),
+		instance: cmp.Or(cfg.InstanceID, newInstanceID()),
+		verifier: verifier,
+		hub:      newHub(),
 		upgrader: websocket.Upgrader{
 			HandshakeTimeout: cfg.HandshakeTimeout,
 			// Client frames are small; the read buffer only sizes syscalls.
@@ -211,7 +214,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 
 func (g *Gateway) closeRedis() {
 	g.rdb.Close()
-	g.beatRdb.Close()
+	g.ctlRdb.Close()
 }
 
 // PublicAddr is where clients connect.

@@ -141,8 +141,18 @@ func (r *reach) failingSince() time.Time {
 	return r.beatFail
 }
 
-// beaten observes one heartbeat.
-func (r *reach) beaten(err error) {
+// staleFlushFail reports whether renewals failed and none has run for
+// flushFailFresh: whether they still would is unknown.
+func (r *reach) staleFlushFail() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.flushFail.IsZero() && time.Since(r.lastFail) > flushFailFresh
+}
+
+// beaten observes one heartbeat, and with sharedOK whether the shared
+// pool, the renewals' way to Redis, answered a check (true when none was
+// needed).
+func (r *reach) beaten(err error, sharedOK bool) {
 	now := time.Now()
 	r.mu.Lock()
 	if err != nil {
@@ -156,9 +166,10 @@ func (r *reach) beaten(err error) {
 	healed := !r.beatFail.IsZero()
 	r.beatFail = time.Time{}
 	// Renewals that failed and were never followed by one that succeeded,
-	// as when every client went quiet during the outage: Redis answers
-	// the heartbeat, so that outage is over too.
-	if !r.flushFail.IsZero() && now.Sub(r.lastFail) > flushFailFresh {
+	// as when every client went quiet during the outage: the outage is
+	// over once the shared pool answers too. The heartbeat's answer alone
+	// does not say so: it has a connection of its own.
+	if sharedOK && !r.flushFail.IsZero() && now.Sub(r.lastFail) > flushFailFresh {
 		r.flushFail = time.Time{}
 		healed = true
 	}
@@ -246,7 +257,7 @@ func (g *Gateway) heartbeat(ctx context.Context) {
 func (g *Gateway) beat(ctx context.Context) {
 	bctx, cancel := context.WithTimeout(ctx, g.lease())
 	defer cancel()
-	b, err := g.beatStore.Heartbeat(bctx, g.instance, g.lease())
+	b, err := g.ctl.Heartbeat(bctx, g.instance, g.lease())
 	if err != nil && ctx.Err() != nil {
 		return // stopping: not a failure of Redis
 	}
@@ -260,8 +271,12 @@ func (g *Gateway) beat(ctx context.Context) {
 	if err == nil {
 		g.beaten = true
 	}
+	sharedOK := true
+	if err == nil && g.reach.staleFlushFail() {
+		sharedOK = g.rdb.Ping(bctx).Err() == nil
+	}
 	g.shedIfCutOff()
-	g.reach.beaten(err)
+	g.reach.beaten(err, sharedOK)
 	if err != nil {
 		metricHeartbeats.WithLabelValues("error").Inc()
 		g.beatLog.Fail(err)
@@ -310,7 +325,7 @@ func (g *Gateway) shedIfCutOff() {
 func (g *Gateway) leave() {
 	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 	defer cancel()
-	if err := g.beatStore.Leave(ctx, g.instance); err != nil {
+	if err := g.ctl.Leave(ctx, g.instance); err != nil {
 		g.log.Warn("leave: the listener will find this instance's lease run out instead", "err", err)
 	}
 }
@@ -370,7 +385,7 @@ func (g *Gateway) recordOngoing(ctx context.Context, open *ongoing) *ongoing {
 	rctx, cancel := context.WithTimeout(ctx, g.lease())
 	defer cancel()
 	at := time.Now()
-	b, err := g.store.RecordBlindFor(rctx, at.Sub(since), g.instance, session.BlindRenewals)
+	b, err := g.ctl.RecordBlindFor(rctx, at.Sub(since), g.instance, session.BlindRenewals)
 	if err != nil {
 		g.log.Debug("record the renewal outage while it lasts; recovery records it", "err", err)
 		return open
@@ -385,7 +400,7 @@ func (g *Gateway) forgetOngoing(ctx context.Context, open *ongoing) {
 	if open == nil {
 		return
 	}
-	if err := g.store.ForgetBlind(ctx, open.b); err != nil {
+	if err := g.ctl.ForgetBlind(ctx, open.b); err != nil {
 		g.log.Debug("remove a record of a renewal outage that a later one covers", "err", err)
 	}
 }
@@ -399,7 +414,7 @@ func (g *Gateway) resync(ctx context.Context, open **ongoing) error {
 	if since := g.reach.unrecorded(); !since.IsZero() {
 		rctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
 		at := time.Now()
-		b, err := g.store.RecordBlindFor(rctx, at.Sub(since), g.instance, session.BlindRenewals)
+		b, err := g.ctl.RecordBlindFor(rctx, at.Sub(since), g.instance, session.BlindRenewals)
 		if err == nil {
 			g.forgetOngoing(rctx, *open)
 			*open = nil

@@ -302,7 +302,7 @@ func TestReachState(t *testing.T) {
 	if since := r.unrecorded(); time.Since(since) < time.Second {
 		t.Fatalf("unrecorded since %v: want the failed round trip's start, a second ago", since)
 	}
-	r.beaten(nil)
+	r.beaten(nil, true)
 	if kicked(r) || r.err() == nil {
 		t.Fatal("a heartbeat right after a failed round trip healed the renewals")
 	}
@@ -310,7 +310,16 @@ func TestReachState(t *testing.T) {
 	r.mu.Lock()
 	r.lastFail = time.Now().Add(-flushFailFresh - time.Second)
 	r.mu.Unlock()
-	r.beaten(nil)
+	if !r.staleFlushFail() {
+		t.Fatal("no renewal for longer than flushFailFresh: the failure is not stale")
+	}
+	// On its own connection: while the shared pool does not answer,
+	// the renewals' failure stands.
+	r.beaten(nil, false)
+	if kicked(r) || r.err() == nil {
+		t.Fatal("a heartbeat healed the renewals while the shared pool did not answer")
+	}
+	r.beaten(nil, true)
 	if !kicked(r) || r.err() != nil {
 		t.Fatalf("stale failed round trips: no kick or still failing (%v)", r.err())
 	}
@@ -334,7 +343,7 @@ func TestReachState(t *testing.T) {
 		t.Fatal("no kick when round trips succeed again")
 	}
 
-	r.beaten(errDown)
+	r.beaten(errDown, true)
 	if err := r.err(); err == nil || !strings.Contains(err.Error(), "heartbeats failing") {
 		t.Fatalf("after a failed heartbeat: err() = %v", err)
 	}
@@ -343,7 +352,7 @@ func TestReachState(t *testing.T) {
 	}
 	r.flushed(0, nil)
 	<-r.kick
-	r.beaten(nil)
+	r.beaten(nil, true)
 	if !kicked(r) || r.err() != nil {
 		t.Fatal("a healed heartbeat gap: no kick, or still failing")
 	}

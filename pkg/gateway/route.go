@@ -245,7 +245,7 @@ type instanceView struct {
 
 // readInstances refreshes the view of the instances' heartbeats.
 func (g *Gateway) readInstances(ctx context.Context) {
-	now, inst, err := g.beatStore.Instances(ctx)
+	now, inst, err := g.ctl.Instances(ctx)
 	if err != nil {
 		g.routeLog.Fail(err)
 		return
