@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -92,7 +93,11 @@ func Open(ctx context.Context, c Config) (redis.UniversalClient, error) {
 	var rdb redis.UniversalClient
 	if c.Cluster || len(c.Addrs) > 1 {
 		rdb = redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:     c.Addrs,
+			// A copy: go-redis appends the nodes it learns to this slice,
+			// which would write into the caller's array, shared by every
+			// client opened from the same Config (a data race between
+			// the gateway's two clients, seen in a failover test).
+			Addrs:     slices.Clip(slices.Clone(c.Addrs)),
 			Username:  c.Username,
 			Password:  c.Password,
 			TLSConfig: tc,

@@ -126,3 +126,32 @@ func freePort(t *testing.T) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+// TestOpenLeavesAddrsAlone: a cluster client appends the nodes it learns
+// to its seed list. Opened from a Config whose Addrs has room to grow, it
+// wrote them into the caller's array, shared by every client opened from
+// that Config: two clients of one service raced on it.
+func TestOpenLeavesAddrsAlone(t *testing.T) {
+	c, err := redisserver.StartCluster(context.Background(), t.TempDir(), 3)
+	if err != nil {
+		t.Fatalf("start redis cluster: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	seeds := make([]string, 1, 8)
+	seeds[0] = c.Addrs()[0]
+	cfg := Config{Addrs: seeds, Cluster: true}
+	for range 2 {
+		rdb, err := Open(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rdb.Close()
+		// Commands on every master make the client learn them all.
+		for i := range 30 {
+			rdb.Get(context.Background(), "k"+strconv.Itoa(i))
+		}
+	}
+	if spare := seeds[1:cap(seeds)]; strings.Join(spare, "") != "" {
+		t.Fatalf("the Config's Addrs array was written past its length: %q", spare)
+	}
+}
