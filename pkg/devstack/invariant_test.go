@@ -46,7 +46,8 @@ const (
 	invDurationEnv = "STILLTHERE_INVARIANT_DURATION"
 	// invSeed and invDuration are CI's schedule. The schedule is
 	// stretched by up to 45s so that it ends in the second half of a UTC
-	// minute: the deferred guides of its last silences then come soon.
+	// minute (the deferred guides of its last silences then come soon),
+	// and by a minute more if no minute turns in it early enough.
 	invSeed     = 13
 	invDuration = 45 * time.Second
 	invUsers    = 48
@@ -81,7 +82,7 @@ func TestInvariantsUnderRandomSchedule(t *testing.T) {
 	})
 	p := newPipelineRig(t, pipelineOptions{Gateways: 2, Sender: guide.SenderWebhook})
 	r := &invRun{t: t, p: p, seed: seed, start: time.Now()}
-	r.end = alignEnd(r.start.Add(dur))
+	r.end = alignEnd(r.start, r.start.Add(dur))
 	t.Logf("seed %d, schedule %v (%v asked, stretched to end in the second half of a minute), %d users",
 		seed, r.end.Sub(r.start).Round(time.Second), dur, invUsers)
 	r.play()
@@ -114,14 +115,19 @@ func invariantParams(t *testing.T) (uint64, time.Duration) {
 }
 
 // alignEnd moves end forward to the next time in seconds 30 to 45 of a
-// UTC minute.
-func alignEnd(end time.Time) time.Time {
+// UTC minute that a minute's turn at least 8s after start precedes: the
+// disruptions fail the downstream across such a turn (see disrupt), and
+// a schedule started in the last seconds of a minute had none.
+func alignEnd(start, end time.Time) time.Time {
 	s := end.Sub(end.Truncate(time.Minute))
 	switch {
 	case s < 30*time.Second:
-		return end.Add(30*time.Second - s)
+		end = end.Add(30*time.Second - s)
 	case s > 45*time.Second:
-		return end.Add(90*time.Second - s)
+		end = end.Add(90*time.Second - s)
+	}
+	if end.Truncate(time.Minute).Before(start.Add(8 * time.Second)) {
+		end = end.Add(time.Minute)
 	}
 	return end
 }
@@ -698,5 +704,35 @@ func (u *invUser) leave() {
 	}
 	for len(u.devices) > 0 {
 		u.close(u.devices[len(u.devices)-1])
+	}
+}
+
+func TestAlignEnd(t *testing.T) {
+	at := func(min, sec int) time.Time { return time.Date(2026, 1, 1, 10, min, sec, 0, time.UTC) }
+	for _, tt := range []struct {
+		name       string
+		start, end time.Time
+		want       time.Time
+	}{
+		{"in the second half already", at(0, 10), at(0, 55), at(1, 30)},
+		{"ends early in a minute", at(0, 20), at(1, 5), at(1, 30)},
+		{"ends within seconds 30 to 45", at(0, 0), at(0, 40), at(1, 40)},
+		{"a turn 8s in counts", at(0, 52), at(1, 37), at(1, 37)},
+		// Started at :59: the only turn came a second in, before any
+		// disruption; a minute more brings one.
+		{"started at the end of a minute", at(0, 59), at(1, 44), at(2, 44)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := alignEnd(tt.start, tt.end)
+			if !got.Equal(tt.want) {
+				t.Fatalf("alignEnd(%s, %s) = %s, want %s", tt.start.Format("04:05"), tt.end.Format("04:05"), got.Format("04:05"), tt.want.Format("04:05"))
+			}
+			if s := got.Second(); s < 30 || s > 45 {
+				t.Fatalf("ends at second %d, want 30 to 45", s)
+			}
+			if turn := got.Truncate(time.Minute); turn.Before(tt.start.Add(8 * time.Second)) {
+				t.Fatalf("the last turn %s comes less than 8s after the start", turn.Format("04:05"))
+			}
+		})
 	}
 }
