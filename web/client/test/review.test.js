@@ -65,6 +65,10 @@ describe('review: against a real gateway', { concurrency: true }, () => {
     const left = c.stop();
     await restarted;
     await left; // the gateway was told
+    // The gateway ends the session once it has read the close; a
+    // connection of the user's that registers before that keeps it, as
+    // another device would. Give it that moment.
+    await sleep(1500);
     // A connection that only listens (it never pings, which would start
     // a session) sees what the user would be sent.
     const frames = [];
