@@ -32,9 +32,7 @@ func (h *harness) brakePolicy() {
 			},
 		},
 	}
-	if err := policy.NewStore(h.rdb, h.store.Keyspace()).Save(context.Background(), p); err != nil {
-		h.t.Fatal(err)
-	}
+	h.savePolicy(p)
 }
 
 // brakeConfig engages the brake past 50 lapses in the window.

@@ -1,7 +1,6 @@
 package expiry
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -39,9 +38,7 @@ func TestAttackPingInOutageBetweenStages(t *testing.T) {
 			},
 		},
 	}
-	if err := policy.NewStore(h.rdb, h.store.Keyspace()).Save(context.Background(), p); err != nil {
-		t.Fatal(err)
-	}
+	h.savePolicy(p)
 	cfg := h.config(ModeSweep)
 	cfg.OutageGrace = time.Second
 	proxy, err := tcpproxy.Start(h.srv.Addr)

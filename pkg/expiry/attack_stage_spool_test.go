@@ -75,9 +75,7 @@ func TestAttackKafkaOutageAcrossStages(t *testing.T) {
 			},
 		},
 	}
-	if err := policy.NewStore(h.rdb, h.store.Keyspace()).Save(context.Background(), p); err != nil {
-		t.Fatal(err)
-	}
+	h.savePolicy(p)
 	l, stop := h.startListener(h.config(ModeSweep))
 	defer stop()
 	outage := h.kafka.Fault(kfake.Fault{

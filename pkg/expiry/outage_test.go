@@ -461,12 +461,8 @@ func TestBrakeHoldsLaterStages(t *testing.T) {
 			},
 		},
 	}
-	if err := policy.NewStore(h.rdb, h.store.Keyspace()).Save(context.Background(), p); err != nil {
-		t.Fatal(err)
-	}
-	cfg := h.config(ModeSweep)
-	cfg.MassExpiryShare, cfg.MassExpiryFloor = 0.1, 50
-	stop := h.start(cfg)
+	h.savePolicy(p)
+	stop := h.start(h.brakeConfig(ModeSweep))
 	defer stop()
 
 	h.renew("answers", "slow", 300*time.Millisecond)
@@ -486,11 +482,7 @@ func TestBrakeHoldsLaterStages(t *testing.T) {
 	if stormTTL < 200*time.Millisecond {
 		t.Fatalf("the reminders came too late to storm before the close (%v left)", stormTTL)
 	}
-	storm := map[string]grant{}
-	for i := range 200 {
-		uid := fmt.Sprintf("storm-%03d", i)
-		storm[uid] = h.renew(uid, "default", stormTTL)
-	}
+	storm := h.storm("storm", 200, stormTTL)
 	// "answers" comes back after their close fell due, within the grace.
 	for time.Until(closeDue.Add(500*time.Millisecond)) > 0 {
 		time.Sleep(50 * time.Millisecond)
@@ -511,11 +503,7 @@ func TestBrakeHoldsLaterStages(t *testing.T) {
 	if at := time.UnixMilli(closing.DetectedMS); at.Before(closeDue.Add(testGrace - 200*time.Millisecond)) {
 		t.Fatalf("silent closed at %v, %v after due: not held for the grace", at, at.Sub(closeDue))
 	}
-	for uid, g := range storm {
-		if got := by[uid]; len(got) != 1 || got[0].DeadlineMS != g.deadline.UnixMilli() {
-			t.Fatalf("%s: events %+v, want one for its deadline", uid, got)
-		}
-	}
+	checkStorm(t, by, storm)
 }
 
 // TestBrakeReleasesAGraceAfterTheDeadline: the brake holds a timeout until

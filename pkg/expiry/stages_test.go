@@ -35,6 +35,12 @@ func (h *harness) stagePolicy() {
 			},
 		},
 	}
+	h.savePolicy(p)
+}
+
+// savePolicy stores p, as `gateway policy set` does.
+func (h *harness) savePolicy(p policy.Policy) {
+	h.t.Helper()
 	if err := policy.NewStore(h.rdb, h.store.Keyspace()).Save(context.Background(), p); err != nil {
 		h.t.Fatal(err)
 	}

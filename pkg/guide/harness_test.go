@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -574,9 +575,10 @@ func uids(prefix string, n int) []string {
 	return out
 }
 
-// metricValue reads a counter or gauge from the default registry, as
-// /metrics serves it; labels are name, value pairs. Missing reads as 0.
-func metricValue(t *testing.T, name string, labels ...string) float64 {
+// gathered finds the metric called name whose labels include the given
+// name, value pairs in the default registry, as /metrics serves it; nil
+// when there is none.
+func gathered(t *testing.T, name string, labels ...string) *dto.Metric {
 	t.Helper()
 	mfs, err := prometheus.DefaultGatherer.Gather()
 	if err != nil {
@@ -597,13 +599,24 @@ func metricValue(t *testing.T, name string, labels ...string) float64 {
 					continue next
 				}
 			}
-			if m.GetCounter() != nil {
-				return m.GetCounter().GetValue()
-			}
-			return m.GetGauge().GetValue()
+			return m
 		}
 	}
-	return 0
+	return nil
+}
+
+// metricValue reads a counter or gauge; labels are name, value pairs.
+// Missing reads as 0.
+func metricValue(t *testing.T, name string, labels ...string) float64 {
+	t.Helper()
+	m := gathered(t, name, labels...)
+	switch {
+	case m == nil:
+		return 0
+	case m.GetCounter() != nil:
+		return m.GetCounter().GetValue()
+	}
+	return m.GetGauge().GetValue()
 }
 
 func guidesSettled(t *testing.T, outcome string) float64 {

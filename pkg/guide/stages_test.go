@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
@@ -23,35 +21,12 @@ func (e *testEnv) produceEvent(ev timeoutevent.Event) produced {
 	return produced{ev: ev, partition: p, offset: e.produceRaw(p, ev.UID, b)}
 }
 
-// histogramOf reads a histogram's sample count and sum from the default
-// registry; labels are name, value pairs. Missing reads as 0, 0.
+// histogramOf reads a histogram's sample count and sum; labels are
+// name, value pairs. Missing reads as 0, 0.
 func histogramOf(t *testing.T, name string, labels ...string) (uint64, float64) {
 	t.Helper()
-	mfs, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		t.Fatalf("gather metrics: %v", err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			have := make(map[string]string)
-			for _, l := range m.GetLabel() {
-				have[l.GetName()] = l.GetValue()
-			}
-			for i := 0; i+1 < len(labels); i += 2 {
-				if have[labels[i]] != labels[i+1] {
-					continue next
-				}
-			}
-			if h := m.GetHistogram(); h != nil {
-				return h.GetSampleCount(), h.GetSampleSum()
-			}
-		}
-	}
-	return 0, 0
+	h := gathered(t, name, labels...).GetHistogram()
+	return h.GetSampleCount(), h.GetSampleSum()
 }
 
 func stageGuides(t *testing.T, stage, action string) float64 {
