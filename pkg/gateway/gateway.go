@@ -71,8 +71,10 @@ type Gateway struct {
 	start time.Time // New's time; connections time their pings from it
 	reach *reach    // whether Redis answers renewals and heartbeats
 	// beatFailed: the last heartbeat failed; beaten: one succeeded; shed:
-	// this outage's connections were closed. The heartbeat loop's own.
+	// this outage's connections were closed; echoAt: when to register
+	// every user once more after a heartbeat gap. The heartbeat loop's own.
 	beatFailed, beaten, shed bool
+	echoAt                   time.Time
 	// dropped holds the grants of connections that dropped, for a resync.
 	dropped *dropped
 
