@@ -27,6 +27,13 @@ import (
 // its leases), it marks all its users: that keeps the route keys' TTL
 // ahead while their connections live, and heals counts.
 //
+// A mark also carries whether the session is to end if no connection is
+// left: the latest close of the user's connections here decides, as it
+// would have had each close been written when it happened. A normal close
+// whose write failed is not kept past a later close that was not normal
+// (a reconnect that dropped while Redis was out of reach): that silence
+// is the user's, and is guided.
+//
 // The channels are sharded (SSUBSCRIBE/SPUBLISH): in a Redis Cluster a
 // shard channel lives on one master, and SPUBLISH counts its subscribers
 // exactly, where a classic PUBLISH counts only those on the node it hit.
@@ -71,17 +78,45 @@ type routeBook struct {
 
 // routeMark is a user whose count is to be written.
 type routeMark struct {
-	// end: a connection of the user closed normally, so the session ends
-	// if no connection of theirs is left anywhere.
-	end     bool
-	waiters []chan error
+	// closed: a connection of the user closed since the last write; end:
+	// the latest one closed normally, so the session ends if no
+	// connection of theirs is left anywhere.
+	closed, end bool
+	waiters     []chan error
 	// rounds are the re-registrations waiting for this write.
 	rounds []*routeRound
 }
 
-// retried merges back a mark whose write failed into m, marked since.
+// routeClose is what a mark says of a close.
+type routeClose uint8
+
+const (
+	closeNone   routeClose = iota // a connect, or a refresh: no close
+	closeDrop                     // a connection dropped, or the gateway closed it
+	closeNormal                   // the client closed with 1000: the user left
+)
+
+// routeClose is what c's end says of the user's route.
+func (c *conn) routeClose() routeClose {
+	if c.normalClose.Load() {
+		return closeNormal
+	}
+	return closeDrop
+}
+
+// note records a close, the latest so far.
+func (m *routeMark) note(c routeClose) {
+	if c != closeNone {
+		m.closed, m.end = true, c == closeNormal
+	}
+}
+
+// retried merges back a mark whose write failed into m, marked since: its
+// close is older than any m recorded.
 func (m *routeMark) retried(old *routeMark) {
-	m.end = m.end || old.end
+	if !m.closed {
+		m.closed, m.end = old.closed, old.end
+	}
 	m.rounds = append(m.rounds, old.rounds...)
 }
 
@@ -102,9 +137,9 @@ func newRouteBook(g *Gateway) *routeBook {
 	return &routeBook{g: g, kick: make(chan struct{}, 1), pending: make(map[string]*routeMark)}
 }
 
-// mark queues uid's count to be written. done, if not nil, receives the
-// write's result.
-func (b *routeBook) mark(uid string, end bool, done chan error) {
+// mark queues uid's count to be written, after close. done, if not nil,
+// receives the write's result.
+func (b *routeBook) mark(uid string, close routeClose, done chan error) {
 	b.mu.Lock()
 	if b.stopped {
 		b.mu.Unlock()
@@ -114,7 +149,7 @@ func (b *routeBook) mark(uid string, end bool, done chan error) {
 		return
 	}
 	m := b.add(uid)
-	m.end = m.end || end
+	m.note(close)
 	if done != nil {
 		m.waiters = append(m.waiters, done)
 	}
@@ -140,9 +175,9 @@ func (b *routeBook) signal() {
 }
 
 // write marks uid and waits for its count to be written.
-func (b *routeBook) write(ctx context.Context, uid string, end bool) error {
+func (b *routeBook) write(ctx context.Context, uid string, close routeClose) error {
 	done := make(chan error, 1)
-	b.mark(uid, end, done)
+	b.mark(uid, close, done)
 	select {
 	case err := <-done:
 		return err

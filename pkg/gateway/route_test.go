@@ -2,10 +2,13 @@ package gateway
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/tcpproxy"
 )
 
 // TestJudgeDead: an instance is dead once its lease has run out by the
@@ -78,7 +81,7 @@ func TestStaleViewKeepsReturnedInstance(t *testing.T) {
 		t.Fatal("the heartbeat after the lease ran out found no gap")
 	}
 	register()
-	if err := tg.routes.write(ctx, "ivy", false); err != nil {
+	if err := tg.routes.write(ctx, "ivy", closeNone); err != nil {
 		t.Fatal(err)
 	}
 	if n, _ := tg.rdb.HGet(ctx, key, "gw-back").Int(); n != 1 {
@@ -96,7 +99,7 @@ func TestStaleViewKeepsReturnedInstance(t *testing.T) {
 		t.Fatal(err)
 	}
 	tg.readInstances(ctx)
-	if err := tg.routes.write(ctx, "ivy", false); err != nil {
+	if err := tg.routes.write(ctx, "ivy", closeNone); err != nil {
 		t.Fatal(err)
 	}
 	if tg.rdb.HExists(ctx, key, "gw-back").Val() {
@@ -104,5 +107,55 @@ func TestStaleViewKeepsReturnedInstance(t *testing.T) {
 	}
 	if tg.rdb.HExists(ctx, ks.RouteStampKey("ivy"), "gw-back").Val() {
 		t.Fatal("an instance dropped from the route kept its stamp")
+	}
+}
+
+// TestEndMarkDoesNotOutliveLaterDrop: while Redis is out of reach, a
+// user closes normally (1000), reconnects, and drops. The route writer
+// holds the user's writes until Redis answers; the latest close decides,
+// as it would had each been written when it happened: that was a drop,
+// so the session stays, and the silence is guided. A normal close whose
+// write failed must not stick past the reconnect.
+func TestEndMarkDoesNotOutliveLaterDrop(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	proxy, err := tcpproxy.Start(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	var logs lockedBuffer
+	tg := startGatewayLogged(t, []string{proxy.Addr()}, redistest.Prefix(t), slog.New(slog.NewTextHandler(&logs, nil)), nil)
+	direct := redistest.Client(t, srv)
+	ks := tg.store.Keyspace()
+	exists := func() bool { return direct.Exists(ctx, ks.SessionKey("ivy")).Val() == 1 }
+
+	first := tg.dial(t, "ivy")
+	pingPong(t, first)
+	if !exists() {
+		t.Fatal("no session after a ping")
+	}
+
+	proxy.Cut()
+	closeNormally(first)
+	waitUntil(t, "the normal close counted out of the hub", func() bool { return tg.hub.count("ivy") == 0 })
+	again := tg.dial(t, "ivy") // its route write fails too
+	waitUntil(t, "the reconnect in the hub", func() bool { return tg.hub.count("ivy") == 1 })
+	again.NetConn().Close() // a drop: no close frame
+	waitUntil(t, "the drop counted out of the hub", func() bool { return tg.hub.count("ivy") == 0 })
+	proxy.Restore()
+
+	// A write of ivy's route returns once the writer has written ivy's
+	// mark, the held ones with it.
+	waitUntil(t, "ivy's route written", func() bool {
+		wctx, cancel := context.WithTimeout(ctx, routeWriteTimeout)
+		defer cancel()
+		return tg.routes.write(wctx, "ivy", closeNone) == nil
+	})
+	if direct.HExists(ctx, ks.RouteKey("ivy"), tg.instance).Val() {
+		t.Fatal("the route still counts a connection of ivy here")
+	}
+	if !exists() {
+		t.Fatal("ivy's session was ended: a normal close whose write failed stuck past a later reconnect that dropped")
 	}
 }
