@@ -71,8 +71,10 @@ type Gateway struct {
 	start time.Time // New's time; connections time their pings from it
 	reach *reach    // whether Redis answers renewals and heartbeats
 	// beatFailed: the last heartbeat failed; beaten: one succeeded; shed:
-	// this outage's connections were closed. The heartbeat loop's own.
+	// this outage's connections were closed; echoAt: when to register
+	// every user once more after a heartbeat gap. The heartbeat loop's own.
 	beatFailed, beaten, shed bool
+	echoAt                   time.Time
 	// dropped holds the grants of connections that dropped, for a resync.
 	dropped *dropped
 
@@ -422,7 +424,7 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	metricConnections.Inc()
 	rctx := context.WithoutCancel(ctx) // route bookkeeping outlives shutdown
 	wctx, cancel := context.WithTimeout(rctx, routeWriteTimeout)
-	if err := g.routes.write(wctx, c.uid, false); err != nil {
+	if err := g.routes.write(wctx, c.uid, closeNone); err != nil {
 		// Guides reach this connection through this instance until the
 		// writer's retry gets through.
 		g.routeLog.Fail(err)
@@ -482,7 +484,7 @@ func (g *Gateway) release(ctx context.Context, c *conn) {
 	metricConnections.Dec()
 	ctx, cancel := context.WithTimeout(ctx, routeWriteTimeout)
 	defer cancel()
-	if err := g.routes.write(ctx, c.uid, c.normalClose.Load()); err != nil {
+	if err := g.routes.write(ctx, c.uid, c.routeClose()); err != nil {
 		// The writer keeps the user marked, and retries.
 		g.routeLog.Fail(err)
 	}

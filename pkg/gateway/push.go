@@ -16,6 +16,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/frame"
 	"github.com/stillthere/stillthere/pkg/push"
+	"github.com/stillthere/stillthere/pkg/session"
 )
 
 // The push flow, in the order a guide takes it. The contract itself (the
@@ -325,16 +326,21 @@ func (g *Gateway) deliverElsewhere(ctx context.Context, uid string, payload []by
 			if err != nil {
 				return n, fmt.Errorf("route guide to %s: %w", inst, err)
 			}
-			switch {
-			case got > 0:
+			if got > 0 {
 				n++
-			case g.instanceDead(inst):
-				if err := g.rdb.HDel(ctx, ks.RouteKey(uid), inst).Err(); err == nil {
-					metricRoutesPruned.Inc()
-				}
-			default:
-				missed = append(missed, inst)
+				continue
 			}
+			// Dropped only as far as written before it was seen dead: an
+			// instance back since keeps what it wrote again, and is tried
+			// again, as a live one is.
+			if dead, ok := g.deadInstance(inst); ok {
+				dropped, kept, err := g.store.DropDeadRoutes(ctx, uid, []session.DeadInstance{dead})
+				metricRoutesPruned.Add(float64(dropped))
+				if err == nil && kept == 0 {
+					continue
+				}
+			}
+			missed = append(missed, inst)
 		}
 		targets = missed
 		if len(targets) == 0 {

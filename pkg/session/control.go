@@ -33,19 +33,20 @@ const (
 // a blind interval of that instance; if no instance was alive at all, a
 // blind interval of the whole fleet from the last one seen alive.
 // KEYS: alive, blind. ARGV: instance, lease ms. Returns {Redis's now,
-// 1 if the instance had no heartbeat before}.
+// 1 if the instance had no heartbeat before, 1 if its last lease ran out
+// before this heartbeat}.
 var heartbeatScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local inst, lease = ARGV[1], tonumber(ARGV[2])
 local prev = redis.call('HGET', KEYS[1], inst)
-local fresh = false
+local fresh, gap = false, 0
 if prev then
   local last, plen = string.match(prev, '^(%d+):(%d+)$')
   last, plen = tonumber(last), tonumber(plen)
   if last and now > last + plen then
     redis.call('ZADD', KEYS[2], now, last .. ':' .. now .. ':gateway-gap:' .. inst)
-    fresh = true
+    fresh, gap = true, 1
   end
 else
   fresh = true
@@ -70,7 +71,7 @@ if fresh then
   end
 end
 redis.call('HSET', KEYS[1], inst, now .. ':' .. lease)
-return {now, prev and 0 or 1}
+return {now, prev and 0 or 1, gap}
 `)
 
 // Beat is what a heartbeat found.
@@ -79,6 +80,10 @@ type Beat struct {
 	// First means Redis held no heartbeat of the instance: its first, or,
 	// for an instance that beat before, a Redis that lost its data.
 	First bool
+	// Gap means the instance's last lease ran out before this heartbeat,
+	// by Redis's clock: others may have judged it dead meanwhile, and
+	// dropped it from its users' routes.
+	Gap bool
 }
 
 // Heartbeat says that gateway instance is alive for lease more, by Redis's
@@ -89,10 +94,10 @@ func (s *Store) Heartbeat(ctx context.Context, instance string, lease time.Durat
 	if err != nil {
 		return Beat{}, fmt.Errorf("heartbeat of %q: %w", instance, err)
 	}
-	if len(vals) != 2 {
+	if len(vals) != 3 {
 		return Beat{}, fmt.Errorf("heartbeat of %q: %w: %d values", instance, errReply, len(vals))
 	}
-	return Beat{Now: time.UnixMilli(vals[0]), First: vals[1] == 1}, nil
+	return Beat{Now: time.UnixMilli(vals[0]), First: vals[1] == 1, Gap: vals[2] == 1}, nil
 }
 
 // Leave marks a gateway instance dead now, as a stop that closed its

@@ -209,11 +209,11 @@ func TestHeartbeatGaps(t *testing.T) {
 		}
 		return m
 	}
-	if _, err := s.Heartbeat(ctx, "gw-1", 100*time.Millisecond); err != nil {
-		t.Fatal(err)
+	if b, err := s.Heartbeat(ctx, "gw-1", 100*time.Millisecond); err != nil || !b.First || b.Gap {
+		t.Fatalf("gw-1's first heartbeat = %+v, %v; want a first, no gap", b, err)
 	}
-	if _, err := s.Heartbeat(ctx, "gw-1", 100*time.Millisecond); err != nil {
-		t.Fatal(err)
+	if b, err := s.Heartbeat(ctx, "gw-1", 100*time.Millisecond); err != nil || b.First || b.Gap {
+		t.Fatalf("gw-1's second heartbeat within its lease = %+v, %v; want no gap", b, err)
 	}
 	if b := blind(); len(b) != 0 {
 		t.Fatalf("blind intervals after steady heartbeats: %v", b)
@@ -223,8 +223,8 @@ func TestHeartbeatGaps(t *testing.T) {
 	if _, err := s.Heartbeat(ctx, "gw-2", 100*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Heartbeat(ctx, "gw-1", 100*time.Millisecond); err != nil {
-		t.Fatal(err)
+	if b, err := s.Heartbeat(ctx, "gw-1", 100*time.Millisecond); err != nil || !b.Gap || b.First {
+		t.Fatalf("gw-1's heartbeat after its lease ran out = %+v, %v; want a gap", b, err)
 	}
 	var reasons []string
 	for _, m := range blind() {

@@ -19,6 +19,7 @@
 //	<prefix>:{b07}:dd:<uid>:<n>  expiry listener's dedup key, n = deadline minute
 //	<prefix>:{b07}:pg:<id>       guide id the gateway delivered (idempotency)
 //	<prefix>:{b07}:rt:<uid>      gateway instances holding uid's connections
+//	<prefix>:{b07}:rs:<uid>      when each of them last wrote its count there
 //	<prefix>:{b07}:in:<uid>      guides waiting for uid's next connect
 //	<prefix>:gw:<instance>       Pub/Sub channel of one gateway instance
 //	<prefix>:{ctl}:alive         gateway heartbeats: HASH instance -> "last ms:lease ms"
@@ -215,6 +216,11 @@ func (k Keyspace) PushedKey(uid, id string) string {
 // RouteKey maps uid to the gateway instances holding its connections:
 // HASH instance -> connection count.
 func (k Keyspace) RouteKey(uid string) string { return k.RouteKeyPrefix(Bucket(uid)) + uid }
+
+// RouteStampKey holds when each instance in uid's route last wrote its
+// count: HASH instance -> ms, by Redis's clock. Its fields follow the
+// route's.
+func (k Keyspace) RouteStampKey(uid string) string { return k.bucketPrefix(Bucket(uid)) + "rs:" + uid }
 
 // RouteKeyPrefix is what every route key of bucket b starts with.
 func (k Keyspace) RouteKeyPrefix(b int) string { return k.bucketPrefix(b) + "rt:" }
