@@ -151,7 +151,6 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 		},
 		start:      time.Now(),
 		reach:      newReach(cfg.RenewFlushInterval),
-		dropped:    newDropped(),
 		renewLog:   outage.NewLog(logger, "renew sessions", 0),
 		beatLog:    outage.NewLog(logger, "heartbeat", 0),
 		resyncLog:  outage.NewLog(logger, "resync sessions", 0),
@@ -196,6 +195,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	if g.maxConns == 0 {
 		g.maxConns = connLimitFromRlimit()
 	}
+	// As many dropped grants as connections: a wave of drops of every
+	// connection fits.
+	g.dropped = newDropped(g.start, int(g.maxConns))
 	if g.publicLn, err = net.Listen("tcp", cfg.Addr); err != nil {
 		g.leave()
 		g.sub.Close()
@@ -248,6 +250,7 @@ func (g *Gateway) Serve(ctx context.Context) error {
 	defer loops.Wait()
 	loops.Go(func() { g.policy.Run(ctx) })
 	loops.Go(func() { g.resyncLoop(ctx) })
+	loops.Go(func() { g.dropped.sweep(ctx) })
 
 	// The public listener's only use is the upgrade: a connection that
 	// has not upgraded within the handshake timeout is closed, and so is

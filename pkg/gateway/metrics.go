@@ -57,6 +57,14 @@ var (
 		Name: "stillthere_gateway_resynced_total",
 		Help: "Last grants of connections handed to Redis by resyncs after it was out of reach; a deadline already as late stays.",
 	})
+	metricDroppedGrants = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "stillthere_gateway_dropped_grants",
+		Help: "Grants of connections that dropped, kept until they run out for a resync after Redis loses its data.",
+	})
+	metricDroppedEvicted = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_gateway_dropped_grants_evicted_total",
+		Help: "Grants of dropped connections forgotten before they ran out, because max-conns of them were held.",
+	})
 	metricPushes = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_pushes_total",
 		Help: "Guide pushes, by outcome: delivered, queued, duplicate, stale, too_old, retry (409, 503), invalid (400), rejected (401); routed_in (from another instance); from_inbox (written on connect), inbox_stale and inbox_expired (dropped at hand-over).",
