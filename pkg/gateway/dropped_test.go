@@ -63,7 +63,11 @@ func TestResyncAfterQuietDataLoss(t *testing.T) {
 			t.Errorf("%s's deadline not restored: %v", uid, err)
 			continue
 		}
-		if d := after - was; d < -2 || d > 50 {
+		// The gateway times a grant from the ping's arrival, Redis from
+		// the renewal's landing, later by its queueing and round trip: up
+		// to slowFlush, past which it counts as an outage. A busy machine
+		// makes that more than a few ms.
+		if d := after - was; d < -float64(slowFlush.Milliseconds()) || d > 50 {
 			t.Errorf("%s's deadline restored as %v, was %v", uid, after, was)
 		}
 	}

@@ -140,7 +140,9 @@ func TestUserConnectionCap(t *testing.T) {
 	}
 	tg.dial(t, "alice") // another user is not refused
 
-	// A place freed when one of the user's connections ends.
+	// A place freed when one of the user's connections ends. Registered
+	// first: one still being set up holds its place too.
+	waitUntil(t, "the user's connections registered", func() bool { return tg.hub.count("mallory") == capacity })
 	opened[0].Close()
 	waitUntil(t, "the closed connection released", func() bool { return tg.hub.count("mallory") == capacity-1 })
 	ws, _, err := websocket.DefaultDialer.Dial(url, hdr)
