@@ -31,6 +31,11 @@ type conn struct {
 	uid     string
 	segment string
 	log     *slog.Logger
+	// user is the user's place on this gateway, shared by their
+	// connections here; since is when c registered there, since the
+	// gateway started. Both are set by hub.add, before serve.
+	user  *user
+	since time.Duration
 
 	// pingAt and grant are the last ping that asked for a renewal: when it
 	// came, in ns since the gateway started (a monotonic clock), and the
@@ -178,33 +183,43 @@ func (c *conn) handle(ctx context.Context, limiter *rate.Limiter, typ int, data 
 	return true
 }
 
-// renew grants the session TTL plus jitter and answers with a pong. Pings
-// closer together than the renewal granularity share the last grant.
+// renew grants the session TTL plus jitter and answers with a pong. A
+// ping within the renewal granularity of the last renewal among the
+// user's connections here, in its segment, shares it (see user.go).
 func (c *conn) renew(ctx context.Context) {
 	start := time.Now()
 	now := start.Sub(c.g.start)
-	if granted := time.Duration(c.grant.Load()); granted > 0 {
-		if age := now - time.Duration(c.pingAt.Load()); age < c.g.cfg.RenewGranularity {
-			metricRenewalsCoalesced.Inc()
-			c.enqueue(frame.Pong((granted - age).Milliseconds()))
-			return
-		}
-	}
 	p := c.g.policy.Current()
 	ttl := p.TTL(c.segment)
 	if p.Jitter > 0 {
 		ttl += rand.N(p.Jitter)
 	}
 	ttl = ttl.Truncate(time.Millisecond)
+	r, own := c.user.renewals.claim(c.segment, c.since, now, c.g.cfg.RenewGranularity, ttl)
 	// Recorded before the renewal, so that a resync after an outage
-	// restores it even if it fails.
-	c.grant.Store(-int64(ttl))
-	c.pingAt.Store(int64(now))
+	// restores it even if it fails. A shared one is the connection's own
+	// too: its grant is what this connection stands for in a resync, or
+	// among the dropped grants, should the one that renewed go first.
+	c.grant.Store(-int64(r.ttl))
+	c.pingAt.Store(int64(r.at))
+	if !own {
+		// Bounded by the write timeout of the ping that renews it.
+		<-r.done
+		if r.failed {
+			c.enqueue(frame.Error(frame.CodeUnavailable, "session store unavailable, ping again"))
+			return
+		}
+		metricRenewalsCoalesced.Inc()
+		c.grant.Store(int64(r.ttl))
+		c.enqueue(frame.Pong((r.ttl - (now - r.at)).Milliseconds()))
+		return
+	}
 	// Not cancelled by the gateway's shutdown: a ping that arrived while
 	// draining is still a renewal the user is owed.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.g.cfg.WriteTimeout)
 	_, err := c.g.renewer.Renew(rctx, c.uid, c.segment, ttl)
 	cancel()
+	c.user.renewals.settle(r, err)
 	metricRenewalSeconds.Observe(time.Since(start).Seconds())
 	if err != nil {
 		metricRenewals.WithLabelValues("error").Inc()

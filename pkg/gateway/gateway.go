@@ -153,7 +153,6 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 		},
 		start:      time.Now(),
 		reach:      newReach(cfg.RenewFlushInterval),
-		dropped:    newDropped(),
 		renewLog:   outage.NewLog(logger, "renew sessions", 0),
 		beatLog:    outage.NewLog(logger, "heartbeat", 0),
 		resyncLog:  outage.NewLog(logger, "resync sessions", 0),
@@ -198,6 +197,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	if g.maxConns == 0 {
 		g.maxConns = connLimitFromRlimit()
 	}
+	// As many dropped grants as connections: a wave of drops of every
+	// connection fits.
+	g.dropped = newDropped(g.start, int(g.maxConns))
 	if g.publicLn, err = net.Listen("tcp", cfg.Addr); err != nil {
 		g.leave()
 		g.sub.Close()
@@ -250,6 +252,7 @@ func (g *Gateway) Serve(ctx context.Context) error {
 	defer loops.Wait()
 	loops.Go(func() { g.policy.Run(ctx) })
 	loops.Go(func() { g.resyncLoop(ctx) })
+	loops.Go(func() { g.dropped.sweep(ctx) })
 
 	// The public listener's only use is the upgrade: a connection that
 	// has not upgraded within the handshake timeout is closed, and so is
@@ -390,17 +393,29 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		admin.WriteError(w, http.StatusUnauthorized, err.Error())
 		return
 	}
+	// The user's cap first: a user at it is told so (429), also when the
+	// instance is full, and takes no slot of the instance's meanwhile.
+	if !g.hub.reserve(claims.UID, g.cfg.maxUserConns()) {
+		metricRejected.WithLabelValues("user_full").Inc()
+		w.Header().Set("Retry-After", userFullRetryAfter)
+		admin.WriteError(w, http.StatusTooManyRequests,
+			fmt.Sprintf("user at its connection limit on this gateway (%d): close another connection first", g.cfg.maxUserConns()))
+		return
+	}
 	if g.open.Add(1) > g.maxConns {
 		g.open.Add(-1)
+		g.hub.unreserve(claims.UID)
 		metricRejected.WithLabelValues("full").Inc()
 		w.Header().Set("Retry-After", "1")
 		admin.WriteError(w, http.StatusServiceUnavailable, "gateway at its connection limit, try another")
 		return
 	}
-	// From here the slot is the connection's: its goroutine gives it back.
+	// From here the slot and the user's place are the connection's: its
+	// goroutine gives them back (release, then open).
 	ws, err := g.upgrader.Upgrade(w, r, nil)
 	if err != nil {
 		g.open.Add(-1)
+		g.hub.unreserve(claims.UID)
 		return // the upgrader has answered with an HTTP error
 	}
 	c := &conn{
@@ -420,7 +435,7 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	// the route and routes again, or keeps it before the inbox is read.
 	c.done = make(chan struct{})
 	c.expiresMS.Store(claims.Expires.UnixMilli())
-	g.hub.add(c)
+	g.hub.add(c, g.start)
 	metricConnections.Inc()
 	rctx := context.WithoutCancel(ctx) // route bookkeeping outlives shutdown
 	wctx, cancel := context.WithTimeout(rctx, routeWriteTimeout)
@@ -489,6 +504,11 @@ func (g *Gateway) release(ctx context.Context, c *conn) {
 		g.routeLog.Fail(err)
 	}
 }
+
+// userFullRetryAfter is the Retry-After of a refusal at the per-user cap:
+// a place comes free only when one of the user's connections ends, so
+// retrying at once does not help.
+const userFullRetryAfter = "5"
 
 // connLimitFromRlimit leaves 1024 descriptors of the open-file limit for
 // Redis, listeners and the push endpoint's clients.

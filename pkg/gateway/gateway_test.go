@@ -609,6 +609,7 @@ func TestConfigValidate(t *testing.T) {
 		{"rate-per-second", func(c *Config) { c.RatePerSecond = 0 }},
 		{"guide-max-age", func(c *Config) { c.GuideMaxAge = -time.Second }},
 		{"guide-max-age", func(c *Config) { c.GuideMaxAge = time.Millisecond }},
+		{"max-user-conns: -1, want at least 1 (0 for the default, 10)", func(c *Config) { c.MaxUserConns = -1 }},
 		{"renew-granularity", func(c *Config) { c.RenewGranularity = -1 }},
 		{"renew-granularity: 31s, want between 0 and half the session-ttl 1m0s (30s)", func(c *Config) { c.RenewGranularity = 31 * time.Second }},
 		{"heartbeat-interval", func(c *Config) { c.HeartbeatInterval = 50 * time.Millisecond }},

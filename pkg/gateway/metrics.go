@@ -12,7 +12,7 @@ var (
 	})
 	metricRejected = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_rejected_total",
-		Help: "Upgrade requests refused before the upgrade, by reason (token, origin).",
+		Help: "Upgrade requests refused before the upgrade, by reason: token (401), origin (403), full (503, the instance at max-conns), user_full (429, the user at max-user-conns).",
 	}, []string{"reason"})
 	metricTokens = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_tokens_total",
@@ -33,7 +33,7 @@ var (
 	})
 	metricRenewalsCoalesced = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_gateway_renewals_coalesced_total",
-		Help: "Pings answered from the last grant, within the renewal granularity, without a Redis write.",
+		Help: "Pings answered from the last renewal of the user's connections on this instance in their segment, within the renewal granularity, without a Redis write of their own.",
 	})
 	metricRenewRoundTrips = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_gateway_renewal_round_trips_total",
@@ -56,6 +56,14 @@ var (
 	metricResynced = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_gateway_resynced_total",
 		Help: "Last grants of connections handed to Redis by resyncs after it was out of reach; a deadline already as late stays.",
+	})
+	metricDroppedGrants = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "stillthere_gateway_dropped_grants",
+		Help: "Grants of connections that dropped, kept until they run out for a resync after Redis loses its data.",
+	})
+	metricDroppedEvicted = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_gateway_dropped_grants_evicted_total",
+		Help: "Grants of dropped connections forgotten before they ran out, because max-conns of them were held.",
 	})
 	metricPushes = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_pushes_total",

@@ -274,6 +274,32 @@ describe('against a real gateway', { concurrency: true }, () => {
     assert.ok(back.at - told.at >= told.retryIn - 5, `back after ${back.at - told.at} ms`);
   });
 
+  it('backs off while its user holds the most connections the gateway takes of one user (429)', async () => {
+    // A browser sees a refused upgrade as a dropped connection (1006),
+    // whatever its status: the client retries on the growing backoff,
+    // never at once, and connects once one of the user's places is free.
+    const tok = await stack.token(uid('devices'));
+    const held = [];
+    for (let i = 0; i < 10; i++) { // the gateway's default max-user-conns
+      const ws = new WebSocket(`${stack.gateway}?token=${tok}`);
+      await new Promise((resolve, reject) => {
+        ws.onopen = resolve;
+        ws.onerror = () => reject(new Error(`device ${i} refused`));
+      });
+      held.push(ws);
+    }
+    const { c, rec } = client({ token: tok, backoff: { initial: 100, max: 30_000 }, random: () => 0.99 });
+    c.start();
+    const waits = () => rec.of('statechange').filter((e) => e.state === 'reconnecting').map((e) => e.retryIn);
+    await rec.waitFor('statechange', () => waits().length >= 3);
+    // Windows of 100, 200 and 400 ms: each refusal doubles the wait.
+    assert.deepEqual(waits().slice(0, 3), [99, 198, 396]);
+    assert.ok(!rec.of('statechange').some((e) => e.state === 'open'), 'connected past the limit');
+    held.pop().close();
+    await rec.waitFor('statechange', (e) => e.state === 'open', 15_000);
+    held.forEach((ws) => ws.close());
+  });
+
   it('refreshes its token through the auth frame, and outlives the first one', async () => {
     const user = uid('refresh');
     const reasons = [];
