@@ -28,6 +28,8 @@ func (tg *testGateway) dialFirstPing(t *testing.T, uid string) *websocket.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ws.Close() })
+	// The upgrade's answer comes before the connection is in the hub.
+	waitUntil(t, uid+"'s connection in the hub", func() bool { return len(tg.hub.lookup(uid)) > 0 })
 	return ws
 }
 
@@ -55,7 +57,7 @@ func readPong(t *testing.T, ws *websocket.Conn) map[string]any {
 
 // silenceInInbox queues a silence's two stages, a reminder and a close,
 // for uid, with no connection, and marks each produced in the listener's
-// dedup window as a listener would have. It returns the deadline.
+// dedup window as a listener would have.
 func silenceInInbox(t *testing.T, tg *testGateway, uid string, deadline int64) {
 	t.Helper()
 	ks := tg.store.Keyspace()
@@ -102,8 +104,10 @@ func TestFirstPingJudgesInbox(t *testing.T) {
 		deadline := redisNowMS(t, tg.rdb) - 3000
 		silenceInInbox(t, tg, "walker", deadline)
 		ws := tg.dialFirstPing(t, "walker")
-		// Last active more than a TTL before the deadline: a silence.
-		pingSaying(t, ws, 3000+ttl+2000)
+		// Last active more than a TTL before the deadline (by 10 s, for a
+		// slow machine between reading Redis's clock and the ping): a
+		// silence.
+		pingSaying(t, ws, 3000+ttl+10_000)
 		readGuide(t, ws, "walker-1")
 		if g := readGuide(t, ws, "walker-2"); g["final"] != true {
 			t.Fatalf("close stage %v, want final", g)
