@@ -153,6 +153,8 @@ type Config struct {
 	// routeRefreshEvery and routeKeyTTL override defaultRouteRefresh and
 	// defaultRouteTTL, for tests; zero means the default.
 	routeRefreshEvery, routeKeyTTL time.Duration
+	// firstPingWaitFor overrides defaultFirstPingWait, for tests.
+	firstPingWaitFor time.Duration
 }
 
 // FallbackPolicy is the timeout policy in force while none is stored.

@@ -45,6 +45,10 @@ type conn struct {
 	// them, grant first; the resync loop reads them, pingAt first, so it
 	// never pairs a ping with the grant of an earlier one.
 	pingAt, grant atomic.Int64
+	// deadlineMS is the deadline the last renewal gave the session (Unix
+	// ms, Redis's clock), told in each pong; a pong answered from the
+	// last grant tells the same.
+	deadlineMS atomic.Int64
 	// normalClose: the client closed with 1000, the user leaving on
 	// purpose, or the gateway closed with 4000 after a close stage's
 	// guide (see inactive.go). release ends the session if this was
@@ -76,6 +80,15 @@ type conn struct {
 	// frames queued before it are written, so a guide queued before a
 	// close is not lost to it.
 	pendingClose []byte
+
+	// hold is the hold of a connection that asked to ping first (see
+	// present.go), nil for one that did not; set before the connection
+	// is served, and not replaced after.
+	hold *hold
+	// presentUntilMS is when, by its client's word, its user's session
+	// would have run out had they reached us (Unix ms, Redis's clock; 0:
+	// no word): a guide of a silence that ran out before it is dropped.
+	presentUntilMS atomic.Int64
 }
 
 func (c *conn) serve(ctx context.Context) {
@@ -86,6 +99,8 @@ func (c *conn) serve(ctx context.Context) {
 		c.stopExpiry()
 		c.ws.Close() // a flusher blocked in a write fails at once
 		c.flushers.Wait()
+		// A hold still on ends here: what it held goes back to the inbox.
+		c.g.endHold(context.WithoutCancel(ctx), c, noPresence)
 		close(c.done)
 	}()
 
@@ -157,6 +172,11 @@ func (c *conn) handle(ctx context.Context, limiter *rate.Limiter, typ int, data 
 		c.linger()
 		return false
 	}
+	if c.hold != nil {
+		// The first frame ends the hold, before it is answered: the
+		// inbox is judged by its word, not by its renewal.
+		c.g.endHold(context.WithoutCancel(ctx), c, c.presenceOf(f))
+	}
 	if err := f.Validate(); err != nil {
 		if frame.IsUnknownType(err) {
 			metricFrames.WithLabelValues("unknown").Inc()
@@ -211,15 +231,16 @@ func (c *conn) renew(ctx context.Context) {
 		}
 		metricRenewalsCoalesced.Inc()
 		c.grant.Store(int64(r.ttl))
-		c.enqueue(frame.Pong((r.ttl - (now - r.at)).Milliseconds()))
+		c.deadlineMS.Store(r.deadlineMS)
+		c.enqueue(frame.Pong((r.ttl - (now - r.at)).Milliseconds(), r.deadlineMS))
 		return
 	}
 	// Not cancelled by the gateway's shutdown: a ping that arrived while
 	// draining is still a renewal the user is owed.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.g.cfg.WriteTimeout)
-	_, err := c.g.renewer.Renew(rctx, c.uid, c.segment, ttl)
+	deadline, err := c.g.renewer.Renew(rctx, c.uid, c.segment, ttl)
 	cancel()
-	c.user.renewals.settle(r, err)
+	c.user.renewals.settle(r, deadline, err)
 	metricRenewalSeconds.Observe(time.Since(start).Seconds())
 	if err != nil {
 		metricRenewals.WithLabelValues("error").Inc()
@@ -230,8 +251,9 @@ func (c *conn) renew(ctx context.Context) {
 	}
 	c.g.renewLog.OK()
 	metricRenewals.WithLabelValues("ok").Inc()
+	c.deadlineMS.Store(deadline.UnixMilli())
 	c.grant.Store(int64(ttl))
-	c.enqueue(frame.Pong(ttl.Milliseconds()))
+	c.enqueue(frame.Pong(ttl.Milliseconds(), deadline.UnixMilli()))
 }
 
 // lastGrant is what is left, at now (since the gateway started), of the

@@ -435,9 +435,15 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	// the route and routes again, or keeps it before the inbox is read.
 	c.done = make(chan struct{})
 	c.expiresMS.Store(claims.Expires.UnixMilli())
+	rctx := context.WithoutCancel(ctx) // route bookkeeping outlives shutdown
+	// A client that says its first frame is a ping gets its guides after
+	// it, judged by what it says of its user (see present.go).
+	held := r.URL.Query().Get("first") == frame.TypePing
+	if held {
+		g.holdGuides(rctx, c)
+	}
 	g.hub.add(c, g.start)
 	metricConnections.Inc()
-	rctx := context.WithoutCancel(ctx) // route bookkeeping outlives shutdown
 	wctx, cancel := context.WithTimeout(rctx, routeWriteTimeout)
 	if err := g.routes.write(wctx, c.uid, closeNone); err != nil {
 		// Guides reach this connection through this instance until the
@@ -445,7 +451,10 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		g.routeLog.Fail(err)
 	}
 	cancel()
-	rest := g.handOverInbox(rctx, c)
+	var rest func()
+	if !held {
+		rest = g.handOverInbox(rctx, c, noPresence)
+	}
 	n := 1
 	if rest != nil {
 		n = 2
@@ -455,6 +464,10 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		// reconnect like the others.
 		c.closeWith(websocket.CloseGoingAway, "server shutting down, reconnect")
 		c.ws.Close()
+		c.mu.Lock()
+		c.closed = true
+		c.mu.Unlock()
+		g.endHold(rctx, c, noPresence) // what it held goes back to the inbox
 		g.open.Add(-1)
 		g.release(rctx, c)
 		return

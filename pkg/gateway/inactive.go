@@ -7,6 +7,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/stillthere/stillthere/pkg/frame"
+	"github.com/stillthere/stillthere/pkg/push"
 )
 
 // A silence's last stage may close the chat (timeoutevent.ActionClose):
@@ -22,13 +23,41 @@ import (
 // A final guide handed over from the inbox on connect is written like any
 // other and closes nothing: the user is back, on that very connection.
 
-// enqueueGuide queues a guide frame pushed to c's user, and for a close
-// stage (final) closes c once the frame is on the socket.
-func (c *conn) enqueueGuide(b []byte, final bool) bool {
-	if !final {
-		return c.enqueue(b)
+// enqueueGuide hands c a guide pushed to its user: held while c holds its
+// guides (see present.go), else as takeGuide does.
+func (c *conn) enqueueGuide(req push.Request) guideTake {
+	c.mu.Lock()
+	if h := c.hold; h != nil && h.holding {
+		defer c.mu.Unlock()
+		if c.closed || c.closeSet || len(h.held) >= c.g.cfg.SendQueue {
+			return guideRefused
+		}
+		h.held = append(h.held, req)
+		return guideTaken
 	}
-	return c.enqueueThen(b, c.closeInactive)
+	c.mu.Unlock()
+	return c.takeGuide(req)
+}
+
+// takeGuide drops a guide whose silence c's client said its user was
+// present for, or queues its frame, and for a close stage (final) closes
+// c once the frame is on the socket.
+func (c *conn) takeGuide(req push.Request) guideTake {
+	if superseded(req.DeadlineMS, c.presentUntilMS.Load()) {
+		metricPushes.WithLabelValues("superseded").Inc()
+		return guideSuperseded
+	}
+	b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)
+	ok := false
+	if req.Final {
+		ok = c.enqueueThen(b, c.closeInactive)
+	} else {
+		ok = c.enqueue(b)
+	}
+	if !ok {
+		return guideRefused
+	}
+	return guideTaken
 }
 
 // closeInactive ends c after its close stage's guide, once. It runs on

@@ -67,7 +67,8 @@ var (
 	})
 	metricPushes = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_pushes_total",
-		Help: "Guide pushes, by outcome: delivered, queued, duplicate, stale, too_old, retry (409, 503), invalid (400), rejected (401); routed_in (from another instance); from_inbox (written on connect), inbox_stale and inbox_expired (dropped at hand-over).",
+		Help: "Guide pushes, by outcome: delivered, queued, duplicate, stale, too_old, retry (409, 503), invalid (400), rejected (401); routed_in (from another instance); from_inbox (written on connect), inbox_stale and inbox_expired (dropped at hand-over); " +
+			"inbox_superseded and superseded (dropped from the inbox, or pushed live, because the client's first ping said the user was there after the deadline).",
 	}, []string{"outcome"})
 	metricRoutesPruned = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_gateway_routes_pruned_total",

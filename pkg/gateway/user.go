@@ -60,13 +60,17 @@ type renewals struct {
 
 // renewal is one renewal of a user's session, shared by the pings of
 // their connections within the granularity. at and ttl are fixed; failed
-// is guarded by renewals.mu, and read by sharers after done is closed.
+// and deadlineMS are guarded by renewals.mu, and read by sharers after
+// done is closed.
 type renewal struct {
 	segment string
 	at      time.Duration // the ping's time, since the gateway started
 	ttl     time.Duration // granted
 	done    chan struct{} // closed once written, or failed
 	failed  bool
+	// deadlineMS is the deadline Redis gave the session (Unix ms, by its
+	// clock), for the sharers' pongs.
+	deadlineMS int64
 }
 
 // claim returns the renewal a ping of segment at now shares (own false),
@@ -94,9 +98,12 @@ func (rs *renewals) claim(segment string, since, now, granularity, ttl time.Dura
 }
 
 // settle records the outcome of r's write, and releases its sharers.
-func (rs *renewals) settle(r *renewal, err error) {
+func (rs *renewals) settle(r *renewal, deadline time.Time, err error) {
 	rs.mu.Lock()
 	r.failed = err != nil
+	if err == nil {
+		r.deadlineMS = deadline.UnixMilli()
+	}
 	rs.mu.Unlock()
 	close(r.done)
 }

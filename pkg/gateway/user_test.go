@@ -76,7 +76,7 @@ func TestRenewalsClaimAndSettle(t *testing.T) {
 	if vip, own := rs.claim("vip", 0, 200, time.Second, 120*time.Second); !own || vip == r {
 		t.Fatal("a ping in another segment shares the default segment's renewal")
 	}
-	rs.settle(r, errors.New("Redis out of reach"))
+	rs.settle(r, time.Time{}, errors.New("Redis out of reach"))
 	<-shared.done
 	if !shared.failed {
 		t.Fatal("the sharer does not see the failure")

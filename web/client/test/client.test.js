@@ -209,6 +209,32 @@ describe('against a real gateway', { concurrency: true }, () => {
     assert.equal(fresh.rec.of('guide').length, 1);
   });
 
+  it('drops a guide whose silence began while its user was active and unheard', async () => {
+    // Activity the gateway has not heard of yet (the next ping waits for
+    // its interval, or the network is gone) keeps the user there, by the
+    // client's record, for a TTL after it: a guide of a silence that ran
+    // out meanwhile came from a gateway that did not know, and is not
+    // shown. One of the deadline the gateway gave, or one that does not
+    // say its deadline, is.
+    const { c, spy, rec } = client({ token: await stack.token(uid('unheard')), pingInterval: 60_000 });
+    c.start();
+    const pong = await rec.waitFor('pong');
+    // Real time must pass: the activity comes well after the ping.
+    await sleep(700);
+    const active = Date.now();
+    c.activity();
+    assert.equal(spy.frames('ping').length, 1, 'the activity waits for the interval');
+    const ws = spy.sockets[0];
+    const guide = (id, deadline) => ws.replay(JSON.stringify({ type: 'guide', id, text: 'Still there?', stage: 1, final: false, ...(deadline ? { deadline_ms: deadline } : {}) }));
+    guide('within', pong.deadline + 300);
+    guide('after', active + pong.ttlMs + 1000); // a silence after the run
+    guide('undated', null);
+    const ours = (type) => rec.of(type).map((g) => g.id).filter((id) => ['within', 'after', 'undated'].includes(id));
+    assert.deepEqual(ours('guide'), ['after', 'undated']);
+    assert.deepEqual(ours('superseded'), ['within']);
+    assert.equal(spy.frames('ack').length, 3, 'every copy is acked');
+  });
+
   it('a close stage handed over from the inbox leaves the user back on their connection', async () => {
     // The chat closed while the user had no connection: its guide waits
     // in their inbox, and on their next connect closes nothing.
