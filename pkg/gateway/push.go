@@ -387,46 +387,6 @@ func (g *Gateway) keep(ctx context.Context, req push.Request, payload []byte, ro
 	return "", nil
 }
 
-// listen takes guides other instances route here until ctx is done. After
-// a broken connection go-redis resubscribes; once it has, this instance
-// writes its users' routes again, which a push that met no subscriber in
-// between may have missed. A guide for a user who has just left goes to
-// their inbox.
-func (g *Gateway) listen(ctx context.Context, sub *redis.PubSub) {
-	defer sub.Close()
-	stop := context.AfterFunc(ctx, func() { sub.Close() })
-	defer stop()
-	broken := false
-	for {
-		msg, err := sub.Receive(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			g.channelLog.Fail(err)
-			broken = true
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			continue
-		}
-		switch m := msg.(type) {
-		case *redis.Subscription:
-			g.channelLog.OK()
-			if broken {
-				broken = false
-				g.log.Info("instance channel resubscribed; registering users again")
-				g.routes.markAll()
-			}
-		case *redis.Message:
-			g.channelLog.OK()
-			g.routedIn(ctx, m.Payload)
-		}
-	}
-}
-
 // routedIn delivers a guide another instance routed here.
 func (g *Gateway) routedIn(ctx context.Context, payload string) {
 	var req push.Request
