@@ -26,7 +26,9 @@ import (
 //     the slot map says the channel lives: at once, then with backoff, and
 //     on a cluster with the slot map reloaded after each failure (an old
 //     owner answers MOVED). It counts as subscribed only once Redis
-//     confirmed it, and then registers its users' routes again.
+//     confirmed it where publishers count it (at the slot's master, not
+//     at a replica, which confirms it too), and then registers its users'
+//     routes again.
 //   - probeChannel checks it every channelProbeEvery, as the others see
 //     it: it publishes a probe on the channel through the shared client,
 //     the way routed guides go. No subscriber there means the subscription
@@ -40,7 +42,9 @@ import (
 // again for publishRetries*publishRetryWait (more than a resubscription
 // takes) and then answers retry, and the consumer pushes it again. Guides
 // published before an unsubscribe push come before it on the same
-// connection, and are read before listen lets it go.
+// connection, and are read before listen lets it go. One hole stays: a
+// guide counted on a connection that breaks before it is read goes with
+// it, as Pub/Sub has no acknowledgement.
 
 const (
 	// channelConfirmTimeout bounds the wait for Redis to confirm a
@@ -49,7 +53,10 @@ const (
 	// channelRetryFirst and channelRetryMax bound the backoff between
 	// failed subscriptions; the first after a loss is at once.
 	channelRetryFirst = 25 * time.Millisecond
-	channelRetryMax   = 2 * time.Second
+	channelRetryMax   = time.Second
+	// channelDrainWait is how long guides already sent on a subscription
+	// that is let go are waited for.
+	channelDrainWait = 50 * time.Millisecond
 	// channelProbeEvery is how often the subscription is checked.
 	channelProbeEvery = time.Second
 	// channelProbeWait is how long a probe may take to come back: longer
@@ -233,19 +240,29 @@ func (c *instanceChannel) err() error {
 func (g *Gateway) channelName() string { return g.store.Keyspace().InstanceChannel(g.instance) }
 
 // subscribe subscribes to the instance channel on a connection of its own,
-// and returns once Redis confirmed it.
+// and returns once Redis confirmed it where publishers count it.
 func (g *Gateway) subscribe(ctx context.Context) (*redis.PubSub, error) {
 	name := g.channelName()
+	rctx, cancel := context.WithTimeout(ctx, channelConfirmTimeout)
+	defer cancel()
+	node, err := g.channelMaster(rctx)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe to the instance channel: %w", err)
+	}
 	sub := g.rdb.SSubscribe(ctx, name)
 	if !g.channel.track(sub) {
 		sub.Close()
 		return nil, errors.New("gateway stopping")
 	}
-	rctx, cancel := context.WithTimeout(ctx, channelConfirmTimeout)
-	defer cancel()
 	msg, err := sub.Receive(rctx)
 	if err == nil && classify(msg, name) != eventSubscribed {
 		err = fmt.Errorf("unexpected answer %v", msg)
+	}
+	if err == nil && node != nil {
+		err = g.atMaster(rctx, node)
+	}
+	if err == nil {
+		err = g.counted(rctx, sub)
 	}
 	if err != nil {
 		g.channel.down(sub, "")
@@ -253,6 +270,69 @@ func (g *Gateway) subscribe(ctx context.Context) (*redis.PubSub, error) {
 	}
 	g.channel.up(sub)
 	return sub, nil
+}
+
+// channelMaster is the node a cluster client's slot map names as the
+// master of the channel's slot, where its subscription goes; nil on a
+// single Redis.
+func (g *Gateway) channelMaster(ctx context.Context) (*redis.Client, error) {
+	cc, ok := g.rdb.(*redis.ClusterClient)
+	if !ok {
+		return nil, nil
+	}
+	return cc.MasterForKey(ctx, g.channelName())
+}
+
+// atMaster checks that node, where a subscription was just confirmed, is
+// still named by the slot map and is a master. A replica confirms
+// SSUBSCRIBE for its master's slots, and answers SPUBLISH from publishers
+// whose slot map is late, but publishers that know the master count
+// nobody there. After a failover the old master, a replica now, is the
+// node a late slot map names.
+func (g *Gateway) atMaster(ctx context.Context, node *redis.Client) error {
+	now, err := g.channelMaster(ctx)
+	if err != nil {
+		return err
+	}
+	if now.Options().Addr != node.Options().Addr {
+		return fmt.Errorf("the slot map changed while subscribing: %s, then %s", node.Options().Addr, now.Options().Addr)
+	}
+	role, err := node.Do(ctx, "ROLE").Slice()
+	if err != nil {
+		return fmt.Errorf("role of %s: %w", node.Options().Addr, err)
+	}
+	if len(role) == 0 || role[0] != "master" {
+		return fmt.Errorf("confirmed by %s, not a master (role %v)", node.Options().Addr, role)
+	}
+	return nil
+}
+
+// counted checks that a publisher counts the subscription just confirmed,
+// before anything else on it is read: where the shared client publishes
+// (as the others do), the subscription must be counted. A subscription
+// confirmed where publishers do not count it (see atMaster) would take
+// guides that their publishers count as reaching nobody, and push again.
+// Then the guides already come on it are read, lest one counted in a role
+// change just before is lost, and it is let go.
+func (g *Gateway) counted(ctx context.Context, sub *redis.PubSub) error {
+	n, err := g.rdb.SPublish(ctx, g.channelName(), probePrefix+newToken()).Result()
+	switch {
+	case err != nil:
+		return fmt.Errorf("check the subscription: %w", err)
+	case n > 0:
+		return nil
+	}
+	name := g.channelName()
+	for {
+		msg, err := sub.ReceiveTimeout(ctx, channelDrainWait)
+		if err != nil {
+			break
+		}
+		if classify(msg, name) == eventGuide {
+			g.routedIn(ctx, msg.(*redis.Message).Payload)
+		}
+	}
+	return errors.New("confirmed where publishers do not count it (a replica, or a node the slot map names late)")
 }
 
 // resubscribe subscribes again after a loss, until it is confirmed or ctx
@@ -274,12 +354,22 @@ func (g *Gateway) resubscribe(ctx context.Context) *redis.PubSub {
 			return nil
 		}
 		g.channelLog.Fail(err)
+		g.log.Debug("subscribe to the instance channel", "attempt", attempt, "err", err)
 		// The slot map may name the channel's old owner, which answers
-		// MOVED: the next attempt asks the one it learns.
-		if cc, ok := g.rdb.(*redis.ClusterClient); ok {
-			cc.ReloadState(ctx)
-		}
+		// MOVED, or is a replica now.
+		g.reloadSlots(ctx)
 	}
+}
+
+// reloadSlots has a cluster client read the slot map again, in the
+// background, so that a later command goes where the cluster names now.
+// It reports whether the client is a cluster's.
+func (g *Gateway) reloadSlots(ctx context.Context) bool {
+	cc, ok := g.rdb.(*redis.ClusterClient)
+	if ok {
+		cc.ReloadState(ctx)
+	}
+	return ok
 }
 
 // listen takes guides other instances route here until ctx is done, on
@@ -338,41 +428,52 @@ func (g *Gateway) read(ctx context.Context, sub *redis.PubSub) string {
 func (g *Gateway) probeChannel(ctx context.Context) {
 	t := time.NewTicker(channelProbeEvery)
 	defer t.Stop()
+	var uncounted *redis.PubSub
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		g.probe(ctx)
+		uncounted = g.probe(ctx, uncounted)
 	}
 }
 
 // probe publishes one probe on the channel, as a routed guide is
 // published, and closes the subscription if nobody subscribes where the
-// probe went, or if it was counted but not read in time. A probe that
-// Redis did not take judges nothing: that is an outage of Redis, which
-// reach reports.
-func (g *Gateway) probe(ctx context.Context) {
+// probe went, or if it was counted but not read in time. It returns the
+// subscription when the probe counted nobody on it but it is judged on
+// the next probe: uncounted is the last one's. A probe that Redis did not
+// take judges nothing: that is an outage of Redis, which reach reports.
+func (g *Gateway) probe(ctx context.Context, uncounted *redis.PubSub) *redis.PubSub {
 	sub, payload, heard := g.channel.startProbe()
 	if sub == nil {
-		return
+		return nil
 	}
 	pctx, cancel := context.WithTimeout(ctx, channelProbeWait)
-	defer cancel()
 	n, err := g.rdb.SPublish(pctx, g.channelName(), payload).Result()
+	cancel()
 	switch {
 	case err != nil:
-		return
+		return nil
 	case n == 0:
+		// On a cluster, a late slot map sends the probe to a replica,
+		// which counts only its own subscribers: the map is read again,
+		// and the next probe judges.
+		if sub != uncounted && g.reloadSlots(ctx) {
+			return sub
+		}
 		g.channel.drop(sub, lostNoSubscriber)
-		return
+		return nil
 	}
+	// Counted: the wait for it starts now, whatever the publish took.
+	wait := time.NewTimer(channelProbeWait)
+	defer wait.Stop()
 	select {
 	case <-heard:
-	case <-pctx.Done():
-		if ctx.Err() == nil {
-			g.channel.drop(sub, lostProbe)
-		}
+	case <-ctx.Done():
+	case <-wait.C:
+		g.channel.drop(sub, lostProbe)
 	}
+	return nil
 }

@@ -54,7 +54,8 @@ const (
 	// pushRetryAfter is the Retry-After of a retry answer.
 	pushRetryAfter = time.Second
 	// publishRetries and publishRetryWait bound how long a push waits for
-	// a live instance to listen again (go-redis resubscribes at once).
+	// a live instance to listen again (it subscribes again at once, see
+	// channel.go).
 	publishRetries   = 5
 	publishRetryWait = 200 * time.Millisecond
 	// reroutes bounds how often a push starts over because connections
@@ -343,6 +344,10 @@ func (g *Gateway) deliverElsewhere(ctx context.Context, uid string, payload []by
 		if attempt == publishRetries {
 			return n, fmt.Errorf("%w: %v", errUnreached, targets)
 		}
+		// A late slot map sends SPUBLISH to a node that no longer masters
+		// the channel's slot; a replica answers it, counting only its own
+		// subscribers. The next try goes where the cluster names now.
+		g.reloadSlots(ctx)
 		select {
 		case <-ctx.Done():
 			return n, ctx.Err()
