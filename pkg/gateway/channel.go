@@ -48,8 +48,12 @@ import (
 
 const (
 	// channelConfirmTimeout bounds the wait for Redis to confirm a
-	// subscription.
-	channelConfirmTimeout = 5 * time.Second
+	// subscription after a loss: an attempt on a connection that Redis
+	// never answers (a partition) holds up the next for this long once it
+	// heals. The first, on start, waits channelStartTimeout: a gateway
+	// that cannot subscribe does not start.
+	channelConfirmTimeout = 2 * time.Second
+	channelStartTimeout   = 30 * time.Second
 	// channelRetryFirst and channelRetryMax bound the backoff between
 	// failed subscriptions; the first after a loss is at once.
 	channelRetryFirst = 25 * time.Millisecond
@@ -240,10 +244,11 @@ func (c *instanceChannel) err() error {
 func (g *Gateway) channelName() string { return g.store.Keyspace().InstanceChannel(g.instance) }
 
 // subscribe subscribes to the instance channel on a connection of its own,
-// and returns once Redis confirmed it where publishers count it.
-func (g *Gateway) subscribe(ctx context.Context) (*redis.PubSub, error) {
+// and returns once Redis confirmed it where publishers count it, within
+// timeout.
+func (g *Gateway) subscribe(ctx context.Context, timeout time.Duration) (*redis.PubSub, error) {
 	name := g.channelName()
-	rctx, cancel := context.WithTimeout(ctx, channelConfirmTimeout)
+	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	node, err := g.channelMaster(rctx)
 	if err != nil {
@@ -346,7 +351,7 @@ func (g *Gateway) resubscribe(ctx context.Context) *redis.PubSub {
 			case <-time.After(wait):
 			}
 		}
-		sub, err := g.subscribe(ctx)
+		sub, err := g.subscribe(ctx, channelConfirmTimeout)
 		if err == nil {
 			return sub
 		}

@@ -185,7 +185,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	}
 	// Subscribed before any connection registers, so no routed guide is
 	// published to a channel nobody reads yet.
-	if g.sub, err = g.subscribe(ctx); err != nil {
+	if g.sub, err = g.subscribe(ctx, channelStartTimeout); err != nil {
 		g.closeRedis()
 		return nil, err
 	}
