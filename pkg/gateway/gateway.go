@@ -77,6 +77,9 @@ type Gateway struct {
 	echoAt                   time.Time
 	// dropped holds the grants of connections that dropped, for a resync.
 	dropped *dropped
+	// channel is the state of the subscription to its channel, which
+	// Redis can take away (see channel.go).
+	channel instanceChannel
 
 	// One outage log per condition: a line when it starts failing, a
 	// summary now and then, a line when it ends, not a line per call.
@@ -183,11 +186,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	}
 	// Subscribed before any connection registers, so no routed guide is
 	// published to a channel nobody reads yet.
-	g.sub = rdb.SSubscribe(ctx, g.store.Keyspace().InstanceChannel(g.instance))
-	if _, err := g.sub.Receive(ctx); err != nil {
-		g.sub.Close()
+	if g.sub, err = g.subscribe(ctx, channelStartTimeout); err != nil {
 		g.closeRedis()
-		return nil, fmt.Errorf("subscribe to the instance channel: %w", err)
+		return nil, err
 	}
 	// Alive before it takes connections. Redis answered just now; if it
 	// does not here, the heartbeat loop keeps trying, and readyz fails
@@ -566,9 +567,14 @@ func (g *Gateway) originAllowed(r *http.Request) bool {
 
 func (g *Gateway) pushMux() http.Handler {
 	// Not ready while renewals or heartbeats fail, even if a PING gets
-	// through: a load balancer should send clients elsewhere.
+	// through: a load balancer should send clients elsewhere. Nor while
+	// the instance channel is not subscribed: guides routed here from
+	// other instances reach nobody.
 	mux := admin.NewMux(func(ctx context.Context) error {
 		if err := g.reach.err(); err != nil {
+			return err
+		}
+		if err := g.channel.err(); err != nil {
 			return err
 		}
 		return g.rdb.Ping(ctx).Err()

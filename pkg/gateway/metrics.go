@@ -92,6 +92,15 @@ var (
 		Name: "stillthere_gateway_slow_clients_total",
 		Help: "Connections cut off because their send queue was full.",
 	})
+	metricChannelSubscribed = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "stillthere_gateway_channel_subscribed",
+		Help: "1 while the instance channel, on which other instances route guides here, is subscribed; 0 while it is being subscribed again (readyz fails meanwhile).",
+	})
+	metricChannelLost = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "stillthere_gateway_channel_lost_total",
+		Help: "Subscriptions to the instance channel lost and subscribed again, by reason: unsubscribed (Redis took it, as when its cluster slot changes owner), " +
+			"broken (the connection failed), no_subscriber (a probe found none where publishers look), probe_lost (a probe was counted but never read).",
+	}, []string{"reason"})
 	metricShed = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_gateway_shed_total",
 		Help: "Connections closed with 1013 because Redis was out of the instance's reach for shed-after, so that clients reconnect elsewhere.",

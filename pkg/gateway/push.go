@@ -55,7 +55,8 @@ const (
 	// pushRetryAfter is the Retry-After of a retry answer.
 	pushRetryAfter = time.Second
 	// publishRetries and publishRetryWait bound how long a push waits for
-	// a live instance to listen again (go-redis resubscribes at once).
+	// a live instance to listen again (it subscribes again at once, see
+	// channel.go).
 	publishRetries   = 5
 	publishRetryWait = 200 * time.Millisecond
 	// reroutes bounds how often a push starts over because connections
@@ -372,6 +373,10 @@ func (g *Gateway) deliverElsewhere(ctx context.Context, uid string, payload []by
 		if attempt == publishRetries {
 			return n, fmt.Errorf("%w: %v", errUnreached, targets)
 		}
+		// A late slot map sends SPUBLISH to a node that no longer masters
+		// the channel's slot; a replica answers it, counting only its own
+		// subscribers. The next try goes where the cluster names now.
+		g.reloadSlots(ctx)
 		select {
 		case <-ctx.Done():
 			return n, ctx.Err()
@@ -414,46 +419,6 @@ func (g *Gateway) keep(ctx context.Context, req push.Request, payload []byte, ro
 		return push.TooOld, nil
 	}
 	return "", nil
-}
-
-// listen takes guides other instances route here until ctx is done. After
-// a broken connection go-redis resubscribes; once it has, this instance
-// writes its users' routes again, which a push that met no subscriber in
-// between may have missed. A guide for a user who has just left goes to
-// their inbox.
-func (g *Gateway) listen(ctx context.Context, sub *redis.PubSub) {
-	defer sub.Close()
-	stop := context.AfterFunc(ctx, func() { sub.Close() })
-	defer stop()
-	broken := false
-	for {
-		msg, err := sub.Receive(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			g.channelLog.Fail(err)
-			broken = true
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			continue
-		}
-		switch m := msg.(type) {
-		case *redis.Subscription:
-			g.channelLog.OK()
-			if broken {
-				broken = false
-				g.log.Info("instance channel resubscribed; registering users again")
-				g.routes.markAll()
-			}
-		case *redis.Message:
-			g.channelLog.OK()
-			g.routedIn(ctx, m.Payload)
-		}
-	}
 }
 
 // routedIn delivers a guide another instance routed here.
