@@ -129,11 +129,25 @@ func (tg *testGateway) dialSegment(t *testing.T, uid, segment string) *websocket
 	if err != nil {
 		t.Fatal(err)
 	}
+	before := map[*conn]bool{}
+	for _, c := range tg.hub.lookup(uid) {
+		before[c] = true
+	}
 	ws, _, err := websocket.DefaultDialer.Dial("ws://"+tg.PublicAddr().String()+"/v1/ws", http.Header{"Authorization": {"Bearer " + tok}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ws.Close() })
+	// The upgrade's answer comes before the connection is in the hub: a
+	// push right after the dial could find the user connected nowhere.
+	waitUntil(t, uid+"'s new connection in the hub", func() bool {
+		for _, c := range tg.hub.lookup(uid) {
+			if !before[c] {
+				return true
+			}
+		}
+		return false
+	})
 	return ws
 }
 

@@ -178,8 +178,12 @@ type Instance struct {
 }
 
 // AliveAt reports whether the instance's lease covers now. One that left
-// (no lease) is dead from its last heartbeat on.
-func (i Instance) AliveAt(now time.Time) bool { return i.Lease > 0 && !now.After(i.Last.Add(i.Lease)) }
+// (no lease) is dead from its last heartbeat on. now counts in whole
+// milliseconds, as the heartbeat script does: an instance judged dead has
+// a heartbeat that finds the gap, and registers its users again.
+func (i Instance) AliveAt(now time.Time) bool {
+	return i.Lease > 0 && !now.Truncate(time.Millisecond).After(i.Last.Add(i.Lease))
+}
 
 // SweepMark is what the listener asks of the control keys after a
 // complete sweep.
