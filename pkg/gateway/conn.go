@@ -216,6 +216,11 @@ func (c *conn) renew(ctx context.Context) {
 	c.g.renewLog.OK()
 	metricRenewals.WithLabelValues("ok").Inc()
 	c.grant.Store(int64(ttl))
+	// The pong tells this connection's own grant, not the session's
+	// deadline, which another device of the user (a segment with a longer
+	// TTL) may hold later: the client paces its pings by it, and must keep
+	// its own session alive once that other grant has run out. The
+	// deadline it counts from it is never later than Redis's.
 	c.enqueue(frame.Pong(ttl.Milliseconds()))
 }
 

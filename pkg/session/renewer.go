@@ -82,7 +82,8 @@ func NewRenewer(store *Store, cfg RenewerConfig) *Renewer {
 }
 
 // Renew grants uid's session ttl, sharing a round trip with other
-// renewals, and returns the new deadline by Redis's clock.
+// renewals, and returns the session's deadline by Redis's clock: never
+// earlier than one another renewal gave it (see renewScript).
 func (r *Renewer) Renew(ctx context.Context, uid, segment string, ttl time.Duration) (time.Time, error) {
 	return r.do(ctx, &renewal{uid: uid, segment: segment, ttl: ttl, done: make(chan struct{})})
 }
