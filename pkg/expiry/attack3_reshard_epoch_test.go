@@ -53,20 +53,27 @@ func TestAttack3ReshardTakenForFailover(t *testing.T) {
 	}
 	// To a master whose config epoch is not the cluster's greatest, as a
 	// master added to take slots is: taking the slot bumps its epoch.
+	// Each master's view of the greatest may lag its gossip, and epochs
+	// that collided at the cluster's start are told apart over gossip
+	// too: wait until one of the others is behind the greatest.
 	to, epochBefore := -1, 0
-	for i, m := range h.cluster.Masters {
-		info, err := redistest.Client(t, m).ClusterInfo(ctx).Result()
-		if err != nil {
-			t.Fatal(err)
+	waitFor(t, waitLong, "a master behind the greatest config epoch", func() bool {
+		mine := make([]int, len(h.cluster.Masters))
+		for i, m := range h.cluster.Masters {
+			info, err := redistest.Client(t, m).ClusterInfo(ctx).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			mine[i] = epoch(info, "cluster_my_epoch")
+			epochBefore = max(epochBefore, epoch(info, "cluster_current_epoch"), mine[i])
 		}
-		epochBefore = max(epochBefore, epoch(info, "cluster_current_epoch"))
-		if i != owner && epoch(info, "cluster_my_epoch") < epoch(info, "cluster_current_epoch") {
-			to = i
+		for i := range mine {
+			if i != owner && mine[i] < epochBefore {
+				to = i
+			}
 		}
-	}
-	if to < 0 {
-		t.Skip("every other master holds the greatest config epoch")
-	}
+		return to >= 0
+	})
 	if err := h.cluster.MigrateSlot(ctx, slot, to, 100, 0); err != nil {
 		t.Fatal(err)
 	}
