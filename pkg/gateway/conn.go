@@ -45,9 +45,10 @@ type conn struct {
 	// them, grant first; the resync loop reads them, pingAt first, so it
 	// never pairs a ping with the grant of an earlier one.
 	pingAt, grant atomic.Int64
-	// deadlineMS is the deadline the last renewal gave the session (Unix
+	// deadlineMS is the deadline of the last renewal's own grant (Unix
 	// ms, Redis's clock), told in each pong; a pong answered from the
-	// last grant tells the same.
+	// last grant tells the same. The session's may be later (another
+	// device's longer grant).
 	deadlineMS atomic.Int64
 	// normalClose: the client closed with 1000, the user leaving on
 	// purpose, or the gateway closed with 4000 after a close stage's
@@ -253,6 +254,12 @@ func (c *conn) renew(ctx context.Context) {
 	metricRenewals.WithLabelValues("ok").Inc()
 	c.deadlineMS.Store(deadline.UnixMilli())
 	c.grant.Store(int64(ttl))
+	// The pong tells this connection's own grant, not the session's
+	// deadline, which another device of the user (a segment with a longer
+	// TTL) may hold later: the client paces its pings by it, and must keep
+	// its own session alive once that other grant has run out. The
+	// deadline it counts from it is never later than Redis's; deadline
+	// is this grant's own, Redis's now plus ttl (see Renewer.Renew).
 	c.enqueue(frame.Pong(ttl.Milliseconds(), deadline.UnixMilli()))
 }
 

@@ -200,15 +200,19 @@ func TestPingRenewsWithJitter(t *testing.T) {
 		t.Fatal("session exists before the first ping")
 	}
 	seen := map[float64]bool{}
+	var most float64
 	for range 5 {
 		ttl := pingPong(t, ws)
 		if ttl < 10_000 || ttl >= 11_000 {
 			t.Fatalf("ttl_ms %v outside [10000, 11000)", ttl)
 		}
 		seen[ttl] = true
+		most = max(most, ttl)
+		// A renewal never moves the deadline earlier: the session runs to
+		// the latest of the grants, never short of this one.
 		pttl, err := tg.rdb.PTTL(context.Background(), key).Result()
-		if err != nil || pttl.Milliseconds() > int64(ttl) || pttl.Milliseconds() < int64(ttl)-1000 {
-			t.Fatalf("PTTL %v, granted %vms", pttl, ttl)
+		if err != nil || pttl.Milliseconds() > int64(most) || pttl.Milliseconds() < int64(ttl)-1000 {
+			t.Fatalf("PTTL %v, granted %vms (at most %vms so far)", pttl, ttl, most)
 		}
 	}
 	if len(seen) < 2 {

@@ -68,8 +68,8 @@ type renewal struct {
 	ttl     time.Duration // granted
 	done    chan struct{} // closed once written, or failed
 	failed  bool
-	// deadlineMS is the deadline Redis gave the session (Unix ms, by its
-	// clock), for the sharers' pongs.
+	// deadlineMS is the deadline of this grant (Unix ms, Redis's clock),
+	// for the sharers' pongs.
 	deadlineMS int64
 }
 

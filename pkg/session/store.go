@@ -19,18 +19,34 @@ import (
 // migrates, the node then runs it only where all of them are (see
 // pipeline.go), never reading a key where it no longer is.
 
-// renewScript sets the session key's TTL and its deadline-index entry in one
-// step, records the gateway instance that renewed it and when, and cancels
-// a hold on its last timeout and the stages left of it: the user is
-// back. KEYS: session, then the bucket's keys (index, segments, via,
-// hold, held, stage), then renewed.
+// renewScript grants a session a TTL and writes its deadline-index entry
+// in one step, records the gateway instance that granted it and when,
+// and cancels a hold on its last timeout and the stages left of it: the
+// user is back. KEYS: session, then the bucket's keys (index, segments,
+// via, hold, held, stage), then renewed.
 // ARGV: uid, ttl ms, segment, instance, mode, keep ms, pinged ms ago.
+//
+// A renewal never moves a live deadline earlier: the deadline becomes the
+// later of the one written and now+ttl. A user is present while any of
+// their devices pings, and each device may be in a segment of its own
+// (its token names it): a ping from one with a short TTL must not cut
+// the grant one with a long TTL was just given, whose client was told it
+// (its pong) and paces its pings by it. The segment and the instance
+// stay those of the grant the deadline is, so the guide of that silence
+// is the segment's whose grant ran out, and an outage of the instance
+// that granted it holds it. The same rule keeps the largest jitter of a
+// device's recent pings, and lets a policy that shortens a segment's TTL
+// take effect once the grants given before it have run out. Between
+// stages, or while a timeout is held, the deadline is past: any ping
+// writes now+ttl.
+//
 // Mode "resync" restores a grant a gateway could not write while Redis was
 // out of reach, or that Redis lost: it never shortens a deadline already
 // written (another device, a later ping) nor one held for a recheck,
 // but ends a silence between its stages, restores nothing older than a
 // renewal or end Redis knows of, and records the renewal at the ping it
-// restores. Returns the deadline in ms.
+// restores. Returns {the session's deadline, this grant's own: now+ttl},
+// in ms: a client paces its pings, and reads Redis's clock, by its own.
 var renewScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -38,29 +54,34 @@ local ttl = tonumber(ARGV[2])
 local uid = ARGV[1]
 local at = now - (tonumber(ARGV[7]) or 0)
 local was = tonumber(redis.call('GET', KEYS[8]) or '0')
-if ARGV[5] == 'resync' then
-  -- Between stages the index holds when the next stage is due, not a
-  -- deadline: the silence is past, and a ping restored now ends it.
-  local cur = nil
-  if redis.call('HEXISTS', KEYS[7], uid) == 0 then
-    cur = redis.call('ZSCORE', KEYS[2], uid) or redis.call('HGET', KEYS[6], uid)
-  end
-  if cur and tonumber(cur) >= now + ttl then return tonumber(cur) end
-  if ttl <= 0 then return now + ttl end
-  -- A renewal or an end Redis knows of since the ping is newer than it.
-  if was > at then return tonumber(cur or 0) end
+-- Between stages the index holds when the next stage is due, not a
+-- deadline: the silence is past, and a ping ends it.
+local cur = nil
+if redis.call('HEXISTS', KEYS[7], uid) == 0 then
+  cur = tonumber(redis.call('ZSCORE', KEYS[2], uid) or redis.call('HGET', KEYS[6], uid))
 end
-redis.call('SET', KEYS[1], ARGV[3], 'PX', ttl)
-redis.call('ZADD', KEYS[2], now + ttl, uid)
-redis.call('HSET', KEYS[3], uid, ARGV[3])
-if ARGV[4] ~= '' then redis.call('HSET', KEYS[4], uid, ARGV[4]) end
+if ARGV[5] == 'resync' then
+  if cur and cur >= now + ttl then return {cur, now + ttl} end
+  if ttl <= 0 then return {now + ttl, now + ttl} end
+  -- A renewal or an end Redis knows of since the ping is newer than it.
+  if was > at then return {cur or 0, now + ttl} end
+end
+local deadline, seg, via = now + ttl, ARGV[3], ARGV[4]
+if cur and cur > deadline then
+  deadline, via = cur, ''
+  seg = redis.call('HGET', KEYS[3], uid) or seg
+end
+redis.call('SET', KEYS[1], seg, 'PX', deadline - now)
+redis.call('ZADD', KEYS[2], deadline, uid)
+redis.call('HSET', KEYS[3], uid, seg)
+if via ~= '' then redis.call('HSET', KEYS[4], uid, via) end
 redis.call('ZREM', KEYS[5], uid)
 redis.call('HDEL', KEYS[6], uid)
 redis.call('HDEL', KEYS[7], uid)
 if at > was then
-  redis.call('SET', KEYS[8], at, 'PX', ttl + tonumber(ARGV[6]))
+  redis.call('SET', KEYS[8], at, 'PX', deadline - now + tonumber(ARGV[6]))
 end
-return now + ttl
+return {deadline, now + ttl}
 `)
 
 // endScript removes a session deliberately ended by its user, and records
@@ -439,14 +460,15 @@ func NewStore(rdb redis.UniversalClient, ks Keyspace) *Store {
 func (s *Store) Keyspace() Keyspace { return s.ks }
 
 // Renew grants uid's session ttl from now, by Redis's clock, in one round
-// trip, and returns the new deadline.
+// trip, and returns the session's deadline: the later of that and the one
+// it had (see renewScript).
 func (s *Store) Renew(ctx context.Context, uid, segment string, ttl time.Duration) (time.Time, error) {
 	ms, err := renewScript.Run(ctx, s.rdb, s.ks.sessionKeys(uid),
-		uid, ttl.Milliseconds(), segment, "", modeRenew, RenewedKeep.Milliseconds(), 0).Int64()
+		uid, ttl.Milliseconds(), segment, "", modeRenew, RenewedKeep.Milliseconds(), 0).Int64Slice()
 	if err != nil {
 		return time.Time{}, fmt.Errorf("renew session %q: %w", uid, err)
 	}
-	return time.UnixMilli(ms), nil
+	return time.UnixMilli(ms[0]), nil
 }
 
 // End deletes uid's session and its index entry, so no timeout follows.
