@@ -310,13 +310,18 @@ func testPolicy(t *testing.T, tg *testGateway) {
 }
 
 func TestProtocolPingsDetectDeadClients(t *testing.T) {
-	tg := startGateway(t, func(c *Config) { c.IdleTimeout = time.Second })
+	// The gateway pings every 9/10 of the idle timeout, so a pong has a
+	// tenth of it to come back: 400 ms here, which a client on a busy
+	// machine takes (100 ms, with a 1 s timeout, it did not always).
+	const idle = 4 * time.Second
+	tg := startGateway(t, func(c *Config) { c.IdleTimeout = idle })
 	// alive reads, so its client library answers the gateway's pings.
 	alive := tg.dial(t, "alive")
 	pingPong(t, alive)
 	aliveErr := make(chan error, 1)
 	go func() {
-		alive.SetReadDeadline(time.Now().Add(3 * time.Second))
+		// Two idle timeouts: it must outlive at least one ping.
+		alive.SetReadDeadline(time.Now().Add(2 * idle))
 		_, _, err := alive.ReadMessage()
 		aliveErr <- err
 	}()
@@ -325,7 +330,7 @@ func TestProtocolPingsDetectDeadClients(t *testing.T) {
 	pingPong(t, mute)
 	before, _ := tg.rdb.PTTL(context.Background(), tg.store.Keyspace().SessionKey("alive")).Result()
 
-	for deadline := time.Now().Add(5 * time.Second); len(tg.hub.lookup("mute")) > 0; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(3 * idle); len(tg.hub.lookup("mute")) > 0; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("a client that answers no pings was not dropped")
 		}
