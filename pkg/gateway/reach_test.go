@@ -228,8 +228,11 @@ func TestResyncAfterHeartbeatGap(t *testing.T) {
 	if err != nil {
 		t.Fatalf("idle's deadline not restored: %v", err)
 	}
-	// The restored deadline is the one granted, to Redis's millisecond.
-	if d := after - before; d < -2 || d > 50 {
+	// The restored deadline is the one granted, counted from the ping's
+	// arrival at the gateway; Redis counted it from the renewal's landing,
+	// later by its queueing and round trip (up to slowFlush, past which it
+	// counts as an outage; a busy machine makes that more than a few ms).
+	if d := after - before; d < -float64(slowFlush.Milliseconds()) || d > 50 {
 		t.Errorf("deadline restored as %v, was %v", after, before)
 	}
 	if blind, _ := direct.ZRange(ctx, ks.BlindKey(), 0, -1).Result(); strings.Contains(strings.Join(blind, " "), session.BlindRenewals) {
