@@ -43,8 +43,11 @@ type conn struct {
 	// normalClose: the client closed with 1000, the user leaving on
 	// purpose, or the gateway closed with 4000 after a close stage's
 	// guide (see inactive.go). release ends the session if this was
-	// their last connection anywhere.
+	// their last connection anywhere. closedAt is when (ns since the
+	// gateway started), the time the end is recorded at; it is stored
+	// before grant goes to 0, so whoever sees the grant gone sees it.
 	normalClose atomic.Bool
+	closedAt    atomic.Int64
 	// inactive: the guide of a close stage was written, and the
 	// connection is being closed with 4000; nothing is read or written
 	// on it any more.
@@ -233,6 +236,9 @@ func (c *conn) lastGrant(now time.Duration) (g session.Grant, ok bool) {
 	return session.Grant{UID: c.uid, Segment: c.segment, Left: left, Ago: now - at}, left > 0
 }
 
+// endAt is when c closed normally, since the gateway started, or 0.
+func (c *conn) endAt() time.Duration { return time.Duration(c.closedAt.Load()) }
+
 // ended handles the end of the read side. A normal close (1000) is the
 // user leaving on purpose: unless they are still connected elsewhere,
 // the session goes and no guide follows (release does it, with the route
@@ -265,6 +271,7 @@ func (c *conn) ended(err error) {
 	}
 	// Marked first, so that a resync does not restore the session; one
 	// that read the grant before is caught after (see resyncConns).
+	c.closedAt.Store(int64(time.Since(c.g.start)))
 	c.grant.Store(0)
 	c.normalClose.Store(true)
 }

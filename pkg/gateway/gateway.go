@@ -422,7 +422,7 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	metricConnections.Inc()
 	rctx := context.WithoutCancel(ctx) // route bookkeeping outlives shutdown
 	wctx, cancel := context.WithTimeout(rctx, routeWriteTimeout)
-	if err := g.routes.write(wctx, c.uid, false); err != nil {
+	if err := g.routes.write(wctx, c.uid, 0); err != nil {
 		// Guides reach this connection through this instance until the
 		// writer's retry gets through.
 		g.routeLog.Fail(err)
@@ -482,7 +482,7 @@ func (g *Gateway) release(ctx context.Context, c *conn) {
 	metricConnections.Dec()
 	ctx, cancel := context.WithTimeout(ctx, routeWriteTimeout)
 	defer cancel()
-	if err := g.routes.write(ctx, c.uid, c.normalClose.Load()); err != nil {
+	if err := g.routes.write(ctx, c.uid, c.endAt()); err != nil {
 		// The writer keeps the user marked, and retries.
 		g.routeLog.Fail(err)
 	}

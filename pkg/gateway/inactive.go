@@ -41,6 +41,7 @@ func (c *conn) closeInactive() {
 	}
 	// As ended does for a 1000: marked first, so that a resync does not
 	// restore the session (see resyncConns).
+	c.closedAt.Store(int64(time.Since(c.g.start)))
 	c.grant.Store(0)
 	c.normalClose.Store(true)
 	// This is the flusher, the one writer: the close frame is written

@@ -71,9 +71,13 @@ type routeBook struct {
 
 // routeMark is a user whose count is to be written.
 type routeMark struct {
-	// end: a connection of the user closed normally, so the session ends
-	// if no connection of theirs is left anywhere.
-	end     bool
+	// endAt, when not zero, is when a connection of the user last closed
+	// normally, since the gateway started (never zero in practice): the
+	// session ends if no connection of theirs is left anywhere, and Redis
+	// knows of no renewal since. Written with its time, an end that waits
+	// out an outage here never overrides a ping the user made after it,
+	// on another instance (see session.RouteCount).
+	endAt   time.Duration
 	waiters []chan error
 }
 
@@ -81,9 +85,10 @@ func newRouteBook(g *Gateway) *routeBook {
 	return &routeBook{g: g, kick: make(chan struct{}, 1), pending: make(map[string]*routeMark)}
 }
 
-// mark queues uid's count to be written. done, if not nil, receives the
-// write's result.
-func (b *routeBook) mark(uid string, end bool, done chan error) {
+// mark queues uid's count to be written, with the time of a normal close
+// to end the session at (endAt, zero for none). done, if not nil,
+// receives the write's result.
+func (b *routeBook) mark(uid string, endAt time.Duration, done chan error) {
 	b.mu.Lock()
 	if b.stopped {
 		b.mu.Unlock()
@@ -92,19 +97,19 @@ func (b *routeBook) mark(uid string, end bool, done chan error) {
 		}
 		return
 	}
-	b.add(uid, end, done)
+	b.add(uid, endAt, done)
 	b.mu.Unlock()
 	b.signal()
 }
 
 // add is mark's bookkeeping; b.mu is held.
-func (b *routeBook) add(uid string, end bool, done chan error) {
+func (b *routeBook) add(uid string, endAt time.Duration, done chan error) {
 	m := b.pending[uid]
 	if m == nil {
 		m = &routeMark{}
 		b.pending[uid] = m
 	}
-	m.end = m.end || end
+	m.endAt = max(m.endAt, endAt)
 	if done != nil {
 		m.waiters = append(m.waiters, done)
 	}
@@ -118,9 +123,9 @@ func (b *routeBook) signal() {
 }
 
 // write marks uid and waits for its count to be written.
-func (b *routeBook) write(ctx context.Context, uid string, end bool) error {
+func (b *routeBook) write(ctx context.Context, uid string, endAt time.Duration) error {
 	done := make(chan error, 1)
-	b.mark(uid, end, done)
+	b.mark(uid, endAt, done)
 	select {
 	case err := <-done:
 		return err
@@ -136,7 +141,7 @@ func (b *routeBook) markAll() {
 		b.mu.Lock()
 		if !b.stopped {
 			for _, uid := range uids {
-				b.add(uid, false, nil)
+				b.add(uid, 0, nil)
 			}
 		}
 		b.mu.Unlock()
@@ -204,8 +209,10 @@ func (b *routeBook) flush(ctx context.Context) bool {
 		// Counts are read now, after the marks were taken: a connection
 		// that comes or goes from here on marks its user again.
 		counts := make([]session.RouteCount, len(uids))
+		now := time.Since(b.g.start)
 		for i, uid := range uids {
-			counts[i] = session.RouteCount{UID: uid, Count: b.g.hub.count(uid), End: marks[i].end}
+			end := marks[i].endAt
+			counts[i] = session.RouteCount{UID: uid, Count: b.g.hub.count(uid), End: end != 0, EndAgo: now - end}
 		}
 		wctx, cancel := context.WithTimeout(ctx, routeWriteTimeout)
 		res := b.g.store.WriteRoutes(wctx, b.g.instance, counts, b.g.cfg.routeTTL(), b.g.recentlyDead())
@@ -217,7 +224,7 @@ func (b *routeBook) flush(ctx context.Context) bool {
 				b.g.routeLog.Fail(r.Err)
 				b.mu.Lock()
 				if b.pending != nil {
-					b.add(uids[i], marks[i].end, nil)
+					b.add(uids[i], marks[i].endAt, nil)
 				}
 				b.mu.Unlock()
 			}
