@@ -74,6 +74,10 @@ type conn struct {
 	// frames queued before it are written, so a guide queued before a
 	// close is not lost to it.
 	pendingClose []byte
+	// unproven are the guide frames queued and not yet proven received,
+	// in the order queued (proofSeq numbers them); see proof.go.
+	unproven []*guideProof
+	proofSeq uint64
 }
 
 func (c *conn) serve(ctx context.Context) {
@@ -96,7 +100,8 @@ func (c *conn) serve(ctx context.Context) {
 		// deadline above, so that either order ends with the linger.
 		c.ws.SetReadDeadline(time.Now().Add(lingerTimeout))
 	}
-	c.ws.SetPongHandler(func(string) error {
+	c.ws.SetPongHandler(func(appData string) error {
+		c.pongProof(appData)
 		if c.revoked.Load() || c.inactive.Load() {
 			return nil // the linger deadline stands
 		}
@@ -124,7 +129,9 @@ func (c *conn) serve(ctx context.Context) {
 func (c *conn) handle(ctx context.Context, limiter *rate.Limiter, typ int, data []byte) bool {
 	if c.inactive.Load() {
 		// Closed for inactivity: nothing the client sends now is taken,
-		// above all no ping, which would renew the session that ended.
+		// above all no ping, which would renew the session that ended;
+		// but an ack of the close stage's guide proves it got there.
+		c.ackProofOf(typ, data)
 		c.linger()
 		return false
 	}
@@ -170,9 +177,10 @@ func (c *conn) handle(ctx context.Context, limiter *rate.Limiter, typ int, data 
 	case frame.TypePing:
 		c.renew(ctx)
 	case frame.TypeAck:
-		// Bookkeeping only: an ack must not renew the session, or a
+		// Proof of receipt only: an ack must not renew the session, or a
 		// client that acks automatically would be guided every TTL.
 		c.log.Debug("guide acknowledged", "guide_id", f.ID)
+		c.ackProof(f.ID)
 	case frame.TypeAuth:
 		// Not activity either: a tab that refreshes its token while
 		// nobody is at it is a silent user.
@@ -316,11 +324,12 @@ func (c *conn) linger() {
 // lingerTimeout bounds linger.
 const lingerTimeout = time.Second
 
-// outFrame is a frame waiting to be written, and what to call once it is
-// on the socket.
+// outFrame is a frame waiting to be written, what to call once it is on
+// the socket, and for a guide, its wait for proof (see proof.go).
 type outFrame struct {
 	b       []byte
 	written func()
+	proof   *guideProof
 }
 
 // enqueue queues a frame for the client without blocking, starting a
@@ -331,6 +340,11 @@ func (c *conn) enqueue(b []byte) bool { return c.enqueueThen(b, nil) }
 // enqueueThen is enqueue, and calls written, on the flusher's goroutine,
 // once the frame is written to the socket. written must not block.
 func (c *conn) enqueueThen(b []byte, written func()) bool {
+	return c.enqueueFrame(outFrame{b: b, written: written})
+}
+
+// enqueueFrame is enqueue's body. A guide's proof waits from here on.
+func (c *conn) enqueueFrame(f outFrame) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed || c.closeSet {
@@ -343,7 +357,12 @@ func (c *conn) enqueueThen(b []byte, written func()) bool {
 		c.ws.NetConn().Close() // unblocks serve's read, which cleans up
 		return false
 	}
-	c.queue = append(c.queue, outFrame{b, written})
+	c.queue = append(c.queue, f)
+	if f.proof != nil {
+		c.proofSeq++
+		f.proof.seq = c.proofSeq
+		c.unproven = append(c.unproven, f.proof)
+	}
 	if !c.flushing {
 		c.flushing = true
 		c.flushers.Add(1)
@@ -379,6 +398,9 @@ func (c *conn) flush() {
 				c.mu.Unlock()
 				c.ws.NetConn().Close()
 				return
+			}
+			if f.proof != nil {
+				c.awaitProof(f.proof)
 			}
 			if f.written != nil {
 				f.written()

@@ -7,6 +7,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/stillthere/stillthere/pkg/frame"
+	"github.com/stillthere/stillthere/pkg/push"
 )
 
 // A silence's last stage may close the chat (timeoutevent.ActionClose):
@@ -22,11 +23,12 @@ import (
 // A final guide handed over from the inbox on connect is written like any
 // other and closes nothing: the user is back, on that very connection.
 
-// enqueueGuide queues a guide frame pushed to c's user, and for a close
-// stage (final) closes c once the frame is on the socket.
-func (c *conn) enqueueGuide(b []byte, final bool) bool {
-	if !final {
-		return c.enqueue(b)
+// enqueueGuide queues a guide frame pushed to c's user, which waits on c
+// for proof (see proof.go), and for a close stage (final) closes c once
+// the frame is on the socket instead: that guide is not handed on.
+func (c *conn) enqueueGuide(b []byte, req *push.Request) bool {
+	if !req.Final {
+		return c.enqueueProven(b, &guideProof{id: req.ID, req: req}, nil)
 	}
 	return c.enqueueThen(b, c.closeInactive)
 }

@@ -290,13 +290,14 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 }
 
 // deliverLocal hands a guide to uid's connections on this instance, and
-// returns how many took it. A close stage's guide closes each connection
-// once written to it (see inactive.go).
+// returns how many took it. Each keeps it until the client proves it got
+// it, and hands it on if it ends first (see proof.go). A close stage's
+// guide closes each connection once written to it (see inactive.go).
 func (g *Gateway) deliverLocal(req push.Request) int {
 	b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)
 	n := 0
 	for _, c := range g.hub.lookup(req.UID) {
-		if c.enqueueGuide(b, req.Final) {
+		if c.enqueueGuide(b, &req) {
 			n++
 		}
 	}
@@ -451,10 +452,11 @@ func (g *Gateway) routedIn(ctx context.Context, payload string) {
 func (g *Gateway) inboxChunk() int { return max(1, g.cfg.SendQueue/2) }
 
 // inboxLease is how long a connection may take to write one chunk of
-// inbox guides before another connection of the user may take them too:
-// each frame's write timeout, and a margin.
+// inbox guides and have them proven before another connection of the
+// user may take them too: each frame's write timeout, the last one's wait
+// for proof (cut off after a write timeout too), and a margin.
 func (g *Gateway) inboxLease() time.Duration {
-	return time.Duration(g.inboxChunk())*g.cfg.WriteTimeout + 5*time.Second
+	return time.Duration(g.inboxChunk()+1)*g.cfg.WriteTimeout + 5*time.Second
 }
 
 // takeInbox leases up to inboxChunk of uid's inbox entries, oldest first,
@@ -485,9 +487,9 @@ func (g *Gateway) takeInbox(ctx context.Context, uid string) ([]string, error) {
 // handOverInbox queues a connecting user's first inbox guides on c,
 // oldest first, before anything else. It returns the rest of the
 // handover, for a goroutine of its own, or nil when there is none: each
-// guide leaves the inbox once written to the socket, and the next ones
-// are queued then, so a connection that drops first leaves them for the
-// next connect.
+// guide leaves the inbox once the client proved it got it (see proof.go),
+// and the next ones are queued then, so a connection that drops first,
+// or never reads, leaves them for the next connect.
 func (g *Gateway) handOverInbox(ctx context.Context, c *conn) func() {
 	items, err := g.takeInbox(ctx, c.uid)
 	if err != nil {
@@ -506,12 +508,12 @@ func (g *Gateway) handOverInbox(ctx context.Context, c *conn) func() {
 type handover struct {
 	g       *Gateway
 	c       *conn
-	written chan string       // entries of the chunk the connection's flusher wrote
+	written chan string       // entries of the chunk the client proved it got
 	queued  map[string]string // entries of the chunk on the connection: entry -> guide id
 }
 
 // queue puts a chunk of entries on the connection, each reporting on
-// written once it is on the socket. Entries that do not parse leave the
+// written once proven received. Entries that do not parse leave the
 // inbox at once; those the connection did not take are released.
 func (h *handover) queue(ctx context.Context, items []string) {
 	written := make(chan string, len(items))
@@ -526,7 +528,8 @@ func (h *handover) queue(ctx context.Context, items []string) {
 		}
 		// A close stage's guide too closes nothing here: the user is
 		// back, on this connection.
-		if len(unsent) > 0 || !h.c.enqueueThen(frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final), func() { written <- raw }) {
+		b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)
+		if len(unsent) > 0 || !h.c.enqueueProven(b, &guideProof{id: req.ID, proven: func() { written <- raw }}, nil) {
 			unsent = append(unsent, req.ID)
 			continue
 		}
@@ -537,7 +540,7 @@ func (h *handover) queue(ctx context.Context, items []string) {
 	}
 }
 
-// run waits for each chunk to be written, removes it from the inbox, and
+// run waits for each chunk to be proven, removes it from the inbox, and
 // queues the next, until the inbox is empty or the connection ends.
 func (h *handover) run(ctx context.Context, taken int) {
 	chunk := h.g.inboxChunk()
@@ -570,8 +573,8 @@ func (h *handover) run(ctx context.Context, taken int) {
 	}
 }
 
-// wait returns the entries of the current chunk written to the socket:
-// all of them, or those written before the connection ended.
+// wait returns the entries of the current chunk the client proved it got:
+// all of them, or those proven before the connection ended.
 func (h *handover) wait() []string {
 	done := make([]string, 0, len(h.queued))
 	for len(done) < len(h.queued) {
@@ -579,7 +582,7 @@ func (h *handover) wait() []string {
 		case raw := <-h.written:
 			done = append(done, raw)
 		case <-h.c.done:
-			// Its flushers have exited: every write was reported.
+			// Its reader has returned: every proof was reported.
 			for {
 				select {
 				case raw := <-h.written:
