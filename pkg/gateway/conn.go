@@ -75,9 +75,12 @@ type conn struct {
 	// close is not lost to it.
 	pendingClose []byte
 	// unproven are the guide frames queued and not yet proven received,
-	// in the order queued (proofSeq numbers them); see proof.go.
+	// in the order queued (proofSeq numbers them); guideIDs the ids of
+	// the last guides queued, which a pushed copy does not repeat. See
+	// proof.go.
 	unproven []*guideProof
 	proofSeq uint64
+	guideIDs []string
 }
 
 func (c *conn) serve(ctx context.Context) {
@@ -350,6 +353,9 @@ func (c *conn) enqueueFrame(f outFrame) bool {
 	if c.closed || c.closeSet {
 		return false
 	}
+	if f.proof != nil && c.hasGuide(f.proof) {
+		return true
+	}
 	if len(c.queue) >= c.g.cfg.SendQueue {
 		c.closed = true
 		metricSlowClients.Inc()
@@ -362,6 +368,7 @@ func (c *conn) enqueueFrame(f outFrame) bool {
 		c.proofSeq++
 		f.proof.seq = c.proofSeq
 		c.unproven = append(c.unproven, f.proof)
+		c.recordGuide(f.proof.id)
 	}
 	if !c.flushing {
 		c.flushing = true

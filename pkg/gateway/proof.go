@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -33,8 +34,11 @@ import (
 // An inbox guide handed over on connect leaves the inbox only once proven
 // (see handover); unproven, it stays for the next connect.
 //
-// A client that got a guide but dropped before its proof was read is sent
-// it again: clients show a guide once per id (the JavaScript client does).
+// A connection is not sent a pushed guide it was sent already (a copy
+// handed on from the user's other device, a resend): it has it, or hands
+// it on itself. A client that got a guide but dropped before its proof
+// was read is sent it again on its next connection: clients show a guide
+// once per id (the JavaScript client does).
 // A close stage's guide is not handed on: it ended the session, and a
 // copy routed live would close a connection the user is on.
 
@@ -58,6 +62,26 @@ type guideProof struct {
 // enqueueProven queues a guide frame that waits for proof once queued.
 func (c *conn) enqueueProven(b []byte, p *guideProof, written func()) bool {
 	return c.enqueueFrame(outFrame{b: b, written: written, proof: p})
+}
+
+// recentGuides is how many guide ids a connection remembers having been
+// sent: a few silences' stages.
+const recentGuides = 8
+
+// hasGuide reports whether c was sent p's guide already, for a pushed
+// copy (one handed on from another connection of the user, a resend): the
+// client has it, or c hands it on itself if it never proves it. c.mu is
+// held.
+func (c *conn) hasGuide(p *guideProof) bool {
+	return p.req != nil && slices.Contains(c.guideIDs, p.id)
+}
+
+// recordGuide remembers that guide id was queued on c. c.mu is held.
+func (c *conn) recordGuide(id string) {
+	if len(c.guideIDs) == recentGuides {
+		c.guideIDs = slices.Delete(c.guideIDs, 0, 1)
+	}
+	c.guideIDs = append(c.guideIDs, id)
 }
 
 // awaitProof runs on the flusher once p's frame is written: it asks for

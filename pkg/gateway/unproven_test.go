@@ -98,6 +98,54 @@ func TestGuideToHalfOpenConnectionNotLost(t *testing.T) {
 		}
 	})
 
+	t.Run("another device that got it is not sent it again", func(t *testing.T) {
+		laptop := tg.dial(t, "lia")
+		pingPong(t, laptop)
+		halfOpen(t, "lia")
+		// The laptop reads on, which answers the gateway's pings, and
+		// does not ping: a ping after the deadline would make the
+		// phone's copy stale.
+		frames := make(chan map[string]any, 8)
+		go func() {
+			defer close(frames)
+			for {
+				var m map[string]any
+				if err := laptop.ReadJSON(&m); err != nil {
+					return
+				}
+				frames <- m
+			}
+		}()
+		next := func() map[string]any {
+			t.Helper()
+			select {
+			case m := <-frames:
+				return m
+			case <-time.After(10 * time.Second):
+				t.Fatal("no frame within 10s")
+				return nil
+			}
+		}
+		req := push.Request{ID: "l1", UID: "lia", Text: "Are you still there?", DeadlineMS: redisNowMS(t, tg.rdb)}
+		handedOn := counterValue(t, metricPushes.WithLabelValues("handed_on"))
+		if res := tg.mustPush(t, req, push.Delivered); res.Connections != 2 {
+			t.Fatalf("delivered to %d connections, want 2", res.Connections)
+		}
+		if m := next(); m["type"] != "guide" || m["id"] != req.ID {
+			t.Fatalf("laptop got %v, want guide %s", m, req.ID)
+		}
+		waitUntil(t, "the phone's guide is handed on", func() bool {
+			return counterValue(t, metricPushes.WithLabelValues("handed_on")) > handedOn
+		})
+		laptop.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`))
+		if m := next(); m["type"] != "pong" {
+			t.Fatalf("laptop got %v, want the pong: it had the guide already", m)
+		}
+		if n := tg.rdb.LLen(ctx, ks.InboxKey("lia")).Val(); n != 0 {
+			t.Fatalf("inbox holds %d guides of a user whose laptop got it", n)
+		}
+	})
+
 	t.Run("the user came back meanwhile", func(t *testing.T) {
 		halfOpen(t, "kai")
 		guide(t, "kai", "k1")
