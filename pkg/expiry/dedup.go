@@ -22,11 +22,12 @@ import (
 type dedupState int
 
 const (
-	dedupFresh dedupState = iota // claimed by us: produce it
-	dedupDone                    // produced already: settle the entry
-	dedupBusy                    // claimed by another replica: leave it
-	dedupHeld                    // held (the brake, or deferred to the window's end)
-	dedupDefer                   // the window's guide may have gone out: defer
+	dedupFresh   dedupState = iota // claimed by us: produce it
+	dedupDone                      // produced already: settle the entry
+	dedupBusy                      // claimed by another replica: leave it
+	dedupHeld                      // held (the brake, or deferred to the window's end)
+	dedupDefer                     // the window's guide may have gone out: defer
+	dedupSpooled                   // spooled already: settle it, its next stage after the replay
 )
 
 const dedupClaimed = "claimed"
@@ -101,6 +102,8 @@ func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]dedup
 			}
 		case val == session.ClaimDone:
 			states[i] = dedupDone
+		case val == session.ClaimSpooled:
+			states[i] = dedupSpooled
 		case val == session.ClaimDefer:
 			states[i] = dedupDefer
 		default:
@@ -108,7 +111,7 @@ func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]dedup
 		}
 	}
 	if firstErr != nil {
-		if err := l.markDedup(context.WithoutCancel(ctx), nil, claimed); err != nil {
+		if err := l.markDedup(context.WithoutCancel(ctx), nil, nil, claimed); err != nil {
 			l.log.Warn("release dedup claims", "count", len(claimed), "err", err)
 		}
 		return nil, nil, firstErr
@@ -149,16 +152,22 @@ func (l *Listener) deferToWindowEnd(ctx context.Context, found []session.Expired
 	}
 }
 
-// markDedup marks produced (or spooled) timeouts for the dedup window, and
-// releases the claims of failed ones so that a retry may claim them.
-func (l *Listener) markDedup(ctx context.Context, produced, failed []session.Expired) error {
-	if len(produced)+len(failed) == 0 {
+// markDedup marks produced and spooled timeouts for the dedup window, and
+// releases the claims of failed ones so that a retry may claim them. A
+// spooled one is marked so: a replica that finds its entry again (its
+// settle failed, or this one crashed before it) settles it with the next
+// stage waiting for the replay, as this one does.
+func (l *Listener) markDedup(ctx context.Context, produced, spooled, failed []session.Expired) error {
+	if len(produced)+len(spooled)+len(failed) == 0 {
 		return nil
 	}
 	ks := l.store.Keyspace()
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, e := range produced {
 			p.Set(ctx, ks.StageDedupKey(e.UID, e.Stage, e.Due), session.DedupProduced(e.Deadline), l.cfg.DedupTTL)
+		}
+		for _, e := range spooled {
+			p.Set(ctx, ks.StageDedupKey(e.UID, e.Stage, e.Due), session.DedupSpooled(e.Deadline), l.cfg.DedupTTL)
 		}
 		for _, e := range failed {
 			releaseScript.Eval(ctx, p, []string{ks.StageDedupKey(e.UID, e.Stage, e.Due)}, l.claim)

@@ -423,9 +423,10 @@ func (l *Listener) fromEvents(ctx context.Context, uids []string) {
 // emit dedupes, produces and settles one batch, and returns how many
 // index entries it settled. An event Kafka does not take goes to the
 // spool, and while the spool holds events every new one goes there too, so
-// the replay keeps them in order. Only an event neither produced nor
-// spooled keeps its index entry, with its claim released, for the next
-// sweep to retry.
+// the replay keeps them in order; a spooled stage is settled with the
+// stage after it waiting for the replay (see stages.go). Only an event
+// neither produced nor spooled keeps its index entry, with its claim
+// released, for the next sweep to retry.
 func (l *Listener) emit(ctx context.Context, c session.Control, found []session.Expired, source string) (int, error) {
 	if len(found) == 0 {
 		return 0, nil
@@ -441,10 +442,10 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 	spooling := !l.direct()
 	for _, e := range found {
 		if spooling && e.Stage > 1 {
-			// While events queue in the spool, a later stage waits in
-			// the index: spooled behind the stage before it, it would
-			// reach the topic with it. The replay moves it to its delay
-			// after that stage goes out (see stages.go).
+			// While events queue in this spool, a later stage waits in
+			// the index, for a replica that produces directly or for
+			// this one once its spool is replayed. (One whose stage
+			// before is in a spool is not due at all: see stages.go.)
 			continue
 		}
 		e, action, text, ok := l.stageOf(e)
@@ -471,6 +472,10 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 		case dedupDone:
 			metricDedupHits.Inc()
 			settled = append(settled, e)
+			continue
+		case dedupSpooled:
+			metricDedupHits.Inc()
+			settled = append(settled, awaitReplay(e))
 			continue
 		case dedupBusy:
 			continue // another replica is producing it; it settles the entry
@@ -546,14 +551,16 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 		}
 	}
 	wctx := context.WithoutCancel(ctx)
-	done := append(produced, spooled...)
-	if err := l.markDedup(wctx, done, failed); err != nil {
+	if err := l.markDedup(wctx, produced, spooled, failed); err != nil {
 		l.log.Warn("record dedup outcome", "err", err)
 	}
 	if err := l.retryElsewhere(wctx, elsewhere, failures); err != nil {
 		l.log.Warn("leave timeouts to another replica", "count", len(elsewhere), "err", err)
 	}
-	settled = append(settled, done...)
+	settled = append(settled, produced...)
+	for _, e := range spooled {
+		settled = append(settled, awaitReplay(e))
+	}
 	if len(settled) > 0 {
 		if err := l.store.Settle(wctx, settled); err != nil {
 			return 0, err
@@ -629,7 +636,7 @@ func (l *Listener) brakeFresh(ctx context.Context, c session.Control, found []se
 	if err := l.holdBraked(wctx, braked, c.Now); err != nil {
 		l.log.Debug("hold timeouts for the mass-expiry brake; the next sweep retries", "count", len(braked), "err", err)
 	}
-	if err := l.markDedup(wctx, nil, braked); err != nil {
+	if err := l.markDedup(wctx, nil, nil, braked); err != nil {
 		l.log.Debug("release dedup claims of held timeouts", "count", len(braked), "err", err)
 	}
 }

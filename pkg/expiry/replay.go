@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/stillthere/stillthere/pkg/kafka"
+	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/spool"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
@@ -150,6 +151,7 @@ func (l *Listener) produceSpooled(ctx context.Context, values [][]byte) bool {
 	records := make([]*kgo.Record, 0, len(values))
 	deadlines := make(map[*kgo.Record]time.Time, len(values))
 	events := make(map[*kgo.Record]timeoutevent.Event, len(values)) // stages that others follow
+	var follow []session.Replayed
 	for _, v := range values {
 		ev, err := timeoutevent.Parse(v)
 		if errors.Is(err, timeoutevent.ErrUnknownVersion) {
@@ -207,9 +209,15 @@ func (l *Listener) produceSpooled(ctx context.Context, values [][]byte) bool {
 				metricLag.WithLabelValues(pathSpool).Observe(time.Since(d).Seconds())
 			}
 			if ev, ok := events[r.Record]; ok {
-				l.followSpooled(ctx, ev)
+				follow = append(follow, l.replayed(ev))
 			}
 		}
+		// The stages after those on the topic now are due from now on;
+		// not before, or they could overtake them.
+		if !l.followReplayed(ctx, follow) {
+			return false
+		}
+		follow = follow[:0]
 		if len(again) == 0 {
 			l.replayDown.OK()
 			return true

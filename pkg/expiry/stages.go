@@ -2,6 +2,7 @@ package expiry
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/stillthere/stillthere/pkg/session"
@@ -22,13 +23,19 @@ import (
 //
 // A later stage is due its delay after the stage before was found due
 // (Redis's clock at the sweep that found it), which is when that stage
-// was due unless it was held. A stage that went to the spool goes out
-// only when the spool is replayed: while events queue there, later stages
-// wait in the index, and the replay moves the next stage to its delay
-// after the one it produced (followSpooled). The stages are read from the policy in
-// force when a stage is due. If a
-// policy change left a silence at a stage its segment no longer has, the
-// silence ends there, without an event.
+// was due unless it was held. A stage that went to a spool goes out only
+// when that spool is replayed, and the spool is one replica's, on its
+// own disk: its settle leaves the next stage in the index waiting
+// (session.AfterReplay), due for no replica, and the replay that produces
+// the stage makes the next one due its delay after it (followReplayed).
+// So the shared index never holds a later stage due while the stage
+// before it is only in some replica's spool, whether that replica is cut
+// off from Kafka or down with the spool on its volume: the next stage
+// waits until the spool is replayed. A renewal meanwhile ends the silence
+// and drops the waiting stage, as any. The stages are read from the
+// policy in force when a stage is due. If a policy change left a silence
+// at a stage its segment no longer has, the silence ends there, without
+// an event.
 
 // stageOf is what e's stage says in the policy in force: its action and
 // text, and e with NextDue filled in when a later stage follows. ok is
@@ -57,18 +64,46 @@ func event(e session.Expired, action, text, source string) timeoutevent.Event {
 	return timeoutevent.New(e.UID, e.Segment, e.Deadline, e.Detected, source).AtStage(e.Stage, e.Due, action, text)
 }
 
-// followSpooled moves the next stage of a silence whose stage ev the
-// replay just produced, late, to its delay after now.
-func (l *Listener) followSpooled(ctx context.Context, ev timeoutevent.Event) {
-	stages := l.policy.Current().Stages(ev.Segment)
-	if ev.Stage < 1 || ev.Stage >= len(stages) {
-		return
+// awaitReplay is e, a stage that went to the spool, settled with its
+// next stage waiting until the replay produced it.
+func awaitReplay(e session.Expired) session.Expired {
+	if !e.NextDue.IsZero() {
+		e.NextDue = session.AfterReplay
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	defer cancel()
-	if _, err := l.store.Reschedule(rctx, ev.UID, ev.Stage+1, ev.Deadline(), stages[ev.Stage].After); err != nil {
-		// The next stage then follows its delay after the stage was found
-		// due, as it was scheduled: early, not lost.
-		l.log.Warn("move a later stage after its replayed one", "uid", ev.UID, "stage", ev.Stage+1, "err", err)
+	return e
+}
+
+// replayed is what followReplayed needs of a replayed stage ev, with the
+// delay of the stage after it in the policy in force (zero if it has
+// none any more: the sweep then ends the silence there).
+func (l *Listener) replayed(ev timeoutevent.Event) session.Replayed {
+	r := session.Replayed{UID: ev.UID, Stage: ev.Stage, Deadline: ev.Deadline(), Due: time.UnixMilli(ev.DueMS)}
+	if stages := l.policy.Current().Stages(ev.Segment); ev.Stage < len(stages) {
+		r.Next = stages[ev.Stage].After
+	}
+	return r
+}
+
+// followReplayed makes the next stages of stages the replay just
+// produced, late, due their delay after now (Store.FollowReplayed). It
+// retries while Redis fails, since until it succeeds those stages wait,
+// due for no replica; it returns false if ctx is done first, and then
+// the chunk is not committed: the next run replays it again (the same
+// event ids, which downstream collapses) and follows it then.
+func (l *Listener) followReplayed(ctx context.Context, rs []session.Replayed) bool {
+	backoff := 100 * time.Millisecond
+	for {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		err := l.store.FollowReplayed(rctx, rs)
+		cancel()
+		if err == nil {
+			return true
+		}
+		l.replayDown.Fail(fmt.Errorf("make the stages after %d replayed ones due: %w", len(rs), err))
+		sleep(ctx, backoff)
+		backoff = min(backoff*2, 5*time.Second)
+		if ctx.Err() != nil {
+			return false
+		}
 	}
 }

@@ -55,11 +55,23 @@ const MaxIDLen = 128
 // MaxTokenLen bounds an auth frame's token.
 const MaxTokenLen = 3072
 
+// MaxActiveAgoMS bounds a ping's active_ago_ms: activity a day old
+// concerns no guide an inbox still holds.
+const MaxActiveAgoMS = 24 * 60 * 60 * 1000
+
 // Client is a frame from a client.
 type Client struct {
 	Type  string `json:"type"`
 	ID    string `json:"id,omitempty"`
 	Token string `json:"token,omitempty"`
+	// ActiveAgoMS, on a ping, is how long before it the user was last
+	// active without a silence of a full TTL since the last renewal the
+	// client had: activity it recorded while it could not reach the
+	// gateway. HasActiveAgo says the ping carried one; a value that is
+	// not a whole number in [0, MaxActiveAgoMS] is ignored, and the ping
+	// renews like any other.
+	ActiveAgoMS  int64 `json:"active_ago_ms,omitempty"`
+	HasActiveAgo bool  `json:"-"`
 }
 
 // ErrInvalidJSON means the payload is not a JSON object. The gateway closes
@@ -80,6 +92,12 @@ func Parse(b []byte) (Client, error) {
 	_ = json.Unmarshal(raw["type"], &c.Type)
 	_ = json.Unmarshal(raw["id"], &c.ID)
 	_ = json.Unmarshal(raw["token"], &c.Token)
+	if v, ok := raw["active_ago_ms"]; ok {
+		var ago *float64 // nil for null
+		if json.Unmarshal(v, &ago) == nil && ago != nil && *ago >= 0 && *ago <= MaxActiveAgoMS && *ago == float64(int64(*ago)) {
+			c.ActiveAgoMS, c.HasActiveAgo = int64(*ago), true
+		}
+	}
 	return c, nil
 }
 
@@ -108,12 +126,15 @@ var errUnknownType = errors.New("unknown frame type")
 // IsUnknownType reports whether Validate failed on the frame's type.
 func IsUnknownType(err error) bool { return errors.Is(err, errUnknownType) }
 
-// Pong answers a ping with the TTL granted, jitter included.
-func Pong(ttlMS int64) []byte {
+// Pong answers a ping with the TTL granted, jitter included, and the
+// deadline it gives the session (Unix ms, Redis's clock; 0 leaves it out),
+// from which a client can tell how far its clock is from Redis's.
+func Pong(ttlMS, deadlineMS int64) []byte {
 	return mustMarshal(struct {
-		Type  string `json:"type"`
-		TTLMS int64  `json:"ttl_ms"`
-	}{TypePong, ttlMS})
+		Type       string `json:"type"`
+		TTLMS      int64  `json:"ttl_ms"`
+		DeadlineMS int64  `json:"deadline_ms,omitempty"`
+	}{TypePong, ttlMS, deadlineMS})
 }
 
 // Guide asks the user whether they are still there, or on a final stage

@@ -26,6 +26,16 @@ func TestParse(t *testing.T) {
 		{in: `{"type":"auth","token":["a"]}`, want: Client{Type: "auth"}, bad: true},
 		{in: `{"type":"auth","token":"` + strings.Repeat("a", MaxTokenLen+1) + `"}`, want: Client{Type: "auth", Token: strings.Repeat("a", MaxTokenLen+1)}, bad: true},
 		{in: `{"type":"ping","token":"a.b.c"}`, want: Client{Type: "ping", Token: "a.b.c"}},
+		{in: `{"type":"ping","active_ago_ms":0}`, want: Client{Type: "ping", HasActiveAgo: true}},
+		{in: `{"type":"ping","active_ago_ms":1234}`, want: Client{Type: "ping", ActiveAgoMS: 1234, HasActiveAgo: true}},
+		{in: `{"type":"ping","active_ago_ms":86400000}`, want: Client{Type: "ping", ActiveAgoMS: MaxActiveAgoMS, HasActiveAgo: true}},
+		// Not a whole number of ms in range: ignored, the ping renews.
+		{in: `{"type":"ping","active_ago_ms":86400001}`, want: Client{Type: "ping"}},
+		{in: `{"type":"ping","active_ago_ms":-1}`, want: Client{Type: "ping"}},
+		{in: `{"type":"ping","active_ago_ms":1.5}`, want: Client{Type: "ping"}},
+		{in: `{"type":"ping","active_ago_ms":"12"}`, want: Client{Type: "ping"}},
+		{in: `{"type":"ping","active_ago_ms":null}`, want: Client{Type: "ping"}},
+		{in: `{"type":"ping","active_ago_ms":1e300}`, want: Client{Type: "ping"}},
 		{in: `{"type":"hello"}`, want: Client{Type: "hello"}, unknown: true},
 		{in: `{}`, unknown: true},
 		{in: `{"type":1}`, unknown: true},
@@ -58,14 +68,17 @@ func TestParse(t *testing.T) {
 }
 
 func TestServerFrames(t *testing.T) {
-	for _, b := range [][]byte{Pong(61234), Guide("id1", "Are you still there?", 1795255600123, 1, false), Error(CodeUnknownType, ""), AuthOK(1795255600123)} {
+	for _, b := range [][]byte{Pong(61234, 0), Guide("id1", "Are you still there?", 1795255600123, 1, false), Error(CodeUnknownType, ""), AuthOK(1795255600123)} {
 		var m map[string]any
 		if err := json.Unmarshal(b, &m); err != nil || m["type"] == nil {
 			t.Fatalf("%s: %v", b, err)
 		}
 	}
-	if got := string(Pong(61234)); got != `{"type":"pong","ttl_ms":61234}` {
+	if got := string(Pong(61234, 0)); got != `{"type":"pong","ttl_ms":61234}` {
 		t.Fatalf("Pong = %s", got)
+	}
+	if got := string(Pong(61234, 1795255600123)); got != `{"type":"pong","ttl_ms":61234,"deadline_ms":1795255600123}` {
+		t.Fatalf("Pong with its deadline = %s", got)
 	}
 	if got := string(Guide("id1", "Still there?", 1795255600123, 1, false)); got != `{"type":"guide","id":"id1","text":"Still there?","deadline_ms":1795255600123,"stage":1,"final":false}` {
 		t.Fatalf("Guide = %s", got)

@@ -112,10 +112,20 @@ type Config struct {
 	// gets HTTP 503, so a load balancer tries another instance. Zero
 	// means the open-file limit less 1024 descriptors of headroom.
 	MaxConns int
+	// MaxUserConns caps one user's connections on this instance, those
+	// being set up included; beyond it an upgrade gets HTTP 429, so that
+	// one token cannot take the connections of an instance from everyone
+	// else. Per instance: a user may hold it on each. Default (and zero)
+	// 10: phones, tablets, laptops and a few tabs, with room for
+	// connections whose network went and that the gateway has not yet
+	// found dead (up to the idle timeout).
+	MaxUserConns int
 
 	// RenewGranularity is the least time between two renewals of one
-	// connection; pings in between are answered from the last grant.
-	// Default 1s. At most half the session TTL, and the gateway applies no
+	// user's session in one segment, across the user's connections on
+	// this instance; pings in between are answered from the last grant
+	// (see user.go), so the user costs Redis one renewal per granularity
+	// however many devices ping. Default 1s. At most half the session TTL, and the gateway applies no
 	// stored policy with a shorter TTL than twice it: a client pinging just
 	// faster than the granularity is renewed only at its second ping, up
 	// to twice the granularity after the last renewal.
@@ -143,6 +153,8 @@ type Config struct {
 	// routeRefreshEvery and routeKeyTTL override defaultRouteRefresh and
 	// defaultRouteTTL, for tests; zero means the default.
 	routeRefreshEvery, routeKeyTTL time.Duration
+	// firstPingWaitFor overrides defaultFirstPingWait, for tests.
+	firstPingWaitFor time.Duration
 }
 
 // FallbackPolicy is the timeout policy in force while none is stored.
@@ -156,6 +168,12 @@ func (c Config) guideMaxAge() time.Duration { return cmp.Or(c.GuideMaxAge, defau
 func (c Config) pushIdleTimeout() time.Duration {
 	return cmp.Or(c.PushIdleTimeout, defaultPushIdleTimeout)
 }
+
+// maxUserConns is MaxUserConns, or its default.
+func (c Config) maxUserConns() int { return cmp.Or(c.MaxUserConns, defaultMaxUserConns) }
+
+// defaultMaxUserConns is MaxUserConns's default.
+const defaultMaxUserConns = 10
 
 // minReadLimit is the least read-limit: an auth frame of the longest
 // token, with room for its JSON.
@@ -205,7 +223,8 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Duration(&c.InboxTTL, "inbox-ttl", 24*time.Hour, "how long guides are kept for an offline user, at most")
 	b.Duration(&c.GuideMaxAge, "guide-max-age", defaultGuideMaxAge, "how long after its deadline a kept guide may still be handed over (the consumer's setting)")
 	b.Int(&c.MaxConns, "max-conns", 0, "most connections on this instance, beyond it HTTP 503; 0 means the open-file limit less 1024")
-	b.Duration(&c.RenewGranularity, "renew-granularity", time.Second, "least time between two renewals of one connection")
+	b.Int(&c.MaxUserConns, "max-user-conns", defaultMaxUserConns, "most connections of one user on this instance, beyond it HTTP 429")
+	b.Duration(&c.RenewGranularity, "renew-granularity", time.Second, "least time between two renewals of one user's session (across their connections on this instance)")
 	b.Duration(&c.RenewFlushInterval, "renew-flush-interval", 2*time.Millisecond, "longest a renewal waits to share a Redis round trip")
 	b.Int(&c.RenewBatch, "renew-batch", 256, "renewals that fill a Redis round trip")
 	b.Duration(&c.HeartbeatInterval, "heartbeat-interval", time.Second, "how often this instance tells Redis it is alive (lease: 3 intervals)")
@@ -275,6 +294,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("guide-max-age: %v, want at least 1s (0 for the default, 5m)", c.GuideMaxAge)
 	case c.MaxConns < 0:
 		return fmt.Errorf("max-conns: %d, want 0 (from the open-file limit) or more", c.MaxConns)
+	case c.MaxUserConns < 0:
+		return fmt.Errorf("max-user-conns: %d, want at least 1 (0 for the default, %d)", c.MaxUserConns, defaultMaxUserConns)
 	case c.RenewGranularity < 0 || c.RenewGranularity > c.SessionTTL/2:
 		return fmt.Errorf("renew-granularity: %v, want between 0 and half the session-ttl %v (%v): a client pinging just faster than the granularity would lapse", c.RenewGranularity, c.SessionTTL, c.SessionTTL/2)
 	case c.RenewFlushInterval <= 0 || c.RenewFlushInterval > time.Second:

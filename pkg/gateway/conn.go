@@ -31,6 +31,11 @@ type conn struct {
 	uid     string
 	segment string
 	log     *slog.Logger
+	// user is the user's place on this gateway, shared by their
+	// connections here; since is when c registered there, since the
+	// gateway started. Both are set by hub.add, before serve.
+	user  *user
+	since time.Duration
 
 	// pingAt and grant are the last ping that asked for a renewal: when it
 	// came, in ns since the gateway started (a monotonic clock), and the
@@ -40,6 +45,11 @@ type conn struct {
 	// them, grant first; the resync loop reads them, pingAt first, so it
 	// never pairs a ping with the grant of an earlier one.
 	pingAt, grant atomic.Int64
+	// deadlineMS is the deadline of the last renewal's own grant (Unix
+	// ms, Redis's clock), told in each pong; a pong answered from the
+	// last grant tells the same. The session's may be later (another
+	// device's longer grant).
+	deadlineMS atomic.Int64
 	// normalClose: the client closed with 1000, the user leaving on
 	// purpose, or the gateway closed with 4000 after a close stage's
 	// guide (see inactive.go). release ends the session if this was
@@ -81,6 +91,15 @@ type conn struct {
 	unproven []*guideProof
 	proofSeq uint64
 	guideIDs []string
+
+	// hold is the hold of a connection that asked to ping first (see
+	// present.go), nil for one that did not; set before the connection
+	// is served, and not replaced after.
+	hold *hold
+	// presentUntilMS is when, by its client's word, its user's session
+	// would have run out had they reached us (Unix ms, Redis's clock; 0:
+	// no word): a guide of a silence that ran out before it is dropped.
+	presentUntilMS atomic.Int64
 }
 
 func (c *conn) serve(ctx context.Context) {
@@ -91,6 +110,8 @@ func (c *conn) serve(ctx context.Context) {
 		c.stopExpiry()
 		c.ws.Close() // a flusher blocked in a write fails at once
 		c.flushers.Wait()
+		// A hold still on ends here: what it held goes back to the inbox.
+		c.g.endHold(context.WithoutCancel(ctx), c, noPresence)
 		close(c.done)
 	}()
 
@@ -165,6 +186,11 @@ func (c *conn) handle(ctx context.Context, limiter *rate.Limiter, typ int, data 
 		c.linger()
 		return false
 	}
+	if c.hold != nil {
+		// The first frame ends the hold, before it is answered: the
+		// inbox is judged by its word, not by its renewal.
+		c.g.endHold(context.WithoutCancel(ctx), c, c.presenceOf(f))
+	}
 	if err := f.Validate(); err != nil {
 		if frame.IsUnknownType(err) {
 			metricFrames.WithLabelValues("unknown").Inc()
@@ -192,33 +218,44 @@ func (c *conn) handle(ctx context.Context, limiter *rate.Limiter, typ int, data 
 	return true
 }
 
-// renew grants the session TTL plus jitter and answers with a pong. Pings
-// closer together than the renewal granularity share the last grant.
+// renew grants the session TTL plus jitter and answers with a pong. A
+// ping within the renewal granularity of the last renewal among the
+// user's connections here, in its segment, shares it (see user.go).
 func (c *conn) renew(ctx context.Context) {
 	start := time.Now()
 	now := start.Sub(c.g.start)
-	if granted := time.Duration(c.grant.Load()); granted > 0 {
-		if age := now - time.Duration(c.pingAt.Load()); age < c.g.cfg.RenewGranularity {
-			metricRenewalsCoalesced.Inc()
-			c.enqueue(frame.Pong((granted - age).Milliseconds()))
-			return
-		}
-	}
 	p := c.g.policy.Current()
 	ttl := p.TTL(c.segment)
 	if p.Jitter > 0 {
 		ttl += rand.N(p.Jitter)
 	}
 	ttl = ttl.Truncate(time.Millisecond)
+	r, own := c.user.renewals.claim(c.segment, c.since, now, c.g.cfg.RenewGranularity, ttl)
 	// Recorded before the renewal, so that a resync after an outage
-	// restores it even if it fails.
-	c.grant.Store(-int64(ttl))
-	c.pingAt.Store(int64(now))
+	// restores it even if it fails. A shared one is the connection's own
+	// too: its grant is what this connection stands for in a resync, or
+	// among the dropped grants, should the one that renewed go first.
+	c.grant.Store(-int64(r.ttl))
+	c.pingAt.Store(int64(r.at))
+	if !own {
+		// Bounded by the write timeout of the ping that renews it.
+		<-r.done
+		if r.failed {
+			c.enqueue(frame.Error(frame.CodeUnavailable, "session store unavailable, ping again"))
+			return
+		}
+		metricRenewalsCoalesced.Inc()
+		c.grant.Store(int64(r.ttl))
+		c.deadlineMS.Store(r.deadlineMS)
+		c.enqueue(frame.Pong((r.ttl - (now - r.at)).Milliseconds(), r.deadlineMS))
+		return
+	}
 	// Not cancelled by the gateway's shutdown: a ping that arrived while
 	// draining is still a renewal the user is owed.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.g.cfg.WriteTimeout)
-	_, err := c.g.renewer.Renew(rctx, c.uid, c.segment, ttl)
+	deadline, err := c.g.renewer.Renew(rctx, c.uid, c.segment, ttl)
 	cancel()
+	c.user.renewals.settle(r, deadline, err)
 	metricRenewalSeconds.Observe(time.Since(start).Seconds())
 	if err != nil {
 		metricRenewals.WithLabelValues("error").Inc()
@@ -229,8 +266,15 @@ func (c *conn) renew(ctx context.Context) {
 	}
 	c.g.renewLog.OK()
 	metricRenewals.WithLabelValues("ok").Inc()
+	c.deadlineMS.Store(deadline.UnixMilli())
 	c.grant.Store(int64(ttl))
-	c.enqueue(frame.Pong(ttl.Milliseconds()))
+	// The pong tells this connection's own grant, not the session's
+	// deadline, which another device of the user (a segment with a longer
+	// TTL) may hold later: the client paces its pings by it, and must keep
+	// its own session alive once that other grant has run out. The
+	// deadline it counts from it is never later than Redis's; deadline
+	// is this grant's own, Redis's now plus ttl (see Renewer.Renew).
+	c.enqueue(frame.Pong(ttl.Milliseconds(), deadline.UnixMilli()))
 }
 
 // lastGrant is what is left, at now (since the gateway started), of the

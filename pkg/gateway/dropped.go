@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"container/heap"
+	"context"
 	"sync"
 	"time"
 
@@ -14,18 +16,40 @@ import (
 // guide. One entry per user, the latest; a user who reconnects is
 // restored from the live connection too, and resync keeps the later
 // deadline.
+//
+// A resync has no use for a grant that ran out (it would restore
+// nothing), so each is forgotten when it runs out: the sweep loop pops
+// them off a heap ordered by their end, which costs a look at the heap's
+// top on a quiet gateway, and log n per grant forgotten. The map then
+// holds the users whose connection dropped within one TTL, and at most
+// max of them: past that, the grant that runs out first goes first.
 type dropped struct {
+	start time.Time // the gateway's: grants are timed since then
+	max   int
+
 	mu     sync.Mutex
-	grants map[string]droppedGrant // by uid
+	grants map[string]*droppedGrant // by uid
+	byEnd  droppedHeap              // the same grants, the first to run out on top
 }
 
 type droppedGrant struct {
+	uid     string
 	segment string
 	pingAt  time.Duration // since the gateway started
 	ttl     time.Duration
+	i       int // index in byEnd
 }
 
-func newDropped() *dropped { return &dropped{grants: map[string]droppedGrant{}} }
+// end is when g runs out, since the gateway started.
+func (g *droppedGrant) end() time.Duration { return g.pingAt + g.ttl }
+
+// droppedSweepEvery is how often grants that ran out are forgotten: they
+// stay up to this long after their end, for a resync to skip.
+const droppedSweepEvery = time.Second
+
+func newDropped(start time.Time, max int) *dropped {
+	return &dropped{start: start, max: max, grants: map[string]*droppedGrant{}}
+}
 
 // add remembers c's last grant, if it has one.
 func (d *dropped) add(c *conn) {
@@ -33,11 +57,66 @@ func (d *dropped) add(c *conn) {
 	if ttl == 0 {
 		return // never pinged, or ended by a normal close
 	}
-	g := droppedGrant{segment: c.segment, pingAt: time.Duration(c.pingAt.Load()), ttl: ttl.Abs()}
+	g := &droppedGrant{uid: c.uid, segment: c.segment, pingAt: time.Duration(c.pingAt.Load()), ttl: ttl.Abs()}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if old, ok := d.grants[c.uid]; !ok || old.pingAt+old.ttl < g.pingAt+g.ttl {
-		d.grants[c.uid] = g
+	if old, ok := d.grants[c.uid]; ok {
+		if old.end() < g.end() {
+			old.segment, old.pingAt, old.ttl = g.segment, g.pingAt, g.ttl
+			heap.Fix(&d.byEnd, old.i)
+		}
+		return
+	}
+	if len(d.grants) >= d.max {
+		if d.byEnd[0].end() >= g.end() {
+			metricDroppedEvicted.Inc()
+			return // it would run out first itself
+		}
+		delete(d.grants, heap.Pop(&d.byEnd).(*droppedGrant).uid)
+		metricDroppedEvicted.Inc()
+	}
+	d.grants[c.uid] = g
+	heap.Push(&d.byEnd, g)
+	metricDroppedGrants.Set(float64(len(d.grants)))
+}
+
+// forget drops the grants that ran out at now (since the gateway
+// started). d.mu is held.
+func (d *dropped) forget(now time.Duration) {
+	for len(d.byEnd) > 0 && d.byEnd[0].end() <= now {
+		delete(d.grants, heap.Pop(&d.byEnd).(*droppedGrant).uid)
+	}
+	if n := len(d.byEnd); cap(d.byEnd) > droppedCompactFrom && n < cap(d.byEnd)/4 {
+		// Neither a map nor a slice gives back its room as it empties:
+		// after a wave of drops (a network partition of many clients),
+		// they are rebuilt at their size.
+		d.byEnd = append(make(droppedHeap, 0, 2*n), d.byEnd...)
+		d.grants = make(map[string]*droppedGrant, 2*n)
+		for _, g := range d.byEnd {
+			d.grants[g.uid] = g
+		}
+	}
+	metricDroppedGrants.Set(float64(len(d.grants)))
+}
+
+// droppedCompactFrom is the room below which the grants are never
+// rebuilt: a few KB.
+const droppedCompactFrom = 1024
+
+// sweep forgets the grants that ran out, every droppedSweepEvery, until
+// ctx is done.
+func (d *dropped) sweep(ctx context.Context) {
+	t := time.NewTicker(droppedSweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		d.mu.Lock()
+		d.forget(time.Since(d.start))
+		d.mu.Unlock()
 	}
 }
 
@@ -46,14 +125,32 @@ func (d *dropped) add(c *conn) {
 func (d *dropped) left(now time.Duration) []session.Grant {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.forget(now)
 	out := make([]session.Grant, 0, len(d.grants))
 	for uid, g := range d.grants {
-		left := g.ttl - (now - g.pingAt)
-		if left <= 0 {
-			delete(d.grants, uid)
-			continue
-		}
-		out = append(out, session.Grant{UID: uid, Segment: g.segment, Left: left, Ago: now - g.pingAt})
+		out = append(out, session.Grant{UID: uid, Segment: g.segment, Left: g.end() - now, Ago: now - g.pingAt})
 	}
 	return out
+}
+
+// droppedHeap orders grants by their end, for container/heap.
+type droppedHeap []*droppedGrant
+
+func (h droppedHeap) Len() int           { return len(h) }
+func (h droppedHeap) Less(i, j int) bool { return h[i].end() < h[j].end() }
+func (h droppedHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].i, h[j].i = i, j
+}
+func (h *droppedHeap) Push(x any) {
+	g := x.(*droppedGrant)
+	g.i = len(*h)
+	*h = append(*h, g)
+}
+func (h *droppedHeap) Pop() any {
+	old := *h
+	g := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return g
 }

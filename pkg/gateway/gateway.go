@@ -71,10 +71,15 @@ type Gateway struct {
 	start time.Time // New's time; connections time their pings from it
 	reach *reach    // whether Redis answers renewals and heartbeats
 	// beatFailed: the last heartbeat failed; beaten: one succeeded; shed:
-	// this outage's connections were closed. The heartbeat loop's own.
+	// this outage's connections were closed; echoAt: when to register
+	// every user once more after a heartbeat gap. The heartbeat loop's own.
 	beatFailed, beaten, shed bool
+	echoAt                   time.Time
 	// dropped holds the grants of connections that dropped, for a resync.
 	dropped *dropped
+	// channel is the state of the subscription to its channel, which
+	// Redis can take away (see channel.go).
+	channel instanceChannel
 
 	// One outage log per condition: a line when it starts failing, a
 	// summary now and then, a line when it ends, not a line per call.
@@ -151,7 +156,6 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 		},
 		start:      time.Now(),
 		reach:      newReach(cfg.RenewFlushInterval),
-		dropped:    newDropped(),
 		renewLog:   outage.NewLog(logger, "renew sessions", 0),
 		beatLog:    outage.NewLog(logger, "heartbeat", 0),
 		resyncLog:  outage.NewLog(logger, "resync sessions", 0),
@@ -182,11 +186,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	}
 	// Subscribed before any connection registers, so no routed guide is
 	// published to a channel nobody reads yet.
-	g.sub = rdb.SSubscribe(ctx, g.store.Keyspace().InstanceChannel(g.instance))
-	if _, err := g.sub.Receive(ctx); err != nil {
-		g.sub.Close()
+	if g.sub, err = g.subscribe(ctx, channelStartTimeout); err != nil {
 		g.closeRedis()
-		return nil, fmt.Errorf("subscribe to the instance channel: %w", err)
+		return nil, err
 	}
 	// Alive before it takes connections. Redis answered just now; if it
 	// does not here, the heartbeat loop keeps trying, and readyz fails
@@ -196,6 +198,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	if g.maxConns == 0 {
 		g.maxConns = connLimitFromRlimit()
 	}
+	// As many dropped grants as connections: a wave of drops of every
+	// connection fits.
+	g.dropped = newDropped(g.start, int(g.maxConns))
 	if g.publicLn, err = net.Listen("tcp", cfg.Addr); err != nil {
 		g.leave()
 		g.sub.Close()
@@ -248,6 +253,7 @@ func (g *Gateway) Serve(ctx context.Context) error {
 	defer loops.Wait()
 	loops.Go(func() { g.policy.Run(ctx) })
 	loops.Go(func() { g.resyncLoop(ctx) })
+	loops.Go(func() { g.dropped.sweep(ctx) })
 
 	// The public listener's only use is the upgrade: a connection that
 	// has not upgraded within the handshake timeout is closed, and so is
@@ -388,17 +394,29 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		admin.WriteError(w, http.StatusUnauthorized, err.Error())
 		return
 	}
+	// The user's cap first: a user at it is told so (429), also when the
+	// instance is full, and takes no slot of the instance's meanwhile.
+	if !g.hub.reserve(claims.UID, g.cfg.maxUserConns()) {
+		metricRejected.WithLabelValues("user_full").Inc()
+		w.Header().Set("Retry-After", userFullRetryAfter)
+		admin.WriteError(w, http.StatusTooManyRequests,
+			fmt.Sprintf("user at its connection limit on this gateway (%d): close another connection first", g.cfg.maxUserConns()))
+		return
+	}
 	if g.open.Add(1) > g.maxConns {
 		g.open.Add(-1)
+		g.hub.unreserve(claims.UID)
 		metricRejected.WithLabelValues("full").Inc()
 		w.Header().Set("Retry-After", "1")
 		admin.WriteError(w, http.StatusServiceUnavailable, "gateway at its connection limit, try another")
 		return
 	}
-	// From here the slot is the connection's: its goroutine gives it back.
+	// From here the slot and the user's place are the connection's: its
+	// goroutine gives them back (release, then open).
 	ws, err := g.upgrader.Upgrade(w, r, nil)
 	if err != nil {
 		g.open.Add(-1)
+		g.hub.unreserve(claims.UID)
 		return // the upgrader has answered with an HTTP error
 	}
 	c := &conn{
@@ -418,17 +436,26 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	// the route and routes again, or keeps it before the inbox is read.
 	c.done = make(chan struct{})
 	c.expiresMS.Store(claims.Expires.UnixMilli())
-	g.hub.add(c)
-	metricConnections.Inc()
 	rctx := context.WithoutCancel(ctx) // route bookkeeping outlives shutdown
+	// A client that says its first frame is a ping gets its guides after
+	// it, judged by what it says of its user (see present.go).
+	held := r.URL.Query().Get("first") == frame.TypePing
+	if held {
+		g.holdGuides(rctx, c)
+	}
+	g.hub.add(c, g.start)
+	metricConnections.Inc()
 	wctx, cancel := context.WithTimeout(rctx, routeWriteTimeout)
-	if err := g.routes.write(wctx, c.uid, 0); err != nil {
+	if err := g.routes.write(wctx, c.uid, closeNone); err != nil {
 		// Guides reach this connection through this instance until the
 		// writer's retry gets through.
 		g.routeLog.Fail(err)
 	}
 	cancel()
-	rest := g.handOverInbox(rctx, c)
+	var rest func()
+	if !held {
+		rest = g.handOverInbox(rctx, c, noPresence)
+	}
 	n := 1
 	if rest != nil {
 		n = 2
@@ -438,6 +465,10 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		// reconnect like the others.
 		c.closeWith(websocket.CloseGoingAway, "server shutting down, reconnect")
 		c.ws.Close()
+		c.mu.Lock()
+		c.closed = true
+		c.mu.Unlock()
+		g.endHold(rctx, c, noPresence) // what it held goes back to the inbox
 		g.open.Add(-1)
 		g.release(rctx, c)
 		return
@@ -483,12 +514,17 @@ func (g *Gateway) release(ctx context.Context, c *conn) {
 	metricConnections.Dec()
 	wctx, cancel := context.WithTimeout(ctx, routeWriteTimeout)
 	defer cancel()
-	if err := g.routes.write(wctx, c.uid, c.endAt()); err != nil {
+	if err := g.routes.write(wctx, c.uid, c.routeClose()); err != nil {
 		// The writer keeps the user marked, and retries.
 		g.routeLog.Fail(err)
 	}
 	g.handOn(ctx, c) // after the route write: a normal close makes them stale
 }
+
+// userFullRetryAfter is the Retry-After of a refusal at the per-user cap:
+// a place comes free only when one of the user's connections ends, so
+// retrying at once does not help.
+const userFullRetryAfter = "5"
 
 // connLimitFromRlimit leaves 1024 descriptors of the open-file limit for
 // Redis, listeners and the push endpoint's clients.
@@ -533,9 +569,14 @@ func (g *Gateway) originAllowed(r *http.Request) bool {
 
 func (g *Gateway) pushMux() http.Handler {
 	// Not ready while renewals or heartbeats fail, even if a PING gets
-	// through: a load balancer should send clients elsewhere.
+	// through: a load balancer should send clients elsewhere. Nor while
+	// the instance channel is not subscribed: guides routed here from
+	// other instances reach nobody.
 	mux := admin.NewMux(func(ctx context.Context) error {
 		if err := g.reach.err(); err != nil {
+			return err
+		}
+		if err := g.channel.err(); err != nil {
 			return err
 		}
 		return g.rdb.Ping(ctx).Err()

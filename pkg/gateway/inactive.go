@@ -23,14 +23,43 @@ import (
 // A final guide handed over from the inbox on connect is written like any
 // other and closes nothing: the user is back, on that very connection.
 
-// enqueueGuide queues a guide frame pushed to c's user, which waits on c
-// for proof (see proof.go), and for a close stage (final) closes c once
-// the frame is on the socket instead: that guide is not handed on.
-func (c *conn) enqueueGuide(b []byte, req *push.Request) bool {
-	if !req.Final {
-		return c.enqueueProven(b, &guideProof{id: req.ID, req: req}, nil)
+// enqueueGuide hands c a guide pushed to its user: held while c holds its
+// guides (see present.go), unsent and so not yet waiting for proof; else
+// as takeGuide does.
+func (c *conn) enqueueGuide(req push.Request) guideTake {
+	c.mu.Lock()
+	if h := c.hold; h != nil && h.holding {
+		defer c.mu.Unlock()
+		if c.closed || c.closeSet || len(h.held) >= c.g.cfg.SendQueue {
+			return guideRefused
+		}
+		h.held = append(h.held, req)
+		return guideTaken
 	}
-	return c.enqueueThen(b, c.closeInactive)
+	c.mu.Unlock()
+	return c.takeGuide(req)
+}
+
+// takeGuide drops a guide whose silence c's client said its user was
+// present for, or queues its frame, which waits on c for proof from then
+// on (see proof.go); for a close stage (final) it closes c once the frame
+// is on the socket instead: that guide is not handed on.
+func (c *conn) takeGuide(req push.Request) guideTake {
+	if superseded(req.DeadlineMS, c.presentUntilMS.Load()) {
+		metricPushes.WithLabelValues("superseded").Inc()
+		return guideSuperseded
+	}
+	b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)
+	ok := false
+	if req.Final {
+		ok = c.enqueueThen(b, c.closeInactive)
+	} else {
+		ok = c.enqueueProven(b, &guideProof{id: req.ID, req: &req}, nil)
+	}
+	if !ok {
+		return guideRefused
+	}
+	return guideTaken
 }
 
 // closeInactive ends c after its close stage's guide, once. It runs on

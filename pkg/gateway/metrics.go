@@ -12,7 +12,7 @@ var (
 	})
 	metricRejected = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_rejected_total",
-		Help: "Upgrade requests refused before the upgrade, by reason (token, origin).",
+		Help: "Upgrade requests refused before the upgrade, by reason: token (401), origin (403), full (503, the instance at max-conns), user_full (429, the user at max-user-conns).",
 	}, []string{"reason"})
 	metricTokens = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_tokens_total",
@@ -33,7 +33,7 @@ var (
 	})
 	metricRenewalsCoalesced = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_gateway_renewals_coalesced_total",
-		Help: "Pings answered from the last grant, within the renewal granularity, without a Redis write.",
+		Help: "Pings answered from the last renewal of the user's connections on this instance in their segment, within the renewal granularity, without a Redis write of their own.",
 	})
 	metricRenewRoundTrips = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_gateway_renewal_round_trips_total",
@@ -61,9 +61,19 @@ var (
 		Name: "stillthere_gateway_guide_proof_timeouts_total",
 		Help: "Connections cut off because a guide written to them was not proven received (an ack, or a pong to the ping after it) within the write timeout: half-open connections, whose guides go to the user's next connection.",
 	})
+	metricDroppedGrants = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "stillthere_gateway_dropped_grants",
+		Help: "Grants of connections that dropped, kept until they run out for a resync after Redis loses its data.",
+	})
+	metricDroppedEvicted = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_gateway_dropped_grants_evicted_total",
+		Help: "Grants of dropped connections forgotten before they ran out, because max-conns of them were held.",
+	})
 	metricPushes = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_pushes_total",
-		Help: "Guide pushes, by outcome: delivered, queued, duplicate, stale, too_old, retry (409, 503), invalid (400), rejected (401); routed_in (from another instance); from_inbox (proven received on connect), inbox_stale and inbox_expired (dropped at hand-over); handed_on (a guide its connection ended without proving, routed again), handed_on_stale (not, as its user renewed since its deadline).",
+		Help: "Guide pushes, by outcome: delivered, queued, duplicate, stale, too_old, retry (409, 503), invalid (400), rejected (401); routed_in (from another instance); from_inbox (proven received on connect), inbox_stale and inbox_expired (dropped at hand-over); " +
+			"inbox_superseded and superseded (dropped from the inbox, or pushed live, because the client's first ping said the user was there after the deadline); " +
+			"handed_on (a guide its connection ended without proving, routed again), handed_on_stale (not, as its user renewed since its deadline).",
 	}, []string{"outcome"})
 	metricRoutesPruned = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_gateway_routes_pruned_total",
@@ -87,6 +97,15 @@ var (
 		Name: "stillthere_gateway_slow_clients_total",
 		Help: "Connections cut off because their send queue was full.",
 	})
+	metricChannelSubscribed = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "stillthere_gateway_channel_subscribed",
+		Help: "1 while the instance channel, on which other instances route guides here, is subscribed; 0 while it is being subscribed again (readyz fails meanwhile).",
+	})
+	metricChannelLost = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "stillthere_gateway_channel_lost_total",
+		Help: "Subscriptions to the instance channel lost and subscribed again, by reason: unsubscribed (Redis took it, as when its cluster slot changes owner), " +
+			"broken (the connection failed), no_subscriber (a probe found none where publishers look), probe_lost (a probe was counted but never read).",
+	}, []string{"reason"})
 	metricShed = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_gateway_shed_total",
 		Help: "Connections closed with 1013 because Redis was out of the instance's reach for shed-after, so that clients reconnect elsewhere.",

@@ -33,6 +33,10 @@ import (
 // the guide's deadline, on any device: they are back, and it is stale.
 // An inbox guide handed over on connect leaves the inbox only once proven
 // (see handover); unproven, it stays for the next connect.
+// A guide a connection holds until its client's first frame (see
+// present.go) is not sent, so not unproven: it waits for proof from when
+// the hold ends and queues it, and one still held when the connection
+// ends goes back to the inbox, as never sent.
 //
 // A connection is not sent a pushed guide it was sent already (a copy
 // handed on from the user's other device, a resend): it has it, or hands

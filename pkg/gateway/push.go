@@ -16,6 +16,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/frame"
 	"github.com/stillthere/stillthere/pkg/push"
+	"github.com/stillthere/stillthere/pkg/session"
 )
 
 // The push flow, in the order a guide takes it. The contract itself (the
@@ -54,7 +55,8 @@ const (
 	// pushRetryAfter is the Retry-After of a retry answer.
 	pushRetryAfter = time.Second
 	// publishRetries and publishRetryWait bound how long a push waits for
-	// a live instance to listen again (go-redis resubscribes at once).
+	// a live instance to listen again (it subscribes again at once, see
+	// channel.go).
 	publishRetries   = 5
 	publishRetryWait = 200 * time.Millisecond
 	// reroutes bounds how often a push starts over because connections
@@ -134,17 +136,26 @@ return 1
 // socket. Each returned is leased for ARGV[2] ms, so that another
 // connection of the user does not take it meanwhile; its lease goes when
 // it is written, or when the connection ends first. Entries past their
-// expiry, and those whose user renewed after their deadline (stale), are
-// removed on the way; entries of older gateways, which carry neither,
-// are handed over. KEYS: inbox, renewed, leases.
-// Returns {stale removed, expired removed, entry...}.
+// expiry, those whose user renewed after their deadline (stale), and
+// those whose deadline falls while the user was present by their
+// client's word (superseded, see present.go) are removed on the way;
+// entries of older gateways, which carry neither, are handed over.
+// KEYS: inbox, renewed, leases. ARGV: limit, lease ms, then the client's
+// word: how long before now the user was last active (ms; -1: not
+// said), the TTL a renewal then would have granted (ms), and a present-
+// until time already known (Unix ms; 0: none).
+// Returns {stale removed, expired removed, present until (0: none),
+// superseded count n, n superseded entries, entry...}.
 var inboxTakeScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local renewed = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
+local ago, ttl = tonumber(ARGV[3]) or -1, tonumber(ARGV[4]) or 0
+local present = tonumber(ARGV[5]) or 0
+if ago >= 0 then present = math.max(present, now - ago + ttl) end
 local items = redis.call('LRANGE', KEYS[1], 0, -1)
-local out = {0, 0}
+local out, superseded = {0, 0, present}, {}
 for i = #items, 1, -1 do
   local ok, e = pcall(cjson.decode, items[i])
   local drop, id = 0, nil
@@ -154,13 +165,14 @@ for i = #items, 1, -1 do
     local asked = tonumber(e['deadline_ms'])
     if not asked or asked <= 0 then asked = tonumber(e['kept_ms']) end
     if exp and exp <= now then drop = 2
-    elseif asked and renewed > asked then drop = 1 end
+    elseif asked and renewed > asked then drop = 1
+    elseif asked and present > asked then drop = 3 end
   end
   if drop > 0 then
     redis.call('LREM', KEYS[1], 1, items[i])
     if id then redis.call('HDEL', KEYS[3], id) end
-    out[drop] = out[drop] + 1
-  elseif #out - 2 < limit then
+    if drop == 3 then superseded[#superseded + 1] = items[i] else out[drop] = out[drop] + 1 end
+  elseif #out - 3 < limit then
     local held = 0
     if id then held = tonumber(redis.call('HGET', KEYS[3], id) or '0') or 0 end
     if held <= now then
@@ -169,8 +181,11 @@ for i = #items, 1, -1 do
     end
   end
 end
-if #out > 2 and redis.call('PTTL', KEYS[3]) < lease then redis.call('PEXPIRE', KEYS[3], lease) end
-return out
+if #out > 3 and redis.call('PTTL', KEYS[3]) < lease then redis.call('PEXPIRE', KEYS[3], lease) end
+local res = {out[1], out[2], out[3], #superseded}
+for _, v in ipairs(superseded) do res[#res + 1] = v end
+for i = 4, #out do res[#res + 1] = out[i] end
+return res
 `)
 
 func (g *Gateway) servePush(w http.ResponseWriter, r *http.Request) {
@@ -269,7 +284,7 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 		if err != nil {
 			return push.Response{}, fmt.Errorf("look up %q's route: %w", req.UID, err)
 		}
-		n := g.deliverLocal(req)
+		n, superseded := g.deliverLocal(req)
 		remote, err := g.deliverElsewhere(ctx, req.UID, payload, routes)
 		if n+remote > 0 {
 			if err != nil {
@@ -279,6 +294,13 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 		}
 		if err != nil {
 			return push.Response{}, err
+		}
+		if superseded > 0 {
+			// The user's only connections are here, and their client
+			// says they were present after the deadline: the silence was
+			// one the network made, and is over (see present.go).
+			g.markSuperseded(ctx, req.UID, []push.Request{req})
+			return push.Response{Status: push.Stale}, nil
 		}
 		status, err := g.keep(ctx, req, payload, routes, true)
 		if err != nil || status != "" {
@@ -290,18 +312,22 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 }
 
 // deliverLocal hands a guide to uid's connections on this instance, and
-// returns how many took it. Each keeps it until the client proves it got
-// it, and hands it on if it ends first (see proof.go). A close stage's
-// guide closes each connection once written to it (see inactive.go).
-func (g *Gateway) deliverLocal(req push.Request) int {
-	b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)
-	n := 0
+// returns how many took it, and how many dropped it as superseded (their
+// client said the user was present after its deadline). Each that took it
+// keeps it until the client proves it got it, and hands it on if it ends
+// first (see proof.go); one holding its guides holds it, unsent, until
+// its first frame (see present.go). A close stage's guide closes each
+// connection that took it once written to it (see inactive.go).
+func (g *Gateway) deliverLocal(req push.Request) (taken, superseded int) {
 	for _, c := range g.hub.lookup(req.UID) {
-		if c.enqueueGuide(b, &req) {
-			n++
+		switch c.enqueueGuide(req) {
+		case guideTaken:
+			taken++
+		case guideSuperseded:
+			superseded++
 		}
 	}
-	return n
+	return taken, superseded
 }
 
 // deliverElsewhere publishes a guide to the other instances in uid's
@@ -326,16 +352,21 @@ func (g *Gateway) deliverElsewhere(ctx context.Context, uid string, payload []by
 			if err != nil {
 				return n, fmt.Errorf("route guide to %s: %w", inst, err)
 			}
-			switch {
-			case got > 0:
+			if got > 0 {
 				n++
-			case g.instanceDead(inst):
-				if err := g.rdb.HDel(ctx, ks.RouteKey(uid), inst).Err(); err == nil {
-					metricRoutesPruned.Inc()
-				}
-			default:
-				missed = append(missed, inst)
+				continue
 			}
+			// Dropped only as far as written before it was seen dead: an
+			// instance back since keeps what it wrote again, and is tried
+			// again, as a live one is.
+			if dead, ok := g.deadInstance(inst); ok {
+				dropped, kept, err := g.store.DropDeadRoutes(ctx, uid, []session.DeadInstance{dead})
+				metricRoutesPruned.Add(float64(dropped))
+				if err == nil && kept == 0 {
+					continue
+				}
+			}
+			missed = append(missed, inst)
 		}
 		targets = missed
 		if len(targets) == 0 {
@@ -344,6 +375,10 @@ func (g *Gateway) deliverElsewhere(ctx context.Context, uid string, payload []by
 		if attempt == publishRetries {
 			return n, fmt.Errorf("%w: %v", errUnreached, targets)
 		}
+		// A late slot map sends SPUBLISH to a node that no longer masters
+		// the channel's slot; a replica answers it, counting only its own
+		// subscribers. The next try goes where the cluster names now.
+		g.reloadSlots(ctx)
 		select {
 		case <-ctx.Done():
 			return n, ctx.Err()
@@ -388,46 +423,6 @@ func (g *Gateway) keep(ctx context.Context, req push.Request, payload []byte, ro
 	return "", nil
 }
 
-// listen takes guides other instances route here until ctx is done. After
-// a broken connection go-redis resubscribes; once it has, this instance
-// writes its users' routes again, which a push that met no subscriber in
-// between may have missed. A guide for a user who has just left goes to
-// their inbox.
-func (g *Gateway) listen(ctx context.Context, sub *redis.PubSub) {
-	defer sub.Close()
-	stop := context.AfterFunc(ctx, func() { sub.Close() })
-	defer stop()
-	broken := false
-	for {
-		msg, err := sub.Receive(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			g.channelLog.Fail(err)
-			broken = true
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			continue
-		}
-		switch m := msg.(type) {
-		case *redis.Subscription:
-			g.channelLog.OK()
-			if broken {
-				broken = false
-				g.log.Info("instance channel resubscribed; registering users again")
-				g.routes.markAll()
-			}
-		case *redis.Message:
-			g.channelLog.OK()
-			g.routedIn(ctx, m.Payload)
-		}
-	}
-}
-
 // routedIn delivers a guide another instance routed here.
 func (g *Gateway) routedIn(ctx context.Context, payload string) {
 	var req push.Request
@@ -435,8 +430,13 @@ func (g *Gateway) routedIn(ctx context.Context, payload string) {
 		g.log.Warn("bad routed guide", "err", err)
 		return
 	}
-	if g.deliverLocal(req) > 0 {
+	n, superseded := g.deliverLocal(req)
+	if n > 0 {
 		metricPushes.WithLabelValues("routed_in").Inc()
+		return
+	}
+	if superseded > 0 {
+		g.markSuperseded(ctx, req.UID, []push.Request{req})
 		return
 	}
 	kctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
@@ -460,42 +460,59 @@ func (g *Gateway) inboxLease() time.Duration {
 }
 
 // takeInbox leases up to inboxChunk of uid's inbox entries, oldest first,
-// leaving them in the inbox.
-func (g *Gateway) takeInbox(ctx context.Context, uid string) ([]string, error) {
+// leaving them in the inbox. It judges them against the client's word p
+// and a present-until time already known (0: none), and returns the
+// entries it dropped as superseded, and the present-until time now known.
+func (g *Gateway) takeInbox(ctx context.Context, uid string, p presence, known int64) (items, superseded []string, presentUntil int64, err error) {
 	ks := g.store.Keyspace()
 	vals, err := inboxTakeScript.Run(ctx, g.rdb, []string{ks.InboxKey(uid), ks.RenewedKey(uid), ks.InboxLeaseKey(uid)},
-		g.inboxChunk(), g.inboxLease().Milliseconds()).Slice()
+		g.inboxChunk(), g.inboxLease().Milliseconds(), p.agoMS, p.ttlMS, known).Slice()
 	if err != nil {
-		return nil, fmt.Errorf("take %q's inbox: %w", uid, err)
+		return nil, nil, 0, fmt.Errorf("take %q's inbox: %w", uid, err)
 	}
-	if len(vals) < 2 {
-		return nil, fmt.Errorf("take %q's inbox: %d values", uid, len(vals))
+	if len(vals) < 4 {
+		return nil, nil, 0, fmt.Errorf("take %q's inbox: %d values", uid, len(vals))
 	}
 	stale, _ := vals[0].(int64)
 	expired, _ := vals[1].(int64)
+	presentUntil, _ = vals[2].(int64)
+	n, _ := vals[3].(int64)
+	if n < 0 || int(n) > len(vals)-4 {
+		return nil, nil, 0, fmt.Errorf("take %q's inbox: %d superseded of %d values", uid, n, len(vals))
+	}
 	metricPushes.WithLabelValues("inbox_stale").Add(float64(stale))
 	metricPushes.WithLabelValues("inbox_expired").Add(float64(expired))
-	items := make([]string, 0, len(vals)-2)
-	for _, v := range vals[2:] {
+	metricPushes.WithLabelValues("inbox_superseded").Add(float64(n))
+	for i, v := range vals[4:] {
 		if s, ok := v.(string); ok {
-			items = append(items, s)
+			if i < int(n) {
+				superseded = append(superseded, s)
+			} else {
+				items = append(items, s)
+			}
 		}
 	}
-	return items, nil
+	return items, superseded, presentUntil, nil
 }
 
 // handOverInbox queues a connecting user's first inbox guides on c,
-// oldest first, before anything else. It returns the rest of the
+// oldest first, before anything else. Those whose silence the client's
+// word p (or what c knew before) says the user was present for are
+// dropped, and their silences marked stale. It returns the rest of the
 // handover, for a goroutine of its own, or nil when there is none: each
 // guide leaves the inbox once the client proved it got it (see proof.go),
 // and the next ones are queued then, so a connection that drops first,
 // or never reads, leaves them for the next connect.
-func (g *Gateway) handOverInbox(ctx context.Context, c *conn) func() {
-	items, err := g.takeInbox(ctx, c.uid)
+func (g *Gateway) handOverInbox(ctx context.Context, c *conn, p presence) func() {
+	items, superseded, presentUntil, err := g.takeInbox(ctx, c.uid, p, c.presentUntilMS.Load())
 	if err != nil {
 		g.routeLog.Fail(err)
 		return nil
 	}
+	if presentUntil > 0 {
+		c.presentUntilMS.Store(presentUntil)
+	}
+	g.markSuperseded(ctx, c.uid, parseEntries(superseded))
 	if len(items) == 0 {
 		return nil
 	}
@@ -560,7 +577,8 @@ func (h *handover) run(ctx context.Context, taken int) {
 		if len(unsent) > 0 || taken < chunk {
 			return
 		}
-		items, err := h.g.takeInbox(ctx, h.c.uid)
+		items, superseded, _, err := h.g.takeInbox(ctx, h.c.uid, noPresence, h.c.presentUntilMS.Load())
+		h.g.markSuperseded(ctx, h.c.uid, parseEntries(superseded))
 		if err != nil {
 			h.g.routeLog.Fail(err)
 			return

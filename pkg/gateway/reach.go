@@ -69,6 +69,11 @@ type reach struct {
 	blindSince time.Time // start of failed round trips not recorded as a blind interval yet
 	beatFail   time.Time // first failed heartbeat of the current failure; zero while they succeed
 	failures   uint64    // failed round trips and heartbeats so far
+	// unregSince: since when this instance's users are being registered
+	// again in their routes (others may have dropped them), zero once
+	// done; rounds counts the registrations begun.
+	unregSince time.Time
+	rounds     uint64
 
 	// kick wakes the resync loop: something healed, a resync may be owed.
 	kick chan struct{}
@@ -179,13 +184,35 @@ func (r *reach) beaten(err error, sharedOK bool) {
 	}
 }
 
-// lost notes that Redis lost its data: a resync is owed, although nothing
-// failed.
-func (r *reach) lost() {
+// owed notes that a resync is owed although nothing failed: Redis lost
+// its data, or others took this instance for dead.
+func (r *reach) owed() {
 	r.mu.Lock()
 	r.failures++
 	r.mu.Unlock()
 	r.signal()
+}
+
+// unregistered notes that this instance's users are to be registered
+// again in their routes, and returns the round for registered.
+func (r *reach) unregistered() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.rounds++
+	if r.unregSince.IsZero() {
+		r.unregSince = time.Now()
+	}
+	return r.rounds
+}
+
+// registered notes that every user is registered again, as of round: a
+// later round still owed keeps the instance unready.
+func (r *reach) registered(round uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if round == r.rounds {
+		r.unregSince = time.Time{}
+	}
 }
 
 // failureCount is the failed round trips and heartbeats so far.
@@ -232,6 +259,8 @@ func (r *reach) err() error {
 		return fmt.Errorf("heartbeats failing since %s", r.beatFail.UTC().Format(time.RFC3339))
 	case !r.flushFail.IsZero():
 		return fmt.Errorf("session renewals failing since %s", r.flushFail.UTC().Format(time.RFC3339))
+	case !r.unregSince.IsZero():
+		return fmt.Errorf("registering users in their routes again since %s", r.unregSince.UTC().Format(time.RFC3339))
 	}
 	return nil
 }
@@ -261,12 +290,23 @@ func (g *Gateway) beat(ctx context.Context) {
 	if err != nil && ctx.Err() != nil {
 		return // stopping: not a failure of Redis
 	}
-	if err == nil && b.First && g.beaten {
+	forgotten := false
+	switch {
+	case err != nil || !g.beaten:
+	case b.First:
 		// Redis held no heartbeat of an instance that beat before: it lost
 		// its data (a restart without it, a failover to a replica that
-		// missed writes). Every session may be gone: write them back.
+		// missed writes), or forgot an instance dead for a day. Every
+		// session and route may be gone: write them back.
 		g.log.Warn("Redis lost this instance's heartbeat, so it lost its data; resyncing every session")
-		g.reach.lost()
+		forgotten = true
+	case b.Gap:
+		// The last lease ran out before this heartbeat, by Redis's clock:
+		// this process stalled (a VM pause, CPU throttling) or its
+		// heartbeats were late. Others took it for dead meanwhile, and
+		// dropped it from its users' routes.
+		g.log.Warn("heartbeat found a gap: this instance was dead by its lease; registering every user again")
+		forgotten = true
 	}
 	if err == nil {
 		g.beaten = true
@@ -274,6 +314,14 @@ func (g *Gateway) beat(ctx context.Context) {
 	sharedOK := true
 	if err == nil && g.reach.staleFlushFail() {
 		sharedOK = g.rdb.Ping(bctx).Err() == nil
+	}
+	// Others may have taken this instance for dead meanwhile, and dropped
+	// it from its users' routes: not ready until every user is registered
+	// again, from before the heartbeat counts as healed.
+	var round uint64
+	reregister := err == nil && (forgotten || g.beatFailed)
+	if reregister {
+		round = g.reach.unregistered()
 	}
 	g.shedIfCutOff()
 	g.reach.beaten(err, sharedOK)
@@ -286,10 +334,20 @@ func (g *Gateway) beat(ctx context.Context) {
 	metricHeartbeats.WithLabelValues("ok").Inc()
 	g.beatLog.OK()
 	g.readInstances(bctx)
-	if g.beatFailed {
-		// Others may have taken this instance for dead meanwhile, and
-		// dropped it from its users' routes: register them again.
+	switch {
+	case reregister:
+		// Register every user again, and restore their sessions as after
+		// an outage.
 		g.beatFailed = false
+		g.routes.reregister(func() { g.reach.registered(round) })
+		g.reach.owed()
+		// A route write of another instance whose view of the heartbeats
+		// predates this one may still land; the cut keeps what is written
+		// from now on (judgeDead), and once more a lease later covers the
+		// clocks of other Redis nodes.
+		g.echoAt = time.Now().Add(g.lease())
+	case !g.echoAt.IsZero() && time.Since(g.echoAt) >= 0:
+		g.echoAt = time.Time{}
 		g.routes.markAll()
 	}
 }
@@ -450,7 +508,7 @@ func (g *Gateway) resyncConns(ctx context.Context) (int, error) {
 		// their last connection.
 		for _, c := range conns {
 			if c.grant.Load() == 0 {
-				g.routes.mark(c.uid, c.endAt(), nil)
+				g.routes.mark(c.uid, c.normalEnd(), nil)
 			}
 		}
 		grants, conns = grants[:0], conns[:0]

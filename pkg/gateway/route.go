@@ -23,9 +23,16 @@ import (
 // that failed, or one that Redis lost, is healed by the next.
 //
 // Every routeRefresh, and whenever this instance may have been forgotten
-// (its channel resubscribed, its heartbeat came back), it marks all its
-// users: that keeps the route keys' TTL ahead while their connections
-// live, and heals counts.
+// (its channel resubscribed, its heartbeat came back, or found a gap in
+// its leases), it marks all its users: that keeps the route keys' TTL
+// ahead while their connections live, and heals counts.
+//
+// A mark also carries whether the session is to end if no connection is
+// left: the latest close of the user's connections here decides, as it
+// would have had each close been written when it happened. A normal close
+// whose write failed is not kept past a later close that was not normal
+// (a reconnect that dropped while Redis was out of reach): that silence
+// is the user's, and is guided.
 //
 // The channels are sharded (SSUBSCRIBE/SPUBLISH): in a Redis Cluster a
 // shard channel lives on one master, and SPUBLISH counts its subscribers
@@ -71,24 +78,79 @@ type routeBook struct {
 
 // routeMark is a user whose count is to be written.
 type routeMark struct {
-	// endAt, when not zero, is when a connection of the user last closed
-	// normally, since the gateway started (never zero in practice): the
-	// session ends if no connection of theirs is left anywhere, and Redis
-	// knows of no renewal since. Written with its time, an end that waits
-	// out an outage here never overrides a ping the user made after it,
-	// on another instance (see session.RouteCount).
-	endAt   time.Duration
+	// close is the latest close of a connection of the user since the
+	// last write: a normal close ends the session if no connection of
+	// theirs is left anywhere, and Redis knows of no renewal since it.
+	close   routeClose
 	waiters []chan error
+	// rounds are the re-registrations waiting for this write.
+	rounds []*routeRound
+}
+
+// routeClose is what a mark says of a close: none (closeNone: a connect,
+// or a refresh), or a connection of the user that ended at a time, since
+// the gateway started: dropped (or cut off by the gateway), or closed
+// normally (the client's 1000, or the gateway's 4000 after a close
+// stage), the user leaving. The latest close decides whether the write
+// ends the session, and a normal close's end is recorded at its time, so
+// that one that waits out an outage here never overrides a ping the user
+// made after it, on another instance (see session.RouteCount).
+type routeClose struct {
+	at     time.Duration // 0: no close
+	normal bool
+}
+
+// closeNone marks a connect, or a refresh: no close.
+var closeNone routeClose
+
+// routeClose is what c's end says of the user's route: a normal close at
+// its time, or a drop, which is known from release on.
+func (c *conn) routeClose() routeClose {
+	if c.normalClose.Load() {
+		return c.normalEnd()
+	}
+	return routeClose{at: max(time.Since(c.g.start), 1)}
+}
+
+// normalEnd is c's normal close. closedAt is stored before the grant goes
+// to 0, so whoever sees the grant gone may call it.
+func (c *conn) normalEnd() routeClose {
+	return routeClose{at: max(c.endAt(), 1), normal: true}
+}
+
+// note records a close, if it is the latest so far.
+func (m *routeMark) note(c routeClose) {
+	if c.at != 0 && c.at >= m.close.at {
+		m.close = c
+	}
+}
+
+// retried merges back a mark whose write failed into m, marked since.
+func (m *routeMark) retried(old *routeMark) {
+	m.note(old.close)
+	m.rounds = append(m.rounds, old.rounds...)
+}
+
+// routeRound is one re-registration of every user: done runs once each
+// user marked for it has been written.
+type routeRound struct {
+	left atomic.Int64
+	done func()
+}
+
+func (r *routeRound) written() {
+	if r.left.Add(-1) == 0 {
+		r.done()
+	}
 }
 
 func newRouteBook(g *Gateway) *routeBook {
 	return &routeBook{g: g, kick: make(chan struct{}, 1), pending: make(map[string]*routeMark)}
 }
 
-// mark queues uid's count to be written, with the time of a normal close
-// to end the session at (endAt, zero for none). done, if not nil,
+// mark queues uid's count to be written, after close. done, if not nil,
 // receives the write's result.
-func (b *routeBook) mark(uid string, endAt time.Duration, done chan error) {
+func (b *routeBook) mark(uid string, close routeClose, done chan error) {
 	b.mu.Lock()
 	if b.stopped {
 		b.mu.Unlock()
@@ -97,22 +159,23 @@ func (b *routeBook) mark(uid string, endAt time.Duration, done chan error) {
 		}
 		return
 	}
-	b.add(uid, endAt, done)
+	m := b.add(uid)
+	m.note(close)
+	if done != nil {
+		m.waiters = append(m.waiters, done)
+	}
 	b.mu.Unlock()
 	b.signal()
 }
 
-// add is mark's bookkeeping; b.mu is held.
-func (b *routeBook) add(uid string, endAt time.Duration, done chan error) {
+// add returns uid's pending mark, new if it had none; b.mu is held.
+func (b *routeBook) add(uid string) *routeMark {
 	m := b.pending[uid]
 	if m == nil {
 		m = &routeMark{}
 		b.pending[uid] = m
 	}
-	m.endAt = max(m.endAt, endAt)
-	if done != nil {
-		m.waiters = append(m.waiters, done)
-	}
+	return m
 }
 
 func (b *routeBook) signal() {
@@ -123,9 +186,9 @@ func (b *routeBook) signal() {
 }
 
 // write marks uid and waits for its count to be written.
-func (b *routeBook) write(ctx context.Context, uid string, endAt time.Duration) error {
+func (b *routeBook) write(ctx context.Context, uid string, close routeClose) error {
 	done := make(chan error, 1)
-	b.mark(uid, endAt, done)
+	b.mark(uid, close, done)
 	select {
 	case err := <-done:
 		return err
@@ -135,17 +198,35 @@ func (b *routeBook) write(ctx context.Context, uid string, endAt time.Duration) 
 }
 
 // markAll marks every user this instance holds.
-func (b *routeBook) markAll() {
+func (b *routeBook) markAll() { b.reregister(nil) }
+
+// reregister marks every user this instance holds, and then, once each of
+// them has been written, calls done (if not nil, and unless the writer
+// stops first). A user who connects meanwhile registers with the connect.
+func (b *routeBook) reregister(done func()) {
+	var uids []string
 	for shard := range hubShards {
-		uids := b.g.hub.shardUIDs(shard)
-		b.mu.Lock()
-		if !b.stopped {
-			for _, uid := range uids {
-				b.add(uid, 0, nil)
+		uids = append(uids, b.g.hub.shardUIDs(shard)...)
+	}
+	var round *routeRound
+	if done != nil {
+		if len(uids) == 0 {
+			done()
+		} else {
+			round = &routeRound{done: done}
+			round.left.Store(int64(len(uids)))
+		}
+	}
+	b.mu.Lock()
+	if !b.stopped {
+		for _, uid := range uids {
+			m := b.add(uid)
+			if round != nil {
+				m.rounds = append(m.rounds, round)
 			}
 		}
-		b.mu.Unlock()
 	}
+	b.mu.Unlock()
 	b.signal()
 }
 
@@ -211,8 +292,8 @@ func (b *routeBook) flush(ctx context.Context) bool {
 		counts := make([]session.RouteCount, len(uids))
 		now := time.Since(b.g.start)
 		for i, uid := range uids {
-			end := marks[i].endAt
-			counts[i] = session.RouteCount{UID: uid, Count: b.g.hub.count(uid), End: end != 0, EndAgo: now - end}
+			end := marks[i].close
+			counts[i] = session.RouteCount{UID: uid, Count: b.g.hub.count(uid), End: end.normal, EndAgo: now - end.at}
 		}
 		wctx, cancel := context.WithTimeout(ctx, routeWriteTimeout)
 		res := b.g.store.WriteRoutes(wctx, b.g.instance, counts, b.g.cfg.routeTTL(), b.g.recentlyDead())
@@ -224,9 +305,13 @@ func (b *routeBook) flush(ctx context.Context) bool {
 				b.g.routeLog.Fail(r.Err)
 				b.mu.Lock()
 				if b.pending != nil {
-					b.add(uids[i], marks[i].endAt, nil)
+					b.add(uids[i]).retried(marks[i])
 				}
 				b.mu.Unlock()
+			} else {
+				for _, round := range marks[i].rounds {
+					round.written()
+				}
 			}
 			if r.Ended {
 				b.g.log.Debug("last connection closed normally: session ended", "uid", uids[i])
@@ -263,32 +348,64 @@ func (g *Gateway) readInstances(ctx context.Context) {
 // redisNow estimates Redis's clock from the view.
 func (v *instanceView) redisNow() time.Time { return v.now.Add(time.Since(v.at)) }
 
-// instanceDead reports whether inst is dead by its heartbeat: its lease
-// ran out, or it left. An instance the view does not know is not judged
-// dead: it may have started since.
-func (g *Gateway) instanceDead(inst string) bool {
+// judgeDead decides whether an instance, as its heartbeat was read at
+// read, is dead at now (both Redis's clock), and up to when its route
+// entries are of the life that ended: those written before the read, if
+// it was dead then, or else up to its lease's end. An instance that comes
+// back beats first, with a gap, so anything it writes after is later than
+// the cut of a judge that has not read that heartbeat yet.
+func judgeDead(i session.Instance, read, now time.Time) (cut time.Time, dead bool) {
+	if i.AliveAt(now) {
+		return time.Time{}, false
+	}
+	end := i.Last.Add(i.Lease)
+	if read.After(end) {
+		// Dead at the read: its return, even in the read's millisecond,
+		// was not seen; what it wrote in that millisecond may be new.
+		return read.Add(-time.Millisecond), true
+	}
+	return end, true
+}
+
+// deadInstance judges inst by the view: an instance the view does not
+// know is not judged dead, it may have started since.
+func (g *Gateway) deadInstance(inst string) (session.DeadInstance, bool) {
 	v := g.view.Load()
 	if v == nil {
-		return false
+		return session.DeadInstance{}, false
 	}
 	i, ok := v.instances[inst]
-	return ok && !i.AliveAt(v.redisNow())
+	if !ok {
+		return session.DeadInstance{}, false
+	}
+	cut, dead := judgeDead(i, v.now, v.redisNow())
+	return session.DeadInstance{Name: inst, Cut: cut}, dead
+}
+
+// instanceDead reports whether inst is dead by its heartbeat: its lease
+// ran out, or it left.
+func (g *Gateway) instanceDead(inst string) bool {
+	_, dead := g.deadInstance(inst)
+	return dead
 }
 
 // recentlyDead lists the instances dead for less than twice the route
 // TTL: their entries may still be in route keys that live instances
 // refresh. Those dead longer were dropped by such a refresh, or their
 // keys ran out.
-func (g *Gateway) recentlyDead() []string {
+func (g *Gateway) recentlyDead() []session.DeadInstance {
 	v := g.view.Load()
 	if v == nil {
 		return nil
 	}
 	now := v.redisNow()
-	var out []string
+	var out []session.DeadInstance
 	for name, i := range v.instances {
-		if name != g.instance && !i.AliveAt(now) && now.Sub(i.Last.Add(i.Lease)) < 2*g.cfg.routeTTL() {
-			out = append(out, name)
+		if name == g.instance || now.Sub(i.Last.Add(i.Lease)) >= 2*g.cfg.routeTTL() {
+			continue
+		}
+		if cut, dead := judgeDead(i, v.now, now); dead {
+			out = append(out, session.DeadInstance{Name: name, Cut: cut})
 		}
 	}
 	return out

@@ -25,7 +25,7 @@ const (
 	BlindFleetDown = "fleet-down"    // no gateway instance was alive
 	BlindRenewals  = "renewals-gap"  // a gateway's renewals failed, as it reports on recovery
 	BlindRestart   = "redis-restart" // a Redis master restarted (a new run id)
-	BlindFailover  = "failover"      // a Redis Cluster failover (a new epoch)
+	BlindFailover  = "failover"      // a Redis Cluster failover (a replica promoted, a master failed or demoted)
 )
 
 // heartbeatScript records that a gateway instance is alive for lease ms
@@ -33,19 +33,20 @@ const (
 // a blind interval of that instance; if no instance was alive at all, a
 // blind interval of the whole fleet from the last one seen alive.
 // KEYS: alive, blind. ARGV: instance, lease ms. Returns {Redis's now,
-// 1 if the instance had no heartbeat before}.
+// 1 if the instance had no heartbeat before, 1 if its last lease ran out
+// before this heartbeat}.
 var heartbeatScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local inst, lease = ARGV[1], tonumber(ARGV[2])
 local prev = redis.call('HGET', KEYS[1], inst)
-local fresh = false
+local fresh, gap = false, 0
 if prev then
   local last, plen = string.match(prev, '^(%d+):(%d+)$')
   last, plen = tonumber(last), tonumber(plen)
   if last and now > last + plen then
     redis.call('ZADD', KEYS[2], now, last .. ':' .. now .. ':gateway-gap:' .. inst)
-    fresh = true
+    fresh, gap = true, 1
   end
 else
   fresh = true
@@ -70,7 +71,7 @@ if fresh then
   end
 end
 redis.call('HSET', KEYS[1], inst, now .. ':' .. lease)
-return {now, prev and 0 or 1}
+return {now, prev and 0 or 1, gap}
 `)
 
 // Beat is what a heartbeat found.
@@ -79,6 +80,10 @@ type Beat struct {
 	// First means Redis held no heartbeat of the instance: its first, or,
 	// for an instance that beat before, a Redis that lost its data.
 	First bool
+	// Gap means the instance's last lease ran out before this heartbeat,
+	// by Redis's clock: others may have judged it dead meanwhile, and
+	// dropped it from its users' routes.
+	Gap bool
 }
 
 // Heartbeat says that gateway instance is alive for lease more, by Redis's
@@ -89,10 +94,10 @@ func (s *Store) Heartbeat(ctx context.Context, instance string, lease time.Durat
 	if err != nil {
 		return Beat{}, fmt.Errorf("heartbeat of %q: %w", instance, err)
 	}
-	if len(vals) != 2 {
+	if len(vals) != 3 {
 		return Beat{}, fmt.Errorf("heartbeat of %q: %w: %d values", instance, errReply, len(vals))
 	}
-	return Beat{Now: time.UnixMilli(vals[0]), First: vals[1] == 1}, nil
+	return Beat{Now: time.UnixMilli(vals[0]), First: vals[1] == 1, Gap: vals[2] == 1}, nil
 }
 
 // Leave marks a gateway instance dead now, as a stop that closed its
@@ -173,8 +178,12 @@ type Instance struct {
 }
 
 // AliveAt reports whether the instance's lease covers now. One that left
-// (no lease) is dead from its last heartbeat on.
-func (i Instance) AliveAt(now time.Time) bool { return i.Lease > 0 && !now.After(i.Last.Add(i.Lease)) }
+// (no lease) is dead from its last heartbeat on. now counts in whole
+// milliseconds, as the heartbeat script does: an instance judged dead has
+// a heartbeat that finds the gap, and registers its users again.
+func (i Instance) AliveAt(now time.Time) bool {
+	return i.Lease > 0 && !now.Truncate(time.Millisecond).After(i.Last.Add(i.Lease))
+}
 
 // SweepMark is what the listener asks of the control keys after a
 // complete sweep.
@@ -210,32 +219,103 @@ type Listener struct {
 	Failing bool // it could not produce then
 }
 
+// clusterRolesLua decides, in the sweep mark, whether a Redis Cluster
+// failed over since the last mark, from which nodes are masters and which
+// replicas, not from the cluster's epoch: moving a slot to another master
+// (CLUSTER SETSLOT ... NODE, every step of a reshard or a rebalance) bumps
+// the epoch without consensus while no node failed and no renewal waited,
+// and a failover taken from it would hold every deadline for the grace.
+//
+// roles reads CLUSTER NODES into node id -> role: 'M' a master serving
+// slots, 'm' a master serving none, 'r' a replica, 'f' a node marked
+// failed. encodeRoles and decodeRoles store it sorted, as "id:R,...".
+// failedOver is the rule: a replica that serves slots as a master now
+// (promoted), or a master that served slots and is now failed, a replica,
+// or gone from the cluster. A slot moved between masters, a master added
+// or drained and removed, a replica added or moved: none of them is a
+// failover.
+const clusterRolesLua = `
+local function roles(nodes)
+  local out = {}
+  for line in string.gmatch(nodes, '[^\r\n]+') do
+    local f = {}
+    for w in string.gmatch(line, '%S+') do f[#f + 1] = w end
+    local flags = ',' .. (f[3] or '') .. ','
+    if #f >= 8 and not string.find(flags, ',handshake,', 1, true) then
+      local role = 'r'
+      if string.find(flags, ',fail,', 1, true) then
+        role = 'f'
+      elseif string.find(flags, ',master,', 1, true) then
+        role = 'm'
+        -- Slots from the ninth field; a slot being imported or migrated
+        -- ('[...]') is not served yet, or still.
+        for i = 9, #f do
+          if string.sub(f[i], 1, 1) ~= '[' then role = 'M' break end
+        end
+      end
+      out[f[1]] = role
+    end
+  end
+  return out
+end
+local function encodeRoles(r)
+  local out = {}
+  for id, role in pairs(r) do out[#out + 1] = id .. ':' .. role end
+  table.sort(out)
+  return table.concat(out, ',')
+end
+local function decodeRoles(s)
+  local out = {}
+  for id, role in string.gmatch(s or '', '(%x+):(%a)') do out[id] = role end
+  return out
+end
+local function failedOver(prev, cur)
+  for id, was in pairs(prev) do
+    local now = cur[id]
+    if was == 'r' and now == 'M' then return true end
+    if was == 'M' and now ~= 'M' and now ~= 'm' then return true end
+  end
+  return false
+end
+`
+
 // markScript records a complete sweep and returns the control state. It
 // also compares the node's run id with the one it last saw, and on a
-// cluster the cluster's epoch: a Redis that restarted, however quickly,
-// lost the pings sent while it was down, and renewals to a master that
-// failed over wait in clients' retries while their deadlines lapse.
-// KEYS: swept, blind, alive, listeners, run id. ARGV: gap max ms, last
-// seen ms, keep ms, listener id, listener failing (0/1).
-var markScript = redis.NewScript(`
+// cluster the masters and replicas (see clusterRolesLua): a Redis that
+// restarted, however quickly, lost the pings sent while it was down, and
+// renewals to a master that failed over wait in clients' retries while
+// their deadlines lapse. KEYS: swept, blind, alive, listeners, run id.
+// ARGV: gap max ms, last seen ms, keep ms, listener id, listener failing
+// (0/1).
+var markScript = redis.NewScript(markLua)
+
+const markLua = clusterRolesLua + `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local gapMax, lastSeen, keep = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local rid = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
--- On a cluster, a failover bumps the epoch: until its users' renewals
--- find the promoted master, their deadlines lapse under them.
-local cok, cinfo = pcall(redis.call, 'CLUSTER', 'INFO')
-if cok then rid = rid .. '/' .. (string.match(cinfo, 'cluster_current_epoch:(%d+)') or '') end
+-- On a cluster, the run id is followed by the nodes' roles, as this node
+-- sees them: until a failed master's users' renewals find the promoted
+-- replica, their deadlines lapse under them.
+local cur = nil
+local cok, cnodes = pcall(redis.call, 'CLUSTER', 'NODES')
+if cok then
+  cur = roles(cnodes)
+  rid = rid .. '/' .. encodeRoles(cur)
+end
 local prid = redis.call('GET', KEYS[5])
 if prid ~= rid then redis.call('SET', KEYS[5], rid) end
 local restarted = prid and string.match(prid, '^(%x*)') ~= string.match(rid, '^(%x*)')
+-- What a version that stored the epoch left ('<run id>/<epoch>') holds
+-- no roles: the first mark after it finds no failover.
+local failover = prid and cur and failedOver(decodeRoles(string.match(prid, '/(.*)$')), cur)
 local prev = redis.call('GET', KEYS[1])
 redis.call('SET', KEYS[1], now)
 local start, reason = 0, ''
 if prev then
   prev = tonumber(prev)
   if restarted then start, reason = prev, 'redis-restart'
-  elseif prid and prid ~= rid then start, reason = prev, 'failover'
+  elseif failover then start, reason = prev, 'failover'
   elseif now - prev > gapMax then start, reason = prev, 'sweep-gap' end
 elseif lastSeen > 0 then
   start, reason = lastSeen, 'data-lost'
@@ -251,7 +331,7 @@ if ARGV[4] ~= '' then
 end
 return {now, start, reason, redis.call('HGETALL', KEYS[3]),
   redis.call('ZRANGE', KEYS[2], now - keep, '+inf', 'BYSCORE'), redis.call('HGETALL', KEYS[4])}
-`)
+`
 
 // Mark records a complete sweep, finds a blind interval since the last
 // one, and reads the control state, in one round trip.

@@ -2,8 +2,12 @@ package session
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
@@ -209,11 +213,11 @@ func TestHeartbeatGaps(t *testing.T) {
 		}
 		return m
 	}
-	if _, err := s.Heartbeat(ctx, "gw-1", 100*time.Millisecond); err != nil {
-		t.Fatal(err)
+	if b, err := s.Heartbeat(ctx, "gw-1", 100*time.Millisecond); err != nil || !b.First || b.Gap {
+		t.Fatalf("gw-1's first heartbeat = %+v, %v; want a first, no gap", b, err)
 	}
-	if _, err := s.Heartbeat(ctx, "gw-1", 100*time.Millisecond); err != nil {
-		t.Fatal(err)
+	if b, err := s.Heartbeat(ctx, "gw-1", 100*time.Millisecond); err != nil || b.First || b.Gap {
+		t.Fatalf("gw-1's second heartbeat within its lease = %+v, %v; want no gap", b, err)
 	}
 	if b := blind(); len(b) != 0 {
 		t.Fatalf("blind intervals after steady heartbeats: %v", b)
@@ -223,8 +227,8 @@ func TestHeartbeatGaps(t *testing.T) {
 	if _, err := s.Heartbeat(ctx, "gw-2", 100*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Heartbeat(ctx, "gw-1", 100*time.Millisecond); err != nil {
-		t.Fatal(err)
+	if b, err := s.Heartbeat(ctx, "gw-1", 100*time.Millisecond); err != nil || !b.Gap || b.First {
+		t.Fatalf("gw-1's heartbeat after its lease ran out = %+v, %v; want a gap", b, err)
 	}
 	var reasons []string
 	for _, m := range blind() {
@@ -351,5 +355,214 @@ func TestLastRenewed(t *testing.T) {
 	}
 	if ended, _ := s.LastRenewed(ctx, "u"); !ended.After(at) {
 		t.Errorf("after the end: %v, want later than %v", ended, at)
+	}
+}
+
+// TestClusterFailoverRule runs the sweep mark's failover rule (the Lua of
+// clusterRolesLua) on CLUSTER NODES replies: a reshard's steps are not a
+// failover, though each may bump the epoch; a promoted replica, or a
+// master that served slots and failed, became a replica or left, is.
+func TestClusterFailoverRule(t *testing.T) {
+	s, ctx := newStore(t)
+	encode := redis.NewScript(clusterRolesLua + `return encodeRoles(roles(ARGV[1]))`)
+	decide := redis.NewScript(clusterRolesLua + `return failedOver(decodeRoles(ARGV[1]), roles(ARGV[2])) and 1 or 0`)
+	// Three masters, a1 b2 c3, and a1's replica d4.
+	const steady = `a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+b2 127.0.0.1:7001@17001 master - 0 1 2 connected 5461-10922
+c3 127.0.0.1:7002@17002 master - 0 1 3 connected 10923-16383
+d4 127.0.0.1:7003@17003 slave a1 0 1 1 connected
+`
+	tests := []struct {
+		name string
+		prev string // CLUSTER NODES at the last mark; or, with stored, the value stored
+		cur  string
+		// stored is prev as a version before this one stored it, raw.
+		stored   bool
+		failover bool
+	}{
+		{"steady", steady, steady, false, false},
+		{"slot moved to another master (new epoch)", steady, `a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 1-5460
+b2 127.0.0.1:7001@17001 master - 0 1 4 connected 0 5461-10922
+c3 127.0.0.1:7002@17002 master - 0 1 3 connected 10923-16383
+d4 127.0.0.1:7003@17003 slave a1 0 1 1 connected
+`, false, false},
+		{"slot migrating", steady, `a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460 [0->-b2]
+b2 127.0.0.1:7001@17001 master - 0 1 2 connected 5461-10922
+c3 127.0.0.1:7002@17002 master - 0 1 3 connected 10923-16383
+d4 127.0.0.1:7003@17003 slave a1 0 1 1 connected
+`, false, false},
+		{"master added", steady, steady + "e5 127.0.0.1:7004@17004 master - 0 1 0 connected\n", false, false},
+		{"slot to the added master", steady + "e5 127.0.0.1:7004@17004 master - 0 1 0 connected\n",
+			`a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 1-5460
+b2 127.0.0.1:7001@17001 master - 0 1 2 connected 5461-10922
+c3 127.0.0.1:7002@17002 master - 0 1 3 connected 10923-16383
+d4 127.0.0.1:7003@17003 slave a1 0 1 1 connected
+e5 127.0.0.1:7004@17004 master - 0 1 5 connected 0
+`, false, false},
+		{"master drained", steady, `a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected
+b2 127.0.0.1:7001@17001 master - 0 1 4 connected 0-10922
+c3 127.0.0.1:7002@17002 master - 0 1 3 connected 10923-16383
+d4 127.0.0.1:7003@17003 slave b2 0 1 4 connected
+`, false, false},
+		{"drained master removed", `a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-16383
+e5 127.0.0.1:7004@17004 master - 0 1 0 connected
+`, `a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-16383
+`, false, false},
+		{"replica added, node in handshake", steady, steady +
+			"f6 127.0.0.1:7005@17005 slave b2 0 1 2 connected\n" +
+			"0f 127.0.0.1:7006@17006 handshake - 0 0 0 connected\n", false, false},
+		{"replica failed", steady, `a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+b2 127.0.0.1:7001@17001 master - 0 1 2 connected 5461-10922
+c3 127.0.0.1:7002@17002 master - 0 1 3 connected 10923-16383
+d4 127.0.0.1:7003@17003 slave,fail a1 0 1 1 disconnected
+`, false, false},
+		{"master suspected, not failed", steady, `a1 127.0.0.1:7000@17000 master,fail? - 0 0 1 disconnected 0-5460
+b2 127.0.0.1:7001@17001 myself,master - 0 1 2 connected 5461-10922
+c3 127.0.0.1:7002@17002 master - 0 1 3 connected 10923-16383
+d4 127.0.0.1:7003@17003 slave a1 0 1 1 connected
+`, false, false},
+		{"master failed", steady, `a1 127.0.0.1:7000@17000 master,fail - 0 0 1 disconnected 0-5460
+b2 127.0.0.1:7001@17001 myself,master - 0 1 2 connected 5461-10922
+c3 127.0.0.1:7002@17002 master - 0 1 3 connected 10923-16383
+d4 127.0.0.1:7003@17003 slave a1 0 1 1 connected
+`, false, true},
+		{"replica promoted in a takeover", steady, `a1 127.0.0.1:7000@17000 master,fail - 0 0 1 disconnected
+b2 127.0.0.1:7001@17001 myself,master - 0 1 2 connected 5461-10922
+c3 127.0.0.1:7002@17002 master - 0 1 3 connected 10923-16383
+d4 127.0.0.1:7003@17003 master - 0 1 4 connected 0-5460
+`, false, true},
+		{"graceful failover", steady, `a1 127.0.0.1:7000@17000 myself,slave d4 0 0 4 connected
+b2 127.0.0.1:7001@17001 master - 0 1 2 connected 5461-10922
+c3 127.0.0.1:7002@17002 master - 0 1 3 connected 10923-16383
+d4 127.0.0.1:7003@17003 master - 0 1 4 connected 0-5460
+`, false, true},
+		{"serving master gone", steady, `b2 127.0.0.1:7001@17001 myself,master - 0 1 2 connected 5461-10922
+c3 127.0.0.1:7002@17002 master - 0 1 3 connected 10923-16383
+d4 127.0.0.1:7003@17003 slave a1 0 1 1 connected
+`, false, true},
+		{"stored by a version that kept the epoch", "4", steady, true, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			prev := tc.prev
+			if !tc.stored {
+				var err error
+				if prev, err = encode.Run(ctx, s.rdb, nil, tc.prev).Text(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := decide.Run(ctx, s.rdb, nil, prev, tc.cur).Int()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (got == 1) != tc.failover {
+				t.Errorf("failover = %v, want %v (roles before %q)", got == 1, tc.failover, prev)
+			}
+		})
+	}
+}
+
+// TestMarkTellsFailoverFromReshard: on a real cluster with replicas, a
+// slot handed to another master (which bumps the epoch) is no blind
+// interval; a graceful CLUSTER FAILOVER of a master that does not hold
+// the control keys, a replica promoted and its master demoted, is one,
+// recorded once.
+func TestMarkTellsFailoverFromReshard(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster with replicas")
+	}
+	t.Parallel()
+	c := redistest.StartCluster(t)
+	ctx := context.Background()
+	if err := c.AddReplicas(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	t.Cleanup(func() { rdb.Close() })
+	ks, _ := NewKeyspace(redistest.Prefix(t))
+	s := NewStore(rdb, ks)
+	var last time.Time
+	mark := func() *BlindInterval {
+		t.Helper()
+		m, err := s.Mark(ctx, SweepMark{GapMax: time.Hour, Keep: time.Hour, LastSeen: last})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = m.Now
+		return m.Gap
+	}
+	if gap := mark(); gap != nil {
+		t.Fatalf("first mark: %+v", gap)
+	}
+
+	ctlSlot, err := c.SlotOf(ctx, ks.AliveKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl, err := c.SlotOwner(ctx, ctlSlot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Hand a slot of another master to a third, neither the control
+	// keys' master.
+	other := (ctl + 1) % len(c.Masters)
+	third := (ctl + 2) % len(c.Masters)
+	var slot int
+	for slot = 0; ; slot++ {
+		if owner, err := c.SlotOwner(ctx, slot); err != nil {
+			t.Fatal(err)
+		} else if owner == other {
+			break
+		}
+	}
+	if err := c.MigrateSlot(ctx, slot, third, 100, 0); err != nil {
+		t.Fatal(err)
+	}
+	if gap := mark(); gap != nil {
+		t.Fatalf("mark after slot %d moved between masters: %+v, want no blind interval", slot, gap)
+	}
+
+	// Fail other over gracefully: its replica takes over once in sync, and
+	// it becomes a replica.
+	rc := redistest.Client(t, c.Replicas[other])
+	if err := rc.Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var gap *BlindInterval
+	for end := time.Now().Add(30 * time.Second); gap == nil; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			role, _ := rc.Do(ctx, "ROLE").Slice()
+			t.Fatalf("no blind interval within 30s of a graceful failover; the replica's role: %v", role)
+		}
+		gap = mark()
+	}
+	if gap.Reason != BlindFailover {
+		t.Fatalf("mark after a graceful failover: %+v, want a failover", gap)
+	}
+	// Once the control keys' master sees the old master as a replica, the
+	// failover is over: marks find nothing more.
+	oldID, err := redistest.Client(t, c.Masters[other]).Do(ctx, "CLUSTER", "MYID").Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctlClient := redistest.Client(t, c.Masters[ctl])
+	for end := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		nodes, err := ctlClient.ClusterNodes(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(strings.Split(nodes, "\n"), func(l string) bool {
+			f := strings.Fields(l)
+			return len(f) > 2 && f[0] == oldID && strings.Contains(f[2], "slave")
+		}) {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the old master is no replica within 30s:\n%s", nodes)
+		}
+	}
+	mark()
+	if again := mark(); again != nil {
+		t.Fatalf("mark after the failover was over: %+v, want none", again)
 	}
 }

@@ -16,8 +16,11 @@ import (
 // deadline:
 //
 //	claimed:<listener>  a listener replica is producing it
-//	produced:<ms>       the timeout with deadline ms was produced (or
-//	                    spooled); its guide may have gone out
+//	produced:<ms>       the timeout with deadline ms was produced; its
+//	                    guide may have gone out
+//	spooled:<ms>        the timeout with deadline ms went to a listener's
+//	                    spool; its guide goes out when that spool is
+//	                    replayed, and the stage after it waits until then
 //	stale:<ms>          the consumer found that timeout's silence over and
 //	                    sent nothing
 //	retry:<n>           n listener replicas failed to produce it and left
@@ -34,6 +37,9 @@ const (
 	ClaimDone  = "done"  // this very timeout was produced already: settle it
 	ClaimBusy  = "busy"  // another replica is producing it: leave it
 	ClaimDefer = "defer" // the window's guide may have gone out: wait for its end
+	// ClaimSpooled: this very timeout went to a spool: settle it, with the
+	// stage after it waiting for the replay (AfterReplay).
+	ClaimSpooled = "spooled"
 )
 
 // DedupWindow is the minute window of a deadline.
@@ -48,6 +54,12 @@ func DedupWindowEnd(deadline time.Time) time.Time {
 // was produced.
 func DedupProduced(deadline time.Time) string {
 	return "produced:" + strconv.FormatInt(deadline.UnixMilli(), 10)
+}
+
+// DedupSpooled is a dedup key's value once the timeout with this deadline
+// went to a spool.
+func DedupSpooled(deadline time.Time) string {
+	return "spooled:" + strconv.FormatInt(deadline.UnixMilli(), 10)
 }
 
 // claimScript claims a timeout's dedup key. KEYS: dedup key. ARGV: claim,
@@ -65,6 +77,7 @@ if not v or v == ARGV[1] then return claim(0) end
 if string.sub(v, 1, 6) == 'retry:' then return claim(tonumber(string.sub(v, 7)) or 0) end
 if string.sub(v, 1, 8) == 'claimed:' then return 'busy' end
 if v == 'produced' or v == 'produced:' .. ARGV[2] or v == 'stale:' .. ARGV[2] then return 'done' end
+if v == 'spooled:' .. ARGV[2] then return 'spooled' end
 if string.sub(v, 1, 6) == 'stale:' then return claim() end
 local windowEnd = (math.floor(tonumber(ARGV[4] or ARGV[2]) / 60000) + 1) * 60000
 if now >= windowEnd then return claim() end
@@ -105,10 +118,11 @@ func (s *Store) RetryElsewhere(ctx context.Context, p redis.Pipeliner, e Expired
 }
 
 // markStaleScript records that the consumer found a produced timeout's
-// silence over, if its window still holds that timeout.
-// KEYS: dedup key. ARGV: deadline ms.
+// silence over, if its window still holds that timeout (produced, or
+// spooled and since replayed). KEYS: dedup key. ARGV: deadline ms.
 var markStaleScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == 'produced:' .. ARGV[1] then
+local v = redis.call('GET', KEYS[1])
+if v == 'produced:' .. ARGV[1] or v == 'spooled:' .. ARGV[1] then
   redis.call('SET', KEYS[1], 'stale:' .. ARGV[1], 'KEEPTTL')
   return 1
 end

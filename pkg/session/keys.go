@@ -19,12 +19,13 @@
 //	<prefix>:{b07}:dd:<uid>:<n>  expiry listener's dedup key, n = deadline minute
 //	<prefix>:{b07}:pg:<id>       guide id the gateway delivered (idempotency)
 //	<prefix>:{b07}:rt:<uid>      gateway instances holding uid's connections
+//	<prefix>:{b07}:rs:<uid>      when each of them last wrote its count there
 //	<prefix>:{b07}:in:<uid>      guides waiting for uid's next connect
 //	<prefix>:gw:<instance>       Pub/Sub channel of one gateway instance
 //	<prefix>:{ctl}:alive         gateway heartbeats: HASH instance -> "last ms:lease ms"
 //	<prefix>:{ctl}:blind         blind intervals: ZSET "start:end:reason:scope" -> end ms
 //	<prefix>:{ctl}:swept         Redis time of the last complete sweep, ms
-//	<prefix>:{ctl}:runid         run id of the Redis holding {ctl} (/cluster epoch), at the last sweep
+//	<prefix>:{ctl}:runid         run id of the Redis holding {ctl} (/cluster nodes' roles), at the last sweep
 //	<prefix>:{ctl}:lapses:<s>    timeouts claimed in second s (mass-expiry brake)
 //	<prefix>:{ctl}:listeners     listener replicas: HASH id -> last sweep mark ms
 //
@@ -154,7 +155,8 @@ func (k Keyspace) BlindKey() string { return k.controlKey("blind") }
 func (k Keyspace) SweptKey() string { return k.controlKey("swept") }
 
 // RunIDKey holds the run id of the Redis that holds the control keys, and
-// on a cluster the cluster's epoch, as the last sweep saw them.
+// on a cluster which nodes are masters serving slots and which replicas,
+// as the last sweep saw them.
 func (k Keyspace) RunIDKey() string { return k.controlKey("runid") }
 
 // LapsesKey counts the timeouts claimed in one second (Unix seconds).
@@ -215,6 +217,11 @@ func (k Keyspace) PushedKey(uid, id string) string {
 // RouteKey maps uid to the gateway instances holding its connections:
 // HASH instance -> connection count.
 func (k Keyspace) RouteKey(uid string) string { return k.RouteKeyPrefix(Bucket(uid)) + uid }
+
+// RouteStampKey holds when each instance in uid's route last wrote its
+// count: HASH instance -> ms, by Redis's clock. Its fields follow the
+// route's.
+func (k Keyspace) RouteStampKey(uid string) string { return k.bucketPrefix(Bucket(uid)) + "rs:" + uid }
 
 // RouteKeyPrefix is what every route key of bucket b starts with.
 func (k Keyspace) RouteKeyPrefix(b int) string { return k.bucketPrefix(b) + "rt:" }

@@ -17,6 +17,7 @@ import (
 // atomically, on a Redis Cluster too.
 //
 //	<prefix>:{b07}:rt:<uid>        HASH gateway instance -> connections of uid
+//	<prefix>:{b07}:rs:<uid>        HASH gateway instance -> when it last wrote its count, ms
 //	<prefix>:{b07}:pg:<uid>/<id>   push claim and outcome of guide id for uid
 //	<prefix>:{b07}:in:<uid>/lease  inbox guides being handed over: HASH id -> until ms
 
@@ -48,25 +49,44 @@ func (k Keyspace) InboxLeaseKey(uid string) string { return k.InboxKey(uid) + "/
 // renewal recorded after that time refuses it: the resync that lands first
 // keeps the session, and one that lands after finds no renewal or end
 // newer than its ping, and restores it (see renewScript).
-// KEYS: route, then sessionKeys (session, the bucket's keys, renewed).
+//
+// Beside the counts, the route stamps say when each instance last wrote
+// its count, by Redis's clock. An instance judged dead loses only the
+// entries it wrote before the judge's cut (DeadInstance): a judge whose
+// view of the heartbeats is older than the instance's return (a stall
+// past its lease, then a heartbeat that finds the gap) cannot drop what
+// it wrote since. An entry without a stamp is dropped as dead.
+// KEYS: route, then sessionKeys (session, the bucket's keys, renewed),
+// then the route stamps.
 // ARGV: instance, count, ttl ms, end (1/0), uid, keep ms, ms since the
-// close, dead instances. Returns {connections left, 1 if the session was
-// ended}.
+// close, then pairs of a dead instance and its cut ms.
+// Returns {connections left, 1 if the session was ended}.
 var routeScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local n = tonumber(ARGV[2])
 if n > 0 then
   redis.call('HSET', KEYS[1], ARGV[1], n)
+  redis.call('HSET', KEYS[#KEYS], ARGV[1], now)
 else
   redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[#KEYS], ARGV[1])
 end
-for i = 8, #ARGV do redis.call('HDEL', KEYS[1], ARGV[i]) end
+for i = 8, #ARGV - 1, 2 do
+  local at = tonumber(redis.call('HGET', KEYS[#KEYS], ARGV[i])) or 0
+  if at <= tonumber(ARGV[i + 1]) then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    redis.call('HDEL', KEYS[#KEYS], ARGV[i])
+  end
+end
 local total = 0
 for _, v in ipairs(redis.call('HVALS', KEYS[1])) do total = total + (tonumber(v) or 0) end
-if total > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+if total > 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  redis.call('PEXPIRE', KEYS[#KEYS], ARGV[3])
+end
 if ARGV[4] ~= '1' or total > 0 then return {total, 0} end
 local uid = ARGV[5]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local at = now - tonumber(ARGV[7])
 if tonumber(redis.call('GET', KEYS[9]) or '0') > at then return {total, 0} end
 redis.call('SET', KEYS[9], at, 'PX', tonumber(ARGV[6]))
@@ -99,25 +119,41 @@ type RouteResult struct {
 	Err   error
 }
 
+// DeadInstance is a gateway instance judged dead by its heartbeats, as a
+// judge last read them. Its route entries written up to Cut, by Redis's
+// clock, are of the life that ended; one written after is of a life the
+// judge has not seen yet, and stays.
+type DeadInstance struct {
+	Name string
+	Cut  time.Time
+}
+
+// deadArgs appends the dead instances but self to argv, as the scripts
+// take them.
+func deadArgs(argv []any, self string, dead []DeadInstance) []any {
+	for _, d := range dead {
+		if d.Name != self {
+			argv = append(argv, d.Name, d.Cut.UnixMilli())
+		}
+	}
+	return argv
+}
+
 // WriteRoutes writes instance's counts in its users' route keys, in one
 // pipelined round trip, with one atomic script per user. Entries of the
 // dead instances are dropped on the way; ttl is the route keys' TTL,
 // refreshed while a connection is left. Writes a moving cluster slot
 // refuses are sent again for up to DefaultSlotRetry. Results are in the
 // order of counts.
-func (s *Store) WriteRoutes(ctx context.Context, instance string, counts []RouteCount, ttl time.Duration, dead []string) []RouteResult {
+func (s *Store) WriteRoutes(ctx context.Context, instance string, counts []RouteCount, ttl time.Duration, dead []DeadInstance) []RouteResult {
 	args := func(c RouteCount) (keys []string, argv []any) {
 		end := 0
 		if c.End {
 			end = 1
 		}
-		argv = []any{instance, c.Count, ttl.Milliseconds(), end, c.UID, RenewedKeep.Milliseconds(), max(c.EndAgo, 0).Milliseconds()}
-		for _, d := range dead {
-			if d != instance {
-				argv = append(argv, d)
-			}
-		}
-		return append([]string{s.ks.RouteKey(c.UID)}, s.ks.sessionKeys(c.UID)...), argv
+		argv = deadArgs([]any{instance, c.Count, ttl.Milliseconds(), end, c.UID, RenewedKeep.Milliseconds(), max(c.EndAgo, 0).Milliseconds()}, instance, dead)
+		keys = append([]string{s.ks.RouteKey(c.UID)}, s.ks.sessionKeys(c.UID)...)
+		return append(keys, s.ks.RouteStampKey(c.UID)), argv
 	}
 	cmds := s.runScripts(ctx, len(counts), func(i int) (*redis.Script, []string, []any) {
 		keys, argv := args(counts[i])
@@ -136,6 +172,43 @@ func (s *Store) WriteRoutes(ctx context.Context, instance string, counts []Route
 		out[i] = RouteResult{Left: int(v[0]), Ended: v[1] == 1}
 	}
 	return out
+}
+
+// dropRoutesScript drops dead instances' entries from one route key, as
+// routeScript does. KEYS: route, route stamps. ARGV: pairs of a dead
+// instance and its cut ms. Returns {dropped, kept}: kept entries were
+// written after their cut.
+var dropRoutesScript = redis.NewScript(`
+local dropped, kept = 0, 0
+for i = 1, #ARGV - 1, 2 do
+  local at = tonumber(redis.call('HGET', KEYS[2], ARGV[i])) or 0
+  if at <= tonumber(ARGV[i + 1]) then
+    dropped = dropped + redis.call('HDEL', KEYS[1], ARGV[i])
+    redis.call('HDEL', KEYS[2], ARGV[i])
+  elseif redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then
+    kept = kept + 1
+  end
+end
+return {dropped, kept}
+`)
+
+// DropDeadRoutes drops the entries of dead instances from uid's route,
+// each only if written up to its cut. It returns how many it dropped, and
+// how many it kept because they were written after their cut: the
+// instance is back.
+func (s *Store) DropDeadRoutes(ctx context.Context, uid string, dead []DeadInstance) (dropped, kept int, err error) {
+	argv := deadArgs(nil, "", dead)
+	if len(argv) == 0 {
+		return 0, 0, nil
+	}
+	v, err := dropRoutesScript.Run(ctx, s.rdb, []string{s.ks.RouteKey(uid), s.ks.RouteStampKey(uid)}, argv...).Int64Slice()
+	if err == nil && len(v) != 2 {
+		err = fmt.Errorf("%w: %d values", errReply, len(v))
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("drop dead instances from the route of %q: %w", uid, err)
+	}
+	return int(v[0]), int(v[1]), nil
 }
 
 // instancesScript reads the gateway instances' heartbeats with the clock

@@ -82,7 +82,9 @@ func NewRenewer(store *Store, cfg RenewerConfig) *Renewer {
 }
 
 // Renew grants uid's session ttl, sharing a round trip with other
-// renewals, and returns the new deadline by Redis's clock.
+// renewals, and returns the deadline this grant gave, by Redis's clock:
+// ttl from Redis's now. The session's own is never earlier; it is later
+// while another device's grant runs longer (see renewScript).
 func (r *Renewer) Renew(ctx context.Context, uid, segment string, ttl time.Duration) (time.Time, error) {
 	return r.do(ctx, &renewal{uid: uid, segment: segment, ttl: ttl, done: make(chan struct{})})
 }
@@ -235,12 +237,15 @@ func (r *Renewer) flush(batch []*renewal) {
 			close(req.done)
 			continue
 		}
-		ms, err := cmds[i].Int64()
+		ms, err := cmds[i].Int64Slice()
+		if err == nil && len(ms) != 2 {
+			err = fmt.Errorf("renew script answered %d values, want 2", len(ms))
+		}
 		if err != nil {
 			req.err = fmt.Errorf("renew session %q: %w", req.uid, err)
 			firstErr = cmp.Or(firstErr, err)
 		} else {
-			req.deadline = time.UnixMilli(ms)
+			req.deadline = time.UnixMilli(ms[1])
 		}
 		close(req.done)
 	}

@@ -283,8 +283,8 @@ func scriptsIn(t *testing.T, path string) []foundScript {
 			vs := spec.(*ast.ValueSpec)
 			for i, n := range vs.Names {
 				if i < len(vs.Values) {
-					if lit, ok := vs.Values[i].(*ast.BasicLit); ok && lit.Kind == token.STRING {
-						consts[n.Name], _ = strconv.Unquote(lit.Value)
+					if v, ok := stringConst(vs.Values[i], consts); ok {
+						consts[n.Name] = v
 					}
 				}
 			}
@@ -331,4 +331,26 @@ func scriptsIn(t *testing.T, path string) []foundScript {
 		return true
 	})
 	return out
+}
+
+// stringConst is the value of a string literal, a constant declared
+// before it in the file, or a sum of them (a script's source that starts
+// with functions it shares).
+func stringConst(e ast.Expr, consts map[string]string) (string, bool) {
+	switch e := e.(type) {
+	case *ast.BasicLit:
+		if e.Kind != token.STRING {
+			return "", false
+		}
+		v, err := strconv.Unquote(e.Value)
+		return v, err == nil
+	case *ast.Ident:
+		v, ok := consts[e.Name]
+		return v, ok
+	case *ast.BinaryExpr:
+		x, ok1 := stringConst(e.X, consts)
+		y, ok2 := stringConst(e.Y, consts)
+		return x + y, ok1 && ok2 && e.Op == token.ADD
+	}
+	return "", false
 }

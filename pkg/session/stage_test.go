@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // dueOne sweeps until uid is due, or fails after within.
@@ -145,5 +147,167 @@ func TestHeldStageKeepsItsStage(t *testing.T) {
 	back := dueOne(t, s, "cid", 2*time.Second, sweepAll(s))
 	if back.Stage != 2 || !back.Rechecked || !back.Due.Equal(two.Due) || !back.Deadline.Equal(deadline) {
 		t.Fatalf("released: %+v, want stage 2 rechecked, due %v", back, two.Due)
+	}
+}
+
+// TestStageAfterSpoolWaitsForReplay: a stage settled as spooled leaves
+// the next one in the index due for no sweep, until the replay follows
+// it: then it is due its delay after the replay. A replay that comes
+// before the stage's settle (a replayer quicker than the sweep that
+// spooled, or a crash between spooling and settling) settles it itself,
+// and the late settle leaves the entry alone. A renewal ends a silence
+// waiting for its replay. A next stage the policy lost is due at once.
+func TestStageAfterSpoolWaitsForReplay(t *testing.T) {
+	s, ctx := newStore(t)
+	score := func(uid string) float64 {
+		t.Helper()
+		v, err := s.rdb.ZScore(ctx, s.ks.IndexKey(Bucket(uid)), uid).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	const delay = 200 * time.Millisecond
+	follow := func(e Expired, next time.Duration) time.Time {
+		t.Helper()
+		_, before, err := s.Due(ctx, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.FollowReplayed(ctx, []Replayed{{UID: e.UID, Stage: e.Stage, Deadline: e.Deadline, Due: e.Due, Next: next}}); err != nil {
+			t.Fatal(err)
+		}
+		return before.Add(next)
+	}
+
+	// Spooled, then replayed.
+	if _, err := s.Renew(ctx, "ann", DefaultSegment, 50*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	a1 := dueOne(t, s, "ann", 2*time.Second, sweepAll(s))
+	a1.NextDue = AfterReplay
+	if err := s.Settle(ctx, []Expired{a1}); err != nil {
+		t.Fatal(err)
+	}
+	if got := score("ann"); got != float64(AfterReplay.UnixMilli()) {
+		t.Fatalf("stage 2 after a spooled stage 1 is due at %v, want it waiting (%d)", got, AfterReplay.UnixMilli())
+	}
+	if got, _ := s.Released(ctx, 100); len(got) != 0 {
+		t.Fatalf("Released found %+v while stage 1 waits in a spool", got)
+	}
+	if _, ok, err := s.Lookup(ctx, "ann"); ok || err != nil {
+		t.Fatalf("Lookup while stage 1 waits in a spool: ok %v, %v", ok, err)
+	}
+	from := follow(a1, delay)
+	a2 := dueOne(t, s, "ann", 2*time.Second, sweepAll(s))
+	if a2.Stage != 2 || !a2.Deadline.Equal(a1.Deadline) || a2.Due.Before(from) {
+		t.Fatalf("stage 2 after the replay: %+v, want due at %v or later", a2, from)
+	}
+	// A replay again (a retry, or a crash before the spool's commit)
+	// after the stage went out changes nothing.
+	a2.NextDue = time.Time{}
+	if err := s.Settle(ctx, []Expired{a2}); err != nil {
+		t.Fatal(err)
+	}
+	follow(a1, delay)
+	if n, _ := s.rdb.ZCard(ctx, s.ks.IndexKey(Bucket("ann"))).Result(); n != 0 {
+		t.Fatalf("index holds %d entries after the last stage and a second replay", n)
+	}
+
+	// Replayed before its settle: the replay settles it, and the late
+	// settle as spooled does not make the next stage wait again.
+	if _, err := s.Renew(ctx, "bob", DefaultSegment, 50*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	b1 := dueOne(t, s, "bob", 2*time.Second, sweepAll(s))
+	from = follow(b1, delay)
+	b1.NextDue = AfterReplay
+	if err := s.Settle(ctx, []Expired{b1}); err != nil {
+		t.Fatal(err)
+	}
+	if got := score("bob"); got >= float64(AfterReplay.UnixMilli()) {
+		t.Fatal("stage 2 waits for a replay that came already")
+	}
+	if b2 := dueOne(t, s, "bob", 2*time.Second, sweepAll(s)); b2.Stage != 2 || b2.Due.Before(from) {
+		t.Fatalf("stage 2 after a replay before the settle: %+v, want due at %v or later", b2, from)
+	}
+
+	// Back before the replay: the silence is over, and the replay of its
+	// stage 1 starts no stage 2.
+	if _, err := s.Renew(ctx, "cid", DefaultSegment, 50*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	c1 := dueOne(t, s, "cid", 2*time.Second, sweepAll(s))
+	c1.NextDue = AfterReplay
+	if err := s.Settle(ctx, []Expired{c1}); err != nil {
+		t.Fatal(err)
+	}
+	back, err := s.Renew(ctx, "cid", DefaultSegment, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	follow(c1, 0)
+	if got := score("cid"); got != float64(back.UnixMilli()) {
+		t.Fatalf("index holds %v for a user who came back, want their new deadline %d", got, back.UnixMilli())
+	}
+	if n, _ := s.rdb.HLen(ctx, s.ks.StageKey(Bucket("cid"))).Result(); n != 0 {
+		t.Fatalf("stage hash holds %d entries after the user came back", n)
+	}
+
+	// A next stage the policy no longer has: due at once, for the
+	// listener to end the silence there.
+	if _, err := s.Renew(ctx, "dan", DefaultSegment, 50*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	d1 := dueOne(t, s, "dan", 2*time.Second, sweepAll(s))
+	d1.NextDue = AfterReplay
+	if err := s.Settle(ctx, []Expired{d1}); err != nil {
+		t.Fatal(err)
+	}
+	follow(d1, 0)
+	if d2 := dueOne(t, s, "dan", 2*time.Second, sweepAll(s)); d2.Stage != 2 {
+		t.Fatalf("after a replay with no next stage: %+v, want stage 2 due", d2)
+	}
+}
+
+// TestSpooledDedupMark: a spooled timeout's dedup mark tells a replica
+// that finds its entry again that it is spooled (not produced), and the
+// consumer can mark it stale once replayed; another silence in its
+// window is deferred, as after a produced one.
+func TestSpooledDedupMark(t *testing.T) {
+	s, ctx := newStore(t)
+	deadline := time.Now().Truncate(time.Minute).Add(time.Minute + 10*time.Second)
+	e := Expired{UID: "eve", Stage: 1, Deadline: deadline, Due: deadline}
+	claim := func(e Expired) string {
+		t.Helper()
+		var cmd *redis.Cmd
+		if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			cmd = s.ClaimTimeout(ctx, p, e, "claimed:me", time.Minute)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		reply, _ := cmd.Text()
+		out, _ := ParseClaim(reply)
+		return out
+	}
+	key := s.ks.StageDedupKey(e.UID, e.Stage, e.Due)
+	if err := s.rdb.Set(ctx, key, DedupSpooled(deadline), time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := claim(e); got != ClaimSpooled {
+		t.Fatalf("claim of a spooled timeout: %q, want %q", got, ClaimSpooled)
+	}
+	other := e
+	other.Deadline = deadline.Add(20 * time.Second)
+	other.Due = other.Deadline
+	if got := claim(other); got != ClaimDefer {
+		t.Fatalf("claim of another silence in the window of a spooled one: %q, want %q", got, ClaimDefer)
+	}
+	if err := s.MarkStale(ctx, e.UID, e.Stage, e.Due, e.Deadline); err != nil {
+		t.Fatal(err)
+	}
+	if got := claim(other); got != ClaimFresh {
+		t.Fatalf("claim of another silence after the spooled one was stale: %q, want %q", got, ClaimFresh)
 	}
 }

@@ -19,18 +19,34 @@ import (
 // migrates, the node then runs it only where all of them are (see
 // pipeline.go), never reading a key where it no longer is.
 
-// renewScript sets the session key's TTL and its deadline-index entry in one
-// step, records the gateway instance that renewed it and when, and cancels
-// a hold on its last timeout and the stages left of it: the user is
-// back. KEYS: session, then the bucket's keys (index, segments, via,
-// hold, held, stage), then renewed.
+// renewScript grants a session a TTL and writes its deadline-index entry
+// in one step, records the gateway instance that granted it and when,
+// and cancels a hold on its last timeout and the stages left of it: the
+// user is back. KEYS: session, then the bucket's keys (index, segments,
+// via, hold, held, stage), then renewed.
 // ARGV: uid, ttl ms, segment, instance, mode, keep ms, pinged ms ago.
+//
+// A renewal never moves a live deadline earlier: the deadline becomes the
+// later of the one written and now+ttl. A user is present while any of
+// their devices pings, and each device may be in a segment of its own
+// (its token names it): a ping from one with a short TTL must not cut
+// the grant one with a long TTL was just given, whose client was told it
+// (its pong) and paces its pings by it. The segment and the instance
+// stay those of the grant the deadline is, so the guide of that silence
+// is the segment's whose grant ran out, and an outage of the instance
+// that granted it holds it. The same rule keeps the largest jitter of a
+// device's recent pings, and lets a policy that shortens a segment's TTL
+// take effect once the grants given before it have run out. Between
+// stages, or while a timeout is held, the deadline is past: any ping
+// writes now+ttl.
+//
 // Mode "resync" restores a grant a gateway could not write while Redis was
 // out of reach, or that Redis lost: it never shortens a deadline already
 // written (another device, a later ping) nor one held for a recheck,
 // but ends a silence between its stages, restores nothing older than a
 // renewal or end Redis knows of, and records the renewal at the ping it
-// restores. Returns the deadline in ms.
+// restores. Returns {the session's deadline, this grant's own: now+ttl},
+// in ms: a client paces its pings, and reads Redis's clock, by its own.
 var renewScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -38,29 +54,34 @@ local ttl = tonumber(ARGV[2])
 local uid = ARGV[1]
 local at = now - (tonumber(ARGV[7]) or 0)
 local was = tonumber(redis.call('GET', KEYS[8]) or '0')
-if ARGV[5] == 'resync' then
-  -- Between stages the index holds when the next stage is due, not a
-  -- deadline: the silence is past, and a ping restored now ends it.
-  local cur = nil
-  if redis.call('HEXISTS', KEYS[7], uid) == 0 then
-    cur = redis.call('ZSCORE', KEYS[2], uid) or redis.call('HGET', KEYS[6], uid)
-  end
-  if cur and tonumber(cur) >= now + ttl then return tonumber(cur) end
-  if ttl <= 0 then return now + ttl end
-  -- A renewal or an end Redis knows of since the ping is newer than it.
-  if was > at then return tonumber(cur or 0) end
+-- Between stages the index holds when the next stage is due, not a
+-- deadline: the silence is past, and a ping ends it.
+local cur = nil
+if redis.call('HEXISTS', KEYS[7], uid) == 0 then
+  cur = tonumber(redis.call('ZSCORE', KEYS[2], uid) or redis.call('HGET', KEYS[6], uid))
 end
-redis.call('SET', KEYS[1], ARGV[3], 'PX', ttl)
-redis.call('ZADD', KEYS[2], now + ttl, uid)
-redis.call('HSET', KEYS[3], uid, ARGV[3])
-if ARGV[4] ~= '' then redis.call('HSET', KEYS[4], uid, ARGV[4]) end
+if ARGV[5] == 'resync' then
+  if cur and cur >= now + ttl then return {cur, now + ttl} end
+  if ttl <= 0 then return {now + ttl, now + ttl} end
+  -- A renewal or an end Redis knows of since the ping is newer than it.
+  if was > at then return {cur or 0, now + ttl} end
+end
+local deadline, seg, via = now + ttl, ARGV[3], ARGV[4]
+if cur and cur > deadline then
+  deadline, via = cur, ''
+  seg = redis.call('HGET', KEYS[3], uid) or seg
+end
+redis.call('SET', KEYS[1], seg, 'PX', deadline - now)
+redis.call('ZADD', KEYS[2], deadline, uid)
+redis.call('HSET', KEYS[3], uid, seg)
+if via ~= '' then redis.call('HSET', KEYS[4], uid, via) end
 redis.call('ZREM', KEYS[5], uid)
 redis.call('HDEL', KEYS[6], uid)
 redis.call('HDEL', KEYS[7], uid)
 if at > was then
-  redis.call('SET', KEYS[8], at, 'PX', ttl + tonumber(ARGV[6]))
+  redis.call('SET', KEYS[8], at, 'PX', deadline - now + tonumber(ARGV[6]))
 end
-return now + ttl
+return {deadline, now + ttl}
 `)
 
 // endScript removes a session deliberately ended by its user, and records
@@ -311,30 +332,52 @@ end
 return n
 `)
 
-// rescheduleScript moves a silence's next stage to its delay after now,
-// by Redis's clock, if the silence is still at that stage: a stage that
-// went out late (replayed from a spool) is followed its delay after it
-// went out, not after it was found due. It only ever moves the stage
-// later; a held one is put back at the later time when released. KEYS:
-// the bucket's keys. ARGV: uid, stage value ("<stage>:<deadline>"),
-// delay ms. Returns 1 if it moved it.
-var rescheduleScript = redis.NewScript(`
+// followScript follows stages that the replay of a spool produced, late:
+// the next stage of each is due its delay after now, by Redis's clock,
+// not after the stage was found due. A stage that went to a spool was
+// settled with its next stage waiting (AfterReplay), never due, so that
+// no replica produces the next stage while this one is only in some
+// replica's spool; this is what makes it due. An entry still at the
+// replayed stage is settled here: its settle has not come yet (it then
+// finds the entry moved and leaves it), or never will (a crash between
+// spooling and settling). A next stage scheduled sooner (the stage was
+// produced directly too, by another replica) is moved later; a held one
+// is put back at the later time when released. A silence the user ended
+// (a renewal dropped its stages) is left alone. KEYS: the bucket's keys,
+// then each entry's session key. ARGV: AfterReplay ms, then uid, stage,
+// deadline ms, due ms, delay ms quintuples. Returns how many it moved.
+var followScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local uid, due = ARGV[1], now + tonumber(ARGV[3])
-if redis.call('HGET', KEYS[6], uid) ~= ARGV[2] then return 0 end
-local score = redis.call('ZSCORE', KEYS[1], uid)
-if score then
-  if tonumber(score) >= due then return 0 end
-  redis.call('ZADD', KEYS[1], due, uid)
-  return 1
+local waiting, n = tonumber(ARGV[1]), 0
+for j = 1, (#ARGV - 1) / 5 do
+  local uid, stage, deadline = ARGV[5 * j - 3], tonumber(ARGV[5 * j - 2]), ARGV[5 * j - 1]
+  local due, at = tonumber(ARGV[5 * j]), now + tonumber(ARGV[5 * j + 1])
+  local nextStage = (stage + 1) .. ':' .. deadline
+  local cur = redis.call('HGET', KEYS[6], uid)
+  local score = redis.call('ZSCORE', KEYS[1], uid)
+  local atStage = (stage == 1 and not cur) or cur == stage .. ':' .. deadline
+  if atStage and score and tonumber(score) == due and redis.call('EXISTS', KEYS[6 + j]) == 0 then
+    redis.call('ZADD', KEYS[1], at, uid)
+    redis.call('HSET', KEYS[6], uid, nextStage)
+    redis.call('HDEL', KEYS[5], uid)
+    n = n + 1
+  elseif cur == nextStage then
+    if score then
+      if tonumber(score) >= waiting or tonumber(score) < at then
+        redis.call('ZADD', KEYS[1], at, uid)
+        n = n + 1
+      end
+    else
+      local held = redis.call('HGET', KEYS[5], uid)
+      if redis.call('ZSCORE', KEYS[4], uid) and held and tonumber(held) < at then
+        redis.call('HSET', KEYS[5], uid, at)
+        n = n + 1
+      end
+    end
+  end
 end
-local held = redis.call('HGET', KEYS[5], uid)
-if redis.call('ZSCORE', KEYS[4], uid) and held and tonumber(held) < due then
-  redis.call('HSET', KEYS[5], uid, due)
-  return 1
-end
-return 0
+return n
 `)
 
 // holdScript moves timeouts out of the index until their release time,
@@ -377,7 +420,8 @@ type Expired struct {
 	Stage int
 	Due   time.Time
 	// NextDue, set by the listener before Settle, is when the next stage
-	// of the silence is due; zero when this stage is the last.
+	// of the silence is due; zero when this stage is the last, AfterReplay
+	// when this stage went to a spool.
 	NextDue time.Time
 	// Via is the gateway instance that last renewed the session, or ""
 	// when it was renewed without one.
@@ -390,6 +434,16 @@ type Expired struct {
 	// any of them may have kept a ping from Redis.
 	Routes []string
 }
+
+// AfterReplay is the NextDue of a stage that went to a listener's spool
+// rather than to Kafka: its next stage waits in the index, never due,
+// until the replay that produces this stage follows it (FollowReplayed).
+// While a stage is only in some replica's spool (that replica cut off
+// from Kafka, or down with the spool on its volume), no replica may
+// produce the stage after it: the consumer would get them out of order,
+// a close before its reminder. Its score is far past any real time, and
+// exact as a Redis score.
+var AfterReplay = time.UnixMilli(1 << 52)
 
 // Store reads and writes sessions in Redis.
 type Store struct {
@@ -406,14 +460,15 @@ func NewStore(rdb redis.UniversalClient, ks Keyspace) *Store {
 func (s *Store) Keyspace() Keyspace { return s.ks }
 
 // Renew grants uid's session ttl from now, by Redis's clock, in one round
-// trip, and returns the new deadline.
+// trip, and returns the session's deadline: the later of that and the one
+// it had (see renewScript).
 func (s *Store) Renew(ctx context.Context, uid, segment string, ttl time.Duration) (time.Time, error) {
 	ms, err := renewScript.Run(ctx, s.rdb, s.ks.sessionKeys(uid),
-		uid, ttl.Milliseconds(), segment, "", modeRenew, RenewedKeep.Milliseconds(), 0).Int64()
+		uid, ttl.Milliseconds(), segment, "", modeRenew, RenewedKeep.Milliseconds(), 0).Int64Slice()
 	if err != nil {
 		return time.Time{}, fmt.Errorf("renew session %q: %w", uid, err)
 	}
-	return time.UnixMilli(ms), nil
+	return time.UnixMilli(ms[0]), nil
 }
 
 // End deletes uid's session and its index entry, so no timeout follows.
@@ -492,38 +547,64 @@ func (s *Store) Settle(ctx context.Context, done []Expired) error {
 	return nil
 }
 
-// Reschedule moves uid's next stage of the silence that ran out at
-// deadline to delay after now, by Redis's clock, if the silence is still
-// waiting for that stage and it was due sooner (see rescheduleScript).
-func (s *Store) Reschedule(ctx context.Context, uid string, stage int, deadline time.Time, delay time.Duration) (bool, error) {
-	val := strconv.Itoa(stage) + ":" + strconv.FormatInt(deadline.UnixMilli(), 10)
-	n, err := rescheduleScript.Run(ctx, s.rdb, s.ks.bucketKeys(Bucket(uid)), uid, val, delay.Milliseconds()).Int()
-	if err != nil {
-		return false, fmt.Errorf("reschedule stage %d of %q: %w", stage, uid, err)
+// Replayed is a stage of a silence that the replay of a spool produced.
+type Replayed struct {
+	UID      string
+	Stage    int
+	Deadline time.Time // the silence's
+	Due      time.Time // the stage's
+	// Next is the delay of the stage after it, in the policy in force;
+	// zero when the policy has none any more, so that the sweep finds the
+	// silence at once and ends it there.
+	Next time.Duration
+}
+
+// FollowReplayed makes the next stage of each replayed stage due its
+// delay after now, by Redis's clock (see followScript). It is idempotent
+// but for moving a next stage a little later: a replay retried after a
+// failure, or after a crash, follows its stages again.
+func (s *Store) FollowReplayed(ctx context.Context, rs []Replayed) error {
+	if len(rs) == 0 {
+		return nil
 	}
-	return n == 1, nil
+	cmds := perBucketOf(ctx, s, followScript, rs, func(r Replayed) string { return r.UID }, []any{AfterReplay.UnixMilli()},
+		func(r Replayed) []any {
+			return []any{r.UID, r.Stage, r.Deadline.UnixMilli(), r.Due.UnixMilli(), r.Next.Milliseconds()}
+		})
+	for _, c := range cmds {
+		if err := c.Err(); err != nil {
+			return fmt.Errorf("follow %d replayed stages: %w", len(rs), err)
+		}
+	}
+	return nil
 }
 
 // perBucket runs script once per bucket of es, in one pipeline, with the
 // bucket's keys and each entry's session key declared, and each entry's
 // arguments in turn.
 func (s *Store) perBucket(ctx context.Context, script *redis.Script, es []Expired, args func(Expired) []any) []*redis.Cmd {
-	byBucket := make(map[int][]Expired)
+	return perBucketOf(ctx, s, script, es, func(e Expired) string { return e.UID }, nil, args)
+}
+
+// perBucketOf is perBucket for items of any kind, each of the user uid
+// returns, with head before the items' arguments.
+func perBucketOf[T any](ctx context.Context, s *Store, script *redis.Script, items []T, uid func(T) string, head []any, args func(T) []any) []*redis.Cmd {
+	byBucket := make(map[int][]T)
 	var buckets []int
-	for _, e := range es {
-		b := Bucket(e.UID)
+	for _, it := range items {
+		b := Bucket(uid(it))
 		if byBucket[b] == nil {
 			buckets = append(buckets, b)
 		}
-		byBucket[b] = append(byBucket[b], e)
+		byBucket[b] = append(byBucket[b], it)
 	}
 	return s.runScripts(ctx, len(buckets), func(i int) (*redis.Script, []string, []any) {
 		b := buckets[i]
 		keys := s.ks.bucketKeys(b)
-		var argv []any
-		for _, e := range byBucket[b] {
-			keys = append(keys, s.ks.SessionKey(e.UID))
-			argv = append(argv, args(e)...)
+		argv := slices.Clone(head)
+		for _, it := range byBucket[b] {
+			keys = append(keys, s.ks.SessionKey(uid(it)))
+			argv = append(argv, args(it)...)
 		}
 		return script, keys, argv
 	}, 0)

@@ -188,3 +188,74 @@ func BenchmarkRenew(b *testing.B) {
 		}
 	}
 }
+
+// TestRenewNeverMovesDeadlineEarlier: one user's devices in two segments.
+// A ping from the short-TTL device keeps the deadline the long-TTL device
+// was granted, with that grant's segment and instance, and still records
+// the user as there; a ping that grants later moves the deadline, and
+// the segment and instance with it. A normal end still ends it all.
+func TestRenewNeverMovesDeadlineEarlier(t *testing.T) {
+	s, ctx := newStore(t)
+	b := Bucket("multi")
+	renew := func(segment, instance string, ttl time.Duration) time.Time {
+		t.Helper()
+		ms, err := renewScript.Run(ctx, s.rdb, s.ks.sessionKeys("multi"), "multi", ttl.Milliseconds(), segment,
+			instance, modeRenew, RenewedKeep.Milliseconds(), 0).Int64Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The grant's own deadline: now+ttl, never past the session's.
+		if own := time.UnixMilli(ms[1]); own.After(time.UnixMilli(ms[0])) || time.Until(own) > ttl+time.Second {
+			t.Fatalf("a %v grant answered its own deadline %v, session's %v", ttl, own, time.UnixMilli(ms[0]))
+		}
+		return time.UnixMilli(ms[0])
+	}
+	state := func() (score time.Time, seg, via string, pttl time.Duration) {
+		t.Helper()
+		v, err := s.rdb.ZScore(ctx, s.ks.IndexKey(b), "multi").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seg = s.rdb.HGet(ctx, s.ks.SegmentsKey(b), "multi").Val()
+		via = s.rdb.HGet(ctx, s.ks.ViaKey(b), "multi").Val()
+		return time.UnixMilli(int64(v)), seg, via, s.rdb.PTTL(ctx, s.ks.SessionKey("multi")).Val()
+	}
+
+	phone := renew("mobile", "gw-a", 30*time.Second)
+	// Real time passes between the two pings, so the second one's
+	// renewal is told apart from the first's.
+	time.Sleep(5 * time.Millisecond)
+	web := renew("default", "gw-b", 2*time.Second)
+	if !web.Equal(phone) {
+		t.Fatalf("the web tab's ping returned deadline %v, want the phone's %v kept", web, phone)
+	}
+	score, seg, via, pttl := state()
+	if !score.Equal(phone) || seg != "mobile" || via != "gw-a" || pttl < 20*time.Second {
+		t.Fatalf("after the web tab's ping: deadline %v, segment %q, via %q, session TTL %v; "+
+			"want the phone's grant (%v, mobile, gw-a, about 30s)", score, seg, via, pttl, phone)
+	}
+	if at, err := s.LastRenewed(ctx, "multi"); err != nil || !at.After(phone.Add(-30*time.Second)) {
+		t.Fatalf("LastRenewed = %v, %v; want the web tab's ping", at, err)
+	}
+	if kept := s.rdb.PTTL(ctx, s.ks.RenewedKey("multi")).Val(); kept < RenewedKeep+20*time.Second {
+		t.Errorf("renewal kept %v, want past the phone's deadline by RenewedKeep", kept)
+	}
+
+	later := renew("default", "gw-b", time.Minute)
+	if !later.After(phone) {
+		t.Fatalf("a longer grant returned %v, want later than %v", later, phone)
+	}
+	if score, seg, via, _ = state(); !score.Equal(later) || seg != "default" || via != "gw-b" {
+		t.Fatalf("after a longer grant: deadline %v, segment %q, via %q; want %v, default, gw-b", score, seg, via, later)
+	}
+
+	if err := s.End(ctx, "multi"); err != nil {
+		t.Fatal(err)
+	}
+	if live, _ := s.Live(ctx, "multi"); live || s.rdb.ZScore(ctx, s.ks.IndexKey(b), "multi").Err() == nil {
+		t.Fatalf("after the end: session live %v, or still in the index", live)
+	}
+	if short := renew("default", "gw-b", 2*time.Second); short.After(later) || !short.After(phone.Add(-30*time.Second)) {
+		t.Fatalf("first ping after the end: deadline %v, want a fresh 2s grant", short)
+	}
+}

@@ -138,6 +138,22 @@ export interface Guide {
   deadline: number | null;
 }
 
+/**
+ * A guide the client did not show: its silence began while, by the
+ * client's record, the user was there, active while the client could not
+ * reach the gateway (a dropped network). The gateway sent it before it
+ * heard of that activity. Acked like any guide, never shown.
+ */
+export interface Superseded {
+  id: string;
+  /** The stage of the silence, from 1. */
+  stage: number;
+  /** A close stage: the client does not take the 4000 after it as the end of the chat, and reconnects. */
+  final: boolean;
+  /** When the session ran out, Unix ms (the gateway's clock). */
+  deadline: number;
+}
+
 export interface Pong {
   /** The TTL granted, ms. */
   ttlMs: number;
@@ -163,6 +179,7 @@ export interface ClientError {
 export interface StillThereEventMap {
   statechange: CustomEvent<StateChange>;
   guide: CustomEvent<Guide>;
+  superseded: CustomEvent<Superseded>;
   pong: CustomEvent<Pong>;
   token: CustomEvent<TokenRefreshed>;
   error: CustomEvent<ClientError>;

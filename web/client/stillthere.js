@@ -12,6 +12,10 @@
 //     each close code of the contract;
 //   - it shows each guide once per id, across reconnects and reloads
 //     (sessionStorage), acks it, and hands the application an event;
+//   - it shows no guide of a silence the network made: activity it
+//     recorded while it could not reach the gateway, it tells the gateway
+//     before the inbox is handed over, and it drops a guide whose silence
+//     began while, by that record, the user was there;
 //   - it tells its state (connecting, open, reconnecting, closed) as events.
 
 /** The client's states, in the order a connection goes through them. */
@@ -177,6 +181,21 @@ export class StillThere extends EventTarget {
   #ttl = 0; // the last TTL granted, ms
   #deadline = null;
 
+  // What the user's session would be had every ping got through: a run of
+  // activity from the last pong on, each within a TTL of the one before,
+  // keeps it alive until aliveUntil, the last of it at presentAt (both ms,
+  // this clock). A gap of a full TTL ends the run: the user was silent
+  // then, and a guide of that silence is theirs. skew is how far Redis's
+  // clock, in which guides say their deadline, is ahead of this one, from
+  // the last pong that said its deadline (0 until one did).
+  #aliveUntil = -Infinity;
+  #presentAt = -Infinity;
+  #skew = 0;
+  #sayPresence = false; // the next ping carries active_ago_ms
+  // A close stage's guide was dropped as superseded: the 4000 after it
+  // closed a chat the user is in, so the client reconnects.
+  #supersededFinal = false;
+
   #storage; // where shown guide ids are kept, or null
   #seen = new Set();
   #listening = false;
@@ -265,6 +284,10 @@ export class StillThere extends EventTarget {
     }
     this.#step = 0;
     this.#listen(true);
+    // A new chat: nothing of the last one's run counts.
+    this.#aliveUntil = -Infinity;
+    this.#presentAt = -Infinity;
+    this.#supersededFinal = false;
     this.#activityAt = this.#now();
     this.#setState(State.CONNECTING, {});
     this.#connect('connect');
@@ -276,7 +299,13 @@ export class StillThere extends EventTarget {
    * renewal interval when one went out within it.
    */
   activity() {
-    this.#activityAt = Math.max(this.#activityAt, this.#now());
+    const now = this.#now();
+    this.#activityAt = Math.max(this.#activityAt, now);
+    if (now <= this.#aliveUntil) {
+      // Within the run: the session would have been renewed now.
+      this.#aliveUntil = Math.max(this.#aliveUntil, now + this.#ttl);
+      this.#presentAt = Math.max(this.#presentAt, now);
+    }
     this.#maybePing();
   }
 
@@ -373,6 +402,12 @@ export class StillThere extends EventTarget {
     if (this.#state === State.CLOSED) return; // stopped meanwhile
     const url = new URL(this.#url);
     url.searchParams.set('token', token);
+    // Activity of the run the gateway has not heard of (the network was
+    // gone): the first frame is a ping that says so, and the gateway holds
+    // the inbox until it has judged the guides by it. The activity is owed
+    // a ping, which goes out as the socket opens.
+    this.#sayPresence = this.#presentAt > this.#renewedFor;
+    if (this.#sayPresence) url.searchParams.set('first', 'ping');
     let ws;
     try {
       ws = new this.#WebSocket(url.href);
@@ -458,7 +493,13 @@ export class StillThere extends EventTarget {
     } else if (this.#now() - openedAt >= this.#opts.stableAfter) {
       this.#step = 0; // it was a healthy connection: start the backoff over
     }
-    const action = closeAction(code);
+    let action = closeAction(code);
+    if (action === 'stop' && this.#supersededFinal) {
+      // The gateway closed a chat whose close stage this client dropped:
+      // the user was there. Reconnect; the owed activity starts a session.
+      this.#supersededFinal = false;
+      action = 'retry';
+    }
     const detail = { code, reason };
     if (action === 'stop') {
       this.#shutdown();
@@ -618,7 +659,12 @@ export class StillThere extends EventTarget {
   #ping() {
     this.#clearPing();
     const now = this.#now();
-    if (!this.#send({ type: 'ping' })) return;
+    const frame = { type: 'ping' };
+    if (this.#sayPresence && Number.isFinite(this.#presentAt)) {
+      frame.active_ago_ms = Math.max(0, Math.floor(now - this.#presentAt));
+    }
+    if (!this.#send(frame)) return;
+    this.#sayPresence = false;
     this.#lastPingAt = now;
     this.#pingedFor = this.#activityAt;
     this.#unanswered.push({ activityAt: this.#activityAt, sentAt: now });
@@ -638,6 +684,16 @@ export class StillThere extends EventTarget {
     // From when the ping left, not when the pong came: the deadline is
     // never later than the gateway's.
     this.#deadline = ping.sentAt + f.ttl_ms;
+    // The run starts again from what the gateway now knows; activity since
+    // the ping left, which it has not heard of, carries it on.
+    this.#aliveUntil = this.#deadline;
+    if (this.#activityAt > this.#renewedFor) {
+      this.#aliveUntil = Math.max(this.#deadline, this.#activityAt + f.ttl_ms);
+      this.#presentAt = this.#activityAt;
+    }
+    // The gateway's deadline is Redis's now plus the TTL when the ping
+    // came: the difference is the clocks' apart, plus the uplink's delay.
+    if (Number.isFinite(f.deadline_ms)) this.#skew = f.deadline_ms - this.#deadline;
     this.#emit('pong', { ttlMs: f.ttl_ms, deadline: this.#deadline });
     this.#maybePing(); // activity since it left is owed a ping
   }
@@ -670,15 +726,33 @@ export class StillThere extends EventTarget {
     // gateway takes nothing in between; one handed over from the inbox on
     // connect closes nothing: the user is back, and their pings count.
     const final = f.final === true;
+    const deadline = Number.isFinite(f.deadline_ms) ? f.deadline_ms : null;
     if (this.#wasShown(f.id)) return;
+    if (this.#superseded(deadline)) {
+      // The silence began while the user was there, by this client's
+      // record: it could not tell the gateway in time. Not shown.
+      if (final) this.#supersededFinal = true;
+      this.#emit('superseded', { id: f.id, stage: Number.isInteger(f.stage) && f.stage > 0 ? f.stage : 1, final, deadline });
+      return;
+    }
     this.#markShown(f.id);
     this.#emit('guide', {
       id: f.id,
       text: typeof f.text === 'string' ? f.text : '',
       stage: Number.isInteger(f.stage) && f.stage > 0 ? f.stage : 1,
       final,
-      deadline: Number.isFinite(f.deadline_ms) ? f.deadline_ms : null,
+      deadline,
     });
+  }
+
+  // Whether a guide of the silence that ran out at deadline (Redis's
+  // clock) began while the user's run of activity kept them there. Only a
+  // run past the last pong's deadline counts: up to it the gateway knew,
+  // and a guide of that very deadline is one it sent knowing. A guide
+  // that does not say its deadline is shown.
+  #superseded(deadline) {
+    if (deadline === null || this.#deadline === null || this.#aliveUntil <= this.#deadline) return false;
+    return deadline < this.#aliveUntil + this.#skew;
   }
 
   #loadSeen() {

@@ -209,6 +209,32 @@ describe('against a real gateway', { concurrency: true }, () => {
     assert.equal(fresh.rec.of('guide').length, 1);
   });
 
+  it('drops a guide whose silence began while its user was active and unheard', async () => {
+    // Activity the gateway has not heard of yet (the next ping waits for
+    // its interval, or the network is gone) keeps the user there, by the
+    // client's record, for a TTL after it: a guide of a silence that ran
+    // out meanwhile came from a gateway that did not know, and is not
+    // shown. One of the deadline the gateway gave, or one that does not
+    // say its deadline, is.
+    const { c, spy, rec } = client({ token: await stack.token(uid('unheard')), pingInterval: 60_000 });
+    c.start();
+    const pong = await rec.waitFor('pong');
+    // Real time must pass: the activity comes well after the ping.
+    await sleep(700);
+    const active = Date.now();
+    c.activity();
+    assert.equal(spy.frames('ping').length, 1, 'the activity waits for the interval');
+    const ws = spy.sockets[0];
+    const guide = (id, deadline) => ws.replay(JSON.stringify({ type: 'guide', id, text: 'Still there?', stage: 1, final: false, ...(deadline ? { deadline_ms: deadline } : {}) }));
+    guide('within', pong.deadline + 300);
+    guide('after', active + pong.ttlMs + 1000); // a silence after the run
+    guide('undated', null);
+    const ours = (type) => rec.of(type).map((g) => g.id).filter((id) => ['within', 'after', 'undated'].includes(id));
+    assert.deepEqual(ours('guide'), ['after', 'undated']);
+    assert.deepEqual(ours('superseded'), ['within']);
+    assert.equal(spy.frames('ack').length, 3, 'every copy is acked');
+  });
+
   it('a close stage handed over from the inbox leaves the user back on their connection', async () => {
     // The chat closed while the user had no connection: its guide waits
     // in their inbox, and on their next connect closes nothing.
@@ -272,6 +298,32 @@ describe('against a real gateway', { concurrency: true }, () => {
     assert.equal(told.retryIn, Math.floor(0.99 * 800));
     const back = await rec.waitFor('statechange', (e) => e.state === 'open' && e.at > told.at);
     assert.ok(back.at - told.at >= told.retryIn - 5, `back after ${back.at - told.at} ms`);
+  });
+
+  it('backs off while its user holds the most connections the gateway takes of one user (429)', async () => {
+    // A browser sees a refused upgrade as a dropped connection (1006),
+    // whatever its status: the client retries on the growing backoff,
+    // never at once, and connects once one of the user's places is free.
+    const tok = await stack.token(uid('devices'));
+    const held = [];
+    for (let i = 0; i < 10; i++) { // the gateway's default max-user-conns
+      const ws = new WebSocket(`${stack.gateway}?token=${tok}`);
+      await new Promise((resolve, reject) => {
+        ws.onopen = resolve;
+        ws.onerror = () => reject(new Error(`device ${i} refused`));
+      });
+      held.push(ws);
+    }
+    const { c, rec } = client({ token: tok, backoff: { initial: 100, max: 30_000 }, random: () => 0.99 });
+    c.start();
+    const waits = () => rec.of('statechange').filter((e) => e.state === 'reconnecting').map((e) => e.retryIn);
+    await rec.waitFor('statechange', () => waits().length >= 3);
+    // Windows of 100, 200 and 400 ms: each refusal doubles the wait.
+    assert.deepEqual(waits().slice(0, 3), [99, 198, 396]);
+    assert.ok(!rec.of('statechange').some((e) => e.state === 'open'), 'connected past the limit');
+    held.pop().close();
+    await rec.waitFor('statechange', (e) => e.state === 'open', 15_000);
+    held.forEach((ws) => ws.close());
   });
 
   it('refreshes its token through the auth frame, and outlives the first one', async () => {

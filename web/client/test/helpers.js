@@ -56,7 +56,7 @@ export function memoryStorage() {
 /** Records the client's events, with when each came. */
 export function record(client) {
   const events = [];
-  for (const type of ['statechange', 'pong', 'guide', 'token', 'error']) {
+  for (const type of ['statechange', 'pong', 'guide', 'superseded', 'token', 'error']) {
     client.addEventListener(type, (e) => events.push({ type, at: Date.now(), ...e.detail }));
   }
   return {

@@ -35,6 +35,10 @@ client.addEventListener('statechange', (e) => {
     console.log(wait);
   }
 });
+client.on('superseded', (e) => {
+  const dropped: { id: string; stage: number; final: boolean; deadline: number } = e.detail;
+  console.log('not shown', dropped.id, dropped.stage, dropped.final, dropped.deadline);
+});
 const off = client.on('pong', (e) => console.log(e.detail.ttlMs, e.detail.deadline));
 client.on('error', (e) => console.log(e.detail.code, e.detail.message));
 client.on('token', (e) => console.log(e.detail.expires));

@@ -1,0 +1,236 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/stillthere/stillthere/pkg/frame"
+	"github.com/stillthere/stillthere/pkg/push"
+)
+
+// A silence the network made is not a silence. A user who keeps typing
+// while their network is gone (a train, a lift, a Wi-Fi hand-over) could
+// not reach us: their session runs out, its guides are kept in their
+// inbox, and without more they would be handed "Are you still there?" on
+// the reconnect, by then the only frames nobody judged against what the
+// client saw.
+//
+// So a client that recorded such activity says so before the inbox is
+// handed over. It connects with first=ping, and its first frame is a ping
+// with active_ago_ms: how long before the ping its user was last active
+// without a silence of a full TTL since its last renewal. The gateway
+// holds the connection's guides, from the inbox and pushed live, until
+// that first frame (or firstPingWait, whichever is first), and reads the
+// word as a renewal the user would have made then: the session would have
+// run until then plus the segment's TTL (without jitter: the least a
+// renewal grants), by Redis's clock. A guide whose silence ran out before
+// that (its deadline_ms) is dropped as superseded, the inbox's in the take
+// script with the stale and the expired ones, a live one when it is
+// enqueued; its stage is marked stale in the listener's dedup window, as
+// the consumer marks the silences it finds over, so that a real silence
+// in the same minute is guided at once. The ping then renews the session,
+// which makes every later stage of that silence stale.
+//
+// The word is the client's, and is trusted as far as it matters: it can
+// only drop guides of its own user, which that user's client would not
+// show anyway. It cannot reach into the future (the ago is at least 0, by
+// Redis's clock), and an ago over frame.MaxActiveAgoMS is not taken. A
+// client that does not ask for the hold, or sends no word, gets its inbox
+// at once, as before.
+
+// guideTake is what became of a guide handed to a connection.
+type guideTake int
+
+const (
+	// guideRefused: the connection is closing, or was cut off.
+	guideRefused guideTake = iota
+	// guideTaken: queued for the socket, or held until the hold ends.
+	guideTaken
+	// guideSuperseded: the user was present after its deadline, by their
+	// client's word; nothing is sent.
+	guideSuperseded
+)
+
+// superseded reports whether a guide of the silence that ran out at
+// deadlineMS is one the user's client says they were present for: their
+// session would have run until presentUntilMS (0: the client said
+// nothing). A guide that does not say its deadline is not judged.
+func superseded(deadlineMS, presentUntilMS int64) bool {
+	return deadlineMS > 0 && presentUntilMS > 0 && deadlineMS < presentUntilMS
+}
+
+// presence is a client's word on its user's activity it could not report:
+// how long before now they were last active (ms, -1: not said), and the
+// TTL a renewal then would have granted.
+type presence struct {
+	agoMS, ttlMS int64
+}
+
+// noPresence is no word.
+var noPresence = presence{agoMS: -1}
+
+// presenceOf reads a first frame's word: a ping's active_ago_ms.
+func (c *conn) presenceOf(f frame.Client) presence {
+	if f.Type != frame.TypePing || !f.HasActiveAgo {
+		return noPresence
+	}
+	return presence{agoMS: f.ActiveAgoMS, ttlMS: c.g.policy.Current().TTL(c.segment).Milliseconds()}
+}
+
+// firstPingWait bounds the hold of a connection that asked for it: a
+// client that said it would ping first and did not gets its inbox anyway.
+func (c Config) firstPingWait() time.Duration {
+	if c.firstPingWaitFor > 0 {
+		return c.firstPingWaitFor
+	}
+	return defaultFirstPingWait
+}
+
+// defaultFirstPingWait is firstPingWait's default: a first frame comes
+// one round trip after the upgrade, slow networks included.
+const defaultFirstPingWait = 5 * time.Second
+
+// hold is a connection's hold: guides pushed to it wait in held, and its
+// inbox is not handed over yet, while holding. ending: endHold has begun;
+// done is closed once it has queued what it hands over. Guarded by the
+// connection's mu, but done.
+type hold struct {
+	holding, ending bool
+	held            []push.Request
+	timer           *time.Timer
+	done            chan struct{}
+}
+
+// holdGuides makes c hold its guides until endHold, at firstPingWait at
+// the latest. Called before c is in the hub, where pushes find it.
+func (g *Gateway) holdGuides(ctx context.Context, c *conn) {
+	h := &hold{holding: true, done: make(chan struct{})}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.hold = h
+	h.timer = time.AfterFunc(g.cfg.firstPingWait(), func() { g.endHold(ctx, c, noPresence) })
+}
+
+// endHold ends c's hold, once: at its first frame, with that frame's word
+// p, at firstPingWait, or when the connection ends. It hands over the
+// inbox judged by p, then the guides pushed meanwhile, each judged by it
+// too, in the order they came, and returns once they are queued; a caller
+// that comes second waits for that, so that the first frame's ping is not
+// renewed before the inbox is judged (the renewal would make every entry
+// stale). Guides held by a connection that ended go back to the inbox.
+func (g *Gateway) endHold(ctx context.Context, c *conn, p presence) {
+	h := c.hold
+	if h == nil {
+		return
+	}
+	c.mu.Lock()
+	if h.ending {
+		c.mu.Unlock()
+		<-h.done
+		return
+	}
+	h.ending = true
+	closed := c.closed
+	h.timer.Stop()
+	c.mu.Unlock()
+	var rest func()
+	if !closed {
+		rest = g.handOverInbox(ctx, c, p)
+	}
+	var dropped, left []push.Request
+	for {
+		c.mu.Lock()
+		held := h.held
+		h.held = nil
+		if len(held) == 0 {
+			h.holding = false
+			c.mu.Unlock()
+			break
+		}
+		c.mu.Unlock()
+		for _, req := range held {
+			switch c.takeGuide(req) {
+			case guideSuperseded:
+				dropped = append(dropped, req)
+			case guideRefused:
+				left = append(left, req)
+			}
+		}
+	}
+	close(h.done)
+	g.markSuperseded(ctx, c.uid, dropped)
+	for _, req := range left {
+		// As for a guide routed here for a user who has just left.
+		payload, err := json.Marshal(req)
+		if err != nil {
+			continue
+		}
+		kctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
+		if _, err := g.keep(kctx, req, payload, nil, false); err != nil {
+			g.pushLog.Fail(err)
+		}
+		cancel()
+	}
+	if rest != nil && g.track(1) {
+		go func() {
+			defer g.conns.Done()
+			rest()
+		}()
+	}
+}
+
+// markSuperseded marks the listener's dedup window of each guide's stage
+// stale, as the consumer does for a silence it finds over, so that another
+// silence of the user in that minute is guided at once. Best effort, on a
+// goroutine of its own: a mark lost only makes that silence's guide wait
+// for the window's end.
+func (g *Gateway) markSuperseded(ctx context.Context, uid string, reqs []push.Request) {
+	if len(reqs) == 0 || !g.track(1) {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	go func() {
+		defer g.conns.Done()
+		for _, req := range reqs {
+			due, ok := stageDue(req)
+			if !ok {
+				continue
+			}
+			mctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
+			err := g.store.MarkStale(mctx, uid, max(req.Stage, 1), time.UnixMilli(due), time.UnixMilli(req.DeadlineMS))
+			cancel()
+			if err != nil {
+				g.log.Debug("mark a superseded guide's silence stale", "uid", uid, "guide_id", req.ID, "err", err)
+			}
+		}
+	}()
+}
+
+// stageDue is when a guide's stage was due (Unix ms), which names its
+// dedup window: due_ms, or for stage 1 the deadline. ok is false when the
+// guide does not say.
+func stageDue(req push.Request) (int64, bool) {
+	switch {
+	case req.DeadlineMS <= 0:
+		return 0, false
+	case req.DueMS > 0:
+		return req.DueMS, true
+	case req.Stage <= 1:
+		return req.DeadlineMS, true
+	}
+	return 0, false
+}
+
+// parseEntries reads inbox entries as the requests they are, skipping any
+// that do not parse.
+func parseEntries(raw []string) []push.Request {
+	var reqs []push.Request
+	for _, e := range raw {
+		var req push.Request
+		if json.Unmarshal([]byte(e), &req) == nil && req.ID != "" {
+			reqs = append(reqs, req)
+		}
+	}
+	return reqs
+}

@@ -1,0 +1,109 @@
+package gateway
+
+import (
+	"sync"
+	"time"
+)
+
+// One user's place on this gateway bounds what one token can take of it:
+//
+//   - connections: a user holds at most max-user-conns here, those being
+//     set up counted, and is refused beyond with HTTP 429, which says
+//     "you", not "this instance" (503). Without it one token took every
+//     connection of an instance, and every other user was refused. The
+//     cap is per instance: it is checked without a Redis round trip (also
+//     while Redis is out of reach), and nothing is left to count down when
+//     an instance dies. A user can hold the cap on each instance, but no
+//     instance is taken from the others.
+//   - renewals: one renewal covers the user, whichever device pinged, so
+//     the user's connections share their renewals. A ping within the
+//     renewal granularity of the user's last renewal in its segment is
+//     answered from it (waiting for it while it is being written), and
+//     takes its grant as the connection's own, for a resync or the
+//     dropped grants. A user's connections then cost Redis one renewal
+//     per granularity and segment, not one each.
+
+// user is one user's place on this gateway. conns and pending are guarded
+// by the hub shard's lock; renewals by a lock of its own, taken on pings
+// without the shard's.
+type user struct {
+	conns    map[*conn]struct{}
+	pending  int // places reserved for connections being set up
+	renewals renewals
+}
+
+// admit decides whether a user holding held connections (those being set
+// up included) may open one more under capacity.
+func admit(held, capacity int) bool { return held < capacity }
+
+// shareRenewal decides whether a ping at now, on a connection registered
+// at since, is answered from the user's last renewal in its segment, made
+// at at and failed or not (a pending one has not failed), instead of a
+// renewal of its own. Times are since the gateway started.
+//
+// A renewal that failed is not shared: the ping tries again. One made
+// before the connection registered is not shared either: the session it
+// renewed may have ended since (a close stage's guide, the user leaving),
+// and a new connection's ping must write it back. Within the granularity
+// a ping's deadline lags its own by less than the granularity, as it does
+// for one connection's pings.
+func shareRenewal(at time.Duration, failed bool, since, now, granularity time.Duration) bool {
+	return !failed && at >= since && now-at < granularity
+}
+
+// renewals are the last renewal of each segment among one user's
+// connections here; they rarely span more than one segment.
+type renewals struct {
+	mu   sync.Mutex
+	last []*renewal
+}
+
+// renewal is one renewal of a user's session, shared by the pings of
+// their connections within the granularity. at and ttl are fixed; failed
+// and deadlineMS are guarded by renewals.mu, and read by sharers after
+// done is closed.
+type renewal struct {
+	segment string
+	at      time.Duration // the ping's time, since the gateway started
+	ttl     time.Duration // granted
+	done    chan struct{} // closed once written, or failed
+	failed  bool
+	// deadlineMS is the deadline of this grant (Unix ms, Redis's clock),
+	// for the sharers' pongs.
+	deadlineMS int64
+}
+
+// claim returns the renewal a ping of segment at now shares (own false),
+// or a new renewal granting ttl that the caller writes and then settles
+// (own true). since is when the pinging connection registered.
+func (rs *renewals) claim(segment string, since, now, granularity, ttl time.Duration) (r *renewal, own bool) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	i := 0
+	for ; i < len(rs.last); i++ {
+		if rs.last[i].segment == segment {
+			break
+		}
+	}
+	if i < len(rs.last) {
+		if last := rs.last[i]; shareRenewal(last.at, last.failed, since, now, granularity) {
+			return last, false
+		}
+	} else {
+		rs.last = append(rs.last, nil)
+	}
+	r = &renewal{segment: segment, at: now, ttl: ttl, done: make(chan struct{})}
+	rs.last[i] = r
+	return r, true
+}
+
+// settle records the outcome of r's write, and releases its sharers.
+func (rs *renewals) settle(r *renewal, deadline time.Time, err error) {
+	rs.mu.Lock()
+	r.failed = err != nil
+	if err == nil {
+		r.deadlineMS = deadline.UnixMilli()
+	}
+	rs.mu.Unlock()
+	close(r.done)
+}
