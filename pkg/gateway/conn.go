@@ -53,8 +53,11 @@ type conn struct {
 	// normalClose: the client closed with 1000, the user leaving on
 	// purpose, or the gateway closed with 4000 after a close stage's
 	// guide (see inactive.go). release ends the session if this was
-	// their last connection anywhere.
+	// their last connection anywhere. closedAt is when (ns since the
+	// gateway started), the time the end is recorded at; it is stored
+	// before grant goes to 0, so whoever sees the grant gone sees it.
 	normalClose atomic.Bool
+	closedAt    atomic.Int64
 	// inactive: the guide of a close stage was written, and the
 	// connection is being closed with 4000; nothing is read or written
 	// on it any more.
@@ -81,6 +84,13 @@ type conn struct {
 	// frames queued before it are written, so a guide queued before a
 	// close is not lost to it.
 	pendingClose []byte
+	// unproven are the guide frames queued and not yet proven received,
+	// in the order queued (proofSeq numbers them); guideIDs the ids of
+	// the last guides queued, which a pushed copy does not repeat. See
+	// proof.go.
+	unproven []*guideProof
+	proofSeq uint64
+	guideIDs []string
 
 	// hold is the hold of a connection that asked to ping first (see
 	// present.go), nil for one that did not; set before the connection
@@ -114,7 +124,8 @@ func (c *conn) serve(ctx context.Context) {
 		// deadline above, so that either order ends with the linger.
 		c.ws.SetReadDeadline(time.Now().Add(lingerTimeout))
 	}
-	c.ws.SetPongHandler(func(string) error {
+	c.ws.SetPongHandler(func(appData string) error {
+		c.pongProof(appData)
 		if c.revoked.Load() || c.inactive.Load() {
 			return nil // the linger deadline stands
 		}
@@ -142,7 +153,9 @@ func (c *conn) serve(ctx context.Context) {
 func (c *conn) handle(ctx context.Context, limiter *rate.Limiter, typ int, data []byte) bool {
 	if c.inactive.Load() {
 		// Closed for inactivity: nothing the client sends now is taken,
-		// above all no ping, which would renew the session that ended.
+		// above all no ping, which would renew the session that ended;
+		// but an ack of the close stage's guide proves it got there.
+		c.ackProofOf(typ, data)
 		c.linger()
 		return false
 	}
@@ -193,9 +206,10 @@ func (c *conn) handle(ctx context.Context, limiter *rate.Limiter, typ int, data 
 	case frame.TypePing:
 		c.renew(ctx)
 	case frame.TypeAck:
-		// Bookkeeping only: an ack must not renew the session, or a
+		// Proof of receipt only: an ack must not renew the session, or a
 		// client that acks automatically would be guided every TTL.
 		c.log.Debug("guide acknowledged", "guide_id", f.ID)
+		c.ackProof(f.ID)
 	case frame.TypeAuth:
 		// Not activity either: a tab that refreshes its token while
 		// nobody is at it is a silent user.
@@ -277,6 +291,9 @@ func (c *conn) lastGrant(now time.Duration) (g session.Grant, ok bool) {
 	return session.Grant{UID: c.uid, Segment: c.segment, Left: left, Ago: now - at}, left > 0
 }
 
+// endAt is when c closed normally, since the gateway started, or 0.
+func (c *conn) endAt() time.Duration { return time.Duration(c.closedAt.Load()) }
+
 // ended handles the end of the read side. A normal close (1000) is the
 // user leaving on purpose: unless they are still connected elsewhere,
 // the session goes and no guide follows (release does it, with the route
@@ -309,6 +326,7 @@ func (c *conn) ended(err error) {
 	}
 	// Marked first, so that a resync does not restore the session; one
 	// that read the grant before is caught after (see resyncConns).
+	c.closedAt.Store(int64(time.Since(c.g.start)))
 	c.grant.Store(0)
 	c.normalClose.Store(true)
 }
@@ -353,11 +371,12 @@ func (c *conn) linger() {
 // lingerTimeout bounds linger.
 const lingerTimeout = time.Second
 
-// outFrame is a frame waiting to be written, and what to call once it is
-// on the socket.
+// outFrame is a frame waiting to be written, what to call once it is on
+// the socket, and for a guide, its wait for proof (see proof.go).
 type outFrame struct {
 	b       []byte
 	written func()
+	proof   *guideProof
 }
 
 // enqueue queues a frame for the client without blocking, starting a
@@ -368,10 +387,18 @@ func (c *conn) enqueue(b []byte) bool { return c.enqueueThen(b, nil) }
 // enqueueThen is enqueue, and calls written, on the flusher's goroutine,
 // once the frame is written to the socket. written must not block.
 func (c *conn) enqueueThen(b []byte, written func()) bool {
+	return c.enqueueFrame(outFrame{b: b, written: written})
+}
+
+// enqueueFrame is enqueue's body. A guide's proof waits from here on.
+func (c *conn) enqueueFrame(f outFrame) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed || c.closeSet {
 		return false
+	}
+	if f.proof != nil && c.hasGuide(f.proof) {
+		return true
 	}
 	if len(c.queue) >= c.g.cfg.SendQueue {
 		c.closed = true
@@ -380,7 +407,13 @@ func (c *conn) enqueueThen(b []byte, written func()) bool {
 		c.ws.NetConn().Close() // unblocks serve's read, which cleans up
 		return false
 	}
-	c.queue = append(c.queue, outFrame{b, written})
+	c.queue = append(c.queue, f)
+	if f.proof != nil {
+		c.proofSeq++
+		f.proof.seq = c.proofSeq
+		c.unproven = append(c.unproven, f.proof)
+		c.recordGuide(f.proof.id)
+	}
 	if !c.flushing {
 		c.flushing = true
 		c.flushers.Add(1)
@@ -416,6 +449,9 @@ func (c *conn) flush() {
 				c.mu.Unlock()
 				c.ws.NetConn().Close()
 				return
+			}
+			if f.proof != nil {
+				c.awaitProof(f.proof)
 			}
 			if f.written != nil {
 				f.written()

@@ -504,19 +504,21 @@ func (g *Gateway) track(n int) bool {
 
 // release forgets an ended connection: it counts it out of the user's
 // route and, after a normal close, ends the session if that was the
-// user's last connection on any instance.
+// user's last connection on any instance; then it hands on the guides the
+// client never proved it got (see proof.go).
 func (g *Gateway) release(ctx context.Context, c *conn) {
 	g.hub.remove(c)
 	if !c.normalClose.Load() {
 		g.dropped.add(c)
 	}
 	metricConnections.Dec()
-	ctx, cancel := context.WithTimeout(ctx, routeWriteTimeout)
+	wctx, cancel := context.WithTimeout(ctx, routeWriteTimeout)
 	defer cancel()
-	if err := g.routes.write(ctx, c.uid, c.routeClose()); err != nil {
+	if err := g.routes.write(wctx, c.uid, c.routeClose()); err != nil {
 		// The writer keeps the user marked, and retries.
 		g.routeLog.Fail(err)
 	}
+	g.handOn(ctx, c) // after the route write: a normal close makes them stale
 }
 
 // userFullRetryAfter is the Retry-After of a refusal at the per-user cap:

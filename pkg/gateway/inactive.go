@@ -24,7 +24,8 @@ import (
 // other and closes nothing: the user is back, on that very connection.
 
 // enqueueGuide hands c a guide pushed to its user: held while c holds its
-// guides (see present.go), else as takeGuide does.
+// guides (see present.go), unsent and so not yet waiting for proof; else
+// as takeGuide does.
 func (c *conn) enqueueGuide(req push.Request) guideTake {
 	c.mu.Lock()
 	if h := c.hold; h != nil && h.holding {
@@ -40,8 +41,9 @@ func (c *conn) enqueueGuide(req push.Request) guideTake {
 }
 
 // takeGuide drops a guide whose silence c's client said its user was
-// present for, or queues its frame, and for a close stage (final) closes
-// c once the frame is on the socket.
+// present for, or queues its frame, which waits on c for proof from then
+// on (see proof.go); for a close stage (final) it closes c once the frame
+// is on the socket instead: that guide is not handed on.
 func (c *conn) takeGuide(req push.Request) guideTake {
 	if superseded(req.DeadlineMS, c.presentUntilMS.Load()) {
 		metricPushes.WithLabelValues("superseded").Inc()
@@ -52,7 +54,7 @@ func (c *conn) takeGuide(req push.Request) guideTake {
 	if req.Final {
 		ok = c.enqueueThen(b, c.closeInactive)
 	} else {
-		ok = c.enqueue(b)
+		ok = c.enqueueProven(b, &guideProof{id: req.ID, req: &req}, nil)
 	}
 	if !ok {
 		return guideRefused
@@ -70,6 +72,7 @@ func (c *conn) closeInactive() {
 	}
 	// As ended does for a 1000: marked first, so that a resync does not
 	// restore the session (see resyncConns).
+	c.closedAt.Store(int64(time.Since(c.g.start)))
 	c.grant.Store(0)
 	c.normalClose.Store(true)
 	// This is the flusher, the one writer: the close frame is written

@@ -57,6 +57,10 @@ var (
 		Name: "stillthere_gateway_resynced_total",
 		Help: "Last grants of connections handed to Redis by resyncs after it was out of reach; a deadline already as late stays.",
 	})
+	metricProofTimeouts = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_gateway_guide_proof_timeouts_total",
+		Help: "Connections cut off because a guide written to them was not proven received (an ack, or a pong to the ping after it) within the write timeout: half-open connections, whose guides go to the user's next connection.",
+	})
 	metricDroppedGrants = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "stillthere_gateway_dropped_grants",
 		Help: "Grants of connections that dropped, kept until they run out for a resync after Redis loses its data.",
@@ -67,8 +71,9 @@ var (
 	})
 	metricPushes = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_pushes_total",
-		Help: "Guide pushes, by outcome: delivered, queued, duplicate, stale, too_old, retry (409, 503), invalid (400), rejected (401); routed_in (from another instance); from_inbox (written on connect), inbox_stale and inbox_expired (dropped at hand-over); " +
-			"inbox_superseded and superseded (dropped from the inbox, or pushed live, because the client's first ping said the user was there after the deadline).",
+		Help: "Guide pushes, by outcome: delivered, queued, duplicate, stale, too_old, retry (409, 503), invalid (400), rejected (401); routed_in (from another instance); from_inbox (proven received on connect), inbox_stale and inbox_expired (dropped at hand-over); " +
+			"inbox_superseded and superseded (dropped from the inbox, or pushed live, because the client's first ping said the user was there after the deadline); " +
+			"handed_on (a guide its connection ended without proving, routed again), handed_on_stale (not, as its user renewed since its deadline).",
 	}, []string{"outcome"})
 	metricRoutesPruned = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_gateway_routes_pruned_total",

@@ -313,9 +313,11 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 
 // deliverLocal hands a guide to uid's connections on this instance, and
 // returns how many took it, and how many dropped it as superseded (their
-// client said the user was present after its deadline). A close stage's
-// guide closes each connection that took it once written to it (see
-// inactive.go).
+// client said the user was present after its deadline). Each that took it
+// keeps it until the client proves it got it, and hands it on if it ends
+// first (see proof.go); one holding its guides holds it, unsent, until
+// its first frame (see present.go). A close stage's guide closes each
+// connection that took it once written to it (see inactive.go).
 func (g *Gateway) deliverLocal(req push.Request) (taken, superseded int) {
 	for _, c := range g.hub.lookup(req.UID) {
 		switch c.enqueueGuide(req) {
@@ -450,10 +452,11 @@ func (g *Gateway) routedIn(ctx context.Context, payload string) {
 func (g *Gateway) inboxChunk() int { return max(1, g.cfg.SendQueue/2) }
 
 // inboxLease is how long a connection may take to write one chunk of
-// inbox guides before another connection of the user may take them too:
-// each frame's write timeout, and a margin.
+// inbox guides and have them proven before another connection of the
+// user may take them too: each frame's write timeout, the last one's wait
+// for proof (cut off after a write timeout too), and a margin.
 func (g *Gateway) inboxLease() time.Duration {
-	return time.Duration(g.inboxChunk())*g.cfg.WriteTimeout + 5*time.Second
+	return time.Duration(g.inboxChunk()+1)*g.cfg.WriteTimeout + 5*time.Second
 }
 
 // takeInbox leases up to inboxChunk of uid's inbox entries, oldest first,
@@ -497,9 +500,9 @@ func (g *Gateway) takeInbox(ctx context.Context, uid string, p presence, known i
 // word p (or what c knew before) says the user was present for are
 // dropped, and their silences marked stale. It returns the rest of the
 // handover, for a goroutine of its own, or nil when there is none: each
-// guide leaves the inbox once written to the socket, and the next ones
-// are queued then, so a connection that drops first leaves them for the
-// next connect.
+// guide leaves the inbox once the client proved it got it (see proof.go),
+// and the next ones are queued then, so a connection that drops first,
+// or never reads, leaves them for the next connect.
 func (g *Gateway) handOverInbox(ctx context.Context, c *conn, p presence) func() {
 	items, superseded, presentUntil, err := g.takeInbox(ctx, c.uid, p, c.presentUntilMS.Load())
 	if err != nil {
@@ -522,12 +525,12 @@ func (g *Gateway) handOverInbox(ctx context.Context, c *conn, p presence) func()
 type handover struct {
 	g       *Gateway
 	c       *conn
-	written chan string       // entries of the chunk the connection's flusher wrote
+	written chan string       // entries of the chunk the client proved it got
 	queued  map[string]string // entries of the chunk on the connection: entry -> guide id
 }
 
 // queue puts a chunk of entries on the connection, each reporting on
-// written once it is on the socket. Entries that do not parse leave the
+// written once proven received. Entries that do not parse leave the
 // inbox at once; those the connection did not take are released.
 func (h *handover) queue(ctx context.Context, items []string) {
 	written := make(chan string, len(items))
@@ -542,7 +545,8 @@ func (h *handover) queue(ctx context.Context, items []string) {
 		}
 		// A close stage's guide too closes nothing here: the user is
 		// back, on this connection.
-		if len(unsent) > 0 || !h.c.enqueueThen(frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final), func() { written <- raw }) {
+		b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)
+		if len(unsent) > 0 || !h.c.enqueueProven(b, &guideProof{id: req.ID, proven: func() { written <- raw }}, nil) {
 			unsent = append(unsent, req.ID)
 			continue
 		}
@@ -553,7 +557,7 @@ func (h *handover) queue(ctx context.Context, items []string) {
 	}
 }
 
-// run waits for each chunk to be written, removes it from the inbox, and
+// run waits for each chunk to be proven, removes it from the inbox, and
 // queues the next, until the inbox is empty or the connection ends.
 func (h *handover) run(ctx context.Context, taken int) {
 	chunk := h.g.inboxChunk()
@@ -587,8 +591,8 @@ func (h *handover) run(ctx context.Context, taken int) {
 	}
 }
 
-// wait returns the entries of the current chunk written to the socket:
-// all of them, or those written before the connection ended.
+// wait returns the entries of the current chunk the client proved it got:
+// all of them, or those proven before the connection ended.
 func (h *handover) wait() []string {
 	done := make([]string, 0, len(h.queued))
 	for len(done) < len(h.queued) {
@@ -596,7 +600,7 @@ func (h *handover) wait() []string {
 		case raw := <-h.written:
 			done = append(done, raw)
 		case <-h.c.done:
-			// Its flushers have exited: every write was reported.
+			// Its reader has returned: every proof was reported.
 			for {
 				select {
 				case raw := <-h.written:

@@ -508,7 +508,7 @@ func (g *Gateway) resyncConns(ctx context.Context) (int, error) {
 		// their last connection.
 		for _, c := range conns {
 			if c.grant.Load() == 0 {
-				g.routes.mark(c.uid, closeNormal, nil)
+				g.routes.mark(c.uid, c.normalEnd(), nil)
 			}
 		}
 		grants, conns = grants[:0], conns[:0]

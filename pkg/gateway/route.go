@@ -78,45 +78,56 @@ type routeBook struct {
 
 // routeMark is a user whose count is to be written.
 type routeMark struct {
-	// closed: a connection of the user closed since the last write; end:
-	// the latest one closed normally, so the session ends if no
-	// connection of theirs is left anywhere.
-	closed, end bool
-	waiters     []chan error
+	// close is the latest close of a connection of the user since the
+	// last write: a normal close ends the session if no connection of
+	// theirs is left anywhere, and Redis knows of no renewal since it.
+	close   routeClose
+	waiters []chan error
 	// rounds are the re-registrations waiting for this write.
 	rounds []*routeRound
 }
 
-// routeClose is what a mark says of a close.
-type routeClose uint8
+// routeClose is what a mark says of a close: none (closeNone: a connect,
+// or a refresh), or a connection of the user that ended at a time, since
+// the gateway started: dropped (or cut off by the gateway), or closed
+// normally (the client's 1000, or the gateway's 4000 after a close
+// stage), the user leaving. The latest close decides whether the write
+// ends the session, and a normal close's end is recorded at its time, so
+// that one that waits out an outage here never overrides a ping the user
+// made after it, on another instance (see session.RouteCount).
+type routeClose struct {
+	at     time.Duration // 0: no close
+	normal bool
+}
 
-const (
-	closeNone   routeClose = iota // a connect, or a refresh: no close
-	closeDrop                     // a connection dropped, or the gateway closed it
-	closeNormal                   // the client closed with 1000: the user left
-)
+// closeNone marks a connect, or a refresh: no close.
+var closeNone routeClose
 
-// routeClose is what c's end says of the user's route.
+// routeClose is what c's end says of the user's route: a normal close at
+// its time, or a drop, which is known from release on.
 func (c *conn) routeClose() routeClose {
 	if c.normalClose.Load() {
-		return closeNormal
+		return c.normalEnd()
 	}
-	return closeDrop
+	return routeClose{at: max(time.Since(c.g.start), 1)}
 }
 
-// note records a close, the latest so far.
+// normalEnd is c's normal close. closedAt is stored before the grant goes
+// to 0, so whoever sees the grant gone may call it.
+func (c *conn) normalEnd() routeClose {
+	return routeClose{at: max(c.endAt(), 1), normal: true}
+}
+
+// note records a close, if it is the latest so far.
 func (m *routeMark) note(c routeClose) {
-	if c != closeNone {
-		m.closed, m.end = true, c == closeNormal
+	if c.at != 0 && c.at >= m.close.at {
+		m.close = c
 	}
 }
 
-// retried merges back a mark whose write failed into m, marked since: its
-// close is older than any m recorded.
+// retried merges back a mark whose write failed into m, marked since.
 func (m *routeMark) retried(old *routeMark) {
-	if !m.closed {
-		m.closed, m.end = old.closed, old.end
-	}
+	m.note(old.close)
 	m.rounds = append(m.rounds, old.rounds...)
 }
 
@@ -279,8 +290,10 @@ func (b *routeBook) flush(ctx context.Context) bool {
 		// Counts are read now, after the marks were taken: a connection
 		// that comes or goes from here on marks its user again.
 		counts := make([]session.RouteCount, len(uids))
+		now := time.Since(b.g.start)
 		for i, uid := range uids {
-			counts[i] = session.RouteCount{UID: uid, Count: b.g.hub.count(uid), End: marks[i].end}
+			end := marks[i].close
+			counts[i] = session.RouteCount{UID: uid, Count: b.g.hub.count(uid), End: end.normal, EndAgo: now - end.at}
 		}
 		wctx, cancel := context.WithTimeout(ctx, routeWriteTimeout)
 		res := b.g.store.WriteRoutes(wctx, b.g.instance, counts, b.g.cfg.routeTTL(), b.g.recentlyDead())

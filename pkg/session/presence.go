@@ -37,7 +37,18 @@ func (k Keyspace) InboxLeaseKey(uid string) string { return k.InboxKey(uid) + "/
 // one), drops the entries of instances known dead, and refreshes the
 // key's TTL while any connection is left. With end set, a normal close
 // asked to end the session: it does, as endScript does, only when no
-// connection of the user is left on any instance.
+// connection of the user is left on any instance, and Redis knows of no
+// renewal since the close.
+//
+// A close may land long after it was made: through an outage it waits in
+// its instance's route writer. Meanwhile the user may have come back on
+// another instance and pinged there, in the same outage; that instance's
+// resync restores the ping once Redis is back, at the ping's time, and
+// its route count may be written after this. So the end is recorded at
+// the close (ARGV[7] ms before Redis's now), not when it lands, and a
+// renewal recorded after that time refuses it: the resync that lands first
+// keeps the session, and one that lands after finds no renewal or end
+// newer than its ping, and restores it (see renewScript).
 //
 // Beside the counts, the route stamps say when each instance last wrote
 // its count, by Redis's clock. An instance judged dead loses only the
@@ -47,8 +58,8 @@ func (k Keyspace) InboxLeaseKey(uid string) string { return k.InboxKey(uid) + "/
 // it wrote since. An entry without a stamp is dropped as dead.
 // KEYS: route, then sessionKeys (session, the bucket's keys, renewed),
 // then the route stamps.
-// ARGV: instance, count, ttl ms, end (1/0), uid, keep ms, then pairs of a
-// dead instance and its cut ms.
+// ARGV: instance, count, ttl ms, end (1/0), uid, keep ms, ms since the
+// close, then pairs of a dead instance and its cut ms.
 // Returns {connections left, 1 if the session was ended}.
 var routeScript = redis.NewScript(`
 local t = redis.call('TIME')
@@ -61,7 +72,7 @@ else
   redis.call('HDEL', KEYS[1], ARGV[1])
   redis.call('HDEL', KEYS[#KEYS], ARGV[1])
 end
-for i = 7, #ARGV - 1, 2 do
+for i = 8, #ARGV - 1, 2 do
   local at = tonumber(redis.call('HGET', KEYS[#KEYS], ARGV[i])) or 0
   if at <= tonumber(ARGV[i + 1]) then
     redis.call('HDEL', KEYS[1], ARGV[i])
@@ -76,7 +87,9 @@ if total > 0 then
 end
 if ARGV[4] ~= '1' or total > 0 then return {total, 0} end
 local uid = ARGV[5]
-redis.call('SET', KEYS[9], now, 'PX', tonumber(ARGV[6]))
+local at = now - tonumber(ARGV[7])
+if tonumber(redis.call('GET', KEYS[9]) or '0') > at then return {total, 0} end
+redis.call('SET', KEYS[9], at, 'PX', tonumber(ARGV[6]))
 redis.call('DEL', KEYS[2])
 redis.call('ZREM', KEYS[3], uid)
 redis.call('HDEL', KEYS[4], uid)
@@ -94,6 +107,9 @@ type RouteCount struct {
 	// End asks to end the user's session, as a normal close (1000) does,
 	// if no connection of theirs is left on any instance.
 	End bool
+	// EndAgo is how long ago the close was: the end is recorded then, and
+	// a renewal Redis knows of since refuses it.
+	EndAgo time.Duration
 }
 
 // RouteResult is what writing one RouteCount found.
@@ -135,7 +151,7 @@ func (s *Store) WriteRoutes(ctx context.Context, instance string, counts []Route
 		if c.End {
 			end = 1
 		}
-		argv = deadArgs([]any{instance, c.Count, ttl.Milliseconds(), end, c.UID, RenewedKeep.Milliseconds()}, instance, dead)
+		argv = deadArgs([]any{instance, c.Count, ttl.Milliseconds(), end, c.UID, RenewedKeep.Milliseconds(), max(c.EndAgo, 0).Milliseconds()}, instance, dead)
 		keys = append([]string{s.ks.RouteKey(c.UID)}, s.ks.sessionKeys(c.UID)...)
 		return append(keys, s.ks.RouteStampKey(c.UID)), argv
 	}
