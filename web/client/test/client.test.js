@@ -133,6 +133,7 @@ describe('against a real gateway', { concurrency: true }, () => {
   });
 
   it('spaces pings from the answer to the last, so that each one renews, even over a slow uplink', async () => {
+    const coalesced = await metric(stack, 'stillthere_gateway_renewals_coalesced_total');
     const { c, rec } = client({ token: await stack.token(uid('slowlink')) }, { delayFirst: 700 });
     c.start();
     await rec.waitFor('statechange', (e) => e.state === 'open');
@@ -143,8 +144,10 @@ describe('against a real gateway', { concurrency: true }, () => {
     c.activity();
     const [first, second] = [await rec.waitFor('pong'), await rec.waitFor('pong', () => rec.of('pong').length >= 2)];
     assert.ok(second.deadline > first.deadline, `deadlines ${first.deadline}, then ${second.deadline}`);
-    // No client of these tests had a ping answered without a renewal.
-    assert.equal(await metric(stack, 'stillthere_gateway_renewals_coalesced_total'), 0);
+    // Neither ping was answered without a renewal. Counted around this
+    // test alone: a user's devices share renewals, and other tests' users
+    // have several (tests run one at a time).
+    assert.equal(await metric(stack, 'stillthere_gateway_renewals_coalesced_total'), coalesced);
   });
 
   it('keeps a busy user out of the guide, and guides them once they go quiet', async () => {
