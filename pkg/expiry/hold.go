@@ -18,7 +18,9 @@ import (
 //     renewals failed, its heartbeat had a gap) holds a deadline in
 //     [start, end+grace] until end+grace.
 //   - The rules about a gateway apply to every instance of the user: the
-//     one that renewed last and every one holding a connection of theirs.
+//     one whose grant the deadline is, the one that renewed last, and
+//     every one holding a connection of theirs (a route entry another
+//     instance may drop once it is dead, while its clients still ping it).
 //   - A gateway instance that is dead now, or missed a heartbeat (one a
 //     third of its lease), holds its users' deadlines in [last
 //     heartbeat-lease, last heartbeat+grace] until last heartbeat+grace:
@@ -54,10 +56,7 @@ func holdUntil(c session.Control, e session.Expired, grace time.Duration) (time.
 	// The stage's due time: for stage 1 the deadline; for a later stage,
 	// a ping in an outage before it would have ended the silence.
 	d := e.Due
-	instances := e.Routes
-	if e.Via != "" {
-		instances = append([]string{e.Via}, e.Routes...)
-	}
+	instances := append(e.Vias(), e.Routes...)
 	for _, b := range c.Blind {
 		if b.Scope != "" && !slices.Contains(instances, b.Scope) {
 			continue

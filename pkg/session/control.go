@@ -284,9 +284,9 @@ end
 // cluster the masters and replicas (see clusterRolesLua): a Redis that
 // restarted, however quickly, lost the pings sent while it was down, and
 // renewals to a master that failed over wait in clients' retries while
-// their deadlines lapse. KEYS: swept, blind, alive, listeners, run id.
-// ARGV: gap max ms, last seen ms, keep ms, listener id, listener failing
-// (0/1).
+// their deadlines lapse. KEYS: swept, blind, alive, listeners, run id,
+// roles. ARGV: gap max ms, last seen ms, keep ms, listener id, listener
+// failing (0/1).
 var markScript = redis.NewScript(markLua)
 
 const markLua = clusterRolesLua + `
@@ -294,21 +294,27 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local gapMax, lastSeen, keep = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local rid = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
--- On a cluster, the run id is followed by the nodes' roles, as this node
--- sees them: until a failed master's users' renewals find the promoted
--- replica, their deadlines lapse under them.
-local cur = nil
+-- On a cluster, the nodes' roles, as this node sees them: until a failed
+-- master's users' renewals find the promoted replica, their deadlines
+-- lapse under them. They have a key of their own: the run id key holds
+-- '<run id>/<epoch>', as a listener of the release before wrote it and
+-- still reads it, taking any change of it for a failover; with the
+-- roles in it, each of its marks during a rolling upgrade was one.
+local cur, failover = nil, false
 local cok, cnodes = pcall(redis.call, 'CLUSTER', 'NODES')
 if cok then
   cur = roles(cnodes)
-  rid = rid .. '/' .. encodeRoles(cur)
+  local iok, cinfo = pcall(redis.call, 'CLUSTER', 'INFO')
+  rid = rid .. '/' .. ((iok and string.match(cinfo, 'cluster_current_epoch:(%d+)')) or '')
+  local enc = encodeRoles(cur)
+  local proles = redis.call('GET', KEYS[6])
+  if proles ~= enc then redis.call('SET', KEYS[6], enc) end
+  -- None stored (the first mark of this release): no failover found.
+  failover = proles and failedOver(decodeRoles(proles), cur)
 end
 local prid = redis.call('GET', KEYS[5])
 if prid ~= rid then redis.call('SET', KEYS[5], rid) end
 local restarted = prid and string.match(prid, '^(%x*)') ~= string.match(rid, '^(%x*)')
--- What a version that stored the epoch left ('<run id>/<epoch>') holds
--- no roles: the first mark after it finds no failover.
-local failover = prid and cur and failedOver(decodeRoles(string.match(prid, '/(.*)$')), cur)
 local prev = redis.call('GET', KEYS[1])
 redis.call('SET', KEYS[1], now)
 local start, reason = 0, ''
@@ -345,7 +351,7 @@ func (s *Store) Mark(ctx context.Context, m SweepMark) (Control, error) {
 		failing = 1
 	}
 	vals, err := markScript.Run(ctx, s.rdb,
-		[]string{s.ks.SweptKey(), s.ks.BlindKey(), s.ks.AliveKey(), s.ks.ListenersKey(), s.ks.RunIDKey()},
+		[]string{s.ks.SweptKey(), s.ks.BlindKey(), s.ks.AliveKey(), s.ks.ListenersKey(), s.ks.RunIDKey(), s.ks.RolesKey()},
 		m.GapMax.Milliseconds(), last, m.Keep.Milliseconds(), m.Listener, failing).Slice()
 	if err != nil {
 		return Control{}, fmt.Errorf("mark sweep: %w", err)

@@ -25,7 +25,8 @@
 //	<prefix>:{ctl}:alive         gateway heartbeats: HASH instance -> "last ms:lease ms"
 //	<prefix>:{ctl}:blind         blind intervals: ZSET "start:end:reason:scope" -> end ms
 //	<prefix>:{ctl}:swept         Redis time of the last complete sweep, ms
-//	<prefix>:{ctl}:runid         run id of the Redis holding {ctl} (/cluster nodes' roles), at the last sweep
+//	<prefix>:{ctl}:runid         run id of the Redis holding {ctl} (/cluster epoch), at the last sweep
+//	<prefix>:{ctl}:roles         the cluster nodes' roles, at the last sweep
 //	<prefix>:{ctl}:lapses:<s>    timeouts claimed in second s (mass-expiry brake)
 //	<prefix>:{ctl}:listeners     listener replicas: HASH id -> last sweep mark ms
 //
@@ -155,9 +156,15 @@ func (k Keyspace) BlindKey() string { return k.controlKey("blind") }
 func (k Keyspace) SweptKey() string { return k.controlKey("swept") }
 
 // RunIDKey holds the run id of the Redis that holds the control keys, and
-// on a cluster which nodes are masters serving slots and which replicas,
-// as the last sweep saw them.
+// on a cluster the cluster's epoch, as the last sweep saw them. A listener
+// of a release before RolesKey takes any other change of it for a
+// failover, so this one writes it as that one does: while both run (a
+// rolling upgrade), neither sees a failover in the other's marks.
 func (k Keyspace) RunIDKey() string { return k.controlKey("runid") }
+
+// RolesKey holds which nodes of the cluster are masters serving slots and
+// which replicas, as the last sweep saw them (see clusterRolesLua).
+func (k Keyspace) RolesKey() string { return k.controlKey("roles") }
 
 // LapsesKey counts the timeouts claimed in one second (Unix seconds).
 func (k Keyspace) LapsesKey(sec int64) string {

@@ -36,7 +36,11 @@ import (
 // is the segment's whose grant ran out, and an outage of the instance
 // that granted it holds it. The same rule keeps the largest jitter of a
 // device's recent pings, and lets a policy that shortens a segment's TTL
-// take effect once the grants given before it have run out. Between
+// take effect once the grants given before it have run out. The via
+// then names that grant's instance and, after a comma, this renewal's:
+// the hold rules count the instance that renewed last too, whose
+// device's pings an outage of it may be losing while no route names it
+// (another instance drops a dead one's route entries). Between
 // stages, or while a timeout is held, the deadline is past: any ping
 // writes now+ttl.
 //
@@ -68,8 +72,12 @@ if ARGV[5] == 'resync' then
 end
 local deadline, seg, via = now + ttl, ARGV[3], ARGV[4]
 if cur and cur > deadline then
-  deadline, via = cur, ''
+  deadline = cur
   seg = redis.call('HGET', KEYS[3], uid) or seg
+  -- The via names the instance of the grant the deadline is, then this
+  -- one, the last to renew: an outage of either may hold the deadline.
+  local granter = string.match(redis.call('HGET', KEYS[4], uid) or '', '^[^,]*')
+  if via ~= '' and granter ~= '' and granter ~= via then via = granter .. ',' .. via end
 end
 redis.call('SET', KEYS[1], seg, 'PX', deadline - now)
 redis.call('ZADD', KEYS[2], deadline, uid)
@@ -423,8 +431,10 @@ type Expired struct {
 	// of the silence is due; zero when this stage is the last, AfterReplay
 	// when this stage went to a spool.
 	NextDue time.Time
-	// Via is the gateway instance that last renewed the session, or ""
-	// when it was renewed without one.
+	// Via is the gateway instance whose grant the deadline is, or ""
+	// when it was renewed without one; while a shorter renewal kept that
+	// deadline, followed by a comma and the instance that renewed last
+	// (see renewScript). Vias lists them.
 	Via string
 	// Rechecked means this deadline was held once and released: it was
 	// checked against the outage rules already.
@@ -433,6 +443,15 @@ type Expired struct {
 	// a user is present while any of their devices pings, so an outage of
 	// any of them may have kept a ping from Redis.
 	Routes []string
+}
+
+// Vias lists the gateway instances Via names: the one whose grant the
+// deadline is, then the one that renewed last, if another.
+func (e Expired) Vias() []string {
+	if e.Via == "" {
+		return nil
+	}
+	return strings.Split(e.Via, ",")
 }
 
 // AfterReplay is the NextDue of a stage that went to a listener's spool

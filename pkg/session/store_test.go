@@ -191,8 +191,8 @@ func BenchmarkRenew(b *testing.B) {
 
 // TestRenewNeverMovesDeadlineEarlier: one user's devices in two segments.
 // A ping from the short-TTL device keeps the deadline the long-TTL device
-// was granted, with that grant's segment and instance, and still records
-// the user as there; a ping that grants later moves the deadline, and
+// was granted, with that grant's segment and instance (and names its own
+// instance as the last to renew), and still records the user as there; a ping that grants later moves the deadline, and
 // the segment and instance with it. A normal end still ends it all.
 func TestRenewNeverMovesDeadlineEarlier(t *testing.T) {
 	s, ctx := newStore(t)
@@ -230,9 +230,14 @@ func TestRenewNeverMovesDeadlineEarlier(t *testing.T) {
 		t.Fatalf("the web tab's ping returned deadline %v, want the phone's %v kept", web, phone)
 	}
 	score, seg, via, pttl := state()
-	if !score.Equal(phone) || seg != "mobile" || via != "gw-a" || pttl < 20*time.Second {
+	if !score.Equal(phone) || seg != "mobile" || via != "gw-a,gw-b" || pttl < 20*time.Second {
 		t.Fatalf("after the web tab's ping: deadline %v, segment %q, via %q, session TTL %v; "+
-			"want the phone's grant (%v, mobile, gw-a, about 30s)", score, seg, via, pttl, phone)
+			"want the phone's grant (%v, mobile, gw-a, about 30s), and gw-b as the last to renew", score, seg, via, pttl, phone)
+	}
+	// Another device's short ping elsewhere: it is now the last to renew.
+	renew("default", "gw-c", 2*time.Second)
+	if _, _, via, _ = state(); via != "gw-a,gw-c" {
+		t.Fatalf("after a short ping on gw-c: via %q, want gw-a,gw-c", via)
 	}
 	if at, err := s.LastRenewed(ctx, "multi"); err != nil || !at.After(phone.Add(-30*time.Second)) {
 		t.Fatalf("LastRenewed = %v, %v; want the web tab's ping", at, err)
