@@ -1,12 +1,15 @@
 package devstack
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,11 +18,16 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/stillthere/stillthere/pkg/gateway"
+	"github.com/stillthere/stillthere/pkg/redisconn"
+	"github.com/stillthere/stillthere/pkg/session"
 )
 
 // TestRollingRestartSendsNoGuide restarts a gateway under 1,000 active
 // clients. They are told 1001, reconnect to another instance at once and
-// keep pinging: no session may run out, so no guide may go out.
+// keep pinging: no session may run out, so no guide may go out. The
+// whole instance reconnects to the other at once, and on a busy machine
+// its reconnects and first pings take longer than what their grants have
+// left: the drain they were told to leave by is a silence we caused.
 func TestRollingRestartSendsNoGuide(t *testing.T) {
 	if testing.Short() {
 		t.Skip("1,000 connections")
@@ -41,21 +49,29 @@ func TestRollingRestartSendsNoGuide(t *testing.T) {
 
 	urlB := "ws://" + b.PublicAddr().String() + "/v1/ws"
 	urlA := wsURL(s)
-	end := time.Now().Add(3*testTTL + 3*time.Second)
 	var (
 		wg                    sync.WaitGroup
 		guides, moved, failed atomic.Int64
 	)
+	// The clients stop pinging, and leave with a normal close, once stop
+	// is closed.
+	stop := make(chan struct{})
 	dialer := websocket.Dialer{HandshakeTimeout: 10 * time.Second}
+	// connect dials as the real client does: at once, then again after
+	// an exponential backoff with full jitter, until it gets through or
+	// the test has waited long enough to call it a failure.
 	connect := func(url, tok string) *websocket.Conn {
-		for attempt := 0; attempt < 5; attempt++ {
+		giveUp := time.Now().Add(30 * time.Second)
+		for step := 0; ; step++ {
 			ws, _, err := dialer.Dial(url, http.Header{"Authorization": {"Bearer " + tok}})
 			if err == nil {
 				return ws
 			}
-			time.Sleep(50 * time.Millisecond)
+			if time.Now().After(giveUp) {
+				return nil
+			}
+			time.Sleep(rand.N(min(5*time.Second, 500*time.Millisecond<<step)))
 		}
-		return nil
 	}
 	// pingOnce pings and reads up to the pong; an error means the
 	// connection ended (told 1001, or cut).
@@ -80,6 +96,14 @@ func TestRollingRestartSendsNoGuide(t *testing.T) {
 			}
 		}
 	}
+	stopped := func() bool {
+		select {
+		case <-stop:
+			return true
+		default:
+			return false
+		}
+	}
 	ready := make(chan struct{}, clients)
 	for i := range clients {
 		tok := mint(t, s, "roll-"+strconv.Itoa(i))
@@ -91,18 +115,23 @@ func TestRollingRestartSendsNoGuide(t *testing.T) {
 				return
 			}
 			ready <- struct{}{}
-			for time.Now().Before(end) {
+			hasMoved := false
+			for !stopped() {
 				time.Sleep(500 * time.Millisecond)
 				if pingOnce(ws) == nil {
 					continue
 				}
-				// Told to go: reconnect to the other instance and renew.
+				// Told to go, or cut: reconnect to the other instance and
+				// renew there.
 				ws.Close()
 				if ws = connect(urlA, tok); ws == nil || pingOnce(ws) != nil {
 					failed.Add(1)
 					return
 				}
-				moved.Add(1)
+				if !hasMoved {
+					hasMoved = true
+					moved.Add(1)
+				}
 			}
 			ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
 			ws.Close()
@@ -115,10 +144,19 @@ func TestRollingRestartSendsNoGuide(t *testing.T) {
 	if err := <-bDone; err != nil {
 		t.Errorf("restarting gateway: %v", err)
 	}
+	waitCond(t, 60*time.Second, "every client to move to the other instance", func() bool {
+		return moved.Load()+failed.Load() == clients
+	})
+	// Real time must pass: the clients keep pinging on the other instance
+	// for one grace, so that every timeout the drain held is released and
+	// checked again while its user is still there.
+	time.Sleep(s.ListenerConfig.OutageGrace)
+	close(stop)
 	wg.Wait()
-	// Sessions were ended with 1000; wait past any deadline a lapse would
-	// have left, then look at the topic.
-	time.Sleep(testTTL + testJitter + time.Second)
+	// Sessions were ended with 1000: once none is left in the index or
+	// held, and the listener has swept twice since, nothing that lapsed
+	// is still on its way to the topic.
+	waitQuiet(t, s)
 	if n := failed.Load(); n != 0 {
 		t.Errorf("%d clients could not connect", n)
 	}
@@ -131,4 +169,68 @@ func TestRollingRestartSendsNoGuide(t *testing.T) {
 	if evs := topicEvents(t, s); len(evs) != 0 {
 		t.Errorf("%d timeout events for clients that never went silent; first %+v", len(evs), evs[0])
 	}
+}
+
+// waitCond waits until cond holds, for at most within.
+func waitCond(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitQuiet waits until the stack's deadline index and hold sets are
+// empty, every session ended or settled, and then until the listener has
+// completed two sweeps since: a timeout a sweep read before has been
+// produced by then, or never will be.
+func waitQuiet(t *testing.T, s *Stack) {
+	t.Helper()
+	ctx := context.Background()
+	rdb, err := redisconn.Open(ctx, s.GatewayConfig.Redis)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	ks := s.GatewayConfig.Redis.Keyspace()
+	waitCond(t, 30*time.Second, "the deadline index and hold sets to empty", func() bool {
+		for b := range session.Buckets {
+			n, err := rdb.ZCard(ctx, ks.IndexKey(b)).Result()
+			if err != nil || n != 0 {
+				return false
+			}
+			if n, err = rdb.ZCard(ctx, ks.HoldKey(b)).Result(); err != nil || n != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	from := listenerSweeps(t, s)
+	waitCond(t, 30*time.Second, "two more sweeps of the listener", func() bool { return listenerSweeps(t, s) >= from+2 })
+}
+
+// listenerSweeps is how many sweeps the stack's listener has completed,
+// from its metrics.
+func listenerSweeps(t *testing.T, s *Stack) int64 {
+	t.Helper()
+	resp, err := http.Get("http://" + s.Listener.AdminAddr().String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "stillthere_listener_sweep_seconds_count "); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("sweep count %q: %v", v, err)
+			}
+			return n
+		}
+	}
+	t.Fatal("the listener's metrics have no sweep count")
+	return 0
 }
