@@ -16,6 +16,9 @@ func TestHoldUntil(t *testing.T) {
 	blind := func(from, to float64, scope string) session.BlindInterval {
 		return session.BlindInterval{Start: at(from), End: at(to), Scope: scope, Reason: "test"}
 	}
+	drain := func(from, to float64, scope string) session.BlindInterval {
+		return session.BlindInterval{Start: at(from), End: at(to), Scope: scope, Reason: session.BlindDrain}
+	}
 	tests := []struct {
 		name     string
 		now      float64
@@ -66,6 +69,14 @@ func TestHoldUntil(t *testing.T) {
 			inst: map[string]session.Instance{"gw-a": alive, "gw-b": dead}, until: 60, rule: holdDeadGW},
 		{name: "a second device's gateway's interval", now: 61, deadline: 50, via: "gw-a", routes: []string{"gw-b"},
 			blind: []session.BlindInterval{blind(40, 60, "gw-b")}, until: 70, rule: holdBlind},
+		// A stopping gateway records its drain while it lasts; it still
+		// beats, but the users it told to go reconnect elsewhere.
+		{name: "draining gateway, still beating", now: 99.5, deadline: 99, via: "gw-a",
+			inst:  map[string]session.Instance{"gw-a": alive},
+			blind: []session.BlindInterval{drain(97, 99.4, "gw-a")}, until: 109.4, rule: holdBlind},
+		{name: "silent before its gateway began to drain", now: 99.5, deadline: 96.9, via: "gw-a",
+			inst:  map[string]session.Instance{"gw-a": alive},
+			blind: []session.BlindInterval{drain(97, 99.4, "gw-a")}},
 		{name: "unknown gateway", now: 55, deadline: 54, via: "gw-c",
 			inst: map[string]session.Instance{"gw-a": alive, "gw-b": dead}},
 		{name: "fleet down", now: 100, deadline: 99, via: "gw-b",

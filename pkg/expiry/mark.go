@@ -175,11 +175,19 @@ func (m *marker) report(c session.Control) {
 		m.seen = map[string]time.Time{}
 	}
 	for _, b := range c.Blind {
-		key := b.Start.String() + b.End.String() + b.Scope + b.Reason
-		if _, ok := m.seen[key]; ok {
+		// A gateway's drain is recorded again every heartbeat while it
+		// lasts: one line per drain, when it is first seen.
+		key := b.Start.String() + b.Scope + b.Reason
+		if b.Reason != session.BlindDrain {
+			key += b.End.String()
+		}
+		_, ok := m.seen[key]
+		if !ok || b.End.After(m.seen[key]) {
+			m.seen[key] = b.End
+		}
+		if ok {
 			continue
 		}
-		m.seen[key] = b.End
 		if c.Now.Sub(b.End) > m.cfg.OutageGrace {
 			continue // old news, from before this process started
 		}
@@ -188,6 +196,11 @@ func (m *marker) report(c session.Control) {
 			"grace", m.cfg.OutageGrace}
 		if b.Scope != "" {
 			attrs = append(attrs, "gateway", b.Scope)
+		}
+		if b.Reason == session.BlindDrain {
+			// Routine: a rolling restart drains every instance in turn.
+			m.log.Info("gateway instance draining; its users' timeouts wait for the grace after the drain, then are checked again", attrs...)
+			continue
 		}
 		m.log.Warn("users could not reach us for a while; timeouts with deadlines in it wait for the grace, then are checked again", attrs...)
 	}

@@ -75,6 +75,8 @@ type Gateway struct {
 	// every user once more after a heartbeat gap. The heartbeat loop's own.
 	beatFailed, beaten, shed bool
 	echoAt                   time.Time
+	// drainRec is the record of the drain so far, nil before it begins.
+	drainRec *session.BlindInterval
 	// dropped holds the grants of connections that dropped, for a resync.
 	dropped *dropped
 	// channel is the state of the subscription to its channel, which
@@ -335,6 +337,12 @@ func (g *Gateway) drain() {
 	g.connsMu.Lock()
 	g.draining = true // connections still being set up close themselves
 	g.connsMu.Unlock()
+	// Recorded before the first client is told to go: from here on this
+	// instance's users cannot renew through it, and their reconnects to
+	// the rest of the fleet may take longer than what their grants have
+	// left, more so when the whole instance reconnects at once to busy
+	// ones. A user who was told to go and came back is not silent.
+	g.recordDrain()
 	conns := g.hub.all()
 	g.log.Info("draining connections", "count", len(conns))
 	var eg errgroup.Group
@@ -348,15 +356,51 @@ func (g *Gateway) drain() {
 	eg.Wait()
 	done := make(chan struct{})
 	go func() { g.conns.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(g.cfg.ShutdownTimeout):
-		g.log.Warn("shutdown timeout: cutting off remaining connections")
-		for _, c := range g.hub.all() {
-			c.ws.NetConn().Close()
+	// The drain is recorded again every heartbeat while it lasts, so that
+	// it holds its users' timeouts until the grace after it ends however
+	// long it takes, also when this process dies before it leaves.
+	beat := time.NewTicker(g.cfg.HeartbeatInterval)
+	defer beat.Stop()
+	timeout := time.After(g.cfg.ShutdownTimeout)
+	for waiting := true; waiting; {
+		select {
+		case <-done:
+			return
+		case <-beat.C:
+			g.recordDrain()
+		case <-timeout:
+			waiting = false
 		}
-		<-done
 	}
+	g.log.Warn("shutdown timeout: cutting off remaining connections")
+	for _, c := range g.hub.all() {
+		c.ws.NetConn().Close()
+	}
+	<-done
+}
+
+// recordDrain records this instance's drain so far, from when it began to
+// now by Redis's clock, as a blind interval of the instance
+// (session.BlindDrain), each record replacing the last. The listener
+// holds the timeouts of the instance's users whose deadlines fall in it
+// or within the grace after it, so that those who reconnected elsewhere
+// have renewed by then. The drain and then leave own it, on Serve's
+// goroutine. A record that fails leaves the last one standing, and the
+// next heartbeat's tries again; while Redis is out of reach, the gap in
+// this instance's heartbeats holds its users instead.
+func (g *Gateway) recordDrain() {
+	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
+	defer cancel()
+	var since time.Time
+	if g.drainRec != nil {
+		since = g.drainRec.Start
+	}
+	b, err := g.ctl.RecordBlindSince(ctx, since, g.instance, session.BlindDrain, g.drainRec)
+	if err != nil {
+		g.log.Warn("record the drain; the listener holds this instance's users by its heartbeats alone", "err", err)
+		return
+	}
+	g.drainRec = &b
 }
 
 func (g *Gateway) publicMux(ctx context.Context) http.Handler {

@@ -379,8 +379,14 @@ func (g *Gateway) shedIfCutOff() {
 	}
 }
 
-// leave marks this instance gone, once its connections are.
+// leave marks this instance gone, once its connections are. A drain is
+// recorded once more first, up to now: the users it told to go are held
+// until the grace after it ends, and the instance's lease until the grace
+// after it leaves.
 func (g *Gateway) leave() {
+	if g.drainRec != nil {
+		g.recordDrain()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 	defer cancel()
 	if err := g.ctl.Leave(ctx, g.instance); err != nil {

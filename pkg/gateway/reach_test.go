@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -277,6 +278,74 @@ func TestHeartbeat(t *testing.T) {
 		first := beat()
 		waitUntil(t, "a later heartbeat", func() bool { return beat() != first })
 	})
+}
+
+// TestDrainRecordedAsBlindInterval: a gateway that stops records its
+// drain as a blind interval of the instance before the first client is
+// told to go, and again until it leaves, so that the listener holds the
+// timeouts of users who were told to reconnect elsewhere until the grace
+// after the drain has passed.
+func TestDrainRecordedAsBlindInterval(t *testing.T) {
+	ctx := context.Background()
+	tg := startGateway(t, func(c *Config) { c.ShutdownTimeout = time.Second })
+	blindKey := tg.store.Keyspace().BlindKey()
+	drains := func() []session.BlindInterval {
+		t.Helper()
+		ms, err := tg.rdb.ZRange(ctx, blindKey, 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []session.BlindInterval
+		for _, m := range ms {
+			if b, err := session.ParseBlindInterval(m); err == nil && b.Reason == session.BlindDrain && b.Scope == tg.instance {
+				out = append(out, b)
+			}
+		}
+		return out
+	}
+	told := tg.dial(t, "told")
+	pingPong(t, told)
+	// A client that never reads does not answer the close, and keeps the
+	// drain going until the shutdown timeout.
+	deaf := tg.dial(t, "deaf")
+	pingPong(t, deaf)
+	type seen struct {
+		at     time.Time
+		drains []session.BlindInterval
+		err    error
+	}
+	atClose := make(chan seen, 1)
+	go func() {
+		told.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, _, err := told.ReadMessage()
+		now, _ := tg.rdb.Time(ctx).Result()
+		atClose <- seen{at: now, drains: drains(), err: err}
+	}()
+	tg.stop(t)
+	got := <-atClose
+	if !websocket.IsCloseError(got.err, websocket.CloseGoingAway) {
+		t.Fatalf("connection ended with %v, want 1001", got.err)
+	}
+	if len(got.drains) != 1 || got.drains[0].Start.After(got.at) {
+		t.Fatalf("drain records when the client was told to go (%v, by Redis's clock): %+v; want one begun by then", got.at, got.drains)
+	}
+	final := drains()
+	if len(final) != 1 || !final[0].Start.Equal(got.drains[0].Start) {
+		t.Fatalf("drain records after the stop: %+v; want one, begun at %v", final, got.drains[0].Start)
+	}
+	v, err := tg.rdb.HGet(ctx, tg.store.Keyspace().AliveKey(), tg.instance).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	left, _ := strconv.ParseInt(strings.TrimSuffix(v, ":0"), 10, 64)
+	// Recorded again while it lasted: across the shutdown timeout the
+	// deaf client held it open, and last before the instance left.
+	if d := final[0].End.Sub(final[0].Start); d < time.Second {
+		t.Errorf("drain recorded as lasting %v; it waited the shutdown timeout (1s) for the deaf client", d)
+	}
+	if time.UnixMilli(left).Before(final[0].End) {
+		t.Errorf("drain recorded up to %v, after the instance left at %v", final[0].End, time.UnixMilli(left))
+	}
 }
 
 // TestReachState covers what the Redis tests cannot time: renewals that

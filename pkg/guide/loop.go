@@ -129,6 +129,11 @@ func (l *loop) run(ctx context.Context) error {
 	}()
 	defer func() {
 		stopPoll()
+		// No longer answering before waiting for the poller: a poll waits
+		// for a rebalance callback under way, and the callback for the
+		// loop's answer. Stopped while partitions were being assigned,
+		// the consumer otherwise never returned.
+		l.c.endLoop.Do(func() { close(l.c.loopDone) })
 		<-pollerDone
 		l.setGauges(0, 0)
 	}()

@@ -26,6 +26,7 @@ const (
 	BlindRenewals  = "renewals-gap"  // a gateway's renewals failed, as it reports on recovery
 	BlindRestart   = "redis-restart" // a Redis master restarted (a new run id)
 	BlindFailover  = "failover"      // a Redis Cluster failover (a replica promoted, a master failed or demoted)
+	BlindDrain     = "gateway-drain" // a gateway instance stopping told its clients to reconnect elsewhere
 )
 
 // heartbeatScript records that a gateway instance is alive for lease ms
@@ -169,6 +170,44 @@ func (s *Store) RecordBlindFor(ctx context.Context, took time.Duration, scope, r
 	now = now.Truncate(time.Millisecond)
 	b := BlindInterval{Start: now.Add(-took).Truncate(time.Millisecond), End: now, Scope: scope, Reason: reason}
 	return b, s.RecordBlind(ctx, b)
+}
+
+// blindSinceScript records a blind interval from a start to now, by
+// Redis's clock, and removes the record it replaces, in one step: an
+// interval that lasts is recorded again and again, and at no moment is
+// none of its records there. KEYS: blind. ARGV: start ms (0: now), reason,
+// scope, the member replaced ("" for none). Returns {start, now}.
+var blindSinceScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local start = tonumber(ARGV[1])
+if start <= 0 or start > now then start = now end
+local m = start .. ':' .. now .. ':' .. ARGV[2] .. ':' .. ARGV[3]
+redis.call('ZADD', KEYS[1], now, m)
+if ARGV[4] ~= '' and ARGV[4] ~= m then redis.call('ZREM', KEYS[1], ARGV[4]) end
+return {start, now}
+`)
+
+// RecordBlindSince stores a blind interval from start (zero: now) to now,
+// by Redis's clock, replacing prev, the record of the same interval so
+// far, if not nil. It returns the interval.
+func (s *Store) RecordBlindSince(ctx context.Context, start time.Time, scope, reason string, prev *BlindInterval) (BlindInterval, error) {
+	var startMS int64
+	if !start.IsZero() {
+		startMS = start.UnixMilli()
+	}
+	replaced := ""
+	if prev != nil {
+		replaced = prev.member()
+	}
+	vals, err := blindSinceScript.Run(ctx, s.rdb, []string{s.ks.BlindKey()}, startMS, reason, scope, replaced).Int64Slice()
+	if err != nil {
+		return BlindInterval{}, fmt.Errorf("record blind interval: %w", err)
+	}
+	if len(vals) != 2 {
+		return BlindInterval{}, fmt.Errorf("record blind interval: %w: %d values", errReply, len(vals))
+	}
+	return BlindInterval{Start: time.UnixMilli(vals[0]), End: time.UnixMilli(vals[1]), Scope: scope, Reason: reason}, nil
 }
 
 // Instance is a gateway instance's last heartbeat.

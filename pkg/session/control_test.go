@@ -566,3 +566,32 @@ func TestMarkTellsFailoverFromReshard(t *testing.T) {
 		t.Fatalf("mark after the failover was over: %+v, want none", again)
 	}
 }
+
+// TestRecordBlindSince: an interval recorded again while it lasts keeps
+// its start, ends at Redis's now, and replaces its last record.
+func TestRecordBlindSince(t *testing.T) {
+	s, ctx := newStore(t)
+	first, err := s.RecordBlindSince(ctx, time.Time{}, "gw-1", BlindDrain, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !first.End.Equal(first.Start) || first.Scope != "gw-1" || first.Reason != BlindDrain {
+		t.Fatalf("first record %+v: want an instant of gw-1's drain", first)
+	}
+	// Real time must pass for the interval to grow, by Redis's clock.
+	time.Sleep(20 * time.Millisecond)
+	again, err := s.RecordBlindSince(ctx, first.Start, "gw-1", BlindDrain, &first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Start.Equal(first.Start) || !again.End.After(first.End) {
+		t.Fatalf("record again %+v after %+v: want the same start and a later end", again, first)
+	}
+	ms, err := s.rdb.ZRange(ctx, s.ks.BlindKey(), 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) != 1 || ms[0] != again.member() {
+		t.Fatalf("blind intervals %q; want only %q", ms, again.member())
+	}
+}
