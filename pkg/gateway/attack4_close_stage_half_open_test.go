@@ -18,9 +18,14 @@ import (
 // connected nowhere at that moment finds it in their inbox. Nothing
 // proves the close stage's guide reached anyone.
 //
-// Failure line (before the fix):
+// Not fixed by queueing the guide for proof and keeping it in the inbox
+// when unproven: the 4000 close counts as the user's normal close, whose
+// end is recorded as their last renewal, so the kept guide is stale on
+// arrival (handOn's LastRenewed check, and the inbox take's).
 //
-//	attack4_close_stage_half_open_test.go:NN: got map[deadline_ms:... type:pong ...], want guide ...
+// Failure line:
+//
+//	attack4_close_stage_half_open_test.go:44: read: read tcp ...: i/o timeout
 func TestAttack4CloseStageGuideToHalfOpenLost(t *testing.T) {
 	tg := startGateway(t, func(c *Config) {
 		c.WriteTimeout = 2 * time.Second // the longest a guide waits for its proof
