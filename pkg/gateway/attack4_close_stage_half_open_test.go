@@ -25,7 +25,7 @@ import (
 //
 // Failure line:
 //
-//	attack4_close_stage_half_open_test.go:44: read: read tcp ...: i/o timeout
+//	attack4_close_stage_half_open_test.go:47: read: read tcp ...: i/o timeout
 func TestAttack4CloseStageGuideToHalfOpenLost(t *testing.T) {
 	tg := startGateway(t, func(c *Config) {
 		c.WriteTimeout = 2 * time.Second // the longest a guide waits for its proof
