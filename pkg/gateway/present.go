@@ -162,12 +162,8 @@ func (g *Gateway) endHold(ctx context.Context, c *conn, p presence) {
 	g.markSuperseded(ctx, c.uid, dropped)
 	for _, req := range left {
 		// As for a guide routed here for a user who has just left.
-		payload, err := json.Marshal(req)
-		if err != nil {
-			continue
-		}
 		kctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
-		if _, err := g.keep(kctx, req, payload, nil, false); err != nil {
+		if _, err := g.keepReq(kctx, req, false); err != nil {
 			g.pushLog.Fail(err)
 		}
 		cancel()
