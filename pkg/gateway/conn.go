@@ -93,8 +93,8 @@ type conn struct {
 	guideIDs []string
 
 	// hold is the hold of a connection that asked to ping first (see
-	// present.go), nil for one that did not; set before the connection
-	// is served, and not replaced after.
+	// present.go) while it lasts, else nil; set before the connection is
+	// served, and dropped once over.
 	hold *hold
 	// presentUntilMS is when, by its client's word, its user's session
 	// would have run out had they reached us (Unix ms, Redis's clock; 0:
@@ -197,7 +197,7 @@ func (c *conn) handle(ctx context.Context, limiter *rate.Limiter, typ int, data 
 		c.linger()
 		return false
 	}
-	if c.hold != nil {
+	if c.holding() {
 		// The first frame ends the hold, before it is answered: the
 		// inbox is judged by its word, not by its renewal.
 		c.g.endHold(context.WithoutCancel(ctx), c, c.presenceOf(f))

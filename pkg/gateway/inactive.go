@@ -36,7 +36,7 @@ import (
 // as takeGuide does.
 func (c *conn) enqueueGuide(req push.Request) guideTake {
 	c.mu.Lock()
-	if h := c.hold; h != nil && h.holding {
+	if h := c.hold; h != nil {
 		defer c.mu.Unlock()
 		if c.closed || c.closeSet || len(h.held) >= c.g.cfg.SendQueue {
 			return guideRefused
