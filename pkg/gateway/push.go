@@ -230,9 +230,6 @@ func (g *Gateway) servePush(w http.ResponseWriter, r *http.Request) {
 	default:
 		g.pushLog.OK()
 		metricPushes.WithLabelValues(string(res.Status)).Inc()
-		if req.Final && res.Status == push.Delivered {
-			metricClosedInactive.Inc()
-		}
 		push.WriteSettled(w, res.Status, res.Connections)
 	}
 }
