@@ -93,8 +93,8 @@ type conn struct {
 	guideIDs []string
 
 	// hold is the hold of a connection that asked to ping first (see
-	// present.go), nil for one that did not; set before the connection
-	// is served, and not replaced after.
+	// present.go) while it lasts, else nil; set before the connection is
+	// served, and dropped once over.
 	hold *hold
 	// presentUntilMS is when, by its client's word, its user's session
 	// would have run out had they reached us (Unix ms, Redis's clock; 0:
@@ -122,11 +122,16 @@ func (c *conn) serve(ctx context.Context) {
 		// Closed while being set up (a guide pushed, a token run out):
 		// the linger deadline that close set stands. Checked after the
 		// deadline above, so that either order ends with the linger.
-		c.ws.SetReadDeadline(time.Now().Add(lingerTimeout))
+		c.ws.SetReadDeadline(time.Now().Add(c.closingLinger()))
 	}
 	c.ws.SetPongHandler(func(appData string) error {
-		c.pongProof(appData)
+		proved := c.pongProof(appData)
 		if c.revoked.Load() || c.inactive.Load() {
+			if proved && c.inactive.Load() && !c.awaitingProof() {
+				// The close stage's guide is proven: the plain linger
+				// is left of the wait for it.
+				return c.ws.SetReadDeadline(time.Now().Add(lingerTimeout))
+			}
 			return nil // the linger deadline stands
 		}
 		return c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
@@ -154,8 +159,14 @@ func (c *conn) handle(ctx context.Context, limiter *rate.Limiter, typ int, data 
 	if c.inactive.Load() {
 		// Closed for inactivity: nothing the client sends now is taken,
 		// above all no ping, which would renew the session that ended;
-		// but an ack of the close stage's guide proves it got there.
+		// but an ack of the close stage's guide proves it got there. Until
+		// it is proven, frames are read on, not discarded: a pong to the
+		// ping after the guide may come after this frame (closingLinger
+		// bounds the wait).
 		c.ackProofOf(typ, data)
+		if c.awaitingProof() {
+			return true
+		}
 		c.linger()
 		return false
 	}
@@ -186,7 +197,7 @@ func (c *conn) handle(ctx context.Context, limiter *rate.Limiter, typ int, data 
 		c.linger()
 		return false
 	}
-	if c.hold != nil {
+	if c.holding() {
 		// The first frame ends the hold, before it is answered: the
 		// inbox is judged by its word, not by its renewal.
 		c.g.endHold(context.WithoutCancel(ctx), c, c.presenceOf(f))
@@ -370,6 +381,17 @@ func (c *conn) linger() {
 
 // lingerTimeout bounds linger.
 const lingerTimeout = time.Second
+
+// closingLinger is how long a connection the gateway closed is read
+// after its close frame: the linger, or after a close stage's guide not
+// yet proven, the wait for its proof (whose timer cuts the connection
+// off at its end, and whose pong starts the plain linger).
+func (c *conn) closingLinger() time.Duration {
+	if c.inactive.Load() && c.awaitingProof() {
+		return max(lingerTimeout, c.g.cfg.WriteTimeout)
+	}
+	return lingerTimeout
+}
 
 // outFrame is a frame waiting to be written, what to call once it is on
 // the socket, and for a guide, its wait for proof (see proof.go).

@@ -20,6 +20,14 @@ import (
 // gets the frame and the close on both, the session ending with the
 // second.
 //
+// That frame waits for proof as every guide does (see proof.go): the
+// close is applied once it is written, proven or not (the chat is closed,
+// whether or not the user heard), and a connection that never proves it
+// hands it on to the user's inbox, marked applied (see handOn), for the
+// next connect: the user is told their chat was closed, as one connected
+// nowhere at that moment is. The connection keeps reading frames, taking
+// none, until the proof has come or its wait is over (see handle).
+//
 // A final guide handed over from the inbox on connect is written like any
 // other and closes nothing: the user is back, on that very connection.
 
@@ -28,7 +36,7 @@ import (
 // as takeGuide does.
 func (c *conn) enqueueGuide(req push.Request) guideTake {
 	c.mu.Lock()
-	if h := c.hold; h != nil && h.holding {
+	if h := c.hold; h != nil {
 		defer c.mu.Unlock()
 		if c.closed || c.closeSet || len(h.held) >= c.g.cfg.SendQueue {
 			return guideRefused
@@ -42,21 +50,19 @@ func (c *conn) enqueueGuide(req push.Request) guideTake {
 
 // takeGuide drops a guide whose silence c's client said its user was
 // present for, or queues its frame, which waits on c for proof from then
-// on (see proof.go); for a close stage (final) it closes c once the frame
-// is on the socket instead: that guide is not handed on.
+// on (see proof.go); a close stage's (final) closes c too, once the frame
+// is on the socket.
 func (c *conn) takeGuide(req push.Request) guideTake {
 	if superseded(req.DeadlineMS, c.presentUntilMS.Load()) {
 		metricPushes.WithLabelValues("superseded").Inc()
 		return guideSuperseded
 	}
 	b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)
-	ok := false
+	var closing func()
 	if req.Final {
-		ok = c.enqueueThen(b, c.closeInactive)
-	} else {
-		ok = c.enqueueProven(b, &guideProof{id: req.ID, req: &req}, nil)
+		closing = c.closeInactive
 	}
-	if !ok {
+	if !c.enqueueProven(b, &guideProof{id: req.ID, req: &req}, closing) {
 		return guideRefused
 	}
 	return guideTaken
@@ -64,8 +70,9 @@ func (c *conn) takeGuide(req push.Request) guideTake {
 
 // closeInactive ends c after its close stage's guide, once. It runs on
 // the flusher, which stops after it; the reader ends on the client's
-// close frame, on any other frame (handle checks inactive), or at the
-// linger deadline set here, whichever is first.
+// close frame, on any other frame once the guide is proven (handle checks
+// inactive), or at the deadline set here (closingLinger), whichever is
+// first.
 func (c *conn) closeInactive() {
 	if !c.inactive.CompareAndSwap(false, true) {
 		return
@@ -90,5 +97,5 @@ func (c *conn) closeInactive() {
 		msg := websocket.FormatCloseMessage(frame.CloseInactive, "inactive")
 		c.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(c.g.cfg.WriteTimeout))
 	}
-	c.ws.NetConn().SetReadDeadline(time.Now().Add(lingerTimeout))
+	c.ws.NetConn().SetReadDeadline(time.Now().Add(c.closingLinger()))
 }

@@ -109,9 +109,10 @@ func TestCloseStageClosesConnection(t *testing.T) {
 	if _, err := tg.rdb.ZScore(ctx, ks.IndexKey(session.Bucket("cleo")), "cleo").Result(); err == nil {
 		t.Error("the session is still in the deadline index")
 	}
-	if d := counterValue(t, metricClosedInactive) - closed0; d != 1 {
-		t.Errorf("users closed for inactivity: %v more, want 1", d)
-	}
+	// Counted by the route write that ends the session, once it returns.
+	waitUntil(t, "one more user closed for inactivity", func() bool {
+		return counterValue(t, metricClosedInactive)-closed0 == 1
+	})
 	tg.dropped.mu.Lock()
 	_, kept := tg.dropped.grants["cleo"]
 	tg.dropped.mu.Unlock()
@@ -166,6 +167,9 @@ func TestCloseStageOnTwoDevices(t *testing.T) {
 			waitUntil(t, "the session and the route end", func() bool {
 				return !sessionExists(a, tt.uid) && a.rdb.Exists(ctx, a.store.Keyspace().RouteKey(tt.uid)).Val() == 0
 			})
+			waitUntil(t, "one more user closed for inactivity", func() bool {
+				return counterValue(t, metricClosedInactive)-closed0 >= 1
+			})
 			if d := counterValue(t, metricClosedInactive) - closed0; d != 1 {
 				t.Errorf("users closed for inactivity: %v more, want 1 (one user)", d)
 			}
@@ -198,4 +202,74 @@ func TestCloseStageFromInbox(t *testing.T) {
 	if d := counterValue(t, metricClosedInactive) - closed0; d != 0 {
 		t.Errorf("a close stage from the inbox counted %v users closed", d)
 	}
+}
+
+// TestCloseStageGuideHandedOn: a close stage's guide that a half-open
+// connection never proved reaches the user on their next connection,
+// and closes nothing there: the user is back. It does so also when they
+// reconnected before the old connection ended (their connect found the
+// inbox empty), and when their client's first ping says they were active
+// meanwhile: the chat was closed all the same.
+func TestCloseStageGuideHandedOn(t *testing.T) {
+	tg := startGateway(t, func(c *Config) {
+		c.WriteTimeout = 2 * time.Second // the longest a guide waits for its proof
+		c.IdleTimeout = time.Hour        // only a missing proof, or the close, ends the old connection
+	})
+	ctx := context.Background()
+	ks := tg.store.Keyspace()
+	closeHalfOpen := func(t *testing.T, uid string) push.Request {
+		t.Helper()
+		ws, p := tg.dialThrough(t, uid)
+		pingPong(t, ws)
+		p.Blackhole() // the network drops every byte; nobody sends a FIN
+		req := stagePush(uid, redisNowMS(t, tg.rdb), 2, timeoutevent.ActionClose)
+		tg.mustPush(t, req, push.Delivered)
+		return req
+	}
+	stillOpen := func(t *testing.T, ws *websocket.Conn, uid string) {
+		t.Helper()
+		pingPong(t, ws) // no 4000, and the ping renews
+		if !sessionExists(tg, uid) {
+			t.Fatal("the user who came back has no session")
+		}
+		waitUntil(t, "the guide leaves the inbox", func() bool { return tg.rdb.LLen(ctx, ks.InboxKey(uid)).Val() == 0 })
+	}
+
+	t.Run("reconnect while the old connection looks open", func(t *testing.T) {
+		req := closeHalfOpen(t, "nils")
+		ws := tg.dial(t, "nils")
+		readStage(t, ws, req) // once the old connection ends unproven
+		stillOpen(t, ws, "nils")
+	})
+	t.Run("a first ping saying the user was active", func(t *testing.T) {
+		req := closeHalfOpen(t, "olga")
+		waitUntil(t, "the half-open connection ends", func() bool { return tg.hub.count("olga") == 0 })
+		waitUntil(t, "the guide is kept", func() bool { return tg.rdb.LLen(ctx, ks.InboxKey("olga")).Val() == 1 })
+		ws := tg.dialFirstPing(t, "olga")
+		pingSaying(t, ws, 200)
+		readStage(t, ws, req)
+		readPong(t, ws)
+		stillOpen(t, ws, "olga")
+	})
+}
+
+// TestCloseStageProvenDuringLinger: a client that sends a frame after the
+// close stage's guide, before it answers the ping that follows the guide,
+// still proves it got it: the gateway reads on after that frame for the
+// pong, and the guide is not handed to the user's next connection.
+func TestCloseStageProvenDuringLinger(t *testing.T) {
+	tg := startGateway(t, func(c *Config) { c.WriteTimeout = 5 * time.Second })
+	ws := tg.dial(t, "pia")
+	pingPong(t, ws)
+	req := stagePush("pia", redisNowMS(t, tg.rdb), 2, timeoutevent.ActionClose)
+	tg.mustPush(t, req, push.Delivered)
+	readStage(t, ws, req)
+	// Sent before reading on, so before the pong to the gateway's ping,
+	// which the next read answers.
+	ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`))
+	readClose(t, ws)
+	ws.Close()
+	waitUntil(t, "the connection ends", func() bool { return tg.hub.count("pia") == 0 })
+	ws = tg.dial(t, "pia")
+	pingPong(t, ws) // the first frame is the pong: no guide handed on
 }

@@ -85,9 +85,9 @@ var (
 	}, []string{"code"})
 	metricClosedInactive = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_gateway_closed_inactive_total",
-		Help: "Users closed for inactivity: pushes of a close stage's guide delivered to the user's connections, " +
-			"each then closed with 4000 and the session ended. One per user, however many devices; " +
-			"a close stage for a user with no connection is queued, not counted.",
+		Help: "Users closed for inactivity: sessions ended by the 4000 close that follows a close stage's guide " +
+			"on the user's connections, counted when the session ends. One per user, however many devices; " +
+			"a close stage for a user with no connection is queued, not counted, nor is one dropped as superseded.",
 	})
 	metricRateLimited = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_gateway_rate_limited_total",

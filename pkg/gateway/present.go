@@ -91,21 +91,30 @@ func (c Config) firstPingWait() time.Duration {
 // one round trip after the upgrade, slow networks included.
 const defaultFirstPingWait = 5 * time.Second
 
-// hold is a connection's hold: guides pushed to it wait in held, and its
-// inbox is not handed over yet, while holding. ending: endHold has begun;
-// done is closed once it has queued what it hands over. Guarded by the
-// connection's mu, but done.
+// hold is a connection's hold, from its connect until endHold has
+// queued what it hands over: guides pushed to it wait in held, and its
+// inbox is not handed over yet. ending: endHold has begun; done is closed
+// once it has queued what it hands over. Guarded by the connection's mu,
+// but done. Once the hold is over, the connection drops it (c.hold is
+// nil): a connection lives long after its first frame.
 type hold struct {
-	holding, ending bool
-	held            []push.Request
-	timer           *time.Timer
-	done            chan struct{}
+	ending bool
+	held   []push.Request
+	timer  *time.Timer
+	done   chan struct{}
+}
+
+// holding reports whether c holds its guides still.
+func (c *conn) holding() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.hold != nil
 }
 
 // holdGuides makes c hold its guides until endHold, at firstPingWait at
 // the latest. Called before c is in the hub, where pushes find it.
 func (g *Gateway) holdGuides(ctx context.Context, c *conn) {
-	h := &hold{holding: true, done: make(chan struct{})}
+	h := &hold{done: make(chan struct{})}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.hold = h
@@ -120,11 +129,12 @@ func (g *Gateway) holdGuides(ctx context.Context, c *conn) {
 // renewed before the inbox is judged (the renewal would make every entry
 // stale). Guides held by a connection that ended go back to the inbox.
 func (g *Gateway) endHold(ctx context.Context, c *conn, p presence) {
+	c.mu.Lock()
 	h := c.hold
 	if h == nil {
+		c.mu.Unlock()
 		return
 	}
-	c.mu.Lock()
 	if h.ending {
 		c.mu.Unlock()
 		<-h.done
@@ -144,7 +154,10 @@ func (g *Gateway) endHold(ctx context.Context, c *conn, p presence) {
 		held := h.held
 		h.held = nil
 		if len(held) == 0 {
-			h.holding = false
+			// Over: everything is queued, and guides pushed from now on
+			// are taken as they come. Callers that find no hold from
+			// here on find it over.
+			c.hold = nil
 			c.mu.Unlock()
 			break
 		}
@@ -162,12 +175,8 @@ func (g *Gateway) endHold(ctx context.Context, c *conn, p presence) {
 	g.markSuperseded(ctx, c.uid, dropped)
 	for _, req := range left {
 		// As for a guide routed here for a user who has just left.
-		payload, err := json.Marshal(req)
-		if err != nil {
-			continue
-		}
 		kctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
-		if _, err := g.keep(kctx, req, payload, nil, false); err != nil {
+		if _, err := g.keepReq(kctx, req, false); err != nil {
 			g.pushLog.Fail(err)
 		}
 		cancel()

@@ -162,12 +162,14 @@ func TestFirstPingWaitBounded(t *testing.T) {
 
 // Guides pushed live to a connection that holds its guides wait for its
 // first ping and are judged by it: a close stage of a silence the user
-// was there for neither shows nor closes anything. After the word, a push
-// of such a silence is answered stale; one of a later silence is
-// delivered.
+// was there for neither shows nor closes anything, nor counts a user
+// closed for inactivity. After the word, a push of such a silence is
+// answered stale; one of a later silence is delivered. The connection
+// drops its hold once over.
 func TestFirstPingJudgesLiveGuides(t *testing.T) {
 	tg := startGateway(t, nil)
 	ctx := context.Background()
+	closed0 := counterValue(t, metricClosedInactive)
 	ws := tg.dialFirstPing(t, "rider")
 	deadline := redisNowMS(t, tg.rdb) - 1000
 	tg.mustPush(t, push.Request{ID: "r1", UID: "rider", Text: "Closed.", DeadlineMS: deadline, Stage: 2, Action: "close", Final: true}, push.Delivered)
@@ -176,6 +178,14 @@ func TestFirstPingJudgesLiveGuides(t *testing.T) {
 	pingPong(t, ws) // open, renewing: no guide, no 4000
 	if !sessionExists(tg, "rider") {
 		t.Fatal("the session was ended by a close stage the user was there for")
+	}
+	if d := counterValue(t, metricClosedInactive) - closed0; d != 0 {
+		t.Errorf("a close stage dropped as superseded counted %v users closed", d)
+	}
+	for _, c := range tg.hub.lookup("rider") {
+		if c.holding() {
+			t.Error("the connection keeps its hold after its first ping")
+		}
 	}
 	tg.mustPush(t, push.Request{ID: "r2", UID: "rider", Text: "Still there?", DeadlineMS: deadline, Stage: 1}, push.Stale)
 	later := redisNowMS(t, tg.rdb) + 20_000 // past the word's reach

@@ -43,8 +43,16 @@ import (
 // it on itself. A client that got a guide but dropped before its proof
 // was read is sent it again on its next connection: clients show a guide
 // once per id (the JavaScript client does).
-// A close stage's guide is not handed on: it ended the session, and a
-// copy routed live would close a connection the user is on.
+//
+// A close stage's guide waits for proof too, but is never routed live:
+// a copy would close a connection the user is on. Unproven, it goes to
+// the user's inbox (see handOnWayOf). Once written, its close was applied
+// (inactive.go): the chat is closed and the session ended, recorded as the
+// user's last renewal, after the guide's deadline. So its inbox entry is
+// marked closed and judged from then on (see keepScript): only a renewal
+// after it was kept makes it stale, and the client's word of activity
+// does not supersede it. Handed over on connect, it closes nothing: the
+// user is back, on that connection (see handover.queue).
 
 // proofPingPrefix marks the payload of a ping that asks for proof.
 const proofPingPrefix = "g"
@@ -61,6 +69,9 @@ type guideProof struct {
 
 	seq   uint64      // its place among the connection's guides; c.mu
 	timer *time.Timer // cuts the connection off if no proof comes; c.mu
+	// written: the frame is on the socket, so for a close stage's guide,
+	// its close was applied; c.mu.
+	written bool
 }
 
 // enqueueProven queues a guide frame that waits for proof once queued.
@@ -93,6 +104,7 @@ func (c *conn) recordGuide(id string) {
 func (c *conn) awaitProof(p *guideProof) {
 	c.mu.Lock()
 	seq := p.seq
+	p.written = true
 	if len(c.unproven) > 0 && c.unproven[0].seq <= seq { // not proven yet (an early ack)
 		p.timer = time.AfterFunc(c.g.cfg.WriteTimeout, func() { c.proofOverdue(seq) })
 	}
@@ -116,15 +128,21 @@ func (c *conn) proofOverdue(seq uint64) {
 }
 
 // pongProof takes a pong's payload: one answering a proof ping proves
-// every guide written before it.
-func (c *conn) pongProof(appData string) {
+// every guide written before it. It reports whether it proved any.
+func (c *conn) pongProof(appData string) bool {
 	s, ok := strings.CutPrefix(appData, proofPingPrefix)
 	if !ok {
-		return
+		return false
 	}
-	if seq, err := strconv.ParseUint(s, 10, 64); err == nil {
-		c.proved(seq)
-	}
+	seq, err := strconv.ParseUint(s, 10, 64)
+	return err == nil && c.proved(seq)
+}
+
+// awaitingProof reports whether a guide queued on c is not proven yet.
+func (c *conn) awaitingProof() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.unproven) > 0
 }
 
 // ackProof takes an ack frame's id: it proves that guide, and the ones
@@ -154,8 +172,9 @@ func (c *conn) ackProofOf(typ int, data []byte) {
 	}
 }
 
-// proved settles the guides up to seq as received.
-func (c *conn) proved(seq uint64) {
+// proved settles the guides up to seq as received, and reports whether
+// there were any.
+func (c *conn) proved(seq uint64) bool {
 	c.mu.Lock()
 	n := 0
 	for n < len(c.unproven) && c.unproven[n].seq <= seq {
@@ -174,6 +193,7 @@ func (c *conn) proved(seq uint64) {
 			p.proven()
 		}
 	}
+	return n > 0
 }
 
 // takeUnproven returns the guides c never proved, once it has ended:
@@ -191,17 +211,50 @@ func (c *conn) takeUnproven() []*guideProof {
 	return left
 }
 
-// handOn routes the live guides c ended without proving, as a push does
-// (see route), unless their user renewed after their deadline. It runs
-// in release, after the route write that counts c out.
+// handOnWay is what becomes of a live guide a connection ended without
+// proving.
+type handOnWay int
+
+const (
+	// handOnRoute: routed as a push routes it, to the user's other
+	// connections or their inbox, unless stale by their last renewal.
+	handOnRoute handOnWay = iota
+	// handOnKeep: a close stage's guide never written (the connection
+	// ended first), whose close was not applied here: kept in the inbox,
+	// as for a user connected nowhere, unless stale by their last renewal.
+	handOnKeep
+	// handOnKeepClosed: a close stage's guide written, whose close was
+	// applied: kept in the inbox marked closed, judged from when it is
+	// kept (the session's end its close recorded is no renewal).
+	handOnKeepClosed
+)
+
+// handOnWayOf decides where an unproven guide goes: a close stage's
+// (final) only ever to the inbox, since a copy routed live would close a
+// connection the user is on; written, it is marked closed.
+func handOnWayOf(final, written bool) handOnWay {
+	switch {
+	case !final:
+		return handOnRoute
+	case written:
+		return handOnKeepClosed
+	}
+	return handOnKeep
+}
+
+// handOn hands on the live guides c ended without proving (see
+// handOnWayOf). It runs in release, after the route write that counts c
+// out: that write ends the session after a close stage, so the closed
+// entry is kept after the end it recorded.
 func (g *Gateway) handOn(ctx context.Context, c *conn) {
 	for _, p := range c.takeUnproven() {
 		if p.req == nil {
 			continue
 		}
 		req := *p.req
+		way := handOnWayOf(req.Final, p.written)
 		pctx, cancel := context.WithTimeout(ctx, pushTimeout)
-		if req.DeadlineMS > 0 {
+		if req.DeadlineMS > 0 && way != handOnKeepClosed {
 			renewed, err := g.store.LastRenewed(pctx, req.UID)
 			if err == nil && renewed.UnixMilli() > req.DeadlineMS {
 				cancel()
@@ -209,7 +262,16 @@ func (g *Gateway) handOn(ctx context.Context, c *conn) {
 				continue
 			}
 		}
-		res, err := g.route(pctx, req)
+		var res push.Response
+		var err error
+		if way == handOnRoute {
+			res, err = g.route(pctx, req)
+		} else {
+			res.Status, err = g.keepReq(pctx, req, way == handOnKeepClosed)
+			if err == nil && res.Status == push.Queued {
+				g.offerInbox(ctx, req.UID)
+			}
+		}
 		cancel()
 		if err != nil {
 			g.pushLog.Fail(err)
@@ -218,5 +280,34 @@ func (g *Gateway) handOn(ctx context.Context, c *conn) {
 		}
 		metricPushes.WithLabelValues("handed_on").Inc()
 		c.log.Debug("guide not proven received: handed on", "guide_id", req.ID, "status", res.Status)
+	}
+}
+
+// offerInbox hands uid's inbox over to their connections on this
+// instance, as their connect did: a close stage's guide kept there by
+// handOn, whose user reconnected meanwhile, would otherwise wait for
+// their next connect. (A connection on another instance gets it then.)
+// A connection still holding its guides takes its inbox when its hold
+// ends; one ending it is waited for, so the inbox is judged by its
+// client's word first. A connection already being handed its inbox gets
+// only what it was not: entries are leased to one connection at a time.
+func (g *Gateway) offerInbox(ctx context.Context, uid string) {
+	for _, c := range g.hub.lookup(uid) {
+		c.mu.Lock()
+		h := c.hold
+		holding := h != nil && !h.ending
+		c.mu.Unlock()
+		if holding {
+			continue
+		}
+		if h != nil {
+			<-h.done
+		}
+		if rest := g.handOverInbox(ctx, c, noPresence); rest != nil && g.track(1) {
+			go func() {
+				defer g.conns.Done()
+				rest()
+			}()
+		}
 	}
 }

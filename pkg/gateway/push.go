@@ -104,15 +104,16 @@ return 1
 // of the user registered since the route was read (returns 0: route
 // again) or the guide is past its max age (returns -1). An entry is the
 // request's JSON with kept_ms and expires_ms added: its deadline (or,
-// unknown or a later stage's, the time it was kept) plus the max age.
-// Older gateways read it as a request. KEYS: inbox, route. ARGV: request
-// JSON, max age ms, cap, inbox ttl ms, deadline ms (0: count from now),
-// check route (1/0), then the route as read: instance, count pairs.
-// Returns 1 when kept.
+// unknown or a later stage's, the time it was kept) plus the max age;
+// and closed_ms, the time it was kept, for a close stage's guide whose
+// close was applied (see proof.go). Older gateways read it as a request.
+// KEYS: inbox, route. ARGV: request JSON, max age ms, cap, inbox ttl ms,
+// deadline ms (0: count from now), check route (1/0), closed (1/0), then
+// the route as read: instance, count pairs. Returns 1 when kept.
 var keepScript = redis.NewScript(`
 if ARGV[6] == '1' then
   local seen = {}
-  for i = 7, #ARGV, 2 do seen[ARGV[i]] = tonumber(ARGV[i+1]) end
+  for i = 8, #ARGV, 2 do seen[ARGV[i]] = tonumber(ARGV[i+1]) end
   local cur = redis.call('HGETALL', KEYS[2])
   for i = 1, #cur, 2 do
     if (tonumber(cur[i+1]) or 0) > (seen[cur[i]] or 0) then return 0 end
@@ -123,7 +124,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local dl = tonumber(ARGV[5])
 local exp = (dl > 0 and dl or now) + tonumber(ARGV[2])
 if exp <= now then return -1 end
-local entry = string.sub(ARGV[1], 1, -2) .. ',"kept_ms":' .. now .. ',"expires_ms":' .. exp .. '}'
+local closed = ''
+if ARGV[7] == '1' then closed = ',"closed_ms":' .. now end
+local entry = string.sub(ARGV[1], 1, -2) .. ',"kept_ms":' .. now .. ',"expires_ms":' .. exp .. closed .. '}'
 redis.call('LPUSH', KEYS[1], entry)
 redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[3]) - 1)
 local ttl = math.min(exp - now, tonumber(ARGV[4]))
@@ -139,7 +142,10 @@ return 1
 // expiry, those whose user renewed after their deadline (stale), and
 // those whose deadline falls while the user was present by their
 // client's word (superseded, see present.go) are removed on the way;
-// entries of older gateways, which carry neither, are handed over.
+// entries of older gateways, which carry neither, are handed over. An
+// entry marked closed_ms (a close stage's guide whose close was applied)
+// is stale only by a renewal after that time, and never superseded: the
+// chat was closed, whatever the client says of its user since.
 // KEYS: inbox, renewed, leases. ARGV: limit, lease ms, then the client's
 // word: how long before now the user was last active (ms; -1: not
 // said), the TTL a renewal then would have granted (ms), and a present-
@@ -164,9 +170,11 @@ for i = #items, 1, -1 do
     local exp = tonumber(e['expires_ms'])
     local asked = tonumber(e['deadline_ms'])
     if not asked or asked <= 0 then asked = tonumber(e['kept_ms']) end
+    local closed = tonumber(e['closed_ms'])
+    if closed then asked = closed end
     if exp and exp <= now then drop = 2
     elseif asked and renewed > asked then drop = 1
-    elseif asked and present > asked then drop = 3 end
+    elseif asked and not closed and present > asked then drop = 3 end
   end
   if drop > 0 then
     redis.call('LREM', KEYS[1], 1, items[i])
@@ -222,9 +230,6 @@ func (g *Gateway) servePush(w http.ResponseWriter, r *http.Request) {
 	default:
 		g.pushLog.OK()
 		metricPushes.WithLabelValues(string(res.Status)).Inc()
-		if req.Final && res.Status == push.Delivered {
-			metricClosedInactive.Inc()
-		}
 		push.WriteSettled(w, res.Status, res.Connections)
 	}
 }
@@ -302,7 +307,7 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 			g.markSuperseded(ctx, req.UID, []push.Request{req})
 			return push.Response{Status: push.Stale}, nil
 		}
-		status, err := g.keep(ctx, req, payload, routes, true)
+		status, err := g.keep(ctx, req, payload, routes, true, false)
 		if err != nil || status != "" {
 			return push.Response{Status: status}, err
 		}
@@ -388,9 +393,21 @@ func (g *Gateway) deliverElsewhere(ctx context.Context, uid string, payload []by
 	return n, nil
 }
 
+// keepReq stores a guide in its user's inbox, whoever is connected; with
+// closed, marked as a close stage's guide whose close was applied (see
+// proof.go).
+func (g *Gateway) keepReq(ctx context.Context, req push.Request, closed bool) (push.Status, error) {
+	payload, err := json.Marshal(req)
+	if err != nil {
+		return "", err
+	}
+	return g.keep(ctx, req, payload, nil, false, closed)
+}
+
 // keep stores a guide in uid's inbox. With check, it refuses (status "")
-// when a connection registered since routes was read.
-func (g *Gateway) keep(ctx context.Context, req push.Request, payload []byte, routes map[string]string, check bool) (push.Status, error) {
+// when a connection registered since routes was read. With closed, the
+// entry is a close stage's guide whose close was applied.
+func (g *Gateway) keep(ctx context.Context, req push.Request, payload []byte, routes map[string]string, check, closed bool) (push.Status, error) {
 	ks := g.store.Keyspace()
 	flag := 0
 	if check {
@@ -402,11 +419,16 @@ func (g *Gateway) keep(ctx context.Context, req push.Request, payload []byte, ro
 	// guide's does, or a stage due minutes after the deadline would be
 	// too old on arrival. The consumer judged its age from when it was
 	// due. The entry keeps its deadline for the staleness check.
+	// A close applied counts from now too: it is news since.
 	maxAgeFrom := req.DeadlineMS
-	if req.Stage > 1 {
+	if req.Stage > 1 || closed {
 		maxAgeFrom = 0
 	}
-	args := []any{payload, g.cfg.guideMaxAge().Milliseconds(), g.cfg.InboxSize, g.cfg.InboxTTL.Milliseconds(), maxAgeFrom, flag}
+	closedFlag := 0
+	if closed {
+		closedFlag = 1
+	}
+	args := []any{payload, g.cfg.guideMaxAge().Milliseconds(), g.cfg.InboxSize, g.cfg.InboxTTL.Milliseconds(), maxAgeFrom, flag, closedFlag}
 	for inst, n := range routes {
 		args = append(args, inst, n)
 	}
@@ -441,7 +463,7 @@ func (g *Gateway) routedIn(ctx context.Context, payload string) {
 	}
 	kctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
 	defer cancel()
-	if _, err := g.keep(kctx, req, []byte(payload), nil, false); err != nil {
+	if _, err := g.keep(kctx, req, []byte(payload), nil, false, false); err != nil {
 		g.pushLog.Fail(err)
 	}
 }

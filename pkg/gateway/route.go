@@ -98,6 +98,10 @@ type routeMark struct {
 type routeClose struct {
 	at     time.Duration // 0: no close
 	normal bool
+	// inactive: the normal close was the gateway's 4000 after a close
+	// stage; a write it ends the session with counts a user closed for
+	// inactivity.
+	inactive bool
 }
 
 // closeNone marks a connect, or a refresh: no close.
@@ -115,7 +119,7 @@ func (c *conn) routeClose() routeClose {
 // normalEnd is c's normal close. closedAt is stored before the grant goes
 // to 0, so whoever sees the grant gone may call it.
 func (c *conn) normalEnd() routeClose {
-	return routeClose{at: max(c.endAt(), 1), normal: true}
+	return routeClose{at: max(c.endAt(), 1), normal: true, inactive: c.inactive.Load()}
 }
 
 // note records a close, if it is the latest so far.
@@ -315,6 +319,13 @@ func (b *routeBook) flush(ctx context.Context) bool {
 			}
 			if r.Ended {
 				b.g.log.Debug("last connection closed normally: session ended", "uid", uids[i])
+				if marks[i].close.inactive {
+					// Counted here, where the close is applied, not when
+					// its push is answered: a close stage pushed to a
+					// connection holding its guides may be dropped as
+					// superseded at its first ping (see present.go).
+					metricClosedInactive.Inc()
+				}
 			}
 			for _, w := range marks[i].waiters {
 				w <- r.Err
