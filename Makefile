@@ -6,10 +6,10 @@ GO ?= go
 FUZZTIME ?= 50000x
 
 .DEFAULT_GOAL := help
-.PHONY: help run test fuzz lint bench deps smoke chart web
+.PHONY: help run test test-busy fuzz lint bench deps smoke chart web
 
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 run: deps ## run the whole pipeline: redis-server, embedded Kafka, the three services
 	$(GO) run ./dev
@@ -19,6 +19,9 @@ test: deps lint chart ## vet, lint and render the chart, every test with -race, 
 	$(MAKE) --no-print-directory fuzz
 	$(MAKE) --no-print-directory smoke
 	$(MAKE) --no-print-directory web
+
+test-busy: ## make test beside a CPU hog on every core (dev/busy-test.sh: stress-ng, or shell busy loops), stopped after; prints how long it took
+	./dev/busy-test.sh $(MAKE) --no-print-directory test
 
 fuzz: ## run each fuzz target for FUZZTIME (default 50000x: inputs, not seconds)
 	@grep -rlE '^func Fuzz' --include='*_test.go' . | sort | while read -r file; do \

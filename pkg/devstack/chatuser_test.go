@@ -75,8 +75,12 @@ type chatUser struct {
 	// the TTL granted, never later than Redis's deadline. high bounds
 	// the deadline the user may have from above: a ping's send time plus
 	// the longest grant, or a pong's arrival plus its grant.
-	low, high   time.Time
-	lastPing    time.Time
+	low, high time.Time
+	lastPing  time.Time
+	// lateSelf counts pings the user's own timer sent past high: a host
+	// that starved the client itself made it silent for a moment, and a
+	// guide for that silence is no error of ours.
+	lateSelf    int
 	pongs       int
 	unavailable int // pings answered "session store unavailable"
 	dials       int
@@ -107,6 +111,7 @@ func (u *chatUser) run() {
 // whenever the connection drops, and returns the connection it holds.
 func (u *chatUser) pingThrough(c *userConn, until time.Time) *userConn {
 	pinged := false
+	timed := false // woken by the period's timer, not to reconnect
 	for {
 		if pinged && !until.IsZero() && !time.Now().Before(until) {
 			return c
@@ -123,7 +128,7 @@ func (u *chatUser) pingThrough(c *userConn, until time.Time) *userConn {
 				continue
 			}
 		}
-		if err := c.ping(); err != nil {
+		if err := c.ping(timed); err != nil {
 			c.ws.Close()
 			c = nil
 			continue
@@ -137,6 +142,7 @@ func (u *chatUser) pingThrough(c *userConn, until time.Time) *userConn {
 			return c
 		}
 		timer := time.NewTimer(wait)
+		timed = false
 		select {
 		case <-u.crowd.quit:
 			timer.Stop()
@@ -144,6 +150,7 @@ func (u *chatUser) pingThrough(c *userConn, until time.Time) *userConn {
 		case <-c.gone: // reconnect and ping at once
 			timer.Stop()
 		case <-timer.C:
+			timed = true
 		}
 	}
 }
@@ -206,12 +213,16 @@ type userConn struct {
 	pending []time.Time // send times of pings not yet answered, oldest first
 }
 
-func (c *userConn) ping() error {
+// ping sends a ping; timed says the period's timer sent it.
+func (c *userConn) ping(timed bool) error {
 	now := time.Now()
 	c.mu.Lock()
 	c.pending = append(c.pending, now)
 	c.mu.Unlock()
 	c.u.mu.Lock()
+	if timed && !c.u.high.IsZero() && now.After(c.u.high) {
+		c.u.lateSelf++
+	}
 	c.u.lastPing = now
 	c.u.high = later(c.u.high, now.Add(faultTTL+faultJitter))
 	c.u.mu.Unlock()

@@ -1,14 +1,22 @@
 package devstack
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"os/exec"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stillthere/stillthere/pkg/redisserver"
@@ -21,11 +29,17 @@ import (
 // silent or come back, and count the guides each user gets at the
 // webhook:
 //
-//   - a user who kept pinging gets none;
+//   - a user who kept pinging gets none (unless a starved host held
+//     the user's own ping past its deadline: then it was silent);
 //   - neither does one who reconnected and pinged within the grace;
 //   - every user who went silent before or during the fault gets exactly
 //     one, at most grace + 2s after recovery (or, delivered before the
 //     fault, at most 1s after its deadline).
+//
+// Recovery is when a ping through every gateway is answered with a pong
+// again, which it sends once the renewal is written: not when the fault's
+// cause is gone. After a cluster failover, say, clients take seconds to
+// find the promoted master, and their renewals wait meanwhile.
 
 // outageFault is one fault the tests stage.
 type outageFault struct {
@@ -36,46 +50,52 @@ type outageFault struct {
 	// killsGateways means clients lose their connections and cannot
 	// connect until recovery: some come back within the grace.
 	killsGateways bool
-	// inject starts the fault and returns what ends it, which returns
-	// once users can reach us again.
-	inject func(t *testing.T, r *faultRig) (heal func())
+	// atPings starts the fault just before the active users' next pings,
+	// the worst moment for a stall: their renewals wait through it.
+	atPings bool
+	// needs names a program the fault runs; without it the test skips.
+	needs string
+	// inject starts the fault and returns what ends it. The test then
+	// waits until users can reach us again (see awaitRenewals), with
+	// the uid inject names as the probe, or any.
+	inject func(t *testing.T, r *faultRig) (heal func(), probe string)
 }
 
 var outageFaults = []outageFault{
 	{
 		name:  "redis-paused",
 		lasts: faultLength,
-		inject: func(t *testing.T, r *faultRig) func() {
+		inject: func(t *testing.T, r *faultRig) (func(), string) {
 			r.redis.Pause()
-			return r.redis.Resume
+			return r.redis.Resume, ""
 		},
 	},
 	{
 		name:  "redis-killed-restarted-from-aof",
 		opts:  rigOptions{AOF: true},
 		lasts: faultLength,
-		inject: func(t *testing.T, r *faultRig) func() {
+		inject: func(t *testing.T, r *faultRig) (func(), string) {
 			r.redis.Kill()
 			return func() {
 				if err := r.redis.Restart(context.Background()); err != nil {
 					t.Fatalf("restart redis: %v", err)
 				}
-			}
+			}, ""
 		},
 	},
 	{
 		name: "redis-restarted-empty",
-		inject: func(t *testing.T, r *faultRig) func() {
+		inject: func(t *testing.T, r *faultRig) (func(), string) {
 			if err := r.redis.RestartEmpty(context.Background()); err != nil {
 				t.Fatalf("restart redis empty: %v", err)
 			}
-			return func() {}
+			return func() {}, ""
 		},
 	},
 	{
 		name:  "gateways-cut-from-redis",
 		lasts: faultLength,
-		inject: func(t *testing.T, r *faultRig) func() {
+		inject: func(t *testing.T, r *faultRig) (func(), string) {
 			gws := r.liveGateways()
 			for _, g := range gws {
 				g.back.Cut()
@@ -84,37 +104,131 @@ var outageFaults = []outageFault{
 				for _, g := range gws {
 					g.back.Restore()
 				}
-			}
+			}, ""
 		},
 	},
 	{
 		name:          "every-gateway-killed",
 		lasts:         faultLength,
 		killsGateways: true,
-		inject: func(t *testing.T, r *faultRig) func() {
+		inject: func(t *testing.T, r *faultRig) (func(), string) {
 			n := len(r.liveGateways())
 			r.killGateways()
 			return func() {
 				for range n {
 					r.startGateway()
 				}
-			}
+			}, ""
 		},
 	},
 	{
+		// The failover returns once the cluster agrees on the promoted
+		// master; the gateways' clients find it later (a dead master
+		// sends no MOVED), which under load takes seconds: the probe
+		// on its slots says when.
 		name: "cluster-master-failover",
 		opts: rigOptions{Cluster: true},
-		inject: func(t *testing.T, r *faultRig) func() {
+		inject: func(t *testing.T, r *faultRig) (func(), string) {
 			i := r.masterWithoutControlKeys()
+			probe := r.probeOn(r.cluster.Masters[i].Addr)
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
 			if err := r.cluster.Failover(ctx, i); err != nil {
 				t.Fatalf("fail over master %d: %v", i, err)
 			}
-			return func() {}
+			return func() {}, probe
 		},
 	},
 }
+
+// Slowness of a whole host, or of the one process everything depends
+// on, is a fault like any other.
+var starvationFaults = []outageFault{
+	{
+		// A master that stops for a moment (a VM pause, a starved
+		// process, a fork on a busy host) holds every renewal round trip
+		// that touches it, and with it every renewal of each gateway,
+		// while the control keys' master answers heartbeats and sweep
+		// marks as if all were well.
+		name:    "cluster-master-paused",
+		opts:    rigOptions{Cluster: true},
+		lasts:   masterPause,
+		atPings: true,
+		inject: func(t *testing.T, r *faultRig) (func(), string) {
+			m := r.cluster.Masters[r.masterWithoutControlKeys()]
+			probe := r.probeOn(m.Addr)
+			m.Pause()
+			return m.Resume, probe
+		},
+	},
+	{
+		// A CPU hog on every core for the fault's length, beside the
+		// stacks and whatever else the host runs: every part is slow,
+		// the test's own clients too.
+		name:  "cpu-starved",
+		lasts: faultLength,
+		needs: "stress-ng",
+		inject: func(t *testing.T, r *faultRig) (func(), string) {
+			stop := startCPUHogs(t, runtime.NumCPU())
+			return stop, ""
+		},
+	},
+	{
+		// Redis throttled as a container over its CPU limit is: it runs
+		// 10 ms of every 100 ms.
+		name:  "redis-throttled",
+		lasts: faultLength,
+		inject: func(t *testing.T, r *faultRig) (func(), string) {
+			stop, done := make(chan struct{}), make(chan struct{})
+			go func() {
+				defer close(done)
+				defer r.redis.Resume()
+				for {
+					r.redis.Pause()
+					select {
+					case <-stop:
+						return
+					case <-time.After(90 * time.Millisecond): // real time: the throttled period
+					}
+					r.redis.Resume()
+					select {
+					case <-stop:
+						return
+					case <-time.After(10 * time.Millisecond): // real time: the quota
+					}
+				}
+			}()
+			return func() { close(stop); <-done }, ""
+		},
+	},
+}
+
+// startCPUHogs starts stress-ng with n CPU workers, in a process group
+// of their own, and returns what stops them all; the test's cleanup stops
+// them too, and stress-ng's own timeout if everything else fails.
+func startCPUHogs(t *testing.T, n int) func() {
+	cmd := exec.Command("stress-ng", "--cpu", strconv.Itoa(n), "--timeout", "60s", "--quiet")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start stress-ng: %v", err)
+	}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			cmd.Wait()
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// masterPause is how long cluster-master-paused stops a master: longer
+// than the clients' margin (the TTL less their ping period, 0.5s at three
+// quarters of it), shorter than the sweep gap the listener counts as
+// blind (1s), and far from the cluster's node timeout (2s): nothing but
+// the gateways' renewals can tell.
+const masterPause = 900 * time.Millisecond
 
 // Ping periods, as a ratio of the TTL.
 var outagePeriods = []struct {
@@ -132,7 +246,7 @@ func TestOutageGuides(t *testing.T) {
 		t.Skip("fault tests: two minutes")
 	}
 	t.Parallel()
-	for _, f := range outageFaults {
+	for _, f := range slices.Concat(outageFaults, starvationFaults) {
 		t.Run(f.name, func(t *testing.T) {
 			t.Parallel()
 			for _, p := range outagePeriods {
@@ -155,6 +269,11 @@ const (
 )
 
 func testOutage(t *testing.T, f outageFault, period time.Duration) {
+	if f.needs != "" {
+		if _, err := exec.LookPath(f.needs); err != nil {
+			t.Skipf("%s is not installed, and this fault runs it (Debian: apt-get install %s)", f.needs, f.needs)
+		}
+	}
 	opts := f.opts
 	opts.Gateways = 2
 	r := newFaultRig(t, opts)
@@ -183,18 +302,42 @@ func testOutage(t *testing.T, f outageFault, period time.Duration) {
 	}
 
 	time.Sleep(time.Until(faultAt))
+	if f.atPings {
+		time.Sleep(time.Until(c.nextPings(groupActive).Add(-50 * time.Millisecond)))
+	}
 	faultAt = time.Now()
 	r.log.Info("test: fault starts", "fault", f.name)
-	heal := f.inject(t, r)
-	time.Sleep(time.Until(faultAt.Add(f.lasts)))
+	heal, probe := f.inject(t, r)
+	time.Sleep(time.Until(faultAt.Add(f.lasts))) // the fault lasts this long
 	heal()
-	recovered := time.Now()
+	// Recovered once every gateway writes renewals again, not when the
+	// fault's cause is gone: the grace counts from then.
+	recovered := r.awaitRenewals(cmp.Or(probe, "probe"))
 	r.log.Info("test: recovered", "fault", f.name, "after", recovered.Sub(faultAt))
 	time.Sleep(time.Until(recovered.Add(faultGrace + 3*time.Second)))
 	// Guides counted before the users leave: their sessions then run
 	// out, or are ended.
 	checkOutageGuides(t, r, c.users, faultAt, recovered)
 	c.stop()
+}
+
+// nextPings is when the users of group ping next: a period after the
+// latest ping of theirs, or periods later, so that it is still ahead.
+func (c *crowd) nextPings(group string) time.Time {
+	var last time.Time
+	for _, u := range c.users {
+		if u.group != group {
+			continue
+		}
+		u.mu.Lock()
+		last = later(last, u.lastPing)
+		u.mu.Unlock()
+	}
+	next := last.Add(c.period)
+	for time.Until(next) < 100*time.Millisecond {
+		next = next.Add(c.period)
+	}
+	return next
 }
 
 // checkOutageGuides checks the guides each user got.
@@ -239,7 +382,14 @@ func checkOutageGuides(t *testing.T, r *faultRig, users []*chatUser, faultAt, re
 		}
 		switch u.group {
 		case groupActive, groupBack:
-			if len(gs) != 0 {
+			u.mu.Lock()
+			late := u.lateSelf
+			u.mu.Unlock()
+			switch {
+			case len(gs) != 0 && len(gs) <= late:
+				t.Logf("%s got %d guides at %v: its own timer sent %d pings past its deadline (the host starved the client); %s",
+					u.uid, len(gs), at, late, stats)
+			case len(gs) != 0:
 				t.Errorf("%s kept pinging, got %d guides at %v (recovered at %s); %s",
 					u.uid, len(gs), at, rel(recovered), stats)
 			}
@@ -287,8 +437,8 @@ func checkOutageGuides(t *testing.T, r *faultRig, users []*chatUser, faultAt, re
 }
 
 // masterWithoutControlKeys picks a master that does not hold the control
-// keys: while it fails over, heartbeats and sweep marks go on, and only
-// the gateways can tell that some of their renewals failed.
+// keys: while it fails over or stops, heartbeats and sweep marks go on,
+// and only the gateways can tell that some of their renewals failed.
 func (r *faultRig) masterWithoutControlKeys() int {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: r.cluster.Masters[0].Addr})
@@ -309,7 +459,7 @@ func (r *faultRig) masterWithoutControlKeys() int {
 	}
 	for i, m := range r.cluster.Masters {
 		if m.Addr != owner {
-			r.log.Info("test: failing over a master without the control keys", "master", m.Addr, "control", owner)
+			r.log.Info("test: a master without the control keys", "master", m.Addr, "control", owner)
 			return i
 		}
 	}
@@ -502,5 +652,107 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 		if last := detected[len(detected)-1]; last > faultGrace+2*time.Second {
 			t.Errorf("a timeout was produced %v past its deadline, want at most grace + 2s = %v", last, faultGrace+2*time.Second)
 		}
+	}
+}
+
+// probeOn returns a uid whose session keys live on the cluster master at
+// addr, for awaitRenewals.
+func (r *faultRig) probeOn(addr string) string {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	slots, err := redisserver.SlotMap(ctx, rdb)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	ks := r.keyspace()
+	for i := range 1000 {
+		uid := fmt.Sprintf("probe-%d", i)
+		slot, err := rdb.ClusterKeySlot(ctx, ks.IndexKey(session.Bucket(uid))).Result()
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		for _, s := range slots {
+			if int64(s.Start) <= slot && slot <= int64(s.End) && s.Master == addr {
+				return uid
+			}
+		}
+	}
+	r.t.Fatalf("no probe uid on master %s", addr)
+	return ""
+}
+
+// awaitRenewals connects uid to every live gateway instance and pings
+// until each answers with a pong, which it sends once the renewal is
+// written, and returns when the last did: from then on users can reach
+// us. It ends the probe's session (a normal close) before it returns.
+func (r *faultRig) awaitRenewals(uid string) time.Time {
+	r.t.Helper()
+	gws := r.liveGateways()
+	errs := make(chan error, len(gws))
+	var (
+		mu   sync.Mutex
+		last time.Time
+	)
+	for _, g := range gws {
+		go func() {
+			at, err := probeRenewal(g.front.Addr(), mintFor(r, uid), time.Now().Add(30*time.Second))
+			mu.Lock()
+			last = later(last, at)
+			mu.Unlock()
+			if err != nil {
+				err = fmt.Errorf("gateway %s: %w", g.id, err)
+			}
+			errs <- err
+		}()
+	}
+	for range gws {
+		if err := <-errs; err != nil {
+			r.t.Fatalf("users cannot reach us again: %v", err)
+		}
+	}
+	r.log.Info("test: renewals written again through every gateway", "probe", uid)
+	return last
+}
+
+// probeRenewal pings through the gateway at addr until a ping is answered
+// with a pong, and returns when it was.
+func probeRenewal(addr, tok string, deadline time.Time) (time.Time, error) {
+	for {
+		if time.Now().After(deadline) {
+			return time.Time{}, errors.New("no ping answered with a pong in 30s")
+		}
+		d := websocket.Dialer{HandshakeTimeout: time.Second}
+		ws, _, err := d.Dial("ws://"+addr+"/v1/ws", wsHeader(tok))
+		if err != nil {
+			time.Sleep(redialPause) // the instance is not up yet
+			continue
+		}
+		at, err := pingUntilPong(ws, deadline)
+		ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
+		ws.Close()
+		if err == nil {
+			return at, nil
+		}
+	}
+}
+
+// pingUntilPong pings, and pings again after each error frame, until a
+// pong comes.
+func pingUntilPong(ws *websocket.Conn, deadline time.Time) (time.Time, error) {
+	ws.SetReadDeadline(deadline)
+	for {
+		if err := ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`)); err != nil {
+			return time.Time{}, err
+		}
+		_, b, err := ws.ReadMessage()
+		if err != nil {
+			return time.Time{}, err
+		}
+		var f serverFrame
+		if json.Unmarshal(b, &f) == nil && f.Type == "pong" {
+			return time.Now(), nil
+		}
+		time.Sleep(redialPause) // "unavailable": the store is not back yet
 	}
 }

@@ -68,8 +68,9 @@ type Gateway struct {
 	maxConns         int64
 	open             atomic.Int64 // connections held or being upgraded
 
-	start time.Time // New's time; connections time their pings from it
-	reach *reach    // whether Redis answers renewals and heartbeats
+	start   time.Time     // New's time; connections time their pings from it
+	reach   *reach        // whether Redis answers renewals and heartbeats
+	ongoing ongoingRecord // the renewal outage recorded while it lasts
 	// beatFailed: the last heartbeat failed; beaten: one succeeded; shed:
 	// this outage's connections were closed; echoAt: when to register
 	// every user once more after a heartbeat gap. The heartbeat loop's own.
@@ -157,7 +158,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 			CheckOrigin: func(*http.Request) bool { return true },
 		},
 		start:      time.Now(),
-		reach:      newReach(cfg.RenewFlushInterval),
+		reach:      newReach(cfg.RenewFlushInterval, stallAfter(cfg.HeartbeatInterval), nil),
 		renewLog:   outage.NewLog(logger, "renew sessions", 0),
 		beatLog:    outage.NewLog(logger, "heartbeat", 0),
 		resyncLog:  outage.NewLog(logger, "resync sessions", 0),
@@ -170,9 +171,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 		MaxBatch:      cfg.RenewBatch,
 		Instance:      g.instance,
 		// Renewals a migrating cluster slot refuses are sent again, but
-		// only for as long as keeps the round trip under slowFlush: one
-		// held up longer fails, and reach counts it as an outage.
-		SlotRetry: slowFlush * 3 / 4,
+		// only for as long as keeps the round trip under what reach
+		// counts as an outage: one held up longer fails, and is one.
+		SlotRetry: g.reach.slow * 3 / 4,
 		OnFlush: func(size int, took time.Duration, err error) {
 			metricRenewRoundTrips.Inc()
 			metricRenewBatchSize.Observe(float64(size))
@@ -180,6 +181,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 			g.reach.flushed(took, err)
 		},
 	})
+	g.reach.waiting = g.renewer.Waiting
 	g.routes = newRouteBook(g)
 	g.policy = policy.NewWatcher(policy.NewStore(rdb, cfg.Redis.Keyspace()),
 		cfg.FallbackPolicy(), cfg.PolicyRefresh, cfg.RenewGranularity, logger)
@@ -256,6 +258,7 @@ func (g *Gateway) Serve(ctx context.Context) error {
 	loops.Go(func() { g.policy.Run(ctx) })
 	loops.Go(func() { g.resyncLoop(ctx) })
 	loops.Go(func() { g.dropped.sweep(ctx) })
+	loops.Go(func() { g.recordLoop(ctx) })
 
 	// The public listener's only use is the upgrade: a connection that
 	// has not upgraded within the handshake timeout is closed, and so is

@@ -27,7 +27,12 @@ import (
 //     failing over while the control keys' one answers), it records the
 //     outage so far every second, so that a listener that meets a
 //     lapsed deadline the moment its slot is back finds the outage
-//     already recorded;
+//     already recorded. A round trip that hangs is such an outage from
+//     the moment it has held its renewals for longer than a heartbeat
+//     interval (see stallAfter), not only once it returns: renewals go
+//     one round trip at a time, so one that waits on a cluster master
+//     that stopped or died holds every renewal of this instance, and
+//     the deadlines they were to extend lapse while it waits;
 //   - resyncs: then, and after a heartbeat gap, it writes every
 //     connection's last grant again, as far as it is left: the deadline
 //     its last ping was given, or would have been. A resync never moves a
@@ -43,10 +48,15 @@ const (
 	resyncRetry = time.Second
 	// leaveTimeout bounds Leave on shutdown.
 	leaveTimeout = 2 * time.Second
-	// slowFlush is how long a renewal round trip may take before it counts
-	// as an outage: renewals held up in the client's retries (a cluster
-	// failover) land after the deadlines they were to extend.
+	// slowFlush is the longest a renewal round trip may hold its
+	// renewals before it counts as an outage: renewals held up in the
+	// client's retries (a cluster failover) land after the deadlines they
+	// were to extend. A shorter heartbeat interval shortens it (see
+	// stallAfter).
 	slowFlush = time.Second
+	// stallFloor is the shortest: a busy host's ordinary round trips take
+	// a tenth of a second now and then, and are no outage.
+	stallFloor = 250 * time.Millisecond
 	// flushFailFresh is how long a failed renewal round trip stands for
 	// the renewals' state when none follows it. While clients ping,
 	// failed round trips follow each other much closer than this (one
@@ -57,11 +67,27 @@ const (
 	ongoingRecordEvery = time.Second
 )
 
+// stallAfter is how long a renewal round trip may hold its renewals
+// before it counts as an outage: a heartbeat interval, within [stallFloor,
+// slowFlush]. The listener takes an instance whose heartbeat is that late
+// for dead, and operators keep the lease (three intervals) under the
+// shortest TTL less the clients' ping period; so a round trip that hangs
+// is recorded, like a missed heartbeat, before the first deadline it
+// holds up lapses.
+func stallAfter(heartbeat time.Duration) time.Duration {
+	return min(slowFlush, max(heartbeat, stallFloor))
+}
+
 // reach is what the gateway knows of its own reach to Redis. The renewer's
-// OnFlush (on the renewer's goroutine) and the heartbeat loop write it;
-// readyz and the resync loop read it.
+// OnFlush (on the renewer's goroutine), the record loop and the heartbeat
+// loop write it; readyz and the resync loop read it.
 type reach struct {
 	queued time.Duration // the longest a renewal waits for its round trip
+	slow   time.Duration // how long a round trip may take before it counts as an outage
+	// waiting is when the oldest renewal of the round trip in flight was
+	// queued, zero between round trips (the renewer's Waiting); nil
+	// watches nothing.
+	waiting func() time.Time
 
 	mu         sync.Mutex
 	flushFail  time.Time // start of the current failure of renewal round trips; zero while they succeed
@@ -77,13 +103,13 @@ type reach struct {
 
 	// kick wakes the resync loop: something healed, a resync may be owed.
 	kick chan struct{}
-	// failed wakes it too: renewals fail, the outage so far may be
-	// recorded while it lasts.
+	// failed wakes the record loop: renewals fail, the outage so far may
+	// be recorded while it lasts.
 	failed chan struct{}
 }
 
-func newReach(queued time.Duration) *reach {
-	return &reach{queued: queued, kick: make(chan struct{}, 1), failed: make(chan struct{}, 1)}
+func newReach(queued, slow time.Duration, waiting func() time.Time) *reach {
+	return &reach{queued: queued, slow: slow, waiting: waiting, kick: make(chan struct{}, 1), failed: make(chan struct{}, 1)}
 }
 
 func (r *reach) signal() { wake(r.kick) }
@@ -118,7 +144,7 @@ func (r *reach) flushed(took time.Duration, err error) {
 	}
 	healed := !r.flushFail.IsZero()
 	r.flushFail = time.Time{}
-	if took > slowFlush {
+	if took > r.slow {
 		// Written, but late: record it, and resync after.
 		if r.blindSince.IsZero() {
 			r.blindSince = now.Add(-took - r.queued)
@@ -131,6 +157,37 @@ func (r *reach) flushed(took time.Duration, err error) {
 	if healed {
 		r.signal()
 	}
+}
+
+// watch looks at the round trip in flight, and if it has held its renewals
+// for longer than slow, notes that renewals fail since the oldest was
+// queued, as a failed round trip would, and reports true: they fail until
+// it returns, whatever it returns, and the outage so far is to be recorded
+// while it lasts. flushed ends that failure once the round trip returns.
+func (r *reach) watch() bool {
+	if r.waiting == nil {
+		return false
+	}
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	// Read under mu: the renewer ends a round trip before it calls
+	// flushed, which takes mu; so a round trip seen in flight here has
+	// its flushed still to come, and the failure noted here is not left
+	// standing after it.
+	since := r.waiting()
+	if since.IsZero() || now.Sub(since) <= r.slow {
+		return false
+	}
+	if r.flushFail.IsZero() {
+		r.flushFail = since
+		r.failures++
+	}
+	if r.blindSince.IsZero() {
+		r.blindSince = since
+	}
+	r.lastFail = now
+	return true
 }
 
 // failingSince is when renewals or heartbeats started to fail, or zero.
@@ -399,7 +456,6 @@ func (g *Gateway) leave() {
 // a resync that fails is retried.
 func (g *Gateway) resyncLoop(ctx context.Context) {
 	var synced uint64 // failures that a completed resync followed
-	var open *ongoing // the outage recorded while it lasts
 	retry := time.NewTimer(resyncRetry)
 	retry.Stop()
 	defer retry.Stop()
@@ -409,15 +465,12 @@ func (g *Gateway) resyncLoop(ctx context.Context) {
 			return
 		case <-g.reach.kick:
 		case <-retry.C:
-		case <-g.reach.failed:
-			open = g.recordOngoing(ctx, open)
-			continue
 		}
 		failures := g.reach.failureCount()
 		if failures == synced {
 			continue
 		}
-		if err := g.resync(ctx, &open); err != nil {
+		if err := g.resync(ctx); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -430,21 +483,53 @@ func (g *Gateway) resyncLoop(ctx context.Context) {
 	}
 }
 
+// recordLoop records renewal outages while they last: when a round trip
+// fails, and when one in flight has held its renewals for longer than
+// stallAfter, which it looks for every quarter of that. It runs beside the
+// resync loop, whose resync may itself wait on the round trip that hangs.
+func (g *Gateway) recordLoop(ctx context.Context) {
+	t := time.NewTicker(g.reach.slow / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-g.reach.failed:
+		case <-t.C:
+			if !g.reach.watch() {
+				continue
+			}
+		}
+		g.recordOngoing(ctx)
+	}
+}
+
 // ongoing is a renewal outage recorded while it lasts: its last record.
 type ongoing struct {
 	b  session.BlindInterval
 	at time.Time // when it was written, by the local clock
 }
 
+// ongoingRecord is the record of the renewal outage under way, if any.
+// mu orders its writers, the record loop's records of the outage so far
+// and the resync's of the whole: none lands after the whole one.
+type ongoingRecord struct {
+	mu   sync.Mutex
+	open *ongoing
+}
+
 // recordOngoing records a renewal outage so far, while it lasts, when
-// Redis takes heartbeats meanwhile, at most every ongoingRecordEvery, and
-// returns the outage's record. Each record replaces the last, so an
-// outage keeps one. Where Redis is out of reach the heartbeat gap
-// protects the users, and the record waits for the recovery.
-func (g *Gateway) recordOngoing(ctx context.Context, open *ongoing) *ongoing {
+// Redis takes heartbeats meanwhile, at most every ongoingRecordEvery. Each
+// record replaces the last, so an outage keeps one. Where Redis is out of
+// reach the heartbeat gap protects the users, and the record waits for
+// the recovery.
+func (g *Gateway) recordOngoing(ctx context.Context) {
+	g.ongoing.mu.Lock()
+	defer g.ongoing.mu.Unlock()
+	open := g.ongoing.open
 	since := g.reach.unrecorded()
 	if since.IsZero() || !g.reach.partial() || (open != nil && time.Since(open.at) < ongoingRecordEvery) {
-		return open
+		return
 	}
 	rctx, cancel := context.WithTimeout(ctx, g.lease())
 	defer cancel()
@@ -452,11 +537,11 @@ func (g *Gateway) recordOngoing(ctx context.Context, open *ongoing) *ongoing {
 	b, err := g.ctl.RecordBlindFor(rctx, at.Sub(since), g.instance, session.BlindRenewals)
 	if err != nil {
 		g.log.Debug("record the renewal outage while it lasts; recovery records it", "err", err)
-		return open
+		return
 	}
 	g.forgetOngoing(rctx, open)
 	g.log.Info("renewals failing: recorded the outage so far", "from", b.Start, "to", b.End, "for", b.End.Sub(b.Start))
-	return &ongoing{b: b, at: at}
+	g.ongoing.open = &ongoing{b: b, at: at}
 }
 
 // forgetOngoing removes the record of an outage that a later one covers.
@@ -473,22 +558,10 @@ func (g *Gateway) forgetOngoing(ctx context.Context, open *ongoing) {
 // interval of this instance (replacing its record while it lasted), and
 // only then restores every connection's last grant: the listener that
 // meets a deadline the outage let lapse finds the outage recorded.
-func (g *Gateway) resync(ctx context.Context, open **ongoing) error {
+func (g *Gateway) resync(ctx context.Context) error {
 	start := time.Now()
-	if since := g.reach.unrecorded(); !since.IsZero() {
-		rctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
-		at := time.Now()
-		b, err := g.ctl.RecordBlindFor(rctx, at.Sub(since), g.instance, session.BlindRenewals)
-		if err == nil {
-			g.forgetOngoing(rctx, *open)
-			*open = nil
-		}
-		cancel()
-		if err != nil {
-			return err
-		}
-		g.reach.recorded(at)
-		g.log.Info("recorded renewal outage", "from", b.Start, "to", b.End, "for", b.End.Sub(b.Start))
+	if err := g.recordWhole(ctx); err != nil {
+		return err
 	}
 	n, err := g.resyncConns(ctx)
 	if err != nil {
@@ -496,6 +569,29 @@ func (g *Gateway) resync(ctx context.Context, open **ongoing) error {
 	}
 	metricResynced.Add(float64(n))
 	g.log.Info("resynced sessions", "sessions", n, "took", time.Since(start))
+	return nil
+}
+
+// recordWhole records the renewal outage not recorded yet, if any, in
+// place of its record while it lasted.
+func (g *Gateway) recordWhole(ctx context.Context) error {
+	g.ongoing.mu.Lock()
+	defer g.ongoing.mu.Unlock()
+	since := g.reach.unrecorded()
+	if since.IsZero() {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
+	defer cancel()
+	at := time.Now()
+	b, err := g.ctl.RecordBlindFor(rctx, at.Sub(since), g.instance, session.BlindRenewals)
+	if err != nil {
+		return err
+	}
+	g.forgetOngoing(rctx, g.ongoing.open)
+	g.ongoing.open = nil
+	g.reach.recorded(at)
+	g.log.Info("recorded renewal outage", "from", b.Start, "to", b.End, "for", b.End.Sub(b.Start))
 	return nil
 }
 

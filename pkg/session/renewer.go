@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -51,6 +52,10 @@ type Renewer struct {
 	mu      sync.Mutex // guards stopped and the Add of senders
 	stopped bool
 	senders sync.WaitGroup // Renew calls between the stopped check and their send
+
+	// inFlight is when the oldest renewal of the round trip in flight was
+	// queued, in Unix ns; 0 between round trips. Run's to write.
+	inFlight atomic.Int64
 }
 
 type renewal struct {
@@ -59,6 +64,7 @@ type renewal struct {
 	end          bool          // End the session instead
 	resync       bool          // restore a grant; ttl is what is left of it
 	ago          time.Duration // with resync: how long ago the ping was
+	queued       time.Time     // when it was handed to Run
 	deadline     time.Time
 	err          error
 	done         chan struct{}
@@ -155,6 +161,7 @@ func (r *Renewer) enqueue(ctx context.Context, req *renewal) error {
 	r.senders.Add(1)
 	r.mu.Unlock()
 	defer r.senders.Done()
+	req.queued = time.Now()
 	select {
 	case r.reqs <- req:
 		return nil
@@ -216,6 +223,20 @@ func (r *Renewer) Run(ctx context.Context) {
 	}
 }
 
+// Waiting is when the oldest renewal of the round trip in flight was
+// queued, or zero between round trips. Round trips go one at a time, so
+// one that hangs (a cluster master that stopped or died, its commands in
+// the client's retries) holds every renewal in it and every one queued
+// behind it, past the deadlines they were to extend: a caller that
+// watches this can tell while it lasts, not only once it returns.
+func (r *Renewer) Waiting() time.Time {
+	ns := r.inFlight.Load()
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
 // flush sends a batch in one pipeline (see runScripts): a renewal whose
 // script is missing from Redis's cache (first use, a restarted Redis, a
 // slot moved to a node that never ran it) is sent again with the
@@ -226,7 +247,15 @@ func (r *Renewer) flush(batch []*renewal) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	start := time.Now()
+	oldest := start
+	for _, req := range batch {
+		if !req.queued.IsZero() && req.queued.Before(oldest) {
+			oldest = req.queued
+		}
+	}
+	r.inFlight.Store(oldest.UnixNano())
 	cmds := r.store.runScripts(ctx, len(batch), r.call(batch), r.cfg.SlotRetry)
+	r.inFlight.Store(0)
 	var firstErr error
 	for i, req := range batch {
 		if req.end {
