@@ -85,6 +85,11 @@ func TestClusterReshardWhileLive(t *testing.T) {
 			const ttl = 2 * time.Second
 			gw := h.startAttackGateway(h.cluster.Addrs()[0], ttl, func(c *gateway.Config) {
 				c.Redis.Addrs, c.Redis.Cluster = h.cluster.Addrs(), true
+				// The production interval: a gateway sends refused
+				// renewals again for 3/4 of it (at most 750 ms), inside
+				// the time a hanging round trip may take before it counts
+				// as an outage.
+				c.HeartbeatInterval = time.Second
 			})
 			cfg := h.config(tc.mode)
 			stop := h.start(cfg)
