@@ -44,7 +44,9 @@ import (
 // published before an unsubscribe push come before it on the same
 // connection, and are read before listen lets it go. One hole stays: a
 // guide counted on a connection that breaks before it is read goes with
-// it, as Pub/Sub has no acknowledgement.
+// it, as Pub/Sub has no acknowledgement. (go-redis connects a failed
+// subscription again by itself; listen unsubscribes it before letting it
+// go, so that no guide is counted on a subscription nobody reads.)
 
 const (
 	// channelConfirmTimeout bounds the wait for Redis to confirm a
@@ -392,7 +394,11 @@ func (g *Gateway) listen(ctx context.Context, sub *redis.PubSub) {
 		probes.Wait()
 	}()
 	for {
-		why := g.channel.down(sub, g.read(ctx, sub))
+		why := g.read(ctx, sub)
+		if why != lostUnsubscribed && ctx.Err() == nil {
+			g.letGo(ctx, sub)
+		}
+		why = g.channel.down(sub, why)
 		if ctx.Err() != nil {
 			return
 		}
@@ -424,6 +430,35 @@ func (g *Gateway) read(ctx context.Context, sub *redis.PubSub) string {
 			g.channel.heardProbe(msg.(*redis.Message).Payload)
 		case eventUnsubscribed:
 			return lostUnsubscribed
+		}
+	}
+}
+
+// letGo ends sub's subscription, where it still stands, before sub is
+// closed. A read that fails has go-redis connect sub again at once and
+// send SSUBSCRIBE there, unread: publishers count that subscriber, and a
+// guide they route to it meanwhile would go when sub is closed, counted
+// as delivered. Unsubscribing takes it off go-redis's list, so it is
+// never subscribed again; what came before the confirmation is routed
+// in. A subscription a probe closed, or whose connection is down,
+// answers nothing, and the wait is short.
+func (g *Gateway) letGo(ctx context.Context, sub *redis.PubSub) {
+	name := g.channelName()
+	uctx, cancel := context.WithTimeout(ctx, channelDrainWait)
+	defer cancel()
+	if err := sub.SUnsubscribe(uctx, name); err != nil {
+		return
+	}
+	for {
+		msg, err := sub.ReceiveTimeout(uctx, channelDrainWait)
+		if err != nil {
+			return
+		}
+		switch classify(msg, name) {
+		case eventGuide:
+			g.routedIn(ctx, msg.(*redis.Message).Payload)
+		case eventUnsubscribed:
+			return
 		}
 	}
 }

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -178,4 +179,60 @@ func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
 		t.Fatal(err)
 	}
 	return m.GetGauge().GetValue()
+}
+
+// TestLetGoUnsubscribesReconnected: a subscription whose read fails is
+// connected again by go-redis at once, and subscribed there, though
+// nobody reads it any more: publishers count it, and a guide routed to
+// it would be lost, counted as delivered. letGo takes it off before it
+// is closed.
+func TestLetGoUnsubscribesReconnected(t *testing.T) {
+	tg := startGateway(t, nil)
+	ctx := context.Background()
+	name := tg.channelName()
+	subscribers := func() int64 {
+		t.Helper()
+		v, err := tg.rdb.Do(ctx, "PUBSUB", "SHARDNUMSUB", name).Slice()
+		if err != nil || len(v) != 2 {
+			t.Fatalf("PUBSUB SHARDNUMSUB: %v %v", v, err)
+		}
+		return v[1].(int64)
+	}
+	if n := subscribers(); n != 1 {
+		t.Fatalf("%d subscribers of the instance channel, want the gateway's own", n)
+	}
+	sub := tg.rdb.SSubscribe(ctx, name)
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Kill the newest Pub/Sub connection: this subscription's.
+	ids, err := tg.rdb.Do(ctx, "CLIENT", "LIST", "TYPE", "pubsub").Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var newest int64
+	for line := range strings.Lines(ids) {
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "id="); ok {
+				if id, err := strconv.ParseInt(v, 10, 64); err == nil && id > newest {
+					newest = id
+				}
+			}
+		}
+	}
+	if err := tg.rdb.Do(ctx, "CLIENT", "KILL", "ID", newest).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err = sub.Receive(rctx)
+	cancel()
+	if err == nil {
+		t.Fatal("a read on the killed connection did not fail")
+	}
+	waitUntil(t, "go-redis to subscribe the failed subscription again", func() bool { return subscribers() == 2 })
+	tg.letGo(ctx, sub)
+	if n := subscribers(); n != 1 {
+		t.Fatalf("%d subscribers after letGo, want the gateway's own: a subscription nobody reads is counted by publishers", n)
+	}
 }
