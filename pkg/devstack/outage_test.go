@@ -667,8 +667,8 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 	t.Logf("bounds: produced within %v of the deadline (grace %v, sweep interval %v, longest sweep %v); delivered within %v of that (%d guides at %.0f a second, longest send %v)",
 		produceBound, faultGrace, lcfg.SweepInterval, sweepLongest, deliverBound, leaving, floor, sendLongest)
 	var (
-		wrong                 int
-		lates, produced, sent []time.Duration
+		wrong, lateProduced, lateSent int
+		lates, produced, sent         []time.Duration
 	)
 	for i := range sessions {
 		if !leaves(i) {
@@ -700,14 +700,21 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 		produced = append(produced, detected.Sub(last))
 		sent = append(sent, g.At.Sub(detected))
 		if d := detected.Sub(last); d > produceBound {
-			t.Errorf("%s produced %v past its deadline, want at most %v", uid(i), d, produceBound)
+			if lateProduced++; lateProduced <= 5 {
+				t.Errorf("%s produced %v past its deadline, want at most %v", uid(i), d, produceBound)
+			}
 		}
 		if d := g.At.Sub(detected); d > deliverBound {
-			t.Errorf("%s delivered %v after its timeout was produced, want at most %v", uid(i), d, deliverBound)
+			if lateSent++; lateSent <= 5 {
+				t.Errorf("%s delivered %v after its timeout was produced, want at most %v", uid(i), d, deliverBound)
+			}
 		}
 	}
 	if wrong > 0 {
 		t.Errorf("%d of %d leavers did not get exactly one guide", wrong, leaving)
+	}
+	if lateProduced+lateSent > 0 {
+		t.Errorf("of %d leavers, %d produced and %d delivered past their bounds", leaving, lateProduced, lateSent)
 	}
 	for _, d := range []struct {
 		what string
