@@ -183,9 +183,12 @@ func (c *Cluster) Failover(ctx context.Context, i int) error {
 		return fmt.Errorf("master %d has no replica", i)
 	}
 	old, promoted := c.Masters[i], c.Replicas[i]
-	old.Kill()
 	rc := redis.NewClient(&redis.Options{Addr: promoted.Addr})
 	defer rc.Close()
+	if err := c.outrankMaster(ctx, i, rc); err != nil {
+		return err
+	}
+	old.Kill()
 	if err := rc.Do(ctx, "CLUSTER", "FAILOVER", "TAKEOVER").Err(); err != nil {
 		return fmt.Errorf("promote %s: %w", promoted.Addr, err)
 	}
@@ -211,6 +214,53 @@ func (c *Cluster) Failover(ctx context.Context, i int) error {
 	}
 	defer old.Close()
 	return c.waitOK(ctx, live)
+}
+
+// outrankMaster has another master take a config epoch greater than
+// master i's, as replica (a client of master i's replica) sees it.
+// TAKEOVER gives the replica a new config epoch only if its own is not
+// already the greatest it knows of; when master i's was, the replica
+// could claim the slots at the failed master's epoch, which no node
+// accepts, and the cluster stayed down (seen on a busy machine).
+func (c *Cluster) outrankMaster(ctx context.Context, i int, replica *redis.Client) error {
+	if len(c.Masters) < 2 {
+		return nil
+	}
+	j := (i + 1) % len(c.Masters)
+	mc := redis.NewClient(&redis.Options{Addr: c.Masters[i].Addr})
+	defer mc.Close()
+	oc := redis.NewClient(&redis.Options{Addr: c.Masters[j].Addr})
+	defer oc.Close()
+	idI, err := mc.Do(ctx, "CLUSTER", "MYID").Text()
+	if err != nil {
+		return fmt.Errorf("id of master %d: %w", i, err)
+	}
+	idJ, err := oc.Do(ctx, "CLUSTER", "MYID").Text()
+	if err != nil {
+		return fmt.Errorf("id of master %d: %w", j, err)
+	}
+	// BUMPEPOCH answers STILL when j's epoch is the greatest already.
+	if err := oc.Do(ctx, "CLUSTER", "BUMPEPOCH").Err(); err != nil {
+		return fmt.Errorf("bump the epoch of master %d: %w", j, err)
+	}
+	return poll(ctx, 30*time.Second, func() error {
+		nodes, err := replica.ClusterNodes(ctx).Result()
+		if err != nil {
+			return err
+		}
+		epochs := map[string]int64{}
+		for line := range strings.Lines(nodes) {
+			f := strings.Fields(line)
+			if len(f) > 6 {
+				e, _ := strconv.ParseInt(f[6], 10, 64)
+				epochs[f[0]] = e
+			}
+		}
+		if epochs[idJ] <= epochs[idI] {
+			return fmt.Errorf("the replica sees master %d at epoch %d, master %d at %d", j, epochs[idJ], i, epochs[idI])
+		}
+		return nil
+	})
 }
 
 // waitOK waits until every one of nodes reports cluster_state:ok and the
