@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"testing"
@@ -113,8 +114,12 @@ func (tg *testGateway) stop(t *testing.T) {
 			t.Errorf("Serve: %v", err)
 		}
 		tg.done <- nil // later stops return at once
-	case <-time.After(10 * time.Second):
-		t.Fatal("gateway did not stop within 10s")
+	case <-time.After(20 * time.Second):
+		// The drain takes up to its ShutdownTimeout; the rest is Redis
+		// work. Say where it hangs, should it hang.
+		var stacks strings.Builder
+		pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+		t.Fatalf("gateway did not stop within 20s; goroutines:\n%s", stacks.String())
 	}
 }
 
