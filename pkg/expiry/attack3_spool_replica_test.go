@@ -70,6 +70,7 @@ func TestAttack3CloseOvertakesSpooledReminderOnOtherReplica(t *testing.T) {
 	// close would be due its delay after the reminder was found, and B
 	// must not produce it however long A stays away.
 	h.start(h.config(ModeSweep))
+	// Real time must pass: a close must not come, however long A is away.
 	time.Sleep(closeAfter + 3*time.Second)
 
 	var stages []int
@@ -130,6 +131,7 @@ func TestAttack3KafkaOutageTwoReplicasCloseBeforeReminder(t *testing.T) {
 	// The outage outlasts the close delay, so every close is due by the
 	// time Kafka is back; long enough, as any outage past a 3-minute close
 	// delay is, for the replay's backoff to reach its 5s cap.
+	// Real time must pass: the outage itself.
 	time.Sleep(closeAfter + 7*time.Second)
 	fault.Remove()
 	waitFor(t, waitLong, "both stages of every user on the topic", func() bool { return h.produced() >= 2*users })

@@ -73,13 +73,15 @@ func TestAttack4ShortDeviceOnCutInstanceForgotten(t *testing.T) {
 		n, err := h.rdb.HLen(ctx, ks.RouteKey(uid)).Result()
 		return err == nil && n == 2
 	})
-	// A few of the laptop's renewals, each keeping the phone's deadline.
+	// Real time must pass: a few of the laptop's renewals, each keeping
+	// the phone's deadline.
 	time.Sleep(500 * time.Millisecond)
 
 	proxy.Cut()
 	cutAt := h.redisNow()
 	// B misses its heartbeats (a lease of 300ms), then the phone drops:
-	// A writes the user's route with B dead.
+	// A writes the user's route with B dead. Real time must pass: B's
+	// lease runs out by Redis's clock.
 	time.Sleep(time.Second)
 	phone.Close()
 	waitFor(t, waitLong, "A's route write to drop B's entry", func() bool {
