@@ -41,15 +41,12 @@ func TestAttackListenerLogsQuietInRedisOutage(t *testing.T) {
 	cfg := h.config(ModeHybrid)
 	cfg.SweepInterval = 200 * time.Millisecond // the default
 	var logs syncBuffer
-	ctx, cancel := context.WithCancel(context.Background())
-	l, err := New(ctx, cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	l, err := Open(context.Background(), cfg, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
-		cancel()
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	go l.Run(context.Background())
+	defer l.Close()
 	h.waitSubscribed(1)
 	time.Sleep(500 * time.Millisecond)
 
