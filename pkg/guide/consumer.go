@@ -65,7 +65,7 @@ type Consumer struct {
 
 	// breaker guards the sender, named for it; redisBreaker the session
 	// check.
-	breaker      *gobreaker.CircuitBreaker[string]
+	breaker      *gobreaker.CircuitBreaker[Outcome]
 	redisBreaker *gobreaker.CircuitBreaker[sessionCheck]
 
 	// One log per condition that fails for many records at once, so that
@@ -128,7 +128,7 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Consumer, er
 	default:
 		c.sender = &gatewaySender{url: cfg.PushURL, secret: cfg.PushSecret, client: httpc}
 	}
-	c.breaker = newBreaker[string](cfg.Sender, cfg, logger)
+	c.breaker = newBreaker[Outcome](cfg.Sender, cfg, logger)
 	c.redisBreaker = newBreaker[sessionCheck](downstreamRedis, cfg, logger)
 	c.checkOutage = outage.NewLog(logger.With("downstream", downstreamRedis), "check sessions", 0)
 	c.sendOutage = outage.NewLog(logger.With("downstream", cfg.Sender), "send guides", 0)
@@ -247,7 +247,7 @@ func (c *Consumer) ready(ctx context.Context) error {
 // process takes one record as far as it goes: to a settled outcome, or to
 // an error meaning "try again later". It runs on its own goroutine, one
 // per record in flight, started and awaited by the loop.
-func (c *Consumer) process(ctx context.Context, r *kgo.Record) (string, error) {
+func (c *Consumer) process(ctx context.Context, r *kgo.Record) (Outcome, error) {
 	ev, err := timeoutevent.Parse(r.Value)
 	if err != nil {
 		if err := c.deadLetter(ctx, r, err.Error()); err != nil {
@@ -281,7 +281,7 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (string, error) {
 	}
 	g := Guide{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: c.text(ev), DeadlineMS: ev.DeadlineMS, DueMS: ev.DueMS,
 		Stage: ev.Stage, Action: ev.Action, Final: ev.Final}
-	outcome, err := c.breaker.Execute(func() (string, error) {
+	outcome, err := c.breaker.Execute(func() (Outcome, error) {
 		start := time.Now()
 		defer func() { metricSendSeconds.Observe(time.Since(start).Seconds()) }()
 		return c.sender.Send(ctx, g)

@@ -182,10 +182,10 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		hook(p.ID)
 	}
 	if dup {
-		writeJSON(w, http.StatusOK, map[string]string{"status": OutcomeDuplicate})
+		writeJSON(w, http.StatusOK, map[string]Outcome{"status": OutcomeDuplicate})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": OutcomeDelivered})
+	writeJSON(w, http.StatusOK, map[string]Outcome{"status": OutcomeDelivered})
 }
 
 func (g *fakeGateway) setMode(m gatewayMode) {
@@ -624,8 +624,8 @@ func metricValue(t *testing.T, name string, labels ...string) float64 {
 	return m.GetGauge().GetValue()
 }
 
-func guidesSettled(t *testing.T, outcome string) float64 {
-	return metricValue(t, "stillthere_consumer_guides_total", "outcome", outcome)
+func guidesSettled(t *testing.T, outcome Outcome) float64 {
+	return metricValue(t, "stillthere_consumer_guides_total", "outcome", string(outcome))
 }
 
 func sendErrors(t *testing.T) float64 {
