@@ -521,6 +521,12 @@ func TestCloseEndsOrKeepsSession(t *testing.T) {
 		n, _ := tg.rdb.Exists(ctx, tg.store.Keyspace().SessionKey(uid)).Result()
 		return n == 1
 	}
+	// A close ends the session, or not, in the route write that takes the
+	// connection out of the user's route: the session is judged once that
+	// write has landed, not when the connection leaves the hub.
+	inRoute := func(uid string) bool {
+		return tg.rdb.HExists(ctx, tg.store.Keyspace().RouteKey(uid), tg.instance).Val()
+	}
 
 	normal := tg.dial(t, "normal")
 	pingPong(t, normal)
@@ -531,8 +537,10 @@ func TestCloseEndsOrKeepsSession(t *testing.T) {
 		uid := "code" + strconv.Itoa(code)
 		ws := tg.dial(t, uid)
 		pingPong(t, ws)
+		waitUntil(t, "the connection in its route", func() bool { return inRoute(uid) })
 		ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, ""), time.Now().Add(time.Second))
 		waitUntil(t, "server ends the connection", func() bool { return len(tg.hub.lookup(uid)) == 0 })
+		waitUntil(t, "the connection out of its route", func() bool { return !inRoute(uid) })
 		if !exists(uid) {
 			t.Errorf("close %d deleted the session", code)
 		}
@@ -540,8 +548,10 @@ func TestCloseEndsOrKeepsSession(t *testing.T) {
 
 	dropped := tg.dial(t, "dropped")
 	pingPong(t, dropped)
+	waitUntil(t, "the connection in its route", func() bool { return inRoute("dropped") })
 	dropped.NetConn().Close()
 	waitUntil(t, "server notices the drop", func() bool { return len(tg.hub.lookup("dropped")) == 0 })
+	waitUntil(t, "the dropped connection out of its route", func() bool { return !inRoute("dropped") })
 	if !exists("dropped") {
 		t.Error("a dropped connection deleted the session")
 	}
