@@ -19,8 +19,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stillthere/stillthere/pkg/policy"
+	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
 	"github.com/stillthere/stillthere/pkg/token"
 )
 
@@ -649,4 +651,53 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("%s: Validate = %v, want an error naming it", tt.field, err)
 		}
 	}
+}
+
+// TestDrainTurnedAwayConnectionLetsGoOfItsInbox: a connection still being
+// set up when the drain begins is turned away (1001) after it took its
+// user's inbox. It ends as a served connection does: its done closes, so
+// that a handover waiting on its proofs (another connection's release may
+// have offered it the inbox, from a goroutine the drain waits for) ends
+// and the drain with it; and the guides it leased are let go at once, so
+// that the reconnect elsewhere gets them then, not once the lease lapses
+// (its own time per chunk, and 5 s). Seen as a test gateway that took
+// over 20 s to stop on a busy machine, waiting for such a handover.
+func TestDrainTurnedAwayConnectionLetsGoOfItsInbox(t *testing.T) {
+	tg := startGateway(t, nil)
+	other := startGatewayOn(t, []string{tg.cfg.Redis.Addrs[0]}, tg.cfg.Redis.KeyPrefix, nil)
+	ks := tg.store.Keyspace()
+	ctx := context.Background()
+	req := stagePush("mara", redisNowMS(t, tg.rdb), 1, timeoutevent.ActionRemind)
+	tg.mustPush(t, req, push.Queued) // connected nowhere: kept in the inbox
+
+	// The drain begins while mara's connection is being set up.
+	tg.connsMu.Lock()
+	tg.draining = true
+	tg.connsMu.Unlock()
+	tok, err := token.Mint([]byte(tokenSecret), "mara", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws, _, err := websocket.DefaultDialer.Dial("ws://"+tg.PublicAddr().String()+"/v1/ws", http.Header{"Authorization": {"Bearer " + tok}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	for {
+		ws.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, _, err := ws.ReadMessage(); err != nil {
+			if !websocket.IsCloseError(err, websocket.CloseGoingAway) {
+				t.Fatalf("turned-away connection ended with %v, want 1001", err)
+			}
+			break
+		}
+	}
+	waitUntil(t, "the turned-away connection's lease let go", func() bool {
+		return tg.rdb.HLen(ctx, ks.InboxLeaseKey("mara")).Val() == 0
+	})
+
+	// The client reconnects at once, to another instance: the guide is
+	// there for it.
+	back := other.dial(t, "mara")
+	readStage(t, back, req)
 }
