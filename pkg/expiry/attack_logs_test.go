@@ -41,25 +41,24 @@ func TestAttackListenerLogsQuietInRedisOutage(t *testing.T) {
 	cfg := h.config(ModeHybrid)
 	cfg.SweepInterval = 200 * time.Millisecond // the default
 	var logs syncBuffer
-	ctx, cancel := context.WithCancel(context.Background())
-	l, err := New(ctx, cfg, slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	_, stop := h.startListenerLogging(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	defer stop()
 	h.waitSubscribed(1)
-	time.Sleep(500 * time.Millisecond)
+	h.sweptPast(h.redisNow()) // running: subscribed, sweeping
 
 	before := strings.Count(logs.String(), "level=WARN")
 	h.srv.Kill()
+	// Real time must pass: the outage of the issue, 12s, with Redis down
+	// (nothing to ask the time).
 	time.Sleep(12 * time.Second)
 	if err := h.srv.Restart(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Second)
+	// Recovered: subscribed again, a whole sweep done since, and the
+	// outage reported as a blind interval.
+	h.waitSubscribed(1)
+	h.sweptPast(h.redisNow())
+	eventually(waitLong, func() bool { return strings.Contains(logs.String(), "users could not reach us") })
 	out := logs.String()
 	warns := strings.Count(out, "level=WARN") - before
 	perSweep := strings.Count(out, `msg=sweep `)
