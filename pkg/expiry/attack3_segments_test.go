@@ -10,6 +10,7 @@
 package expiry
 
 import (
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -52,6 +53,24 @@ func pongTTL(t *testing.T, ws *websocket.Conn) time.Duration {
 	return time.Duration(f.TTLMS) * time.Millisecond
 }
 
+// waitGranted pings on ws until a pong grants at least want, and returns
+// when that ping was sent and what it was granted: until a gateway has
+// read the policy (it refreshes every 100ms) a ping is granted the
+// default TTL. It pings at most ten times a second, well within the rate
+// limit.
+func waitGranted(t *testing.T, ws *websocket.Conn, want time.Duration) (sent time.Time, granted time.Duration) {
+	t.Helper()
+	waitFor(t, waitLong, fmt.Sprintf("a ping granted %v", want), func() bool {
+		if time.Since(sent) < 100*time.Millisecond {
+			return false
+		}
+		sent = time.Now()
+		granted = pongTTL(t, ws)
+		return granted >= want
+	})
+	return sent, granted
+}
+
 // TestAttack3ShortSegmentDeviceShortensSession: "A user is present while
 // any of their connections pings" (docs/protocol.md), and "Each ping
 // grants the session STILLTHERE_SESSION_TTL [of the segment]". A token
@@ -74,20 +93,9 @@ func TestAttack3ShortSegmentDeviceShortensSession(t *testing.T) {
 
 	phone := dialSegment(t, g, "multi", "mobile")
 	web := dialSegment(t, g, "multi", "default")
-	// The phone is in use. Until the gateway has read the policy (it
-	// refreshes every 100ms) a ping is granted the default 2s; pinged a
-	// few times a second, well within the rate limit.
-	var start time.Time
-	var phoneGrant time.Duration
-	for end := time.Now().Add(waitLong); ; time.Sleep(100 * time.Millisecond) {
-		start = time.Now()
-		if phoneGrant = pongTTL(t, phone); phoneGrant >= 10*time.Second {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatalf("phone granted %v after %v, want the mobile segment's 12s", phoneGrant, waitLong)
-		}
-	}
+	// The phone is in use, granted the mobile segment's 12s once the
+	// gateway has read the policy.
+	start, phoneGrant := waitGranted(t, phone, 10*time.Second)
 	pongTTL(t, web) // a glance at the web tab a moment later: 2s
 	// Nothing more from either device. By the phone's grant the user is
 	// there until start+12s: the first timeout of the user must not come

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stillthere/stillthere/pkg/gateway"
 	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/tcpproxy"
@@ -55,17 +56,11 @@ func TestAttack4ShortDeviceOnCutInstanceForgotten(t *testing.T) {
 	}
 	t.Cleanup(func() { proxy.Close() })
 	gwA := h.startAttackGateway(h.srv.Addr, 2*time.Second, nil)
-	gwB := h.startAttackGateway(proxy.Addr(), 2*time.Second, nil)
+	gwB := h.startAttackGateway(proxy.Addr(), 2*time.Second, func(c *gateway.Config) { c.InstanceID = "gw-b" })
 
 	const uid = "two-segments"
 	phone := dialSegment(t, gwA, uid, "mobile")
-	// Until the gateway has read the policy, a ping is granted the
-	// default TTL.
-	for end := time.Now().Add(waitLong); pongTTL(t, phone) < phoneTTL-time.Second; time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("phone not granted the mobile segment's %v within %v", phoneTTL, waitLong)
-		}
-	}
+	waitGranted(t, phone, phoneTTL-time.Second) // the mobile segment's
 	laptop := startPinger(t, gwB, uid, 400*time.Millisecond)
 	ks := h.store.Keyspace()
 	ctx := context.Background()
@@ -73,16 +68,22 @@ func TestAttack4ShortDeviceOnCutInstanceForgotten(t *testing.T) {
 		n, err := h.rdb.HLen(ctx, ks.RouteKey(uid)).Result()
 		return err == nil && n == 2
 	})
-	// Real time must pass: a few of the laptop's renewals, each keeping
-	// the phone's deadline.
-	time.Sleep(500 * time.Millisecond)
+	// A few of the laptop's renewals, each keeping the phone's deadline.
+	waitPongs(t, laptop.pongs.Load()+2, laptop)
 
 	proxy.Cut()
 	cutAt := h.redisNow()
 	// B misses its heartbeats (a lease of 300ms), then the phone drops:
-	// A writes the user's route with B dead. Real time must pass: B's
-	// lease runs out by Redis's clock.
-	time.Sleep(time.Second)
+	// A writes the user's route with B dead. B's lease runs out by
+	// Redis's clock.
+	waitFor(t, waitLong, "B's lease to run out", func() bool {
+		now, insts, err := h.store.Instances(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, ok := insts["gw-b"]
+		return ok && !b.AliveAt(now)
+	})
 	phone.Close()
 	waitFor(t, waitLong, "A's route write to drop B's entry", func() bool {
 		n, err := h.rdb.HLen(ctx, ks.RouteKey(uid)).Result()

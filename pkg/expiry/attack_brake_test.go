@@ -54,14 +54,6 @@ func (h *harness) storm(name string, n int, ttl time.Duration) map[string]grant 
 	return out
 }
 
-// untilRedis sleeps until Redis's clock reaches at.
-func (h *harness) untilRedis(at time.Time) {
-	h.t.Helper()
-	if d := at.Sub(h.redisNow()); d > 0 {
-		time.Sleep(d)
-	}
-}
-
 // checkStorm checks that every storm user got one event, for its deadline.
 func checkStorm(t *testing.T, by map[string][]timeoutevent.Event, storm map[string]grant) {
 	t.Helper()
@@ -129,7 +121,7 @@ func TestAttackBrakeSkipsMinuteDeferredLapse(t *testing.T) {
 		t.Fatal("flaky came back after the grace; the case was not tested")
 	}
 	h.waitProduced(1 + len(storm))
-	time.Sleep(time.Second)
+	h.sweptPast(h.redisNow()) // and nothing more
 	by := byUID(h.events())
 	checkStorm(t, by, storm)
 	if !brakeHeldSome(by, storm) {
@@ -174,7 +166,7 @@ func brakeStages(t *testing.T, h *harness, start func()) {
 
 	waitFor(t, waitLong, "silent's close", func() bool { return len(byUID(h.events())["silent"]) >= 3 })
 	h.waitProduced(3 + 1 + len(storm))
-	time.Sleep(time.Second)
+	h.sweptPast(h.redisNow()) // and nothing more
 	by := byUID(h.events())
 	checkStorm(t, by, storm)
 	if got := by["answers"]; len(got) != 1 {

@@ -1,11 +1,13 @@
 package expiry
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
 
+	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/tcpproxy"
 )
 
@@ -17,7 +19,16 @@ func closeNormally(t *testing.T, p *pinger) {
 	<-p.done
 	p.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, "bye"),
 		time.Now().Add(time.Second))
-	time.Sleep(200 * time.Millisecond) // the gateway reads it and answers
+	// The gateway reads it and answers with its own close, which ends the
+	// pinger's reader.
+	waitFor(t, waitLong, "the gateway to answer the close", func() bool {
+		select {
+		case <-p.read:
+			return true
+		default:
+			return false
+		}
+	})
 	p.ws.Close()
 }
 
@@ -43,13 +54,22 @@ func TestAttackNormalCloseDuringOutageIsGuided(t *testing.T) {
 
 	leaver := startPinger(t, gw, "leaver", ttl/4)
 	stayer := startPinger(t, gw, "stayer", ttl/4)
-	time.Sleep(700 * time.Millisecond)
+	waitPongs(t, 2, leaver, stayer)
+	// The cut closes the gateway's connections at once, and every new one:
+	// the close comes in the outage.
 	proxy.Cut()
-	time.Sleep(300 * time.Millisecond)
 	closeNormally(t, leaver)
-	time.Sleep(3 * time.Second)
+	// The outage lasts past the leaver's last deadline, which the gateway
+	// can no longer move.
+	ms, err := h.rdb.ZScore(context.Background(), h.store.Keyspace().IndexKey(session.Bucket("leaver")), "leaver").Result()
+	if err != nil {
+		t.Fatalf("leaver has no deadline: %v", err)
+	}
+	h.untilRedis(time.UnixMilli(int64(ms)).Add(1500 * time.Millisecond))
 	proxy.Restore()
-	time.Sleep(ttl + testGrace + 2*time.Second)
+	// Everyone's last grant runs out, and the grace after the outage
+	// passes: a guide for the leaver would be out by then.
+	h.sweptPast(h.redisNow().Add(ttl + testGrace))
 	stayer.stop()
 	stop()
 

@@ -3,6 +3,7 @@ package expiry
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -98,6 +99,7 @@ type pinger struct {
 	errs   atomic.Int64
 	cancel context.CancelFunc
 	done   chan struct{}
+	read   chan struct{} // closed when the connection's reader stops (startPinger)
 	ws     *websocket.Conn
 }
 
@@ -113,6 +115,20 @@ func dialAttack(t *testing.T, g *attackGateway, uid string) (*websocket.Conn, er
 	return ws, err
 }
 
+// waitPongs waits until each of ps has been answered at least n pongs in
+// all: its pings so far were renewed.
+func waitPongs(t *testing.T, n int64, ps ...*pinger) {
+	t.Helper()
+	waitFor(t, waitLong, fmt.Sprintf("%d pongs for each client", n), func() bool {
+		for _, p := range ps {
+			if p.pongs.Load() < n {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // startPinger connects uid to g and pings every period until stop. With
 // period 0 it pings once and then stays connected without a word.
 func startPinger(t *testing.T, g *attackGateway, uid string, period time.Duration) *pinger {
@@ -122,8 +138,9 @@ func startPinger(t *testing.T, g *attackGateway, uid string, period time.Duratio
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &pinger{uid: uid, cancel: cancel, done: make(chan struct{}), ws: ws}
+	p := &pinger{uid: uid, cancel: cancel, done: make(chan struct{}), read: make(chan struct{}), ws: ws}
 	go func() {
+		defer close(p.read)
 		for {
 			_, b, err := ws.ReadMessage()
 			if err != nil {
@@ -192,7 +209,10 @@ func startMovingPinger(t *testing.T, gws []*attackGateway, uid string, period ti
 				return true
 			}
 			i++
-			time.Sleep(50 * time.Millisecond)
+			select { // a client's pause before it dials again
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
 		}
 		return false
 	}
@@ -216,7 +236,11 @@ func startMovingPinger(t *testing.T, gws []*attackGateway, uid string, period ti
 			mu.Lock()
 			c := ws
 			mu.Unlock()
-			if _, _, err := c.ReadMessage(); err != nil {
+			_, b, err := c.ReadMessage()
+			if err == nil && bytes.Contains(b, []byte(`"type":"pong"`)) {
+				p.pongs.Add(1)
+			}
+			if err != nil {
 				c.Close()
 				if !connect(next) {
 					return

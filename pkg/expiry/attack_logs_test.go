@@ -41,22 +41,24 @@ func TestAttackListenerLogsQuietInRedisOutage(t *testing.T) {
 	cfg := h.config(ModeHybrid)
 	cfg.SweepInterval = 200 * time.Millisecond // the default
 	var logs syncBuffer
-	l, err := Open(context.Background(), cfg, slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	go l.Run(context.Background())
-	defer l.Close()
+	_, stop := h.startListenerLogging(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	defer stop()
 	h.waitSubscribed(1)
-	time.Sleep(500 * time.Millisecond)
+	h.sweptPast(h.redisNow()) // running: subscribed, sweeping
 
 	before := strings.Count(logs.String(), "level=WARN")
 	h.srv.Kill()
+	// Real time must pass: the outage of the issue, 12s, with Redis down
+	// (nothing to ask the time).
 	time.Sleep(12 * time.Second)
 	if err := h.srv.Restart(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Second)
+	// Recovered: subscribed again, a whole sweep done since, and the
+	// outage reported as a blind interval.
+	h.waitSubscribed(1)
+	h.sweptPast(h.redisNow())
+	eventually(waitLong, func() bool { return strings.Contains(logs.String(), "users could not reach us") })
 	out := logs.String()
 	warns := strings.Count(out, "level=WARN") - before
 	perSweep := strings.Count(out, `msg=sweep `)

@@ -41,15 +41,19 @@ func TestAttackOneGatewayCutLongerThanGrace(t *testing.T) {
 		active = append(active, startMovingPinger(t, []*attackGateway{cutGW, okGW}, fmt.Sprintf("cut-%d", i), ttl/4))
 		active = append(active, startPinger(t, okGW, fmt.Sprintf("ok-%d", i), ttl/4))
 	}
-	startPinger(t, cutGW, "silent", 0) // pings once, then says nothing
-	time.Sleep(time.Second)
+	silent := startPinger(t, cutGW, "silent", 0) // pings once, then says nothing
+	waitPongs(t, 2, active...)                   // everyone pinged twice
+	waitPongs(t, 1, silent)
 
 	proxy.Cut()
+	// Real time must pass: the cut lasts two TTLs, longer than the grace.
 	time.Sleep(2 * ttl)
 	proxy.Restore()
 	restored := h.redisNow()
-	// Grace after recovery, and some.
-	time.Sleep(cfg.OutageGrace + 2*time.Second)
+	// The silent user's timeout, held for the grace after the cut, comes
+	// out with any other of the cut gateway's; then one more sweep.
+	eventually(waitLong+cfg.OutageGrace, func() bool { return len(byUID(h.events())["silent"]) > 0 })
+	h.sweptPast(h.redisNow())
 	for _, p := range active {
 		p.stop()
 	}
@@ -94,15 +98,17 @@ func TestAttackTwoDevicesViaIsLastRenewerOnly(t *testing.T) {
 	defer stop()
 
 	phone := startPinger(t, gwA, "two-devices", ttl/4)
-	onA := startPinger(t, gwA, "only-on-a", ttl/4) // the same, with one device
-	time.Sleep(700 * time.Millisecond)             // the phone's second ping is done
-	startPinger(t, gwB, "two-devices", 0)          // the laptop's one ping
-	time.Sleep(100 * time.Millisecond)
+	onA := startPinger(t, gwA, "only-on-a", ttl/4)  // the same, with one device
+	waitPongs(t, 2, phone, onA)                     // the phone's second ping is done
+	laptop := startPinger(t, gwB, "two-devices", 0) // the laptop's one ping
+	waitPongs(t, 1, laptop)
 	proxy.Cut()
 	cutAt := h.redisNow()
+	// Real time must pass: the cut lasts two TTLs.
 	time.Sleep(2 * ttl)
 	proxy.Restore()
-	time.Sleep(cfg.OutageGrace + time.Second)
+	// A deadline held for A's cut is checked again a grace after it.
+	h.sweptPast(h.redisNow().Add(cfg.OutageGrace + time.Second))
 	phone.stop()
 	onA.stop()
 	stop()

@@ -33,7 +33,14 @@ func TestAttackQuickEmptyRestartLosesSilentUsers(t *testing.T) {
 		startPinger(t, gw, uid, 0) // one ping, then connected and quiet
 		silent = append(silent, uid)
 	}
-	time.Sleep(500 * time.Millisecond)
+	eventually(waitLong, func() bool {
+		for _, uid := range silent {
+			if !h.inIndex(uid) {
+				return false
+			}
+		}
+		return true
+	})
 	ctx := context.Background()
 	for _, uid := range silent {
 		if !h.inIndex(uid) {
@@ -45,8 +52,9 @@ func TestAttackQuickEmptyRestartLosesSilentUsers(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("redis restarted empty in %v", time.Since(began))
-	// Everyone's last grant runs out, the grace passes, and some.
-	time.Sleep(ttl + testGrace + 2*time.Second)
+	// Everyone's last grant runs out, the grace passes, and a sweep
+	// after it.
+	h.sweptPast(h.redisNow().Add(ttl + testGrace))
 	active.stop()
 	stop()
 

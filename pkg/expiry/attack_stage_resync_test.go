@@ -56,19 +56,20 @@ func TestAttackPingInOutageBetweenStages(t *testing.T) {
 
 	// The gateway's path to Redis breaks; the user answers the reminder
 	// with a ping, which the gateway cannot write now.
+	// The cut closes the gateway's connections at once, and every new one.
 	proxy.Cut()
-	time.Sleep(200 * time.Millisecond)
 	user.ws.SetWriteDeadline(time.Now().Add(time.Second))
 	if err := user.ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`)); err != nil {
 		t.Fatal(err)
 	}
 	pinged := h.redisNow()
+	// Real time must pass: the cut lasts a while after the ping.
 	time.Sleep(1800 * time.Millisecond)
 	proxy.Restore() // the gateway resyncs the ping's grant
 
-	// Past the old silence's close, held or not.
+	// Past the old silence's close, held or not, and a sweep after it.
 	closeDue := time.UnixMilli(reminder.DetectedMS).Add(closeAfter)
-	time.Sleep(time.Until(closeDue) + cfg.OutageGrace + 1500*time.Millisecond)
+	h.sweptPast(closeDue.Add(cfg.OutageGrace + time.Second))
 	stop()
 	for _, ev := range byUID(h.events())["rosa"] {
 		if ev.DeadlineMS == reminder.DeadlineMS && ev.Stage > 1 {

@@ -87,8 +87,9 @@ func TestAttackKafkaOutageAcrossStages(t *testing.T) {
 	h.renew("sid", "default", 200*time.Millisecond)
 	waitFor(t, waitLong, "the reminder to be spooled", func() bool { return l.spool.Len() >= 1 })
 	// Past when the close would have been due after the reminder was
-	// found: it waits in the index, not in the spool behind the reminder.
-	time.Sleep(closeAfter + 500*time.Millisecond)
+	// found, and a sweep after it: the close waits in the index, not in
+	// the spool behind the reminder.
+	h.sweptPast(h.redisNow().Add(closeAfter + 500*time.Millisecond))
 	if n := l.spool.Len(); n != 1 {
 		t.Fatalf("spool holds %d events, want the reminder alone", n)
 	}

@@ -33,11 +33,7 @@ func TestAttackBrokenReplicaSpoolsAfterQuietSpell(t *testing.T) {
 	stopA := h.start(h.config(ModeSweep))
 	defer stopA()
 
-	bad, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bad.Close()
+	bad := startKafka(t)
 	bad.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: testTopic, Err: kerr.UnknownServerError, Count: -1})
 	cfgB := h.config(ModeSweep)
 	cfgB.Kafka.Brokers = bad.ListenAddrs()
@@ -49,14 +45,27 @@ func TestAttackBrokenReplicaSpoolsAfterQuietSpell(t *testing.T) {
 
 	want := map[string]grant{}
 	for wave := range 3 {
-		time.Sleep(5 * time.Second) // a quiet spell
+		// A quiet spell. Real time must pass: A's last produce ages past
+		// what counts as producing, as at night.
+		time.Sleep(5 * time.Second)
 		// Twenty users whose deadlines fall 40ms apart.
 		for i := range 20 {
 			uid := fmt.Sprintf("w%d-%02d", wave, i)
 			want[uid] = h.renew(uid, "default", 300*time.Millisecond+time.Duration(i)*40*time.Millisecond)
 		}
 	}
-	time.Sleep(3 * time.Second)
+	// Every silent user on the topic, then one sweep more; if some wait
+	// in B's spool, the assertion below says so.
+	eventually(waitLong, func() bool {
+		got := byUID(h.events())
+		for uid := range want {
+			if len(got[uid]) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	h.sweptPast(h.redisNow())
 	spooled := b.spool.Len()
 	stopB()
 	stopA()

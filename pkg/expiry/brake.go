@@ -3,8 +3,6 @@ package expiry
 import (
 	"context"
 	"time"
-
-	"github.com/stillthere/stillthere/pkg/session"
 )
 
 // brake is the mass-expiry brake. Far more sessions lapsing in a short
@@ -14,9 +12,9 @@ import (
 // connections. The lapses past the threshold are held until the grace
 // after their deadlines and checked again before they are produced; a
 // real crowd still gets its guides, one grace late. Later stages falling
-// due while it is engaged are held too (see brakeFresh). Lapses are counted in Redis, so that replicas
-// that share the work share the count. Only the pipeline goroutine uses
-// it.
+// due while it is engaged are held too (see brakeHolds). Lapses are
+// counted in Redis, so that replicas that share the work share the
+// count. Only the pipeline goroutine uses it.
 type brake struct {
 	engaged bool
 	held    int // held since engaged, for the log line that ends it
@@ -52,33 +50,4 @@ func (l *Listener) braking(ctx context.Context, now time.Time, n int) bool {
 			"held", l.brake.held, "lapsed", count, "threshold", threshold)
 	}
 	return l.brake.engaged
-}
-
-// hold moves timeouts out of the index until release, counting them by
-// rule.
-func (l *Listener) hold(ctx context.Context, found []session.Expired, release time.Time, rule string) error {
-	n, err := l.store.Hold(ctx, found, release)
-	metricHeld.WithLabelValues(rule).Add(float64(n))
-	return err
-}
-
-// holdBraked holds timeouts for the brake until the grace after each was
-// due, as a blind interval holds until the grace after its end: not after
-// its detection, which a storm makes late, so a crowd that really left
-// is guided a grace after its deadlines and not later. One found a grace
-// late or more is still held to the next sweep and checked again then.
-func (l *Listener) holdBraked(ctx context.Context, found []session.Expired, now time.Time) error {
-	n, err := l.store.HoldEach(ctx, found, func(e session.Expired) time.Time {
-		return later(e.Due.Add(l.cfg.OutageGrace), now.Add(l.cfg.SweepInterval))
-	})
-	metricHeld.WithLabelValues(holdBrake).Add(float64(n))
-	l.brake.held += n
-	return err
-}
-
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }

@@ -18,22 +18,10 @@ import (
 // produced mark lets it settle the entry. A second silence of the same
 // user in the same minute window is never dropped: if the window's guide
 // was stale it is produced at once, otherwise it is held to the window's
-// end and produced then, if the user is still silent.
-type dedupState int
-
-const (
-	dedupFresh   dedupState = iota // claimed by us: produce it
-	dedupDone                      // produced already: settle the entry
-	dedupBusy                      // claimed by another replica: leave it
-	dedupHeld                      // held (the brake, or deferred to the window's end)
-	dedupDefer                     // the window's guide may have gone out: defer
-	dedupSpooled                   // spooled already: settle it, its next stage after the replay
-)
+// end and produced then, if the user is still silent. What the listener
+// makes of a claim's reply is decided in verdict.go.
 
 const dedupClaimed = "claimed"
-
-// holdMinute names holds of a second silence to its window's end.
-const holdMinute = "minute"
 
 // claimTTL is how long a claim outlives a crashed claimer, after which the
 // sweep retries its timeouts. It is well past the longest a produce and a
@@ -48,30 +36,13 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 `)
 
-// distinct keeps the first of found's entries per dedup key: a batch
-// from expired events can hold a uid twice, and the second would meet
-// this listener's own claim.
-func (l *Listener) distinct(found []session.Expired) []session.Expired {
-	ks := l.store.Keyspace()
-	seen := make(map[string]bool, len(found))
-	out := found[:0:0]
-	for _, e := range found {
-		k := ks.StageDedupKey(e.UID, e.Stage, e.Due)
-		if !seen[k] {
-			seen[k] = true
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
 // dedupe claims each timeout's dedup key in one pipeline, and returns
-// also, by uid, how many replicas failed to produce a claimed timeout
-// before. If any claim fails, the claims it did take are released before
-// it returns the error, so that the entries are not held up until the
-// claims lapse. A key that already holds this listener's own claim (a
-// release that failed earlier) is its to produce.
-func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]dedupState, map[string]int, error) {
+// the replies, which say also how many replicas failed to produce a
+// claimed timeout before. If any claim fails, the claims it did take are
+// released before it returns the error, so that the entries are not held
+// up until the claims lapse. A key that already holds this listener's own
+// claim (a release that failed earlier) is its to produce.
+func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]claimed, error) {
 	cmds := make([]*redis.Cmd, len(found))
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, e := range found {
@@ -79,44 +50,32 @@ func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]dedup
 		}
 		return nil
 	})
-	states := make([]dedupState, len(found))
-	failures := map[string]int{}
-	var claimed []session.Expired
+	replies := make([]claimed, len(found))
+	var taken []session.Expired
 	var firstErr error
 	if err != nil && !errors.Is(err, redis.Nil) {
 		firstErr = fmt.Errorf("dedup %d timeouts: %w", len(found), err)
 	}
 	for i, c := range cmds {
 		reply, err := c.Text()
-		val, failed := session.ParseClaim(reply)
-		switch {
-		case err != nil:
+		if err != nil {
 			if firstErr == nil {
 				firstErr = fmt.Errorf("dedup timeout of %q: %w", found[i].UID, err)
 			}
-		case val == session.ClaimFresh:
-			states[i] = dedupFresh
-			claimed = append(claimed, found[i])
-			if failed > 0 {
-				failures[found[i].UID] = failed
-			}
-		case val == session.ClaimDone:
-			states[i] = dedupDone
-		case val == session.ClaimSpooled:
-			states[i] = dedupSpooled
-		case val == session.ClaimDefer:
-			states[i] = dedupDefer
-		default:
-			states[i] = dedupBusy
+			continue
+		}
+		replies[i].outcome, replies[i].failed = session.ParseClaim(reply)
+		if replies[i].outcome == session.ClaimFresh {
+			taken = append(taken, found[i])
 		}
 	}
 	if firstErr != nil {
-		if err := l.markDedup(context.WithoutCancel(ctx), nil, nil, claimed); err != nil {
-			l.log.Warn("release dedup claims", "count", len(claimed), "err", err)
+		if err := l.markDedup(context.WithoutCancel(ctx), nil, nil, taken); err != nil {
+			l.log.Warn("release dedup claims", "count", len(taken), "err", err)
 		}
-		return nil, nil, firstErr
+		return nil, firstErr
 	}
-	return states, failures, nil
+	return replies, nil
 }
 
 // retryElsewhere releases the claims of timeouts this replica failed to
@@ -132,24 +91,6 @@ func (l *Listener) retryElsewhere(ctx context.Context, es []session.Expired, fai
 		return nil
 	})
 	return err
-}
-
-// deferToWindowEnd holds the second silences of a minute window whose
-// guide may have gone out until the window ends.
-func (l *Listener) deferToWindowEnd(ctx context.Context, found []session.Expired, states []dedupState) {
-	byEnd := map[time.Time][]session.Expired{}
-	for i, e := range found {
-		if states[i] == dedupDefer {
-			end := session.DedupWindowEnd(e.Due)
-			byEnd[end] = append(byEnd[end], e)
-			states[i] = dedupHeld
-		}
-	}
-	for end, es := range byEnd {
-		if err := l.hold(context.WithoutCancel(ctx), es, end, holdMinute); err != nil {
-			l.log.Debug("defer timeouts to their window's end; the next sweep retries", "count", len(es), "err", err)
-		}
-	}
 }
 
 // markDedup marks produced and spooled timeouts for the dedup window, and

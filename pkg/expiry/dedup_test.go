@@ -14,13 +14,13 @@ import (
 // returns that minute window's end.
 func (h *harness) waitSecondOfMinute(from, to int) time.Time {
 	h.t.Helper()
-	for {
-		now := h.redisNow()
-		if s := now.Second(); s >= from && s < to {
-			return session.DedupWindowEnd(now)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	var now time.Time
+	waitFor(h.t, time.Minute+waitLong, "Redis's clock to reach its second of the minute", func() bool {
+		now = h.redisNow()
+		s := now.Second()
+		return s >= from && s < to
+	})
+	return session.DedupWindowEnd(now)
 }
 
 // TestSecondSilenceAfterStaleGuide: a user's first silence was guided
@@ -70,7 +70,10 @@ func TestSecondSilenceDeferredToWindowEnd(t *testing.T) {
 	h.waitProduced(2)
 	second := h.renew("still", "default", 300*time.Millisecond)
 	h.renew("back", "default", 300*time.Millisecond)
-	time.Sleep(time.Second)
+	waitFor(t, waitLong, "both second silences to be held, or produced", func() bool {
+		held := h.heldUIDs()
+		return held["still"] && held["back"] || h.produced() > 2
+	})
 	if n := h.produced(); n != 2 {
 		t.Fatalf("%d events before the window ended, want 2", n)
 	}
@@ -79,7 +82,7 @@ func TestSecondSilenceDeferredToWindowEnd(t *testing.T) {
 	}
 	h.renew("back", "default", time.Minute) // came back
 	h.waitProduced(3)
-	time.Sleep(500 * time.Millisecond)
+	h.sweptPast(h.redisNow()) // and nothing more
 	evs := h.events()
 	if len(evs) != 3 {
 		t.Fatalf("events %+v, want 3", evs)

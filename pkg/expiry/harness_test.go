@@ -3,11 +3,13 @@ package expiry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -78,11 +80,7 @@ func newHarnessOn(t *testing.T, rdb redis.UniversalClient) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cluster.Close)
+	cluster := startKafka(t)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
 	if err != nil {
 		t.Fatal(err)
@@ -96,6 +94,18 @@ func newHarnessOn(t *testing.T, rdb redis.UniversalClient) *harness {
 		prefix: prefix,
 		admin:  kadm.NewClient(cl),
 	}
+}
+
+// startKafka runs an embedded one-broker Kafka for the test: the one way
+// the tests start one.
+func startKafka(t *testing.T) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
 }
 
 // config is a valid listener config for the harness, quick to react.
@@ -152,9 +162,16 @@ func (h *harness) start(cfg Config) (stop func()) {
 
 // startListener is start, returning the listener for a test to look into.
 func (h *harness) startListener(cfg Config) (l *Listener, stop func()) {
+	h.t.Helper()
+	return h.startListenerLogging(cfg, testLogger())
+}
+
+// startListenerLogging is startListener with the logger given: the one
+// way the tests run a listener in process.
+func (h *harness) startListenerLogging(cfg Config, logger *slog.Logger) (l *Listener, stop func()) {
 	t := h.t
 	t.Helper()
-	l, err := Open(context.Background(), cfg, testLogger())
+	l, err := Open(context.Background(), cfg, logger)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
@@ -184,15 +201,92 @@ func (h *harness) startListener(cfg Config) (l *Listener, stop func()) {
 	return l, stop
 }
 
-// waitFor polls cond until it holds, failing the test after within.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
+// eventually polls cond until it holds or within has passed, and reports
+// whether it held. It is the package's one way of waiting: tests wait for
+// what they need to be true, never for a fixed time that assumes a fast
+// machine.
+func eventually(within time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(within)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("gave up after %v waiting for %s", within, what)
+			return false
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // the poll interval, not a wait for anything
+	}
+	return true
+}
+
+// waitFor is eventually, failing the test if cond does not hold within.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	if !eventually(within, cond) {
+		t.Fatalf("gave up after %v waiting for %s", within, what)
+	}
+}
+
+// untilRedis waits until Redis's clock reaches at: real time must pass
+// for a deadline, a hold or a lease to run out, and Redis's clock is the
+// one they run out by.
+func (h *harness) untilRedis(at time.Time) {
+	h.t.Helper()
+	within := waitLong + max(0, time.Until(at))
+	waitFor(h.t, within, "Redis's clock to reach "+at.Format(time.RFC3339Nano), func() bool {
+		return !h.redisNow().Before(at)
+	})
+}
+
+// probes numbers the sweep probes of a test process.
+var probes atomic.Int64
+
+// sweptPast waits until a listener has finished a sweep that ran at or
+// after Redis's time at: whatever that sweep could produce or hold is on
+// the topic, in the spool or in Redis by then. It is how a test checks
+// that nothing more comes, without guessing how long a sweep takes on a
+// busy machine. A listener whose sweeps pause (a full spool, a standby
+// replica) never gets past it.
+//
+// It watches two probes: held timeouts of sessions still live, which a
+// sweep (or an events-mode release) puts back into the index once their
+// release time came and lists as nothing due. The first is released at
+// at; the second once the first is back in the index, so that the sweep
+// which took the first, and the batch it found with it, are done: one
+// pipeline goroutine sweeps and produces in turn.
+func (h *harness) sweptPast(at time.Time) {
+	h.t.Helper()
+	h.probe(at)
+	h.probe(time.Time{})
+}
+
+// probe puts a probe in the hold set, released at release, and waits
+// until a sweep has put it back into the index; then removes it.
+func (h *harness) probe(release time.Time) {
+	h.t.Helper()
+	ctx := context.Background()
+	ks := h.store.Keyspace()
+	uid := fmt.Sprintf("sweep-probe-%d", probes.Add(1))
+	b := session.Bucket(uid)
+	// Live for an hour, far past any test: never due, never expired.
+	deadline := h.redisNow().Add(time.Hour).UnixMilli()
+	for _, err := range []error{
+		h.rdb.Set(ctx, ks.SessionKey(uid), "default", time.Hour).Err(),
+		h.rdb.HSet(ctx, ks.HeldKey(b), uid, deadline).Err(),
+		h.rdb.ZAdd(ctx, ks.HoldKey(b), redis.Z{Score: float64(release.UnixMilli()), Member: uid}).Err(),
+	} {
+		if err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	within := waitLong + max(0, time.Until(release))
+	waitFor(h.t, within, "a sweep past "+release.Format(time.RFC3339Nano), func() bool { return h.inIndex(uid) })
+	for _, err := range []error{
+		h.rdb.ZRem(ctx, ks.IndexKey(b), uid).Err(),
+		h.rdb.ZRem(ctx, ks.HoldKey(b), uid).Err(),
+		h.rdb.HDel(ctx, ks.HeldKey(b), uid).Err(),
+		h.rdb.Del(ctx, ks.SessionKey(uid)).Err(),
+	} {
+		if err != nil {
+			h.t.Fatal(err)
+		}
 	}
 }
 
@@ -254,12 +348,9 @@ func (h *harness) produced() int64 {
 // waitProduced waits until the topic holds at least n records.
 func (h *harness) waitProduced(n int) {
 	h.t.Helper()
-	deadline := time.Now().Add(waitLong)
-	for got := h.produced(); got < int64(n); got = h.produced() {
-		if time.Now().After(deadline) {
-			h.t.Fatalf("topic holds %d events after %v, want %d", got, waitLong, n)
-		}
-		time.Sleep(10 * time.Millisecond)
+	var got int64
+	if !eventually(waitLong, func() bool { got = h.produced(); return got >= int64(n) }) {
+		h.t.Fatalf("topic holds %d events after %v, want %d", got, waitLong, n)
 	}
 }
 

@@ -32,25 +32,16 @@ import (
 //   - While no gateway instance is alive at all, every deadline since the
 //     last one was seen alive is held, until the grace after one is back.
 
-// holdRule names why a timeout was held, for the metric.
-const (
-	holdBlind     = "blind"
-	holdDeadGW    = "gateway-dead"
-	holdFleetDown = "fleet-down"
-	holdBrake     = "mass-expiry"
-	holdRetry     = "retry" // released, but the recheck could not run
-)
-
 // holdUntil returns when e's timeout may be produced, and why it waits;
 // a zero time means now. Every gateway instance of the user counts: the
 // one that renewed last, and every one holding a connection of theirs,
 // since a user is present while any of their devices pings.
-func holdUntil(c session.Control, e session.Expired, grace time.Duration) (time.Time, string) {
+func holdUntil(c session.Control, e session.Expired, grace time.Duration) (time.Time, holdRule) {
 	var until time.Time
-	var why string
-	later := func(t time.Time, reason string) {
+	var why holdRule
+	holdTo := func(t time.Time, rule holdRule) {
 		if t.After(c.Now) && t.After(until) {
-			until, why = t, reason
+			until, why = t, rule
 		}
 	}
 	// The stage's due time: for stage 1 the deadline; for a later stage,
@@ -62,7 +53,7 @@ func holdUntil(c session.Control, e session.Expired, grace time.Duration) (time.
 			continue
 		}
 		if !d.Before(b.Start) && !d.After(b.End.Add(grace)) {
-			later(b.End.Add(grace), holdBlind)
+			holdTo(b.End.Add(grace), holdBlind)
 		}
 	}
 	for _, name := range instances {
@@ -71,11 +62,11 @@ func holdUntil(c session.Control, e session.Expired, grace time.Duration) (time.
 			continue
 		}
 		if !d.Before(inst.Last.Add(-inst.Lease)) && !d.After(inst.Last.Add(grace)) {
-			later(inst.Last.Add(grace), holdDeadGW)
+			holdTo(inst.Last.Add(grace), holdDeadGW)
 		}
 	}
 	if since, down := fleetDown(c); down && !d.Before(since) {
-		later(c.Now.Add(grace), holdFleetDown)
+		holdTo(c.Now.Add(grace), holdFleetDown)
 	}
 	return until, why
 }

@@ -28,7 +28,7 @@ func TestHoldUntil(t *testing.T) {
 		blind    []session.BlindInterval
 		inst     map[string]session.Instance
 		until    float64 // 0: produce now
-		rule     string
+		rule     holdRule
 	}{
 		{name: "no outage", now: 100, deadline: 99},
 		{name: "deadline before a blind interval", now: 100, deadline: 39.9,

@@ -20,7 +20,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -353,8 +352,7 @@ func (l *Listener) sweep(ctx context.Context) {
 			return
 		}
 		metricSeen.WithLabelValues(timeoutevent.SourceSweep).Add(float64(len(due)))
-		ready := l.holdBack(ctx, c, due)
-		settled, err := l.emit(ctx, c, ready, timeoutevent.SourceSweep)
+		moved, err := l.emit(ctx, c, due, timeoutevent.SourceSweep)
 		if err != nil {
 			l.sweepDown.Fail(fmt.Errorf("emit %d swept timeouts: %w", len(due), err))
 			return
@@ -362,7 +360,7 @@ func (l *Listener) sweep(ctx context.Context) {
 		// Sweep again at once only if a bucket may hold more and this
 		// round made progress; entries another replica is producing would
 		// otherwise be read over and over.
-		if len(due) < l.cfg.SweepBatch || settled+len(due)-len(ready) == 0 {
+		if len(due) < l.cfg.SweepBatch || moved == 0 {
 			return
 		}
 	}
@@ -387,13 +385,13 @@ func (l *Listener) releaseHeld(ctx context.Context) {
 		l.sweepDown.Fail(err)
 		// Back in the index, where no expired event finds them again:
 		// hold them once more, to retry at the next tick.
-		if err := l.hold(ctx, found, found[0].Detected.Add(l.cfg.SweepInterval), holdRetry); err != nil {
+		release := found[0].Detected.Add(l.cfg.SweepInterval)
+		if err := l.holdEach(ctx, holdRetry, found, func(session.Expired) time.Time { return release }); err != nil {
 			l.log.Debug("hold released timeouts again", "count", len(found), "err", err)
 		}
 		return
 	}
 	l.sweepDown.OK()
-	found = l.holdBack(ctx, c, found)
 	if _, err := l.emit(ctx, c, found, timeoutevent.SourceEvent); err != nil {
 		l.sweepDown.Fail(fmt.Errorf("emit %d released timeouts: %w", len(found), err))
 	}
@@ -422,230 +420,8 @@ func (l *Listener) fromEvents(ctx context.Context, uids []string) {
 		return // still in the index: the sweep retries them
 	}
 	metricSeen.WithLabelValues(timeoutevent.SourceEvent).Add(float64(len(found)))
-	found = l.holdBack(ctx, c, found)
 	if _, err := l.emit(ctx, c, found, timeoutevent.SourceEvent); err != nil {
 		l.sweepDown.Fail(fmt.Errorf("emit %d timeouts from events: %w", len(found), err))
-	}
-}
-
-// emit dedupes, produces and settles one batch, and returns how many
-// index entries it settled. An event Kafka does not take goes to the
-// spool, and while the spool holds events every new one goes there too, so
-// the replay keeps them in order; a spooled stage is settled with the
-// stage after it waiting for the replay (see stages.go). Only an event
-// neither produced nor spooled keeps its index entry, with its claim
-// released, for the next sweep to retry.
-func (l *Listener) emit(ctx context.Context, c session.Control, found []session.Expired, source string) (int, error) {
-	if len(found) == 0 {
-		return 0, nil
-	}
-	begin := time.Now() // just after detection
-	found = l.distinct(found)
-	// Each entry's stage, from the policy in force. A stage the policy
-	// no longer has ends its silence: settled, with no event.
-	var settled []session.Expired
-	type said struct{ action, text string }
-	stages := make(map[string]said, len(found)) // what each uid's stage says
-	kept := found[:0:0]
-	spooling := !l.direct()
-	for _, e := range found {
-		if spooling && e.Stage > 1 {
-			// While events queue in this spool, a later stage waits in
-			// the index, for a replica that produces directly or for
-			// this one once its spool is replayed. (One whose stage
-			// before is in a spool is not due at all: see stages.go.)
-			continue
-		}
-		e, action, text, ok := l.stageOf(e)
-		if !ok {
-			metricStagesDropped.Inc()
-			settled = append(settled, e)
-			continue
-		}
-		stages[e.UID] = said{action, text}
-		kept = append(kept, e)
-	}
-	found = kept
-	states, failures, err := l.dedupe(ctx, found)
-	if err != nil {
-		return 0, err
-	}
-	l.deferToWindowEnd(ctx, found, states)
-	l.brakeFresh(ctx, c, found, states)
-	var produced, spooled, failed []session.Expired
-	records := make([]*kgo.Record, 0, len(found))
-	byRecord := make(map[*kgo.Record]session.Expired, len(found))
-	for i, e := range found {
-		switch states[i] {
-		case dedupDone:
-			metricDedupHits.Inc()
-			settled = append(settled, e)
-			continue
-		case dedupSpooled:
-			metricDedupHits.Inc()
-			settled = append(settled, awaitReplay(e))
-			continue
-		case dedupBusy:
-			continue // another replica is producing it; it settles the entry
-		case dedupHeld, dedupDefer:
-			continue // held: by the brake, or to its window's end
-		}
-		st := stages[e.UID]
-		ev := event(e, st.action, st.text, source)
-		b, err := ev.Marshal()
-		if err != nil {
-			return 0, fmt.Errorf("encode timeout for %q: %w", e.UID, err)
-		}
-		r := &kgo.Record{Key: []byte(e.UID), Value: b}
-		records = append(records, r)
-		byRecord[r] = e
-	}
-	unsent := records
-	if len(records) > 0 && l.direct() {
-		unsent = nil
-		// Bounded by ProduceTimeout, and not cut short by shutdown: a batch
-		// in flight is finished, so its entries are settled now rather than
-		// produced again by the next start.
-		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.ProduceTimeout)
-		// ProduceSync lists results in the order records completed, not
-		// the order given: match them by record.
-		results := l.producer.ProduceSync(pctx, records...)
-		cancel()
-		producedAt := time.Now()
-		for _, r := range results {
-			e := byRecord[r.Record]
-			if r.Err != nil {
-				metricProduceErrors.Inc()
-				l.marker.produceFailed()
-				l.produceDown.Fail(r.Err)
-				unsent = append(unsent, r.Record)
-				continue
-			}
-			l.produceDown.OK()
-			metricProduced.WithLabelValues(source).Inc()
-			// Lag from when the stage was due (for stage 1, the deadline)
-			// to detection by Redis's clock, plus the local time since: no
-			// two hosts' clocks are compared.
-			metricLag.WithLabelValues(source).Observe((e.Detected.Sub(e.Due) + producedAt.Sub(begin)).Seconds())
-			produced = append(produced, e)
-		}
-	}
-	var elsewhere []session.Expired
-	if len(unsent) > 0 && l.direct() && l.othersAlive() {
-		// Kafka does not take this replica's events, and another replica
-		// is alive: leave to it the entries no replica failed before,
-		// counting this failure.
-		l.marker.produceFailed()
-		keep := unsent[:0]
-		for _, r := range unsent {
-			if e := byRecord[r]; failures[e.UID] == 0 {
-				elsewhere = append(elsewhere, e)
-			} else {
-				keep = append(keep, r)
-			}
-		}
-		unsent = keep
-	}
-	if len(unsent) > 0 {
-		if err := l.toSpool(unsent); err != nil {
-			l.log.Warn("spool timeouts; they stay in the deadline index", "count", len(unsent), "err", err)
-			for _, r := range unsent {
-				failed = append(failed, byRecord[r])
-			}
-		} else {
-			for _, r := range unsent {
-				spooled = append(spooled, byRecord[r])
-			}
-		}
-	}
-	wctx := context.WithoutCancel(ctx)
-	if err := l.markDedup(wctx, produced, spooled, failed); err != nil {
-		l.log.Warn("record dedup outcome", "err", err)
-	}
-	if err := l.retryElsewhere(wctx, elsewhere, failures); err != nil {
-		l.log.Warn("leave timeouts to another replica", "count", len(elsewhere), "err", err)
-	}
-	settled = append(settled, produced...)
-	for _, e := range spooled {
-		settled = append(settled, awaitReplay(e))
-	}
-	if len(settled) > 0 {
-		if err := l.store.Settle(wctx, settled); err != nil {
-			return 0, err
-		}
-	}
-	if len(failed) > 0 {
-		return len(settled), fmt.Errorf("%d of %d timeouts neither produced nor spooled", len(failed), len(found))
-	}
-	return len(settled), nil
-}
-
-// holdBack holds the timeouts that fell in or near a time users could not
-// reach us (see hold.go) and returns the rest, to produce now. One that
-// could not be held stays in the index, for the next sweep.
-func (l *Listener) holdBack(ctx context.Context, c session.Control, found []session.Expired) []session.Expired {
-	type key struct {
-		until time.Time
-		rule  string
-	}
-	var now []session.Expired
-	held := map[key][]session.Expired{}
-	for _, e := range found {
-		until, rule := holdUntil(c, e, l.cfg.OutageGrace)
-		if until.IsZero() {
-			now = append(now, e)
-			continue
-		}
-		held[key{until, rule}] = append(held[key{until, rule}], e)
-	}
-	for k, es := range held {
-		if err := l.hold(ctx, es, k.until, k.rule); err != nil {
-			l.log.Debug("hold timeouts; the next sweep retries", "count", len(es), "err", err)
-		}
-	}
-	return now
-}
-
-// brakeFresh applies the mass-expiry brake to the timeouts this batch
-// claimed. Only first stages not held before count as lapses. But while
-// the brake is engaged it holds, uncounted, every timeout whose grace
-// after it was due has not passed: a later stage (its user went silent a
-// stage ago, and a close must not end the chat of someone who tried to
-// answer its reminder), and one held before by another rule (the minute
-// rule holds to its window's end, which may come before that grace).
-// One the brake released has had its grace, and is not held again. Held
-// timeouts wait until the grace after they were due, their claims
-// released.
-func (l *Listener) brakeFresh(ctx context.Context, c session.Control, found []session.Expired, states []dedupState) {
-	var fresh, later []int
-	for i, e := range found {
-		switch {
-		case states[i] != dedupFresh:
-		case e.Stage == 1 && !e.Rechecked:
-			fresh = append(fresh, i)
-		case c.Now.Before(e.Due.Add(l.cfg.OutageGrace)):
-			later = append(later, i)
-		}
-	}
-	if len(fresh)+len(later) == 0 {
-		return
-	}
-	// With no first stage to count, the state is still brought up to
-	// date, so a brake that should have let go holds nothing.
-	if !l.braking(ctx, c.Now, len(fresh)) {
-		return
-	}
-	braked := make([]session.Expired, 0, len(fresh)+len(later))
-	for _, i := range slices.Concat(fresh, later) {
-		braked = append(braked, found[i])
-		states[i] = dedupHeld
-	}
-	wctx := context.WithoutCancel(ctx)
-	if err := l.holdBraked(wctx, braked, c.Now); err != nil {
-		l.log.Debug("hold timeouts for the mass-expiry brake; the next sweep retries", "count", len(braked), "err", err)
-	}
-	if err := l.markDedup(wctx, nil, nil, braked); err != nil {
-		l.log.Debug("release dedup claims of held timeouts", "count", len(braked), "err", err)
 	}
 }
 

@@ -74,7 +74,7 @@ var (
 	})
 	metricHeld = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_listener_held_total",
-		Help: "Timeouts held for the outage grace before a recheck, by rule (blind, gateway-dead, fleet-down, mass-expiry).",
+		Help: "Timeouts held out of the deadline index, then checked again before they are produced, by rule: " + holdRulesHelp() + ".",
 	}, []string{"rule"})
 	metricBlind = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_listener_blind_intervals_total",

@@ -128,7 +128,11 @@ func testBlindIntervalHolds(t *testing.T, mode string) {
 	}
 	release := start.Add(time.Second + testGrace)
 
-	time.Sleep(2 * time.Second)
+	// All three are found and held; none is produced in the grace.
+	waitFor(t, waitLong, "the three timeouts to be held, or produced", func() bool {
+		held := h.heldUIDs()
+		return held["in-it"] && held["in-grace"] && held["back"] || h.produced() > 0
+	})
 	if n := h.produced(); n != 0 {
 		t.Fatalf("%d events produced during the grace", n)
 	}
@@ -136,7 +140,7 @@ func testBlindIntervalHolds(t *testing.T, mode string) {
 	h.renew("back", "default", time.Minute) // came back while held
 	stop = h.start(cfg)
 	h.waitProduced(len(want))
-	time.Sleep(time.Second) // and nothing more
+	h.sweptPast(h.redisNow()) // and nothing more
 	stop()
 	evs := h.events()
 	checkExactlyOnce(t, evs, want, sourcesOf(mode)...)
@@ -159,20 +163,25 @@ func TestSweepGapHolds(t *testing.T) {
 	h := newHarness(t)
 	cfg := h.config(ModeSweep)
 	stop := h.start(cfg)
-	time.Sleep(300 * time.Millisecond) // a few sweeps
+	h.sweptPast(h.redisNow()) // a sweep is marked
 	stop()
+	stopped := h.redisNow()
 	silent := h.renew("silent", "default", 500*time.Millisecond)
 	h.renew("back", "default", 500*time.Millisecond)
-	time.Sleep(cfg.SweepGapMax + time.Second)
+	// No listener sweeps for longer than the gap allowed.
+	h.untilRedis(stopped.Add(cfg.SweepGapMax + time.Second))
 	restart := h.redisNow()
 	stop = h.start(cfg)
-	time.Sleep(time.Second)
+	waitFor(t, waitLong, "both timeouts to be held, or produced", func() bool {
+		held := h.heldUIDs()
+		return held["silent"] && held["back"] || h.produced() > 0
+	})
 	if n := h.produced(); n != 0 {
 		t.Fatalf("%d events produced right after a sweep gap", n)
 	}
 	h.renew("back", "default", time.Minute)
 	h.waitProduced(1)
-	time.Sleep(500 * time.Millisecond)
+	h.sweptPast(h.redisNow()) // and nothing more
 	stop()
 	evs := h.events()
 	checkExactlyOnce(t, evs, map[string]grant{"silent": silent}, timeoutevent.SourceSweep)
@@ -206,11 +215,12 @@ func TestDeadGatewayHolds(t *testing.T) {
 	if evs := h.events(); len(evs) != 1 || evs[0].UID != "on-live" {
 		t.Fatalf("events before the grace: %+v, want only on-live", evs)
 	}
-	time.Sleep(1500 * time.Millisecond)
+	// moved's deadline passes after its gateway died: it is held.
+	waitFor(t, waitLong, "moved's timeout to be held", func() bool { return h.heldUIDs()["moved"] || h.produced() > 1 })
 	h.renewVia("gw-live", "moved", time.Minute) // reconnected to the live one
 	want["on-live"] = onLive
 	h.waitProduced(len(want))
-	time.Sleep(500 * time.Millisecond)
+	h.sweptPast(h.redisNow()) // and nothing more
 	evs := h.events()
 	checkExactlyOnce(t, evs, want, timeoutevent.SourceSweep)
 	for uid, at := range detectedAt(evs) {
@@ -231,7 +241,8 @@ func TestFleetDownHolds(t *testing.T) {
 	silent := h.renewVia("gw-1", "silent", 800*time.Millisecond)
 	h.renewVia("gw-1", "back", 800*time.Millisecond)
 	stopGW()
-	time.Sleep(2 * testGrace) // down for longer than the grace
+	// Down for longer than the grace, and swept meanwhile.
+	h.sweptPast(h.redisNow().Add(2 * testGrace))
 	if n := h.produced(); n != 0 {
 		t.Fatalf("%d events produced while no gateway was alive", n)
 	}
@@ -239,7 +250,7 @@ func TestFleetDownHolds(t *testing.T) {
 	h.heartbeat("gw-2", 300*time.Millisecond)
 	h.renewVia("gw-2", "back", time.Minute) // reconnected and pinged
 	h.waitProduced(1)
-	time.Sleep(500 * time.Millisecond)
+	h.sweptPast(h.redisNow()) // and nothing more
 	evs := h.events()
 	checkExactlyOnce(t, evs, map[string]grant{"silent": silent}, timeoutevent.SourceSweep)
 	if at := detectedAt(evs)["silent"]; at.Before(back.Add(testGrace - 200*time.Millisecond)) {
@@ -293,7 +304,7 @@ func TestMassExpiryBrake(t *testing.T) {
 		leaving = append(leaving, fmt.Sprintf("gone-%04d", i))
 	}
 	renewAll(live, func(int) time.Duration { return 10 * time.Minute })
-	time.Sleep(5500 * time.Millisecond) // the listener counts them
+	waitFor(t, waitLong, "the listener to count the live sessions", func() bool { return l.marker.sessions.Load() >= 5000 })
 	want := renewAll(leaving, func(i int) time.Duration { return time.Second + time.Duration(i%500)*time.Millisecond })
 	var held map[string]bool
 	waitFor(t, waitLong, "the brake to hold sessions", func() bool {
@@ -314,7 +325,7 @@ func TestMassExpiryBrake(t *testing.T) {
 	renewAll([]string{back}, func(int) time.Duration { return 10 * time.Minute })
 	delete(want, back)
 	h.waitProduced(len(want))
-	time.Sleep(time.Second)
+	h.sweptPast(h.redisNow()) // and nothing more
 	evs := h.events()
 	checkExactlyOnce(t, evs, want, timeoutevent.SourceSweep)
 	late := 0
@@ -331,7 +342,6 @@ func TestMassExpiryBrake(t *testing.T) {
 		t.Error("nothing was held: the brake never engaged")
 	}
 	t.Logf("%d of %d held by the brake", late, len(want))
-	_ = l
 }
 
 // heldUIDs lists the uids whose timeouts are held now.
@@ -365,11 +375,7 @@ func TestReplicaThatCannotProduceStandsBy(t *testing.T) {
 	first := h.goSilent("first", 3)
 	h.waitProduced(len(first))
 
-	bad, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bad.Close()
+	bad := startKafka(t)
 	bad.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: testTopic, Err: kerr.UnknownServerError, Count: -1})
 	cfgB := h.config(ModeSweep)
 	cfgB.Kafka.Brokers = bad.ListenAddrs()
@@ -421,6 +427,8 @@ func TestClockJumpIsBlind(t *testing.T) {
 	}
 
 	h.srv.Pause()
+	// Real time must pass: Redis is paused for longer than a sweep gap,
+	// and cannot be asked the time meanwhile.
 	time.Sleep(2 * time.Second)
 	h.srv.Resume()
 	waitFor(t, waitLong, "a sweep-gap blind interval after the pause", func() bool {
@@ -484,13 +492,11 @@ func TestBrakeHoldsLaterStages(t *testing.T) {
 	}
 	storm := h.storm("storm", 200, stormTTL)
 	// "answers" comes back after their close fell due, within the grace.
-	for time.Until(closeDue.Add(500*time.Millisecond)) > 0 {
-		time.Sleep(50 * time.Millisecond)
-	}
+	h.untilRedis(closeDue.Add(500 * time.Millisecond))
 	h.renew("answers", "slow", 10*time.Minute)
 	waitFor(t, waitLong, "silent's close", func() bool { return len(byUID(h.events())["silent"]) == 2 })
 	h.waitProduced(2 + 1 + len(storm))
-	time.Sleep(time.Second)
+	h.sweptPast(h.redisNow()) // and nothing more
 	evs := h.events()
 	by := byUID(evs)
 	if got := by["answers"]; len(got) != 1 {
@@ -521,9 +527,12 @@ func TestBrakeReleasesAGraceAfterTheDeadline(t *testing.T) {
 	defer l.Close()
 	h.renew("late", "default", 100*time.Millisecond)
 	h.renew("very-late", "default", 100*time.Millisecond)
-	time.Sleep(200 * time.Millisecond)
 	ctx := context.Background()
-	due, _, err := h.store.Due(ctx, 10)
+	var due []session.Expired
+	waitFor(t, waitLong, "both deadlines to pass", func() bool {
+		due, _, err = h.store.Due(ctx, 10)
+		return err != nil || len(due) >= 2
+	})
 	if err != nil || len(due) != 2 {
 		t.Fatalf("due: %+v, %v", due, err)
 	}

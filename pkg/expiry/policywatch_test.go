@@ -99,10 +99,8 @@ func TestPolicyWatcher(t *testing.T) {
 	if err := policy.NewStore(rdb, ks).Save(ctx, stored); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); !slices.Equal(w.Current().Stages("vip"), stored.Stages("vip")); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the stored stages not picked up within 5s: %v", w.Current())
-		}
+	if !eventually(5*time.Second, func() bool { return slices.Equal(w.Current().Stages("vip"), stored.Stages("vip")) }) {
+		t.Fatalf("the stored stages not picked up within 5s: %v", w.Current())
 	}
 	if got := w.Current().Stages("default"); len(got) != 1 {
 		t.Errorf("stored policy without default stages: Stages(default) = %v, want one reminder", got)

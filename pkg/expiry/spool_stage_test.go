@@ -70,8 +70,8 @@ func TestSpooledReminderUserBackNoClose(t *testing.T) {
 	fault.Remove()
 	h.waitProduced(2)
 	h.renew("late", "default", time.Hour) // back after the replayed reminder
-	// Real time must pass: past when a close would be due.
-	time.Sleep(closeAfter + time.Second)
+	// Past when a close would be due, and a sweep after it.
+	h.sweptPast(h.redisNow().Add(closeAfter + time.Second))
 	for _, uid := range []string{"early", "late"} {
 		if got := h.stagesOn(uid); len(got) != 1 || got[0] != 1 {
 			t.Errorf("%s came back after the spooled reminder; the topic holds the stages %v, want the reminder alone", uid, got)
@@ -128,9 +128,9 @@ func TestSpooledReminderCrashBeforeSettle(t *testing.T) {
 
 	h.start(h.config(ModeSweep))
 	waitFor(t, waitLong, "the other replica to settle the reminder as spooled", func() bool { return h.waiting("victim") })
-	// Real time must pass: past when the close would be due after the
-	// reminder was found.
-	time.Sleep(closeAfter + time.Second)
+	// Past when the close would be due after the reminder was found,
+	// and a sweep after it.
+	h.sweptPast(h.redisNow().Add(closeAfter + time.Second))
 	if got := h.stagesOn("victim"); len(got) != 0 {
 		t.Fatalf("the topic holds the stages %v while the reminder waits in the crashed replica's spool", got)
 	}

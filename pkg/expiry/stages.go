@@ -37,40 +37,9 @@ import (
 // at a stage its segment no longer has, the silence ends there, without
 // an event.
 
-// stageOf is what e's stage says in the policy in force: its action and
-// text, and e with NextDue filled in when a later stage follows. ok is
-// false when the policy has no such stage any more.
-func (l *Listener) stageOf(e session.Expired) (out session.Expired, action, text string, ok bool) {
-	stages := l.policy.Current().Stages(e.Segment)
-	if e.Stage < 1 || e.Stage > len(stages) {
-		return e, "", "", false
-	}
-	st := stages[e.Stage-1]
-	if e.Stage < len(stages) && st.Action != timeoutevent.ActionClose {
-		// Its delay after this stage goes out: at its due time, or later
-		// when it was held (an outage, the minute rule), so that a
-		// reminder held for a minute is not followed at once by the next.
-		from := e.Due
-		if e.Detected.After(from) {
-			from = e.Detected
-		}
-		e.NextDue = from.Add(stages[e.Stage].After)
-	}
-	return e, st.Action, st.Text, true
-}
-
 // event is the timeout event of e's stage.
 func event(e session.Expired, action, text, source string) timeoutevent.Event {
 	return timeoutevent.New(e.UID, e.Segment, e.Deadline, e.Detected, source).AtStage(e.Stage, e.Due, action, text)
-}
-
-// awaitReplay is e, a stage that went to the spool, settled with its
-// next stage waiting until the replay produced it.
-func awaitReplay(e session.Expired) session.Expired {
-	if !e.NextDue.IsZero() {
-		e.NextDue = session.AfterReplay
-	}
-	return e
 }
 
 // replayed is what followReplayed needs of a replayed stage ev, with the

@@ -102,9 +102,7 @@ func TestStagesOfASilence(t *testing.T) {
 	})
 	// Nothing more comes: not the silent users', nor back's close, due
 	// 3s after its reminder.
-	for until := time.UnixMilli(byUID(h.events())["back"][0].DetectedMS).Add(3500 * time.Millisecond); time.Now().Before(until); {
-		time.Sleep(100 * time.Millisecond)
-	}
+	h.sweptPast(time.UnixMilli(byUID(h.events())["back"][0].DetectedMS).Add(3 * time.Second))
 	by := byUID(h.events())
 	wantStages(t, by["silent"], "silent", silent, []string{"remind", "remind", "close"}, []time.Duration{0, time.Second, time.Second})
 	wantStages(t, by["vip"], "vip", vip, []string{"remind", "remind"}, []time.Duration{0, time.Second})
@@ -129,11 +127,12 @@ func TestStagesAcrossListenerRestart(t *testing.T) {
 	h.renew("ruth", "default", 200*time.Millisecond)
 	waitFor(t, waitLong, "stage 1", func() bool { return len(byUID(h.events())["ruth"]) == 1 })
 	stop()
-	time.Sleep(1500 * time.Millisecond) // stage 2 falls due while no listener runs
+	// Stage 2 falls due while no listener runs.
+	h.untilRedis(time.UnixMilli(byUID(h.events())["ruth"][0].DetectedMS).Add(1500 * time.Millisecond))
 	stop = h.start(h.config(ModeSweep))
 	defer stop()
 	waitFor(t, 10*time.Second, "stage 3", func() bool { return len(byUID(h.events())["ruth"]) >= 3 })
-	time.Sleep(1500 * time.Millisecond)
+	h.sweptPast(h.redisNow()) // and nothing more
 	evs := byUID(h.events())["ruth"]
 	if len(evs) != 3 || evs[1].Stage != 2 || evs[2].Stage != 3 || !evs[2].Final {
 		t.Fatalf("events %+v, want stages 1, 2 and 3 once each", evs)
@@ -152,7 +151,7 @@ func TestStagesInEventsMode(t *testing.T) {
 	h.waitSubscribed(1)
 	g := h.renew("eve", "vip", 200*time.Millisecond)
 	waitFor(t, 10*time.Second, "both stages", func() bool { return len(byUID(h.events())["eve"]) >= 2 })
-	time.Sleep(500 * time.Millisecond)
+	h.sweptPast(h.redisNow()) // and nothing more
 	evs := byUID(h.events())["eve"]
 	if len(evs) != 2 || evs[0].Stage != 1 || evs[1].Stage != 2 || evs[1].DeadlineMS != g.deadline.UnixMilli() {
 		t.Fatalf("events %+v, want stages 1 and 2 once each", evs)

@@ -1,0 +1,17 @@
+package expiry
+
+import (
+	"context"
+	"time"
+
+	"github.com/stillthere/stillthere/pkg/session"
+)
+
+// holdBraked holds found as the brake's verdict at now holds each
+// (brakeUntil), through the hold the batch's steps use.
+func (l *Listener) holdBraked(ctx context.Context, found []session.Expired, now time.Time) error {
+	f := facts{control: session.Control{Now: now}, grace: l.cfg.OutageGrace, sweepEvery: l.cfg.SweepInterval}
+	return l.holdEach(ctx, holdBrake, found, func(e session.Expired) time.Time {
+		return brakeUntil(f, timeout{Expired: e})
+	})
+}

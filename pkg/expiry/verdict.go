@@ -1,0 +1,284 @@
+package expiry
+
+import (
+	"strings"
+	"time"
+
+	"github.com/stillthere/stillthere/pkg/policy"
+	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
+)
+
+// What becomes of one timeout is decided here, by rules alone: decide
+// takes every fact its fate rests on and returns a verdict with the rule
+// or reason that gave it. Nothing here reads Redis or Kafka or counts a
+// metric; emit (batch.go) gathers the facts for a batch and carries the
+// verdicts out. A timeout meets decide again each time a step of emit
+// learns more of it:
+//
+//  1. Found. An outage rule may hold it (hold.go). While events queue in
+//     this replica's spool, a later stage is left in the index, for a
+//     replica that produces directly or for this one once its spool is
+//     replayed (one whose stage before is in a spool is not due at all:
+//     see stages.go). A stage the policy in force no longer has ends its
+//     silence: settled, with no event. Any other is claimed (dedup.go).
+//  2. Claimed. Produced already: settled. Spooled already: settled, its
+//     next stage waiting for the replay. Claimed by another replica: left
+//     to it. A second silence in a minute window whose guide may have gone
+//     out: held to the window's end (the minute rule). Ours: held while
+//     the mass-expiry brake is engaged and holds it (brakeHolds), else
+//     produced, or spooled while events queue in the spool.
+//  3. Written. Produced: settled, its next stage due. Kafka did not take
+//     it: left to another replica that is alive unless one failed it
+//     before, else spooled. Spooled: settled, its next stage waiting for
+//     the replay. Not spooled either: left, its claim released, for the
+//     next sweep.
+
+// act is what the listener does with a timeout.
+type act int
+
+const (
+	actClaim   act = iota // no rule keeps it: claim its dedup key, then decide again
+	actProduce            // ours: produce its event to Kafka
+	actSpool              // ours, and Kafka is not ours now: write its event to the spool
+	actSettle             // settle its index entry, its next stage due at next
+	actLeave              // leave its index entry alone
+	actHold               // hold it out of the index until until, then check it again
+)
+
+var actNames = [...]string{"claim", "produce", "spool", "settle", "leave", "hold"}
+
+func (a act) String() string { return actNames[a] }
+
+// holdRule names why a timeout is held: the rule label of
+// stillthere_listener_held_total.
+type holdRule string
+
+const (
+	holdBlind     holdRule = "blind"
+	holdDeadGW    holdRule = "gateway-dead"
+	holdFleetDown holdRule = "fleet-down"
+	holdBrake     holdRule = "mass-expiry"
+	holdMinute    holdRule = "minute"
+	holdRetry     holdRule = "retry" // released, but the recheck could not run
+)
+
+// holdRules are the hold rules and what each holds, for the metric's help.
+var holdRules = []struct {
+	rule  holdRule
+	holds string
+}{
+	{holdBlind, "a deadline in or near a blind interval, until the grace after it"},
+	{holdDeadGW, "a deadline near the last heartbeat of a gateway instance of the user that missed one since, until the grace after it"},
+	{holdFleetDown, "every deadline while no gateway instance is alive, until the grace after one is"},
+	{holdBrake, "a lapse past the mass-expiry brake's threshold, and while it is engaged a later stage or one held before, until the grace after it was due"},
+	{holdMinute, "a second silence in a minute window whose guide may have gone out, until the window's end"},
+	{holdRetry, "a released timeout whose recheck could not run, until the next sweep"},
+}
+
+// holdRulesHelp lists the hold rules as the metric's help says them.
+func holdRulesHelp() string {
+	parts := make([]string, len(holdRules))
+	for i, r := range holdRules {
+		parts[i] = string(r.rule) + " (" + r.holds + ")"
+	}
+	return strings.Join(parts, "; ")
+}
+
+// reason names why a timeout is settled or left.
+type reason string
+
+const (
+	whyStageGone        reason = "stage-gone"        // settled: the policy in force has no such stage; no event
+	whyProducedBefore   reason = "produced-before"   // settled: this very timeout was produced already
+	whySpooledBefore    reason = "spooled-before"    // settled: it went to a spool already
+	whyProduced         reason = "produced"          // settled: Kafka took its event
+	whySpooled          reason = "spooled"           // settled: the spool took its event
+	whyAwaitsReplay     reason = "awaits-replay"     // left: a later stage, while events queue in this spool
+	whyClaimedElsewhere reason = "claimed-elsewhere" // left: another replica produces it and settles it
+	whyLeftToReplica    reason = "left-to-replica"   // left: Kafka refused it here; another replica may produce it
+	whyUnsent           reason = "unsent"            // left: neither produced nor spooled; its claim released
+)
+
+// verdict is what becomes of one timeout, and why.
+type verdict struct {
+	act    act
+	rule   holdRule  // actHold: the rule that holds it
+	until  time.Time // actHold: when it is released, to be checked again
+	reason reason    // actSettle, actLeave: why
+	// stage is what the timeout's stage says: its event's action and text.
+	stage policy.Stage
+	// next is when the stage after it is due once it is settled: zero
+	// when none follows, session.AfterReplay when it waits for a replay.
+	next time.Time
+}
+
+// write is what became of a timeout's event.
+type write int
+
+const (
+	writeNone     write = iota // not written yet
+	writeProduced              // Kafka took it
+	writeRefused               // Kafka did not take it
+	writeSpooled               // the spool took it
+	writeLost                  // the spool did not take it either
+)
+
+// claimed is the reply to a timeout's claim (session.ParseClaim).
+type claimed struct {
+	outcome string // one of session.Claim*; "" before the claim
+	failed  int    // a fresh claim's count of replicas that failed to produce it before
+}
+
+// timeout is one found timeout and what emit's steps learned of it.
+type timeout struct {
+	session.Expired
+	claim claimed
+	write write
+}
+
+// facts are what the verdicts of one batch rest on besides each timeout's
+// own, as the steps learn them.
+type facts struct {
+	control    session.Control // by Redis's clock, read after the timeouts were found
+	grace      time.Duration   // the outage grace
+	sweepEvery time.Duration   // the sweep interval: a hold found late lasts to the next sweep
+	policy     policy.Policy   // the timeout policy in force
+	// spooling: this replica does not produce directly (the topic is not
+	// known to exist, or events wait in its spool).
+	spooling bool
+	// braking: the mass-expiry brake is engaged, this batch's lapses
+	// counted.
+	braking bool
+	// othersAlive: another replica marked a sweep lately and could produce
+	// then.
+	othersAlive bool
+}
+
+// decide is the verdict on t, by the rules above.
+func decide(f facts, t timeout) verdict {
+	if t.claim.outcome == "" {
+		if until, rule := holdUntil(f.control, t.Expired, f.grace); !until.IsZero() {
+			return verdict{act: actHold, rule: rule, until: until}
+		}
+		if f.spooling && t.Stage > 1 {
+			return verdict{act: actLeave, reason: whyAwaitsReplay}
+		}
+	}
+	stage, next, ok := stageOf(f.policy.Stages(t.Segment), t.Expired)
+	if !ok {
+		return verdict{act: actSettle, reason: whyStageGone}
+	}
+	v := verdict{stage: stage, next: next}
+	settle := func(why reason) verdict { v.act, v.reason = actSettle, why; return v }
+	switch t.claim.outcome {
+	case "":
+		v.act = actClaim
+		return v
+	case session.ClaimDone:
+		return settle(whyProducedBefore)
+	case session.ClaimSpooled:
+		v.next = afterReplay(next)
+		return settle(whySpooledBefore)
+	case session.ClaimDefer:
+		v.act, v.rule, v.until = actHold, holdMinute, session.DedupWindowEnd(t.Due)
+		return v
+	case session.ClaimFresh:
+	default:
+		v.act, v.reason = actLeave, whyClaimedElsewhere
+		return v
+	}
+	// Ours.
+	switch t.write {
+	case writeNone:
+		switch {
+		case f.braking && brakeHolds(f, t):
+			v.act, v.rule, v.until = actHold, holdBrake, brakeUntil(f, t)
+		case f.spooling:
+			v.act = actSpool
+		default:
+			v.act = actProduce
+		}
+	case writeProduced:
+		return settle(whyProduced)
+	case writeRefused:
+		// Left to another replica, counted in its dedup key, and spooled
+		// only by the second replica that fails it, or when no other is
+		// alive: so one broken replica does not spool a share of every
+		// timeout while a healthy one could produce it.
+		if f.othersAlive && t.claim.failed == 0 {
+			v.act, v.reason = actLeave, whyLeftToReplica
+		} else {
+			v.act = actSpool
+		}
+	case writeSpooled:
+		v.next = afterReplay(next)
+		return settle(whySpooled)
+	case writeLost:
+		v.act, v.reason = actLeave, whyUnsent
+	}
+	return v
+}
+
+// lapse reports whether t counts as a lapse for the mass-expiry brake: a
+// first stage, claimed by us and not held before. A later stage is no new
+// lapse: its user went silent a stage ago.
+func lapse(t timeout) bool {
+	return t.claim.outcome == session.ClaimFresh && t.Stage == 1 && !t.Rechecked
+}
+
+// brakeHolds reports whether the brake, while engaged, holds t, which we
+// claimed: a lapse, and uncounted every other whose grace after it was
+// due has not passed. That is a later stage (a close must not end the chat
+// of someone who tried to answer its reminder) and one held before by
+// another rule (the minute rule holds to its window's end, which may come
+// before that grace). One the brake released has had its grace, and is not
+// held again.
+func brakeHolds(f facts, t timeout) bool {
+	if t.claim.outcome != session.ClaimFresh || t.write != writeNone {
+		return false
+	}
+	return lapse(t) || f.control.Now.Before(t.Due.Add(f.grace))
+}
+
+// brakeUntil is when the brake releases t: the grace after it was due, as
+// a blind interval holds until the grace after its end. Not after its
+// detection, which a storm makes late, so that a crowd that really left is
+// guided a grace after its deadlines and not later. One found a grace late
+// or more is held to the next sweep and checked again then.
+func brakeUntil(f facts, t timeout) time.Time {
+	return later(t.Due.Add(f.grace), f.control.Now.Add(f.sweepEvery))
+}
+
+// stageOf is what e's stage says among its segment's stages, and when the
+// stage after it is due (zero when none follows). ok is false when there
+// is no such stage any more.
+func stageOf(stages []policy.Stage, e session.Expired) (stage policy.Stage, next time.Time, ok bool) {
+	if e.Stage < 1 || e.Stage > len(stages) {
+		return policy.Stage{}, time.Time{}, false
+	}
+	stage = stages[e.Stage-1]
+	if e.Stage < len(stages) && stage.Action != timeoutevent.ActionClose {
+		// Its delay after this stage goes out: at its due time, or later
+		// when it was held (an outage, the minute rule), so that a
+		// reminder held for a minute is not followed at once by the next.
+		next = later(e.Detected, e.Due).Add(stages[e.Stage].After)
+	}
+	return stage, next, true
+}
+
+// afterReplay is the next due time of a stage that went to a spool: its
+// next stage, if any, waits until the replay produced it.
+func afterReplay(next time.Time) time.Time {
+	if next.IsZero() {
+		return next
+	}
+	return session.AfterReplay
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
