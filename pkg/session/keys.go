@@ -42,6 +42,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/stillthere/stillthere/pkg/userid"
 )
 
 // Buckets is the number of deadline-index buckets. Every gateway and
@@ -49,20 +51,9 @@ import (
 const Buckets = 64
 
 // DefaultSegment is the segment of a session whose token names none.
-const DefaultSegment = "default"
+const DefaultSegment = userid.DefaultSegment
 
-var (
-	uidRE     = regexp.MustCompile(`^[A-Za-z0-9._:@-]{1,128}$`)
-	segmentRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-	prefixRE  = regexp.MustCompile(`^[A-Za-z0-9._-]{1,32}$`)
-)
-
-// ValidUID reports whether uid is a user id the contract allows:
-// 1-128 characters of [A-Za-z0-9._:@-].
-func ValidUID(uid string) bool { return uidRE.MatchString(uid) }
-
-// ValidSegment reports whether seg is 1-64 characters of [A-Za-z0-9._-].
-func ValidSegment(seg string) bool { return segmentRE.MatchString(seg) }
+var prefixRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,32}$`)
 
 // Keyspace names the keys of one deployment. The prefix keeps deployments
 // (and tests) that share a Redis apart.
@@ -210,7 +201,7 @@ func (k Keyspace) ParseSessionKey(key string) (string, error) {
 	if err != nil || b >= Buckets {
 		return "", ErrNotSession
 	}
-	if !ValidUID(rest) || Bucket(rest) != b {
+	if !userid.Valid(rest) || Bucket(rest) != b {
 		return "", ErrNotSession
 	}
 	return rest, nil
