@@ -30,7 +30,7 @@ const (
 	dedupSpooled                   // spooled already: settle it, its next stage after the replay
 )
 
-const dedupClaimed = "claimed"
+const dedupClaimed = session.DedupClaimed
 
 // holdMinute names holds of a second silence to its window's end.
 const holdMinute = "minute"
@@ -41,12 +41,6 @@ const holdMinute = "minute"
 // record already sent to a broker is not failed by the produce timeout,
 // only by franz-go's own retries, hence the floor of 30s.
 func (l *Listener) claimTTL() time.Duration { return max(30*time.Second, 3*l.cfg.ProduceTimeout) }
-
-// releaseScript deletes a claim only if it is still the caller's.
-var releaseScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-`)
 
 // distinct keeps the first of found's entries per dedup key: a batch
 // from expired events can hold a uid twice, and the second would meet
@@ -170,7 +164,7 @@ func (l *Listener) markDedup(ctx context.Context, produced, spooled, failed []se
 			p.Set(ctx, ks.StageDedupKey(e.UID, e.Stage, e.Due), session.DedupSpooled(e.Deadline), l.cfg.DedupTTL)
 		}
 		for _, e := range failed {
-			releaseScript.Eval(ctx, p, []string{ks.StageDedupKey(e.UID, e.Stage, e.Due)}, l.claim)
+			l.store.ReleaseClaim(ctx, p, e, l.claim)
 		}
 		return nil
 	})
