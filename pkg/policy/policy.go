@@ -230,7 +230,7 @@ type Store struct {
 
 // NewStore keeps the policy of keyspace ks.
 func NewStore(rdb redis.UniversalClient, ks session.Keyspace) *Store {
-	return &Store{rdb: rdb, key: ks.Prefix() + ":policy"}
+	return &Store{rdb: rdb, key: ks.PolicyKey()}
 }
 
 // ErrNone means no policy was ever set: the services' configured TTL and
