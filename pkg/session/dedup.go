@@ -58,6 +58,10 @@ func DedupWindowEnd(deadline time.Time) time.Time {
 	return time.UnixMilli((DedupWindow(deadline) + 1) * 60_000)
 }
 
+// DedupClaim is a dedup key's value while listener (a replica's unique
+// id) claims it.
+func DedupClaim(listener string) string { return dedupFormat.encode(DedupClaimed, listener) }
+
 // DedupProduced is a dedup key's value once the timeout with this deadline
 // was produced.
 func DedupProduced(deadline time.Time) string {
