@@ -99,16 +99,6 @@ func shardSubscribers(t *testing.T, node *redisserver.Server, channel string) in
 	return int(v)
 }
 
-// waitFor reports whether cond held within d.
-func waitFor(d time.Duration, cond func() bool) bool {
-	for deadline := time.Now().Add(d); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			return false
-		}
-	}
-	return true
-}
-
 // TestAttack3GracefulFailoverSilencesInstance: the same through the most
 // common cluster maintenance, a graceful failover (CLUSTER FAILOVER on a
 // replica, as rolling Redis upgrades and managed services do it): the

@@ -43,10 +43,8 @@ func TestAttack3DroppedGrantsNeverForgotten(t *testing.T) {
 		return len(tg.dropped.grants)
 	}
 	const bound = 15 * time.Second
-	for deadline := time.Now().Add(bound); held() != 0; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("DEFECT: %d of %d dropped connections' grants are still held %v after they ran out, on a gateway with no outage: "+
-				"only a resync forgets them, so the map grows with every distinct user whose connection ever dropped", held(), users, bound)
-		}
+	if !waitFor(bound, func() bool { return held() == 0 }) {
+		t.Fatalf("DEFECT: %d of %d dropped connections' grants are still held %v after they ran out, on a gateway with no outage: "+
+			"only a resync forgets them, so the map grows with every distinct user whose connection ever dropped", held(), users, bound)
 	}
 }

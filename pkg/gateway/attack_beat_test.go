@@ -191,13 +191,15 @@ func TestAttackBeatAliveWhileRenewalsCannotConnect(t *testing.T) {
 
 	// The listener sweeps every 200ms by default: a deadline unheld for
 	// longer than that after it passed is guided.
+	// Watched until Redis's clock is 2s past the deadline, or the deadline
+	// stayed unheld for over a second.
 	var unheldSince time.Time
 	var last guardState
-	for {
+	waitUntil(t, "Redis's clock 2s past alice's deadline", func() bool {
 		g := readGuard(t, admin, ks, tg.instance)
 		last = g
 		if g.now.After(deadline.Add(2 * time.Second)) {
-			break
+			return true
 		}
 		if held, _ := g.holds(deadline); !held && !g.now.Before(deadline) {
 			if unheldSince.IsZero() {
@@ -206,11 +208,8 @@ func TestAttackBeatAliveWhileRenewalsCannotConnect(t *testing.T) {
 		} else {
 			unheldSince = time.Time{}
 		}
-		if !unheldSince.IsZero() && g.now.Sub(unheldSince) > time.Second {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return !unheldSince.IsZero() && g.now.Sub(unheldSince) > time.Second
+	})
 	if pongs.Load() != 0 {
 		t.Fatalf("%d pings renewed: the fault did not cut the renewals", pongs.Load())
 	}

@@ -159,6 +159,8 @@ func TestAuthFrameRefreshesToken(t *testing.T) {
 	if m := send(signToken(t, "alice", "vip", end)); m["type"] != frame.TypeAuthOK || int64(m["expires_ms"].(float64)) != later.Add(-token.Leeway).UnixMilli() {
 		t.Fatalf("an earlier token: got %v, want the later expiry kept", m)
 	}
+	// Real time must pass: a token runs out by the gateway's own clock,
+	// real and in process.
 	time.Sleep(time.Until(end.Add(300 * time.Millisecond)))
 	pingPong(t, ws) // past the first token's end, still open and renewing
 	code, at := readUntilClose(t, ws, 5*time.Second)

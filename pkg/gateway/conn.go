@@ -103,17 +103,7 @@ type conn struct {
 }
 
 func (c *conn) serve(ctx context.Context) {
-	defer func() {
-		c.mu.Lock()
-		c.closed = true
-		c.mu.Unlock()
-		c.stopExpiry()
-		c.ws.Close() // a flusher blocked in a write fails at once
-		c.flushers.Wait()
-		// A hold still on ends here: what it held goes back to the inbox.
-		c.g.endHold(context.WithoutCancel(ctx), c, noPresence)
-		close(c.done)
-	}()
+	defer c.finish(ctx)
 
 	limiter := rate.NewLimiter(rate.Limit(c.g.cfg.RatePerSecond), c.g.cfg.RateBurst)
 	c.ws.SetReadLimit(int64(c.g.cfg.ReadLimit))
@@ -146,6 +136,25 @@ func (c *conn) serve(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// finish ends c once nothing reads it any more: no frame is queued or
+// written after it, and done tells whoever waits for c's proofs (an inbox
+// handover, see push.go) that none will come. serve runs it when its
+// reader returns; serveWS, for a connection the drain turned away before
+// it was served. A connection that does not run it leaves its handovers
+// waiting for good, and with them the drain, which waits for every
+// goroutine of a connection.
+func (c *conn) finish(ctx context.Context) {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.stopExpiry()
+	c.ws.Close() // a flusher blocked in a write fails at once
+	c.flushers.Wait()
+	// A hold still on ends here: what it held goes back to the inbox.
+	c.g.endHold(context.WithoutCancel(ctx), c, noPresence)
+	close(c.done)
 }
 
 // handle answers one client frame and reports whether the connection

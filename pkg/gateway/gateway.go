@@ -379,8 +379,23 @@ func (g *Gateway) drain() {
 	for _, c := range g.hub.all() {
 		c.ws.NetConn().Close()
 	}
-	<-done
+	// What is left of a connection once cut off is its bookkeeping in
+	// Redis (its route, the guides it never proved, each bounded by its
+	// own timeout), and an inbox handover that ends with it. The wait is
+	// bounded all the same: an instance stuck here would go on
+	// heartbeating, listed and routed to, while it serves nobody.
+	select {
+	case <-done:
+	case <-time.After(cutOffTimeout):
+		g.log.Error("shutdown: connections still busy after the cut-off; leaving without them", "waited", cutOffTimeout)
+	}
 }
+
+// cutOffTimeout bounds the drain's wait for the connections it cut off,
+// which do their bookkeeping at once: a route write and a guide handed on
+// (pushTimeout). A connection with more unproven guides, or stuck in a
+// Redis call, is left to end with the process.
+const cutOffTimeout = routeWriteTimeout + pushTimeout
 
 // recordDrain records this instance's drain so far, from when it began to
 // now by Redis's clock, as a blind interval of the instance
@@ -509,13 +524,24 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	if !g.track(n) {
 		// The drain began while this one was being set up: it is told to
-		// reconnect like the others.
+		// reconnect like the others, and ends as a served one does
+		// (finish ends its hold, and closes done for the handovers that
+		// wait on it: another connection's release may have offered it
+		// the inbox meanwhile, from a goroutine the drain waits for).
 		c.closeWith(websocket.CloseGoingAway, "server shutting down, reconnect")
-		c.ws.Close()
-		c.mu.Lock()
-		c.closed = true
-		c.mu.Unlock()
-		g.endHold(rctx, c, noPresence) // what it held goes back to the inbox
+		// The close goes out after the inbox guides queued before it, if
+		// any, from their flusher: finish would cut it off, and the
+		// client take a dropped connection's backoff for a 1001's
+		// reconnect at once. No frame is queued after the close.
+		c.flushers.Wait()
+		c.linger()
+		c.finish(rctx)
+		if rest != nil {
+			// Nothing proves a guide on it now: the rest of the handover
+			// releases their leases at once, for the reconnect elsewhere,
+			// instead of when they lapse.
+			rest()
+		}
 		g.open.Add(-1)
 		g.release(rctx, c)
 		return

@@ -191,7 +191,10 @@ func TestCloseStageFromInbox(t *testing.T) {
 	ws := tg.dial(t, "fay")
 	readStage(t, ws, closing)
 	pingPong(t, ws)
-	time.Sleep(lingerTimeout + 100*time.Millisecond) // a close would have come by now
+	// Real time must pass: a close stage's close ends the connection when
+	// its linger, a read deadline on the socket, runs out; it would have
+	// by now.
+	time.Sleep(lingerTimeout + 100*time.Millisecond)
 	pingPong(t, ws)
 	if !sessionExists(tg, "fay") {
 		t.Fatal("the user who came back has no session")

@@ -152,18 +152,22 @@ func testLiveInstanceStaysInRoute(t *testing.T, addrs []string) {
 		pingPong(t, ws)
 		killSubscribers(t, a.rdb)
 		req := push.Request{ID: "g1", UID: "gil", Text: "t"}
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			res, err := b.pushGuide(t, req)
-			if err == nil {
-				if res.Status != push.Delivered {
-					t.Fatalf("push during a resubscribe: %s, want delivered (or a retry)", res.Status)
-				}
-				break
+		var res push.Response
+		var err error
+		if !waitFor(10*time.Second, func() bool {
+			if res, err = b.pushGuide(t, req); err == nil {
+				return true
 			}
 			var e *push.Error
-			if !errors.As(err, &e) || e.Status != push.Retry || time.Now().After(deadline) {
+			if !errors.As(err, &e) || e.Status != push.Retry {
 				t.Fatalf("push during a resubscribe: %v", err)
 			}
+			return false
+		}) {
+			t.Fatalf("push during a resubscribe: %v", err)
+		}
+		if res.Status != push.Delivered {
+			t.Fatalf("push during a resubscribe: %s, want delivered (or a retry)", res.Status)
 		}
 		readGuide(t, ws, "g1")
 		if n, _ := a.rdb.HGet(ctx, ks.RouteKey("gil"), a.instance).Int(); n != 1 {
@@ -209,11 +213,15 @@ func TestRouteKeysRefreshed(t *testing.T) {
 		ws := a.dial(t, "gus")
 		pingPong(t, ws)
 
-		// The key is about to run out, as one written a TTL ago is.
+		// The key is about to run out, as one written a TTL ago is: a
+		// refresh (every 200ms here) gives it the route TTL again.
 		a.rdb.PExpire(ctx, key, 300*time.Millisecond)
-		time.Sleep(time.Second)
-		if pttl := a.rdb.PTTL(ctx, key).Val(); pttl <= 0 || pttl > 2*time.Second {
-			t.Fatalf("route key PTTL %v a second later: not refreshed", pttl)
+		var pttl time.Duration
+		if !waitFor(5*time.Second, func() bool {
+			pttl = a.rdb.PTTL(ctx, key).Val()
+			return pttl > 300*time.Millisecond && pttl <= 2*time.Second
+		}) {
+			t.Fatalf("route key PTTL %v: not refreshed", pttl)
 		}
 		b.mustPush(t, push.Request{ID: "gus-1", UID: "gus", Text: "t"}, push.Delivered)
 		readGuide(t, ws, "gus-1")

@@ -205,13 +205,20 @@ func TestInboxLargerThanSendQueue(t *testing.T) {
 func TestInboxMaxAgeAndStale(t *testing.T) {
 	tg := startGateway(t, func(c *Config) { c.GuideMaxAge = 2 * time.Second })
 	ctx := context.Background()
+	// nextMS waits for Redis's clock, the one guides are kept and
+	// renewals made by, to tick past the millisecond it is in.
+	nextMS := func() {
+		t.Helper()
+		from := redisNowMS(t, tg.rdb)
+		waitUntil(t, "Redis's next millisecond", func() bool { return redisNowMS(t, tg.rdb) > from })
+	}
 	renew := func(uid string) {
 		t.Helper()
-		time.Sleep(5 * time.Millisecond) // after what was kept before
+		nextMS() // after what was kept before
 		if _, err := tg.store.Renew(ctx, uid, "default", time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond) // what is kept next is kept later
+		nextMS() // what is kept next is kept later
 	}
 
 	t.Run("max age", func(t *testing.T) {
@@ -219,7 +226,11 @@ func TestInboxMaxAgeAndStale(t *testing.T) {
 		if pttl := tg.rdb.PTTL(ctx, tg.store.Keyspace().InboxKey("olga")).Val(); pttl <= 0 || pttl > 2*time.Second {
 			t.Errorf("inbox TTL %v, want within the max age", pttl)
 		}
-		time.Sleep(2100 * time.Millisecond)
+		// Real time must pass: the guide's max age runs out as its inbox
+		// key's TTL does, by Redis's clock.
+		waitUntil(t, "olga's inbox to run out", func() bool {
+			return tg.rdb.Exists(ctx, tg.store.Keyspace().InboxKey("olga")).Val() == 0
+		})
 		tg.mustPush(t, push.Request{ID: "o-undated-new", UID: "olga", Text: "t"}, push.Queued)
 		ws := tg.dial(t, "olga")
 		if m := readGuide(t, ws, "o-undated-new"); m["deadline_ms"] != nil {
@@ -230,7 +241,7 @@ func TestInboxMaxAgeAndStale(t *testing.T) {
 		now := redisNowMS(t, tg.rdb)
 		tg.mustPush(t, push.Request{ID: "o-old", UID: "olav", Text: "t", DeadlineMS: now - 1500}, push.Queued)
 		tg.mustPush(t, push.Request{ID: "o-new", UID: "olav", Text: "t", DeadlineMS: now}, push.Queued)
-		time.Sleep(700 * time.Millisecond) // o-old is past its max age now
+		waitUntil(t, "o-old past its max age", func() bool { return redisNowMS(t, tg.rdb) > now+500 })
 		ws = tg.dial(t, "olav")
 		if m := readGuide(t, ws, "o-new"); m["deadline_ms"] != float64(now) {
 			t.Errorf("guide frame %v, want deadline_ms %d", m, now)

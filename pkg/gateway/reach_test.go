@@ -114,6 +114,8 @@ func testResync(t *testing.T, ttl time.Duration, cutOff func(*tcpproxy.Proxy)) {
 	wg.Wait()
 	// alice keeps pinging: the last of her pings is the one that counts.
 	pingFails(t, alice)
+	// Real time must pass, here and below: pings are timed, and grants
+	// run out, by the gateway's own clock while Redis is cut off.
 	time.Sleep(200 * time.Millisecond)
 	lastPing := time.Now()
 	pingFails(t, alice)
@@ -476,16 +478,16 @@ func TestRecordsPartialOutageWhileItLasts(t *testing.T) {
 	pingFails(t, ws)
 	// Well before a heartbeat would take the failure for stale
 	// (flushFailFresh) and record it as over.
-	for deadline := time.Now().Add(2 * ongoingRecordEvery); len(gaps()) != 1; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("renewals failing for %v, and no record of it: %q", time.Since(firstFailed), gaps())
-		}
+	if !waitFor(2*ongoingRecordEvery, func() bool { return len(gaps()) == 1 }) {
+		t.Fatalf("renewals failing for %v, and no record of it: %q", time.Since(firstFailed), gaps())
 	}
 	first := gaps()[0]
 	if first.Start.After(firstFailed.Add(50 * time.Millisecond)) {
 		t.Errorf("recorded from %v, after the first failure at %v", first.Start, firstFailed)
 	}
 
+	// Real time must pass: a lasting outage is recorded again at most
+	// every ongoingRecordEvery, by the gateway's own clock.
 	time.Sleep(ongoingRecordEvery)
 	pingFails(t, ws)
 	waitUntil(t, "the record extended, still one", func() bool {
@@ -536,15 +538,6 @@ func get(t *testing.T, tg *testGateway, path string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
-
 // lockedBuffer is a log sink a test reads while the gateway writes.
 type lockedBuffer struct {
 	mu  sync.Mutex
@@ -592,6 +585,8 @@ func TestBusyPoolStillRenewsAndBeats(t *testing.T) {
 	if took := time.Since(start); took > busy/3 {
 		t.Errorf("a ping took %v to be answered while the shared pool was busy: renewals wait behind other work", took)
 	}
+	// Watched while the pool is held: real time must pass, as the burst
+	// lasts.
 	for time.Since(start) < busy-500*time.Millisecond {
 		if since := tg.reach.failingSince(); !since.IsZero() {
 			t.Fatalf("Redis counted out of reach since %v while it answered: the heartbeat waited behind other work", since)
@@ -688,14 +683,14 @@ func TestRecordsStalledRenewalsWhileTheyLast(t *testing.T) {
 	// The round trip hangs until the master runs again (well inside the
 	// client's 3s read timeout): the record must come meanwhile.
 	var first session.BlindInterval
-	for limit := pausedAt.Add(2500 * time.Millisecond); ; time.Sleep(10 * time.Millisecond) {
-		if g := gaps(); len(g) > 0 {
+	if !waitFor(time.Until(pausedAt.Add(2500*time.Millisecond)), func() bool {
+		g := gaps()
+		if len(g) > 0 {
 			first = g[0]
-			break
 		}
-		if time.Now().After(limit) {
-			t.Fatalf("renewals held for %v by a round trip in flight, and no record of it", time.Since(pausedAt))
-		}
+		return len(g) > 0
+	}) {
+		t.Fatalf("renewals held for %v by a round trip in flight, and no record of it", time.Since(pausedAt))
 	}
 	t.Logf("recorded %v after the master stopped: %v to %v", time.Since(pausedAt).Round(time.Millisecond),
 		first.Start.Format("15:04:05.000"), first.End.Format("15:04:05.000"))

@@ -53,13 +53,20 @@ func testLogger() *slog.Logger {
 // waitFor polls cond until it holds, failing the test after waitLong.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitLong)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %v for %s", waitLong, what)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !holdsWithin(waitLong, cond) {
+		t.Fatalf("waited %v for %s", waitLong, what)
 	}
+}
+
+// holdsWithin is waitFor for a caller with more to say when cond did
+// not hold: it polls cond for up to d and reports whether it held.
+func holdsWithin(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
 }
 
 // gatewayMode is how the fake push endpoint answers.
@@ -459,22 +466,16 @@ func (e *testEnv) waitCommittedToEnd(group string) {
 	e.t.Helper()
 	ends := e.ends()
 	var got map[int32]int64
-	deadline := time.Now().Add(waitLong)
-	for {
+	if !holdsWithin(waitLong, func() bool {
 		got = e.committed(group)
-		done := true
 		for p, end := range ends {
 			if got[p] < end {
-				done = false
+				return false
 			}
 		}
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("group %s committed %v, topic ends at %v", group, got, ends)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return true
+	}) {
+		e.t.Fatalf("group %s committed %v, topic ends at %v", group, got, ends)
 	}
 }
 

@@ -58,11 +58,15 @@ func newTestLog(every time.Duration) (*Log, *recorder) {
 	return NewLog(slog.New(rec), "renew sessions", every), rec
 }
 
+// advance moves a synctest bubble's fake clock on by d: every test that
+// calls it (or failFor) runs in one, so no real time passes.
+func advance(d time.Duration) { time.Sleep(d) }
+
 // failFor reports a failure every step for d, the first at once.
 func failFor(l *Log, d, step time.Duration) {
 	for t := time.Duration(0); t <= d; t += step {
 		if t > 0 {
-			time.Sleep(step)
+			advance(step)
 		}
 		l.Fail(fmt.Errorf("failure at %v", t))
 	}
@@ -112,10 +116,10 @@ func TestLogLines(t *testing.T) {
 			run: func(l *Log) {
 				for range 100 {
 					l.Fail(errors.New("one master of three down"))
-					time.Sleep(10 * time.Millisecond)
+					advance(10 * time.Millisecond)
 					l.OK()
 				}
-				time.Sleep(30 * time.Second)
+				advance(30 * time.Second)
 				l.Fail(errors.New("down again"))
 				l.OK()
 			},
@@ -146,7 +150,7 @@ func TestLogLines(t *testing.T) {
 			run: func(l *Log) {
 				failFor(l, 20*time.Second, time.Second)
 				l.OK()
-				time.Sleep(time.Minute)
+				advance(time.Minute)
 				failFor(l, 20*time.Second, time.Second)
 				l.OK()
 			},
@@ -179,7 +183,7 @@ func TestLogAttrs(t *testing.T) {
 		l, rec := newTestLog(30 * time.Second)
 		t0 := time.Now()
 		failFor(l, 95*time.Second, time.Second) // failures at 0, 1, ..., 95 s
-		time.Sleep(5 * time.Second)
+		advance(5 * time.Second)
 		l.OK()
 
 		if len(rec.lines()) != 5 {
@@ -216,7 +220,7 @@ func TestFailing(t *testing.T) {
 		}
 		t0 := time.Now()
 		l.Fail(errors.New("down"))
-		time.Sleep(time.Second)
+		advance(time.Second)
 		l.Fail(errors.New("down"))
 		if since, failing := l.Failing(); !failing || !since.Equal(t0) {
 			t.Errorf("Failing() = %v, %v; want %v, true", since, failing, t0)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -164,7 +165,7 @@ func TestWatcherPicksUpChanges(t *testing.T) {
 	waitFor(t, func() bool { return w.Current().TTL("new") == 30*time.Second })
 	// A corrupt policy in Redis leaves the last good one in force.
 	store.rdb.Set(ctx, store.key, "garbage", 0)
-	time.Sleep(100 * time.Millisecond)
+	polled(t, store, 2)
 	if w.Current().TTL("new") != 30*time.Second {
 		t.Fatal("a corrupt stored policy replaced the good one")
 	}
@@ -192,7 +193,7 @@ func TestWatcherKeepsPolicyWhenKeyVanishes(t *testing.T) {
 		if err := store.rdb.Del(ctx, store.key).Err(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(200 * time.Millisecond) // some 20 polls
+		polled(t, store, 5)
 		if got := w.Current(); got.String() != stored.String() {
 			t.Fatalf("round %d: key gone: Current = %v, want the last known %v", round, got, stored)
 		}
@@ -268,7 +269,7 @@ func TestWatcherRefusesTTLUnderGranularity(t *testing.T) {
 		if err := store.Save(ctx, bad); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(200 * time.Millisecond) // some 20 polls
+		polled(t, store, 5)
 		if got := w.Current(); got.String() != good.String() {
 			t.Fatalf("round %d: %v stored: Current = %v, want the last good %v", round, bad, got, good)
 		}
@@ -297,6 +298,8 @@ func (b *lockedBuffer) String() string {
 	return b.buf.String()
 }
 
+// waitFor polls cond until it holds, and fails the test after 5 s
+// without it.
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
@@ -304,6 +307,36 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("timed out")
 		}
 	}
+}
+
+// polled waits until the watcher has loaded the stored policy n more
+// times, by the GETs Redis counts: each poll starts once the one before
+// is through, so n-1 of them saw the store as it is now. A check that
+// something did not happen is made after the polls that would have done
+// it, however slow the machine.
+func polled(t *testing.T, store *Store, n int) {
+	t.Helper()
+	from := gets(t, store)
+	waitFor(t, func() bool { return gets(t, store) >= from+n })
+}
+
+// gets is how many GETs the store's Redis has served.
+func gets(t *testing.T, store *Store) int {
+	t.Helper()
+	info, err := store.rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_get:calls="); ok {
+			n, err := strconv.Atoi(v[:strings.IndexByte(v, ',')])
+			if err != nil {
+				t.Fatalf("commandstats line %q: %v", line, err)
+			}
+			return n
+		}
+	}
+	return 0
 }
 
 func TestCommand(t *testing.T) {

@@ -248,14 +248,7 @@ func (c *Cluster) outrankMaster(ctx context.Context, i int, replica *redis.Clien
 		if err != nil {
 			return err
 		}
-		epochs := map[string]int64{}
-		for line := range strings.Lines(nodes) {
-			f := strings.Fields(line)
-			if len(f) > 6 {
-				e, _ := strconv.ParseInt(f[6], 10, 64)
-				epochs[f[0]] = e
-			}
-		}
+		epochs := nodeEpochs(nodes)
 		if epochs[idJ] <= epochs[idI] {
 			return fmt.Errorf("the replica sees master %d at epoch %d, master %d at %d", j, epochs[idJ], i, epochs[idI])
 		}

@@ -142,9 +142,10 @@ func (m *Migration) MoveBatch(ctx context.Context, n int) (int, error) {
 	return len(keys), m.Move(ctx, keys...)
 }
 
-// Finish moves the keys left, then gives the slot to the target on every
-// master (the target first, then the source, as redis-cli does), and
-// returns once every master names the target as its owner.
+// Finish moves the keys left, waits until the masters' config epochs are
+// settled, then gives the slot to the target on every master (the target
+// first, then the source, as redis-cli does), and returns once every
+// master names the target as its owner.
 func (m *Migration) Finish(ctx context.Context) error {
 	defer m.close()
 	for {
@@ -156,7 +157,32 @@ func (m *Migration) Finish(ctx context.Context) error {
 			break
 		}
 	}
-	order := []int{m.to, m.from}
+	// The target's claim must outrank every other master's before any
+	// node hears it (see epochs.go): with the epochs settled, the epoch
+	// the target takes on closing the import, or keeps when its own is
+	// the greatest, is greater than the source's, and no claim the
+	// source sent before it is told can take the slot back.
+	epochs, err := m.c.waitEpochsSettled(ctx)
+	if err != nil {
+		return fmt.Errorf("slot %d: %w", m.Slot, err)
+	}
+	if err := m.dst.Do(ctx, "CLUSTER", "SETSLOT", m.Slot, "NODE", m.dstID).Err(); err != nil {
+		return fmt.Errorf("give slot %d to %s on itself: %w", m.Slot, m.c.Masters[m.to].Addr, err)
+	}
+	text, err := m.dst.ClusterNodes(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("cluster nodes of %s: %w", m.c.Masters[m.to].Addr, err)
+	}
+	seen := nodeEpochs(text)
+	for id := range epochs {
+		epochs[id] = seen[id]
+	}
+	if err := outranks(m.dstID, epochs); err != nil {
+		return fmt.Errorf("slot %d given to %s: %w", m.Slot, m.c.Masters[m.to].Addr, err)
+	}
+	// Then the source, which stops claiming the slot, then the others,
+	// which would learn it by gossip too, as redis-cli does.
+	order := []int{m.from}
 	for i := range m.c.Masters {
 		if i != m.to && i != m.from {
 			order = append(order, i)
@@ -182,10 +208,30 @@ func (m *Migration) Finish(ctx context.Context) error {
 			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("node %s: %w", srv.Addr, err)
+			return fmt.Errorf("node %s: %w; the masters' views:\n%s", srv.Addr, err, m.c.views(ctx))
 		}
 	}
 	return nil
+}
+
+// views is every master's CLUSTER NODES and current epoch, for an error
+// that says how the cluster disagreed.
+func (c *Cluster) views(ctx context.Context) string {
+	var b strings.Builder
+	for i, srv := range c.Masters {
+		cl := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		nodes, err := cl.ClusterNodes(ctx).Result()
+		info, _ := cl.ClusterInfo(ctx).Result()
+		cl.Close()
+		epoch := ""
+		for line := range strings.Lines(info) {
+			if strings.HasPrefix(line, "cluster_current_epoch:") {
+				epoch = strings.TrimSpace(line)
+			}
+		}
+		fmt.Fprintf(&b, "master %d (%s) %s %v:\n%s", i, srv.Addr, epoch, err, nodes)
+	}
+	return b.String()
 }
 
 // MigrateSlot moves slot to master to, batch keys at a time with a pause

@@ -127,3 +127,105 @@ func TestMigrateSlot(t *testing.T) {
 		}
 	})
 }
+
+// TestMigrateSlotOutranksSource moves a slot to the master with the
+// greatest config epoch right after the source took a greater one (as a
+// master does when it resolves an epoch collision, is promoted, or
+// imports a slot), before the target heard of it. A target that keeps
+// its epoch when it closes the import claims the slot below the source,
+// and a claim the source sent before it was told of the move, or an
+// UPDATE from a node that still names the source, gives the slot back
+// to the source on the target: the target then names the source for
+// good, and its moved keys are dropped. After the move the target's
+// epoch must be the greatest, and the keys and ownership where they
+// were sent.
+func TestMigrateSlotOutranksSource(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	ctx := context.Background()
+	c, err := redisserver.StartCluster(ctx, t.TempDir(), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	clients := make([]*redis.Client, len(c.Masters))
+	ids := make([]string, len(c.Masters))
+	for i, m := range c.Masters {
+		clients[i] = redis.NewClient(&redis.Options{Addr: m.Addr})
+		defer clients[i].Close()
+		if ids[i], err = clients[i].Do(ctx, "CLUSTER", "MYID").Text(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	epochs, err := redisserver.WaitEpochsSettled(c, ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := 0
+	for i, id := range ids {
+		if epochs[id] > epochs[ids[to]] {
+			to = i
+		}
+	}
+	from := (to + 1) % len(c.Masters)
+	var key string
+	var slot int
+	for i := 0; ; i++ {
+		key = fmt.Sprintf("{o%d}", i)
+		if slot, err = c.SlotOf(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+		if owner, err := c.SlotOwner(ctx, slot); err != nil {
+			t.Fatal(err)
+		} else if owner == from {
+			break
+		}
+	}
+	for i := range 10 {
+		if err := clients[from].Set(ctx, fmt.Sprintf("%s:k%d", key, i), i, time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := c.BeginMigration(ctx, slot, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.MoveBatch(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	bumped, err := clients[from].Do(ctx, "CLUSTER", "BUMPEPOCH").Text()
+	if err != nil || !strings.HasPrefix(bumped, "BUMPED") {
+		t.Fatalf("BUMPEPOCH on the source = %q, %v; want BUMPED", bumped, err)
+	}
+	t.Logf("target master %d at config epoch %d; the source, master %d, took %s", to, epochs[ids[to]], from, bumped)
+	if err := m.Finish(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	own := make([]int64, len(c.Masters))
+	for i, cl := range clients {
+		text, err := cl.ClusterNodes(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		own[i] = redisserver.NodeEpochs(text)[ids[i]]
+	}
+	for i, e := range own {
+		if i != to && e >= own[to] {
+			t.Errorf("after the move the target, master %d, holds config epoch %d and master %d holds %d: "+
+				"a claim of the slot from before the move can take it back from the target", to, own[to], i, e)
+		}
+	}
+	for i := range 10 {
+		k := fmt.Sprintf("%s:k%d", key, i)
+		if v, err := clients[to].Get(ctx, k).Int(); err != nil || v != i {
+			t.Errorf("GET %s on the new owner = %d, %v; want %d", k, v, err, i)
+		}
+	}
+	for i := range c.Masters {
+		if owner, err := c.SlotOwnerSeenBy(ctx, i, slot); err != nil || owner != to {
+			t.Errorf("master %d names master %d (%v) as the owner of slot %d, want %d", i, owner, err, slot, to)
+		}
+	}
+}

@@ -28,7 +28,7 @@ func TestAttackResyncBetweenStages(t *testing.T) {
 	if err := s.Settle(ctx, []Expired{first}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	reminded := redisNow(t, s.rdb)
 
 	// The user pinged 100 ms ago, after the reminder, on a gateway that
 	// could not write the renewal then; it resyncs the grant now: a TTL
@@ -39,6 +39,8 @@ func TestAttackResyncBetweenStages(t *testing.T) {
 	go func() { defer close(ran); r.Run(rctx) }()
 	defer func() { stop(); <-ran }()
 	const ago = 100 * time.Millisecond
+	// Real time must pass for the ping to come after the reminder.
+	redisPast(t, s.rdb, reminded.Add(ago+50*time.Millisecond))
 	if _, err := r.Resync(ctx, []Grant{{UID: "rita", Segment: DefaultSegment, Left: 2*time.Second - ago, Ago: ago}}); err != nil {
 		t.Fatal(err)
 	}

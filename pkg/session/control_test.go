@@ -67,10 +67,11 @@ func renewVia(t *testing.T, s *Store, inst, uid string, ttl time.Duration) time.
 
 func TestHoldReleaseAndRenew(t *testing.T) {
 	s, ctx := newStore(t)
+	var last time.Time
 	for _, uid := range []string{"held", "back", "moved"} {
-		renewVia(t, s, "gw-1", uid, 50*time.Millisecond)
+		last = renewVia(t, s, "gw-1", uid, 50*time.Millisecond)
 	}
-	time.Sleep(120 * time.Millisecond)
+	redisPast(t, s.rdb, last)
 	due, now, err := s.Due(ctx, 100)
 	if err != nil || len(due) != 3 {
 		t.Fatalf("Due = %+v, %v; want 3", due, err)
@@ -83,7 +84,8 @@ func TestHoldReleaseAndRenew(t *testing.T) {
 	// A deadline that changed since it was found is not held.
 	stale := due[2]
 	stale.Due = stale.Due.Add(-time.Millisecond)
-	n, err := s.Hold(ctx, []Expired{due[0], due[1], stale}, now.Add(300*time.Millisecond))
+	release := now.Add(300 * time.Millisecond)
+	n, err := s.Hold(ctx, []Expired{due[0], due[1], stale}, release)
 	if err != nil || n != 2 {
 		t.Fatalf("Hold = %d, %v; want 2", n, err)
 	}
@@ -93,7 +95,9 @@ func TestHoldReleaseAndRenew(t *testing.T) {
 	}
 	// The user who comes back cancels their hold.
 	renewVia(t, s, "gw-2", backUID, time.Minute)
-	time.Sleep(350 * time.Millisecond)
+	// Past the release time of both holds: a hold the renewal did not
+	// cancel would bring its user back now too.
+	redisPast(t, s.rdb, release)
 	got, _, err := s.Due(ctx, 100)
 	if err != nil {
 		t.Fatal(err)
@@ -186,10 +190,10 @@ func TestMarkFindsGaps(t *testing.T) {
 	if second.Gap != nil {
 		t.Fatalf("quick second mark found a gap: %+v", second.Gap)
 	}
-	time.Sleep(300 * time.Millisecond)
+	redisPast(t, s.rdb, second.Now.Add(200*time.Millisecond)) // GapMax
 	third := mark(SweepMark{LastSeen: second.Now})
 	if third.Gap == nil || third.Gap.Reason != BlindSweepGap || !third.Gap.Start.Equal(second.Now) {
-		t.Fatalf("mark after 300ms: gap %+v, want a sweep gap from %v", third.Gap, second.Now)
+		t.Fatalf("mark past GapMax: gap %+v, want a sweep gap from %v", third.Gap, second.Now)
 	}
 	if len(third.Blind) != 1 || third.Blind[0] != *third.Gap {
 		t.Fatalf("blind intervals = %+v, want the gap", third.Blind)
@@ -216,13 +220,14 @@ func TestHeartbeatGaps(t *testing.T) {
 	if b, err := s.Heartbeat(ctx, "gw-1", 100*time.Millisecond); err != nil || !b.First || b.Gap {
 		t.Fatalf("gw-1's first heartbeat = %+v, %v; want a first, no gap", b, err)
 	}
-	if b, err := s.Heartbeat(ctx, "gw-1", 100*time.Millisecond); err != nil || b.First || b.Gap {
-		t.Fatalf("gw-1's second heartbeat within its lease = %+v, %v; want no gap", b, err)
+	beat, err := s.Heartbeat(ctx, "gw-1", 100*time.Millisecond)
+	if err != nil || beat.First || beat.Gap {
+		t.Fatalf("gw-1's second heartbeat within its lease = %+v, %v; want no gap", beat, err)
 	}
 	if b := blind(); len(b) != 0 {
 		t.Fatalf("blind intervals after steady heartbeats: %v", b)
 	}
-	time.Sleep(200 * time.Millisecond)
+	redisPast(t, s.rdb, beat.Now.Add(100*time.Millisecond)) // its lease ran out
 	// gw-1 missed its lease; gw-2 starts while no instance is alive.
 	if _, err := s.Heartbeat(ctx, "gw-2", 100*time.Millisecond); err != nil {
 		t.Fatal(err)
@@ -301,15 +306,10 @@ func TestMarkFindsRestart(t *testing.T) {
 	}
 	m.LastSeen = first.Now
 	var c Control
-	for range 50 { // the client reconnects
-		if c, err = s.Mark(ctx, m); err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	eventually(t, 5*time.Second, "a mark once the client reconnects", func() bool {
+		c, err = s.Mark(ctx, m)
+		return err == nil
+	})
 	if c.Gap == nil || c.Gap.Reason != BlindRestart || !c.Gap.Start.Equal(first.Now) {
 		t.Fatalf("mark after a restart: gap %+v, want a redis-restart from %v", c.Gap, first.Now)
 	}
@@ -349,7 +349,7 @@ func TestLastRenewed(t *testing.T) {
 	if again, _ := s.LastRenewed(ctx, "u"); !again.Equal(at) {
 		t.Errorf("after resyncing an older ping: %v, want %v", again, at)
 	}
-	time.Sleep(50 * time.Millisecond)
+	redisPast(t, s.rdb, at) // the end comes later, by Redis's clock
 	if err := s.End(ctx, "u"); err != nil {
 		t.Fatal(err)
 	}
@@ -529,12 +529,9 @@ func TestMarkTellsFailoverFromReshard(t *testing.T) {
 		t.Fatal(err)
 	}
 	var gap *BlindInterval
-	for end := time.Now().Add(30 * time.Second); gap == nil; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(end) {
-			role, _ := rc.Do(ctx, "ROLE").Slice()
-			t.Fatalf("no blind interval within 30s of a graceful failover; the replica's role: %v", role)
-		}
-		gap = mark()
+	if !waitFor(30*time.Second, func() bool { gap = mark(); return gap != nil }) {
+		role, _ := rc.Do(ctx, "ROLE").Slice()
+		t.Fatalf("no blind interval within 30s of a graceful failover; the replica's role: %v", role)
 	}
 	if gap.Reason != BlindFailover {
 		t.Fatalf("mark after a graceful failover: %+v, want a failover", gap)
@@ -546,20 +543,17 @@ func TestMarkTellsFailoverFromReshard(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctlClient := redistest.Client(t, c.Masters[ctl])
-	for end := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		nodes, err := ctlClient.ClusterNodes(ctx).Result()
-		if err != nil {
+	var nodes string
+	if !waitFor(30*time.Second, func() bool {
+		if nodes, err = ctlClient.ClusterNodes(ctx).Result(); err != nil {
 			t.Fatal(err)
 		}
-		if slices.ContainsFunc(strings.Split(nodes, "\n"), func(l string) bool {
+		return slices.ContainsFunc(strings.Split(nodes, "\n"), func(l string) bool {
 			f := strings.Fields(l)
 			return len(f) > 2 && f[0] == oldID && strings.Contains(f[2], "slave")
-		}) {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatalf("the old master is no replica within 30s:\n%s", nodes)
-		}
+		})
+	}) {
+		t.Fatalf("the old master is no replica within 30s:\n%s", nodes)
 	}
 	mark()
 	if again := mark(); again != nil {
@@ -579,7 +573,7 @@ func TestRecordBlindSince(t *testing.T) {
 		t.Fatalf("first record %+v: want an instant of gw-1's drain", first)
 	}
 	// Real time must pass for the interval to grow, by Redis's clock.
-	time.Sleep(20 * time.Millisecond)
+	redisPast(t, s.rdb, first.End)
 	again, err := s.RecordBlindSince(ctx, first.Start, "gw-1", BlindDrain, &first)
 	if err != nil {
 		t.Fatal(err)

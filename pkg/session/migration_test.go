@@ -3,6 +3,8 @@ package session
 import (
 	"context"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,6 +25,7 @@ type migrationRig struct {
 	s        *Store
 	bucket   int
 	slot, to int
+	masters  []*redis.Client // one client per master, for its stats
 }
 
 func newMigrationRig(t *testing.T, uid string) *migrationRig {
@@ -47,7 +50,34 @@ func newMigrationRig(t *testing.T, uid string) *migrationRig {
 		t.Fatal(err)
 	}
 	r.to = (from + 1) % len(c.Masters)
+	for _, m := range c.Masters {
+		r.masters = append(r.masters, redistest.Client(t, m))
+	}
 	return r
+}
+
+// refusals counts the TRYAGAIN replies the masters sent, so far: a test
+// that finishes a migration under a call waits for one first, to know the
+// call was refused while the keys were split and not sent after the move.
+func (r *migrationRig) refusals(t *testing.T) int {
+	t.Helper()
+	n := 0
+	for _, m := range r.masters {
+		info, err := m.Info(context.Background(), "errorstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "errorstat_TRYAGAIN:count="); ok {
+				c, err := strconv.Atoi(v)
+				if err != nil {
+					t.Fatalf("errorstats line %q: %v", line, err)
+				}
+				n += c
+			}
+		}
+	}
+	return n
 }
 
 func (r *migrationRig) begin(t *testing.T) *redisserver.Migration {
@@ -94,21 +124,14 @@ func TestRenewerRetriesThroughSlotMigration(t *testing.T) {
 		return len(flushes)
 	}
 	// flushAfter is the last flush once more than n were seen, waiting
-	// briefly for it: the renewer answers its callers before it reports
-	// the flush.
-	flushAfter := func(n int) flush {
-		for end := time.Now().Add(time.Second); ; time.Sleep(5 * time.Millisecond) {
-			mu.Lock()
-			var f flush
-			seen := len(flushes)
-			if seen > 0 {
-				f = flushes[seen-1]
-			}
-			mu.Unlock()
-			if seen > n || time.Now().After(end) {
-				return f
-			}
-		}
+	// for it: the renewer answers its callers before it reports the
+	// flush.
+	flushAfter := func(t *testing.T, n int) flush {
+		t.Helper()
+		eventually(t, 5*time.Second, "the renewer to report its flush", func() bool { return flushCount() > n })
+		mu.Lock()
+		defer mu.Unlock()
+		return flushes[len(flushes)-1]
 	}
 
 	m := r.begin(t)
@@ -128,7 +151,7 @@ func TestRenewerRetriesThroughSlotMigration(t *testing.T) {
 		if took < slotRetry/2 || took > slotRetry+time.Second {
 			t.Errorf("Renew failed after %v, want it retried for about SlotRetry (%v)", took, slotRetry)
 		}
-		if f := flushAfter(n); f.err == nil || f.took > slotRetry+time.Second {
+		if f := flushAfter(t, n); f.err == nil || f.took > slotRetry+time.Second {
 			t.Errorf("OnFlush saw %+v, want the failure, within SlotRetry and a round trip", f)
 		}
 	})
@@ -139,13 +162,13 @@ func TestRenewerRetriesThroughSlotMigration(t *testing.T) {
 			err      error
 		}
 		res := make(chan result, 1)
-		n := flushCount()
+		n, refused := flushCount(), r.refusals(t)
 		start := time.Now()
 		go func() {
 			d, err := rn.Renew(ctx, uid, "default", time.Minute)
 			res <- result{d, err}
 		}()
-		time.Sleep(slotRetry / 4)
+		eventually(t, slotRetry, "the renewal refused while the keys are split", func() bool { return r.refusals(t) > refused })
 		if err := m.Finish(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -159,7 +182,7 @@ func TestRenewerRetriesThroughSlotMigration(t *testing.T) {
 		if took := time.Since(start); took > slotRetry+time.Second {
 			t.Errorf("Renew took %v", took)
 		}
-		if f := flushAfter(n); f.err != nil {
+		if f := flushAfter(t, n); f.err != nil {
 			t.Errorf("OnFlush saw %+v, want success", f)
 		}
 	})
@@ -201,11 +224,11 @@ func TestSweepDuringSlotMigration(t *testing.T) {
 		}
 	}
 	renewVia(t, s, "gw-a", silent, 100*time.Millisecond)
-	renewVia(t, s, "gw-a", other, 100*time.Millisecond)
+	last := renewVia(t, s, "gw-a", other, 100*time.Millisecond)
 	if res := s.WriteRoutes(ctx, "gw-b", []RouteCount{{UID: silent, Count: 1}}, time.Hour, nil); res[0].Err != nil {
 		t.Fatal(res[0].Err)
 	}
-	time.Sleep(150 * time.Millisecond)
+	redisPast(t, s.rdb, last)
 	due, now, err := s.Due(ctx, 100)
 	if err != nil || len(due) != 2 {
 		t.Fatalf("Due = %+v, %v; want both users", due, err)
@@ -281,10 +304,11 @@ func TestWriteRoutesRetriesThroughSlotMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := make(chan RouteResult, 1)
+	refused := r.refusals(t)
 	go func() {
 		res <- s.WriteRoutes(ctx, "gw-a", []RouteCount{{UID: uid, Count: 0, End: true}}, time.Hour, nil)[0]
 	}()
-	time.Sleep(DefaultSlotRetry / 4)
+	eventually(t, DefaultSlotRetry, "the route write refused while the keys are split", func() bool { return r.refusals(t) > refused })
 	if err := m.Finish(ctx); err != nil {
 		t.Fatal(err)
 	}

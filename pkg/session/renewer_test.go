@@ -77,9 +77,6 @@ func TestRenewerStopFlushesQueued(t *testing.T) {
 	s, ctx := newStore(t)
 	// A long flush interval: only the stop can flush these.
 	r := NewRenewer(s, RenewerConfig{FlushInterval: time.Hour, MaxBatch: 1000})
-	rctx, cancel := context.WithCancel(ctx)
-	ran := make(chan struct{})
-	go func() { r.Run(rctx); close(ran) }()
 	type result struct {
 		uid string
 		err error
@@ -92,7 +89,12 @@ func TestRenewerStopFlushesQueued(t *testing.T) {
 			results <- result{uid, err}
 		}()
 	}
-	time.Sleep(50 * time.Millisecond) // let them queue; a late one is refused, not lost
+	// They queue, then Run takes them into its batch; only then stop it.
+	eventually(t, 5*time.Second, "10 renewals queued", func() bool { return len(r.reqs) == 10 })
+	rctx, cancel := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() { r.Run(rctx); close(ran) }()
+	eventually(t, 5*time.Second, "Run to take the queued renewals", func() bool { return len(r.reqs) == 0 })
 	cancel()
 	<-ran
 	accepted := 0

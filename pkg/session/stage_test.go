@@ -11,19 +11,21 @@ import (
 // dueOne sweeps until uid is due, or fails after within.
 func dueOne(t *testing.T, s *Store, uid string, within time.Duration, sweep func(context.Context) ([]Expired, error)) Expired {
 	t.Helper()
-	for end := time.Now().Add(within); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+	var found Expired
+	eventually(t, within, uid+" due", func() bool {
 		got, err := sweep(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, e := range got {
 			if e.UID == uid {
-				return e
+				found = e
+				return true
 			}
 		}
-	}
-	t.Fatalf("%s not due within %v", uid, within)
-	return Expired{}
+		return false
+	})
+	return found
 }
 
 func sweepAll(s *Store) func(context.Context) ([]Expired, error) {
@@ -79,13 +81,15 @@ func TestStagesInTheIndex(t *testing.T) {
 	if third.Stage != 3 || !third.Deadline.Equal(deadline) {
 		t.Fatalf("stage 3 from Released: %+v", third)
 	}
-	// The last stage's entry goes.
+	// The last stage's entry goes: not due later, not in the index at all.
 	if err := s.Settle(ctx, []Expired{third}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond)
 	if got, _, _ := s.Due(ctx, 100); len(got) != 0 {
 		t.Fatalf("after the last stage: %+v", got)
+	}
+	if err := s.rdb.ZScore(ctx, s.ks.IndexKey(Bucket("ann")), "ann").Err(); err != redis.Nil {
+		t.Fatalf("after the last stage: ann's index entry is still there (%v)", err)
 	}
 
 	// A renewal between stages drops the rest: the next silence starts
@@ -117,7 +121,8 @@ func TestStagesInTheIndex(t *testing.T) {
 	if err := s.End(ctx, "bob"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
+	// Past the dropped stage's due time: it would be due now.
+	redisPast(t, s.rdb, again.NextDue)
 	if got, _, _ := s.Due(ctx, 100); len(got) != 0 {
 		t.Fatalf("after an end between stages: %+v", got)
 	}

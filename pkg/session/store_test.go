@@ -69,13 +69,16 @@ func TestDueListsOnlyExpired(t *testing.T) {
 	if _, err := s.Renew(ctx, "live", "default", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Renew(ctx, "ended", "default", 50*time.Millisecond); err != nil {
+	last, err := s.Renew(ctx, "ended", "default", 50*time.Millisecond)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := s.End(ctx, "ended"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(120 * time.Millisecond)
+	// Past every short deadline, the ended session's the last of them:
+	// it would be due now had the end left it in the index.
+	redisPast(t, s.rdb, last)
 
 	due, now, err := s.Due(ctx, 100)
 	if err != nil {
@@ -101,12 +104,15 @@ func TestDueListsOnlyExpired(t *testing.T) {
 
 func TestSettleKeepsRenewedEntries(t *testing.T) {
 	s, ctx := newStore(t)
+	var last time.Time
 	for _, uid := range []string{"a", "b"} {
-		if _, err := s.Renew(ctx, uid, "default", 20*time.Millisecond); err != nil {
+		d, err := s.Renew(ctx, uid, "default", 20*time.Millisecond)
+		if err != nil {
 			t.Fatal(err)
 		}
+		last = d
 	}
-	time.Sleep(60 * time.Millisecond)
+	redisPast(t, s.rdb, last)
 	due, _, err := s.Due(ctx, 10)
 	if err != nil || len(due) != 2 {
 		t.Fatalf("Due = %v, %v", due, err)
@@ -131,13 +137,14 @@ func TestSettleKeepsRenewedEntries(t *testing.T) {
 
 func TestLookup(t *testing.T) {
 	s, ctx := newStore(t)
-	if _, err := s.Renew(ctx, "x", "new", 20*time.Millisecond); err != nil {
+	deadline, err := s.Renew(ctx, "x", "new", 20*time.Millisecond)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if _, ok, err := s.Lookup(ctx, "x"); err != nil || ok {
 		t.Fatalf("Lookup of a live session = %v, %v; want not ok", ok, err)
 	}
-	time.Sleep(60 * time.Millisecond)
+	redisPast(t, s.rdb, deadline)
 	e, ok, err := s.Lookup(ctx, "x")
 	if err != nil || !ok || e.UID != "x" || e.Segment != "new" {
 		t.Fatalf("Lookup = %+v, %v, %v", e, ok, err)
@@ -160,12 +167,15 @@ func TestDueLimitPerBucket(t *testing.T) {
 			uids = append(uids, uid)
 		}
 	}
+	var last time.Time
 	for _, uid := range uids {
-		if _, err := s.Renew(ctx, uid, "default", 10*time.Millisecond); err != nil {
+		d, err := s.Renew(ctx, uid, "default", 10*time.Millisecond)
+		if err != nil {
 			t.Fatal(err)
 		}
+		last = d
 	}
-	time.Sleep(40 * time.Millisecond)
+	redisPast(t, s.rdb, last)
 	due, _, err := s.Due(ctx, 2)
 	if err != nil || len(due) != 2 {
 		t.Fatalf("Due(limit 2) = %d entries, %v", len(due), err)
@@ -224,7 +234,7 @@ func TestRenewNeverMovesDeadlineEarlier(t *testing.T) {
 	phone := renew("mobile", "gw-a", 30*time.Second)
 	// Real time passes between the two pings, so the second one's
 	// renewal is told apart from the first's.
-	time.Sleep(5 * time.Millisecond)
+	redisPast(t, s.rdb, phone.Add(-30*time.Second))
 	web := renew("default", "gw-b", 2*time.Second)
 	if !web.Equal(phone) {
 		t.Fatalf("the web tab's ping returned deadline %v, want the phone's %v kept", web, phone)

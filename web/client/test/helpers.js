@@ -9,13 +9,15 @@ export function uid(name) {
 
 /**
  * A WebSocket class for the client's WebSocket option: a real socket that
- * records the frames the client sends and keeps every socket, so that a
- * test can send behind the client's back, or replay a frame to it.
- * delayFirst holds each socket's first frame back that many ms.
+ * records the frames the client sends and those the gateway sends it, and
+ * keeps every socket, so that a test can send behind the client's back,
+ * or replay a frame to it. delayFirst holds each socket's first frame
+ * back that many ms.
  */
 export function spySocket({ delayFirst = 0 } = {}) {
   const sockets = [];
   const sent = [];
+  const received = [];
   class SpySocket extends WebSocket {
     #onmessage = null;
     #sends = 0;
@@ -31,7 +33,14 @@ export function spySocket({ delayFirst = 0 } = {}) {
     }
     set onmessage(fn) {
       this.#onmessage = fn;
-      super.onmessage = fn;
+      super.onmessage = (e) => {
+        try {
+          received.push({ at: Date.now(), frame: JSON.parse(e.data) });
+        } catch {
+          // Not JSON: the client's to judge, nothing to record.
+        }
+        fn?.(e);
+      };
     }
     get onmessage() {
       return this.#onmessage;
@@ -41,7 +50,15 @@ export function spySocket({ delayFirst = 0 } = {}) {
       this.#onmessage?.({ data });
     }
   }
-  return { SpySocket, sockets, sent, frames: (type) => sent.filter((s) => s.frame.type === type) };
+  return {
+    SpySocket,
+    sockets,
+    sent,
+    received,
+    frames: (type) => sent.filter((s) => s.frame.type === type),
+    /** The frames of type the gateway sent, as they came off the socket. */
+    receivedFrames: (type) => received.filter((r) => r.frame.type === type),
+  };
 }
 
 /** A storage like sessionStorage, shared by the clients given it. */
@@ -100,12 +117,4 @@ export async function busyUntil(client, promise) {
     await Promise.race([sleep(300), settled.catch(() => {})]);
   }
   return settled;
-}
-
-/** The value of a counter on a gateway's internal listener, 0 when absent. */
-export async function metric(stack, name) {
-  const res = await fetch(stack.push.replace(/\/v1\/push$/, '/metrics'));
-  const text = await res.text();
-  const line = text.split('\n').find((l) => l.startsWith(`${name} `));
-  return line ? Number(line.split(' ')[1]) : 0;
 }
