@@ -117,7 +117,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Listener, error
 		rdb:      rdb,
 		store:    store,
 		producer: producer,
-		claim:    dedupClaimed + ":" + id,
+		claim:    session.DedupClaim(id),
 		policy:   watcher,
 		spooled:  make(chan struct{}, 1),
 		produceDown: outage.NewLog(logger.With("topic", cfg.Kafka.Topic),
