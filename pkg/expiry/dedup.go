@@ -21,20 +21,12 @@ import (
 // end and produced then, if the user is still silent. What the listener
 // makes of a claim's reply is decided in verdict.go.
 
-const dedupClaimed = "claimed"
-
 // claimTTL is how long a claim outlives a crashed claimer, after which the
 // sweep retries its timeouts. It is well past the longest a produce and a
 // spool write take, so a live claimer's claim does not lapse under it: a
 // record already sent to a broker is not failed by the produce timeout,
 // only by franz-go's own retries, hence the floor of 30s.
 func (l *Listener) claimTTL() time.Duration { return max(30*time.Second, 3*l.cfg.ProduceTimeout) }
-
-// releaseScript deletes a claim only if it is still the caller's.
-var releaseScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-`)
 
 // dedupe claims each timeout's dedup key in one pipeline, and returns
 // the replies, which say also how many replicas failed to produce a
@@ -111,7 +103,7 @@ func (l *Listener) markDedup(ctx context.Context, produced, spooled, failed []se
 			p.Set(ctx, ks.StageDedupKey(e.UID, e.Stage, e.Due), session.DedupSpooled(e.Deadline), l.cfg.DedupTTL)
 		}
 		for _, e := range failed {
-			releaseScript.Eval(ctx, p, []string{ks.StageDedupKey(e.UID, e.Stage, e.Due)}, l.claim)
+			l.store.ReleaseClaim(ctx, p, e, l.claim)
 		}
 		return nil
 	})

@@ -87,7 +87,7 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Listener, er
 	l := &Listener{
 		cfg:     cfg,
 		log:     logger,
-		claim:   dedupClaimed + ":" + id,
+		claim:   session.DedupClaim(id),
 		spooled: make(chan struct{}, 1),
 		produceDown: outage.NewLog(logger.With("topic", cfg.Kafka.Topic),
 			"produce timeout events (unsent ones are spooled, or left to a replica that can produce)", 0),

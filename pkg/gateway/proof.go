@@ -49,9 +49,9 @@ import (
 // the user's inbox (see handOnWayOf). Once written, its close was applied
 // (inactive.go): the chat is closed and the session ended, recorded as the
 // user's last renewal, after the guide's deadline. So its inbox entry is
-// marked closed and judged from then on (see keepScript): only a renewal
-// after it was kept makes it stale, and the client's word of activity
-// does not supersede it. Handed over on connect, it closes nothing: the
+// marked closed and judged from then on (see session.Store.KeepGuide):
+// only a renewal after it was kept makes it stale, and the client's word
+// of activity does not supersede it. Handed over on connect, it closes nothing: the
 // user is back, on that connection (see handover.queue).
 
 // proofPingPrefix marks the payload of a ping that asks for proof.

@@ -23,8 +23,8 @@ import (
 // request, the statuses, the limits, the secret) is package push.
 //
 //  1. servePush checks the secret and the request.
-//  2. claim: one script moves the guide's state for this user
-//     (Keyspace.DeliveredKey) from nothing to claimed, or answers
+//  2. claim: one script (session.Store.ClaimPush) moves the guide's state
+//     for this user (Keyspace.DeliveredKey) from nothing to claimed, or answers
 //     duplicate (done before), retry (claimed by a push still under way:
 //     its outcome is not known, so it is not a duplicate) or stale (the
 //     user renewed after the guide's deadline).
@@ -69,133 +69,6 @@ var (
 	errUnreached = errors.New("no subscriber on the channel of a live instance holding the user")
 )
 
-// claimScript claims a guide id for one user. KEYS: delivered, the same
-// id's key as gateways before uid scoping wrote it (read only, so a guide
-// they delivered is not delivered again after an upgrade), renewed.
-// ARGV: claim token, claim ms, deadline ms (0 unknown). Returns "fresh",
-// "busy" (claimed), "done" or "stale".
-var claimScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if v then
-  if string.sub(v, 1, 2) == 'c:' then return 'busy' end
-  return 'done'
-end
-if redis.call('EXISTS', KEYS[2]) == 1 then return 'done' end
-local dl = tonumber(ARGV[3])
-if dl > 0 and (tonumber(redis.call('GET', KEYS[3]) or '0') or 0) > dl then return 'stale' end
-redis.call('SET', KEYS[1], 'c:' .. ARGV[1], 'PX', ARGV[2])
-return 'fresh'
-`)
-
-// settleClaimScript records the outcome of a claimed push, or releases
-// the claim when the outcome is empty; only while the claim is the
-// caller's. KEYS: delivered. ARGV: claim token, outcome, keep ms.
-var settleClaimScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) ~= 'c:' .. ARGV[1] then return 0 end
-if ARGV[2] == '' then
-  redis.call('DEL', KEYS[1])
-else
-  redis.call('SET', KEYS[1], 'd:' .. ARGV[2], 'PX', ARGV[3])
-end
-return 1
-`)
-
-// keepScript adds a guide to a user's capped inbox, unless a connection
-// of the user registered since the route was read (returns 0: route
-// again) or the guide is past its max age (returns -1). An entry is the
-// request's JSON with kept_ms and expires_ms added: its deadline (or,
-// unknown or a later stage's, the time it was kept) plus the max age;
-// and closed_ms, the time it was kept, for a close stage's guide whose
-// close was applied (see proof.go). Older gateways read it as a request.
-// KEYS: inbox, route. ARGV: request JSON, max age ms, cap, inbox ttl ms,
-// deadline ms (0: count from now), check route (1/0), closed (1/0), then
-// the route as read: instance, count pairs. Returns 1 when kept.
-var keepScript = redis.NewScript(`
-if ARGV[6] == '1' then
-  local seen = {}
-  for i = 8, #ARGV, 2 do seen[ARGV[i]] = tonumber(ARGV[i+1]) end
-  local cur = redis.call('HGETALL', KEYS[2])
-  for i = 1, #cur, 2 do
-    if (tonumber(cur[i+1]) or 0) > (seen[cur[i]] or 0) then return 0 end
-  end
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local dl = tonumber(ARGV[5])
-local exp = (dl > 0 and dl or now) + tonumber(ARGV[2])
-if exp <= now then return -1 end
-local closed = ''
-if ARGV[7] == '1' then closed = ',"closed_ms":' .. now end
-local entry = string.sub(ARGV[1], 1, -2) .. ',"kept_ms":' .. now .. ',"expires_ms":' .. exp .. closed .. '}'
-redis.call('LPUSH', KEYS[1], entry)
-redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[3]) - 1)
-local ttl = math.min(exp - now, tonumber(ARGV[4]))
-if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
-return 1
-`)
-
-// inboxTakeScript returns up to ARGV[1] inbox entries, oldest first,
-// without removing them: an entry leaves the inbox once written to a
-// socket. Each returned is leased for ARGV[2] ms, so that another
-// connection of the user does not take it meanwhile; its lease goes when
-// it is written, or when the connection ends first. Entries past their
-// expiry, those whose user renewed after their deadline (stale), and
-// those whose deadline falls while the user was present by their
-// client's word (superseded, see present.go) are removed on the way;
-// entries of older gateways, which carry neither, are handed over. An
-// entry marked closed_ms (a close stage's guide whose close was applied)
-// is stale only by a renewal after that time, and never superseded: the
-// chat was closed, whatever the client says of its user since.
-// KEYS: inbox, renewed, leases. ARGV: limit, lease ms, then the client's
-// word: how long before now the user was last active (ms; -1: not
-// said), the TTL a renewal then would have granted (ms), and a present-
-// until time already known (Unix ms; 0: none).
-// Returns {stale removed, expired removed, present until (0: none),
-// superseded count n, n superseded entries, entry...}.
-var inboxTakeScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local renewed = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
-local ago, ttl = tonumber(ARGV[3]) or -1, tonumber(ARGV[4]) or 0
-local present = tonumber(ARGV[5]) or 0
-if ago >= 0 then present = math.max(present, now - ago + ttl) end
-local items = redis.call('LRANGE', KEYS[1], 0, -1)
-local out, superseded = {0, 0, present}, {}
-for i = #items, 1, -1 do
-  local ok, e = pcall(cjson.decode, items[i])
-  local drop, id = 0, nil
-  if ok and type(e) == 'table' then
-    if type(e['id']) == 'string' then id = e['id'] end
-    local exp = tonumber(e['expires_ms'])
-    local asked = tonumber(e['deadline_ms'])
-    if not asked or asked <= 0 then asked = tonumber(e['kept_ms']) end
-    local closed = tonumber(e['closed_ms'])
-    if closed then asked = closed end
-    if exp and exp <= now then drop = 2
-    elseif asked and renewed > asked then drop = 1
-    elseif asked and not closed and present > asked then drop = 3 end
-  end
-  if drop > 0 then
-    redis.call('LREM', KEYS[1], 1, items[i])
-    if id then redis.call('HDEL', KEYS[3], id) end
-    if drop == 3 then superseded[#superseded + 1] = items[i] else out[drop] = out[drop] + 1 end
-  elseif #out - 3 < limit then
-    local held = 0
-    if id then held = tonumber(redis.call('HGET', KEYS[3], id) or '0') or 0 end
-    if held <= now then
-      out[#out + 1] = items[i]
-      if id then redis.call('HSET', KEYS[3], id, now + lease) end
-    end
-  end
-end
-if #out > 3 and redis.call('PTTL', KEYS[3]) < lease then redis.call('PEXPIRE', KEYS[3], lease) end
-local res = {out[1], out[2], out[3], #superseded}
-for _, v in ipairs(superseded) do res[#res + 1] = v end
-for i = 4, #out do res[#res + 1] = out[i] end
-return res
-`)
-
 func (g *Gateway) servePush(w http.ResponseWriter, r *http.Request) {
 	if !push.Authorized(r, g.cfg.PushSecret) {
 		metricPushes.WithLabelValues("rejected").Inc()
@@ -236,21 +109,17 @@ func (g *Gateway) servePush(w http.ResponseWriter, r *http.Request) {
 
 // push delivers a guide once per user and id (see the flow above).
 func (g *Gateway) push(ctx context.Context, req push.Request) (push.Response, error) {
-	ks := g.store.Keyspace()
-	key := ks.DeliveredKey(req.UID, req.ID)
 	token := newToken()
-	state, err := claimScript.Run(ctx, g.rdb,
-		[]string{key, ks.PushedKey(req.UID, req.ID), ks.RenewedKey(req.UID)},
-		token, claimTTL.Milliseconds(), req.DeadlineMS).Text()
+	state, err := g.store.ClaimPush(ctx, req.UID, req.ID, token, claimTTL, req.DeadlineMS)
 	if err != nil {
 		return push.Response{}, fmt.Errorf("claim guide id: %w", err)
 	}
 	switch state {
-	case "busy":
+	case session.PushBusy:
 		return push.Response{}, errClaimed
-	case "done":
+	case session.PushDone:
 		return push.Response{Status: push.Duplicate}, nil
-	case "stale":
+	case session.PushStale:
 		return push.Response{Status: push.Stale}, nil
 	}
 	res, err := g.route(ctx, req)
@@ -260,7 +129,7 @@ func (g *Gateway) push(ctx context.Context, req push.Request) (push.Response, er
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.WriteTimeout)
 	defer cancel()
-	serr := settleClaimScript.Run(sctx, g.rdb, []string{key}, token, outcome, pushedTTL.Milliseconds()).Err()
+	serr := g.store.SettlePush(sctx, req.UID, req.ID, token, outcome, pushedTTL)
 	if err != nil {
 		if serr != nil {
 			// The claim lapses after claimTTL; retries meanwhile hear retry.
@@ -408,11 +277,6 @@ func (g *Gateway) keepReq(ctx context.Context, req push.Request, closed bool) (p
 // when a connection registered since routes was read. With closed, the
 // entry is a close stage's guide whose close was applied.
 func (g *Gateway) keep(ctx context.Context, req push.Request, payload []byte, routes map[string]string, check, closed bool) (push.Status, error) {
-	ks := g.store.Keyspace()
-	flag := 0
-	if check {
-		flag = 1
-	}
 	// Stage 1 is due at the deadline, and its max age counts from there.
 	// A later stage was due its delays after it, which the request does
 	// not say: its max age counts from when it is kept, as an undated
@@ -424,22 +288,15 @@ func (g *Gateway) keep(ctx context.Context, req push.Request, payload []byte, ro
 	if req.Stage > 1 || closed {
 		maxAgeFrom = 0
 	}
-	closedFlag := 0
-	if closed {
-		closedFlag = 1
-	}
-	args := []any{payload, g.cfg.guideMaxAge().Milliseconds(), g.cfg.InboxSize, g.cfg.InboxTTL.Milliseconds(), maxAgeFrom, flag, closedFlag}
-	for inst, n := range routes {
-		args = append(args, inst, n)
-	}
-	n, err := keepScript.Run(ctx, g.rdb, []string{ks.InboxKey(req.UID), ks.RouteKey(req.UID)}, args...).Int()
+	n, err := g.store.KeepGuide(ctx, req.UID, session.Keep{Entry: payload, MaxAge: g.cfg.guideMaxAge(), From: maxAgeFrom,
+		Cap: g.cfg.InboxSize, TTL: g.cfg.InboxTTL, Closed: closed, CheckRoute: check, Routes: routes})
 	if err != nil {
 		return "", fmt.Errorf("keep guide %s for %q: %w", req.ID, req.UID, err)
 	}
 	switch n {
-	case 1:
+	case session.KeptQueued:
 		return push.Queued, nil
-	case -1:
+	case session.KeptTooOld:
 		return push.TooOld, nil
 	}
 	return "", nil
@@ -486,35 +343,14 @@ func (g *Gateway) inboxLease() time.Duration {
 // and a present-until time already known (0: none), and returns the
 // entries it dropped as superseded, and the present-until time now known.
 func (g *Gateway) takeInbox(ctx context.Context, uid string, p presence, known int64) (items, superseded []string, presentUntil int64, err error) {
-	ks := g.store.Keyspace()
-	vals, err := inboxTakeScript.Run(ctx, g.rdb, []string{ks.InboxKey(uid), ks.RenewedKey(uid), ks.InboxLeaseKey(uid)},
-		g.inboxChunk(), g.inboxLease().Milliseconds(), p.agoMS, p.ttlMS, known).Slice()
+	t, err := g.store.TakeInbox(ctx, uid, g.inboxChunk(), g.inboxLease(), p.agoMS, p.ttlMS, known)
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("take %q's inbox: %w", uid, err)
 	}
-	if len(vals) < 4 {
-		return nil, nil, 0, fmt.Errorf("take %q's inbox: %d values", uid, len(vals))
-	}
-	stale, _ := vals[0].(int64)
-	expired, _ := vals[1].(int64)
-	presentUntil, _ = vals[2].(int64)
-	n, _ := vals[3].(int64)
-	if n < 0 || int(n) > len(vals)-4 {
-		return nil, nil, 0, fmt.Errorf("take %q's inbox: %d superseded of %d values", uid, n, len(vals))
-	}
-	metricPushes.WithLabelValues("inbox_stale").Add(float64(stale))
-	metricPushes.WithLabelValues("inbox_expired").Add(float64(expired))
-	metricPushes.WithLabelValues("inbox_superseded").Add(float64(n))
-	for i, v := range vals[4:] {
-		if s, ok := v.(string); ok {
-			if i < int(n) {
-				superseded = append(superseded, s)
-			} else {
-				items = append(items, s)
-			}
-		}
-	}
-	return items, superseded, presentUntil, nil
+	metricPushes.WithLabelValues("inbox_stale").Add(float64(t.Stale))
+	metricPushes.WithLabelValues("inbox_expired").Add(float64(t.Expired))
+	metricPushes.WithLabelValues("inbox_superseded").Add(float64(len(t.Superseded)))
+	return t.Items, t.Superseded, t.PresentUntil, nil
 }
 
 // handOverInbox queues a connecting user's first inbox guides on c,

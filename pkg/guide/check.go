@@ -2,24 +2,11 @@ package guide
 
 import (
 	"context"
-	"fmt"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
-
-// checkLua reads whether a session key exists, when the user last renewed
-// or ended it, and Redis's clock, in one round trip. KEYS: session,
-// renewed. Returns {EXISTS, TIME in ms, last renewal ms or 0}.
-const checkLua = `
-local t = redis.call('TIME')
-return {redis.call('EXISTS', KEYS[1]), tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000),
-  tonumber(redis.call('GET', KEYS[2]) or '0')}
-`
-
-var checkScript = redis.NewScript(checkLua)
 
 // sessionCheck is what Redis said about a user's session.
 type sessionCheck struct {
@@ -33,18 +20,11 @@ type sessionCheck struct {
 // session), so their age is judged against it too: the consumer's own
 // clock may be off by any amount.
 func (c *Consumer) checkSession(ctx context.Context, uid string) (sessionCheck, error) {
-	res, err := checkScript.Run(ctx, c.rdb, []string{c.keyspace.SessionKey(uid), c.keyspace.RenewedKey(uid)}).Int64Slice()
+	got, err := session.NewStore(c.rdb, c.keyspace).Check(ctx, uid)
 	if err != nil {
-		return sessionCheck{}, fmt.Errorf("check session %q: %w", uid, err)
+		return sessionCheck{}, err
 	}
-	if len(res) != 3 {
-		return sessionCheck{}, fmt.Errorf("check session %q: script returned %d values, want 3", uid, len(res))
-	}
-	s := sessionCheck{live: res[0] == 1, now: time.UnixMilli(res[1])}
-	if res[2] > 0 {
-		s.renewed = time.UnixMilli(res[2])
-	}
-	return s, nil
+	return sessionCheck{live: got.Live, now: got.Now, renewed: got.Renewed}, nil
 }
 
 // needless returns the outcome of an event that needs no guide, or "" if

@@ -82,11 +82,12 @@ func TestNeedlessReadsRedisClock(t *testing.T) {
 type skewedRedis struct {
 	redis.UniversalClient
 	by time.Duration
+	ks session.Keyspace
 }
 
 func (s skewedRedis) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
 	cmd := s.UniversalClient.Eval(ctx, script, keys, args...)
-	if script == checkLua {
+	if s.isCheck(keys) {
 		s.skew(cmd)
 	}
 	return cmd
@@ -94,10 +95,20 @@ func (s skewedRedis) Eval(ctx context.Context, script string, keys []string, arg
 
 func (s skewedRedis) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
 	cmd := s.UniversalClient.EvalSha(ctx, sha, keys, args...)
-	if sha == checkScript.Hash() {
+	if s.isCheck(keys) {
 		s.skew(cmd)
 	}
 	return cmd
+}
+
+// isCheck tells the session check's script by its keys: a user's session
+// and renewal keys, and no other.
+func (s skewedRedis) isCheck(keys []string) bool {
+	if len(keys) != 2 {
+		return false
+	}
+	uid, err := s.ks.ParseSessionKey(keys[0])
+	return err == nil && keys[1] == s.ks.RenewedKey(uid)
 }
 
 func (s skewedRedis) skew(cmd *redis.Cmd) {
@@ -133,7 +144,7 @@ func TestRedisClockDecidesAge(t *testing.T) {
 	}
 	tooOld := event("too-old", redisNow.Add(-e.cfg.GuideMaxAge-time.Minute))
 	fresh := event("fresh", redisNow.Add(-time.Second))
-	e.start(e.cfg, func(c *Consumer) { c.rdb = skewedRedis{UniversalClient: c.rdb, by: skew} })
+	e.start(e.cfg, func(c *Consumer) { c.rdb = skewedRedis{UniversalClient: c.rdb, by: skew, ks: c.keyspace} })
 
 	e.waitCommittedToEnd(e.cfg.Group)
 	if !e.gw.shown(fresh.ID) {

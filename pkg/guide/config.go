@@ -14,7 +14,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/kafka"
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisconn"
-	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/userid"
 )
 
 // Senders, the values of Config.Sender.
@@ -254,7 +254,7 @@ func parseTemplates(spec string) (map[string]string, error) {
 
 func checkTemplates(m map[string]string) error {
 	for seg, text := range m {
-		if !session.ValidSegment(seg) {
+		if !userid.ValidSegment(seg) {
 			return fmt.Errorf("segment %q: want 1-64 characters of [A-Za-z0-9._-]", seg)
 		}
 		if text == "" || len(text) > maxGuideText {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/kafka"
 	"github.com/stillthere/stillthere/pkg/redisconn"
-	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/userid"
 )
 
 func validConfig() Config {
@@ -170,7 +170,7 @@ func FuzzParseTemplates(f *testing.F) {
 			return
 		}
 		for seg, text := range m {
-			if !session.ValidSegment(seg) || text == "" || len(text) > maxGuideText || strings.Contains(text, ",") {
+			if !userid.ValidSegment(seg) || text == "" || len(text) > maxGuideText || strings.Contains(text, ",") {
 				t.Fatalf("parseTemplates(%q) accepted %q=%q", spec, seg, text)
 			}
 		}

@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/stillthere/stillthere/pkg/config"
-	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
+	"github.com/stillthere/stillthere/pkg/userid"
 )
 
 // Defaults of the close stage while no policy is stored.
@@ -72,7 +72,7 @@ func (c Closing) Stages() []Stage {
 func Fallback(ttl, jitter time.Duration, closing Closing) Policy {
 	p := Policy{DefaultTTL: ttl, Jitter: jitter}
 	if closing.After != 0 {
-		p.SegmentStages = map[string][]Stage{session.DefaultSegment: closing.Stages()}
+		p.SegmentStages = map[string][]Stage{userid.DefaultSegment: closing.Stages()}
 	}
 	return p
 }

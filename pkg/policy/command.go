@@ -14,7 +14,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/config"
 	"github.com/stillthere/stillthere/pkg/redisconn"
-	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/userid"
 )
 
 const usage = `usage:
@@ -192,10 +192,10 @@ func show(out io.Writer, p Policy, stored bool, granularity time.Duration) error
 	for _, name := range slices.Sorted(maps.Keys(p.SegmentStages)) {
 		fmt.Fprintf(out, "  %s: %s\n", name, describe(p.Stages(name)))
 	}
-	if _, ok := p.SegmentStages[session.DefaultSegment]; ok {
-		_, err = fmt.Fprintf(out, "  any other segment: as %s\n", session.DefaultSegment)
+	if _, ok := p.SegmentStages[userid.DefaultSegment]; ok {
+		_, err = fmt.Fprintf(out, "  any other segment: as %s\n", userid.DefaultSegment)
 	} else {
-		_, err = fmt.Fprintf(out, "  any other segment: %s, with the consumer's text\n", describe(p.Stages(session.DefaultSegment)))
+		_, err = fmt.Fprintf(out, "  any other segment: %s, with the consumer's text\n", describe(p.Stages(userid.DefaultSegment)))
 	}
 	return err
 }
@@ -212,7 +212,7 @@ func applyStages(p *Policy, set, clear []string) error {
 		if !ok {
 			return fmt.Errorf("-stages %q: want name=[stage, ...], such as default=[{\"text\": \"Still there?\"}]", shorten(s, 64))
 		}
-		if !session.ValidSegment(name) {
+		if !userid.ValidSegment(name) {
 			return fmt.Errorf("-stages: segment %q: want 1-64 characters of [A-Za-z0-9._-]", name)
 		}
 		stages, err := ParseStages(name, list)

@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/userid"
 )
 
 // Bounds of a session TTL.
@@ -38,7 +39,7 @@ type Policy struct {
 	// Segments override DefaultTTL by segment name.
 	Segments map[string]time.Duration
 	// SegmentStages are the stages of a silence by segment name. A
-	// segment not listed has the default segment's (session.DefaultSegment);
+	// segment not listed has the default segment's (userid.DefaultSegment);
 	// with those not listed either, one reminder at the deadline with the
 	// consumer's text. See Stages.
 	SegmentStages map[string][]Stage
@@ -59,7 +60,7 @@ func (p Policy) Validate() error {
 	}
 	shortest := p.DefaultTTL
 	for _, name := range slices.Sorted(maps.Keys(p.Segments)) {
-		if !session.ValidSegment(name) {
+		if !userid.ValidSegment(name) {
 			return fmt.Errorf("segment %q: want 1-64 characters of [A-Za-z0-9._-]", name)
 		}
 		if err := checkTTL("segment "+name, p.Segments[name]); err != nil {
@@ -71,7 +72,7 @@ func (p Policy) Validate() error {
 		return fmt.Errorf("jitter %v: want between 0 and half the shortest TTL (%v)", p.Jitter, shortest/2)
 	}
 	for _, name := range slices.Sorted(maps.Keys(p.SegmentStages)) {
-		if !session.ValidSegment(name) {
+		if !userid.ValidSegment(name) {
 			return fmt.Errorf("stages of segment %q: want a segment name of 1-64 characters of [A-Za-z0-9._-]", name)
 		}
 		if err := checkStages(name, p.SegmentStages[name]); err != nil {
@@ -229,7 +230,7 @@ type Store struct {
 
 // NewStore keeps the policy of keyspace ks.
 func NewStore(rdb redis.UniversalClient, ks session.Keyspace) *Store {
-	return &Store{rdb: rdb, key: ks.Prefix() + ":policy"}
+	return &Store{rdb: rdb, key: ks.PolicyKey()}
 }
 
 // ErrNone means no policy was ever set: the services' configured TTL and

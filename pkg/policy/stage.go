@@ -9,8 +9,8 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
+	"github.com/stillthere/stillthere/pkg/userid"
 )
 
 // Stage is one step of a silence: a guide sent while the user stays
@@ -50,7 +50,7 @@ var remind = Stage{Action: timeoutevent.ActionRemind}
 func (p Policy) Stages(segment string) []Stage {
 	stages, ok := p.SegmentStages[segment]
 	if !ok || len(stages) == 0 {
-		stages = p.SegmentStages[session.DefaultSegment]
+		stages = p.SegmentStages[userid.DefaultSegment]
 	}
 	if len(stages) == 0 {
 		return []Stage{remind}

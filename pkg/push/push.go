@@ -26,8 +26,8 @@ import (
 	"time"
 
 	"github.com/stillthere/stillthere/pkg/frame"
-	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
+	"github.com/stillthere/stillthere/pkg/userid"
 )
 
 // Path is where the gateway's internal listener serves the endpoint.
@@ -93,9 +93,9 @@ func (r Request) Validate() error {
 	switch {
 	case r.ID == "" || len(r.ID) > MaxIDLen:
 		return fmt.Errorf("id: want 1-%d characters", MaxIDLen)
-	case !session.ValidUID(r.UID):
+	case !userid.Valid(r.UID):
 		return errors.New("uid: want 1-128 characters of [A-Za-z0-9._:@-]")
-	case r.Segment != "" && !session.ValidSegment(r.Segment):
+	case r.Segment != "" && !userid.ValidSegment(r.Segment):
 		return errors.New("segment: want 1-64 characters of [A-Za-z0-9._-]")
 	case r.Text == "" || len(r.Text) > MaxTextLen:
 		return fmt.Errorf("text: want 1-%d bytes", MaxTextLen)

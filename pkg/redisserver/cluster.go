@@ -74,6 +74,13 @@ func StartCluster(ctx context.Context, dir string, n int) (*Cluster, error) {
 		c.Close()
 		return nil, err
 	}
+	// Masters start at config epoch 0 and settle their clashes over
+	// gossip: until then a slot's handover may not hold (see Finish), and
+	// a test that moves a slot must not spend its retry window on it.
+	if _, err := c.waitEpochsSettled(ctx); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("cluster config epochs: %w", err)
+	}
 	return c, nil
 }
 

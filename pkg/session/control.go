@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -33,47 +32,11 @@ const (
 // more. If it was not (a gap longer than its lease), it records the gap as
 // a blind interval of that instance; if no instance was alive at all, a
 // blind interval of the whole fleet from the last one seen alive.
-// KEYS: alive, blind. ARGV: instance, lease ms. Returns {Redis's now,
+// ARGV: instance, lease ms. Returns {Redis's now,
 // 1 if the instance had no heartbeat before, 1 if its last lease ran out
 // before this heartbeat}.
-var heartbeatScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local inst, lease = ARGV[1], tonumber(ARGV[2])
-local prev = redis.call('HGET', KEYS[1], inst)
-local fresh, gap = false, 0
-if prev then
-  local last, plen = string.match(prev, '^(%d+):(%d+)$')
-  last, plen = tonumber(last), tonumber(plen)
-  if last and now > last + plen then
-    redis.call('ZADD', KEYS[2], now, last .. ':' .. now .. ':gateway-gap:' .. inst)
-    fresh, gap = true, 1
-  end
-else
-  fresh = true
-end
-if fresh then
-  local all = redis.call('HGETALL', KEYS[1])
-  local newest, any = 0, false
-  local alive = false
-  for i = 1, #all, 2 do
-    if all[i] ~= inst then
-      local last, plen = string.match(all[i+1], '^(%d+):(%d+)$')
-      last, plen = tonumber(last), tonumber(plen)
-      if last then
-        any = true
-        if plen > 0 and last + plen >= now then alive = true end
-        if last > newest then newest = last end
-      end
-    end
-  end
-  if any and not alive and newest < now then
-    redis.call('ZADD', KEYS[2], now, newest .. ':' .. now .. ':fleet-down:')
-  end
-end
-redis.call('HSET', KEYS[1], inst, now .. ':' .. lease)
-return {now, prev and 0 or 1, gap}
-`)
+var heartbeatScript = newScript[heartbeatKeys]("heartbeat",
+	heartbeatReasons{GatewayGap: BlindGateway, FleetDown: BlindFleetDown}, []format{aliveFormat, blindFormat})
 
 // Beat is what a heartbeat found.
 type Beat struct {
@@ -90,7 +53,7 @@ type Beat struct {
 // Heartbeat says that gateway instance is alive for lease more, by Redis's
 // clock.
 func (s *Store) Heartbeat(ctx context.Context, instance string, lease time.Duration) (Beat, error) {
-	vals, err := heartbeatScript.Run(ctx, s.rdb, []string{s.ks.AliveKey(), s.ks.BlindKey()},
+	vals, err := heartbeatScript.Run(ctx, s.rdb, heartbeatKeys{Alive: s.ks.AliveKey(), Blind: s.ks.BlindKey()},
 		instance, lease.Milliseconds()).Int64Slice()
 	if err != nil {
 		return Beat{}, fmt.Errorf("heartbeat of %q: %w", instance, err)
@@ -118,16 +81,16 @@ type BlindInterval struct {
 }
 
 func (b BlindInterval) member() string {
-	return strconv.FormatInt(b.Start.UnixMilli(), 10) + ":" + strconv.FormatInt(b.End.UnixMilli(), 10) +
-		":" + b.Reason + ":" + b.Scope
+	return blindFormat.encode(strconv.FormatInt(b.Start.UnixMilli(), 10), strconv.FormatInt(b.End.UnixMilli(), 10),
+		b.Reason, b.Scope)
 }
 
 // ParseBlindInterval decodes a blind interval as stored:
 // "start:end:reason:scope", times in Unix ms; the scope, last, may hold
 // colons.
 func ParseBlindInterval(m string) (BlindInterval, error) {
-	parts := strings.SplitN(m, ":", 4)
-	if len(parts) != 4 {
+	parts, ok := blindFormat.decode(m)
+	if !ok {
 		return BlindInterval{}, fmt.Errorf("blind interval %q: want start:end:reason:scope", m)
 	}
 	start, err1 := strconv.ParseInt(parts[0], 10, 64)
@@ -175,18 +138,9 @@ func (s *Store) RecordBlindFor(ctx context.Context, took time.Duration, scope, r
 // blindSinceScript records a blind interval from a start to now, by
 // Redis's clock, and removes the record it replaces, in one step: an
 // interval that lasts is recorded again and again, and at no moment is
-// none of its records there. KEYS: blind. ARGV: start ms (0: now), reason,
-// scope, the member replaced ("" for none). Returns {start, now}.
-var blindSinceScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local start = tonumber(ARGV[1])
-if start <= 0 or start > now then start = now end
-local m = start .. ':' .. now .. ':' .. ARGV[2] .. ':' .. ARGV[3]
-redis.call('ZADD', KEYS[1], now, m)
-if ARGV[4] ~= '' and ARGV[4] ~= m then redis.call('ZREM', KEYS[1], ARGV[4]) end
-return {start, now}
-`)
+// none of its records there. ARGV: start ms (0: now), reason, scope, the
+// member replaced ("" for none). Returns {start, now}.
+var blindSinceScript = newScript[blindKeys]("blind_since", nil, []format{blindFormat})
 
 // RecordBlindSince stores a blind interval from start (zero: now) to now,
 // by Redis's clock, replacing prev, the record of the same interval so
@@ -200,7 +154,7 @@ func (s *Store) RecordBlindSince(ctx context.Context, start time.Time, scope, re
 	if prev != nil {
 		replaced = prev.member()
 	}
-	vals, err := blindSinceScript.Run(ctx, s.rdb, []string{s.ks.BlindKey()}, startMS, reason, scope, replaced).Int64Slice()
+	vals, err := blindSinceScript.Run(ctx, s.rdb, blindKeys{Blind: s.ks.BlindKey()}, startMS, reason, scope, replaced).Int64Slice()
 	if err != nil {
 		return BlindInterval{}, fmt.Errorf("record blind interval: %w", err)
 	}
@@ -258,125 +212,22 @@ type Listener struct {
 	Failing bool // it could not produce then
 }
 
-// clusterRolesLua decides, in the sweep mark, whether a Redis Cluster
-// failed over since the last mark, from which nodes are masters and which
-// replicas, not from the cluster's epoch: moving a slot to another master
-// (CLUSTER SETSLOT ... NODE, every step of a reshard or a rebalance) bumps
-// the epoch without consensus while no node failed and no renewal waited,
-// and a failover taken from it would hold every deadline for the grace.
-//
-// roles reads CLUSTER NODES into node id -> role: 'M' a master serving
-// slots, 'm' a master serving none, 'r' a replica, 'f' a node marked
-// failed. encodeRoles and decodeRoles store it sorted, as "id:R,...".
-// failedOver is the rule: a replica that serves slots as a master now
-// (promoted), or a master that served slots and is now failed, a replica,
-// or gone from the cluster. A slot moved between masters, a master added
-// or drained and removed, a replica added or moved: none of them is a
-// failover.
-const clusterRolesLua = `
-local function roles(nodes)
-  local out = {}
-  for line in string.gmatch(nodes, '[^\r\n]+') do
-    local f = {}
-    for w in string.gmatch(line, '%S+') do f[#f + 1] = w end
-    local flags = ',' .. (f[3] or '') .. ','
-    if #f >= 8 and not string.find(flags, ',handshake,', 1, true) then
-      local role = 'r'
-      if string.find(flags, ',fail,', 1, true) then
-        role = 'f'
-      elseif string.find(flags, ',master,', 1, true) then
-        role = 'm'
-        -- Slots from the ninth field; a slot being imported or migrated
-        -- ('[...]') is not served yet, or still.
-        for i = 9, #f do
-          if string.sub(f[i], 1, 1) ~= '[' then role = 'M' break end
-        end
-      end
-      out[f[1]] = role
-    end
-  end
-  return out
-end
-local function encodeRoles(r)
-  local out = {}
-  for id, role in pairs(r) do out[#out + 1] = id .. ':' .. role end
-  table.sort(out)
-  return table.concat(out, ',')
-end
-local function decodeRoles(s)
-  local out = {}
-  for id, role in string.gmatch(s or '', '(%x+):(%a)') do out[id] = role end
-  return out
-end
-local function failedOver(prev, cur)
-  for id, was in pairs(prev) do
-    local now = cur[id]
-    if was == 'r' and now == 'M' then return true end
-    if was == 'M' and now ~= 'M' and now ~= 'm' then return true end
-  end
-  return false
-end
-`
-
 // markScript records a complete sweep and returns the control state. It
 // also compares the node's run id with the one it last saw, and on a
-// cluster the masters and replicas (see clusterRolesLua): a Redis that
+// cluster the masters and replicas (see lua/roles.lua): a Redis that
 // restarted, however quickly, lost the pings sent while it was down, and
 // renewals to a master that failed over wait in clients' retries while
-// their deadlines lapse. KEYS: swept, blind, alive, listeners, run id,
-// roles. ARGV: gap max ms, last seen ms, keep ms, listener id, listener
-// failing (0/1).
-var markScript = redis.NewScript(markLua)
+// their deadlines lapse. ARGV: gap max ms, last seen ms, keep ms,
+// listener id, the listener's mark state ("" or listenerFailing).
+var markScript = newScript[markKeys]("mark", markReasons{
+	RedisRestart: BlindRestart, Failover: BlindFailover, SweepGap: BlindSweepGap, DataLost: BlindDataLost,
+}, []format{blindFormat, listenerFormat}, "roles")
 
-const markLua = clusterRolesLua + `
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local gapMax, lastSeen, keep = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local rid = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
--- On a cluster, the nodes' roles, as this node sees them: until a failed
--- master's users' renewals find the promoted replica, their deadlines
--- lapse under them. They have a key of their own: the run id key holds
--- '<run id>/<epoch>', as a listener of the release before wrote it and
--- still reads it, taking any change of it for a failover; with the
--- roles in it, each of its marks during a rolling upgrade was one.
-local cur, failover = nil, false
-local cok, cnodes = pcall(redis.call, 'CLUSTER', 'NODES')
-if cok then
-  cur = roles(cnodes)
-  local iok, cinfo = pcall(redis.call, 'CLUSTER', 'INFO')
-  rid = rid .. '/' .. ((iok and string.match(cinfo, 'cluster_current_epoch:(%d+)')) or '')
-  local enc = encodeRoles(cur)
-  local proles = redis.call('GET', KEYS[6])
-  if proles ~= enc then redis.call('SET', KEYS[6], enc) end
-  -- None stored (the first mark of this release): no failover found.
-  failover = proles and failedOver(decodeRoles(proles), cur)
-end
-local prid = redis.call('GET', KEYS[5])
-if prid ~= rid then redis.call('SET', KEYS[5], rid) end
-local restarted = prid and string.match(prid, '^(%x*)') ~= string.match(rid, '^(%x*)')
-local prev = redis.call('GET', KEYS[1])
-redis.call('SET', KEYS[1], now)
-local start, reason = 0, ''
-if prev then
-  prev = tonumber(prev)
-  if restarted then start, reason = prev, 'redis-restart'
-  elseif failover then start, reason = prev, 'failover'
-  elseif now - prev > gapMax then start, reason = prev, 'sweep-gap' end
-elseif lastSeen > 0 then
-  start, reason = lastSeen, 'data-lost'
-end
-if reason ~= '' then
-  redis.call('ZADD', KEYS[2], now, start .. ':' .. now .. ':' .. reason .. ':')
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - keep)
-if ARGV[4] ~= '' then
-  local v = now
-  if ARGV[5] == '1' then v = now .. ':failing' end
-  redis.call('HSET', KEYS[4], ARGV[4], v)
-end
-return {now, start, reason, redis.call('HGETALL', KEYS[3]),
-  redis.call('ZRANGE', KEYS[2], now - keep, '+inf', 'BYSCORE'), redis.call('HGETALL', KEYS[4])}
-`
+// markReasons are the blind reasons a sweep mark records.
+type markReasons struct{ RedisRestart, Failover, SweepGap, DataLost string }
+
+// heartbeatReasons are the blind reasons a heartbeat records.
+type heartbeatReasons struct{ GatewayGap, FleetDown string }
 
 // Mark records a complete sweep, finds a blind interval since the last
 // one, and reads the control state, in one round trip.
@@ -385,13 +236,13 @@ func (s *Store) Mark(ctx context.Context, m SweepMark) (Control, error) {
 	if !m.LastSeen.IsZero() {
 		last = m.LastSeen.UnixMilli()
 	}
-	failing := 0
+	state := ""
 	if m.Failing {
-		failing = 1
+		state = listenerFailing
 	}
-	vals, err := markScript.Run(ctx, s.rdb,
-		[]string{s.ks.SweptKey(), s.ks.BlindKey(), s.ks.AliveKey(), s.ks.ListenersKey(), s.ks.RunIDKey(), s.ks.RolesKey()},
-		m.GapMax.Milliseconds(), last, m.Keep.Milliseconds(), m.Listener, failing).Slice()
+	vals, err := markScript.Run(ctx, s.rdb, markKeys{Swept: s.ks.SweptKey(), Blind: s.ks.BlindKey(), Alive: s.ks.AliveKey(),
+		Listeners: s.ks.ListenersKey(), RunID: s.ks.RunIDKey(), Roles: s.ks.RolesKey()},
+		m.GapMax.Milliseconds(), last, m.Keep.Milliseconds(), m.Listener, state).Slice()
 	if err != nil {
 		return Control{}, fmt.Errorf("mark sweep: %w", err)
 	}
@@ -424,9 +275,12 @@ func (s *Store) Mark(ctx context.Context, m SweepMark) (Control, error) {
 	for i := 0; i+1 < len(prods); i += 2 {
 		name, _ := prods[i].(string)
 		v, _ := prods[i+1].(string)
-		at, failing := strings.CutSuffix(v, ":failing")
-		if ms, err := strconv.ParseInt(at, 10, 64); err == nil {
-			c.Listeners[name] = Listener{At: time.UnixMilli(ms), Failing: failing}
+		f, ok := listenerFormat.decode(v)
+		if !ok {
+			continue
+		}
+		if ms, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+			c.Listeners[name] = Listener{At: time.UnixMilli(ms), Failing: f[1] == listenerFailing}
 		}
 	}
 	return c, nil
@@ -452,12 +306,12 @@ func (s *Store) ForgetListener(ctx context.Context, id string) error {
 }
 
 func parseInstance(v string) (Instance, error) {
-	last, lease, ok := strings.Cut(v, ":")
+	f, ok := aliveFormat.decode(v)
 	if !ok {
 		return Instance{}, fmt.Errorf("instance heartbeat %q", v)
 	}
-	l, err1 := strconv.ParseInt(last, 10, 64)
-	n, err2 := strconv.ParseInt(lease, 10, 64)
+	l, err1 := strconv.ParseInt(f[0], 10, 64)
+	n, err2 := strconv.ParseInt(f[1], 10, 64)
 	if err1 != nil || err2 != nil {
 		return Instance{}, fmt.Errorf("instance heartbeat %q", v)
 	}
@@ -465,18 +319,8 @@ func parseInstance(v string) (Instance, error) {
 }
 
 // lapseScript counts n timeouts claimed in second ARGV[1] and returns the
-// count of the window. KEYS: the window's lapse keys, the current second
-// last. ARGV: n, key TTL seconds.
-var lapseScript = redis.NewScript(`
-local n = tonumber(ARGV[1])
-if n > 0 then
-  redis.call('INCRBY', KEYS[#KEYS], n)
-  redis.call('EXPIRE', KEYS[#KEYS], tonumber(ARGV[2]))
-end
-local sum = 0
-for i = 1, #KEYS do sum = sum + (tonumber(redis.call('GET', KEYS[i])) or 0) end
-return sum
-`)
+// count of the window. ARGV: n, key TTL seconds.
+var lapseScript = newScript[lapseKeys]("lapses", nil, nil)
 
 // Lapses adds n timeouts claimed at now (Redis's clock) to the count of
 // the last window, and returns that count, across listener replicas.
@@ -487,7 +331,7 @@ func (s *Store) Lapses(ctx context.Context, now time.Time, window time.Duration,
 	for sec := cur - secs + 1; sec <= cur; sec++ {
 		keys = append(keys, s.ks.LapsesKey(sec))
 	}
-	got, err := lapseScript.Run(ctx, s.rdb, keys, n, secs+1).Int()
+	got, err := lapseScript.Run(ctx, s.rdb, lapseKeys{Seconds: keys}, n, secs+1).Int()
 	if err != nil {
 		return 0, fmt.Errorf("count lapses: %w", err)
 	}

@@ -359,13 +359,13 @@ func TestLastRenewed(t *testing.T) {
 }
 
 // TestClusterFailoverRule runs the sweep mark's failover rule (the Lua of
-// clusterRolesLua) on CLUSTER NODES replies: a reshard's steps are not a
+// lua/roles.lua) on CLUSTER NODES replies: a reshard's steps are not a
 // failover, though each may bump the epoch; a promoted replica, or a
 // master that served slots and failed, became a replica or left, is.
 func TestClusterFailoverRule(t *testing.T) {
 	s, ctx := newStore(t)
-	encode := redis.NewScript(clusterRolesLua + `return encodeRoles(roles(ARGV[1]))`)
-	decide := redis.NewScript(clusterRolesLua + `return failedOver(decodeRoles(ARGV[1]), roles(ARGV[2])) and 1 or 0`)
+	encode := redis.NewScript(luaFile("roles") + testdataLua(t, "roles_encode"))
+	decide := redis.NewScript(luaFile("roles") + testdataLua(t, "roles_decide"))
 	// Three masters, a1 b2 c3, and a1's replica d4.
 	const steady = `a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
 b2 127.0.0.1:7001@17001 master - 0 1 2 connected 5461-10922

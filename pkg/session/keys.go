@@ -9,29 +9,43 @@
 // Every key of a bucket carries the bucket's hash tag, so a session's keys
 // share one Redis Cluster slot and the buckets spread over the masters.
 //
-//	<prefix>:{b07}:s:<uid>       session key, value the segment, TTL = deadline
-//	<prefix>:{b07}:dl            deadline index: ZSET uid -> deadline ms
-//	<prefix>:{b07}:seg           segments: HASH uid -> segment
-//	<prefix>:{b07}:via           gateway instance of the last renewal: HASH uid -> instance
-//	<prefix>:{b07}:hold          timeouts held for a recheck: ZSET uid -> release ms
-//	<prefix>:{b07}:held          deadline a timeout was held for: HASH uid -> deadline ms
-//	<prefix>:{b07}:rn:<uid>      when uid last renewed or ended its session, ms (Redis clock)
-//	<prefix>:{b07}:dd:<uid>:<n>  expiry listener's dedup key, n = deadline minute
-//	<prefix>:{b07}:pg:<id>       guide id the gateway delivered (idempotency)
-//	<prefix>:{b07}:rt:<uid>      gateway instances holding uid's connections
-//	<prefix>:{b07}:rs:<uid>      when each of them last wrote its count there
-//	<prefix>:{b07}:in:<uid>      guides waiting for uid's next connect
-//	<prefix>:gw:<instance>       Pub/Sub channel of one gateway instance
-//	<prefix>:{ctl}:alive         gateway heartbeats: HASH instance -> "last ms:lease ms"
-//	<prefix>:{ctl}:blind         blind intervals: ZSET "start:end:reason:scope" -> end ms
-//	<prefix>:{ctl}:swept         Redis time of the last complete sweep, ms
-//	<prefix>:{ctl}:runid         run id of the Redis holding {ctl} (/cluster epoch), at the last sweep
-//	<prefix>:{ctl}:roles         the cluster nodes' roles, at the last sweep
-//	<prefix>:{ctl}:lapses:<s>    timeouts claimed in second s (mass-expiry brake)
-//	<prefix>:{ctl}:listeners     listener replicas: HASH id -> last sweep mark ms
+//	<prefix>:{b07}:s:<uid>         session key, value the segment, TTL = deadline
+//	<prefix>:{b07}:dl              deadline index: ZSET uid -> deadline ms
+//	<prefix>:{b07}:seg             segments: HASH uid -> segment
+//	<prefix>:{b07}:via             gateway instance of the last renewal: HASH uid -> via (viaFormat)
+//	<prefix>:{b07}:hold            timeouts held for a recheck: ZSET uid -> release ms
+//	<prefix>:{b07}:held            deadline a timeout was held for: HASH uid -> deadline ms
+//	<prefix>:{b07}:stage           stage an entry is due for, past the first: HASH uid -> stageFormat
+//	<prefix>:{b07}:rn:<uid>        when uid last renewed or ended its session, ms (Redis clock)
+//	<prefix>:{b07}:dd:<uid>:<n>    expiry listener's dedup key, n = deadline minute (dedupFormat)
+//	<prefix>:{b07}:pg:<uid>/<id>   push claim and outcome of guide id for uid (pushFormat)
+//	<prefix>:{b07}:pg:<id>         guide id delivered, as gateways before uid scoping wrote it (read only)
+//	<prefix>:{b07}:rt:<uid>        gateway instances holding uid's connections: HASH instance -> count
+//	<prefix>:{b07}:rs:<uid>        when each of them last wrote its count there: HASH instance -> ms
+//	<prefix>:{b07}:in:<uid>        guides waiting for uid's next connect: LIST of JSON
+//	<prefix>:{b07}:in:<uid>/lease  inbox guides being handed over: HASH id -> until ms
+//	<prefix>:gw:<instance>         Pub/Sub channel of one gateway instance
+//	<prefix>:policy                the segments' policy, JSON (package policy)
+//	<prefix>:{ctl}:alive           gateway heartbeats: HASH instance -> aliveFormat
+//	<prefix>:{ctl}:blind           blind intervals: ZSET blindFormat -> end ms
+//	<prefix>:{ctl}:swept           Redis time of the last complete sweep, ms
+//	<prefix>:{ctl}:runid           run id of the Redis holding {ctl} (/cluster epoch), at the last sweep
+//	<prefix>:{ctl}:roles           the cluster nodes' roles, at the last sweep
+//	<prefix>:{ctl}:lapses:<s>      timeouts claimed in second s (mass-expiry brake)
+//	<prefix>:{ctl}:listeners       listener replicas: HASH id -> listenerFormat
+//
+// This is the one table of the model's keys: every key is named by a
+// method of Keyspace below, and every script's keys by a key list type
+// (see scripts.go).
 //
 // The {ctl} keys share one slot, so the scripts that read one and write
 // another are atomic on Redis Cluster too.
+//
+// The model is in this package alone: the keys (this file), the Lua
+// scripts (lua/, loaded by scripts.go, each with its key list type in
+// keylists.go), and the layouts of the stored values Go and Lua both
+// read (values.go). The gateway, the listener and the consumer reach
+// Redis's scripts only through its methods.
 package session
 
 import (
@@ -42,6 +56,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/stillthere/stillthere/pkg/userid"
 )
 
 // Buckets is the number of deadline-index buckets. Every gateway and
@@ -49,20 +65,9 @@ import (
 const Buckets = 64
 
 // DefaultSegment is the segment of a session whose token names none.
-const DefaultSegment = "default"
+const DefaultSegment = userid.DefaultSegment
 
-var (
-	uidRE     = regexp.MustCompile(`^[A-Za-z0-9._:@-]{1,128}$`)
-	segmentRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-	prefixRE  = regexp.MustCompile(`^[A-Za-z0-9._-]{1,32}$`)
-)
-
-// ValidUID reports whether uid is a user id the contract allows:
-// 1-128 characters of [A-Za-z0-9._:@-].
-func ValidUID(uid string) bool { return uidRE.MatchString(uid) }
-
-// ValidSegment reports whether seg is 1-64 characters of [A-Za-z0-9._-].
-func ValidSegment(seg string) bool { return segmentRE.MatchString(seg) }
+var prefixRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,32}$`)
 
 // Keyspace names the keys of one deployment. The prefix keeps deployments
 // (and tests) that share a Redis apart.
@@ -122,10 +127,10 @@ func (k Keyspace) HeldKey(b int) string { return k.bucketPrefix(b) + "held" }
 // without one is due for stage 1 at its score, its deadline.
 func (k Keyspace) StageKey(b int) string { return k.bucketPrefix(b) + "stage" }
 
-// bucketKeys are the keys every session script of bucket b declares, in
-// this order: index, segments, via, hold, held, stage.
-func (k Keyspace) bucketKeys(b int) []string {
-	return []string{k.IndexKey(b), k.SegmentsKey(b), k.ViaKey(b), k.HoldKey(b), k.HeldKey(b), k.StageKey(b)}
+// bucketKeys are the keys every session script of bucket b declares.
+func (k Keyspace) bucketKeys(b int) bucketKeys {
+	return bucketKeys{Index: k.IndexKey(b), Segments: k.SegmentsKey(b), Via: k.ViaKey(b),
+		Hold: k.HoldKey(b), Held: k.HeldKey(b), Stage: k.StageKey(b)}
 }
 
 // RenewedKey holds when uid last renewed its session, or ended it, by
@@ -138,10 +143,9 @@ func (k Keyspace) RenewedKey(uid string) string { return k.bucketPrefix(Bucket(u
 // max age, the inbox's, an outage hold).
 const RenewedKeep = 2 * time.Hour
 
-// sessionKeys are the keys of uid's session scripts: its session key,
-// its bucket's keys, then its renewal key.
-func (k Keyspace) sessionKeys(uid string) []string {
-	return append(append([]string{k.SessionKey(uid)}, k.bucketKeys(Bucket(uid))...), k.RenewedKey(uid))
+// sessionKeys are the keys of uid's session scripts.
+func (k Keyspace) sessionKeys(uid string) sessionKeys {
+	return sessionKeys{Session: k.SessionKey(uid), bucketKeys: k.bucketKeys(Bucket(uid)), Renewed: k.RenewedKey(uid)}
 }
 
 func (k Keyspace) controlKey(name string) string { return k.prefix + ":{ctl}:" + name }
@@ -210,13 +214,22 @@ func (k Keyspace) ParseSessionKey(key string) (string, error) {
 	if err != nil || b >= Buckets {
 		return "", ErrNotSession
 	}
-	if !ValidUID(rest) || Bucket(rest) != b {
+	if !userid.Valid(rest) || Bucket(rest) != b {
 		return "", ErrNotSession
 	}
 	return rest, nil
 }
 
-// PushedKey marks that the gateway delivered guide id to uid.
+// DeliveredKey holds the push state of guide id for uid: claimed while a
+// push of it runs, then its outcome (pushFormat). It is scoped by uid,
+// which cannot contain '/', so two users never share a guide id's state.
+func (k Keyspace) DeliveredKey(uid, id string) string {
+	return k.bucketPrefix(Bucket(uid)) + "pg:" + uid + "/" + id
+}
+
+// PushedKey is where gateways before DeliveredKey marked that they
+// delivered guide id: a push still reads it, so that a guide they
+// delivered is not delivered again after an upgrade.
 func (k Keyspace) PushedKey(uid, id string) string {
 	return k.bucketPrefix(Bucket(uid)) + "pg:" + id
 }
@@ -235,6 +248,14 @@ func (k Keyspace) RouteKeyPrefix(b int) string { return k.bucketPrefix(b) + "rt:
 
 // InboxKey holds guides for uid while it has no connection: a capped LIST.
 func (k Keyspace) InboxKey(uid string) string { return k.bucketPrefix(Bucket(uid)) + "in:" + uid }
+
+// InboxLeaseKey holds which of uid's inbox guides a connection is being
+// handed, until when, so a second connection does not take them too.
+func (k Keyspace) InboxLeaseKey(uid string) string { return k.InboxKey(uid) + "/lease" }
+
+// PolicyKey holds the segments' policy (package policy reads and writes
+// it).
+func (k Keyspace) PolicyKey() string { return k.prefix + ":policy" }
 
 // InstanceChannel is the Pub/Sub channel on which gateway instance id takes
 // guides for its connections.

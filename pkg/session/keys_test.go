@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/stillthere/stillthere/pkg/userid"
 )
 
 func TestParseSessionKey(t *testing.T) {
@@ -64,7 +66,7 @@ func FuzzParseSessionKey(f *testing.F) {
 		if ks.SessionKey(uid) != key {
 			t.Fatalf("ParseSessionKey(%q) = %q, whose key is %q", key, uid, ks.SessionKey(uid))
 		}
-		if !ValidUID(uid) {
+		if !userid.Valid(uid) {
 			t.Fatalf("parsed invalid uid %q", uid)
 		}
 	})

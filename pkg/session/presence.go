@@ -15,22 +15,8 @@ import (
 // connection is counted out, holds none. The route key shares the user's
 // bucket hash tag with the session's keys, so one script does both,
 // atomically, on a Redis Cluster too.
-//
-//	<prefix>:{b07}:rt:<uid>        HASH gateway instance -> connections of uid
-//	<prefix>:{b07}:rs:<uid>        HASH gateway instance -> when it last wrote its count, ms
-//	<prefix>:{b07}:pg:<uid>/<id>   push claim and outcome of guide id for uid
-//	<prefix>:{b07}:in:<uid>/lease  inbox guides being handed over: HASH id -> until ms
-
-// DeliveredKey holds the push state of guide id for uid: claimed while a
-// push of it runs, then its outcome. It is scoped by uid, which cannot
-// contain '/', so two users never share a guide id's state.
-func (k Keyspace) DeliveredKey(uid, id string) string {
-	return k.bucketPrefix(Bucket(uid)) + "pg:" + uid + "/" + id
-}
-
-// InboxLeaseKey holds which of uid's inbox guides a connection is being
-// handed, until when, so a second connection does not take them too.
-func (k Keyspace) InboxLeaseKey(uid string) string { return k.InboxKey(uid) + "/lease" }
+// The keys are in the key table (keys.go): RouteKey, RouteStampKey,
+// DeliveredKey, InboxKey, InboxLeaseKey.
 
 // routeScript writes one instance's connection count of one user,
 // absolutely (a count that a failed write left wrong heals with the next
@@ -56,49 +42,10 @@ func (k Keyspace) InboxLeaseKey(uid string) string { return k.InboxKey(uid) + "/
 // view of the heartbeats is older than the instance's return (a stall
 // past its lease, then a heartbeat that finds the gap) cannot drop what
 // it wrote since. An entry without a stamp is dropped as dead.
-// KEYS: route, then sessionKeys (session, the bucket's keys, renewed),
-// then the route stamps.
 // ARGV: instance, count, ttl ms, end (1/0), uid, keep ms, ms since the
 // close, then pairs of a dead instance and its cut ms.
 // Returns {connections left, 1 if the session was ended}.
-var routeScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local n = tonumber(ARGV[2])
-if n > 0 then
-  redis.call('HSET', KEYS[1], ARGV[1], n)
-  redis.call('HSET', KEYS[#KEYS], ARGV[1], now)
-else
-  redis.call('HDEL', KEYS[1], ARGV[1])
-  redis.call('HDEL', KEYS[#KEYS], ARGV[1])
-end
-for i = 8, #ARGV - 1, 2 do
-  local at = tonumber(redis.call('HGET', KEYS[#KEYS], ARGV[i])) or 0
-  if at <= tonumber(ARGV[i + 1]) then
-    redis.call('HDEL', KEYS[1], ARGV[i])
-    redis.call('HDEL', KEYS[#KEYS], ARGV[i])
-  end
-end
-local total = 0
-for _, v in ipairs(redis.call('HVALS', KEYS[1])) do total = total + (tonumber(v) or 0) end
-if total > 0 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  redis.call('PEXPIRE', KEYS[#KEYS], ARGV[3])
-end
-if ARGV[4] ~= '1' or total > 0 then return {total, 0} end
-local uid = ARGV[5]
-local at = now - tonumber(ARGV[7])
-if tonumber(redis.call('GET', KEYS[9]) or '0') > at then return {total, 0} end
-redis.call('SET', KEYS[9], at, 'PX', tonumber(ARGV[6]))
-redis.call('DEL', KEYS[2])
-redis.call('ZREM', KEYS[3], uid)
-redis.call('HDEL', KEYS[4], uid)
-redis.call('HDEL', KEYS[5], uid)
-redis.call('ZREM', KEYS[6], uid)
-redis.call('HDEL', KEYS[7], uid)
-redis.call('HDEL', KEYS[8], uid)
-return {total, 1}
-`)
+var routeScript = newScript[routeKeys]("route", nil, nil)
 
 // RouteCount is one gateway instance's connections of one user.
 type RouteCount struct {
@@ -146,18 +93,17 @@ func deadArgs(argv []any, self string, dead []DeadInstance) []any {
 // refuses are sent again for up to DefaultSlotRetry. Results are in the
 // order of counts.
 func (s *Store) WriteRoutes(ctx context.Context, instance string, counts []RouteCount, ttl time.Duration, dead []DeadInstance) []RouteResult {
-	args := func(c RouteCount) (keys []string, argv []any) {
+	args := func(c RouteCount) (keys routeKeys, argv []any) {
 		end := 0
 		if c.End {
 			end = 1
 		}
 		argv = deadArgs([]any{instance, c.Count, ttl.Milliseconds(), end, c.UID, RenewedKeep.Milliseconds(), max(c.EndAgo, 0).Milliseconds()}, instance, dead)
-		keys = append([]string{s.ks.RouteKey(c.UID)}, s.ks.sessionKeys(c.UID)...)
-		return append(keys, s.ks.RouteStampKey(c.UID)), argv
+		return routeKeys{Route: s.ks.RouteKey(c.UID), sessionKeys: s.ks.sessionKeys(c.UID), Stamps: s.ks.RouteStampKey(c.UID)}, argv
 	}
 	cmds := s.runScripts(ctx, len(counts), func(i int) (*redis.Script, []string, []any) {
 		keys, argv := args(counts[i])
-		return routeScript, keys, argv
+		return routeScript.call(keys, argv...)
 	}, DefaultSlotRetry)
 	out := make([]RouteResult, len(counts))
 	for i, cmd := range cmds {
@@ -175,22 +121,9 @@ func (s *Store) WriteRoutes(ctx context.Context, instance string, counts []Route
 }
 
 // dropRoutesScript drops dead instances' entries from one route key, as
-// routeScript does. KEYS: route, route stamps. ARGV: pairs of a dead
-// instance and its cut ms. Returns {dropped, kept}: kept entries were
-// written after their cut.
-var dropRoutesScript = redis.NewScript(`
-local dropped, kept = 0, 0
-for i = 1, #ARGV - 1, 2 do
-  local at = tonumber(redis.call('HGET', KEYS[2], ARGV[i])) or 0
-  if at <= tonumber(ARGV[i + 1]) then
-    dropped = dropped + redis.call('HDEL', KEYS[1], ARGV[i])
-    redis.call('HDEL', KEYS[2], ARGV[i])
-  elseif redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then
-    kept = kept + 1
-  end
-end
-return {dropped, kept}
-`)
+// routeScript does. ARGV: pairs of a dead instance and its cut ms.
+// Returns {dropped, kept}: kept entries were written after their cut.
+var dropRoutesScript = newScript[routeStampKeys]("drop_routes", nil, nil)
 
 // DropDeadRoutes drops the entries of dead instances from uid's route,
 // each only if written up to its cut. It returns how many it dropped, and
@@ -201,7 +134,7 @@ func (s *Store) DropDeadRoutes(ctx context.Context, uid string, dead []DeadInsta
 	if len(argv) == 0 {
 		return 0, 0, nil
 	}
-	v, err := dropRoutesScript.Run(ctx, s.rdb, []string{s.ks.RouteKey(uid), s.ks.RouteStampKey(uid)}, argv...).Int64Slice()
+	v, err := dropRoutesScript.Run(ctx, s.rdb, routeStampKeys{Route: s.ks.RouteKey(uid), Stamps: s.ks.RouteStampKey(uid)}, argv...).Int64Slice()
 	if err == nil && len(v) != 2 {
 		err = fmt.Errorf("%w: %d values", errReply, len(v))
 	}
@@ -212,17 +145,14 @@ func (s *Store) DropDeadRoutes(ctx context.Context, uid string, dead []DeadInsta
 }
 
 // instancesScript reads the gateway instances' heartbeats with the clock
-// of the node that holds them. KEYS: alive. Returns {now, HGETALL}.
-var instancesScript = redis.NewScript(`
-local t = redis.call('TIME')
-return {tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), redis.call('HGETALL', KEYS[1])}
-`)
+// of the node that holds them. Returns {now, HGETALL}.
+var instancesScript = newScript[aliveKeys]("instances", nil, nil)
 
 // Instances reads every gateway instance's last heartbeat and Redis's
 // clock, so a caller can tell which instances are alive (Instance.AliveAt)
 // without a clock of its own.
 func (s *Store) Instances(ctx context.Context) (time.Time, map[string]Instance, error) {
-	vals, err := instancesScript.Run(ctx, s.rdb, []string{s.ks.AliveKey()}).Slice()
+	vals, err := instancesScript.Run(ctx, s.rdb, aliveKeys{Alive: s.ks.AliveKey()}).Slice()
 	if err != nil {
 		return time.Time{}, nil, fmt.Errorf("read gateway instances: %w", err)
 	}

@@ -290,13 +290,13 @@ func (r *Renewer) call(batch []*renewal) scriptCall {
 		req := batch[i]
 		keys := ks.sessionKeys(req.uid)
 		if req.end {
-			return endScript, keys, []any{req.uid, RenewedKeep.Milliseconds()}
+			return endScript.call(keys, req.uid, RenewedKeep.Milliseconds())
 		}
 		mode := modeRenew
 		if req.resync {
 			mode = modeResync
 		}
-		return renewScript, keys, []any{req.uid, req.ttl.Milliseconds(), req.segment, r.cfg.Instance, mode,
-			RenewedKeep.Milliseconds(), max(0, req.ago.Milliseconds())}
+		return renewScript.call(keys, req.uid, req.ttl.Milliseconds(), req.segment, r.cfg.Instance, mode,
+			RenewedKeep.Milliseconds(), max(0, req.ago.Milliseconds()))
 	}
 }

@@ -189,38 +189,63 @@ func snippet(s string) string {
 	return strings.TrimSpace(s)
 }
 
+// TestUndeclaredKeys runs the check on the cases of testdata/keycheck,
+// each a Lua file whose first line says how many problems it holds:
+// "-- <case>: <n> problem(s)".
 func TestUndeclaredKeys(t *testing.T) {
-	tests := []struct {
-		name, lua string
-		bad       int
-	}{
-		{"declared", `return redis.call('GET', KEYS[1])`, 0},
-		{"declared by index", `for i = 1, #KEYS do redis.call('DEL', KEYS[i]) end redis.call("INCRBY", KEYS[#KEYS], 1)`, 0},
-		{"keyless", `local t = redis.call('TIME') local ok, c = pcall(redis.call, 'CLUSTER', 'INFO')`, 0},
-		{"pcall of a declared key", `local ok, r = pcall(redis.call, 'HKEYS', KEYS[2])`, 0},
-		{"member from ARGV", `redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1] .. ':x')`, 0},
-		{"comment", "-- redis.call('GET', ARGV[1])\nreturn 1", 0},
-		{"key from ARGV", `return redis.call('EXISTS', ARGV[1] .. uid)`, 1},
-		{"key from ARGV in pcall", `local ok, r = pcall(redis.call, 'HKEYS', ARGV[3] .. uid)`, 1},
-		{"key in a local", `local k = KEYS[1] return redis.call('GET', k)`, 1},
-		{"second key of DEL", `redis.call('DEL', KEYS[1], 'other')`, 1},
-		{"unknown command", `redis.call('SUNIONSTORE', KEYS[1], KEYS[2])`, 1},
-		{"command from a variable", `redis.call(ARGV[1], KEYS[1])`, 1},
-		{"aliased", `local call = redis.call return call('GET', ARGV[1])`, 1},
-		{"two bad", `redis.call('GET', ARGV[1]) redis.pcall('HGET', 'h', ARGV[2])`, 2},
+	files, err := filepath.Glob(filepath.Join("testdata", "keycheck", "*.lua"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := undeclaredKeys(tc.lua); len(got) != tc.bad {
-				t.Errorf("undeclaredKeys(%q) = %q, want %d problem(s)", tc.lua, got, tc.bad)
+	if len(files) < 14 {
+		t.Fatalf("found %d cases in testdata/keycheck, want 14 or more", len(files))
+	}
+	for _, f := range files {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		head, lua, _ := strings.Cut(string(src), "\n")
+		name, want, ok := strings.Cut(strings.TrimPrefix(head, "-- "), ": ")
+		bad, err := strconv.Atoi(strings.TrimSuffix(want, " problem(s)"))
+		if !ok || err != nil {
+			t.Fatalf("%s: first line %q, want \"-- <case>: <n> problem(s)\"", f, head)
+		}
+		t.Run(name, func(t *testing.T) {
+			if got := undeclaredKeys(lua); len(got) != bad {
+				t.Errorf("undeclaredKeys(%q) = %q, want %d problem(s)", lua, got, bad)
 			}
 		})
 	}
 }
 
-// TestScriptsDeclareTheirKeys reads every redis.NewScript of the module's
-// code and checks that each key it touches is one of KEYS.
+// TestScriptsDeclareTheirKeys reads every script of the model, as loaded
+// (lua/ with its prelude, key table, vocabulary and codecs), and checks
+// that each key it touches is one of KEYS. It also checks that no Go file
+// of the module hands Redis a script of its own: every script is a file
+// of lua/, loaded by newScript.
 func TestScriptsDeclareTheirKeys(t *testing.T) {
+	for name, src := range loaded {
+		for _, p := range undeclaredKeys(src) {
+			t.Errorf("lua/%s.lua: %s", name, p)
+		}
+	}
+	// The scripts of the session, the gateway, the listener and the
+	// consumer: fewer means this test no longer finds them.
+	if len(loaded) < 20 {
+		t.Fatalf("found %d scripts, want every one of the module's (20 or more)", len(loaded))
+	}
+	files, err := fs.Glob(luaFiles, "lua/*.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		name := strings.TrimSuffix(strings.TrimPrefix(f, "lua/"), ".lua")
+		if _, ok := loaded[name]; !ok && name != "clock" && name != "roles" {
+			t.Errorf("%s is no script's: load it with newScript, or remove it", f)
+		}
+	}
+
 	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
@@ -228,7 +253,6 @@ func TestScriptsDeclareTheirKeys(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
 		t.Fatalf("module root not found at %s: %v", root, err)
 	}
-	scripts := 0
 	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -240,117 +264,56 @@ func TestScriptsDeclareTheirKeys(t *testing.T) {
 			return nil
 		}
 		rel, _ := filepath.Rel(root, path)
-		for _, s := range scriptsIn(t, path) {
-			scripts++
-			for _, p := range undeclaredKeys(s.lua) {
-				t.Errorf("%s:%d: script %s: %s", rel, s.line, s.name, p)
-			}
+		if rel == filepath.Join("pkg", "session", "scripts.go") {
+			return nil
+		}
+		for _, line := range newScriptCalls(t, path) {
+			t.Errorf("%s:%d: a script outside lua/: make it a file there, loaded by newScript", rel, line)
 		}
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The scripts of session, gateway, expiry and guide: fewer means this
-	// test no longer finds them.
-	if scripts < 20 {
-		t.Fatalf("found %d scripts, want every one of the module's (20 or more)", scripts)
-	}
 }
 
-type foundScript struct {
-	name string
-	line int
-	lua  string
-}
-
-// scriptsIn returns the sources given to redis.NewScript in a Go file,
-// as literals or as constants of the same file.
-func scriptsIn(t *testing.T, path string) []foundScript {
+// newScriptCalls returns the lines of a Go file that call redis.NewScript.
+func newScriptCalls(t *testing.T, path string) []int {
 	t.Helper()
 	fset := token.NewFileSet()
 	f, err := parser.ParseFile(fset, path, nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	consts := map[string]string{}
-	for _, decl := range f.Decls {
-		gd, ok := decl.(*ast.GenDecl)
-		if !ok || gd.Tok != token.CONST {
-			continue
-		}
-		for _, spec := range gd.Specs {
-			vs := spec.(*ast.ValueSpec)
-			for i, n := range vs.Names {
-				if i < len(vs.Values) {
-					if v, ok := stringConst(vs.Values[i], consts); ok {
-						consts[n.Name] = v
-					}
-				}
-			}
-		}
-	}
-	var out []foundScript
-	var name string
+	var lines []int
 	ast.Inspect(f, func(n ast.Node) bool {
-		if vs, ok := n.(*ast.ValueSpec); ok && len(vs.Names) > 0 {
-			name = vs.Names[0].Name
-		}
 		call, ok := n.(*ast.CallExpr)
 		if !ok {
 			return true
 		}
-		sel, ok := call.Fun.(*ast.SelectorExpr)
-		if !ok || sel.Sel.Name != "NewScript" {
-			return true
+		if sel, ok := call.Fun.(*ast.SelectorExpr); ok && sel.Sel.Name == "NewScript" {
+			lines = append(lines, fset.Position(call.Pos()).Line)
 		}
-		pos := fset.Position(call.Pos())
-		if len(call.Args) != 1 {
-			t.Errorf("%s:%d: NewScript with %d arguments", path, pos.Line, len(call.Args))
-			return true
-		}
-		var lua string
-		switch a := call.Args[0].(type) {
-		case *ast.BasicLit:
-			lua, err = strconv.Unquote(a.Value)
-		case *ast.Ident:
-			var ok bool
-			if lua, ok = consts[a.Name]; !ok {
-				t.Errorf("%s:%d: NewScript of %s, not a string constant of this file", path, pos.Line, a.Name)
-				return true
-			}
-		default:
-			t.Errorf("%s:%d: NewScript of an expression this test cannot read", path, pos.Line)
-			return true
-		}
-		if err != nil {
-			t.Errorf("%s:%d: %v", path, pos.Line, err)
-			return true
-		}
-		out = append(out, foundScript{name: name, line: pos.Line, lua: lua})
 		return true
 	})
-	return out
+	return lines
 }
 
-// stringConst is the value of a string literal, a constant declared
-// before it in the file, or a sum of them (a script's source that starts
-// with functions it shares).
-func stringConst(e ast.Expr, consts map[string]string) (string, bool) {
-	switch e := e.(type) {
-	case *ast.BasicLit:
-		if e.Kind != token.STRING {
-			return "", false
-		}
-		v, err := strconv.Unquote(e.Value)
-		return v, err == nil
-	case *ast.Ident:
-		v, ok := consts[e.Name]
-		return v, ok
-	case *ast.BinaryExpr:
-		x, ok1 := stringConst(e.X, consts)
-		y, ok2 := stringConst(e.Y, consts)
-		return x + y, ok1 && ok2 && e.Op == token.ADD
+// testdataLua is the Lua of testdata/<name>.lua.
+func testdataLua(t *testing.T, name string) string {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join("testdata", name+".lua"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	return "", false
+	return string(src)
+}
+
+// mustReadFile is a test file's content, for a package-level script.
+func mustReadFile(path string) string {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		panic(err)
+	}
+	return string(src)
 }

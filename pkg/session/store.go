@@ -13,18 +13,18 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The scripts take their time from Redis (TIME), so deadlines never depend
-// on a gateway's or listener's clock. Each declares in KEYS every key it
-// touches, all of one bucket's hash tag: on a Redis Cluster whose slot
+// The scripts (lua/, see scripts.go) take their time from Redis (TIME),
+// so deadlines never depend on a gateway's or listener's clock. Each
+// declares in KEYS every key it touches, all of one bucket's hash tag, by
+// its key list type (keylists.go): on a Redis Cluster whose slot
 // migrates, the node then runs it only where all of them are (see
 // pipeline.go), never reading a key where it no longer is.
 
 // renewScript grants a session a TTL and writes its deadline-index entry
 // in one step, records the gateway instance that granted it and when,
 // and cancels a hold on its last timeout and the stages left of it: the
-// user is back. KEYS: session, then the bucket's keys (index, segments,
-// via, hold, held, stage), then renewed.
-// ARGV: uid, ttl ms, segment, instance, mode, keep ms, pinged ms ago.
+// user is back. ARGV: uid, ttl ms, segment, instance, mode, keep ms,
+// pinged ms ago.
 //
 // A renewal never moves a live deadline earlier: the deadline becomes the
 // later of the one written and now+ttl. A user is present while any of
@@ -51,96 +51,27 @@ import (
 // renewal or end Redis knows of, and records the renewal at the ping it
 // restores. Returns {the session's deadline, this grant's own: now+ttl},
 // in ms: a client paces its pings, and reads Redis's clock, by its own.
-var renewScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[2])
-local uid = ARGV[1]
-local at = now - (tonumber(ARGV[7]) or 0)
-local was = tonumber(redis.call('GET', KEYS[8]) or '0')
--- Between stages the index holds when the next stage is due, not a
--- deadline: the silence is past, and a ping ends it.
-local cur = nil
-if redis.call('HEXISTS', KEYS[7], uid) == 0 then
-  cur = tonumber(redis.call('ZSCORE', KEYS[2], uid) or redis.call('HGET', KEYS[6], uid))
-end
-if ARGV[5] == 'resync' then
-  if cur and cur >= now + ttl then return {cur, now + ttl} end
-  if ttl <= 0 then return {now + ttl, now + ttl} end
-  -- A renewal or an end Redis knows of since the ping is newer than it.
-  if was > at then return {cur or 0, now + ttl} end
-end
-local deadline, seg, via = now + ttl, ARGV[3], ARGV[4]
-if cur and cur > deadline then
-  deadline = cur
-  seg = redis.call('HGET', KEYS[3], uid) or seg
-  -- The via names the instance of the grant the deadline is, then this
-  -- one, the last to renew: an outage of either may hold the deadline.
-  local granter = string.match(redis.call('HGET', KEYS[4], uid) or '', '^[^,]*')
-  if via ~= '' and granter ~= '' and granter ~= via then via = granter .. ',' .. via end
-end
-redis.call('SET', KEYS[1], seg, 'PX', deadline - now)
-redis.call('ZADD', KEYS[2], deadline, uid)
-redis.call('HSET', KEYS[3], uid, seg)
-if via ~= '' then redis.call('HSET', KEYS[4], uid, via) end
-redis.call('ZREM', KEYS[5], uid)
-redis.call('HDEL', KEYS[6], uid)
-redis.call('HDEL', KEYS[7], uid)
-if at > was then
-  redis.call('SET', KEYS[8], at, 'PX', deadline - now + tonumber(ARGV[6]))
-end
-return {deadline, now + ttl}
-`)
+var renewScript = newScript[sessionKeys]("renew", renewModes{Resync: modeResync}, []format{viaFormat})
 
 // endScript removes a session deliberately ended by its user, and records
 // the end as their last renewal: they were there until then.
-// KEYS: session, then the bucket's keys, then renewed. ARGV: uid, keep ms.
-var endScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('SET', KEYS[8], now, 'PX', tonumber(ARGV[2]))
-redis.call('DEL', KEYS[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('HDEL', KEYS[4], ARGV[1])
-redis.call('ZREM', KEYS[5], ARGV[1])
-redis.call('HDEL', KEYS[6], ARGV[1])
-redis.call('HDEL', KEYS[7], ARGV[1])
-return 1
-`)
+// ARGV: uid, keep ms.
+var endScript = newScript[sessionKeys]("end", nil, nil)
 
 // candidatesScript lists, by Redis's clock, up to ARGV[1] members of one
 // sorted set whose score has come: the index entries whose deadline
 // passed, or the held timeouts whose release time came. It reads one
 // key, which a migrating slot never refuses: a key the source no longer
-// holds is read on the target (ASK). KEYS: the set. Returns {now,
+// holds is read on the target (ASK). ARGV: limit. Returns {now,
 // member...}.
-var candidatesScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[1]))
-table.insert(out, 1, now)
-return out
-`)
+var candidatesScript = newScript[setKeys]("candidates", nil, nil)
 
 // stagedCandidatesScript is candidatesScript for the index entries due
 // for a stage past the first, found through the stage hash: a listener of
 // keyspace events gets no event for them, and the index may hold many
-// entries of stage 1 whose events never came. KEYS: stage, index. ARGV:
-// limit. Returns {now, member...}.
-var stagedCandidatesScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out, limit = {now}, tonumber(ARGV[1])
-for _, uid in ipairs(redis.call('HKEYS', KEYS[1])) do
-  local score = redis.call('ZSCORE', KEYS[2], uid)
-  if score and tonumber(score) <= now then
-    out[#out+1] = uid
-    if #out > limit then break end
-  end
-end
-return out
-`)
+// entries of stage 1 whose events never came. ARGV: limit. Returns
+// {now, member...}.
+var stagedCandidatesScript = newScript[stagedKeys]("staged_candidates", nil, nil)
 
 // dueScript decides which of one bucket's candidates are due. It first
 // puts back into the index the held timeouts among them (the first
@@ -149,47 +80,13 @@ return out
 // EXISTS on a key past its TTL makes Redis expire it on the spot.
 // With ARGV[3] "staged", a candidate of the index is listed only when it
 // is due for a stage past the first (a listener of keyspace events, which
-// do not come again for a later stage). KEYS: the bucket's keys (index,
-// segments, via, hold, held, stage), then each candidate's session key
-// and route key. ARGV: limit, held count, mode, then the candidates'
-// uids. Returns {now, uid, due, segment, via, held, routes, stage, ...};
-// held is 1 when this due time was held once already, routes the gateway
-// instances holding the user's connections, stage "<stage>:<deadline>"
-// or "" for stage 1.
-var dueScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local limit, nheld, staged = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3] == 'staged'
-local out, n = {now}, 0
-for j = 1, #ARGV - 3 do
-  local uid = ARGV[j + 3]
-  if j <= nheld then
-    local r = redis.call('ZSCORE', KEYS[4], uid)
-    if r and tonumber(r) <= now then
-      redis.call('ZREM', KEYS[4], uid)
-      local d = redis.call('HGET', KEYS[5], uid)
-      if d and not redis.call('ZSCORE', KEYS[1], uid) then
-        redis.call('ZADD', KEYS[1], d, uid)
-      end
-    end
-  end
-  local score = redis.call('ZSCORE', KEYS[1], uid)
-  local stage = redis.call('HGET', KEYS[6], uid) or ''
-  if n < limit and score and tonumber(score) <= now and (j <= nheld or not staged or stage ~= '')
-      and redis.call('EXISTS', KEYS[5 + 2 * j]) == 0 then
-    local held = redis.call('HGET', KEYS[5], uid)
-    out[#out+1] = uid
-    out[#out+1] = score
-    out[#out+1] = redis.call('HGET', KEYS[2], uid) or ''
-    out[#out+1] = redis.call('HGET', KEYS[3], uid) or ''
-    out[#out+1] = (held and tonumber(held) == tonumber(score)) and 1 or 0
-    out[#out+1] = redis.call('HKEYS', KEYS[6 + 2 * j])
-    out[#out+1] = stage
-    n = n + 1
-  end
-end
-return out
-`)
+// do not come again for a later stage). Its keys name each candidate's
+// session key and route key, in the order of the uids. ARGV: limit, held
+// count, mode, then the candidates' uids. Returns {now, uid, due,
+// segment, via, held, routes, stage, ...}; held is 1 when this due time
+// was held once already, routes the gateway instances holding the user's
+// connections, stage a stageFormat value or "" for stage 1.
+var dueScript = newScript[dueKeys]("due", nil, nil)
 
 // Released returns held timeouts whose release time came to the index,
 // as Due does, and the entries due for a stage past the first, but no
@@ -224,11 +121,11 @@ func (s *Store) sweep(ctx context.Context, limit int, index bool) ([]Expired, ti
 		b := i % Buckets
 		switch {
 		case i < Buckets:
-			return candidatesScript, []string{s.ks.HoldKey(b)}, []any{limit}
+			return candidatesScript.call(setKeys{Set: s.ks.HoldKey(b)}, limit)
 		case index:
-			return candidatesScript, []string{s.ks.IndexKey(b)}, []any{limit}
+			return candidatesScript.call(setKeys{Set: s.ks.IndexKey(b)}, limit)
 		default:
-			return stagedCandidatesScript, []string{s.ks.StageKey(b), s.ks.IndexKey(b)}, []any{limit}
+			return stagedCandidatesScript.call(stagedKeys{Stage: s.ks.StageKey(b), Index: s.ks.IndexKey(b)}, limit)
 		}
 	}, 0)
 	var found [Buckets]candidates
@@ -268,13 +165,13 @@ func (s *Store) sweep(ctx context.Context, limit int, index bool) ([]Expired, ti
 	decided := s.runScripts(ctx, len(busy), func(i int) (*redis.Script, []string, []any) {
 		b := busy[i]
 		c := found[b]
-		keys := s.ks.bucketKeys(b)
+		keys := dueKeys{bucketKeys: s.ks.bucketKeys(b)}
 		args := []any{limit, len(c.held), mode}
 		for _, uid := range slices.Concat(c.held, c.due) {
-			keys = append(keys, s.ks.SessionKey(uid), s.ks.RouteKey(uid))
+			keys.Entries = append(keys.Entries, s.ks.SessionKey(uid), s.ks.RouteKey(uid))
 			args = append(args, uid)
 		}
-		return dueScript, keys, args
+		return dueScript.call(keys, args...)
 	}, 0)
 	var out []Expired
 	for _, cmd := range decided {
@@ -289,56 +186,19 @@ func (s *Store) sweep(ctx context.Context, limit int, index bool) ([]Expired, ti
 }
 
 // lookupScript is dueScript for one uid whose key was reported expired.
-// KEYS: session, then the bucket's keys, renewed, route. ARGV: uid.
+// ARGV: uid.
 // Returns {now} when the session is live again, held, already settled or
 // not due yet, else {now, uid, due, segment, via, held, routes, stage}.
-var lookupScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if redis.call('EXISTS', KEYS[1]) == 1 then return {now} end
-local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
--- Not yet due: a later stage of the silence, scheduled after the first
--- was settled, that a late event of the first must not bring forward.
-if not score or tonumber(score) > now then return {now} end
-local held = redis.call('HGET', KEYS[6], ARGV[1])
-return {now, ARGV[1], score, redis.call('HGET', KEYS[3], ARGV[1]) or '',
-  redis.call('HGET', KEYS[4], ARGV[1]) or '',
-  (held and tonumber(held) == tonumber(score)) and 1 or 0,
-  redis.call('HKEYS', KEYS[9]), redis.call('HGET', KEYS[7], ARGV[1]) or ''}
-`)
+var lookupScript = newScript[lookupKeys]("lookup", nil, nil)
 
 // settleScript settles index entries whose timeouts are safely produced,
 // but only when the due time is still the one produced: a renewal in
 // between wrote a new deadline that must stay. An entry with a next stage
 // stays in the index, due then for that stage; the last stage's entry
-// goes. KEYS: the bucket's keys, then the session key of each entry.
-// ARGV: uid, due, next due (0: none), next stage ("<stage>:<deadline>")
+// goes. Its keys name each entry's session key, in the order of the
+// entries. ARGV: uid, due, next due (0: none), next stage (stageFormat)
 // quadruples.
-var settleScript = redis.NewScript(`
-local n = 0
-for j = 1, #ARGV / 4 do
-  local uid = ARGV[4 * j - 3]
-  local score = redis.call('ZSCORE', KEYS[1], uid)
-  if score and tonumber(score) == tonumber(ARGV[4 * j - 2]) then
-    local nxt = tonumber(ARGV[4 * j - 1])
-    if nxt > 0 then
-      redis.call('ZADD', KEYS[1], nxt, uid)
-      redis.call('HSET', KEYS[6], uid, ARGV[4 * j])
-      redis.call('HDEL', KEYS[5], uid)
-    else
-      redis.call('ZREM', KEYS[1], uid)
-      redis.call('HDEL', KEYS[6], uid)
-      if redis.call('EXISTS', KEYS[6 + j]) == 0 then
-        redis.call('HDEL', KEYS[2], uid)
-        redis.call('HDEL', KEYS[3], uid)
-        redis.call('HDEL', KEYS[5], uid)
-      end
-    end
-    n = n + 1
-  end
-end
-return n
-`)
+var settleScript = newScript[entryKeys]("settle", nil, nil)
 
 // followScript follows stages that the replay of a spool produced, late:
 // the next stage of each is due its delay after now, by Redis's clock,
@@ -351,69 +211,27 @@ return n
 // spooling and settling). A next stage scheduled sooner (the stage was
 // produced directly too, by another replica) is moved later; a held one
 // is put back at the later time when released. A silence the user ended
-// (a renewal dropped its stages) is left alone. KEYS: the bucket's keys,
-// then each entry's session key. ARGV: AfterReplay ms, then uid, stage,
-// deadline ms, due ms, delay ms quintuples. Returns how many it moved.
-var followScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local waiting, n = tonumber(ARGV[1]), 0
-for j = 1, (#ARGV - 1) / 5 do
-  local uid, stage, deadline = ARGV[5 * j - 3], tonumber(ARGV[5 * j - 2]), ARGV[5 * j - 1]
-  local due, at = tonumber(ARGV[5 * j]), now + tonumber(ARGV[5 * j + 1])
-  local nextStage = (stage + 1) .. ':' .. deadline
-  local cur = redis.call('HGET', KEYS[6], uid)
-  local score = redis.call('ZSCORE', KEYS[1], uid)
-  local atStage = (stage == 1 and not cur) or cur == stage .. ':' .. deadline
-  if atStage and score and tonumber(score) == due and redis.call('EXISTS', KEYS[6 + j]) == 0 then
-    redis.call('ZADD', KEYS[1], at, uid)
-    redis.call('HSET', KEYS[6], uid, nextStage)
-    redis.call('HDEL', KEYS[5], uid)
-    n = n + 1
-  elseif cur == nextStage then
-    if score then
-      if tonumber(score) >= waiting or tonumber(score) < at then
-        redis.call('ZADD', KEYS[1], at, uid)
-        n = n + 1
-      end
-    else
-      local held = redis.call('HGET', KEYS[5], uid)
-      if redis.call('ZSCORE', KEYS[4], uid) and held and tonumber(held) < at then
-        redis.call('HSET', KEYS[5], uid, at)
-        n = n + 1
-      end
-    end
-  end
-end
-return n
-`)
+// (a renewal dropped its stages) is left alone. Its keys name each
+// entry's session key, in the order of the entries. ARGV: AfterReplay ms,
+// then uid, stage, deadline ms, due ms, delay ms quintuples. Returns how many it moved.
+var followScript = newScript[entryKeys]("follow", nil, []format{stageFormat})
 
 // holdScript moves timeouts out of the index until their release time,
 // when dueScript puts them back for a recheck, unless the user renewed in
 // between (renewScript cancels the hold). An entry is moved only if its
 // due time is still the one decided on and its session is still gone.
-// KEYS: the bucket's keys, then the session key of each triple. ARGV:
-// uid, due, release triples. Returns how many were held.
-var holdScript = redis.NewScript(`
-local n = 0
-for j = 1, #ARGV / 3 do
-  local uid = ARGV[3 * j - 2]
-  local score = redis.call('ZSCORE', KEYS[1], uid)
-  if score and tonumber(score) == tonumber(ARGV[3 * j - 1]) and redis.call('EXISTS', KEYS[6 + j]) == 0 then
-    redis.call('ZREM', KEYS[1], uid)
-    redis.call('ZADD', KEYS[4], ARGV[3 * j], uid)
-    redis.call('HSET', KEYS[5], uid, ARGV[3 * j - 1])
-    n = n + 1
-  end
-end
-return n
-`)
+// Its keys name each entry's session key, in the order of the entries.
+// ARGV: uid, due, release triples. Returns how many were held.
+var holdScript = newScript[entryKeys]("hold", nil, nil)
 
 // Modes of renewScript.
 const (
 	modeRenew  = "renew"
 	modeResync = "resync"
 )
+
+// renewModes are the modes renewScript tells apart.
+type renewModes struct{ Resync string }
 
 // Expired is a session whose deadline passed without a renewal, and the
 // stage of that silence now due.
@@ -451,7 +269,7 @@ func (e Expired) Vias() []string {
 	if e.Via == "" {
 		return nil
 	}
-	return strings.Split(e.Via, ",")
+	return strings.Split(e.Via, viaFormat.sep)
 }
 
 // AfterReplay is the NextDue of a stage that went to a listener's spool
@@ -537,7 +355,7 @@ func (s *Store) Due(ctx context.Context, limit int) ([]Expired, time.Time, error
 // Lookup checks a session reported expired. It returns ok false when the
 // session is live again or its timeout was already settled.
 func (s *Store) Lookup(ctx context.Context, uid string) (Expired, bool, error) {
-	cmd := lookupScript.Run(ctx, s.rdb, append(s.ks.sessionKeys(uid), s.ks.RouteKey(uid)), uid)
+	cmd := lookupScript.Run(ctx, s.rdb, lookupKeys{sessionKeys: s.ks.sessionKeys(uid), Route: s.ks.RouteKey(uid)}, uid)
 	got, _, err := parseExpired(cmd)
 	if err != nil {
 		return Expired{}, false, fmt.Errorf("look up expired session %q: %w", uid, err)
@@ -556,7 +374,7 @@ func (s *Store) Settle(ctx context.Context, done []Expired) error {
 			return []any{e.UID, e.Due.UnixMilli(), 0, ""}
 		}
 		return []any{e.UID, e.Due.UnixMilli(), e.NextDue.UnixMilli(),
-			strconv.Itoa(e.Stage+1) + ":" + strconv.FormatInt(e.Deadline.UnixMilli(), 10)}
+			stageFormat.encode(strconv.Itoa(e.Stage+1), strconv.FormatInt(e.Deadline.UnixMilli(), 10))}
 	})
 	for _, c := range cmds {
 		if err := c.Err(); err != nil {
@@ -601,13 +419,13 @@ func (s *Store) FollowReplayed(ctx context.Context, rs []Replayed) error {
 // perBucket runs script once per bucket of es, in one pipeline, with the
 // bucket's keys and each entry's session key declared, and each entry's
 // arguments in turn.
-func (s *Store) perBucket(ctx context.Context, script *redis.Script, es []Expired, args func(Expired) []any) []*redis.Cmd {
+func (s *Store) perBucket(ctx context.Context, script script[entryKeys], es []Expired, args func(Expired) []any) []*redis.Cmd {
 	return perBucketOf(ctx, s, script, es, func(e Expired) string { return e.UID }, nil, args)
 }
 
 // perBucketOf is perBucket for items of any kind, each of the user uid
 // returns, with head before the items' arguments.
-func perBucketOf[T any](ctx context.Context, s *Store, script *redis.Script, items []T, uid func(T) string, head []any, args func(T) []any) []*redis.Cmd {
+func perBucketOf[T any](ctx context.Context, s *Store, script script[entryKeys], items []T, uid func(T) string, head []any, args func(T) []any) []*redis.Cmd {
 	byBucket := make(map[int][]T)
 	var buckets []int
 	for _, it := range items {
@@ -619,13 +437,13 @@ func perBucketOf[T any](ctx context.Context, s *Store, script *redis.Script, ite
 	}
 	return s.runScripts(ctx, len(buckets), func(i int) (*redis.Script, []string, []any) {
 		b := buckets[i]
-		keys := s.ks.bucketKeys(b)
+		keys := entryKeys{bucketKeys: s.ks.bucketKeys(b)}
 		argv := slices.Clone(head)
 		for _, it := range byBucket[b] {
-			keys = append(keys, s.ks.SessionKey(uid(it)))
+			keys.Sessions = append(keys.Sessions, s.ks.SessionKey(uid(it)))
 			argv = append(argv, args(it)...)
 		}
-		return script, keys, argv
+		return script.call(keys, argv...)
 	}, 0)
 }
 
@@ -659,12 +477,15 @@ func (s *Store) HoldEach(ctx context.Context, found []Expired, release func(Expi
 	return n, nil
 }
 
-// parseStage reads a stage hash value, "<stage>:<deadline ms>".
+// parseStage reads a stage hash value (stageFormat).
 func parseStage(v string) (stage int, deadline time.Time, ok bool) {
-	a, b, found := strings.Cut(v, ":")
-	n, err1 := strconv.Atoi(a)
-	ms, err2 := strconv.ParseInt(b, 10, 64)
-	if !found || err1 != nil || err2 != nil || n < 2 || ms <= 0 {
+	f, found := stageFormat.decode(v)
+	if !found {
+		return 0, time.Time{}, false
+	}
+	n, err1 := strconv.Atoi(f[0])
+	ms, err2 := strconv.ParseInt(f[1], 10, 64)
+	if err1 != nil || err2 != nil || n < 2 || ms <= 0 {
 		return 0, time.Time{}, false
 	}
 	return n, time.UnixMilli(ms), true

@@ -12,7 +12,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
-	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/userid"
 )
 
 // MinSecretLen is the shortest HS256 secret accepted: 32 bytes, the size of
@@ -22,7 +22,7 @@ const MinSecretLen = 32
 // Claims are what a verified token says about its holder.
 type Claims struct {
 	UID     string
-	Segment string // session.DefaultSegment when the token names none
+	Segment string // userid.DefaultSegment when the token names none
 	Expires time.Time
 }
 
@@ -113,13 +113,13 @@ func (v *Verifier) Verify(raw string) (Claims, error) {
 	case err != nil:
 		return Claims{}, errors.New("invalid token")
 	}
-	if !session.ValidUID(c.Subject) {
+	if !userid.Valid(c.Subject) {
 		return Claims{}, errors.New("token sub must be 1-128 characters of [A-Za-z0-9._:@-]")
 	}
 	seg := c.Seg
 	if seg == "" {
-		seg = session.DefaultSegment
-	} else if !session.ValidSegment(seg) {
+		seg = userid.DefaultSegment
+	} else if !userid.ValidSegment(seg) {
 		return Claims{}, errors.New("token seg must be 1-64 characters of [A-Za-z0-9._-]")
 	}
 	if max := v.rules.MaxLifetime; max > 0 {
@@ -137,10 +137,10 @@ func (v *Verifier) Verify(raw string) (Claims, error) {
 // Mint signs a token for uid, valid for ttl. It serves the dev stack, the
 // tests and load tests; production tokens come from the platform's login.
 func Mint(secret []byte, uid, segment string, ttl time.Duration) (string, error) {
-	if !session.ValidUID(uid) {
+	if !userid.Valid(uid) {
 		return "", fmt.Errorf("mint token: invalid uid %q", uid)
 	}
-	if segment != "" && !session.ValidSegment(segment) {
+	if segment != "" && !userid.ValidSegment(segment) {
 		return "", fmt.Errorf("mint token: invalid segment %q", segment)
 	}
 	now := time.Now()

@@ -1,0 +1,171 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// The gateway's part of the model: a push's claim of a guide id for one
+// user, and the user's inbox of guides kept while they have no
+// connection. The push flow that uses them is the gateway's (push.go
+// there).
+
+// Outcomes of a push claim (ClaimPush).
+const (
+	PushFresh = "fresh" // claimed: push it
+	PushBusy  = "busy"  // another push of it is under way
+	PushDone  = "done"  // pushed before
+	PushStale = "stale" // the user renewed after the guide's deadline
+)
+
+// Push states, the first field of a DeliveredKey's value (pushFormat).
+const (
+	pushClaimed = "c" // c:<token>, a push under way
+	pushDone    = "d" // d:<outcome>, what the push did
+)
+
+// pushWords are the push states and claim outcomes the push scripts use.
+type pushWords struct{ Claimed, Done, OutFresh, OutBusy, OutDone, OutStale string }
+
+var pushVocab = pushWords{Claimed: pushClaimed, Done: pushDone,
+	OutFresh: PushFresh, OutBusy: PushBusy, OutDone: PushDone, OutStale: PushStale}
+
+// pushClaimScript claims a guide id for one user. It reads, besides the
+// user's key of the id, the id's key as gateways before uid scoping wrote
+// it, so that a guide they delivered is not delivered again after an
+// upgrade. ARGV: claim token, claim ms, deadline ms (0 unknown). Returns
+// one of the Push outcomes.
+var pushClaimScript = newScript[pushClaimKeys]("push_claim", pushVocab, []format{pushFormat})
+
+// pushSettleScript records the outcome of a claimed push, or releases
+// the claim when the outcome is empty; only while the claim is the
+// caller's. ARGV: claim token, outcome, keep ms.
+var pushSettleScript = newScript[deliveredKeys]("push_settle", pushVocab, []format{pushFormat})
+
+// ClaimPush claims guide id for uid for a push named token, for ttl. A
+// deadline (Unix ms, 0 unknown) older than the user's last renewal makes
+// it stale. It returns one of the Push outcomes.
+func (s *Store) ClaimPush(ctx context.Context, uid, id, token string, ttl time.Duration, deadlineMS int64) (string, error) {
+	keys := pushClaimKeys{Delivered: s.ks.DeliveredKey(uid, id), Pushed: s.ks.PushedKey(uid, id), Renewed: s.ks.RenewedKey(uid)}
+	return pushClaimScript.Run(ctx, s.rdb, keys, token, ttl.Milliseconds(), deadlineMS).Text()
+}
+
+// SettlePush records the outcome of the push token claimed guide id for
+// uid with, kept for keep, or releases the claim when outcome is "".
+func (s *Store) SettlePush(ctx context.Context, uid, id, token, outcome string, keep time.Duration) error {
+	return pushSettleScript.Run(ctx, s.rdb, deliveredKeys{Delivered: s.ks.DeliveredKey(uid, id)},
+		token, outcome, keep.Milliseconds()).Err()
+}
+
+// inboxKeepScript adds a guide to a user's capped inbox, unless a
+// connection of the user registered since the route was read (returns
+// 0: route again) or the guide is past its max age (returns -1). An entry
+// is the request's JSON with kept_ms and expires_ms added: its deadline
+// (or, unknown or a later stage's, the time it was kept) plus the max
+// age; and closed_ms, the time it was kept, for a close stage's guide
+// whose close was applied. Older gateways read it as a request. ARGV:
+// request JSON, max age ms, cap, inbox ttl ms, deadline ms (0: count from
+// now), check route (1/0), closed (1/0), then the route as read:
+// instance, count pairs. Returns 1 when kept.
+var inboxKeepScript = newScript[inboxKeepKeys]("inbox_keep", nil, nil)
+
+// Keep is a guide to keep in its user's inbox.
+type Keep struct {
+	Entry  []byte        // the push request's JSON
+	MaxAge time.Duration // from From, or from when it is kept
+	From   int64         // Unix ms the max age counts from; 0: now
+	Cap    int           // entries the inbox keeps, the newest
+	TTL    time.Duration // the longest the inbox lives
+	Closed bool          // a close stage's guide whose close was applied
+	// With CheckRoute, the guide is not kept if a connection registered
+	// since Routes, the user's route, was read.
+	CheckRoute bool
+	Routes     map[string]string
+}
+
+// What became of a guide to keep.
+const (
+	KeptRouteChanged = 0  // a connection registered since the route was read
+	KeptQueued       = 1  // kept
+	KeptTooOld       = -1 // past its max age
+)
+
+// KeepGuide keeps a guide in uid's inbox, and returns one of the Kept
+// outcomes.
+func (s *Store) KeepGuide(ctx context.Context, uid string, k Keep) (int, error) {
+	check, closed := 0, 0
+	if k.CheckRoute {
+		check = 1
+	}
+	if k.Closed {
+		closed = 1
+	}
+	args := []any{k.Entry, k.MaxAge.Milliseconds(), k.Cap, k.TTL.Milliseconds(), k.From, check, closed}
+	for inst, n := range k.Routes {
+		args = append(args, inst, n)
+	}
+	return inboxKeepScript.Run(ctx, s.rdb, inboxKeepKeys{Inbox: s.ks.InboxKey(uid), Route: s.ks.RouteKey(uid)}, args...).Int()
+}
+
+// inboxTakeScript returns up to ARGV[1] inbox entries, oldest first,
+// without removing them: an entry leaves the inbox once written to a
+// socket. Each returned is leased for ARGV[2] ms, so that another
+// connection of the user does not take it meanwhile; its lease goes when
+// it is written, or when the connection ends first. Entries past their
+// expiry, those whose user renewed after their deadline (stale), and
+// those whose deadline falls while the user was present by their
+// client's word (superseded) are removed on the way; entries of older
+// gateways, which carry neither, are handed over. An entry marked
+// closed_ms (a close stage's guide whose close was applied) is stale
+// only by a renewal after that time, and never superseded: the chat was
+// closed, whatever the client says of its user since. ARGV: limit, lease
+// ms, then the client's word: how long before now the user was last
+// active (ms; -1: not said), the TTL a renewal then would have granted
+// (ms), and a present-until time already known (Unix ms; 0: none).
+// Returns {stale removed, expired removed, present until (0: none),
+// superseded count n, n superseded entries, entry...}.
+var inboxTakeScript = newScript[inboxTakeKeys]("inbox_take", nil, nil)
+
+// Taken is what a take of an inbox found.
+type Taken struct {
+	Items      []string // entries leased to the caller, oldest first
+	Superseded []string // entries dropped: the user was present at their deadline
+	Stale      int64    // entries dropped: the user renewed after their deadline
+	Expired    int64    // entries dropped: past their expiry
+	// PresentUntil is the present-until time now known, Unix ms; 0: none.
+	PresentUntil int64
+}
+
+// TakeInbox leases up to limit of uid's inbox entries for lease (see
+// inboxTakeScript), judging them against the client's word: agoMS since
+// the user was last active (-1: not said), ttlMS the TTL a renewal then
+// would have granted, and known, a present-until time already known.
+func (s *Store) TakeInbox(ctx context.Context, uid string, limit int, lease time.Duration, agoMS, ttlMS, known int64) (Taken, error) {
+	keys := inboxTakeKeys{Inbox: s.ks.InboxKey(uid), Renewed: s.ks.RenewedKey(uid), Leases: s.ks.InboxLeaseKey(uid)}
+	vals, err := inboxTakeScript.Run(ctx, s.rdb, keys, limit, lease.Milliseconds(), agoMS, ttlMS, known).Slice()
+	if err != nil {
+		return Taken{}, err
+	}
+	if len(vals) < 4 {
+		return Taken{}, fmt.Errorf("%d values", len(vals))
+	}
+	var t Taken
+	t.Stale, _ = vals[0].(int64)
+	t.Expired, _ = vals[1].(int64)
+	t.PresentUntil, _ = vals[2].(int64)
+	n, _ := vals[3].(int64)
+	if n < 0 || int(n) > len(vals)-4 {
+		return Taken{}, fmt.Errorf("%d superseded of %d values", n, len(vals))
+	}
+	for i, v := range vals[4:] {
+		if s, ok := v.(string); ok {
+			if i < int(n) {
+				t.Superseded = append(t.Superseded, s)
+			} else {
+				t.Items = append(t.Items, s)
+			}
+		}
+	}
+	return t, nil
+}

@@ -1,0 +1,138 @@
+package session
+
+// The key lists of the scripts. Each type is one script's KEYS: list
+// returns them in the order of its fields (TestKeyListsFollowTheirFields
+// holds it to that), and the script names them by field, K.index for
+// Index (see keyTable). A []string last is a tail of keys of a varying
+// count, K.<name> the index of its first. On a Redis Cluster every key
+// of one list is of one slot: a session's bucket hash tag, or {ctl}.
+
+// bucketKeys are the keys of one bucket's deadline index.
+type bucketKeys struct{ Index, Segments, Via, Hold, Held, Stage string }
+
+func (k bucketKeys) list() []string {
+	return []string{k.Index, k.Segments, k.Via, k.Hold, k.Held, k.Stage}
+}
+
+// sessionKeys are the keys of one user's session: renew.lua, end.lua.
+type sessionKeys struct {
+	Session string
+	bucketKeys
+	Renewed string
+}
+
+func (k sessionKeys) list() []string {
+	return append(append([]string{k.Session}, k.bucketKeys.list()...), k.Renewed)
+}
+
+// lookupKeys: lookup.lua.
+type lookupKeys struct {
+	sessionKeys
+	Route string
+}
+
+func (k lookupKeys) list() []string { return append(k.sessionKeys.list(), k.Route) }
+
+// entryKeys are a bucket's keys and the session key of each entry a
+// script decides on, in the order of its arguments: settle.lua,
+// follow.lua, hold.lua.
+type entryKeys struct {
+	bucketKeys
+	Sessions []string
+}
+
+func (k entryKeys) list() []string { return append(k.bucketKeys.list(), k.Sessions...) }
+
+// dueKeys are a bucket's keys and, for each candidate, its session key
+// and its route key: due.lua.
+type dueKeys struct {
+	bucketKeys
+	Entries []string
+}
+
+func (k dueKeys) list() []string { return append(k.bucketKeys.list(), k.Entries...) }
+
+// setKeys: candidates.lua, over the index or the hold set.
+type setKeys struct{ Set string }
+
+func (k setKeys) list() []string { return []string{k.Set} }
+
+// stagedKeys: staged_candidates.lua.
+type stagedKeys struct{ Stage, Index string }
+
+func (k stagedKeys) list() []string { return []string{k.Stage, k.Index} }
+
+// heartbeatKeys: heartbeat.lua.
+type heartbeatKeys struct{ Alive, Blind string }
+
+func (k heartbeatKeys) list() []string { return []string{k.Alive, k.Blind} }
+
+// blindKeys: blind_since.lua.
+type blindKeys struct{ Blind string }
+
+func (k blindKeys) list() []string { return []string{k.Blind} }
+
+// markKeys: mark.lua.
+type markKeys struct{ Swept, Blind, Alive, Listeners, RunID, Roles string }
+
+func (k markKeys) list() []string {
+	return []string{k.Swept, k.Blind, k.Alive, k.Listeners, k.RunID, k.Roles}
+}
+
+// lapseKeys are the lapse keys of a window, the current second last:
+// lapses.lua.
+type lapseKeys struct{ Seconds []string }
+
+func (k lapseKeys) list() []string { return k.Seconds }
+
+// aliveKeys: instances.lua.
+type aliveKeys struct{ Alive string }
+
+func (k aliveKeys) list() []string { return []string{k.Alive} }
+
+// routeKeys: route.lua, which writes a route and may end the session.
+type routeKeys struct {
+	Route string
+	sessionKeys
+	Stamps string
+}
+
+func (k routeKeys) list() []string {
+	return append(append([]string{k.Route}, k.sessionKeys.list()...), k.Stamps)
+}
+
+// routeStampKeys: drop_routes.lua.
+type routeStampKeys struct{ Route, Stamps string }
+
+func (k routeStampKeys) list() []string { return []string{k.Route, k.Stamps} }
+
+// dedupKeys: claim.lua, retry_elsewhere.lua, mark_stale.lua,
+// release_claim.lua.
+type dedupKeys struct{ Dedup string }
+
+func (k dedupKeys) list() []string { return []string{k.Dedup} }
+
+// pushClaimKeys: push_claim.lua.
+type pushClaimKeys struct{ Delivered, Pushed, Renewed string }
+
+func (k pushClaimKeys) list() []string { return []string{k.Delivered, k.Pushed, k.Renewed} }
+
+// deliveredKeys: push_settle.lua.
+type deliveredKeys struct{ Delivered string }
+
+func (k deliveredKeys) list() []string { return []string{k.Delivered} }
+
+// inboxKeepKeys: inbox_keep.lua.
+type inboxKeepKeys struct{ Inbox, Route string }
+
+func (k inboxKeepKeys) list() []string { return []string{k.Inbox, k.Route} }
+
+// inboxTakeKeys: inbox_take.lua.
+type inboxTakeKeys struct{ Inbox, Renewed, Leases string }
+
+func (k inboxTakeKeys) list() []string { return []string{k.Inbox, k.Renewed, k.Leases} }
+
+// checkKeys: check.lua.
+type checkKeys struct{ Session, Renewed string }
+
+func (k checkKeys) list() []string { return []string{k.Session, k.Renewed} }

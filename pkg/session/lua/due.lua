@@ -1,0 +1,31 @@
+local now = redisNowMS()
+local limit, nheld, staged = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3] == 'staged'
+local out, n = {now}, 0
+for j = 1, #ARGV - 3 do
+  local uid = ARGV[j + 3]
+  if j <= nheld then
+    local r = redis.call('ZSCORE', KEYS[K.hold], uid)
+    if r and tonumber(r) <= now then
+      redis.call('ZREM', KEYS[K.hold], uid)
+      local d = redis.call('HGET', KEYS[K.held], uid)
+      if d and not redis.call('ZSCORE', KEYS[K.index], uid) then
+        redis.call('ZADD', KEYS[K.index], d, uid)
+      end
+    end
+  end
+  local score = redis.call('ZSCORE', KEYS[K.index], uid)
+  local stage = redis.call('HGET', KEYS[K.stage], uid) or ''
+  if n < limit and score and tonumber(score) <= now and (j <= nheld or not staged or stage ~= '')
+      and redis.call('EXISTS', KEYS[K.entries + 2 * j - 2]) == 0 then
+    local held = redis.call('HGET', KEYS[K.held], uid)
+    out[#out+1] = uid
+    out[#out+1] = score
+    out[#out+1] = redis.call('HGET', KEYS[K.segments], uid) or ''
+    out[#out+1] = redis.call('HGET', KEYS[K.via], uid) or ''
+    out[#out+1] = (held and tonumber(held) == tonumber(score)) and 1 or 0
+    out[#out+1] = redis.call('HKEYS', KEYS[K.entries + 2 * j - 1])
+    out[#out+1] = stage
+    n = n + 1
+  end
+end
+return out

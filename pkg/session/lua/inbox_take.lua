@@ -1,0 +1,40 @@
+local now = redisNowMS()
+local renewed = tonumber(redis.call('GET', KEYS[K.renewed]) or '0') or 0
+local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
+local ago, ttl = tonumber(ARGV[3]) or -1, tonumber(ARGV[4]) or 0
+local present = tonumber(ARGV[5]) or 0
+if ago >= 0 then present = math.max(present, now - ago + ttl) end
+local items = redis.call('LRANGE', KEYS[K.inbox], 0, -1)
+local out, superseded = {0, 0, present}, {}
+for i = #items, 1, -1 do
+  local ok, e = pcall(cjson.decode, items[i])
+  local drop, id = 0, nil
+  if ok and type(e) == 'table' then
+    if type(e['id']) == 'string' then id = e['id'] end
+    local exp = tonumber(e['expires_ms'])
+    local asked = tonumber(e['deadline_ms'])
+    if not asked or asked <= 0 then asked = tonumber(e['kept_ms']) end
+    local closed = tonumber(e['closed_ms'])
+    if closed then asked = closed end
+    if exp and exp <= now then drop = 2
+    elseif asked and renewed > asked then drop = 1
+    elseif asked and not closed and present > asked then drop = 3 end
+  end
+  if drop > 0 then
+    redis.call('LREM', KEYS[K.inbox], 1, items[i])
+    if id then redis.call('HDEL', KEYS[K.leases], id) end
+    if drop == 3 then superseded[#superseded + 1] = items[i] else out[drop] = out[drop] + 1 end
+  elseif #out - 3 < limit then
+    local held = 0
+    if id then held = tonumber(redis.call('HGET', KEYS[K.leases], id) or '0') or 0 end
+    if held <= now then
+      out[#out + 1] = items[i]
+      if id then redis.call('HSET', KEYS[K.leases], id, now + lease) end
+    end
+  end
+end
+if #out > 3 and redis.call('PTTL', KEYS[K.leases]) < lease then redis.call('PEXPIRE', KEYS[K.leases], lease) end
+local res = {out[1], out[2], out[3], #superseded}
+for _, v in ipairs(superseded) do res[#res + 1] = v end
+for i = 4, #out do res[#res + 1] = out[i] end
+return res

@@ -1,0 +1,2 @@
+local now = redisNowMS()
+return {now, redis.call('HGETALL', KEYS[K.alive])}

@@ -1,0 +1,35 @@
+local now = redisNowMS()
+local n = tonumber(ARGV[2])
+if n > 0 then
+  redis.call('HSET', KEYS[K.route], ARGV[1], n)
+  redis.call('HSET', KEYS[K.stamps], ARGV[1], now)
+else
+  redis.call('HDEL', KEYS[K.route], ARGV[1])
+  redis.call('HDEL', KEYS[K.stamps], ARGV[1])
+end
+for i = 8, #ARGV - 1, 2 do
+  local at = tonumber(redis.call('HGET', KEYS[K.stamps], ARGV[i])) or 0
+  if at <= tonumber(ARGV[i + 1]) then
+    redis.call('HDEL', KEYS[K.route], ARGV[i])
+    redis.call('HDEL', KEYS[K.stamps], ARGV[i])
+  end
+end
+local total = 0
+for _, v in ipairs(redis.call('HVALS', KEYS[K.route])) do total = total + (tonumber(v) or 0) end
+if total > 0 then
+  redis.call('PEXPIRE', KEYS[K.route], ARGV[3])
+  redis.call('PEXPIRE', KEYS[K.stamps], ARGV[3])
+end
+if ARGV[4] ~= '1' or total > 0 then return {total, 0} end
+local uid = ARGV[5]
+local at = now - tonumber(ARGV[7])
+if tonumber(redis.call('GET', KEYS[K.renewed]) or '0') > at then return {total, 0} end
+redis.call('SET', KEYS[K.renewed], at, 'PX', tonumber(ARGV[6]))
+redis.call('DEL', KEYS[K.session])
+redis.call('ZREM', KEYS[K.index], uid)
+redis.call('HDEL', KEYS[K.segments], uid)
+redis.call('HDEL', KEYS[K.via], uid)
+redis.call('ZREM', KEYS[K.hold], uid)
+redis.call('HDEL', KEYS[K.held], uid)
+redis.call('HDEL', KEYS[K.stage], uid)
+return {total, 1}

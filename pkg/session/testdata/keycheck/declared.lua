@@ -1,0 +1,2 @@
+-- declared: 0 problem(s)
+return redis.call('GET', KEYS[1])

@@ -1,0 +1,2 @@
+-- pcall of a declared key: 0 problem(s)
+local ok, r = pcall(redis.call, 'HKEYS', KEYS[2])

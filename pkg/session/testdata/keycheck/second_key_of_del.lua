@@ -1,0 +1,2 @@
+-- second key of DEL: 1 problem(s)
+redis.call('DEL', KEYS[1], 'other')
