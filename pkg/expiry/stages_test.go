@@ -86,13 +86,15 @@ func TestStagesOfASilence(t *testing.T) {
 	stop := h.start(h.config(ModeSweep))
 	defer stop()
 
-	silent := h.renew("silent", "default", 300*time.Millisecond)
-	vip := h.renew("vip", "vip", 300*time.Millisecond)
-	back := h.renew("back", "slow", 300*time.Millisecond)
 	// "back" comes back after stage 1, before stage 2: the stages left
 	// of that silence are dropped. Their next silence, in the same
 	// minute window as the first, waits for the window's end (the minute
-	// rule): nothing more within this test.
+	// rule): nothing more within this test. So the test starts early in
+	// a minute: a window's end a few seconds on would rightly release it.
+	h.waitSecondOfMinute(0, 40)
+	silent := h.renew("silent", "default", 300*time.Millisecond)
+	vip := h.renew("vip", "vip", 300*time.Millisecond)
+	back := h.renew("back", "slow", 300*time.Millisecond)
 	waitFor(t, waitLong, "back's stage 1", func() bool { return len(byUID(h.events())["back"]) == 1 })
 	h.renew("back", "slow", 1500*time.Millisecond)
 
