@@ -55,6 +55,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	defer s.Close()
 	s.Banner(os.Stdout)
 	if err := os.WriteFile(filepath.Join(dataDir, "dev-token"), []byte(s.DevToken+"\n"), 0o600); err != nil {
 		return err

@@ -18,5 +18,5 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "policy" {
 		daemon.Tool("gateway policy", os.Args[2:], policy.Command)
 	}
-	daemon.Main("gateway", gateway.LoadConfig, gateway.Run)
+	daemon.Main("gateway", gateway.LoadConfig, gateway.Open)
 }

@@ -276,14 +276,13 @@ func (b *bench) listenerConfig(mode, topic string, closeAfter time.Duration) (ex
 
 // startListener runs a listener until the returned stop is called.
 func (b *bench) startListener(ctx context.Context, cfg expiry.Config) (stop func() error, err error) {
-	l, err := expiry.New(ctx, cfg, b.log.With("service", "expiry-listener"))
+	l, err := expiry.Open(ctx, cfg, b.log.With("service", "expiry-listener"))
 	if err != nil {
 		return nil, err
 	}
-	lctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- l.Run(lctx) }()
-	return sync.OnceValue(func() error { cancel(); return <-done }), nil
+	go func() { done <- l.Run(ctx) }()
+	return sync.OnceValue(func() error { l.Close(); return <-done }), nil
 }
 
 // detect runs one mode: a listener in that mode on a topic of its own,
@@ -439,14 +438,13 @@ func (b *bench) startGuides(ctx context.Context, mode, topic, prefix string, clo
 		stop()
 		return nil, nil, err
 	}
-	c, err := guide.New(ctx, ccfg, b.log.With("service", "guide-consumer"))
+	c, err := guide.Open(ctx, ccfg, b.log.With("service", "guide-consumer"))
 	if err != nil {
 		stop()
 		return nil, nil, err
 	}
-	cctx, cancel := context.WithCancel(ctx)
 	cdone := make(chan error, 1)
-	go func() { cdone <- c.Run(cctx) }()
-	stops = append(stops, func() { cancel(); <-cdone })
+	go func() { cdone <- c.Run(ctx) }()
+	stops = append(stops, func() { c.Close(); <-cdone })
 	return hook, sync.OnceFunc(stop), nil
 }

@@ -132,15 +132,14 @@ func run(ctx context.Context, log *slog.Logger, events, queued, partitions, maxI
 	if err := produce(ctx, prod, "tp", events); err != nil {
 		return rep, err
 	}
-	c, err := guide.New(ctx, cfg, log)
+	c, err := guide.Open(ctx, cfg, log)
 	if err != nil {
 		return rep, err
 	}
-	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- c.Run(cctx) }()
+	go func() { done <- c.Run(ctx) }()
 	defer func() {
-		cancel()
+		c.Close()
 		<-done
 	}()
 	if err := waitFor(ctx, 10*time.Minute, func() bool { return down.delivered.Load() >= int64(events) }); err != nil {

@@ -133,11 +133,12 @@ func (r *rig) startListener(ctx context.Context, s settings, logs *tally) error 
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(logs.writer("listener"), nil))
-	l, err := expiry.New(ctx, cfg, log)
+	l, err := expiry.Open(ctx, cfg, log)
 	if err != nil {
 		return fmt.Errorf("expiry listener: %w", err)
 	}
 	r.wg.Go(func() {
+		defer l.Close()
 		if err := l.Run(ctx); err != nil {
 			log.Error("listener stopped", "err", err)
 		}
@@ -159,11 +160,12 @@ func (r *rig) startConsumer(ctx context.Context, logs *tally) error {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(logs.writer("consumer"), nil))
-	c, err := guide.New(ctx, cfg, log)
+	c, err := guide.Open(ctx, cfg, log)
 	if err != nil {
 		return fmt.Errorf("guide consumer: %w", err)
 	}
 	r.wg.Go(func() {
+		defer c.Close()
 		if err := c.Run(ctx); err != nil {
 			log.Error("consumer stopped", "err", err)
 		}

@@ -16,11 +16,13 @@ import (
 	"syscall"
 
 	"github.com/stillthere/stillthere/pkg/config"
+	"github.com/stillthere/stillthere/pkg/lifecycle"
 )
 
-// Main loads a service's config and runs it until a signal, then exits:
-// 0 on a clean stop, 1 on a failure, 2 on a bad configuration.
-func Main[C any](name string, load func([]string, config.Lookup) (C, error), run func(context.Context, C, *slog.Logger) error) {
+// Main loads a service's config, opens it, runs it until a signal and
+// closes it, then exits: 0 on a clean stop, 1 on a failure, 2 on a bad
+// configuration.
+func Main[C any, S lifecycle.Service](name string, load func([]string, config.Lookup) (C, error), open func(context.Context, C, *slog.Logger) (S, error)) {
 	logger, err := NewLogger(os.Stderr, os.LookupEnv)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
@@ -37,11 +39,24 @@ func Main[C any](name string, load func([]string, config.Lookup) (C, error), run
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, cfg, logger); err != nil {
+	if err := run(ctx, cfg, logger, open); err != nil {
 		logger.Error("exiting", "err", err)
 		stop()
 		os.Exit(1)
 	}
+}
+
+// run opens a service, runs it until ctx is done, and closes it.
+func run[C any, S lifecycle.Service](ctx context.Context, cfg C, logger *slog.Logger, open func(context.Context, C, *slog.Logger) (S, error)) error {
+	s, err := open(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	err = s.Run(ctx)
+	if cerr := s.Close(); cerr != nil {
+		logger.Warn("close", "err", cerr)
+	}
+	return err
 }
 
 // NewLogger builds the slog logger from STILLTHERE_LOG_LEVEL (debug, info,

@@ -41,7 +41,7 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Stack is a started dev stack: call Run, then it cleans up after itself.
+// Stack is a started dev stack: Start, then Run, then Close.
 type Stack struct {
 	RedisAddr    string
 	KafkaBrokers string
@@ -74,7 +74,7 @@ func Start(ctx context.Context, opts Options) (s *Stack, err error) {
 	s = &Stack{log: opts.Logger, Settings: map[string]string{}}
 	defer func() {
 		if err != nil {
-			s.abort()
+			s.Close()
 		}
 	}()
 	env := func(name string) (string, bool) {
@@ -125,7 +125,7 @@ func Start(ctx context.Context, opts Options) (s *Stack, err error) {
 	if s.GatewayConfig, err = gateway.LoadConfig(nil, env); err != nil {
 		return nil, err
 	}
-	if s.Gateway, err = gateway.New(ctx, s.GatewayConfig, s.log.With("service", "gateway")); err != nil {
+	if s.Gateway, err = gateway.Open(ctx, s.GatewayConfig, s.log.With("service", "gateway")); err != nil {
 		return nil, err
 	}
 	// The consumer pushes to this gateway unless told otherwise, which
@@ -142,13 +142,13 @@ func Start(ctx context.Context, opts Options) (s *Stack, err error) {
 	if s.ListenerConfig, err = expiry.LoadConfig(nil, env); err != nil {
 		return nil, err
 	}
-	if s.Listener, err = expiry.New(ctx, s.ListenerConfig, s.log.With("service", "expiry-listener")); err != nil {
+	if s.Listener, err = expiry.Open(ctx, s.ListenerConfig, s.log.With("service", "expiry-listener")); err != nil {
 		return nil, err
 	}
 	if s.ConsumerConfig, err = guide.LoadConfig(nil, env); err != nil {
 		return nil, err
 	}
-	if s.Consumer, err = guide.New(ctx, s.ConsumerConfig, s.log.With("service", "guide-consumer")); err != nil {
+	if s.Consumer, err = guide.Open(ctx, s.ConsumerConfig, s.log.With("service", "guide-consumer")); err != nil {
 		return nil, err
 	}
 	if s.DevToken, err = token.Mint([]byte(s.TokenSecret), "dev-user", "", 24*time.Hour); err != nil {
@@ -157,12 +157,11 @@ func Start(ctx context.Context, opts Options) (s *Stack, err error) {
 	return s, nil
 }
 
-// Run runs the three services until ctx is done or one fails, then stops
-// Kafka and Redis. It returns after everything has stopped.
+// Run runs the three services until ctx is done, Close is called or one
+// fails. It returns after all three have stopped; Close frees them.
 func (s *Stack) Run(ctx context.Context) error {
-	defer s.shutdown()
 	eg, ctx := errgroup.WithContext(ctx)
-	eg.Go(func() error { return wrap("gateway", s.Gateway.Serve(ctx)) })
+	eg.Go(func() error { return wrap("gateway", s.Gateway.Run(ctx)) })
 	eg.Go(func() error { return wrap("expiry listener", s.Listener.Run(ctx)) })
 	eg.Go(func() error { return wrap("guide consumer", s.Consumer.Run(ctx)) })
 	err := eg.Wait()
@@ -180,25 +179,21 @@ func wrap(name string, err error) error {
 	return fmt.Errorf("%s: %w", name, err)
 }
 
-// abort releases what a failed Start opened: a service run with a done
-// context closes its listeners and clients at once.
-func (s *Stack) abort() {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
+// Close stops the services if they run and frees them, the consumer
+// first and the gateway last (the reverse of Start), then stops Kafka and
+// Redis, if the stack started them. It also frees what a failed Start
+// opened.
+func (s *Stack) Close() error {
+	var errs []error
 	if s.Consumer != nil {
-		s.Consumer.Run(ctx)
+		errs = append(errs, s.Consumer.Close())
 	}
 	if s.Listener != nil {
-		s.Listener.Run(ctx)
+		errs = append(errs, s.Listener.Close())
 	}
 	if s.Gateway != nil {
-		s.Gateway.Serve(ctx)
+		errs = append(errs, s.Gateway.Close())
 	}
-	s.shutdown()
-}
-
-// shutdown stops Kafka and Redis, if the stack started them.
-func (s *Stack) shutdown() {
 	if s.kafka != nil {
 		s.kafka.Close()
 		s.kafka = nil
@@ -207,6 +202,7 @@ func (s *Stack) shutdown() {
 		s.redis.Close()
 		s.redis = nil
 	}
+	return errors.Join(errs...)
 }
 
 // KillRedis stops the child redis-server abruptly, for fault tests.

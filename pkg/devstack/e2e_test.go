@@ -3,6 +3,7 @@ package devstack
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/gorilla/websocket"
 
+	"github.com/stillthere/stillthere/pkg/lifecycle"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 	"github.com/stillthere/stillthere/pkg/timeoutevent/topictest"
@@ -54,19 +56,23 @@ func startStack(t *testing.T, extra map[string]string) *Stack {
 	if testing.Verbose() {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s, err := Start(ctx, Options{Env: lookup, DataDir: t.TempDir(), Logger: logger})
+	s, err := Start(context.Background(), Options{Env: lookup, DataDir: t.TempDir(), Logger: logger})
 	if err != nil {
-		cancel()
 		t.Fatalf("start stack: %v", err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
+	go func() { done <- s.Run(context.Background()) }()
 	t.Cleanup(func() {
-		cancel()
+		closed := make(chan struct{})
+		go func() {
+			s.Close()
+			close(closed)
+		}()
 		select {
-		case err := <-done:
-			if err != nil {
+		case <-closed:
+			// A service whose Run had not begun when Close came
+			// returns ErrClosed: closed without running, a stop too.
+			if err := <-done; err != nil && !errors.Is(err, lifecycle.ErrClosed) {
 				t.Errorf("stack stopped with: %v", err)
 			}
 		case <-time.After(20 * time.Second):

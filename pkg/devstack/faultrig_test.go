@@ -3,6 +3,7 @@ package devstack
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/gateway"
 	"github.com/stillthere/stillthere/pkg/guide"
 	"github.com/stillthere/stillthere/pkg/guide/guidetest"
+	"github.com/stillthere/stillthere/pkg/lifecycle"
 	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 	"github.com/stillthere/stillthere/pkg/session"
@@ -155,11 +157,11 @@ func newFaultRig(t *testing.T, opts rigOptions) *faultRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := expiry.New(ctx, lcfg, r.log.With("service", "expiry-listener"))
+	l, err := expiry.Open(ctx, lcfg, r.log.With("service", "expiry-listener"))
 	if err != nil {
 		t.Fatalf("open listener: %v", err)
 	}
-	r.run("expiry listener", l.Run)
+	r.run("expiry listener", l)
 
 	ccfg, err := guide.LoadConfig(nil, r.env(map[string]string{
 		"STILLTHERE_CONSUMER_ADMIN_ADDR": "127.0.0.1:0",
@@ -174,11 +176,11 @@ func newFaultRig(t *testing.T, opts rigOptions) *faultRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := guide.New(ctx, ccfg, r.log.With("service", "guide-consumer"))
+	c, err := guide.Open(ctx, ccfg, r.log.With("service", "guide-consumer"))
 	if err != nil {
 		t.Fatalf("open consumer: %v", err)
 	}
-	r.run("guide consumer", c.Run)
+	r.run("guide consumer", c)
 
 	for range opts.Gateways {
 		r.startGateway()
@@ -261,11 +263,11 @@ func (r *faultRig) startGateway() *rigGateway {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g.gw, err = gateway.New(context.Background(), cfg, r.log.With("service", "gateway", "instance", g.id)); err != nil {
+	if g.gw, err = gateway.Open(context.Background(), cfg, r.log.With("service", "gateway", "instance", g.id)); err != nil {
 		t.Fatalf("open gateway %s: %v", g.id, err)
 	}
 	g.front = startProxy(t, g.gw.PublicAddr().String())
-	g.svc = r.run("gateway "+g.id, g.gw.Serve)
+	g.svc = r.run("gateway "+g.id, g.gw)
 	r.mu.Lock()
 	r.gateways = append(r.gateways, g)
 	r.mu.Unlock()
@@ -338,20 +340,19 @@ func startProxy(t *testing.T, target string) *tcpproxy.Proxy {
 
 // service is a service the rig runs on a goroutine of its own.
 type service struct {
-	name   string
-	cancel context.CancelFunc
-	done   chan error
-	once   sync.Once
-	err    error
+	name string
+	svc  lifecycle.Service
+	done chan error // Run's error, once it returned
+	once sync.Once
+	err  error
 	// tolerate spares the test an error from a service it killed.
 	tolerate bool
 }
 
 // run runs a service until its stop is called, or the test ends.
-func (r *faultRig) run(name string, run func(context.Context) error) *service {
-	ctx, cancel := context.WithCancel(context.Background())
-	s := &service{name: name, cancel: cancel, done: make(chan error, 1)}
-	go func() { s.done <- run(ctx) }()
+func (r *faultRig) run(name string, svc lifecycle.Service) *service {
+	s := &service{name: name, svc: svc, done: make(chan error, 1)}
+	go func() { s.done <- svc.Run(context.Background()) }()
 	r.t.Cleanup(func() {
 		if err := s.stop(); err != nil && !s.tolerate {
 			r.t.Errorf("%s: %v", name, err)
@@ -360,12 +361,21 @@ func (r *faultRig) run(name string, run func(context.Context) error) *service {
 	return s
 }
 
-// stop cancels the service and waits for it to return.
+// stop closes the service, which stops its Run and waits for it, and
+// returns Run's error.
 func (s *service) stop() error {
 	s.once.Do(func() {
-		s.cancel()
+		closed := make(chan struct{})
+		go func() {
+			s.svc.Close()
+			close(closed)
+		}()
 		select {
-		case s.err = <-s.done:
+		case <-closed:
+			s.err = <-s.done
+			if errors.Is(s.err, lifecycle.ErrClosed) {
+				s.err = nil // closed before its Run began: a stop too
+			}
 		case <-time.After(20 * time.Second):
 			s.err = fmt.Errorf("%s did not stop within 20s", s.name)
 		}

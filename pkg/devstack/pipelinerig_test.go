@@ -136,11 +136,11 @@ func (p *pipelineRig) startConsumer() {
 }
 
 func (p *pipelineRig) openListener() error {
-	l, err := expiry.New(context.Background(), p.lcfg, p.log.With("service", "expiry-listener"))
+	l, err := expiry.Open(context.Background(), p.lcfg, p.log.With("service", "expiry-listener"))
 	if err != nil {
 		return fmt.Errorf("open listener: %w", err)
 	}
-	svc := p.run("expiry listener", l.Run)
+	svc := p.run("expiry listener", l)
 	p.mu.Lock()
 	p.listener = svc
 	p.mu.Unlock()
@@ -148,11 +148,11 @@ func (p *pipelineRig) openListener() error {
 }
 
 func (p *pipelineRig) openConsumer() error {
-	c, err := guide.New(context.Background(), p.ccfg, p.log.With("service", "guide-consumer"))
+	c, err := guide.Open(context.Background(), p.ccfg, p.log.With("service", "guide-consumer"))
 	if err != nil {
 		return fmt.Errorf("open consumer: %w", err)
 	}
-	svc := p.run("guide consumer", c.Run)
+	svc := p.run("guide consumer", c)
 	p.mu.Lock()
 	p.consumer = svc
 	p.mu.Unlock()

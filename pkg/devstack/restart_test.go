@@ -78,14 +78,17 @@ func rollingRestart(t *testing.T, plan restartPlan) {
 	// The instance that restarts, beside the stack's own gateway.
 	cfg := s.GatewayConfig
 	cfg.Addr, cfg.PushAddr, cfg.InstanceID = "127.0.0.1:0", "127.0.0.1:0", "restarting"
-	bctx, stopB := context.WithCancel(context.Background())
-	defer stopB()
-	b, err := gateway.New(bctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	b, err := gateway.Open(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer b.Close()
+	// Cancelled as SIGTERM would be: the drain runs while the test goes
+	// on, and Close frees the instance once Run has returned.
+	bctx, stopB := context.WithCancel(context.Background())
+	defer stopB()
 	bDone := make(chan error, 1)
-	go func() { bDone <- b.Serve(bctx) }()
+	go func() { bDone <- b.Run(bctx) }()
 
 	urlB := "ws://" + b.PublicAddr().String() + "/v1/ws"
 	// The other instance, through a proxy that can keep it out of reach.

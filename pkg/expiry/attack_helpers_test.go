@@ -30,9 +30,7 @@ const (
 // attackGateway is a running gateway instance.
 type attackGateway struct {
 	*gateway.Gateway
-	cancel context.CancelFunc
-	done   chan error
-	once   sync.Once
+	once sync.Once
 }
 
 // startAttackGateway runs a gateway on Redis at addr with the harness's
@@ -67,23 +65,27 @@ func (h *harness) startAttackGateway(addr string, ttl time.Duration, mutate func
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	g, err := gateway.New(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	g, err := gateway.Open(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
-		cancel()
 		t.Fatal(err)
 	}
-	ag := &attackGateway{Gateway: g, cancel: cancel, done: make(chan error, 1)}
-	go func() { ag.done <- g.Serve(ctx) }()
+	ag := &attackGateway{Gateway: g}
+	go g.Run(context.Background())
 	t.Cleanup(ag.stop)
 	return ag
 }
 
+// stop closes the gateway: it drains as on SIGTERM and leaves. A gateway
+// that takes longer than 15s is left to finish on its own.
 func (ag *attackGateway) stop() {
 	ag.once.Do(func() {
-		ag.cancel()
+		closed := make(chan struct{})
+		go func() {
+			ag.Close()
+			close(closed)
+		}()
 		select {
-		case <-ag.done:
+		case <-closed:
 		case <-time.After(15 * time.Second):
 		}
 	})

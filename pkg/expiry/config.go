@@ -85,34 +85,61 @@ type Config struct {
 	PolicyRefresh time.Duration
 }
 
-// defaultPolicyRefresh is PolicyRefresh's default.
-const defaultPolicyRefresh = 2 * time.Second
-
 // FallbackPolicy is the timeout policy in force while none is stored. The
 // listener grants no TTL, so only its stages matter.
 func (c Config) FallbackPolicy() policy.Policy { return policy.Fallback(0, 0, c.Closing) }
 
-// Bind registers the listener's settings on b.
+// DefaultConfig is the listener's configuration by default: what
+// LoadConfig reads from no flags and no environment. Fields whose zero
+// value means their default are set to the default all the same.
+func DefaultConfig() Config {
+	return Config{
+		Redis:          redisconn.DefaultConfig(),
+		Kafka:          kafka.DefaultConfig(),
+		AdminAddr:      "127.0.0.1:8082",
+		Mode:           ModeHybrid,
+		SweepInterval:  200 * time.Millisecond,
+		SweepBatch:     256,
+		DedupTTL:       120 * time.Second,
+		ProduceTimeout: 10 * time.Second,
+		SpoolDir:       "/var/lib/stillthere/spool",
+		SpoolMaxBytes:  256 << 20,
+		// A client at the default TTL pings at least once a TTL and its
+		// jitter; 10s more covers reconnecting to another gateway.
+		OutageGrace:      policy.DefaultSessionTTL + policy.DefaultSessionJitter + 10*time.Second,
+		SweepGapMax:      2 * time.Second,
+		ClockJumpMax:     time.Second,
+		MassExpiryShare:  0.1,
+		MassExpiryFloor:  1000,
+		MassExpiryWindow: 10 * time.Second,
+		Closing:          policy.DefaultClosing(),
+		PolicyRefresh:    policy.DefaultRefresh,
+	}
+}
+
+// Bind registers the listener's settings on b, with DefaultConfig's
+// values as their defaults.
 func (c *Config) Bind(b *config.Binder) {
+	d := DefaultConfig()
 	c.Redis.Bind(b)
 	c.Kafka.Bind(b)
-	b.String(&c.AdminAddr, "listener-admin-addr", "127.0.0.1:8082", "listen address of health and metrics")
-	b.Bool(&c.Pprof, "pprof", false, "serve /debug/pprof/ on the admin listener (unauthenticated)")
-	b.String(&c.Mode, "detect-mode", ModeHybrid, "expiry detection: events, sweep or hybrid")
-	b.Duration(&c.SweepInterval, "sweep-interval", 200*time.Millisecond, "pause between sweeps of the deadline index")
-	b.Int(&c.SweepBatch, "sweep-batch", 256, "most due sessions taken per bucket per sweep")
-	b.Duration(&c.DedupTTL, "dedup-ttl", 120*time.Second, "lifetime of a produced timeout's dedup key")
-	b.Duration(&c.ProduceTimeout, "produce-timeout", 10*time.Second, "timeout of producing a batch to Kafka")
-	b.String(&c.SpoolDir, "spool-dir", "/var/lib/stillthere/spool", "directory of the spool that holds events while Kafka is unreachable")
-	b.Int(&c.SpoolMaxBytes, "spool-max-bytes", 256<<20, "size cap of the spool file, bytes")
-	b.Duration(&c.OutageGrace, "outage-grace", 75*time.Second, "how long timeouts that fell in or near a blind interval wait after it, before they are checked again")
-	b.Duration(&c.SweepGapMax, "sweep-gap-max", 2*time.Second, "longest time between two complete sweeps that is not a blind interval")
-	b.Duration(&c.ClockJumpMax, "clock-jump-max", time.Second, "how far Redis's clock may step between two sweeps before it is a blind interval")
-	b.Float(&c.MassExpiryShare, "mass-expiry-share", 0.1, "mass-expiry brake: share of live sessions lapsing within the window")
-	b.Int(&c.MassExpiryFloor, "mass-expiry-floor", 1000, "mass-expiry brake: fewest lapses within the window that can engage it")
-	b.Duration(&c.MassExpiryWindow, "mass-expiry-window", 10*time.Second, "mass-expiry brake: the window lapses are counted in")
+	b.String(&c.AdminAddr, "listener-admin-addr", d.AdminAddr, "listen address of health and metrics")
+	b.Bool(&c.Pprof, "pprof", d.Pprof, "serve /debug/pprof/ on the admin listener (unauthenticated)")
+	b.String(&c.Mode, "detect-mode", d.Mode, "expiry detection: events, sweep or hybrid")
+	b.Duration(&c.SweepInterval, "sweep-interval", d.SweepInterval, "pause between sweeps of the deadline index")
+	b.Int(&c.SweepBatch, "sweep-batch", d.SweepBatch, "most due sessions taken per bucket per sweep")
+	b.Duration(&c.DedupTTL, "dedup-ttl", d.DedupTTL, "lifetime of a produced timeout's dedup key")
+	b.Duration(&c.ProduceTimeout, "produce-timeout", d.ProduceTimeout, "timeout of producing a batch to Kafka")
+	b.String(&c.SpoolDir, "spool-dir", d.SpoolDir, "directory of the spool that holds events while Kafka is unreachable")
+	b.Int(&c.SpoolMaxBytes, "spool-max-bytes", d.SpoolMaxBytes, "size cap of the spool file, bytes")
+	b.Duration(&c.OutageGrace, "outage-grace", d.OutageGrace, "how long timeouts that fell in or near a blind interval wait after it, before they are checked again")
+	b.Duration(&c.SweepGapMax, "sweep-gap-max", d.SweepGapMax, "longest time between two complete sweeps that is not a blind interval")
+	b.Duration(&c.ClockJumpMax, "clock-jump-max", d.ClockJumpMax, "how far Redis's clock may step between two sweeps before it is a blind interval")
+	b.Float(&c.MassExpiryShare, "mass-expiry-share", d.MassExpiryShare, "mass-expiry brake: share of live sessions lapsing within the window")
+	b.Int(&c.MassExpiryFloor, "mass-expiry-floor", d.MassExpiryFloor, "mass-expiry brake: fewest lapses within the window that can engage it")
+	b.Duration(&c.MassExpiryWindow, "mass-expiry-window", d.MassExpiryWindow, "mass-expiry brake: the window lapses are counted in")
 	c.Closing.Bind(b)
-	b.Duration(&c.PolicyRefresh, "policy-refresh", defaultPolicyRefresh, "how often the timeout policy in Redis is re-read")
+	b.Duration(&c.PolicyRefresh, "policy-refresh", d.PolicyRefresh, "how often the timeout policy in Redis is re-read")
 }
 
 // LoadConfig reads the listener's settings from args and env.

@@ -31,8 +31,13 @@ const listenerProcessEnv = "STILLTHERE_TEST_LISTENER_PROCESS"
 func TestMain(m *testing.M) {
 	if os.Getenv(listenerProcessEnv) == "1" {
 		cfg, err := LoadConfig(nil, os.LookupEnv)
+		var l *Listener
 		if err == nil {
-			err = Run(context.Background(), cfg, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+			l, err = Open(context.Background(), cfg, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+		}
+		if err == nil {
+			err = l.Run(context.Background())
+			l.Close()
 		}
 		fmt.Fprintln(os.Stderr, "listener process:", err)
 		os.Exit(1)

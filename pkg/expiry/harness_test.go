@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/stillthere/stillthere/pkg/kafka"
+	"github.com/stillthere/stillthere/pkg/lifecycle"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
@@ -151,8 +152,8 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-// start opens a listener and runs it. The returned stop cancels it and
-// waits for Run to return; cleanup calls it too.
+// start opens a listener and runs it. The returned stop closes it: Close
+// stops Run and waits for it; cleanup calls it too.
 func (h *harness) start(cfg Config) (stop func()) {
 	h.t.Helper()
 	_, stop = h.startListener(cfg)
@@ -170,21 +171,25 @@ func (h *harness) startListener(cfg Config) (l *Listener, stop func()) {
 func (h *harness) startListenerLogging(cfg Config, logger *slog.Logger) (l *Listener, stop func()) {
 	t := h.t
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	l, err := New(ctx, cfg, logger)
+	l, err := Open(context.Background(), cfg, logger)
 	if err != nil {
-		cancel()
-		t.Fatalf("New: %v", err)
+		t.Fatalf("Open: %v", err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
+	go func() { done <- l.Run(context.Background()) }()
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
-			cancel()
+			closed := make(chan struct{})
+			go func() {
+				l.Close()
+				close(closed)
+			}()
 			select {
-			case err := <-done:
-				if err != nil {
+			case <-closed:
+				// A Run that had not begun when Close came returns
+				// ErrClosed: closed without running, a stop too.
+				if err := <-done; err != nil && !errors.Is(err, lifecycle.ErrClosed) {
 					t.Errorf("listener stopped with: %v", err)
 				}
 			case <-time.After(waitLong):

@@ -29,6 +29,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/admin"
 	"github.com/stillthere/stillthere/pkg/kafka"
+	"github.com/stillthere/stillthere/pkg/lifecycle"
 	"github.com/stillthere/stillthere/pkg/outage"
 	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/redisconn"
@@ -37,8 +38,9 @@ import (
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
-// Listener is a running expiry listener: open with New, then Run.
+// Listener is an opened expiry listener: Open, then Run, then Close.
 type Listener struct {
+	runs     lifecycle.Runs // ties Run to Close
 	cfg      Config
 	log      *slog.Logger
 	rdb      redis.UniversalClient
@@ -72,70 +74,61 @@ type Listener struct {
 	spoolFull atomic.Bool
 }
 
-// Run opens a listener and runs it until ctx is done.
-func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
-	l, err := New(ctx, cfg, logger)
-	if err != nil {
-		return err
-	}
-	return l.Run(ctx)
-}
+var _ lifecycle.Service = (*Listener)(nil)
 
-// New connects to Redis and Kafka, creates the topic if it is missing, and
-// binds the admin listener.
-func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Listener, error) {
+// Open connects to Redis and Kafka, opens the spool, creates the topic if
+// it is missing, and binds the admin listener. What fails on the way is
+// freed by Close.
+func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Listener, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("expiry listener config: %w", err)
 	}
-	rdb, err := redisconn.Open(ctx, cfg.Redis)
-	if err != nil {
-		return nil, err
-	}
-	producer, err := kafka.NewClient(cfg.Kafka, logger,
-		kgo.DefaultProduceTopic(cfg.Kafka.Topic),
-		kgo.RequiredAcks(kgo.AllISRAcks()), // with idempotence, franz-go's default
-		kgo.ProducerLinger(0),
-		kgo.RecordDeliveryTimeout(cfg.ProduceTimeout),
-	)
-	if err != nil {
-		rdb.Close()
-		return nil, err
-	}
 	id := randomID()
-	store := session.NewStore(rdb, cfg.Redis.Keyspace())
-	watcher := cfg.NewPolicyWatcher(rdb, logger)
-	// A first read, so that the stages of a stored policy apply from the
-	// first sweep; while Redis does not answer, the configured ones do.
-	pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
-	if err := watcher.Refresh(pctx); err != nil {
-		logger.Debug("read the timeout policy; the configured stages apply until it is read", "err", err)
-	}
-	pcancel()
 	l := &Listener{
-		cfg:      cfg,
-		log:      logger,
-		rdb:      rdb,
-		store:    store,
-		producer: producer,
-		claim:    session.DedupClaim(id),
-		policy:   watcher,
-		spooled:  make(chan struct{}, 1),
+		cfg:     cfg,
+		log:     logger,
+		claim:   session.DedupClaim(id),
+		spooled: make(chan struct{}, 1),
 		produceDown: outage.NewLog(logger.With("topic", cfg.Kafka.Topic),
 			"produce timeout events (unsent ones are spooled, or left to a replica that can produce)", 0),
 		sweepDown:  outage.NewLog(logger, "sweep the deadline index (due sessions wait in it)", 0),
 		topicDown:  outage.NewLog(logger.With("topic", cfg.Kafka.Topic), "ensure the kafka topic (timeouts are spooled until it is)", 0),
 		replayDown: outage.NewLog(logger.With("topic", cfg.Kafka.Topic), "replay spooled timeouts", 0),
-		marker: &marker{
-			store: store, rdb: rdb, cfg: cfg, id: id, log: logger,
-			down:  outage.NewLog(logger, "read the control state from Redis", 0),
-			fleet: outage.NewLog(logger, "gateway fleet", 0),
-		},
 	}
-	if err := redisconn.CheckEviction(ctx, rdb); err != nil {
+	defer func() {
+		if err != nil {
+			l.Close()
+		}
+	}()
+	if l.rdb, err = redisconn.Open(ctx, cfg.Redis); err != nil {
+		return nil, err
+	}
+	if l.producer, err = kafka.NewClient(cfg.Kafka, logger,
+		kgo.DefaultProduceTopic(cfg.Kafka.Topic),
+		kgo.RequiredAcks(kgo.AllISRAcks()), // with idempotence, franz-go's default
+		kgo.ProducerLinger(0),
+		kgo.RecordDeliveryTimeout(cfg.ProduceTimeout),
+	); err != nil {
+		return nil, err
+	}
+	l.store = session.NewStore(l.rdb, cfg.Redis.Keyspace())
+	l.policy = cfg.NewPolicyWatcher(l.rdb, logger)
+	// A first read, so that the stages of a stored policy apply from the
+	// first sweep; while Redis does not answer, the configured ones do.
+	pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+	if err := l.policy.Refresh(pctx); err != nil {
+		logger.Debug("read the timeout policy; the configured stages apply until it is read", "err", err)
+	}
+	pcancel()
+	l.marker = &marker{
+		store: l.store, rdb: l.rdb, cfg: cfg, id: id, log: logger,
+		down:  outage.NewLog(logger, "read the control state from Redis", 0),
+		fleet: outage.NewLog(logger, "gateway fleet", 0),
+	}
+	if err := redisconn.CheckEviction(ctx, l.rdb); err != nil {
 		logger.Warn("Redis may evict session keys; give it maxmemory-policy noeviction", "err", err)
 	}
 	if l.spool, err = spool.Open(cfg.SpoolDir, int64(cfg.SpoolMaxBytes)); err != nil {
-		l.close()
 		return nil, fmt.Errorf("spool-dir: %w", err)
 	}
 	if l.spool.Cut > 0 {
@@ -154,30 +147,45 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Listener, error
 	l.marker.pingOK.Store(l.ensureTopic(tctx))
 	l.marker.swept.Store(true)
 	if l.adminLn, err = net.Listen("tcp", cfg.AdminAddr); err != nil {
-		l.close()
 		return nil, fmt.Errorf("listen on listener-admin-addr: %w", err)
 	}
 	return l, nil
 }
 
-func (l *Listener) close() {
-	l.producer.Close()
-	l.rdb.Close()
-	if l.spool != nil {
-		l.spool.Close()
-	}
-	if l.adminLn != nil {
-		l.adminLn.Close()
-	}
+// Close stops Run if it runs and waits for it (see Run), then frees what
+// Open took: Kafka, Redis, the spool and the admin listener. Later calls
+// return the first one's error.
+func (l *Listener) Close() error {
+	return l.runs.Close(func() error {
+		if l.producer != nil {
+			l.producer.Close()
+		}
+		var errs []error
+		if l.rdb != nil {
+			errs = append(errs, l.rdb.Close())
+		}
+		if l.spool != nil {
+			errs = append(errs, l.spool.Close())
+		}
+		if l.adminLn != nil {
+			l.adminLn.Close() // Run's server closed it already, if it ran
+		}
+		return errors.Join(errs...)
+	})
 }
 
 // AdminAddr is where health and metrics are served.
 func (l *Listener) AdminAddr() net.Addr { return l.adminLn.Addr() }
 
-// Run detects timeouts until ctx is done. It returns after every goroutine
-// it started has exited; a batch being produced is finished first.
+// Run detects timeouts until ctx is done or Close is called. It returns
+// after every goroutine it started has exited; a batch being produced is
+// finished first, and other replicas are told this one stopped.
 func (l *Listener) Run(ctx context.Context) error {
-	defer l.close()
+	ctx, end, err := l.runs.Start(ctx)
+	if err != nil {
+		return err
+	}
+	defer end()
 	l.log.Info("expiry listener running", "mode", l.cfg.Mode, "admin", l.AdminAddr().String(),
 		"topic", l.cfg.Kafka.Topic, "sweep_interval", l.cfg.SweepInterval, "spool", l.cfg.SpoolDir)
 	eg, ctx := errgroup.WithContext(ctx)
@@ -209,7 +217,7 @@ func (l *Listener) Run(ctx context.Context) error {
 		l.marker.loop(ctx, l.kafkaPing)
 		return nil
 	})
-	err := eg.Wait()
+	err = eg.Wait()
 	// Other replicas stop counting on this one at once.
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	l.store.ForgetListener(fctx, l.marker.id)

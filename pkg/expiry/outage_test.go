@@ -520,11 +520,11 @@ func TestBrakeHoldsLaterStages(t *testing.T) {
 func TestBrakeReleasesAGraceAfterTheDeadline(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	l, err := New(context.Background(), h.config(ModeSweep), testLogger())
+	l, err := Open(context.Background(), h.config(ModeSweep), testLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.close()
+	defer l.Close()
 	h.renew("late", "default", 100*time.Millisecond)
 	h.renew("very-late", "default", 100*time.Millisecond)
 	ctx := context.Background()

@@ -17,5 +17,5 @@ import (
 // stages. The caller runs it (Refresh once, then Run) and stops it.
 func (c Config) NewPolicyWatcher(rdb redis.UniversalClient, logger *slog.Logger) *policy.Watcher {
 	return policy.NewWatcher(policy.NewStore(rdb, c.Redis.Keyspace()), c.FallbackPolicy(),
-		cmp.Or(c.PolicyRefresh, defaultPolicyRefresh), 0, logger)
+		cmp.Or(c.PolicyRefresh, policy.DefaultRefresh), 0, logger)
 }

@@ -380,7 +380,7 @@ func (g *Gateway) reloadSlots(ctx context.Context) bool {
 }
 
 // listen takes guides other instances route here until ctx is done, on
-// sub (confirmed by New) and on each subscription after it. See the
+// sub (confirmed by Open) and on each subscription after it. See the
 // comment at the top of this file.
 func (g *Gateway) listen(ctx context.Context, sub *redis.PubSub) {
 	stop := context.AfterFunc(ctx, g.channel.stop)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/stillthere/stillthere/pkg/config"
@@ -15,8 +16,8 @@ import (
 	"github.com/stillthere/stillthere/pkg/token"
 )
 
-// Config is the gateway's configuration. Each field's default is given in
-// Bind; Validate names the first bad field.
+// Config is the gateway's configuration. Each field's default is in
+// DefaultConfig; Validate names the first bad field.
 type Config struct {
 	Redis redisconn.Config
 
@@ -163,7 +164,7 @@ func (c Config) FallbackPolicy() policy.Policy {
 }
 
 // guideMaxAge is GuideMaxAge, or its default.
-func (c Config) guideMaxAge() time.Duration { return cmp.Or(c.GuideMaxAge, defaultGuideMaxAge) }
+func (c Config) guideMaxAge() time.Duration { return cmp.Or(c.GuideMaxAge, push.DefaultGuideMaxAge) }
 
 func (c Config) pushIdleTimeout() time.Duration {
 	return cmp.Or(c.PushIdleTimeout, defaultPushIdleTimeout)
@@ -186,49 +187,83 @@ const defaultPushIdleTimeout = 120 * time.Second
 // listener: a push is a few hundred bytes.
 const pushReadTimeout = 30 * time.Second
 
-// defaultGuideMaxAge is the guide consumer's default guide-max-age.
-const defaultGuideMaxAge = 5 * time.Minute
-
 func (c Config) routeRefresh() time.Duration { return cmp.Or(c.routeRefreshEvery, defaultRouteRefresh) }
 func (c Config) routeTTL() time.Duration     { return cmp.Or(c.routeKeyTTL, defaultRouteTTL) }
 
-// Bind registers the gateway's settings on b.
+// DefaultConfig is the gateway's configuration by default, without the
+// two secrets, which have none: what LoadConfig reads from no flags and
+// no environment. Fields whose zero value means their default are set to
+// the default all the same.
+func DefaultConfig() Config {
+	return Config{
+		Redis:              redisconn.DefaultConfig(),
+		Addr:               "127.0.0.1:8080",
+		PushAddr:           push.DefaultAddr,
+		TokenMaxLifetime:   24 * time.Hour,
+		SessionTTL:         policy.DefaultSessionTTL,
+		SessionJitter:      policy.DefaultSessionJitter,
+		Closing:            policy.DefaultClosing(),
+		PolicyRefresh:      policy.DefaultRefresh,
+		ReadLimit:          4096,
+		RateBurst:          20,
+		RatePerSecond:      5,
+		IdleTimeout:        60 * time.Second,
+		WriteTimeout:       10 * time.Second,
+		HandshakeTimeout:   10 * time.Second,
+		PushIdleTimeout:    defaultPushIdleTimeout,
+		SendQueue:          32,
+		ShutdownTimeout:    10 * time.Second,
+		InboxSize:          10,
+		InboxTTL:           24 * time.Hour,
+		GuideMaxAge:        push.DefaultGuideMaxAge,
+		MaxUserConns:       defaultMaxUserConns,
+		RenewGranularity:   policy.DefaultRenewGranularity,
+		RenewFlushInterval: 2 * time.Millisecond,
+		RenewBatch:         256,
+		HeartbeatInterval:  time.Second,
+		ShedAfter:          15 * time.Second,
+	}
+}
+
+// Bind registers the gateway's settings on b, with DefaultConfig's
+// values as their defaults.
 func (c *Config) Bind(b *config.Binder) {
+	d := DefaultConfig()
 	c.Redis.Bind(b)
-	b.String(&c.Addr, "gateway-addr", "127.0.0.1:8080", "public WebSocket listen address")
-	b.String(&c.PushAddr, "push-addr", "127.0.0.1:8081", "internal listen address: push endpoint, health, metrics")
-	b.Bool(&c.Pprof, "pprof", false, "serve /debug/pprof/ on the internal listener (unauthenticated)")
+	b.String(&c.Addr, "gateway-addr", d.Addr, "public WebSocket listen address")
+	b.String(&c.PushAddr, "push-addr", d.PushAddr, "internal listen address: push endpoint, health, metrics")
+	b.Bool(&c.Pprof, "pprof", d.Pprof, "serve /debug/pprof/ on the internal listener (unauthenticated)")
 	b.Secret(&c.TokenSecret, "token-secret", "HS256 secret of client tokens, at least 32 bytes (required)")
 	b.Secret(&c.PushSecret, "push-secret", "bearer secret of the push endpoint, at least 32 bytes (required)")
-	b.String(&c.TokenIssuer, "token-issuer", "", "required iss of client tokens; empty: not checked")
-	b.String(&c.TokenAudience, "token-audience", "", "required aud of client tokens; empty: not checked")
-	b.Duration(&c.TokenMaxLifetime, "token-max-lifetime", 24*time.Hour, "longest lifetime (exp less iat) of a client token; 0: no limit")
-	b.List(&c.AllowedOrigins, "allowed-origins", "", "browser Origins allowed to connect, comma-separated; empty allows same host only")
-	b.Bool(&c.DemoPage, "demo-page", false, "serve the demo chat page at /demo/ on the public listener (for trying stillthere, not for users)")
-	b.Duration(&c.SessionTTL, "session-ttl", 60*time.Second, "session TTL granted on each ping")
-	b.Duration(&c.SessionJitter, "session-jitter", 5*time.Second, "random extra TTL in [0, jitter)")
+	b.String(&c.TokenIssuer, "token-issuer", d.TokenIssuer, "required iss of client tokens; empty: not checked")
+	b.String(&c.TokenAudience, "token-audience", d.TokenAudience, "required aud of client tokens; empty: not checked")
+	b.Duration(&c.TokenMaxLifetime, "token-max-lifetime", d.TokenMaxLifetime, "longest lifetime (exp less iat) of a client token; 0: no limit")
+	b.List(&c.AllowedOrigins, "allowed-origins", strings.Join(d.AllowedOrigins, ","), "browser Origins allowed to connect, comma-separated; empty allows same host only")
+	b.Bool(&c.DemoPage, "demo-page", d.DemoPage, "serve the demo chat page at /demo/ on the public listener (for trying stillthere, not for users)")
+	b.Duration(&c.SessionTTL, "session-ttl", d.SessionTTL, "session TTL granted on each ping")
+	b.Duration(&c.SessionJitter, "session-jitter", d.SessionJitter, "random extra TTL in [0, jitter)")
 	c.Closing.Bind(b)
-	b.Duration(&c.PolicyRefresh, "policy-refresh", 2*time.Second, "how often the timeout policy in Redis is re-read")
-	b.Int(&c.ReadLimit, "read-limit", 4096, "largest client frame in bytes")
-	b.Int(&c.RateBurst, "rate-burst", 20, "frames a connection may send in a burst")
-	b.Float(&c.RatePerSecond, "rate-per-second", 5, "sustained frames per second per connection")
-	b.Duration(&c.IdleTimeout, "idle-timeout", 60*time.Second, "close a connection silent at the protocol level this long")
-	b.Duration(&c.WriteTimeout, "write-timeout", 10*time.Second, "timeout of each write to a client")
-	b.Duration(&c.HandshakeTimeout, "handshake-timeout", 10*time.Second, "timeout of the WebSocket upgrade")
-	b.Duration(&c.PushIdleTimeout, "push-idle-timeout", defaultPushIdleTimeout, "close a keep-alive connection to the internal listener idle this long")
-	b.Int(&c.SendQueue, "send-queue", 32, "frames queued per connection before it is cut off as slow")
-	b.Duration(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "drain deadline on SIGTERM")
-	b.String(&c.InstanceID, "instance-id", "", "this gateway's name for routing guides; default host name plus a random suffix")
-	b.Int(&c.InboxSize, "inbox-size", 10, "guides kept per offline user")
-	b.Duration(&c.InboxTTL, "inbox-ttl", 24*time.Hour, "how long guides are kept for an offline user, at most")
-	b.Duration(&c.GuideMaxAge, "guide-max-age", defaultGuideMaxAge, "how long after its deadline a kept guide may still be handed over (the consumer's setting)")
-	b.Int(&c.MaxConns, "max-conns", 0, "most connections on this instance, beyond it HTTP 503; 0 means the open-file limit less 1024")
-	b.Int(&c.MaxUserConns, "max-user-conns", defaultMaxUserConns, "most connections of one user on this instance, beyond it HTTP 429")
-	b.Duration(&c.RenewGranularity, "renew-granularity", time.Second, "least time between two renewals of one user's session (across their connections on this instance)")
-	b.Duration(&c.RenewFlushInterval, "renew-flush-interval", 2*time.Millisecond, "longest a renewal waits to share a Redis round trip")
-	b.Int(&c.RenewBatch, "renew-batch", 256, "renewals that fill a Redis round trip")
-	b.Duration(&c.HeartbeatInterval, "heartbeat-interval", time.Second, "how often this instance tells Redis it is alive (lease: 3 intervals)")
-	b.Duration(&c.ShedAfter, "shed-after", 15*time.Second, "close clients' connections (1013) once Redis has been out of reach this long, so they reconnect elsewhere; 0 never")
+	b.Duration(&c.PolicyRefresh, "policy-refresh", d.PolicyRefresh, "how often the timeout policy in Redis is re-read")
+	b.Int(&c.ReadLimit, "read-limit", d.ReadLimit, "largest client frame in bytes")
+	b.Int(&c.RateBurst, "rate-burst", d.RateBurst, "frames a connection may send in a burst")
+	b.Float(&c.RatePerSecond, "rate-per-second", d.RatePerSecond, "sustained frames per second per connection")
+	b.Duration(&c.IdleTimeout, "idle-timeout", d.IdleTimeout, "close a connection silent at the protocol level this long")
+	b.Duration(&c.WriteTimeout, "write-timeout", d.WriteTimeout, "timeout of each write to a client")
+	b.Duration(&c.HandshakeTimeout, "handshake-timeout", d.HandshakeTimeout, "timeout of the WebSocket upgrade")
+	b.Duration(&c.PushIdleTimeout, "push-idle-timeout", d.PushIdleTimeout, "close a keep-alive connection to the internal listener idle this long")
+	b.Int(&c.SendQueue, "send-queue", d.SendQueue, "frames queued per connection before it is cut off as slow")
+	b.Duration(&c.ShutdownTimeout, "shutdown-timeout", d.ShutdownTimeout, "drain deadline on SIGTERM")
+	b.String(&c.InstanceID, "instance-id", d.InstanceID, "this gateway's name for routing guides; default host name plus a random suffix")
+	b.Int(&c.InboxSize, "inbox-size", d.InboxSize, "guides kept per offline user")
+	b.Duration(&c.InboxTTL, "inbox-ttl", d.InboxTTL, "how long guides are kept for an offline user, at most")
+	b.Duration(&c.GuideMaxAge, "guide-max-age", d.GuideMaxAge, "how long after its deadline a kept guide may still be handed over (the consumer's setting)")
+	b.Int(&c.MaxConns, "max-conns", d.MaxConns, "most connections on this instance, beyond it HTTP 503; 0 means the open-file limit less 1024")
+	b.Int(&c.MaxUserConns, "max-user-conns", d.MaxUserConns, "most connections of one user on this instance, beyond it HTTP 429")
+	b.Duration(&c.RenewGranularity, "renew-granularity", d.RenewGranularity, "least time between two renewals of one user's session (across their connections on this instance)")
+	b.Duration(&c.RenewFlushInterval, "renew-flush-interval", d.RenewFlushInterval, "longest a renewal waits to share a Redis round trip")
+	b.Int(&c.RenewBatch, "renew-batch", d.RenewBatch, "renewals that fill a Redis round trip")
+	b.Duration(&c.HeartbeatInterval, "heartbeat-interval", d.HeartbeatInterval, "how often this instance tells Redis it is alive (lease: 3 intervals)")
+	b.Duration(&c.ShedAfter, "shed-after", d.ShedAfter, "close clients' connections (1013) once Redis has been out of reach this long, so they reconnect elsewhere; 0 never")
 }
 
 // LoadConfig reads the gateway's settings from args and env.

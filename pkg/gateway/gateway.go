@@ -32,6 +32,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/admin"
 	"github.com/stillthere/stillthere/pkg/frame"
+	"github.com/stillthere/stillthere/pkg/lifecycle"
 	"github.com/stillthere/stillthere/pkg/outage"
 	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/push"
@@ -41,14 +42,14 @@ import (
 	"github.com/stillthere/stillthere/web"
 )
 
-// Gateway is a running gateway: open with New, then Serve.
+// Gateway is an opened gateway: Open, then Run, then Close.
 type Gateway struct {
 	cfg   Config
 	log   *slog.Logger
 	rdb   redis.UniversalClient
 	store *session.Store
 	// ctlRdb and ctl are the control connection: the heartbeat, the
-	// instances' heartbeats, blind intervals and leave. See New.
+	// instances' heartbeats, blind intervals and leave. See Open.
 	ctlRdb   redis.UniversalClient
 	ctl      *session.Store
 	renewer  *session.Renewer
@@ -57,8 +58,13 @@ type Gateway struct {
 	hub      *hub
 	upgrader websocket.Upgrader
 
+	// runs ties Run to Close; joined is set from Open's first heartbeat
+	// until the instance leaves, by Run or else by Close.
+	runs   lifecycle.Runs
+	joined bool
+
 	instance         string        // this instance's name in route keys and heartbeats
-	sub              *redis.PubSub // its channel, for guides routed here
+	sub              *redis.PubSub // its channel, for guides routed here; Run's listen owns it
 	routes           *routeBook    // the one writer of its route entries
 	view             viewPtr       // the instances' heartbeats, read every heartbeat
 	publicLn, pushLn net.Listener
@@ -68,7 +74,7 @@ type Gateway struct {
 	maxConns         int64
 	open             atomic.Int64 // connections held or being upgraded
 
-	start   time.Time     // New's time; connections time their pings from it
+	start   time.Time     // Open's time; connections time their pings from it
 	reach   *reach        // whether Redis answers renewals and heartbeats
 	ongoing ongoingRecord // the renewal outage recorded while it lasts
 	// beatFailed: the last heartbeat failed; beaten: one succeeded; shed:
@@ -90,17 +96,11 @@ type Gateway struct {
 	routeLog, pushLog, channelLog *outage.Log
 }
 
-// Run opens a gateway and serves until ctx is done.
-func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
-	g, err := New(ctx, cfg, logger)
-	if err != nil {
-		return err
-	}
-	return g.Serve(ctx)
-}
+var _ lifecycle.Service = (*Gateway)(nil)
 
-// New connects to Redis and binds both listeners.
-func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error) {
+// Open connects to Redis, subscribes to the instance's channel, beats
+// once and binds both listeners. What fails on the way is freed by Close.
+func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("gateway config: %w", err)
 	}
@@ -112,37 +112,9 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	if err != nil {
 		return nil, err
 	}
-	rdb, err := redisconn.Open(ctx, cfg.Redis)
-	if err != nil {
-		return nil, err
-	}
-	if err := redisconn.CheckEviction(ctx, rdb); err != nil {
-		logger.Warn("Redis may evict session keys", "err", err)
-	}
-	// The heartbeat, and the records of this instance's outages, have a
-	// connection of their own, the control connection. Queued behind a
-	// burst of connection set-ups in the shared pool, the heartbeat ran
-	// out its lease with Redis at hand, and after ShedAfter the gateway
-	// cut off every client, whose reconnects made the next burst.
-	// (Renewals are pipelines, which go-redis sends on a pool of their
-	// own when the shared one is full.) A heartbeat that gets through so
-	// no longer shows that renewals do: the shared pool is checked
-	// before a renewal failure is taken as over (see beat).
-	bc := cfg.Redis
-	bc.PoolSize = 1
-	ctlRdb, err := redisconn.Open(ctx, bc)
-	if err != nil {
-		rdb.Close()
-		return nil, err
-	}
-	store := session.NewStore(rdb, cfg.Redis.Keyspace())
 	g := &Gateway{
 		cfg:      cfg,
 		log:      logger,
-		rdb:      rdb,
-		ctlRdb:   ctlRdb,
-		store:    store,
-		ctl:      session.NewStore(ctlRdb, cfg.Redis.Keyspace()),
 		instance: cmp.Or(cfg.InstanceID, newInstanceID()),
 		verifier: verifier,
 		hub:      newHub(),
@@ -166,7 +138,34 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 		pushLog:    outage.NewLog(logger, "push guides", 0),
 		channelLog: outage.NewLog(logger, "instance channel", 0),
 	}
-	g.renewer = session.NewRenewer(store, session.RenewerConfig{
+	defer func() {
+		if err != nil {
+			g.Close()
+		}
+	}()
+	if g.rdb, err = redisconn.Open(ctx, cfg.Redis); err != nil {
+		return nil, err
+	}
+	if err := redisconn.CheckEviction(ctx, g.rdb); err != nil {
+		logger.Warn("Redis may evict session keys", "err", err)
+	}
+	// The heartbeat, and the records of this instance's outages, have a
+	// connection of their own, the control connection. Queued behind a
+	// burst of connection set-ups in the shared pool, the heartbeat ran
+	// out its lease with Redis at hand, and after ShedAfter the gateway
+	// cut off every client, whose reconnects made the next burst.
+	// (Renewals are pipelines, which go-redis sends on a pool of their
+	// own when the shared one is full.) A heartbeat that gets through so
+	// no longer shows that renewals do: the shared pool is checked
+	// before a renewal failure is taken as over (see beat).
+	bc := cfg.Redis
+	bc.PoolSize = 1
+	if g.ctlRdb, err = redisconn.Open(ctx, bc); err != nil {
+		return nil, err
+	}
+	g.store = session.NewStore(g.rdb, cfg.Redis.Keyspace())
+	g.ctl = session.NewStore(g.ctlRdb, cfg.Redis.Keyspace())
+	g.renewer = session.NewRenewer(g.store, session.RenewerConfig{
 		FlushInterval: cfg.RenewFlushInterval,
 		MaxBatch:      cfg.RenewBatch,
 		Instance:      g.instance,
@@ -183,7 +182,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	})
 	g.reach.waiting = g.renewer.Waiting
 	g.routes = newRouteBook(g)
-	g.policy = policy.NewWatcher(policy.NewStore(rdb, cfg.Redis.Keyspace()),
+	g.policy = policy.NewWatcher(policy.NewStore(g.rdb, cfg.Redis.Keyspace()),
 		cfg.FallbackPolicy(), cfg.PolicyRefresh, cfg.RenewGranularity, logger)
 	if err := g.policy.Refresh(ctx); err != nil {
 		logger.Warn("timeout policy unreadable; using the configured TTL until it is fixed", "err", err)
@@ -191,12 +190,12 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	// Subscribed before any connection registers, so no routed guide is
 	// published to a channel nobody reads yet.
 	if g.sub, err = g.subscribe(ctx, channelStartTimeout); err != nil {
-		g.closeRedis()
 		return nil, err
 	}
 	// Alive before it takes connections. Redis answered just now; if it
 	// does not here, the heartbeat loop keeps trying, and readyz fails
-	// until it succeeds.
+	// until it succeeds. From here on, the instance leaves when it stops.
+	g.joined = true
 	g.beat(ctx)
 	g.maxConns = int64(cfg.MaxConns)
 	if g.maxConns == 0 {
@@ -206,24 +205,41 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error)
 	// connection fits.
 	g.dropped = newDropped(g.start, int(g.maxConns))
 	if g.publicLn, err = net.Listen("tcp", cfg.Addr); err != nil {
-		g.leave()
-		g.sub.Close()
-		g.closeRedis()
 		return nil, fmt.Errorf("listen on gateway-addr: %w", err)
 	}
 	if g.pushLn, err = net.Listen("tcp", cfg.PushAddr); err != nil {
-		g.publicLn.Close()
-		g.leave()
-		g.sub.Close()
-		g.closeRedis()
 		return nil, fmt.Errorf("listen on push-addr: %w", err)
 	}
 	return g, nil
 }
 
-func (g *Gateway) closeRedis() {
-	g.rdb.Close()
-	g.ctlRdb.Close()
+// Close stops Run if it runs and waits for it (see Run), then frees what
+// Open took: a gateway that never ran, or whose Run could not, leaves
+// first, so that the listener does not wait out its lease. Later calls
+// return the first one's error.
+func (g *Gateway) Close() error {
+	return g.runs.Close(func() error {
+		if g.joined {
+			g.leave()
+			g.joined = false
+		}
+		if g.sub != nil && !g.runs.Ran() {
+			g.sub.Close()
+		}
+		// Run's servers closed them already, if it ran.
+		for _, ln := range []net.Listener{g.publicLn, g.pushLn} {
+			if ln != nil {
+				ln.Close()
+			}
+		}
+		var errs []error
+		for _, rdb := range []redis.UniversalClient{g.rdb, g.ctlRdb} {
+			if rdb != nil {
+				errs = append(errs, rdb.Close())
+			}
+		}
+		return errors.Join(errs...)
+	})
 }
 
 // PublicAddr is where clients connect.
@@ -232,33 +248,31 @@ func (g *Gateway) PublicAddr() net.Addr { return g.publicLn.Addr() }
 // PushAddr is the internal listener's address.
 func (g *Gateway) PushAddr() net.Addr { return g.pushLn.Addr() }
 
-// Serve serves both listeners until ctx is done, then drains: it stops
-// accepting, tells every client to reconnect elsewhere (close 1001, which
-// leaves sessions alive), waits for connections to end within the
-// shutdown timeout, flushes the renewals still queued, marks the instance
-// gone (Leave), and releases Redis.
-func (g *Gateway) Serve(ctx context.Context) error {
-	defer g.closeRedis()
-	// The renewer and the heartbeat outlive the connections: they stop
-	// after the drain, and only then does the instance leave. A heartbeat
-	// that stopped before the drain would let the lease run out while
-	// users are still connected.
+// Run serves both listeners until ctx is done or Close is called, then
+// drains: it stops accepting, tells every client to reconnect elsewhere
+// (close 1001, which leaves sessions alive), waits for connections to end
+// within the shutdown timeout, flushes the renewals still queued, and
+// marks the instance gone (Leave). Close then releases Redis.
+func (g *Gateway) Run(ctx context.Context) error {
+	ctx, end, err := g.runs.Start(ctx)
+	if err != nil {
+		return err
+	}
+	defer end()
+	// The renewer, the heartbeat and the route writer outlive the
+	// connections: they stop after the drain, and only then does the
+	// instance leave. A heartbeat that stopped before the drain would let
+	// the lease run out while users are still connected.
 	bctx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
-	var background sync.WaitGroup
-	background.Go(func() { g.renewer.Run(bctx) })
-	background.Go(func() { g.heartbeat(bctx) })
-	background.Go(func() { g.routes.run(bctx) })
-	defer func() {
-		stopBackground()
-		background.Wait()
-		g.leave()
-	}()
-	var loops sync.WaitGroup
-	defer loops.Wait()
-	loops.Go(func() { g.policy.Run(ctx) })
-	loops.Go(func() { g.resyncLoop(ctx) })
-	loops.Go(func() { g.dropped.sweep(ctx) })
-	loops.Go(func() { g.recordLoop(ctx) })
+	defer stopBackground()
+	eg, ctx := errgroup.WithContext(ctx)
+	eg.Go(func() error { g.renewer.Run(bctx); return nil })
+	eg.Go(func() error { g.heartbeat(bctx); return nil })
+	eg.Go(func() error { g.routes.run(bctx); return nil })
+	eg.Go(func() error { g.policy.Run(ctx); return nil })
+	eg.Go(func() error { g.resyncLoop(ctx); return nil })
+	eg.Go(func() error { g.dropped.sweep(ctx); return nil })
+	eg.Go(func() error { g.recordLoop(ctx); return nil })
 
 	// The public listener's only use is the upgrade: a connection that
 	// has not upgraded within the handshake timeout is closed, and so is
@@ -283,15 +297,29 @@ func (g *Gateway) Serve(ctx context.Context) error {
 	}
 	g.log.Info("gateway listening", "public", g.PublicAddr().String(), "push", g.PushAddr().String(), "instance", g.instance)
 
-	loops.Go(func() { g.listen(ctx, g.sub) })
-	loops.Go(func() { g.pingAll(ctx) })
-
-	eg, ectx := errgroup.WithContext(ctx)
-	eg.Go(func() error { return serveUntil(ectx, public, g.publicLn) })
-	eg.Go(func() error { return serveUntil(ectx, push, g.pushLn) })
-	err := eg.Wait()
-
-	g.drain()
+	eg.Go(func() error { g.listen(ctx, g.sub); return nil })
+	eg.Go(func() error { g.pingAll(ctx); return nil })
+	// The drain begins once both listeners stopped accepting, and the
+	// background loops stop after it.
+	served := make(chan struct{}, 2)
+	eg.Go(func() error {
+		defer func() { served <- struct{}{} }()
+		return serveUntil(ctx, public, g.publicLn)
+	})
+	eg.Go(func() error {
+		defer func() { served <- struct{}{} }()
+		return serveUntil(ctx, push, g.pushLn)
+	})
+	eg.Go(func() error {
+		<-served
+		<-served
+		g.drain()
+		stopBackground()
+		return nil
+	})
+	err = eg.Wait()
+	g.leave()
+	g.joined = false
 	if err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
@@ -402,8 +430,8 @@ const cutOffTimeout = routeWriteTimeout + pushTimeout
 // (session.BlindDrain), each record replacing the last. The listener
 // holds the timeouts of the instance's users whose deadlines fall in it
 // or within the grace after it, so that those who reconnected elsewhere
-// have renewed by then. The drain and then leave own it, on Serve's
-// goroutine. A record that fails leaves the last one standing, and the
+// have renewed by then. The drain and then leave own it, one after the
+// other (see Run). A record that fails leaves the last one standing, and the
 // next heartbeat's tries again; while Redis is out of reach, the gap in
 // this instance's heartbeats holds its users instead.
 func (g *Gateway) recordDrain() {

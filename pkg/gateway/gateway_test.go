@@ -18,6 +18,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stillthere/stillthere/pkg/lifecycle"
 	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisconn"
@@ -33,9 +34,8 @@ const (
 
 type testGateway struct {
 	*Gateway
-	rdb    redis.UniversalClient
-	cancel context.CancelFunc
-	done   chan error
+	rdb  redis.UniversalClient
+	done chan error // Run's error, once it returned
 }
 
 func startGateway(t *testing.T, mutate func(*Config)) *testGateway {
@@ -56,8 +56,8 @@ func startGatewayLogged(t *testing.T, addrs []string, prefix string, logger *slo
 	return startGatewayHooked(t, addrs, prefix, logger, mutate, nil)
 }
 
-// startGatewayHooked is startGatewayLogged, with hook called between New
-// and Serve.
+// startGatewayHooked is startGatewayLogged, with hook called between Open
+// and Run.
 func startGatewayHooked(t *testing.T, addrs []string, prefix string, logger *slog.Logger, mutate func(*Config), hook func(*Gateway)) *testGateway {
 	t.Helper()
 	cfg := Config{
@@ -88,10 +88,8 @@ func startGatewayHooked(t *testing.T, addrs []string, prefix string, logger *slo
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	g, err := New(ctx, cfg, logger)
+	g, err := Open(context.Background(), cfg, logger)
 	if err != nil {
-		cancel()
 		t.Fatal(err)
 	}
 	if hook != nil {
@@ -102,18 +100,26 @@ func startGatewayHooked(t *testing.T, addrs []string, prefix string, logger *slo
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rdb.Close() })
-	tg := &testGateway{Gateway: g, rdb: rdb, cancel: cancel, done: make(chan error, 1)}
-	go func() { tg.done <- g.Serve(ctx) }()
+	tg := &testGateway{Gateway: g, rdb: rdb, done: make(chan error, 1)}
+	go func() { tg.done <- g.Run(context.Background()) }()
 	t.Cleanup(func() { tg.stop(t) })
 	return tg
 }
 
+// stop closes the gateway: Close drains it as on SIGTERM, waits for Run
+// and frees it.
 func (tg *testGateway) stop(t *testing.T) {
-	tg.cancel()
+	closed := make(chan struct{})
+	go func() {
+		tg.Close()
+		close(closed)
+	}()
 	select {
-	case err := <-tg.done:
-		if err != nil {
-			t.Errorf("Serve: %v", err)
+	case <-closed:
+		// A Run that had not begun when Close came returns ErrClosed:
+		// the gateway was closed without running, which is a stop too.
+		if err := <-tg.done; err != nil && !errors.Is(err, lifecycle.ErrClosed) {
+			t.Errorf("Run: %v", err)
 		}
 		tg.done <- nil // later stops return at once
 	case <-time.After(20 * time.Second):

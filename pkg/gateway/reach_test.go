@@ -251,12 +251,12 @@ func TestResyncAfterHeartbeatGap(t *testing.T) {
 // stops. Its renewals name it.
 func TestHeartbeat(t *testing.T) {
 	ctx := context.Background()
-	t.Run("alive from New, gone after shutdown", func(t *testing.T) {
-		// No beat of Serve's within the test: what is there, New wrote.
+	t.Run("alive from Open, gone after shutdown", func(t *testing.T) {
+		// No beat of Run's within the test: what is there, Open wrote.
 		tg := startGateway(t, func(c *Config) { c.HeartbeatInterval = 10 * time.Second })
 		alive := tg.store.Keyspace().AliveKey()
 		if v, err := tg.rdb.HGet(ctx, alive, tg.instance).Result(); err != nil || !strings.HasSuffix(v, ":30000") {
-			t.Fatalf("heartbeat of %s after New: %q %v, want a lease of 3 intervals (30000 ms)", tg.instance, v, err)
+			t.Fatalf("heartbeat of %s after Open: %q %v, want a lease of 3 intervals (30000 ms)", tg.instance, v, err)
 		}
 		ws := tg.dial(t, "alice")
 		pingPong(t, ws)

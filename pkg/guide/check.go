@@ -37,7 +37,7 @@ func (c *Consumer) checkSession(ctx context.Context, uid string) (sessionCheck, 
 // long outage does not age out the guides it only delayed. A later stage
 // is confirmed no earlier than it was due: its age counts from then, not
 // from a deadline that stage delays may have put minutes back.
-func needless(ev timeoutevent.Event, s sessionCheck, maxAge time.Duration) string {
+func needless(ev timeoutevent.Event, s sessionCheck, maxAge time.Duration) Outcome {
 	confirmed := time.UnixMilli(max(ev.DeadlineMS, ev.DetectedMS, ev.DueMS))
 	switch {
 	case s.now.Sub(confirmed) > maxAge:

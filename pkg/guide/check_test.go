@@ -37,7 +37,7 @@ func TestNeedlessReadsRedisClock(t *testing.T) {
 		uid       string
 		age       time.Duration // by Redis's clock
 		localSkew time.Duration // this host's clock minus Redis's
-		want      string
+		want      Outcome
 	}{
 		{"fresh, local clock an hour ahead", "gone", time.Second, time.Hour, ""},
 		{"at max age, local clock an hour ahead", "gone", maxAge, time.Hour, ""},

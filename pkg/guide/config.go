@@ -12,6 +12,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/config"
 	"github.com/stillthere/stillthere/pkg/kafka"
+	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/userid"
 )
@@ -86,27 +87,51 @@ type Config struct {
 	BreakerTimeout time.Duration
 }
 
-// Bind registers the consumer's settings on b.
+// DefaultConfig is the consumer's configuration by default, without the
+// push secret, which has none: what LoadConfig reads from no flags and no
+// environment.
+func DefaultConfig() Config {
+	return Config{
+		Redis:               redisconn.DefaultConfig(),
+		Kafka:               kafka.DefaultConfig(),
+		AdminAddr:           "127.0.0.1:8083",
+		Group:               "stillthere-guide",
+		GroupSessionTimeout: 45 * time.Second,
+		DLQTopic:            "session-timeouts-dlq",
+		Sender:              SenderGateway,
+		PushURL:             "http://" + push.DefaultAddr + push.Path,
+		GuideText:           "Are you still there?",
+		GuideMaxAge:         push.DefaultGuideMaxAge,
+		MaxInFlight:         256,
+		SendTimeout:         5 * time.Second,
+		BreakerFailures:     5,
+		BreakerTimeout:      10 * time.Second,
+	}
+}
+
+// Bind registers the consumer's settings on b, with DefaultConfig's
+// values as their defaults.
 func (c *Config) Bind(b *config.Binder) {
+	d := DefaultConfig()
 	c.Redis.Bind(b)
 	c.Kafka.Bind(b)
-	b.String(&c.AdminAddr, "consumer-admin-addr", "127.0.0.1:8083", "listen address of health and metrics")
-	b.Bool(&c.Pprof, "pprof", false, "serve /debug/pprof/ on the admin listener (unauthenticated)")
-	b.String(&c.Group, "consumer-group", "stillthere-guide", "Kafka consumer group")
-	b.Duration(&c.GroupSessionTimeout, "group-session-timeout", 45*time.Second, "how long a crashed replica keeps its partitions")
-	b.String(&c.DLQTopic, "dlq-topic", "session-timeouts-dlq", "dead-letter topic for poison records and refused guides")
-	b.String(&c.Sender, "sender", SenderGateway, "downstream: gateway (push endpoint) or webhook")
-	b.String(&c.PushURL, "push-url", "http://127.0.0.1:8081/v1/push", "the gateway's push endpoint")
+	b.String(&c.AdminAddr, "consumer-admin-addr", d.AdminAddr, "listen address of health and metrics")
+	b.Bool(&c.Pprof, "pprof", d.Pprof, "serve /debug/pprof/ on the admin listener (unauthenticated)")
+	b.String(&c.Group, "consumer-group", d.Group, "Kafka consumer group")
+	b.Duration(&c.GroupSessionTimeout, "group-session-timeout", d.GroupSessionTimeout, "how long a crashed replica keeps its partitions")
+	b.String(&c.DLQTopic, "dlq-topic", d.DLQTopic, "dead-letter topic for poison records and refused guides")
+	b.String(&c.Sender, "sender", d.Sender, "downstream: gateway (push endpoint) or webhook")
+	b.String(&c.PushURL, "push-url", d.PushURL, "the gateway's push endpoint")
 	b.Secret(&c.PushSecret, "push-secret", "bearer secret of the push endpoint (required with sender=gateway)")
-	b.String(&c.WebhookURL, "webhook-url", "", "URL the webhook sender POSTs guides to (required with sender=webhook)")
+	b.String(&c.WebhookURL, "webhook-url", d.WebhookURL, "URL the webhook sender POSTs guides to (required with sender=webhook)")
 	b.Secret(&c.WebhookSecret, "webhook-secret", "HMAC-SHA256 key of the webhook signature (required with sender=webhook)")
-	b.String(&c.GuideText, "guide-text", "Are you still there?", "text of the guide message, for segments without a template")
-	b.String(&c.GuideTemplates, "guide-templates", "", `guide text per segment: "new=Still with us?,vip=..." or "@file" with a JSON object`)
-	b.Duration(&c.GuideMaxAge, "guide-max-age", 5*time.Minute, "drop events confirmed (detected) longer ago than this")
-	b.Int(&c.MaxInFlight, "max-in-flight", 256, "records taken and not yet settled before fetching pauses")
-	b.Duration(&c.SendTimeout, "send-timeout", 5*time.Second, "timeout of one send")
-	b.Int(&c.BreakerFailures, "breaker-failures", 5, "consecutive failures that open a circuit breaker")
-	b.Duration(&c.BreakerTimeout, "breaker-timeout", 10*time.Second, "how long a breaker stays open before probing")
+	b.String(&c.GuideText, "guide-text", d.GuideText, "text of the guide message, for segments without a template")
+	b.String(&c.GuideTemplates, "guide-templates", d.GuideTemplates, `guide text per segment: "new=Still with us?,vip=..." or "@file" with a JSON object`)
+	b.Duration(&c.GuideMaxAge, "guide-max-age", d.GuideMaxAge, "drop events confirmed (detected) longer ago than this")
+	b.Int(&c.MaxInFlight, "max-in-flight", d.MaxInFlight, "records taken and not yet settled before fetching pauses")
+	b.Duration(&c.SendTimeout, "send-timeout", d.SendTimeout, "timeout of one send")
+	b.Int(&c.BreakerFailures, "breaker-failures", d.BreakerFailures, "consecutive failures that open a circuit breaker")
+	b.Duration(&c.BreakerTimeout, "breaker-timeout", d.BreakerTimeout, "how long a breaker stays open before probing")
 }
 
 // LoadConfig reads the consumer's settings from args and env.

@@ -239,12 +239,12 @@ func TestLoadConfig(t *testing.T) {
 	})
 }
 
-func TestNewFails(t *testing.T) {
+func TestOpenFails(t *testing.T) {
 	t.Run("invalid config", func(t *testing.T) {
 		c := validConfig()
 		c.PushSecret = "short"
-		if _, err := New(context.Background(), c, testLogger()); err == nil || !strings.Contains(err.Error(), "push-secret") {
-			t.Fatalf("New: %v; want an error naming push-secret", err)
+		if _, err := Open(context.Background(), c, testLogger()); err == nil || !strings.Contains(err.Error(), "push-secret") {
+			t.Fatalf("Open: %v; want an error naming push-secret", err)
 		}
 	})
 	t.Run("admin address taken", func(t *testing.T) {
@@ -256,8 +256,8 @@ func TestNewFails(t *testing.T) {
 		defer ln.Close()
 		c := e.cfg
 		c.AdminAddr = ln.Addr().String()
-		if _, err := New(context.Background(), c, testLogger()); err == nil || !strings.Contains(err.Error(), "consumer-admin-addr") {
-			t.Fatalf("New: %v; want an error naming consumer-admin-addr", err)
+		if _, err := Open(context.Background(), c, testLogger()); err == nil || !strings.Contains(err.Error(), "consumer-admin-addr") {
+			t.Fatalf("Open: %v; want an error naming consumer-admin-addr", err)
 		}
 	})
 }

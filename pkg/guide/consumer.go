@@ -34,6 +34,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/admin"
 	"github.com/stillthere/stillthere/pkg/kafka"
+	"github.com/stillthere/stillthere/pkg/lifecycle"
 	"github.com/stillthere/stillthere/pkg/outage"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/session"
@@ -49,8 +50,9 @@ const (
 	HeaderDLQOffset    = "dlq-offset"
 )
 
-// Consumer is a running guide consumer: open with New, then Run.
+// Consumer is an opened guide consumer: Open, then Run, then Close.
 type Consumer struct {
+	runs      lifecycle.Runs // ties Run to Close
 	cfg       Config
 	log       *slog.Logger
 	rdb       redis.UniversalClient
@@ -63,7 +65,7 @@ type Consumer struct {
 
 	// breaker guards the sender, named for it; redisBreaker the session
 	// check.
-	breaker      *gobreaker.CircuitBreaker[string]
+	breaker      *gobreaker.CircuitBreaker[Outcome]
 	redisBreaker *gobreaker.CircuitBreaker[sessionCheck]
 
 	// One log per condition that fails for many records at once, so that
@@ -77,18 +79,12 @@ type Consumer struct {
 	endLoop   sync.Once
 }
 
-// Run opens a consumer and runs it until ctx is done.
-func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
-	c, err := New(ctx, cfg, logger)
-	if err != nil {
-		return err
-	}
-	return c.Run(ctx)
-}
+var _ lifecycle.Service = (*Consumer)(nil)
 
-// New connects to Redis and Kafka, creates the dead-letter topic, joins
-// the group and binds the admin listener.
-func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Consumer, error) {
+// Open connects to Redis and Kafka, creates the dead-letter topic, joins
+// the group and binds the admin listener. What fails on the way is freed
+// by Close.
+func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Consumer, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("guide consumer config: %w", err)
 	}
@@ -96,22 +92,25 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Consumer, error
 	if err != nil {
 		return nil, fmt.Errorf("guide consumer config: %w", err)
 	}
-	rdb, err := redisconn.Open(ctx, cfg.Redis)
-	if err != nil {
-		return nil, err
-	}
-	if err := redisconn.CheckEviction(ctx, rdb); err != nil {
-		logger.Warn("Redis may evict session keys; give it maxmemory-policy noeviction", "err", err)
-	}
 	c := &Consumer{
 		cfg:       cfg,
 		log:       logger,
-		rdb:       rdb,
 		keyspace:  cfg.Redis.Keyspace(),
 		templates: templates,
 		lagEvery:  lagInterval,
 		rebalance: make(chan rebalanceReq),
 		loopDone:  make(chan struct{}),
+	}
+	defer func() {
+		if err != nil {
+			c.Close()
+		}
+	}()
+	if c.rdb, err = redisconn.Open(ctx, cfg.Redis); err != nil {
+		return nil, err
+	}
+	if err := redisconn.CheckEviction(ctx, c.rdb); err != nil {
+		logger.Warn("Redis may evict session keys; give it maxmemory-policy noeviction", "err", err)
 	}
 	httpc := &http.Client{
 		Timeout: cfg.SendTimeout,
@@ -129,14 +128,14 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Consumer, error
 	default:
 		c.sender = &gatewaySender{url: cfg.PushURL, secret: cfg.PushSecret, client: httpc}
 	}
-	c.breaker = newBreaker[string](cfg.Sender, cfg, logger)
+	c.breaker = newBreaker[Outcome](cfg.Sender, cfg, logger)
 	c.redisBreaker = newBreaker[sessionCheck](downstreamRedis, cfg, logger)
 	c.checkOutage = outage.NewLog(logger.With("downstream", downstreamRedis), "check sessions", 0)
 	c.sendOutage = outage.NewLog(logger.With("downstream", cfg.Sender), "send guides", 0)
 	c.dlqOutage = outage.NewLog(logger.With("topic", cfg.DLQTopic), "dead-letter records", 0)
 	c.fetchOutage = outage.NewLog(logger.With("topic", cfg.Kafka.Topic), "fetch records", 0)
 
-	c.client, err = kafka.NewClient(cfg.Kafka, logger,
+	if c.client, err = kafka.NewClient(cfg.Kafka, logger,
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.SessionTimeout(cfg.GroupSessionTimeout),
 		kgo.HeartbeatInterval(min(3*time.Second, cfg.GroupSessionTimeout/3)),
@@ -156,45 +155,53 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Consumer, error
 		kgo.OnPartitionsRevoked(c.onRevoked),
 		kgo.OnPartitionsLost(c.onLost),
 		kgo.ProducerLinger(0),
-	)
-	if err != nil {
-		c.close()
+	); err != nil {
 		return nil, err
 	}
 	dlq := cfg.Kafka
 	dlq.Topic = cfg.DLQTopic
 	if err := kafka.EnsureTopic(ctx, c.client, dlq); err != nil {
-		c.close()
 		return nil, fmt.Errorf("dlq-topic: %w", err)
 	}
 	if c.adminLn, err = net.Listen("tcp", cfg.AdminAddr); err != nil {
-		c.close()
 		return nil, fmt.Errorf("listen on consumer-admin-addr: %w", err)
 	}
 	return c, nil
 }
 
-// close releases what New opened. The loop has stopped (or never ran), so
+// Close stops Run if it runs and waits for it (see Run), then leaves the
+// group and frees what Open took. The loop has stopped (or never ran), so
 // the revoke callback that leaving the group runs does not wait for it.
-func (c *Consumer) close() {
-	c.endLoop.Do(func() { close(c.loopDone) })
-	if c.client != nil {
-		c.client.AllowRebalance() // a poll the loop never took must not block the leave
-		c.client.Close()
-	}
-	c.rdb.Close()
-	if c.adminLn != nil {
-		c.adminLn.Close()
-	}
+// Later calls return the first one's error.
+func (c *Consumer) Close() error {
+	return c.runs.Close(func() error {
+		c.endLoop.Do(func() { close(c.loopDone) })
+		if c.client != nil {
+			c.client.AllowRebalance() // a poll the loop never took must not block the leave
+			c.client.Close()
+		}
+		var err error
+		if c.rdb != nil {
+			err = c.rdb.Close()
+		}
+		if c.adminLn != nil {
+			c.adminLn.Close() // Run's server closed it already, if it ran
+		}
+		return err
+	})
 }
 
 // AdminAddr is where health and metrics are served.
 func (c *Consumer) AdminAddr() net.Addr { return c.adminLn.Addr() }
 
-// Run consumes until ctx is done, then lets the sends under way finish,
-// commits what was settled and leaves the group.
+// Run consumes until ctx is done or Close is called, then lets the sends
+// under way finish and commits what was settled. Close leaves the group.
 func (c *Consumer) Run(ctx context.Context) error {
-	defer c.close()
+	ctx, end, err := c.runs.Start(ctx)
+	if err != nil {
+		return err
+	}
+	defer end()
 	c.log.Info("guide consumer running", "group", c.cfg.Group, "topic", c.cfg.Kafka.Topic,
 		"sender", c.cfg.Sender, "dlq_topic", c.cfg.DLQTopic, "admin", c.AdminAddr().String())
 	eg, ctx := errgroup.WithContext(ctx)
@@ -214,7 +221,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		defer c.endLoop.Do(func() { close(c.loopDone) })
 		return newLoop(c).run(ctx)
 	})
-	err := eg.Wait()
+	err = eg.Wait()
 	// Commit what was settled before leaving the group.
 	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -240,7 +247,7 @@ func (c *Consumer) ready(ctx context.Context) error {
 // process takes one record as far as it goes: to a settled outcome, or to
 // an error meaning "try again later". It runs on its own goroutine, one
 // per record in flight, started and awaited by the loop.
-func (c *Consumer) process(ctx context.Context, r *kgo.Record) (string, error) {
+func (c *Consumer) process(ctx context.Context, r *kgo.Record) (Outcome, error) {
 	ev, err := timeoutevent.Parse(r.Value)
 	if err != nil {
 		if err := c.deadLetter(ctx, r, err.Error()); err != nil {
@@ -274,7 +281,7 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (string, error) {
 	}
 	g := Guide{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: c.text(ev), DeadlineMS: ev.DeadlineMS, DueMS: ev.DueMS,
 		Stage: ev.Stage, Action: ev.Action, Final: ev.Final}
-	outcome, err := c.breaker.Execute(func() (string, error) {
+	outcome, err := c.breaker.Execute(func() (Outcome, error) {
 		start := time.Now()
 		defer func() { metricSendSeconds.Observe(time.Since(start).Seconds()) }()
 		return c.sender.Send(ctx, g)

@@ -25,7 +25,12 @@ func TestHelperConsumerProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := Run(context.Background(), cfg, testLogger()); err != nil {
+	c, err := Open(context.Background(), cfg, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Run(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 }

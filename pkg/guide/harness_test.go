@@ -26,6 +26,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/stillthere/stillthere/pkg/config"
+	"github.com/stillthere/stillthere/pkg/lifecycle"
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 	"github.com/stillthere/stillthere/pkg/session"
@@ -188,10 +189,10 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		hook(p.ID)
 	}
 	if dup {
-		writeJSON(w, http.StatusOK, map[string]string{"status": OutcomeDuplicate})
+		writeJSON(w, http.StatusOK, map[string]Outcome{"status": OutcomeDuplicate})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": OutcomeDelivered})
+	writeJSON(w, http.StatusOK, map[string]Outcome{"status": OutcomeDelivered})
 }
 
 func (g *fakeGateway) setMode(m gatewayMode) {
@@ -522,44 +523,48 @@ func (e *testEnv) groupMembers(group string) (int, []int) {
 
 // running is a consumer running in the background.
 type running struct {
-	t      *testing.T
-	c      *Consumer
-	cancel context.CancelFunc
-	done   chan error
-	once   sync.Once
+	t    *testing.T
+	c    *Consumer
+	done chan error // Run's error, once it returned
+	once sync.Once
 }
 
 // start opens a consumer with cfg and runs it until the test ends or stop.
 // Each prepare func sees the consumer before it runs.
 func (e *testEnv) start(cfg Config, prepare ...func(*Consumer)) *running {
 	e.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
 	logger := e.log
 	if logger == nil {
 		logger = testLogger()
 	}
-	c, err := New(ctx, cfg, logger)
+	c, err := Open(context.Background(), cfg, logger)
 	if err != nil {
-		cancel()
-		e.t.Fatalf("new consumer: %v", err)
+		e.t.Fatalf("open consumer: %v", err)
 	}
 	c.lagEvery = 100 * time.Millisecond
 	for _, f := range prepare {
 		f(c)
 	}
-	r := &running{t: e.t, c: c, cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- c.Run(ctx) }()
+	r := &running{t: e.t, c: c, done: make(chan error, 1)}
+	go func() { r.done <- c.Run(context.Background()) }()
 	e.t.Cleanup(r.stop)
 	return r
 }
 
-// stop cancels the consumer and waits for Run to return.
+// stop closes the consumer: Close stops Run, waits for it and leaves the
+// group.
 func (r *running) stop() {
 	r.once.Do(func() {
-		r.cancel()
+		closed := make(chan struct{})
+		go func() {
+			r.c.Close()
+			close(closed)
+		}()
 		select {
-		case err := <-r.done:
-			if err != nil {
+		case <-closed:
+			// A Run that had not begun when Close came returns
+			// ErrClosed: closed without running, a stop too.
+			if err := <-r.done; err != nil && !errors.Is(err, lifecycle.ErrClosed) {
 				r.t.Errorf("consumer stopped with: %v", err)
 			}
 		case <-time.After(waitLong):
@@ -620,8 +625,8 @@ func metricValue(t *testing.T, name string, labels ...string) float64 {
 	return m.GetGauge().GetValue()
 }
 
-func guidesSettled(t *testing.T, outcome string) float64 {
-	return metricValue(t, "stillthere_consumer_guides_total", "outcome", outcome)
+func guidesSettled(t *testing.T, outcome Outcome) float64 {
+	return metricValue(t, "stillthere_consumer_guides_total", "outcome", string(outcome))
 }
 
 func sendErrors(t *testing.T) float64 {

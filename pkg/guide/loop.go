@@ -96,7 +96,7 @@ func (j *job) settled() {
 
 type result struct {
 	j       *job
-	outcome string
+	outcome Outcome
 	err     error
 }
 
@@ -308,7 +308,7 @@ func (l *loop) settle(r result) {
 
 	if r.err == nil {
 		l.held--
-		metricGuides.WithLabelValues(r.outcome).Inc()
+		metricGuides.WithLabelValues(string(r.outcome)).Inc()
 		l.c.log.Debug("guide settled", "outcome", r.outcome, "partition", j.rec.Partition, "offset", j.rec.Offset)
 		j.done = true
 		j.settled()

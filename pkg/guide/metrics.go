@@ -13,7 +13,7 @@ import (
 var (
 	metricGuides = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_consumer_guides_total",
-		Help: "Timeout events settled, by outcome (delivered, duplicate, queued, stale, too_old, rejected, invalid).",
+		Help: "Timeout events settled, by outcome (" + outcomeList() + ").",
 	}, []string{"outcome"})
 	metricSendErrors = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_consumer_send_errors_total",
@@ -60,8 +60,8 @@ var (
 // observeSent books a guide the downstream took (outcome), by its stage.
 // Parse bounds the stage to 1-timeoutevent.MaxStages and the action to
 // two values, so the labels' cardinality is bounded.
-func observeSent(ev timeoutevent.Event, outcome string) {
-	if outcome != OutcomeDelivered && outcome != OutcomeQueued {
+func observeSent(ev timeoutevent.Event, outcome Outcome) {
+	if !outcome.sent() {
 		return
 	}
 	stage := strconv.Itoa(min(max(ev.Stage, 1), timeoutevent.MaxStages))

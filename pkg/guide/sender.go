@@ -13,22 +13,10 @@ import (
 // the session ran out.
 type Guide = push.Request
 
-// Outcomes of a settled guide, the label of stillthere_consumer_guides_total.
-// Those a gateway answers are its push statuses.
-const (
-	OutcomeDelivered = string(push.Delivered) // shown to the user
-	OutcomeDuplicate = string(push.Duplicate) // shown before: the downstream deduped it
-	OutcomeQueued    = string(push.Queued)    // the user had no connection: kept for their next connect
-	OutcomeStale     = string(push.Stale)     // the user came back before the guide went out
-	OutcomeTooOld    = string(push.TooOld)    // the deadline is older than guide-max-age: dropped
-	OutcomeRejected  = "rejected"             // the downstream refused this guide for good: dead-lettered
-	OutcomeInvalid   = "invalid"              // not a timeout event this build reads: dead-lettered
-)
-
 // sender delivers one guide and says how it was settled. An error is the
 // downstream failing, to be retried, unless it is a permanentError.
 type sender interface {
-	Send(ctx context.Context, g Guide) (string, error)
+	Send(ctx context.Context, g Guide) (Outcome, error)
 }
 
 var (
@@ -66,7 +54,7 @@ type gatewaySender struct {
 // (409 while another push of it is under way, 5xx, 401/403, an older
 // gateway refusing a field, timeouts, connection errors) is the
 // downstream failing, to be retried.
-func (s *gatewaySender) Send(ctx context.Context, g Guide) (string, error) {
+func (s *gatewaySender) Send(ctx context.Context, g Guide) (Outcome, error) {
 	res, err := push.NewClient(s.url, s.secret, s.client).Push(ctx, g)
 	if push.IsRejected(err) {
 		return "", permanentError{err}
@@ -74,5 +62,5 @@ func (s *gatewaySender) Send(ctx context.Context, g Guide) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return string(res.Status), nil
+	return Outcome(res.Status), nil
 }

@@ -21,10 +21,10 @@ import (
 func TestSenderOutcomes(t *testing.T) {
 	tests := []struct {
 		name   string
-		status int    // answer status; 0 means never answer
-		body   string // answer body
-		want   string // outcome; empty means an error
-		perm   bool   // the error is the downstream's definite no
+		status int     // answer status; 0 means never answer
+		body   string  // answer body
+		want   Outcome // empty means an error
+		perm   bool    // the error is the downstream's definite no
 	}{
 		{name: "delivered", status: 200, body: `{"status":"delivered"}`, want: OutcomeDelivered},
 		{name: "duplicate", status: 200, body: `{"status":"duplicate"}`, want: OutcomeDuplicate},
@@ -154,7 +154,7 @@ func TestWebhookSender(t *testing.T) {
 	tests := []struct {
 		name   string
 		status int // 0 means never answer
-		want   string
+		want   Outcome
 		perm   bool
 	}{
 		{name: "200 delivers", status: 200, want: OutcomeDelivered},

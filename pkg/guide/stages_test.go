@@ -124,7 +124,7 @@ func TestNeedlessStages(t *testing.T) {
 		deadline time.Duration // before now
 		due      time.Duration // before now
 		renewed  time.Duration // before now; 0 never
-		want     string
+		want     Outcome
 	}{
 		{"due now, deadline past the max age", 10 * time.Minute, 0, 0, ""},
 		{"due past the max age", 20 * time.Minute, maxAge + time.Second, 0, OutcomeTooOld},

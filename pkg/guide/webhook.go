@@ -28,7 +28,7 @@ type webhookSender struct {
 // Everything else is the receiver failing, to be retried: 401 and 403,
 // which a rotated secret gets for every guide, as much as 5xx, timeouts
 // and connection errors.
-func (s *webhookSender) Send(ctx context.Context, g Guide) (string, error) {
+func (s *webhookSender) Send(ctx context.Context, g Guide) (Outcome, error) {
 	// A guide without a stage (0, "") is stage 1's reminder, as on the
 	// push endpoint: the webhook's receiver always gets all three.
 	body, err := json.Marshal(webhook.Body{ID: g.ID, UID: g.UID, Segment: g.Segment, Text: g.Text, DeadlineMS: g.DeadlineMS, DueMS: cmp.Or(g.DueMS, g.DeadlineMS),

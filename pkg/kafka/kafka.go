@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -54,18 +55,30 @@ const (
 	SASLScramSHA512 = "scram-sha-512"
 )
 
+// DefaultConfig is the Kafka settings by default: one local broker.
+func DefaultConfig() Config {
+	return Config{
+		Brokers:           []string{"127.0.0.1:9092"},
+		Topic:             "session-timeouts",
+		Partitions:        12,
+		ReplicationFactor: 1,
+		SASLMechanism:     SASLNone,
+	}
+}
+
 // Bind registers the Kafka settings.
 func (c *Config) Bind(b *config.Binder) {
-	b.List(&c.Brokers, "kafka-brokers", "127.0.0.1:9092", "Kafka bootstrap servers, comma-separated")
-	b.String(&c.Topic, "topic", "session-timeouts", "topic of timeout events")
-	b.Int(&c.Partitions, "topic-partitions", 12, "partitions of the topic, when it is created")
-	b.Int(&c.ReplicationFactor, "topic-replication", 1, "replication factor of the topic, when it is created")
+	d := DefaultConfig()
+	b.List(&c.Brokers, "kafka-brokers", strings.Join(d.Brokers, ","), "Kafka bootstrap servers, comma-separated")
+	b.String(&c.Topic, "topic", d.Topic, "topic of timeout events")
+	b.Int(&c.Partitions, "topic-partitions", d.Partitions, "partitions of the topic, when it is created")
+	b.Int(&c.ReplicationFactor, "topic-replication", d.ReplicationFactor, "replication factor of the topic, when it is created")
 	b.Bool(&c.TLS, "kafka-tls", false, "dial Kafka over TLS")
 	b.String(&c.TLSFiles.CAFile, "kafka-tls-ca-file", "", "PEM CA bundle that verifies the brokers; empty uses the system roots")
 	b.String(&c.TLSFiles.CertFile, "kafka-tls-cert-file", "", "PEM client certificate, for mutual TLS")
 	b.String(&c.TLSFiles.KeyFile, "kafka-tls-key-file", "", "PEM key of the client certificate")
 	b.String(&c.TLSFiles.ServerName, "kafka-tls-server-name", "", "name verified in the brokers' certificates; empty uses the host dialed")
-	b.String(&c.SASLMechanism, "kafka-sasl-mechanism", SASLNone, "SASL mechanism: none, plain, scram-sha-256 or scram-sha-512")
+	b.String(&c.SASLMechanism, "kafka-sasl-mechanism", d.SASLMechanism, "SASL mechanism: none, plain, scram-sha-256 or scram-sha-512")
 	b.String(&c.SASLUsername, "kafka-sasl-username", "", "SASL user name")
 	b.Secret(&c.SASLPassword, "kafka-sasl-password", "SASL password")
 }

@@ -36,8 +36,9 @@ type Closing struct {
 
 // Bind registers close-after and close-text on b.
 func (c *Closing) Bind(b *config.Binder) {
-	b.Duration(&c.After, "close-after", DefaultCloseAfter, "delay from the first guide to the close stage, when no timeout policy is stored; 0: no close stage")
-	b.String(&c.Text, "close-text", DefaultCloseText, "text of the close stage, when no timeout policy is stored")
+	d := DefaultClosing()
+	b.Duration(&c.After, "close-after", d.After, "delay from the first guide to the close stage, when no timeout policy is stored; 0: no close stage")
+	b.String(&c.Text, "close-text", d.Text, "text of the close stage, when no timeout policy is stored")
 }
 
 // Validate names the first bad setting.

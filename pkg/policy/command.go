@@ -66,13 +66,13 @@ func Command(ctx context.Context, args []string, env config.Lookup, out io.Write
 	rc.Bind(b)
 	var ttl, sessionJitter time.Duration
 	var closing Closing
-	b.Duration(&ttl, "session-ttl", 60*time.Second, "TTL when no policy is stored")
-	b.Duration(&sessionJitter, "session-jitter", 5*time.Second, "jitter when no policy is stored")
+	b.Duration(&ttl, "session-ttl", DefaultSessionTTL, "TTL when no policy is stored")
+	b.Duration(&sessionJitter, "session-jitter", DefaultSessionJitter, "jitter when no policy is stored")
 	closing.Bind(b)
 	// The gateways' setting, read the same way: run in a gateway's
 	// container, the command holds a policy to that gateway's bound.
 	var granularity time.Duration
-	b.Duration(&granularity, "renew-granularity", time.Second, "the gateways' renewal granularity: every TTL must be at least twice it")
+	b.Duration(&granularity, "renew-granularity", DefaultRenewGranularity, "the gateways' renewal granularity: every TTL must be at least twice it")
 	var defaultTTL, jitter time.Duration
 	var set, remove, setStages, clearStages []string
 	if verb == "set" {

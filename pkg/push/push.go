@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/stillthere/stillthere/pkg/frame"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
@@ -31,6 +32,17 @@ import (
 
 // Path is where the gateway's internal listener serves the endpoint.
 const Path = "/v1/push"
+
+// Defaults both sides of the call share.
+const (
+	// DefaultAddr is the gateway's internal listener (push-addr), which
+	// the consumer's push-url names by default.
+	DefaultAddr = "127.0.0.1:8081"
+	// DefaultGuideMaxAge is guide-max-age: how long after its deadline a
+	// guide may still go out. The consumer drops older events; the
+	// gateway hands over no older guide from an inbox.
+	DefaultGuideMaxAge = 5 * time.Minute
+)
 
 // Limits of a request.
 const (

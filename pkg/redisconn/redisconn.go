@@ -42,12 +42,19 @@ type Config struct {
 	PoolSize int
 }
 
+// DefaultConfig is the Redis settings by default: one local server, keys
+// under "st".
+func DefaultConfig() Config {
+	return Config{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "st"}
+}
+
 // Bind registers the Redis settings.
 func (c *Config) Bind(b *config.Binder) {
-	b.List(&c.Addrs, "redis-addrs", "127.0.0.1:6379", "Redis address, or comma-separated cluster seeds")
+	d := DefaultConfig()
+	b.List(&c.Addrs, "redis-addrs", strings.Join(d.Addrs, ","), "Redis address, or comma-separated cluster seeds")
 	b.String(&c.Username, "redis-username", "", "Redis ACL user name")
 	b.Secret(&c.Password, "redis-password", "Redis password")
-	b.String(&c.KeyPrefix, "key-prefix", "st", "prefix of every Redis key")
+	b.String(&c.KeyPrefix, "key-prefix", d.KeyPrefix, "prefix of every Redis key")
 	b.Bool(&c.Cluster, "redis-cluster", false, "use Redis Cluster even with one seed address")
 	b.Bool(&c.TLS, "redis-tls", false, "connect to Redis over TLS")
 	b.String(&c.TLSFiles.CAFile, "redis-tls-ca-file", "", "PEM CA bundle that verifies Redis; empty uses the system roots")

@@ -64,7 +64,7 @@ type restartable struct {
 // open opens the first instance, on addresses the kernel picks, and
 // fixes them for the next ones.
 func (r *restartable) open(ctx context.Context) (*gateway.Gateway, error) {
-	g, err := gateway.New(ctx, r.cfg, r.log)
+	g, err := gateway.Open(ctx, r.cfg, r.log)
 	if err != nil {
 		return nil, err
 	}
@@ -73,28 +73,27 @@ func (r *restartable) open(ctx context.Context) (*gateway.Gateway, error) {
 	return g, nil
 }
 
-// run serves g, and each instance a restart opens after it, until ctx is
-// done. It alone starts and stops them.
+// run runs g, and each instance a restart opens after it, until ctx is
+// done. It alone starts and closes them; Close drains as on SIGTERM.
 func (r *restartable) run(ctx context.Context, g *gateway.Gateway) error {
 	for {
-		gctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
-		go func() { done <- g.Serve(gctx) }()
+		go func() { done <- g.Run(ctx) }()
 		select {
 		case <-ctx.Done():
-			cancel()
+			g.Close()
 			return <-done
 		case err := <-done:
-			cancel()
+			g.Close()
 			return fmt.Errorf("second gateway stopped: %v", err)
 		case reply := <-r.restarts:
-			cancel()
+			g.Close()
 			if err := <-done; err != nil {
 				reply <- err
 				return fmt.Errorf("second gateway: %w", err)
 			}
 			var err error
-			g, err = gateway.New(ctx, r.cfg, r.log)
+			g, err = gateway.Open(ctx, r.cfg, r.log)
 			reply <- err
 			if err != nil {
 				return fmt.Errorf("second gateway: %w", err)

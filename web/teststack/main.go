@@ -125,15 +125,11 @@ func run(ctx context.Context, env func(string) (string, bool)) error {
 	if err != nil {
 		return err
 	}
+	defer s.Close() // Redis and Kafka included
 	second := &restartable{cfg: s.GatewayConfig, log: logger.With("service", "gateway", "instance", "restartable")}
 	second.cfg.Addr, second.cfg.PushAddr, second.cfg.InstanceID = "127.0.0.1:0", "127.0.0.1:0", ""
 	g2, err := second.open(ctx)
 	if err != nil {
-		// Run with a done context stops what Start opened, Redis and
-		// Kafka included.
-		done, cancel := context.WithCancel(ctx)
-		cancel()
-		s.Run(done)
 		return fmt.Errorf("second gateway: %w", err)
 	}
 
