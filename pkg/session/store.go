@@ -494,7 +494,9 @@ func parseStage(v string) (stage int, deadline time.Time, ok bool) {
 // fields of one entry in a due or lookup reply.
 const entryFields = 7
 
-// parseExpired decodes {now, uid, deadline, segment, via, held, routes, ...}.
+// parseExpired decodes {now, uid, due, segment, via, held, routes, stage,
+// ...}: due is the entry's score in the index, the silence's deadline for
+// stage 1; a later stage's deadline comes from its stage value.
 func parseExpired(cmd *redis.Cmd) ([]Expired, time.Time, error) {
 	vals, err := cmd.Slice()
 	if err != nil {
