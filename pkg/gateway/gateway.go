@@ -70,9 +70,13 @@ type Gateway struct {
 	publicLn, pushLn net.Listener
 	conns            sync.WaitGroup // one per goroutine of a connection being served
 	connsMu          sync.Mutex     // guards draining and conns' growth
-	draining         bool
-	maxConns         int64
-	open             atomic.Int64 // connections held or being upgraded
+	// testSetup, when set, runs on a connection's handler after its
+	// route is written and before it is tracked: tests begin a drain
+	// there.
+	testSetup func()
+	draining  bool
+	maxConns  int64
+	open      atomic.Int64 // connections held or being upgraded
 
 	start   time.Time     // Open's time; connections time their pings from it
 	reach   *reach        // whether Redis answers renewals and heartbeats
@@ -468,6 +472,17 @@ func (g *Gateway) publicMux(ctx context.Context) http.Handler {
 // serveWS authenticates, upgrades and serves one client. ctx is the
 // gateway's: a connection outlives its HTTP request.
 func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Request) {
+	// The handler is counted among the connections' goroutines, which the
+	// drain and so Run and Close wait for: an HTTP server's Shutdown does
+	// not wait for the handler of an upgraded connection, and one the
+	// drain turns away still writes its route and hands on its guides.
+	if !g.track(1) {
+		metricRejected.WithLabelValues("draining").Inc()
+		w.Header().Set("Retry-After", "1")
+		admin.WriteError(w, http.StatusServiceUnavailable, "gateway shutting down, try another")
+		return
+	}
+	defer g.conns.Done()
 	if !g.originAllowed(r) {
 		metricRejected.WithLabelValues("origin").Inc()
 		admin.WriteError(w, http.StatusForbidden, "origin not allowed")
@@ -549,6 +564,9 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	n := 1
 	if rest != nil {
 		n = 2
+	}
+	if g.testSetup != nil {
+		g.testSetup()
 	}
 	if !g.track(n) {
 		// The drain began while this one was being set up: it is told to

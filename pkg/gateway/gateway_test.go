@@ -677,9 +677,11 @@ func TestDrainTurnedAwayConnectionLetsGoOfItsInbox(t *testing.T) {
 	tg.mustPush(t, req, push.Queued) // connected nowhere: kept in the inbox
 
 	// The drain begins while mara's connection is being set up.
-	tg.connsMu.Lock()
-	tg.draining = true
-	tg.connsMu.Unlock()
+	tg.testSetup = func() {
+		tg.connsMu.Lock()
+		tg.draining = true
+		tg.connsMu.Unlock()
+	}
 	tok, err := token.Mint([]byte(tokenSecret), "mara", "", time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -706,4 +708,60 @@ func TestDrainTurnedAwayConnectionLetsGoOfItsInbox(t *testing.T) {
 	// there for it.
 	back := other.dial(t, "mara")
 	readStage(t, back, req)
+}
+
+// TestRunWaitsForConnectionBeingSetUp: a connection still being set up
+// when the drain begins is turned away by its handler, which then writes
+// its route and hands on its guides. An HTTP server's Shutdown does not
+// wait for the handler of an upgraded connection, so Run, and Close after
+// it, must: a gateway that returned before would leave that bookkeeping
+// to a goroutine racing the closing of its Redis clients.
+func TestRunWaitsForConnectionBeingSetUp(t *testing.T) {
+	tg := startGateway(t, nil)
+	ctx := context.Background()
+	inSetup, release := make(chan struct{}), make(chan struct{})
+	tg.testSetup = func() {
+		close(inSetup)
+		<-release
+	}
+	tok, err := token.Mint([]byte(tokenSecret), "nell", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dialed := make(chan *websocket.Conn, 1)
+	go func() {
+		ws, _, err := websocket.DefaultDialer.Dial("ws://"+tg.PublicAddr().String()+"/v1/ws", http.Header{"Authorization": {"Bearer " + tok}})
+		if err != nil {
+			t.Errorf("dial: %v", err)
+			close(dialed)
+			return
+		}
+		dialed <- ws
+	}()
+	<-inSetup
+	stopped := make(chan struct{})
+	go func() {
+		tg.stop(t)
+		close(stopped)
+	}()
+	waitUntil(t, "the drain to begin", func() bool {
+		tg.connsMu.Lock()
+		defer tg.connsMu.Unlock()
+		return tg.draining
+	})
+	select {
+	case <-stopped:
+		t.Fatal("the gateway stopped while a connection was being set up")
+	case <-time.After(300 * time.Millisecond): // long enough for a drain with no connections to end
+	}
+	close(release)
+	<-stopped
+	// The turned-away connection's bookkeeping was done before the stop
+	// returned: it is out of its route.
+	if tg.rdb.HExists(ctx, tg.store.Keyspace().RouteKey("nell"), tg.instance).Val() {
+		t.Error("the turned-away connection is still in its route after the gateway stopped")
+	}
+	if ws, ok := <-dialed; ok {
+		ws.Close()
+	}
 }

@@ -12,7 +12,7 @@ var (
 	})
 	metricRejected = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_rejected_total",
-		Help: "Upgrade requests refused before the upgrade, by reason: token (401), origin (403), full (503, the instance at max-conns), user_full (429, the user at max-user-conns).",
+		Help: "Upgrade requests refused before the upgrade, by reason: token (401), origin (403), full (503, the instance at max-conns), user_full (429, the user at max-user-conns), draining (503, the instance shutting down).",
 	}, []string{"reason"})
 	metricTokens = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_tokens_total",
