@@ -310,13 +310,7 @@ func (r *faultRig) warmUp() {
 	if _, err := store.Renew(context.Background(), "warm-up", session.DefaultSegment, 100*time.Millisecond); err != nil {
 		r.t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for len(r.hook.Guides("warm-up")) == 0 {
-		if time.Now().After(deadline) {
-			r.t.Fatal("no guide went through the pipeline within 20s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitCond(r.t, 20*time.Second, "a guide through the pipeline", func() bool { return len(r.hook.Guides("warm-up")) > 0 })
 }
 
 // events reads the timeout events on the topic, by uid.
