@@ -184,7 +184,8 @@ func decide(f facts, t timeout) verdict {
 		v.act, v.rule, v.until = actHold, holdMinute, session.DedupWindowEnd(t.Due)
 		return v
 	case session.ClaimFresh:
-	default:
+		// ours: below
+	default: // session.ClaimBusy, or a reply this build does not know
 		v.act, v.reason = actLeave, whyClaimedElsewhere
 		return v
 	}

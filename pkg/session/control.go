@@ -318,8 +318,9 @@ func parseInstance(v string) (Instance, error) {
 	return Instance{Last: time.UnixMilli(l), Lease: time.Duration(n) * time.Millisecond}, nil
 }
 
-// lapseScript counts n timeouts claimed in second ARGV[1] and returns the
-// count of the window. ARGV: n, key TTL seconds.
+// lapseScript adds n timeouts claimed to the count of the current second
+// (its last key) and returns the count of the window. ARGV: n, key TTL
+// seconds.
 var lapseScript = newScript[lapseKeys]("lapses", nil, nil)
 
 // Lapses adds n timeouts claimed at now (Redis's clock) to the count of

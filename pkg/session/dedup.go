@@ -42,7 +42,7 @@ const (
 // Dedup outcomes of a claim.
 const (
 	ClaimFresh = "fresh" // claimed: produce it
-	ClaimDone  = "done"  // this very timeout was produced already: settle it
+	ClaimDone  = "done"  // this very timeout was produced already (its guide since found stale, perhaps): settle it
 	ClaimBusy  = "busy"  // another replica is producing it: leave it
 	ClaimDefer = "defer" // the window's guide may have gone out: wait for its end
 	// ClaimSpooled: this very timeout went to a spool: settle it, with the

@@ -78,11 +78,11 @@ var stagedCandidatesScript = newScript[stagedKeys]("staged_candidates", nil, nil
 // ARGV[2]) whose release time came, then lists up to ARGV[1] candidates
 // whose deadline in the index has passed and whose session key is gone.
 // EXISTS on a key past its TTL makes Redis expire it on the spot.
-// With ARGV[3] "staged", a candidate of the index is listed only when it
+// With ARGV[3] 1 (later stages only), a candidate of the index is listed only when it
 // is due for a stage past the first (a listener of keyspace events, which
 // do not come again for a later stage). Its keys name each candidate's
 // session key and route key, in the order of the uids. ARGV: limit, held
-// count, mode, then the candidates' uids. Returns {now, uid, due,
+// count, later-only flag, then the candidates' uids. Returns {now, uid, due,
 // segment, via, held, routes, stage, ...}; held is 1 when this due time
 // was held once already, routes the gateway instances holding the user's
 // connections, stage a stageFormat value or "" for stage 1.
@@ -113,9 +113,9 @@ type candidates struct {
 // index false it reads the held timeouts and the entries due for a later
 // stage only. It returns the latest Redis clock it saw.
 func (s *Store) sweep(ctx context.Context, limit int, index bool) ([]Expired, time.Time, error) {
-	mode := "all"
+	laterOnly := 0 // dueScript's ARGV[3]: list index entries due for a later stage only
 	if !index {
-		mode = "staged"
+		laterOnly = 1
 	}
 	reads := s.runScripts(ctx, 2*Buckets, func(i int) (*redis.Script, []string, []any) {
 		b := i % Buckets
@@ -166,7 +166,7 @@ func (s *Store) sweep(ctx context.Context, limit int, index bool) ([]Expired, ti
 		b := busy[i]
 		c := found[b]
 		keys := dueKeys{bucketKeys: s.ks.bucketKeys(b)}
-		args := []any{limit, len(c.held), mode}
+		args := []any{limit, len(c.held), laterOnly}
 		for _, uid := range slices.Concat(c.held, c.due) {
 			keys.Entries = append(keys.Entries, s.ks.SessionKey(uid), s.ks.RouteKey(uid))
 			args = append(args, uid)
@@ -494,7 +494,9 @@ func parseStage(v string) (stage int, deadline time.Time, ok bool) {
 // fields of one entry in a due or lookup reply.
 const entryFields = 7
 
-// parseExpired decodes {now, uid, deadline, segment, via, held, routes, ...}.
+// parseExpired decodes {now, uid, due, segment, via, held, routes, stage,
+// ...}: due is the entry's score in the index, the silence's deadline for
+// stage 1; a later stage's deadline comes from its stage value.
 func parseExpired(cmd *redis.Cmd) ([]Expired, time.Time, error) {
 	vals, err := cmd.Slice()
 	if err != nil {

@@ -1,5 +1,5 @@
 local now = redisNowMS()
-local limit, nheld, staged = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3] == 'staged'
+local limit, nheld, laterOnly = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3] == '1'
 local out, n = {now}, 0
 for j = 1, #ARGV - 3 do
   local uid = ARGV[j + 3]
@@ -15,7 +15,7 @@ for j = 1, #ARGV - 3 do
   end
   local score = redis.call('ZSCORE', KEYS[K.index], uid)
   local stage = redis.call('HGET', KEYS[K.stage], uid) or ''
-  if n < limit and score and tonumber(score) <= now and (j <= nheld or not staged or stage ~= '')
+  if n < limit and score and tonumber(score) <= now and (j <= nheld or not laterOnly or stage ~= '')
       and redis.call('EXISTS', KEYS[K.entries + 2 * j - 2]) == 0 then
     local held = redis.call('HGET', KEYS[K.held], uid)
     out[#out+1] = uid
