@@ -45,6 +45,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/config"
 	"github.com/stillthere/stillthere/pkg/expiry"
 	"github.com/stillthere/stillthere/pkg/guide"
+	"github.com/stillthere/stillthere/pkg/kafka/kafkatest"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/session"
@@ -174,7 +175,7 @@ func run(ctx context.Context, log *slog.Logger, rep *Report, grace, closeAfter, 
 		return err
 	}
 	defer rs.Close()
-	kc, err := kfake.NewCluster(kfake.NumBrokers(1))
+	kc, err := kafkatest.NewFake()
 	if err != nil {
 		return err
 	}

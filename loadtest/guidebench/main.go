@@ -30,6 +30,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/stillthere/stillthere/pkg/guide"
+	"github.com/stillthere/stillthere/pkg/kafka/kafkatest"
 	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
@@ -89,7 +90,7 @@ func run(ctx context.Context, log *slog.Logger, events, queued, partitions, maxI
 		return rep, err
 	}
 	defer rs.Close()
-	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(partitions), topic))
+	kc, err := kafkatest.NewFake(kfake.SeedTopics(int32(partitions), topic))
 	if err != nil {
 		return rep, fmt.Errorf("embedded kafka: %w", err)
 	}

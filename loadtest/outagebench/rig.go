@@ -15,6 +15,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/config"
 	"github.com/stillthere/stillthere/pkg/expiry"
 	"github.com/stillthere/stillthere/pkg/guide"
+	"github.com/stillthere/stillthere/pkg/kafka/kafkatest"
 	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/tcpproxy"
@@ -84,7 +85,7 @@ func startRig(ctx context.Context, s settings, logs *tally) (r *rig, err error) 
 	r.rdb = redis.NewClient(&redis.Options{Addr: r.redis.Addr})
 	r.closes = append(r.closes, func() { r.rdb.Close() })
 	r.ks, _ = session.NewKeyspace(keyPrefix)
-	if r.kafka, err = kfake.NewCluster(kfake.NumBrokers(1)); err != nil {
+	if r.kafka, err = kafkatest.NewFake(); err != nil {
 		return r, err
 	}
 	r.closes = append(r.closes, r.kafka.Close)

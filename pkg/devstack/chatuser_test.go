@@ -289,14 +289,11 @@ func (c *userConn) isGone() bool {
 // so the deadline they were granted is known, then loses the connection
 // as a network would: no close frame, and the session runs out.
 func (c *userConn) drop() {
-	for end := time.Now().Add(time.Second); time.Now().Before(end) && !c.isGone(); time.Sleep(10 * time.Millisecond) {
+	waitFor(time.Second, func() bool {
 		c.mu.Lock()
-		n := len(c.pending)
-		c.mu.Unlock()
-		if n == 0 {
-			break
-		}
-	}
+		defer c.mu.Unlock()
+		return len(c.pending) == 0 || c.isGone()
+	})
 	c.ws.Close()
 }
 

@@ -1,7 +1,9 @@
 package devstack
 
 import (
+	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -62,10 +64,27 @@ func testTwoDevices(t *testing.T, cluster bool) {
 		u.laptop = watch(t, p.dialUser(u.uid, u.laptopGW))
 		u.phone = watch(t, p.dialUser(u.uid, u.phoneGW))
 	}
-	// Routes are written asynchronously after a connect: give the
-	// writers a moment, as a real laptop is not closed the instant the
-	// phone connects.
-	time.Sleep(300 * time.Millisecond)
+	// Routes are written asynchronously after a connect: the laptop
+	// closes once both devices' routes are in Redis, as a real laptop is
+	// not closed the instant the phone connects.
+	rdb, ks := p.client(), p.keyspace()
+	waitCond(t, 10*time.Second, "both devices' routes", func() bool {
+		for _, u := range users {
+			counts, err := rdb.HGetAll(context.Background(), ks.RouteKey(u.uid)).Result()
+			if err != nil {
+				return false
+			}
+			n := 0
+			for _, c := range counts {
+				k, _ := strconv.Atoi(c)
+				n += k
+			}
+			if n < 2 {
+				return false
+			}
+		}
+		return true
+	})
 	for _, u := range users {
 		_, laptopHigh := u.laptop.ping(t)
 		u.low, u.high = u.phone.ping(t)
@@ -100,13 +119,14 @@ func testTwoDevices(t *testing.T, cluster bool) {
 			}
 		})
 	}
-	// Long enough for a guide past the slack, and for a second one
-	// (should the silence be seen twice) a TTL after it.
+	// Until the pipeline is done with every deadline up to a TTL past
+	// the last: a guide, or a second one should the silence be seen
+	// twice, would be here by then.
 	var last time.Time
 	for _, u := range users {
 		last = later(last, u.high)
 	}
-	time.Sleep(time.Until(last.Add(guideSlack + faultTTL + faultJitter)))
+	p.waitDrained(last.Add(faultTTL + faultJitter))
 	close(stop)
 	wg.Wait()
 
@@ -214,7 +234,7 @@ func testLaggingConsumer(t *testing.T, sender string) {
 	// 5s after the first): the case where the first one's dedup key
 	// meets the second.
 	if s := time.Since(time.Now().Truncate(time.Minute)); s > 45*time.Second {
-		time.Sleep(time.Minute - s)
+		p.waitRedisPast(time.Now().Truncate(time.Minute).Add(time.Minute))
 	}
 	heal := p.failDownstream()
 	failedAt := time.Now()
@@ -230,20 +250,18 @@ func testLaggingConsumer(t *testing.T, sender string) {
 
 	// Every first silence reaches the topic before anyone comes back:
 	// the listener did its part, and the guides wait on the consumer.
-	for end := time.Now().Add(lagOutage / 2); ; time.Sleep(250 * time.Millisecond) {
+	missing := 0
+	if !waitFor(lagOutage/2, func() bool {
 		evs := p.events()
-		missing := 0
+		missing = 0
 		for _, u := range users {
 			if len(evs[u.uid]) == 0 {
 				missing++
 			}
 		}
-		if missing == 0 {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatalf("%d users' timeouts not on the topic %v after their pings", missing, time.Since(failedAt))
-		}
+		return missing == 0
+	}) {
+		t.Fatalf("%d users' timeouts not on the topic %v after their pings", missing, time.Since(failedAt))
 	}
 	if p.front != nil {
 		// Whether the consumer tried them (answered 503) or its open
@@ -272,7 +290,7 @@ func testLaggingConsumer(t *testing.T, sender string) {
 	if time.Since(failedAt) > lagOutage-time.Second {
 		t.Fatalf("users came back %v into the outage; the test needs them back while it lasts", time.Since(failedAt))
 	}
-	time.Sleep(time.Until(failedAt.Add(lagOutage)))
+	time.Sleep(time.Until(failedAt.Add(lagOutage))) // real time: the outage lasts this long
 	heal()
 	healed = true
 	healedAt := time.Now()
@@ -294,26 +312,26 @@ func testLaggingConsumer(t *testing.T, sender string) {
 	// Wait for each expected guide: the second silence's may wait for
 	// the end of its minute.
 	waitUntil := healedAt.Add(guideSlack)
+	lastDeadline := time.Time{}
 	for _, u := range users {
+		lastDeadline = later(lastDeadline, later(u.high, u.high2))
 		if u.kind == lagAgain {
 			waitUntil = later(waitUntil, later(u.high2, session.DedupWindowEnd(u.high)).Add(guideSlack))
 		}
 	}
-	for time.Now().Before(waitUntil) {
-		done := true
+	waitFor(time.Until(waitUntil), func() bool {
 		for _, u := range users {
 			if u.kind != lagLeaves && len(guides(u)) == 0 {
-				done = false
+				return false
 			}
 		}
-		if done {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return true
+	})
 	// Room for a guide too many: a stale one goes out as soon as the
-	// downstream is back, a second one a pipeline's time after the first.
-	time.Sleep(time.Until(later(healedAt.Add(guideSlack), time.Now().Add(2*time.Second))))
+	// downstream is back, a second one a pipeline's time after the
+	// first. Once the pipeline is done with every deadline of the test
+	// (the refused guides retried and settled), none is still to come.
+	p.waitDrained(later(lastDeadline, healedAt))
 
 	if sender == guide.SenderGateway {
 		// Those who left find no guide kept for them on their next
@@ -323,7 +341,10 @@ func testLaggingConsumer(t *testing.T, sender string) {
 				continue
 			}
 			w := watch(t, p.dialUser(u.uid, 0))
-			time.Sleep(time.Second)
+			// A kept guide's first chunk is queued on the connection
+			// before the server reads its first frame: it comes before
+			// the pong.
+			w.ping(t)
 			if gs := w.seen(); len(gs) != 0 {
 				t.Errorf("%s: came back, left with 1000, and on its next connect got %d guides: %v", u.uid, len(gs), gs)
 			}

@@ -25,6 +25,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/expiry"
 	"github.com/stillthere/stillthere/pkg/gateway"
 	"github.com/stillthere/stillthere/pkg/guide"
+	"github.com/stillthere/stillthere/pkg/kafka/kafkatest"
 	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/token"
 )
@@ -101,13 +102,12 @@ func Start(ctx context.Context, opts Options) (s *Stack, err error) {
 
 	if get("kafka-brokers") == "" {
 		kopts := []kfake.Opt{
-			kfake.NumBrokers(1),
 			kfake.DataDir(filepath.Join(opts.DataDir, "kafka")),
 		}
 		if opts.KafkaPort != 0 {
 			kopts = append(kopts, kfake.Ports(opts.KafkaPort))
 		}
-		if s.kafka, err = kfake.NewCluster(kopts...); err != nil {
+		if s.kafka, err = kafkatest.NewFake(kopts...); err != nil {
 			return nil, fmt.Errorf("embedded kafka: %w", err)
 		}
 		set("kafka-brokers", s.kafka.ListenAddrs()[0])

@@ -242,7 +242,7 @@ func testFlow(t *testing.T, s *Stack) {
 					t.Error("acker: write failed")
 					return
 				}
-				time.Sleep(300 * time.Millisecond)
+				pace(300 * time.Millisecond)
 			}
 		}()
 	}
@@ -256,7 +256,7 @@ func testFlow(t *testing.T, s *Stack) {
 		go func() {
 			defer wg.Done()
 			for time.Now().Before(window) {
-				time.Sleep(500 * time.Millisecond)
+				pace(500 * time.Millisecond)
 				ws.SetReadDeadline(time.Now().Add(5 * time.Second))
 				if err := ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`)); err != nil {
 					t.Errorf("active: %v", err)

@@ -20,6 +20,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/gateway"
 	"github.com/stillthere/stillthere/pkg/guide"
 	"github.com/stillthere/stillthere/pkg/guide/guidetest"
+	"github.com/stillthere/stillthere/pkg/kafka/kafkatest"
 	"github.com/stillthere/stillthere/pkg/lifecycle"
 	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
@@ -106,11 +107,7 @@ func newBareRig(t *testing.T) *faultRig {
 // both stopped at cleanup.
 func (r *faultRig) startKafka() *kfake.Cluster {
 	r.t.Helper()
-	kc, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		r.t.Fatalf("start kfake: %v", err)
-	}
-	r.t.Cleanup(kc.Close)
+	kc := kafkatest.StartFake(r.t)
 	r.brokers = kc.ListenAddrs()[0]
 	r.hook = guidetest.StartWebhook(r.t)
 	return kc
@@ -310,13 +307,7 @@ func (r *faultRig) warmUp() {
 	if _, err := store.Renew(context.Background(), "warm-up", session.DefaultSegment, 100*time.Millisecond); err != nil {
 		r.t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for len(r.hook.Guides("warm-up")) == 0 {
-		if time.Now().After(deadline) {
-			r.t.Fatal("no guide went through the pipeline within 20s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitCond(r.t, 20*time.Second, "a guide through the pipeline", func() bool { return len(r.hook.Guides("warm-up")) > 0 })
 }
 
 // events reads the timeout events on the topic, by uid.

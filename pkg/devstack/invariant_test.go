@@ -178,8 +178,9 @@ func (r *invRun) play() {
 	wg.Go(func() { r.disrupt(rand.New(rand.NewPCG(r.seed, 0))) })
 	wg.Wait()
 	r.readers.Wait()
-	// A late guide, stale or not, has time to arrive.
-	time.Sleep(3 * time.Second)
+	// A late guide, stale or not, would have arrived once the pipeline
+	// is done with every deadline so far.
+	r.p.waitDrained(time.Now())
 }
 
 // disrupt fails the downstream and restarts the listener and the
@@ -199,7 +200,7 @@ func (r *invRun) disrupt(rng *rand.Rand) {
 		if atTurn {
 			next = later(next, turn.Add(-2*time.Second))
 		}
-		time.Sleep(time.Until(next))
+		time.Sleep(time.Until(next)) // real time: the schedule's next disruption
 		if time.Now().After(r.end.Add(-5 * time.Second)) {
 			return
 		}
@@ -215,7 +216,7 @@ func (r *invRun) disrupt(rng *rand.Rand) {
 		case disDownstream:
 			d := r.begin(kind, 1500*time.Millisecond)
 			heal := r.p.failDownstream()
-			time.Sleep(length)
+			time.Sleep(length) // real time: the outage lasts this long
 			heal()
 			r.finish(d)
 		case disListener:
@@ -376,7 +377,7 @@ func (u *invUser) between(lo, hi time.Duration) time.Duration {
 
 // play runs episodes until the schedule ends, then leaves with 1000.
 func (u *invUser) play() {
-	time.Sleep(u.between(0, 2*time.Second))
+	pace(u.between(0, 2*time.Second))
 	for time.Now().Before(u.run.end) {
 		u.episode()
 	}
@@ -388,7 +389,7 @@ func (u *invUser) play() {
 func (u *invUser) episode() {
 	u.prune()
 	if len(u.devices) == 0 && u.connect(u.rng.IntN(2)) == nil {
-		time.Sleep(200 * time.Millisecond)
+		pace(200 * time.Millisecond)
 		return
 	}
 	if len(u.devices) == 1 && u.rng.Float64() < 0.2 {
@@ -400,7 +401,7 @@ func (u *invUser) episode() {
 		pings, u.again = 0, false
 	}
 	for range pings {
-		time.Sleep(u.between(1100*time.Millisecond, 1700*time.Millisecond))
+		pace(u.between(1100*time.Millisecond, 1700*time.Millisecond))
 		switch x := u.rng.Float64(); {
 		case x < 0.08 && len(u.devices) == 2:
 			u.drop(u.devices[u.rng.IntN(2)])
@@ -417,7 +418,7 @@ func (u *invUser) episode() {
 	if k < 0 || k != len(u.pings)-1 {
 		// The last ping went unanswered: wait out whatever it granted.
 		u.note("last ping unanswered: waiting it out")
-		time.Sleep(invPongWait + faultTTL + faultJitter)
+		pace(invPongWait + faultTTL + faultJitter)
 		return
 	}
 	_, high := u.pings[k].deadline()
@@ -451,7 +452,7 @@ func (u *invUser) episode() {
 		// fails); the others' next episode starts with the comeback,
 		// and mostly goes silent again after it.
 		u.lapses++
-		time.Sleep(time.Until(high.Add(u.between(50*time.Millisecond, 2500*time.Millisecond))))
+		paceUntil(high.Add(u.between(50*time.Millisecond, 2500*time.Millisecond)))
 		leave := 0.5
 		if failing {
 			leave = 0.7 // back, then gone before the webhook is: the stale case
@@ -459,9 +460,9 @@ func (u *invUser) episode() {
 		u.comeBack(leave)
 	default:
 		// Leaves while its session is live: no silence.
-		time.Sleep(time.Until(u.pings[k].sent.Add(u.between(100*time.Millisecond, 500*time.Millisecond))))
+		paceUntil(u.pings[k].sent.Add(u.between(100*time.Millisecond, 500*time.Millisecond)))
 		u.leave()
-		time.Sleep(u.between(500*time.Millisecond, 3*time.Second))
+		pace(u.between(500*time.Millisecond, 3*time.Second))
 	}
 }
 
@@ -479,12 +480,17 @@ func (u *invUser) silence(k int, how string) {
 	giveUp := u.run.end.Add(2 * time.Minute)
 	var decided bool
 	var backAt time.Time
-	for {
+	// Until a guide, the comeback it decided on, or the bound: the
+	// condition is checked every poll, and giveUp bounds the wait.
+	var then func()
+	waitFor(time.Until(giveUp)+time.Second, func() bool {
 		for _, g := range u.run.p.hook.Guides(u.uid) {
 			if !g.Deadline.Before(low.Add(-invEps)) {
-				u.note("guided")
-				time.Sleep(u.between(0, 800*time.Millisecond))
-				return
+				then = func() {
+					u.note("guided")
+					pace(u.between(0, 800*time.Millisecond))
+				}
+				return true
 			}
 		}
 		now := time.Now()
@@ -495,16 +501,19 @@ func (u *invUser) silence(k int, how string) {
 			}
 		}
 		if !backAt.IsZero() && now.After(backAt) {
-			u.lapses++
-			u.comeBack(0.7)
-			return
+			then = func() {
+				u.lapses++
+				u.comeBack(0.7)
+			}
+			return true
 		}
-		if now.After(u.run.bound(high, deferrable)) || now.After(giveUp) {
-			u.note("no guide by the bound")
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+		return now.After(u.run.bound(high, deferrable)) || now.After(giveUp)
+	})
+	if then == nil {
+		u.note("no guide by the bound")
+		return
 	}
+	then()
 }
 
 // comeBack ends a silence: with probability leave the user pings and
@@ -522,7 +531,7 @@ func (u *invUser) comeBack(leave float64) {
 	}
 	u.ping()
 	u.leave()
-	time.Sleep(u.between(500*time.Millisecond, 3*time.Second))
+	pace(u.between(500*time.Millisecond, 3*time.Second))
 }
 
 // connect opens a connection on gateway instance gw.
@@ -532,7 +541,7 @@ func (u *invUser) connect(gw int) *invDevice {
 	for range 5 {
 		ws, _, err := d.Dial("ws://"+g.gw.PublicAddr().String()+"/v1/ws", wsHeader(u.token))
 		if err != nil {
-			time.Sleep(100 * time.Millisecond)
+			pace(100 * time.Millisecond) // the client's redial backoff
 			continue
 		}
 		dev := &invDevice{ws: ws, gw: gw, connected: time.Now(), pongs: make(chan int64, 4), gone: make(chan struct{})}
@@ -619,7 +628,7 @@ func (u *invUser) ping() {
 	// from its last grant; spacing every ping of the user keeps each a
 	// renewal, so that the last one sets the deadline.
 	if n := len(u.pings); n > 0 {
-		time.Sleep(time.Until(u.pings[n-1].sent.Add(invPingSpacing)))
+		paceUntil(u.pings[n-1].sent.Add(invPingSpacing))
 	}
 	d := u.devices[u.rng.IntN(len(u.devices))]
 	for len(d.pongs) > 0 { // a pong that came after its ping was given up

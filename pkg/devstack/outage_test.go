@@ -304,6 +304,8 @@ func testOutage(t *testing.T, f outageFault, period time.Duration) {
 		}
 	}
 
+	// Real time: the fault starts on schedule, or just before the
+	// active users' next pings, to the millisecond a poll would miss.
 	time.Sleep(time.Until(faultAt))
 	if f.atPings {
 		time.Sleep(time.Until(c.nextPings(groupActive).Add(-50 * time.Millisecond)))
@@ -311,13 +313,13 @@ func testOutage(t *testing.T, f outageFault, period time.Duration) {
 	faultAt = time.Now()
 	r.log.Info("test: fault starts", "fault", f.name)
 	heal, probe := f.inject(t, r)
-	time.Sleep(time.Until(faultAt.Add(f.lasts))) // the fault lasts this long
+	time.Sleep(time.Until(faultAt.Add(f.lasts))) // real time: the fault lasts this long
 	heal()
 	// Recovered once every gateway writes renewals again, not when the
 	// fault's cause is gone: the grace counts from then.
 	recovered := r.awaitRenewals(cmp.Or(probe, "probe"))
 	r.log.Info("test: recovered", "fault", f.name, "after", recovered.Sub(faultAt))
-	time.Sleep(time.Until(recovered.Add(faultGrace + 3*time.Second)))
+	r.waitRedisPast(recovered.Add(faultGrace + 3*time.Second))
 	// Guides counted before the users leave: their sessions then run
 	// out, or are ended.
 	checkOutageGuides(t, r, c.users, faultAt, recovered)
@@ -576,16 +578,15 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 	// How late they came is checked below; a leaver still without one
 	// after a generous wait is counted there too.
 	leaver := 0
-	for giveUp := time.Now().Add(2 * time.Minute); leaver < sessions; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(giveUp) {
-			t.Errorf("waited 2m for a guide for every leaver; %s has none", uid(leaver))
-			break
-		}
+	if !waitFor(2*time.Minute, func() bool {
 		for ; leaver < sessions; leaver++ {
 			if leaves(leaver) && len(r.hook.Guides(uid(leaver))) == 0 {
-				break
+				return false
 			}
 		}
+		return true
+	}) {
+		t.Errorf("waited 2m for a guide for every leaver; %s has none", uid(leaver))
 	}
 	r.waitHoldsReleased()
 	sweeps := gatherMetrics(t).count("stillthere_listener_sweep_seconds")
@@ -940,7 +941,7 @@ func probeRenewal(addr, tok string, deadline time.Time) (time.Time, error) {
 		d := websocket.Dialer{HandshakeTimeout: time.Second}
 		ws, _, err := d.Dial("ws://"+addr+"/v1/ws", wsHeader(tok))
 		if err != nil {
-			time.Sleep(redialPause) // the instance is not up yet
+			pace(redialPause) // the instance is not up yet
 			continue
 		}
 		at, err := pingUntilPong(ws, deadline)
@@ -968,6 +969,6 @@ func pingUntilPong(ws *websocket.Conn, deadline time.Time) (time.Time, error) {
 		if json.Unmarshal(b, &f) == nil && f.Type == "pong" {
 			return time.Now(), nil
 		}
-		time.Sleep(redialPause) // "unavailable": the store is not back yet
+		pace(redialPause) // "unavailable": the store is not back yet
 	}
 }

@@ -306,7 +306,7 @@ func (u *rollClient) connect(url string) *rollConn {
 		if time.Now().After(giveUp) {
 			return nil
 		}
-		time.Sleep(rand.N(min(5*time.Second, 500*time.Millisecond<<step)))
+		pace(rand.N(min(5*time.Second, 500*time.Millisecond<<step)))
 	}
 }
 
@@ -348,18 +348,6 @@ func (u *rollClient) ping(c *rollConn) error {
 		return errors.New("connection ended")
 	case <-time.After(5 * time.Second):
 		return errors.New("no pong within 5s")
-	}
-}
-
-// waitCond waits until cond holds, for at most within.
-func waitCond(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %v for %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 

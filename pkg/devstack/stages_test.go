@@ -178,7 +178,7 @@ func TestStagesEndToEnd(t *testing.T) {
 		windowEnd := time.UnixMilli((first.DeadlineMS/60_000 + 1) * 60_000)
 		for time.Now().Before(windowEnd.Add(500 * time.Millisecond)) {
 			pingConn(t, ws) // fails on anything but a pong: no stage 2 comes
-			time.Sleep(faultTTL / 2)
+			pace(faultTTL / 2)
 		}
 		s := watchConn(ws, horizon())
 		stagesOf(t, "back", s, []string{"", closeText}, []time.Duration{0, stageClose})
@@ -207,14 +207,23 @@ func TestStagesAcrossRestartAndKafkaOutage(t *testing.T) {
 		wg.Add(1)
 		go func() { defer wg.Done(); results[i] = watchConn(ws, until) }()
 	}
-	// Between the stages: the listener restarts, then Kafka refuses
-	// every produce for 2s (the listener spools, then replays).
-	time.Sleep(faultTTL + faultJitter + 500*time.Millisecond)
+	// Between the stages (every user's first stage on the topic): the
+	// listener restarts, then Kafka refuses every produce for 2s (the
+	// listener spools, then replays).
+	waitCond(t, faultTTL+faultJitter+20*time.Second, "every user's first stage on the topic", func() bool {
+		evs := p.events()
+		for i := range n {
+			if len(evs[fmt.Sprintf("u%d", i)]) == 0 {
+				return false
+			}
+		}
+		return true
+	})
 	if err := p.restartListener(); err != nil {
 		t.Fatal(err)
 	}
 	outage := p.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: p.topic, Err: kerr.NotEnoughReplicas, Count: -1})
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // real time: the Kafka outage lasts this long
 	outage.Remove()
 	wg.Wait()
 	for i, s := range results {

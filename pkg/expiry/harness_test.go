@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/stillthere/stillthere/pkg/kafka"
+	"github.com/stillthere/stillthere/pkg/kafka/kafkatest"
 	"github.com/stillthere/stillthere/pkg/lifecycle"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/redisserver"
@@ -100,12 +101,7 @@ func newHarnessOn(t *testing.T, rdb redis.UniversalClient) *harness {
 // the tests start one.
 func startKafka(t *testing.T) *kfake.Cluster {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c
+	return kafkatest.StartFake(t)
 }
 
 // config is a valid listener config for the harness, quick to react.

@@ -26,6 +26,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/stillthere/stillthere/pkg/config"
+	"github.com/stillthere/stillthere/pkg/kafka/kafkatest"
 	"github.com/stillthere/stillthere/pkg/lifecycle"
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
@@ -317,11 +318,7 @@ func newEnv(t *testing.T) *testEnv {
 	rdb := redistest.Client(t, srv)
 	prefix := redistest.Prefix(t)
 
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(testPartitions, testTopic))
-	if err != nil {
-		t.Fatalf("start kfake: %v", err)
-	}
-	t.Cleanup(cluster.Close)
+	cluster := kafkatest.StartFake(t, kfake.SeedTopics(testPartitions, testTopic))
 	brokers := cluster.ListenAddrs()
 
 	// Records go to the partition the test picks; the key is still the

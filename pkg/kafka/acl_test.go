@@ -12,6 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/stillthere/stillthere/pkg/kafka/kafkatest"
 )
 
 // The principals of TestEnsureTopicACLs, each with the ACLs docs/operations.md
@@ -71,7 +73,7 @@ func TestEnsureTopicACLs(t *testing.T) {
 	const (
 		read, write, describe, create = kmsg.ACLOperationRead, kmsg.ACLOperationWrite, kmsg.ACLOperationDescribe, kmsg.ACLOperationCreate
 	)
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.EnableSASL(), kfake.EnableACLs(),
+	cluster, err := kafkatest.NewFake(kfake.EnableSASL(), kfake.EnableACLs(),
 		kfake.Superuser(aclMech, "ops", "ops"+aclPassSuffix),
 		user("listener", allow(topic, aclTopic, write, describe)),
 		user("consumer", allow(topic, aclTopic, read, describe), allow(group, aclGroup, read), allow(topic, aclDLQ, write, describe)),

@@ -10,6 +10,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/stillthere/stillthere/pkg/kafka/kafkatest"
 )
 
 // TestEnsureTopicExistingTopicWithErrorNoCreate: the metadata names the
@@ -26,7 +28,7 @@ import (
 // spools and logs the same wrong advice.
 func TestEnsureTopicExistingTopicWithErrorNoCreate(t *testing.T) {
 	topic := kmsg.ACLResourceTypeTopic
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.EnableSASL(), kfake.EnableACLs(),
+	cluster, err := kafkatest.NewFake(kfake.EnableSASL(), kfake.EnableACLs(),
 		kfake.Superuser(aclMech, "ops", "ops"+aclPassSuffix),
 		user("listener", allow(topic, aclTopic, kmsg.ACLOperationWrite, kmsg.ACLOperationDescribe)),
 	)

@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
-
+	"github.com/stillthere/stillthere/pkg/kafka/kafkatest"
 	"github.com/stillthere/stillthere/pkg/tlsfiles"
 	"github.com/stillthere/stillthere/pkg/tlsfiles/tlsfilestest"
+	"github.com/twmb/franz-go/pkg/kfake"
 )
 
 func valid() Config {
@@ -67,7 +67,7 @@ func TestTLSAndSASL(t *testing.T) {
 		{SASLScramSHA512, "SCRAM-SHA-512"},
 	} {
 		t.Run(mech.setting, func(t *testing.T) {
-			cluster, err := kfake.NewCluster(kfake.NumBrokers(1),
+			cluster, err := kafkatest.NewFake(
 				kfake.TLS(pki.ServerConfig(t, true)),
 				kfake.EnableSASL(),
 				kfake.Superuser(mech.kfake, "svc", "s3cret"))
