@@ -13,7 +13,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -21,8 +20,6 @@ import (
 	"os/signal"
 	"runtime"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -31,6 +28,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/guide"
 	"github.com/stillthere/stillthere/pkg/kafka/kafkatest"
+	"github.com/stillthere/stillthere/pkg/push/pushtest"
 	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
@@ -97,7 +95,7 @@ func run(ctx context.Context, log *slog.Logger, events, queued, partitions, maxI
 	defer kc.Close()
 	brokers := kc.ListenAddrs()
 
-	down := newDownstream()
+	down := pushtest.NewRecorder(secret)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return rep, err
@@ -143,10 +141,10 @@ func run(ctx context.Context, log *slog.Logger, events, queued, partitions, maxI
 		c.Close()
 		<-done
 	}()
-	if err := waitFor(ctx, 10*time.Minute, func() bool { return down.delivered.Load() >= int64(events) }); err != nil {
-		return rep, fmt.Errorf("throughput run: %d of %d delivered: %w", down.delivered.Load(), events, err)
+	if err := waitFor(ctx, 10*time.Minute, func() bool { return down.Delivered() >= int64(events) }); err != nil {
+		return rep, fmt.Errorf("throughput run: %d of %d delivered: %w", down.Delivered(), events, err)
 	}
-	first, last := down.span()
+	first, last := down.Span()
 	if events > 1 {
 		rep.GuidesPerSecond = float64(events-1) / last.Sub(first).Seconds()
 	}
@@ -155,32 +153,32 @@ func run(ctx context.Context, log *slog.Logger, events, queued, partitions, maxI
 	}
 
 	// Outage: the downstream answers 503 while events queue up.
-	down.reset()
-	down.down.Store(true)
+	down.ResetSpan()
+	down.SetDown(true)
 	if err := produce(ctx, prod, "q", queued); err != nil {
 		return rep, err
 	}
 	// The breaker has opened and the consumer holds what it took.
-	if err := waitFor(ctx, time.Minute, func() bool { return down.refused.Load() >= int64(cfg.BreakerFailures) }); err != nil {
+	if err := waitFor(ctx, time.Minute, func() bool { return down.Refused() >= int64(cfg.BreakerFailures) }); err != nil {
 		return rep, fmt.Errorf("outage never reached the consumer: %w", err)
 	}
 	time.Sleep(breakerTimeout / 2) // land mid-way between two probes
-	base := down.delivered.Load()
+	base := down.Delivered()
 	recovered := time.Now()
-	down.down.Store(false)
-	if err := waitFor(ctx, 10*time.Minute, func() bool { return down.delivered.Load()-base >= int64(queued) }); err != nil {
-		return rep, fmt.Errorf("after recovery: %d of %d delivered: %w", down.delivered.Load()-base, queued, err)
+	down.SetDown(false)
+	if err := waitFor(ctx, 10*time.Minute, func() bool { return down.Delivered()-base >= int64(queued) }); err != nil {
+		return rep, fmt.Errorf("after recovery: %d of %d delivered: %w", down.Delivered()-base, queued, err)
 	}
 	if err := waitEmpty(ctx, adm); err != nil {
 		return rep, err
 	}
 	rep.RecoveryToEmptySeconds = time.Since(recovered).Seconds()
-	first, last = down.span()
+	first, last = down.Span()
 	rep.RecoveryToFirstSeconds = first.Sub(recovered).Seconds()
 	if queued > 1 {
 		rep.DrainGuidesPerSecond = float64(queued-1) / last.Sub(first).Seconds()
 	}
-	rep.ResentIDs = down.resent()
+	rep.ResentIDs = down.Resent()
 	return rep, nil
 }
 
@@ -229,82 +227,4 @@ func waitFor(ctx context.Context, limit time.Duration, cond func() bool) error {
 		}
 	}
 	return nil
-}
-
-// downstream is a fast push endpoint: it dedupes on the guide id, as the
-// gateway does, and answers 503 while down.
-type downstream struct {
-	down      atomic.Bool
-	delivered atomic.Int64
-	refused   atomic.Int64
-
-	mu          sync.Mutex
-	shown       map[string]int
-	first, last time.Time
-}
-
-func newDownstream() *downstream { return &downstream{shown: make(map[string]int)} }
-
-func (d *downstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	var p struct{ ID, UID, Text string }
-	if r.Header.Get("Authorization") != "Bearer "+secret {
-		w.WriteHeader(http.StatusUnauthorized)
-		return
-	}
-	body, _ := io.ReadAll(io.LimitReader(r.Body, 16<<10))
-	if err := json.Unmarshal(body, &p); err != nil || p.ID == "" {
-		w.WriteHeader(http.StatusBadRequest)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	if d.down.Load() {
-		d.refused.Add(1)
-		w.WriteHeader(http.StatusServiceUnavailable)
-		w.Write([]byte(`{"error":"down"}`))
-		return
-	}
-	now := time.Now()
-	d.mu.Lock()
-	d.shown[p.ID]++
-	n := d.shown[p.ID]
-	if n == 1 {
-		if d.first.IsZero() {
-			d.first = now
-		}
-		d.last = now
-	}
-	d.mu.Unlock()
-	if n > 1 {
-		w.Write([]byte(`{"status":"duplicate","connections":0}`))
-		return
-	}
-	d.delivered.Add(1)
-	w.Write([]byte(`{"status":"delivered","connections":1}`))
-}
-
-// span is the time of the first and last delivery since the last reset.
-func (d *downstream) span() (time.Time, time.Time) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.first, d.last
-}
-
-func (d *downstream) reset() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.first, d.last = time.Time{}, time.Time{}
-}
-
-// resent counts the guide ids pushed more than once (answered
-// "duplicate", so each was shown once).
-func (d *downstream) resent() int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	n := 0
-	for _, c := range d.shown {
-		if c > 1 {
-			n++
-		}
-	}
-	return n
 }

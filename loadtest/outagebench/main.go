@@ -113,7 +113,7 @@ func run(ctx context.Context, s settings, rep *Report) error {
 		if err != nil {
 			return err
 		}
-		c.users = append(c.users, &user{uid: name, token: tok, idx: len(c.users), set: set})
+		c.users = append(c.users, c.newUser(name, tok, set))
 		return nil
 	}
 	for i := range s.active {
@@ -205,7 +205,7 @@ func runFaults(ctx context.Context, s settings, r *rig, c *crowd, phases []*phas
 		end := phases[len(phases)-1].recovered.Add(s.grace + settle)
 		for _, p := range phases {
 			for _, u := range p.set {
-				_, high := u.deadlines()
+				_, high := u.Deadlines()
 				high = later(high, time.Unix(0, u.silenceAt.Load()).Add(s.ttl+s.jitter))
 				end = later(end, high.Add(s.grace+settle))
 			}
@@ -239,9 +239,7 @@ func runFaults(ctx context.Context, s settings, r *rig, c *crowd, phases []*phas
 func dials(c *crowd) int {
 	n := 0
 	for _, u := range c.users {
-		u.mu.Lock()
-		n += u.dials
-		u.mu.Unlock()
+		n += u.Record().Dials
 	}
 	return n
 }

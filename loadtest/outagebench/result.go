@@ -117,7 +117,7 @@ func judge(phases []*phase, users []*user, hook *webhook, grace time.Duration, a
 	index := func(p *phase) int { return slices.Index(phases, p) }
 	for _, u := range users {
 		gs := hook.guides(u.uid)
-		low, _ := u.deadlines()
+		low, _ := u.Deadlines()
 		if u.set < 0 {
 			for _, g := range gs {
 				p := phaseAt(phases, g.at)

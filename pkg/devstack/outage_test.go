@@ -334,9 +334,7 @@ func (c *crowd) nextPings(group string) time.Time {
 		if u.group != group {
 			continue
 		}
-		u.mu.Lock()
-		last = later(last, u.lastPing)
-		u.mu.Unlock()
+		last = later(last, u.Record().LastPing)
 	}
 	next := last.Add(c.period)
 	for time.Until(next) < 100*time.Millisecond {
@@ -355,18 +353,17 @@ func checkOutageGuides(t *testing.T, r *faultRig, users []*chatUser, faultAt, re
 	type tally struct{ users, pongs, unavailable, dials, failedDials int }
 	groups := map[string]*tally{}
 	for _, u := range users {
-		u.mu.Lock()
+		rec := u.Record()
 		g := groups[u.group]
 		if g == nil {
 			g = &tally{}
 			groups[u.group] = g
 		}
 		g.users++
-		g.pongs += u.pongs
-		g.unavailable += u.unavailable
-		g.dials += u.dials
-		g.failedDials += u.failedDials
-		u.mu.Unlock()
+		g.pongs += rec.Pongs
+		g.unavailable += rec.Unavailable
+		g.dials += rec.Dials
+		g.failedDials += rec.FailedDials
 	}
 	for _, name := range []string{groupActive, groupBack, groupSilentDuring} {
 		if g := groups[name]; g != nil {
@@ -376,20 +373,17 @@ func checkOutageGuides(t *testing.T, r *faultRig, users []*chatUser, faultAt, re
 	}
 	for _, u := range users {
 		gs := r.hook.Guides(u.uid)
-		low, high := u.deadlines()
-		u.mu.Lock()
+		rec := u.Record()
+		low, high := rec.Low, rec.High
 		stats := fmt.Sprintf("last ping %s, deadline in [%s, %s], %d pongs, %d unavailable, %d of %d dials failed",
-			rel(u.lastPing), rel(low), rel(high), u.pongs, u.unavailable, u.failedDials, u.dials)
-		u.mu.Unlock()
+			rel(rec.LastPing), rel(low), rel(high), rec.Pongs, rec.Unavailable, rec.FailedDials, rec.Dials)
 		var at []string
 		for _, g := range gs {
 			at = append(at, rel(g.At))
 		}
 		switch u.group {
 		case groupActive, groupBack:
-			u.mu.Lock()
-			late := u.lateSelf
-			u.mu.Unlock()
+			late := rec.LateSelf
 			switch {
 			case len(gs) != 0 && len(gs) <= late:
 				t.Logf("%s got %d guides at %v: its own timer sent %d pings past its deadline (the host starved the client); %s",
