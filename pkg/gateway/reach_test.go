@@ -453,20 +453,7 @@ func TestRecordsPartialOutageWhileItLasts(t *testing.T) {
 	direct := redistest.Client(t, srv)
 	ctx := context.Background()
 	ks := tg.store.Keyspace()
-	gaps := func() []session.BlindInterval {
-		t.Helper()
-		members, err := direct.ZRange(ctx, ks.BlindKey(), 0, -1).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []session.BlindInterval
-		for _, m := range members {
-			if b, err := session.ParseBlindInterval(m); err == nil && b.Scope == tg.instance && b.Reason == session.BlindRenewals {
-				out = append(out, b)
-			}
-		}
-		return out
-	}
+	gaps := func() []session.BlindInterval { return renewalGaps(t, direct, tg) }
 	ws := tg.dial(t, "alice")
 	pingPong(t, ws)
 	// A wrong type where the renewal writes: it fails, and nothing else.
@@ -650,20 +637,7 @@ func TestRecordsStalledRenewalsWhileTheyLast(t *testing.T) {
 	held, healthy := tg.dial(t, userOn(stopped.Addr)), tg.dial(t, userOn(control))
 	pingPong(t, held)
 	pingPong(t, healthy)
-	gaps := func() []session.BlindInterval {
-		t.Helper()
-		members, err := direct.ZRange(ctx, ks.BlindKey(), 0, -1).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []session.BlindInterval
-		for _, m := range members {
-			if b, err := session.ParseBlindInterval(m); err == nil && b.Scope == tg.instance && b.Reason == session.BlindRenewals {
-				out = append(out, b)
-			}
-		}
-		return out
-	}
+	gaps := func() []session.BlindInterval { return renewalGaps(t, direct, tg) }
 	if g := gaps(); len(g) != 0 {
 		t.Fatalf("renewals recorded as failing before the master stopped: %v", g)
 	}
@@ -715,4 +689,21 @@ func TestRecordsStalledRenewalsWhileTheyLast(t *testing.T) {
 		return len(g) == 1 && !g[0].End.Before(restored.Add(-10*time.Millisecond))
 	})
 	waitUntil(t, "readyz to see renewals healed", func() bool { return tg.reach.err() == nil })
+}
+
+// renewalGaps are the blind intervals tg recorded for its failing
+// renewals, read straight from Redis.
+func renewalGaps(t *testing.T, direct redis.Cmdable, tg *testGateway) []session.BlindInterval {
+	t.Helper()
+	members, err := direct.ZRange(context.Background(), tg.store.Keyspace().BlindKey(), 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []session.BlindInterval
+	for _, m := range members {
+		if b, err := session.ParseBlindInterval(m); err == nil && b.Scope == tg.instance && b.Reason == session.BlindRenewals {
+			out = append(out, b)
+		}
+	}
+	return out
 }

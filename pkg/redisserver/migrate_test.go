@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stillthere/stillthere/pkg/redisserver"
+	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 )
 
 // TestMigrateSlot moves a slot that holds keys with and without a TTL to
@@ -22,11 +23,7 @@ func TestMigrateSlot(t *testing.T) {
 		t.Skip("starts a Redis Cluster")
 	}
 	ctx := context.Background()
-	c, err := redisserver.StartCluster(ctx, t.TempDir(), 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := redistest.StartCluster(t)
 	slot, err := c.SlotOf(ctx, "{m}")
 	if err != nil {
 		t.Fatal(err)
@@ -144,16 +141,13 @@ func TestMigrateSlotOutranksSource(t *testing.T) {
 		t.Skip("starts a Redis Cluster")
 	}
 	ctx := context.Background()
-	c, err := redisserver.StartCluster(ctx, t.TempDir(), 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := redistest.StartCluster(t)
 	clients := make([]*redis.Client, len(c.Masters))
 	ids := make([]string, len(c.Masters))
 	for i, m := range c.Masters {
 		clients[i] = redis.NewClient(&redis.Options{Addr: m.Addr})
 		defer clients[i].Close()
+		var err error
 		if ids[i], err = clients[i].Do(ctx, "CLUSTER", "MYID").Text(); err != nil {
 			t.Fatal(err)
 		}
