@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,7 +17,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/stillthere/stillthere/pkg/lifecycle"
+	"github.com/stillthere/stillthere/pkg/lifecycle/lifecycletest"
 	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisconn"
@@ -27,15 +26,16 @@ import (
 	"github.com/stillthere/stillthere/pkg/token"
 )
 
+// The secrets of TestConfig, as the tests mint tokens and push.
 const (
-	tokenSecret = "0123456789abcdef0123456789abcdef"
-	pushSecret  = "push-secret-push-secret-push-secret"
+	tokenSecret = TestTokenSecret
+	pushSecret  = TestPushSecret
 )
 
 type testGateway struct {
 	*Gateway
-	rdb  redis.UniversalClient
-	done chan error // Run's error, once it returned
+	rdb redis.UniversalClient
+	run *lifecycletest.Running
 }
 
 func startGateway(t *testing.T, mutate func(*Config)) *testGateway {
@@ -57,77 +57,34 @@ func startGatewayLogged(t *testing.T, addrs []string, prefix string, logger *slo
 }
 
 // startGatewayHooked is startGatewayLogged, with hook called between Open
-// and Run.
+// and Run. It is the one way this package's tests start a gateway: from
+// TestConfig, through lifecycletest, as the other packages' tests do.
 func startGatewayHooked(t *testing.T, addrs []string, prefix string, logger *slog.Logger, mutate func(*Config), hook func(*Gateway)) *testGateway {
 	t.Helper()
-	cfg := Config{
-		Redis:            redisconn.Config{Addrs: addrs, KeyPrefix: prefix},
-		Addr:             "127.0.0.1:0",
-		PushAddr:         "127.0.0.1:0",
-		TokenSecret:      tokenSecret,
-		PushSecret:       pushSecret,
-		SessionTTL:       10 * time.Second,
-		SessionJitter:    time.Second,
-		ReadLimit:        4096,
-		RateBurst:        20,
-		RatePerSecond:    5,
-		IdleTimeout:      time.Minute,
-		WriteTimeout:     5 * time.Second,
-		HandshakeTimeout: 5 * time.Second,
-		SendQueue:        8,
-		ShutdownTimeout:  5 * time.Second,
-		// Every ping renews, unless a test sets a granularity.
-		RenewGranularity:   0,
-		RenewFlushInterval: 2 * time.Millisecond,
-		RenewBatch:         256,
-		PolicyRefresh:      100 * time.Millisecond,
-		InboxSize:          3,
-		InboxTTL:           time.Hour,
-		HeartbeatInterval:  100 * time.Millisecond,
-	}
+	cfg := TestConfig(redisconn.Config{Addrs: addrs, KeyPrefix: prefix})
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	g, err := Open(context.Background(), cfg, logger)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if hook != nil {
-		hook(g)
-	}
+	// The test's own client, opened first so that it is closed after the
+	// gateway stops.
 	rdb, err := redisconn.Open(context.Background(), cfg.Redis)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rdb.Close() })
-	tg := &testGateway{Gateway: g, rdb: rdb, done: make(chan error, 1)}
-	go func() { tg.done <- g.Run(context.Background()) }()
-	t.Cleanup(func() { tg.stop(t) })
-	return tg
+	var prepare []func(*Gateway)
+	if hook != nil {
+		prepare = append(prepare, hook)
+	}
+	g, run := lifecycletest.Start(t, Open, cfg, logger, prepare...)
+	return &testGateway{Gateway: g, rdb: rdb, run: run}
 }
 
 // stop closes the gateway: Close drains it as on SIGTERM, waits for Run
-// and frees it.
+// and frees it. Later stops return at once.
 func (tg *testGateway) stop(t *testing.T) {
-	closed := make(chan struct{})
-	go func() {
-		tg.Close()
-		close(closed)
-	}()
-	select {
-	case <-closed:
-		// A Run that had not begun when Close came returns ErrClosed:
-		// the gateway was closed without running, which is a stop too.
-		if err := <-tg.done; err != nil && !errors.Is(err, lifecycle.ErrClosed) {
-			t.Errorf("Run: %v", err)
-		}
-		tg.done <- nil // later stops return at once
-	case <-time.After(20 * time.Second):
-		// The drain takes up to its ShutdownTimeout; the rest is Redis
-		// work. Say where it hangs, should it hang.
-		var stacks strings.Builder
-		pprof.Lookup("goroutine").WriteTo(&stacks, 1)
-		t.Fatalf("gateway did not stop within 20s; goroutines:\n%s", stacks.String())
+	if err := tg.run.Stop(); err != nil {
+		t.Error(err)
 	}
 }
 
