@@ -15,6 +15,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/stillthere/stillthere/pkg/gateway"
+	"github.com/stillthere/stillthere/pkg/lifecycle/lifecycletest"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/token"
 )
@@ -22,73 +23,35 @@ import (
 // Helpers of the attack tests: real gateways in front of the listener,
 // and clients that ping them as a chat app would.
 
+// The secrets of gateway.TestConfig, as the attack clients mint tokens.
 const (
-	attackTokenSecret = "0123456789abcdef0123456789abcdef"
-	attackPushSecret  = "push-secret-push-secret-push-secret"
+	attackTokenSecret = gateway.TestTokenSecret
+	attackPushSecret  = gateway.TestPushSecret
 )
 
 // attackGateway is a running gateway instance.
 type attackGateway struct {
 	*gateway.Gateway
-	once sync.Once
 }
 
 // startAttackGateway runs a gateway on Redis at addr with the harness's
-// key prefix, granting ttl and no jitter, heartbeating every 100ms.
+// key prefix, granting ttl and no jitter, heartbeating every 100ms (as
+// gateway.TestConfig does), with room for clients that ping often. It
+// stops at cleanup: Close drains it as on SIGTERM. What its Run returns is
+// not the attack tests' concern: they cut its Redis on purpose.
 func (h *harness) startAttackGateway(addr string, ttl time.Duration, mutate func(*gateway.Config)) *attackGateway {
 	t := h.t
 	t.Helper()
-	cfg := gateway.Config{
-		Redis:              redisconn.Config{Addrs: []string{addr}, KeyPrefix: h.prefix},
-		Addr:               "127.0.0.1:0",
-		PushAddr:           "127.0.0.1:0",
-		TokenSecret:        attackTokenSecret,
-		PushSecret:         attackPushSecret,
-		SessionTTL:         ttl,
-		SessionJitter:      0,
-		ReadLimit:          4096,
-		RateBurst:          50,
-		RatePerSecond:      20,
-		IdleTimeout:        time.Minute,
-		WriteTimeout:       5 * time.Second,
-		HandshakeTimeout:   5 * time.Second,
-		SendQueue:          64,
-		ShutdownTimeout:    5 * time.Second,
-		RenewGranularity:   0,
-		RenewFlushInterval: 2 * time.Millisecond,
-		RenewBatch:         256,
-		PolicyRefresh:      100 * time.Millisecond,
-		InboxSize:          3,
-		InboxTTL:           time.Hour,
-		HeartbeatInterval:  100 * time.Millisecond,
-	}
+	cfg := gateway.TestConfig(redisconn.Config{Addrs: []string{addr}, KeyPrefix: h.prefix})
+	cfg.SessionTTL, cfg.SessionJitter = ttl, 0
+	cfg.RateBurst, cfg.RatePerSecond = 50, 20
+	cfg.SendQueue = 64
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	g, err := gateway.Open(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ag := &attackGateway{Gateway: g}
-	go g.Run(context.Background())
-	t.Cleanup(ag.stop)
-	return ag
-}
-
-// stop closes the gateway: it drains as on SIGTERM and leaves. A gateway
-// that takes longer than 15s is left to finish on its own.
-func (ag *attackGateway) stop() {
-	ag.once.Do(func() {
-		closed := make(chan struct{})
-		go func() {
-			ag.Close()
-			close(closed)
-		}()
-		select {
-		case <-closed:
-		case <-time.After(15 * time.Second):
-		}
-	})
+	g, run := lifecycletest.Start(t, gateway.Open, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	run.Tolerate()
+	return &attackGateway{Gateway: g}
 }
 
 // pinger is one client device: it pings its gateway every period, and

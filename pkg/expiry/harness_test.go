@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,9 +17,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/stillthere/stillthere/pkg/kafka"
 	"github.com/stillthere/stillthere/pkg/kafka/kafkatest"
-	"github.com/stillthere/stillthere/pkg/lifecycle"
+	"github.com/stillthere/stillthere/pkg/lifecycle/lifecycletest"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
@@ -104,7 +102,8 @@ func startKafka(t *testing.T) *kfake.Cluster {
 	return kafkatest.StartFake(t)
 }
 
-// config is a valid listener config for the harness, quick to react.
+// config is a valid listener config for the harness, quick to react:
+// TestConfig on the harness's Redis and Kafka, in mode.
 func (h *harness) config(mode string) Config {
 	rc := redisconn.Config{KeyPrefix: h.prefix}
 	if h.cluster != nil {
@@ -112,34 +111,14 @@ func (h *harness) config(mode string) Config {
 	} else {
 		rc.Addrs = []string{h.srv.Addr}
 	}
-	return Config{
-		Redis: rc,
-		Kafka: kafka.Config{
-			Brokers:           h.kafka.ListenAddrs(),
-			Topic:             testTopic,
-			Partitions:        4,
-			ReplicationFactor: 1,
-		},
-		AdminAddr:      "127.0.0.1:0",
-		Mode:           mode,
-		SweepInterval:  50 * time.Millisecond,
-		SweepBatch:     256,
-		DedupTTL:       2 * time.Minute,
-		ProduceTimeout: time.Second,
-		SpoolDir:       h.t.TempDir(), // each listener its own, as each pod
-		SpoolMaxBytes:  1 << 20,
-		OutageGrace:    testGrace,
-		SweepGapMax:    time.Second,
-		ClockJumpMax:   time.Second,
-		// The brake only where a test asks for it.
-		MassExpiryShare:  1,
-		MassExpiryFloor:  1 << 30,
-		MassExpiryWindow: 10 * time.Second,
-	}
+	cfg := TestConfig(rc, h.kafka.ListenAddrs(), h.t.TempDir())
+	cfg.Kafka.Topic = testTopic
+	cfg.Mode = mode
+	return cfg
 }
 
 // testGrace is the outage grace of the tests: short, as their TTLs are.
-const testGrace = 3 * time.Second
+const testGrace = TestGrace
 
 func testLogger() *slog.Logger {
 	if testing.Verbose() {
@@ -163,38 +142,17 @@ func (h *harness) startListener(cfg Config) (l *Listener, stop func()) {
 }
 
 // startListenerLogging is startListener with the logger given: the one
-// way the tests run a listener in process.
+// way the tests run a listener in process, through lifecycletest as the
+// other packages' tests do.
 func (h *harness) startListenerLogging(cfg Config, logger *slog.Logger) (l *Listener, stop func()) {
 	t := h.t
 	t.Helper()
-	l, err := Open(context.Background(), cfg, logger)
-	if err != nil {
-		t.Fatalf("Open: %v", err)
+	l, run := lifecycletest.Start(t, Open, cfg, logger)
+	return l, func() {
+		if err := run.Stop(); err != nil {
+			t.Error(err)
+		}
 	}
-	done := make(chan error, 1)
-	go func() { done <- l.Run(context.Background()) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			closed := make(chan struct{})
-			go func() {
-				l.Close()
-				close(closed)
-			}()
-			select {
-			case <-closed:
-				// A Run that had not begun when Close came returns
-				// ErrClosed: closed without running, a stop too.
-				if err := <-done; err != nil && !errors.Is(err, lifecycle.ErrClosed) {
-					t.Errorf("listener stopped with: %v", err)
-				}
-			case <-time.After(waitLong):
-				t.Errorf("listener did not stop within %v", waitLong)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return l, stop
 }
 
 // eventually polls cond until it holds or within has passed, and reports
