@@ -27,7 +27,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/config"
 	"github.com/stillthere/stillthere/pkg/kafka/kafkatest"
-	"github.com/stillthere/stillthere/pkg/lifecycle"
+	"github.com/stillthere/stillthere/pkg/lifecycle/lifecycletest"
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 	"github.com/stillthere/stillthere/pkg/session"
@@ -520,54 +520,32 @@ func (e *testEnv) groupMembers(group string) (int, []int) {
 
 // running is a consumer running in the background.
 type running struct {
-	t    *testing.T
-	c    *Consumer
-	done chan error // Run's error, once it returned
-	once sync.Once
+	t   *testing.T
+	c   *Consumer
+	run *lifecycletest.Running
 }
 
-// start opens a consumer with cfg and runs it until the test ends or stop.
-// Each prepare func sees the consumer before it runs.
+// start opens a consumer with cfg and runs it until the test ends or stop:
+// the one way the tests run a consumer in process, through lifecycletest
+// as the other packages' tests do. Each prepare func sees the consumer
+// before it runs.
 func (e *testEnv) start(cfg Config, prepare ...func(*Consumer)) *running {
 	e.t.Helper()
 	logger := e.log
 	if logger == nil {
 		logger = testLogger()
 	}
-	c, err := Open(context.Background(), cfg, logger)
-	if err != nil {
-		e.t.Fatalf("open consumer: %v", err)
-	}
-	c.lagEvery = 100 * time.Millisecond
-	for _, f := range prepare {
-		f(c)
-	}
-	r := &running{t: e.t, c: c, done: make(chan error, 1)}
-	go func() { r.done <- c.Run(context.Background()) }()
-	e.t.Cleanup(r.stop)
-	return r
+	lagEvery := func(c *Consumer) { c.lagEvery = 100 * time.Millisecond }
+	c, run := lifecycletest.Start(e.t, Open, cfg, logger, append([]func(*Consumer){lagEvery}, prepare...)...)
+	return &running{t: e.t, c: c, run: run}
 }
 
 // stop closes the consumer: Close stops Run, waits for it and leaves the
 // group.
 func (r *running) stop() {
-	r.once.Do(func() {
-		closed := make(chan struct{})
-		go func() {
-			r.c.Close()
-			close(closed)
-		}()
-		select {
-		case <-closed:
-			// A Run that had not begun when Close came returns
-			// ErrClosed: closed without running, a stop too.
-			if err := <-r.done; err != nil && !errors.Is(err, lifecycle.ErrClosed) {
-				r.t.Errorf("consumer stopped with: %v", err)
-			}
-		case <-time.After(waitLong):
-			r.t.Errorf("consumer did not stop within %v", waitLong)
-		}
-	})
+	if err := r.run.Stop(); err != nil {
+		r.t.Error(err)
+	}
 }
 
 func uids(prefix string, n int) []string {
