@@ -1,28 +1,13 @@
 package guide
 
 import (
-	"flag"
-	"reflect"
 	"testing"
 
-	"github.com/stillthere/stillthere/pkg/config"
+	"github.com/stillthere/stillthere/pkg/config/configtest"
 )
 
 // TestDefaultConfig: DefaultConfig is what the flags give when none is
-// set, and it is valid once the secrets, which have no default, are.
+// set, and it is valid once the secret, which has no default, is.
 func TestDefaultConfig(t *testing.T) {
-	var c Config
-	b := config.NewBinder(flag.NewFlagSet("defaults", flag.ContinueOnError), nil)
-	c.Bind(b)
-	if err := b.Parse(nil); err != nil {
-		t.Fatal(err)
-	}
-	d := DefaultConfig()
-	if !reflect.DeepEqual(c, d) {
-		t.Errorf("flag defaults:\n%+v\nDefaultConfig:\n%+v", c, d)
-	}
-	d.PushSecret = testSecret
-	if err := d.Validate(); err != nil {
-		t.Errorf("DefaultConfig: %v", err)
-	}
+	configtest.CheckDefaults(t, DefaultConfig(), func(c *Config) { c.PushSecret = testSecret })
 }
