@@ -3,7 +3,6 @@ package devstack
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -17,7 +16,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/gorilla/websocket"
 
-	"github.com/stillthere/stillthere/pkg/lifecycle"
+	"github.com/stillthere/stillthere/pkg/lifecycle/lifecycletest"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 	"github.com/stillthere/stillthere/pkg/timeoutevent/topictest"
@@ -60,25 +59,9 @@ func startStack(t *testing.T, extra map[string]string) *Stack {
 	if err != nil {
 		t.Fatalf("start stack: %v", err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- s.Run(context.Background()) }()
-	t.Cleanup(func() {
-		closed := make(chan struct{})
-		go func() {
-			s.Close()
-			close(closed)
-		}()
-		select {
-		case <-closed:
-			// A service whose Run had not begun when Close came
-			// returns ErrClosed: closed without running, a stop too.
-			if err := <-done; err != nil && !errors.Is(err, lifecycle.ErrClosed) {
-				t.Errorf("stack stopped with: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Error("stack did not stop within 20s")
-		}
-	})
+	// The stack is a service as each of its three is: run and stopped
+	// the one way the tests run a service.
+	lifecycletest.Run(t, "dev stack", s)
 	return s
 }
 

@@ -3,9 +3,9 @@ package devstack
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
@@ -21,7 +21,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/guide"
 	"github.com/stillthere/stillthere/pkg/guide/guidetest"
 	"github.com/stillthere/stillthere/pkg/kafka/kafkatest"
-	"github.com/stillthere/stillthere/pkg/lifecycle"
+	"github.com/stillthere/stillthere/pkg/lifecycle/lifecycletest"
 	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 	"github.com/stillthere/stillthere/pkg/session"
@@ -87,7 +87,7 @@ type rigGateway struct {
 	gw    *gateway.Gateway
 	front *tcpproxy.Proxy // clients' path to it
 	back  *tcpproxy.Proxy // its path to Redis; nil on a cluster
-	svc   *service
+	svc   *lifecycletest.Running
 }
 
 // newBareRig is a rig with its logs, key prefix, secrets and topic, and
@@ -125,6 +125,18 @@ func (r *faultRig) listenerConfig() (expiry.Config, error) {
 	}))
 }
 
+// consumerConfig is the rig's consumer: sends bounded to 2s and a
+// breaker that tries again after 500ms, plus extra (its sender).
+func (r *faultRig) consumerConfig(extra map[string]string) (guide.Config, error) {
+	env := map[string]string{
+		"STILLTHERE_CONSUMER_ADMIN_ADDR": "127.0.0.1:0",
+		"STILLTHERE_SEND_TIMEOUT":        "2s",
+		"STILLTHERE_BREAKER_TIMEOUT":     "500ms",
+	}
+	maps.Copy(env, extra)
+	return guide.LoadConfig(nil, r.env(env))
+}
+
 func newFaultRig(t *testing.T, opts rigOptions) *faultRig {
 	t.Helper()
 	r := newBareRig(t)
@@ -154,30 +166,19 @@ func newFaultRig(t *testing.T, opts rigOptions) *faultRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := expiry.Open(ctx, lcfg, r.log.With("service", "expiry-listener"))
-	if err != nil {
-		t.Fatalf("open listener: %v", err)
-	}
-	r.run("expiry listener", l)
+	lifecycletest.Start(t, expiry.Open, lcfg, r.log.With("service", "expiry-listener"))
 
-	ccfg, err := guide.LoadConfig(nil, r.env(map[string]string{
-		"STILLTHERE_CONSUMER_ADMIN_ADDR": "127.0.0.1:0",
-		"STILLTHERE_SENDER":              guide.SenderWebhook,
-		"STILLTHERE_WEBHOOK_URL":         r.hook.URL,
-		"STILLTHERE_WEBHOOK_SECRET":      r.hook.Secret,
-		"STILLTHERE_SEND_TIMEOUT":        "2s",
-		"STILLTHERE_BREAKER_TIMEOUT":     "500ms",
+	ccfg, err := r.consumerConfig(map[string]string{
+		"STILLTHERE_SENDER":         guide.SenderWebhook,
+		"STILLTHERE_WEBHOOK_URL":    r.hook.URL,
+		"STILLTHERE_WEBHOOK_SECRET": r.hook.Secret,
 		// A mass leave releases thousands of held guides at once.
 		"STILLTHERE_MAX_IN_FLIGHT": "2048",
-	}))
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := guide.Open(ctx, ccfg, r.log.With("service", "guide-consumer"))
-	if err != nil {
-		t.Fatalf("open consumer: %v", err)
-	}
-	r.run("guide consumer", c)
+	lifecycletest.Start(t, guide.Open, ccfg, r.log.With("service", "guide-consumer"))
 
 	for range opts.Gateways {
 		r.startGateway()
@@ -260,11 +261,10 @@ func (r *faultRig) startGateway() *rigGateway {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g.gw, err = gateway.Open(context.Background(), cfg, r.log.With("service", "gateway", "instance", g.id)); err != nil {
-		t.Fatalf("open gateway %s: %v", g.id, err)
-	}
-	g.front = startProxy(t, g.gw.PublicAddr().String())
-	g.svc = r.run("gateway "+g.id, g.gw)
+	// The clients' proxy starts before the gateway runs, so that it
+	// closes after the gateway has stopped at cleanup.
+	front := func(gw *gateway.Gateway) { g.front = startProxy(t, gw.PublicAddr().String()) }
+	g.gw, g.svc = lifecycletest.Start(t, gateway.Open, cfg, r.log.With("service", "gateway", "instance", g.id), front)
 	r.mu.Lock()
 	r.gateways = append(r.gateways, g)
 	r.mu.Unlock()
@@ -292,8 +292,8 @@ func (r *faultRig) killGateways() {
 		g.front.Cut()
 	}
 	for _, g := range gws {
-		g.svc.tolerate = true
-		if err := g.svc.stop(); err != nil {
+		g.svc.Tolerate()
+		if err := g.svc.Stop(); err != nil {
 			r.t.Logf("killed gateway %s: %v", g.id, err)
 		}
 	}
@@ -327,51 +327,6 @@ func startProxy(t *testing.T, target string) *tcpproxy.Proxy {
 	}
 	t.Cleanup(func() { p.Close() })
 	return p
-}
-
-// service is a service the rig runs on a goroutine of its own.
-type service struct {
-	name string
-	svc  lifecycle.Service
-	done chan error // Run's error, once it returned
-	once sync.Once
-	err  error
-	// tolerate spares the test an error from a service it killed.
-	tolerate bool
-}
-
-// run runs a service until its stop is called, or the test ends.
-func (r *faultRig) run(name string, svc lifecycle.Service) *service {
-	s := &service{name: name, svc: svc, done: make(chan error, 1)}
-	go func() { s.done <- svc.Run(context.Background()) }()
-	r.t.Cleanup(func() {
-		if err := s.stop(); err != nil && !s.tolerate {
-			r.t.Errorf("%s: %v", name, err)
-		}
-	})
-	return s
-}
-
-// stop closes the service, which stops its Run and waits for it, and
-// returns Run's error.
-func (s *service) stop() error {
-	s.once.Do(func() {
-		closed := make(chan struct{})
-		go func() {
-			s.svc.Close()
-			close(closed)
-		}()
-		select {
-		case <-closed:
-			s.err = <-s.done
-			if errors.Is(s.err, lifecycle.ErrClosed) {
-				s.err = nil // closed before its Run began: a stop too
-			}
-		case <-time.After(20 * time.Second):
-			s.err = fmt.Errorf("%s did not stop within 20s", s.name)
-		}
-	})
-	return s.err
 }
 
 // serviceLog collects the services' logs, and the test's own notes on

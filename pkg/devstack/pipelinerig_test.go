@@ -18,6 +18,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/expiry"
 	"github.com/stillthere/stillthere/pkg/guide"
+	"github.com/stillthere/stillthere/pkg/lifecycle/lifecycletest"
 	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
@@ -56,8 +57,8 @@ type pipelineRig struct {
 	lcfg     expiry.Config
 	ccfg     guide.Config
 	mu       sync.Mutex // guards listener and consumer
-	listener *service
-	consumer *service
+	listener *lifecycletest.Running
+	consumer *lifecycletest.Running
 }
 
 func newPipelineRig(t *testing.T, opts pipelineOptions) *pipelineRig {
@@ -94,10 +95,7 @@ func newPipelineRig(t *testing.T, opts pipelineOptions) *pipelineRig {
 		t.Fatal(err)
 	}
 	cenv := map[string]string{
-		"STILLTHERE_CONSUMER_ADMIN_ADDR": "127.0.0.1:0",
-		"STILLTHERE_SENDER":              opts.Sender,
-		"STILLTHERE_SEND_TIMEOUT":        "2s",
-		"STILLTHERE_BREAKER_TIMEOUT":     "500ms",
+		"STILLTHERE_SENDER": opts.Sender,
 		// A clean leave hands the partitions over at once; this bounds
 		// a replica that did not leave.
 		"STILLTHERE_GROUP_SESSION_TIMEOUT": "6s",
@@ -111,7 +109,7 @@ func newPipelineRig(t *testing.T, opts pipelineOptions) *pipelineRig {
 		p.push = startProxy(t, r.liveGateways()[0].gw.PushAddr().String())
 		cenv["STILLTHERE_PUSH_URL"] = "http://" + p.push.Addr() + "/v1/push"
 	}
-	if p.ccfg, err = guide.LoadConfig(nil, r.env(cenv)); err != nil {
+	if p.ccfg, err = r.consumerConfig(cenv); err != nil {
 		t.Fatal(err)
 	}
 	// The listener creates the topic, so it opens before the consumer.
@@ -140,7 +138,7 @@ func (p *pipelineRig) openListener() error {
 	if err != nil {
 		return fmt.Errorf("open listener: %w", err)
 	}
-	svc := p.run("expiry listener", l)
+	svc := lifecycletest.Run(p.t, "expiry listener", l)
 	p.mu.Lock()
 	p.listener = svc
 	p.mu.Unlock()
@@ -152,7 +150,7 @@ func (p *pipelineRig) openConsumer() error {
 	if err != nil {
 		return fmt.Errorf("open consumer: %w", err)
 	}
-	svc := p.run("guide consumer", c)
+	svc := lifecycletest.Run(p.t, "guide consumer", c)
 	p.mu.Lock()
 	p.consumer = svc
 	p.mu.Unlock()
@@ -166,7 +164,7 @@ func (p *pipelineRig) restartListener() error {
 	p.mu.Lock()
 	old := p.listener
 	p.mu.Unlock()
-	if err := old.stop(); err != nil {
+	if err := old.Stop(); err != nil {
 		return fmt.Errorf("stop listener: %w", err)
 	}
 	p.log.Info("test: listener stopped, starting a new one")
@@ -180,7 +178,7 @@ func (p *pipelineRig) restartConsumer() error {
 	p.mu.Lock()
 	old := p.consumer
 	p.mu.Unlock()
-	if err := old.stop(); err != nil {
+	if err := old.Stop(); err != nil {
 		return fmt.Errorf("stop consumer: %w", err)
 	}
 	p.log.Info("test: consumer stopped, starting a new one")

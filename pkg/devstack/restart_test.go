@@ -20,6 +20,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/stillthere/stillthere/pkg/gateway"
+	"github.com/stillthere/stillthere/pkg/lifecycle/lifecycletest"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/tcpproxy"
@@ -78,17 +79,7 @@ func rollingRestart(t *testing.T, plan restartPlan) {
 	// The instance that restarts, beside the stack's own gateway.
 	cfg := s.GatewayConfig
 	cfg.Addr, cfg.PushAddr, cfg.InstanceID = "127.0.0.1:0", "127.0.0.1:0", "restarting"
-	b, err := gateway.Open(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	// Cancelled as SIGTERM would be: the drain runs while the test goes
-	// on, and Close frees the instance once Run has returned.
-	bctx, stopB := context.WithCancel(context.Background())
-	defer stopB()
-	bDone := make(chan error, 1)
-	go func() { bDone <- b.Run(bctx) }()
+	b, runB := lifecycletest.Start(t, gateway.Open, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 
 	urlB := "ws://" + b.PublicAddr().String() + "/v1/ws"
 	// The other instance, through a proxy that can keep it out of reach.
@@ -128,14 +119,17 @@ func rollingRestart(t *testing.T, plan restartPlan) {
 	if plan.otherAway > 0 {
 		front.Blackhole()
 	}
-	stopB()
+	// Closed as SIGTERM would stop it: the drain runs while the test goes
+	// on.
+	stoppedB := make(chan error, 1)
+	go func() { stoppedB <- runB.Stop() }()
 	if plan.otherAway > 0 {
 		// Real time must pass: the other instance is out of reach for
 		// longer than any grant.
 		time.Sleep(plan.otherAway)
 		front.Restore()
 	}
-	if err := <-bDone; err != nil {
+	if err := <-stoppedB; err != nil {
 		t.Errorf("restarting gateway: %v", err)
 	}
 	waitCond(t, 60*time.Second, "every client to move to the other instance, or give up", func() bool {
