@@ -11,9 +11,10 @@ import (
 
 // fake is a service whose Run waits to be closed and returns runErr.
 type fake struct {
-	runs   lifecycle.Runs
-	runErr error
-	freed  bool
+	runs    lifecycle.Runs
+	runErr  error
+	freed   bool
+	running chan struct{} // closed once Run has begun
 }
 
 var _ lifecycle.Service = (*fake)(nil)
@@ -24,6 +25,7 @@ func (f *fake) Run(ctx context.Context) error {
 		return err
 	}
 	defer end()
+	close(f.running)
 	<-ctx.Done()
 	return f.runErr
 }
@@ -34,7 +36,7 @@ func (f *fake) Close() error {
 
 func openFake(runErr error) Opener[string, *fake] {
 	return func(_ context.Context, _ string, _ *slog.Logger) (*fake, error) {
-		return &fake{runErr: runErr}, nil
+		return &fake{runErr: runErr, running: make(chan struct{})}, nil
 	}
 }
 
@@ -59,15 +61,16 @@ func TestStartStop(t *testing.T) {
 // that had not begun (closed first) is not.
 func TestStopReportsRunError(t *testing.T) {
 	boom := errors.New("boom")
-	_, run := Start(t, openFake(boom), "cfg", slog.Default())
+	f, run := Start(t, openFake(boom), "cfg", slog.Default())
 	run.Tolerate() // the cleanup would report it again
+	<-f.running    // else Close could come first, and Run return ErrClosed
 	if err := run.Stop(); !errors.Is(err, boom) {
 		t.Errorf("Stop: %v, want %v", err, boom)
 	}
 
-	f := &fake{}
-	f.Close() // Run, when it comes, returns lifecycle.ErrClosed
-	if err := Run(t, "closed", f).Stop(); err != nil {
+	closed := &fake{running: make(chan struct{})}
+	closed.Close() // Run, when it comes, returns lifecycle.ErrClosed
+	if err := Run(t, "closed", closed).Stop(); err != nil {
 		t.Errorf("Stop of a service closed before it ran: %v", err)
 	}
 }
