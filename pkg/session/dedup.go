@@ -81,7 +81,7 @@ func DedupSpooled(deadline time.Time) string {
 var claimScript = newScript[dedupKeys]("claim", claimWords{
 	Claimed: DedupClaimed, Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale, Retry: dedupRetry,
 	OutFresh: ClaimFresh, OutDone: ClaimDone, OutBusy: ClaimBusy, OutDefer: ClaimDefer, OutSpooled: ClaimSpooled,
-}, []format{dedupFormat})
+}, []codec{dedupFormat})
 
 // claimWords are the dedup states claimScript reads and the outcomes it
 // answers.
@@ -114,7 +114,7 @@ func ParseClaim(reply string) (outcome string, failed int) {
 
 // retryScript leaves a claimed timeout to another replica, counting the
 // failure. ARGV: claim, failures so far, TTL ms.
-var retryScript = newScript[dedupKeys]("retry_elsewhere", retryWords{Retry: dedupRetry}, []format{dedupFormat})
+var retryScript = newScript[dedupKeys]("retry_elsewhere", retryWords{Retry: dedupRetry}, []codec{dedupFormat})
 
 // retryWords is the dedup state retryScript writes.
 type retryWords struct{ Retry string }
@@ -129,7 +129,7 @@ func (s *Store) RetryElsewhere(ctx context.Context, p redis.Pipeliner, e Expired
 // silence over, if its window still holds that timeout (produced, or
 // spooled and since replayed). ARGV: deadline ms.
 var markStaleScript = newScript[dedupKeys]("mark_stale",
-	staleWords{Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale}, []format{dedupFormat})
+	staleWords{Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale}, []codec{dedupFormat})
 
 // staleWords are the dedup states markStaleScript reads and writes.
 type staleWords struct{ Produced, Spooled, Stale string }
