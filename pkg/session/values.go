@@ -79,15 +79,14 @@ func decodeInboxEntry(s string) (e inboxEntry, ok bool) {
 	return inboxEntry{ID: v[0], DeadlineMS: n(v[1]), KeptMS: n(v[2]), ExpiresMS: n(v[3]), ClosedMS: n(v[4])}, true
 }
 
-// encodeInboxEntry is the entry that keeping request, the push request's
-// JSON, writes with e's times (the request's own fields are request's,
-// not e's); ok is false when request is not an object with a field.
+// encodeInboxEntry is the entry keeping request (the push request's
+// JSON) with e's times writes, as inbox_keep.lua does: e's id and
+// deadline are the request's own, and not written. ok is false when
+// request is not a JSON object with a field.
 func encodeInboxEntry(request []byte, e inboxEntry) (string, bool) {
-	ms := func(v int64) string {
-		if v == 0 {
-			return ""
-		}
-		return strconv.FormatInt(v, 10)
+	closed := ""
+	if e.ClosedMS != 0 {
+		closed = strconv.FormatInt(e.ClosedMS, 10)
 	}
-	return inboxFormat.encode(string(request), ms(e.KeptMS), ms(e.ExpiresMS), ms(e.ClosedMS))
+	return inboxFormat.encode(string(request), strconv.FormatInt(e.KeptMS, 10), strconv.FormatInt(e.ExpiresMS, 10), closed)
 }
