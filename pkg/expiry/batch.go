@@ -26,7 +26,8 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 	// After: hold (an outage rule), claim, or settle (stage-gone); a
 	// leave (awaits-replay) and a repeated dedup key leave the batch.
 	b := l.judgeFound(c, found, source)
-	// 2. Hold: the holds move to the hold set and leave the batch.
+	// 2. Hold: the holds move to the hold set and leave the batch. After:
+	// claim, or settle (stage-gone).
 	l.hold(ctx, b)
 	// 3. Claim the dedup keys of the items judged claim. Adds each claim's
 	// reply; no item is judged here.

@@ -15,11 +15,11 @@ import (
 // produced after (see package session for its values). Another listener
 // replica that meets a claim leaves the index entry alone, so if the
 // claimer's produce fails the entry is still there for a retry; only a
-// key set to produced lets it settle the entry. A second silence of the same
-// user in the same minute window is never dropped: if the window's guide
-// was stale it is produced at once, otherwise it is held to the window's
-// end and produced then, if the user is still silent. What the listener
-// makes of a claim's reply is decided in verdict.go.
+// key set to produced lets it settle the entry. A second silence of the
+// same user in the same minute window is never dropped: if the window's
+// guide was stale it is produced at once, otherwise it is held to the
+// window's end and produced then, if the user is still silent. What the
+// listener makes of a claim's reply is decided in verdict.go.
 
 // claimTTL is how long a claim outlives a crashed claimer, after which the
 // sweep retries its timeouts. It is well past the longest a produce and a

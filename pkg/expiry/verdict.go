@@ -245,19 +245,19 @@ func decide(f facts, t timeout) verdict {
 }
 
 // lapse reports whether t counts as a lapse for the mass-expiry brake: a
-// first stage, claimed by us and not released from a hold (Rechecked). A later stage is no new
-// lapse: its user went silent a stage ago.
+// first stage, claimed by us and not released from a hold (Rechecked). A
+// later stage is no new lapse: its user went silent a stage ago.
 func lapse(t timeout) bool {
 	return t.claim.outcome == session.ClaimFresh && t.Stage == 1 && !t.Rechecked
 }
 
 // brakeWouldHold reports whether the brake, were it engaged, would hold
-// t, which we claimed: a lapse, and uncounted every other whose grace after it was
-// due has not passed. That is a later stage (a close must not end the chat
-// of someone who tried to answer its reminder) and one held before by
-// another rule (the minute rule holds to its window's end, which may come
-// before that grace). One the brake released has had its grace, and is not
-// held again.
+// t, which we claimed: a lapse, and uncounted every other whose grace
+// after it was due has not passed. That is a later stage (a close must not
+// end the chat of someone who tried to answer its reminder) and one held
+// before by another rule (the minute rule holds to its window's end, which
+// may come before that grace). One the brake released has had its grace,
+// and is not held again.
 func brakeWouldHold(f facts, t timeout) bool {
 	if t.claim.outcome != session.ClaimFresh || t.write != writeNotYet {
 		return false
@@ -265,8 +265,8 @@ func brakeWouldHold(f facts, t timeout) bool {
 	return lapse(t) || f.control.Now.Before(t.Due.Add(f.grace))
 }
 
-// brakeRelease is when the brake's hold releases t: the grace after it was due, as
-// a blind interval holds until the grace after its end. Not after its
+// brakeRelease is when the brake's hold releases t: the grace after it
+// was due, as a blind interval holds until the grace after its end. Not after its
 // detection, which a storm makes late, so that a crowd that really left is
 // guided a grace after its deadlines and not later. One found a grace late
 // or more is held to the next sweep and checked again then.
