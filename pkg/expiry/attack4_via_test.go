@@ -55,7 +55,7 @@ func TestAttack4ShortDeviceOnCutInstanceForgotten(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { proxy.Close() })
-	gwA := h.startAttackGateway(h.srv.Addr, 2*time.Second, nil)
+	gwA := h.startAttackGateway(h.srv.Addr, 2*time.Second, func(c *gateway.Config) { c.InstanceID = "gw-a" })
 	gwB := h.startAttackGateway(proxy.Addr(), 2*time.Second, func(c *gateway.Config) { c.InstanceID = "gw-b" })
 
 	const uid = "two-segments"
@@ -75,14 +75,34 @@ func TestAttack4ShortDeviceOnCutInstanceForgotten(t *testing.T) {
 	cutAt := h.redisNow()
 	// B misses its heartbeats (a lease of 300ms), then the phone drops:
 	// A writes the user's route with B dead. B's lease runs out by
-	// Redis's clock.
+	// Redis's clock, and A must have seen it: A reads the heartbeats
+	// after each of its own, so two beats of A after B's lease ran out
+	// mean A's view was read after it. (A's estimate of Redis's clock
+	// from an older view lags by the reply's time in a busy process, and
+	// keeping B's entry is then the safe side, but not this test's case.)
+	instances := func() map[string]session.Instance {
+		_, insts, err := h.store.Instances(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return insts
+	}
+	var bEnd, aBeat time.Time
 	waitFor(t, waitLong, "B's lease to run out", func() bool {
 		now, insts, err := h.store.Instances(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		b, ok := insts["gw-b"]
+		bEnd = b.Last.Add(b.Lease)
 		return ok && !b.AliveAt(now)
+	})
+	waitFor(t, waitLong, "a beat of A after B's lease ran out", func() bool {
+		aBeat = instances()["gw-a"].Last
+		return aBeat.After(bEnd)
+	})
+	waitFor(t, waitLong, "A's next beat, after its view was read", func() bool {
+		return instances()["gw-a"].Last.After(aBeat)
 	})
 	phone.Close()
 	waitFor(t, waitLong, "A's route write to drop B's entry", func() bool {

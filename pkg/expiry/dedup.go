@@ -100,7 +100,7 @@ func (l *Listener) resolveClaims(ctx context.Context, produced, spooled, release
 	ks := l.store.Keyspace()
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, e := range produced {
-			p.Set(ctx, ks.StageDedupKey(e.UID, e.Stage, e.Due), session.DedupProduced(e.Deadline), l.cfg.DedupTTL)
+			l.store.MarkProduced(ctx, p, e, l.cfg.DedupTTL)
 		}
 		for _, e := range spooled {
 			p.Set(ctx, ks.StageDedupKey(e.UID, e.Stage, e.Due), session.DedupSpooled(e.Deadline), l.cfg.DedupTTL)

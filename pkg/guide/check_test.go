@@ -147,10 +147,10 @@ func TestRedisClockDecidesAge(t *testing.T) {
 	e.start(e.cfg, func(c *Consumer) { c.rdb = skewedRedis{UniversalClient: c.rdb, by: skew, ks: c.keyspace} })
 
 	e.waitCommittedToEnd(e.cfg.Group)
-	if !e.gw.shown(fresh.ID) {
+	if !e.gw.Shown(fresh.ID) {
 		t.Error("event fresh by Redis's clock was not delivered")
 	}
-	if n := e.gw.attemptsFor(tooOld.ID); n != 0 {
+	if n := e.gw.Attempts(tooOld.ID); n != 0 {
 		t.Errorf("event too old by Redis's clock pushed %d times", n)
 	}
 	if d := guidesSettled(t, OutcomeDelivered) - delivered0; d != 1 {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 	"github.com/stillthere/stillthere/pkg/webhook"
@@ -30,9 +31,9 @@ func TestDeliversEachGuideOnce(t *testing.T) {
 
 	e.waitShown(all)
 	e.waitCommittedToEnd(e.cfg.Group)
-	e.gw.checkShownOnce(t, all)
+	e.checkShownOnce(t, all)
 	for _, p := range all {
-		if n := e.gw.attemptsFor(p.ev.ID); n != 1 {
+		if n := e.gw.Attempts(p.ev.ID); n != 1 {
 			t.Errorf("guide %s pushed %d times, want 1", p.ev.ID, n)
 		}
 	}
@@ -78,10 +79,10 @@ func TestUserBackIsStale(t *testing.T) {
 		e.start(e.cfg)
 
 		e.waitCommittedToEnd(e.cfg.Group)
-		if n := e.gw.attemptsFor(evs[0].ev.ID); n != 0 {
+		if n := e.gw.Attempts(evs[0].ev.ID); n != 0 {
 			t.Errorf("user back in session was pushed a guide %d times", n)
 		}
-		if !e.gw.shown(evs[1].ev.ID) {
+		if !e.gw.Shown(evs[1].ev.ID) {
 			t.Error("user still gone got no guide")
 		}
 		if d := guidesSettled(t, OutcomeStale) - stale0; d != 1 {
@@ -96,18 +97,18 @@ func TestUserBackIsStale(t *testing.T) {
 	// the gateway is down gets no late "are you still there?".
 	t.Run("while the gateway is down", func(t *testing.T) {
 		e := newEnv(t)
-		e.gw.setMode(gatewayDown)
+		e.gw.SetDown(true)
 		stale0 := guidesSettled(t, OutcomeStale)
 		ev := e.produce("returns")[0]
 		e.start(e.cfg)
-		waitFor(t, "a failed push", func() bool { return e.gw.attemptsFor(ev.ev.ID) > 0 })
+		waitFor(t, "a failed push", func() bool { return e.gw.Attempts(ev.ev.ID) > 0 })
 		if _, err := e.store.Renew(context.Background(), "returns", "default", time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		e.gw.setMode(gatewayUp)
+		e.gw.SetDown(false)
 
 		e.waitCommittedToEnd(e.cfg.Group)
-		if e.gw.shown(ev.ev.ID) {
+		if e.gw.Shown(ev.ev.ID) {
 			t.Error("user who came back during the outage was shown the guide")
 		}
 		if d := guidesSettled(t, OutcomeStale) - stale0; d != 1 {
@@ -124,11 +125,11 @@ func TestUserBackIsStale(t *testing.T) {
 // over. A third, silent all along, gets theirs.
 func TestSilenceOverIsStale(t *testing.T) {
 	e := newEnv(t)
-	e.gw.setMode(gatewayDown)
+	e.gw.SetDown(true)
 	stale0 := guidesSettled(t, OutcomeStale)
 	evs := e.produce("left", "silent-again", "silent")
 	e.start(e.cfg)
-	waitFor(t, "a failed push", func() bool { return e.gw.attemptsFor(evs[0].ev.ID) > 0 })
+	waitFor(t, "a failed push", func() bool { return e.gw.Attempts(evs[0].ev.ID) > 0 })
 	ctx := context.Background()
 	if _, err := e.store.Renew(ctx, "left", "default", time.Minute); err != nil {
 		t.Fatal(err)
@@ -144,15 +145,15 @@ func TestSilenceOverIsStale(t *testing.T) {
 		live, err := e.store.Live(ctx, "silent-again")
 		return err == nil && !live
 	})
-	e.gw.setMode(gatewayUp)
+	e.gw.SetDown(false)
 
 	e.waitCommittedToEnd(e.cfg.Group)
 	for _, p := range evs[:2] {
-		if n := e.gw.attemptsFor(p.ev.ID); e.gw.shown(p.ev.ID) {
+		if n := e.gw.Attempts(p.ev.ID); e.gw.Shown(p.ev.ID) {
 			t.Errorf("%s was shown the guide of a silence that was over (%d attempts)", p.ev.UID, n)
 		}
 	}
-	if !e.gw.shown(evs[2].ev.ID) {
+	if !e.gw.Shown(evs[2].ev.ID) {
 		t.Error("the user silent all along got no guide")
 	}
 	if d := guidesSettled(t, OutcomeStale) - stale0; d != 2 {
@@ -176,7 +177,7 @@ func TestOutageOpensBreakerAndHoldsOffsets(t *testing.T) {
 	held := e.committed(e.cfg.Group)
 
 	errs0, opens0 := sendErrors(t), breakerOpens(t)
-	e.gw.setMode(gatewayDown)
+	e.gw.SetDown(true)
 	second := e.produce(uids("during", 8)...)
 	waitFor(t, "the breaker and its gauge to say open", func() bool {
 		return r.c.breaker.State() == gobreaker.StateOpen && breakerGauge(t) == float64(gobreaker.StateOpen)
@@ -186,7 +187,7 @@ func TestOutageOpensBreakerAndHoldsOffsets(t *testing.T) {
 			metricValue(t, "stillthere_consumer_paused_partitions") == testPartitions
 	})
 	waitFor(t, "a first failed probe", func() bool { return breakerOpens(t)-opens0 >= 2 })
-	attempts1, errs1, opens1 := e.gw.totalAttempts(), sendErrors(t), breakerOpens(t)
+	attempts1, errs1, opens1 := e.gw.TotalAttempts(), sendErrors(t), breakerOpens(t)
 	// Through the rest of the outage nothing past the first unsent guide
 	// of any partition is committed, and the records are held, not
 	// retried against the open breaker.
@@ -197,7 +198,7 @@ func TestOutageOpensBreakerAndHoldsOffsets(t *testing.T) {
 		return breakerOpens(t)-opens1 >= 2
 	})
 	probes := breakerOpens(t) - opens1
-	if n := float64(e.gw.totalAttempts() - attempts1); n > probes+1 {
+	if n := float64(e.gw.TotalAttempts() - attempts1); n > probes+1 {
 		t.Errorf("%v pushes while the breaker reopened %v times: want one probe per breaker timeout", n, probes)
 	}
 	if n := sendErrors(t) - errs1; n > probes+1 {
@@ -207,7 +208,7 @@ func TestOutageOpensBreakerAndHoldsOffsets(t *testing.T) {
 		t.Errorf("%v send errors counted during the outage, want at least %d", d, e.cfg.BreakerFailures)
 	}
 	for _, p := range second {
-		if e.gw.shown(p.ev.ID) {
+		if e.gw.Shown(p.ev.ID) {
 			t.Fatalf("guide %s shown while the gateway was down", p.ev.ID)
 		}
 	}
@@ -219,11 +220,11 @@ func TestOutageOpensBreakerAndHoldsOffsets(t *testing.T) {
 		return lag == float64(len(second))
 	})
 
-	e.gw.setMode(gatewayUp)
+	e.gw.SetDown(false)
 	all := append(first, second...)
 	e.waitShown(all)
 	e.waitCommittedToEnd(e.cfg.Group)
-	e.gw.checkShownOnce(t, all)
+	e.checkShownOnce(t, all)
 	waitFor(t, "the breaker to close and fetching to resume", func() bool {
 		return r.c.breaker.State() == gobreaker.StateClosed && len(r.paused()) == 0 &&
 			metricValue(t, "stillthere_consumer_paused_partitions") == 0
@@ -238,23 +239,23 @@ func TestOutageOpensBreakerAndHoldsOffsets(t *testing.T) {
 // pauses as for an outage, and nothing is lost or sent twice.
 func TestHangingGatewayCountsAsFailure(t *testing.T) {
 	e := newEnv(t)
-	e.gw.setMode(gatewayHang)
+	e.gw.SetHang(true)
 	r := e.start(e.cfg)
 	evs := e.produce(uids("hung", 6)...)
 
 	waitFor(t, "the breaker to open", func() bool { return r.c.breaker.State() == gobreaker.StateOpen })
 	waitFor(t, "every partition to be paused", func() bool { return slices.Equal(r.paused(), []int32{0, 1, 2, 3}) })
 	waitFor(t, "the gateway to see the consumer give up on hung pushes", func() bool {
-		return e.gw.abandonedPushes() >= e.cfg.BreakerFailures
+		return e.gw.Abandoned() >= e.cfg.BreakerFailures
 	})
 	if got := e.committed(e.cfg.Group); len(got) != 0 {
 		t.Errorf("committed %v while no guide was sent", got)
 	}
 
-	e.gw.setMode(gatewayUp)
+	e.gw.SetHang(false)
 	e.waitShown(evs)
 	e.waitCommittedToEnd(e.cfg.Group)
-	e.gw.checkShownOnce(t, evs)
+	e.checkShownOnce(t, evs)
 	waitFor(t, "fetching to resume", func() bool { return len(r.paused()) == 0 })
 }
 
@@ -263,7 +264,7 @@ func TestHangingGatewayCountsAsFailure(t *testing.T) {
 // partition moves on.
 func TestRejectedGuideIsNotRetried(t *testing.T) {
 	e := newEnv(t)
-	e.gw.answerFor("refused", http.StatusBadRequest)
+	e.gw.SetStatus("refused", http.StatusBadRequest)
 	rejected0, errs0 := guidesSettled(t, OutcomeRejected), sendErrors(t)
 
 	// More refusals in a row than BreakerFailures, then good guides, all
@@ -280,7 +281,7 @@ func TestRejectedGuideIsNotRetried(t *testing.T) {
 	e.waitShown(later)
 	e.waitCommittedToEnd(e.cfg.Group)
 	for _, p := range refused {
-		if n := e.gw.attemptsFor(p.ev.ID); n != 1 {
+		if n := e.gw.Attempts(p.ev.ID); n != 1 {
 			t.Errorf("rejected guide %s pushed %d times, want 1", p.ev.ID, n)
 		}
 	}
@@ -323,7 +324,7 @@ func TestPoisonRecordsAreDeadLettered(t *testing.T) {
 
 	e.waitShown(good)
 	e.waitCommittedToEnd(e.cfg.Group)
-	if n := e.gw.totalAttempts(); n != len(good) {
+	if n := e.gw.TotalAttempts(); n != len(good) {
 		t.Errorf("gateway got %d pushes, want %d (poison records must not be sent)", n, len(good))
 	}
 	if d := guidesSettled(t, OutcomeInvalid) - invalid0; d != float64(len(bad)) {
@@ -365,7 +366,7 @@ func TestTooOldIsDropped(t *testing.T) {
 
 	e.waitShown(fresh)
 	e.waitCommittedToEnd(e.cfg.Group)
-	if n := e.gw.attemptsFor(ev.ID); n != 0 {
+	if n := e.gw.Attempts(ev.ID); n != 0 {
 		t.Errorf("too old guide pushed %d times", n)
 	}
 	if d := guidesSettled(t, OutcomeTooOld) - old0; d != 1 {
@@ -388,11 +389,10 @@ func TestTemplatesPerSegment(t *testing.T) {
 	}
 	e.start(cfg)
 	e.waitShown(evs)
-	want := map[string]bool{"Still with us?": true, "Need a hand?": true, testText: true}
-	e.gw.mu.Lock()
-	defer e.gw.mu.Unlock()
-	if !maps.Equal(e.gw.texts, want) {
-		t.Errorf("texts sent %v, want %v", e.gw.texts, want)
+	want := []string{"Still with us?", "Need a hand?", testText}
+	slices.Sort(want)
+	if got := e.gw.Texts(); !slices.Equal(got, want) {
+		t.Errorf("texts sent %q, want %q", got, want)
 	}
 }
 
@@ -404,22 +404,22 @@ func TestInFlightBoundPausesFetching(t *testing.T) {
 	cfg := e.cfg
 	cfg.MaxInFlight = 4
 	cfg.SendTimeout = waitLong // slow, not failing: the breaker stays shut
-	e.gw.setMode(gatewayHang)
+	e.gw.SetHang(true)
 	evs := e.produce(uids("many", 40)...)
 	r := e.start(cfg)
 
 	waitFor(t, "the in-flight bound to be reached and fetching paused", func() bool {
-		now, _ := e.gw.concurrency()
+		now, _ := e.gw.Concurrency()
 		return now == cfg.MaxInFlight && slices.Equal(r.paused(), []int32{0, 1, 2, 3})
 	})
 	if got := metricValue(t, "stillthere_consumer_in_flight"); got != float64(cfg.MaxInFlight) {
 		t.Errorf("in-flight gauge %v, want %d", got, cfg.MaxInFlight)
 	}
-	e.gw.setMode(gatewayUp)
+	e.gw.SetHang(false)
 	e.waitShown(evs)
 	e.waitCommittedToEnd(cfg.Group)
-	e.gw.checkShownOnce(t, evs)
-	if _, peak := e.gw.concurrency(); peak > cfg.MaxInFlight {
+	e.checkShownOnce(t, evs)
+	if _, peak := e.gw.Concurrency(); peak > cfg.MaxInFlight {
 		t.Errorf("%d pushes at once, want at most max-in-flight %d", peak, cfg.MaxInFlight)
 	}
 	if s := r.c.breaker.State(); s != gobreaker.StateClosed {
@@ -446,7 +446,7 @@ func TestRestartResumesFromCommit(t *testing.T) {
 	e.waitCommittedToEnd(e.cfg.Group)
 	r2.stop()
 	for _, p := range all {
-		if n := e.gw.attemptsFor(p.ev.ID); n != 1 {
+		if n := e.gw.Attempts(p.ev.ID); n != 1 {
 			t.Errorf("guide %s pushed %d times across the restart, want 1", p.ev.ID, n)
 		}
 	}
@@ -458,14 +458,14 @@ func TestRestartResumesFromCommit(t *testing.T) {
 		e.start(replay)
 		e.waitCommittedToEnd(replay.Group)
 		for _, p := range all {
-			if n := e.gw.attemptsFor(p.ev.ID); n != 2 {
+			if n := e.gw.Attempts(p.ev.ID); n != 2 {
 				t.Errorf("guide %s pushed %d times, want 2", p.ev.ID, n)
 			}
 		}
 		if d := guidesSettled(t, OutcomeDuplicate) - dup0; d != float64(len(all)) {
 			t.Errorf("duplicate outcomes: %v, want %d", d, len(all))
 		}
-		e.gw.checkShownOnce(t, all)
+		e.checkShownOnce(t, all)
 	})
 }
 
@@ -474,7 +474,7 @@ func TestRestartResumesFromCommit(t *testing.T) {
 // next owner sends exactly the rest.
 func TestStopMidPollCommitsOnlySettled(t *testing.T) {
 	e := newEnv(t)
-	e.gw.answerFor("stuck", http.StatusServiceUnavailable)
+	e.gw.SetStatus("stuck", http.StatusServiceUnavailable)
 	// One partition, so the records are settled in this order.
 	var evs []produced
 	for _, uid := range []string{"ok-1", "ok-2", "stuck", "ok-3", "ok-4"} {
@@ -483,19 +483,19 @@ func TestStopMidPollCommitsOnlySettled(t *testing.T) {
 	settled, stuck := evs[:2], evs[2]
 	r1 := e.start(e.cfg)
 	e.waitShown(settled)
-	waitFor(t, "the stuck guide to be retried", func() bool { return e.gw.attemptsFor(stuck.ev.ID) > 1 })
+	waitFor(t, "the stuck guide to be retried", func() bool { return e.gw.Attempts(stuck.ev.ID) > 1 })
 	r1.stop()
 	if got := e.committed(e.cfg.Group)[0]; got != stuck.offset {
 		t.Errorf("stopped consumer committed partition 0 up to %d, want %d: just past the settled guides", got, stuck.offset)
 	}
 
-	e.gw.answerFor("stuck", 0)
+	e.gw.SetStatus("stuck", 0)
 	e.start(e.cfg)
 	e.waitShown(evs)
 	e.waitCommittedToEnd(e.cfg.Group)
-	e.gw.checkShownOnce(t, evs)
+	e.checkShownOnce(t, evs)
 	for _, p := range settled {
-		if n := e.gw.attemptsFor(p.ev.ID); n != 1 {
+		if n := e.gw.Attempts(p.ev.ID); n != 1 {
 			t.Errorf("settled guide %s pushed %d times, want 1", p.ev.ID, n)
 		}
 	}
@@ -507,8 +507,11 @@ func TestStopMidPollCommitsOnlySettled(t *testing.T) {
 func TestGroupSplitsAndTakesOver(t *testing.T) {
 	e := newEnv(t)
 	cfgA, cfgB := e.cfg, e.cfg
-	cfgA.PushURL = e.gw.srv.URL + "/a"
-	cfgB.PushURL = e.gw.srv.URL + "/b"
+	// One recorder behind two URLs: the path a guide came on names the
+	// member that sent it.
+	base := strings.TrimSuffix(e.gwURL, push.Path)
+	cfgA.PushURL = base + "/a"
+	cfgB.PushURL = base + "/b"
 	a := e.start(cfgA)
 	e.start(cfgB)
 	waitFor(t, "both members to own partitions", func() bool {
@@ -522,7 +525,8 @@ func TestGroupSplitsAndTakesOver(t *testing.T) {
 	owner := make(map[int32]string) // partition -> consumer that sent its guides
 	usedBy := make(map[string]int)
 	for _, p := range first {
-		path := e.gw.pathOf(p.ev.ID)
+		sent, _ := e.gw.Get(p.ev.ID)
+		path := sent.Path
 		usedBy[path]++
 		if o, ok := owner[p.partition]; ok && o != path {
 			t.Errorf("partition %d sent by both %s and %s", p.partition, o, path)
@@ -538,17 +542,17 @@ func TestGroupSplitsAndTakesOver(t *testing.T) {
 	e.waitShown(second)
 	e.waitCommittedToEnd(e.cfg.Group)
 	for _, p := range second {
-		if path := e.gw.pathOf(p.ev.ID); path != "/b" {
-			t.Errorf("guide %s sent by %s after a stopped", p.ev.ID, path)
+		if sent, _ := e.gw.Get(p.ev.ID); sent.Path != "/b" {
+			t.Errorf("guide %s sent by %s after a stopped", p.ev.ID, sent.Path)
 		}
 	}
 	all := append(first, second...)
 	for _, p := range all {
-		if n := e.gw.attemptsFor(p.ev.ID); n != 1 {
+		if n := e.gw.Attempts(p.ev.ID); n != 1 {
 			t.Errorf("guide %s pushed %d times, want 1", p.ev.ID, n)
 		}
 	}
-	e.gw.checkShownOnce(t, all)
+	e.checkShownOnce(t, all)
 }
 
 // TestWebhookSenderEndToEnd: with sender=webhook the consumer POSTs each

@@ -76,15 +76,15 @@ func TestKilledBetweenSendAndCommit(t *testing.T) {
 	t.Cleanup(kill)
 	// The first guide shown kills the consumer before the push is
 	// answered: it was sent, and can never have been committed.
-	e.gw.onShown(func(string) { kill() })
+	e.gw.OnShown(func(string) { kill() })
 	<-killed
-	e.gw.onShown(nil)
+	e.gw.OnShown(nil)
 	if got := e.committed(e.cfg.Group)[0]; got > evs[0].offset {
 		t.Fatalf("killed consumer committed partition 0 up to %d, past the guide it never saw answered (offset %d)", got, evs[0].offset)
 	}
 	first := ""
 	for _, p := range evs {
-		if e.gw.shown(p.ev.ID) {
+		if e.gw.Shown(p.ev.ID) {
 			first = p.ev.ID
 		}
 	}
@@ -96,8 +96,8 @@ func TestKilledBetweenSendAndCommit(t *testing.T) {
 	e.start(e.cfg)
 	e.waitShown(evs)
 	e.waitCommittedToEnd(e.cfg.Group)
-	e.gw.checkShownOnce(t, evs)
-	if n := e.gw.attemptsFor(first); n != 2 {
+	e.checkShownOnce(t, evs)
+	if n := e.gw.Attempts(first); n != 2 {
 		t.Errorf("guide shown before the kill pushed %d times, want 2 (once by each process)", n)
 	}
 	if d := guidesSettled(t, OutcomeDuplicate) - dup0; d < 1 {
@@ -121,7 +121,7 @@ func TestTakeoverDuringOutage(t *testing.T) {
 	e.waitCommittedToEnd(e.cfg.Group)
 	held := e.committed(e.cfg.Group)
 
-	e.gw.setMode(gatewayDown)
+	e.gw.SetDown(true)
 	second := e.produce(uids("held", 24)...)
 	waitFor(t, "both breakers to open and both members to pause", func() bool {
 		return a.c.breaker.State() != gobreaker.StateClosed && b.c.breaker.State() != gobreaker.StateClosed &&
@@ -136,10 +136,10 @@ func TestTakeoverDuringOutage(t *testing.T) {
 		t.Errorf("committed %v during the outage, want %v held", got, held)
 	}
 
-	e.gw.setMode(gatewayUp)
+	e.gw.SetDown(false)
 	all := append(first, second...)
 	e.waitShown(all)
 	e.waitCommittedToEnd(e.cfg.Group)
-	e.gw.checkShownOnce(t, all)
+	e.checkShownOnce(t, all)
 	waitFor(t, "fetching to resume", func() bool { return len(b.paused()) == 0 })
 }

@@ -2,14 +2,11 @@ package guide
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"slices"
 	"strings"
@@ -28,7 +25,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/config"
 	"github.com/stillthere/stillthere/pkg/kafka/kafkatest"
 	"github.com/stillthere/stillthere/pkg/lifecycle"
-	"github.com/stillthere/stillthere/pkg/push"
+	"github.com/stillthere/stillthere/pkg/push/pushtest"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
@@ -71,224 +68,22 @@ func holdsWithin(d time.Duration, cond func() bool) bool {
 	return true
 }
 
-// gatewayMode is how the fake push endpoint answers.
-type gatewayMode int
-
-const (
-	gatewayUp   gatewayMode = iota // 200 delivered, or duplicate for an id seen before
-	gatewayDown                    // 503
-	gatewayHang                    // no answer until switched back up or the client gives up
-)
-
-// fakeGateway is the gateway's push endpoint as the consumer sees it: it
-// checks the bearer secret and dedupes by guide id like the real one, so a
-// user is shown each guide once however often it is pushed.
-type fakeGateway struct {
-	srv    *httptest.Server
-	secret string
-
-	mu        sync.Mutex
-	mode      gatewayMode
-	release   chan struct{}           // closed when a hang ends
-	statusFor map[string]int          // uid -> status every push for it gets
-	attempts  map[string]int          // guide id -> pushes received with the right secret
-	shownUID  map[string]string       // guide id -> uid, once delivered
-	shownPath map[string]string       // guide id -> request path it was delivered on
-	shownReq  map[string]push.Request // guide id -> the request that delivered it
-	perUID    map[string]int          // uid -> guides shown
-	texts     map[string]bool         // texts received
-	badAuth   int                     // pushes without the right secret
-	abandoned int                     // hung pushes whose client gave up
-	serving   int                     // pushes being answered now
-	peak      int                     // most pushes answered at once
-	afterShow func(id string)         // called once a guide is first shown, before the answer
-}
-
-func newFakeGateway(t *testing.T) *fakeGateway {
-	g := &fakeGateway{
-		secret:    testSecret,
-		release:   make(chan struct{}),
-		statusFor: make(map[string]int),
-		attempts:  make(map[string]int),
-		shownUID:  make(map[string]string),
-		shownPath: make(map[string]string),
-		shownReq:  make(map[string]push.Request),
-		perUID:    make(map[string]int),
-		texts:     make(map[string]bool),
-	}
-	g.srv = httptest.NewServer(g)
-	t.Cleanup(func() {
-		g.setMode(gatewayUp) // let hung handlers go so Close returns
-		g.srv.Close()
-	})
-	return g
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(v)
-}
-
-func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost || r.Header.Get("Authorization") != "Bearer "+g.secret {
-		g.mu.Lock()
-		g.badAuth++
-		g.mu.Unlock()
-		writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "bad secret"})
-		return
-	}
-	// Read the body to its end: only then does the server notice a client
-	// that gives up, which a hung push waits for.
-	body, _ := io.ReadAll(r.Body)
-	var p push.Request
-	if err := json.Unmarshal(body, &p); err != nil || p.ID == "" || p.UID == "" || p.Text == "" {
-		writeJSON(w, http.StatusUnprocessableEntity, map[string]string{"error": "bad body"})
-		return
-	}
-	g.mu.Lock()
-	g.attempts[p.ID]++
-	g.texts[p.Text] = true
-	mode, release, status := g.mode, g.release, g.statusFor[p.UID]
-	g.serving++
-	g.peak = max(g.peak, g.serving)
-	g.mu.Unlock()
-	defer func() {
-		g.mu.Lock()
-		g.serving--
-		g.mu.Unlock()
-	}()
-
-	switch {
-	case status != 0:
-		writeJSON(w, status, map[string]string{"error": http.StatusText(status)})
-		return
-	case mode == gatewayDown:
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "down"})
-		return
-	case mode == gatewayHang:
-		select {
-		case <-release:
-		case <-r.Context().Done():
-			g.mu.Lock()
-			g.abandoned++
-			g.mu.Unlock()
-			return
-		}
-	}
-	g.mu.Lock()
-	_, dup := g.shownUID[p.ID]
-	if !dup {
-		g.shownUID[p.ID] = p.UID
-		g.shownPath[p.ID] = r.URL.Path
-		g.shownReq[p.ID] = p
-		g.perUID[p.UID]++
-	}
-	hook := g.afterShow
-	g.mu.Unlock()
-	if hook != nil && !dup {
-		hook(p.ID)
-	}
-	if dup {
-		writeJSON(w, http.StatusOK, map[string]Outcome{"status": OutcomeDuplicate})
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]Outcome{"status": OutcomeDelivered})
-}
-
-func (g *fakeGateway) setMode(m gatewayMode) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.mode == gatewayHang && m != gatewayHang {
-		close(g.release)
-		g.release = make(chan struct{})
-	}
-	g.mode = m
-}
-
-// answerFor makes every push for uid get status; 0 answers normally.
-func (g *fakeGateway) answerFor(uid string, status int) {
-	g.mu.Lock()
-	g.statusFor[uid] = status
-	g.mu.Unlock()
-}
-
-func (g *fakeGateway) attemptsFor(id string) int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.attempts[id]
-}
-
-func (g *fakeGateway) totalAttempts() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	n := 0
-	for _, a := range g.attempts {
-		n += a
-	}
-	return n
-}
-
-func (g *fakeGateway) shown(id string) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	_, ok := g.shownUID[id]
-	return ok
-}
-
-// requestOf is the request that delivered guide id.
-func (g *fakeGateway) requestOf(id string) (push.Request, bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	r, ok := g.shownReq[id]
-	return r, ok
-}
-
-func (g *fakeGateway) pathOf(id string) string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.shownPath[id]
-}
-
-// onShown sets a hook run when a guide is first shown, before the push
-// is answered.
-func (g *fakeGateway) onShown(hook func(id string)) {
-	g.mu.Lock()
-	g.afterShow = hook
-	g.mu.Unlock()
-}
-
-// concurrency returns the pushes being answered now and the most at once.
-func (g *fakeGateway) concurrency() (now, peak int) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.serving, g.peak
-}
-
-func (g *fakeGateway) abandonedPushes() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.abandoned
-}
-
 // checkShownOnce fails unless every event's user was shown exactly one
 // guide, with the configured text, and no push came without the secret.
-func (g *fakeGateway) checkShownOnce(t *testing.T, evs []produced) {
+func (e *testEnv) checkShownOnce(t *testing.T, evs []produced) {
 	t.Helper()
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	for _, p := range evs {
-		if _, ok := g.shownUID[p.ev.ID]; !ok {
+		if !e.gw.Shown(p.ev.ID) {
 			t.Errorf("guide %s for %s never shown", p.ev.ID, p.ev.UID)
 		}
-		if n := g.perUID[p.ev.UID]; n != 1 {
+		if n := e.gw.ShownTo(p.ev.UID); n != 1 {
 			t.Errorf("user %s shown %d guides, want 1", p.ev.UID, n)
 		}
 	}
-	if g.badAuth != 0 {
-		t.Errorf("%d pushes came without the bearer secret", g.badAuth)
+	if n := e.gw.Unauthorized(); n != 0 {
+		t.Errorf("%d pushes came without the bearer secret", n)
 	}
-	for text := range g.texts {
+	for _, text := range e.gw.Texts() {
 		if text != testText {
 			t.Errorf("guide text %q, want %q", text, testText)
 		}
@@ -296,14 +91,15 @@ func (g *fakeGateway) checkShownOnce(t *testing.T, evs []produced) {
 }
 
 // testEnv is one test's world: its own redis-server, embedded Kafka with
-// the timeout topic, and fake gateway.
+// the timeout topic, and the gateway's push endpoint as a recorder.
 type testEnv struct {
 	t     *testing.T
 	env   map[string]string // the settings cfg was loaded from
 	cfg   Config            // the consumer's config, pointed at this env
 	rdb   *redis.Client
 	store *session.Store
-	gw    *fakeGateway
+	gw    *pushtest.Recorder
+	gwURL string // where the consumer pushes: gw's push.Path
 	prod  *kgo.Client
 	adm   *kadm.Client
 	log   *slog.Logger // what start gives consumers; testLogger() if nil
@@ -328,7 +124,7 @@ func newEnv(t *testing.T) *testEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(prod.Close)
-	gw := newFakeGateway(t)
+	gw, gwURL := pushtest.Start(t, testSecret)
 
 	env := map[string]string{
 		"STILLTHERE_REDIS_ADDRS":         srv.Addr,
@@ -338,7 +134,7 @@ func newEnv(t *testing.T) *testEnv {
 		"STILLTHERE_TOPIC_PARTITIONS":    fmt.Sprint(testPartitions),
 		"STILLTHERE_CONSUMER_ADMIN_ADDR": "127.0.0.1:0",
 		"STILLTHERE_CONSUMER_GROUP":      "guide-test",
-		"STILLTHERE_PUSH_URL":            gw.srv.URL + "/v1/push",
+		"STILLTHERE_PUSH_URL":            gwURL,
 		"STILLTHERE_PUSH_SECRET":         testSecret,
 		"STILLTHERE_SEND_TIMEOUT":        "200ms",
 		"STILLTHERE_BREAKER_FAILURES":    "3",
@@ -358,6 +154,7 @@ func newEnv(t *testing.T) *testEnv {
 		rdb:   rdb,
 		store: session.NewStore(rdb, cfg.Redis.Keyspace()),
 		gw:    gw,
+		gwURL: gwURL,
 		prod:  prod,
 		adm:   kadm.NewClient(prod),
 	}
@@ -482,7 +279,7 @@ func (e *testEnv) waitShown(evs []produced) {
 	e.t.Helper()
 	waitFor(e.t, fmt.Sprintf("%d guides to be shown", len(evs)), func() bool {
 		for _, p := range evs {
-			if !e.gw.shown(p.ev.ID) {
+			if !e.gw.Shown(p.ev.ID) {
 				return false
 			}
 		}

@@ -47,13 +47,13 @@ func TestOutageLogsQuietly(t *testing.T) {
 	e := newEnv(t)
 	rec := &logRecorder{}
 	e.log = slog.New(rec)
-	e.gw.setMode(gatewayDown)
+	e.gw.SetDown(true)
 	errs0, opens0 := sendErrors(t), breakerOpens(t)
 	r := e.start(e.cfg)
 	evs := e.produce(uids("quiet", 16)...)
 
 	waitFor(t, "three failed probes", func() bool { return breakerOpens(t)-opens0 >= 4 })
-	e.gw.setMode(gatewayUp)
+	e.gw.SetDown(false)
 	e.waitShown(evs)
 	e.waitCommittedToEnd(e.cfg.Group)
 	waitFor(t, "the breaker to close", func() bool { return r.c.breaker.State() == gobreaker.StateClosed })

@@ -84,11 +84,11 @@ func TestStagesSent(t *testing.T) {
 		third.ID:   {ID: third.ID, UID: "slow", Segment: "vip", Text: "Still with us?", DeadlineMS: ds.UnixMilli(), DueMS: third.DueMS, Stage: 3, Action: "remind"},
 	}
 	for id, w := range want {
-		if got, ok := e.gw.requestOf(id); !ok || got != w {
-			t.Errorf("pushed %+v (sent %v), want %+v", got, ok, w)
+		if got, ok := e.gw.Get(id); !ok || got.Request != w {
+			t.Errorf("pushed %+v (sent %v), want %+v", got.Request, ok, w)
 		}
 	}
-	if n := e.gw.attemptsFor(over.ID); n != 0 {
+	if n := e.gw.Attempts(over.ID); n != 0 {
 		t.Errorf("the later stage of a silence that is over was pushed %d times", n)
 	}
 	if d := guidesSettled(t, OutcomeStale) - stale0; d != 1 {

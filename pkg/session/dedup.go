@@ -127,23 +127,45 @@ func (s *Store) RetryElsewhere(ctx context.Context, p redis.Pipeliner, e Expired
 
 // markStaleScript records that the consumer found a produced timeout's
 // silence over, if its window still holds that timeout (produced, or
-// spooled and since replayed). ARGV: deadline ms.
-var markStaleScript = newScript[dedupKeys]("mark_stale",
-	staleWords{Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale}, []format{dedupFormat})
+// spooled and since replayed). If the key is still claimed, its producer
+// has not marked it yet: the script leaves a note for markProducedScript
+// instead, and the claim stays. ARGV: deadline ms.
+var markStaleScript = newScript[dedupNoteKeys]("mark_stale",
+	staleWords{Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale, Claimed: DedupClaimed}, []format{dedupFormat})
 
 // staleWords are the dedup states markStaleScript reads and writes.
-type staleWords struct{ Produced, Spooled, Stale string }
+type staleWords struct{ Produced, Spooled, Stale, Claimed string }
+
+// dedupNoteKey is the key list of e's dedup key and its stale note.
+func (k Keyspace) dedupNoteKey(uid string, stage int, due time.Time) dedupNoteKeys {
+	return dedupNoteKeys{Dedup: k.StageDedupKey(uid, stage, due), StaleNote: k.StaleNoteKey(uid, stage, due)}
+}
 
 // MarkStale records that uid's timeout with this deadline, at stage, due
 // at due, sent no guide: another silence whose stage falls in its minute
-// window gets its own at once.
+// window gets its own at once. The consumer may read the event before its
+// producer has marked it produced; the mark then waits for that.
 func (s *Store) MarkStale(ctx context.Context, uid string, stage int, due, deadline time.Time) error {
-	err := markStaleScript.Run(ctx, s.rdb, dedupKeys{Dedup: s.ks.StageDedupKey(uid, stage, due)},
-		deadline.UnixMilli()).Err()
+	err := markStaleScript.Run(ctx, s.rdb, s.ks.dedupNoteKey(uid, stage, due), deadline.UnixMilli()).Err()
 	if err != nil {
 		return fmt.Errorf("mark %q's timeout stale: %w", uid, err)
 	}
 	return nil
+}
+
+// markProducedScript marks a produced timeout's dedup key, or stale if
+// the consumer already found its silence over (markStaleScript's note).
+// ARGV: deadline ms, TTL ms.
+var markProducedScript = newScript[dedupNoteKeys]("mark_produced",
+	producedWords{Produced: dedupProduced, Stale: dedupStale}, []format{dedupFormat})
+
+// producedWords are the dedup states markProducedScript writes.
+type producedWords struct{ Produced, Stale string }
+
+// MarkProduced marks e produced for its dedup window, in pipeline p (or
+// stale, if the consumer found it so before this mark).
+func (s *Store) MarkProduced(ctx context.Context, p redis.Pipeliner, e Expired, ttl time.Duration) {
+	markProducedScript.Eval(ctx, p, s.ks.dedupNoteKey(e.UID, e.Stage, e.Due), e.Deadline.UnixMilli(), ttl.Milliseconds())
 }
 
 // releaseScript deletes a claim only if it is still the caller's. ARGV:

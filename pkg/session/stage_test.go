@@ -316,3 +316,70 @@ func TestSpooledDedupMark(t *testing.T) {
 		t.Fatalf("claim of another silence after the spooled one was stale: %q, want %q", got, ClaimFresh)
 	}
 }
+
+// TestStaleBeforeProducedMark: the consumer may read a timeout and find
+// its silence over before the listener that produced it has marked it
+// produced (the dedup key still holds the claim). The stale mark must not
+// be lost: a second silence in the window gets its own guide at once,
+// not at the window's end. A note for another deadline changes nothing.
+func TestStaleBeforeProducedMark(t *testing.T) {
+	s, ctx := newStore(t)
+	deadline := time.Now().Truncate(time.Minute).Add(time.Minute + 10*time.Second)
+	claimBy := func(listener string, e Expired) string {
+		t.Helper()
+		var cmd *redis.Cmd
+		if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			cmd = s.ClaimTimeout(ctx, p, e, DedupClaim(listener), time.Minute)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		reply, _ := cmd.Text()
+		out, _ := ParseClaim(reply)
+		return out
+	}
+	claim := func(e Expired) string { t.Helper(); return claimBy("me", e) }
+	produced := func(e Expired) {
+		t.Helper()
+		if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			s.MarkProduced(ctx, p, e, time.Minute)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name      string
+		staleOf   time.Duration // the deadline the consumer marks stale, after the claimed one's
+		wantOther string
+	}{
+		{"this timeout", 0, ClaimFresh},
+		{"another deadline", -30 * time.Second, ClaimDefer},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := Expired{UID: "stale-" + tc.name, Stage: 1, Deadline: deadline, Due: deadline}
+			if got := claim(e); got != ClaimFresh {
+				t.Fatalf("first claim: %q", got)
+			}
+			if err := s.MarkStale(ctx, e.UID, e.Stage, e.Due, e.Deadline.Add(tc.staleOf)); err != nil {
+				t.Fatal(err)
+			}
+			if got := claimBy("other-replica", e); got != ClaimBusy {
+				t.Fatalf("another replica's claim while the first still holds it, after the stale mark: %q, want %q (the claim must stay)", got, ClaimBusy)
+			}
+			produced(e)
+			if got := claim(e); got != ClaimDone {
+				t.Fatalf("the same timeout swept again: %q, want %q", got, ClaimDone)
+			}
+			other := e
+			other.Deadline = deadline.Add(20 * time.Second)
+			other.Due = other.Deadline
+			if got := claim(other); got != tc.wantOther {
+				t.Fatalf("claim of a second silence in the window: %q, want %q", got, tc.wantOther)
+			}
+			if n, err := s.rdb.Exists(ctx, s.ks.StaleNoteKey(e.UID, e.Stage, e.Due)).Result(); err != nil || n != 0 {
+				t.Fatalf("stale note left after the mark: %d %v", n, err)
+			}
+		})
+	}
+}
