@@ -51,7 +51,9 @@ import (
 //     A claim is resolved once the timeout is written: set to produced or
 //     spooled, released, or left to another replica.
 //   - mark: only the sweep mark (mark.go): a replica records in Redis that
-//     it swept, and reads the control state back.
+//     it swept, and reads the control state back. (Package session also
+//     says a dedup key is marked produced or stale: in this package that
+//     is resolving a claim.)
 //   - left: the entry stays in the index, for another replica or a later
 //     sweep. Settled: the stage is done, and its entry moves on to the next
 //     stage or leaves the index.
