@@ -97,13 +97,12 @@ func (l *Listener) resolveClaims(ctx context.Context, produced, spooled, release
 	if len(produced)+len(spooled)+len(release) == 0 {
 		return nil
 	}
-	ks := l.store.Keyspace()
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, e := range produced {
 			l.store.MarkProduced(ctx, p, e, l.cfg.DedupTTL)
 		}
 		for _, e := range spooled {
-			p.Set(ctx, ks.StageDedupKey(e.UID, e.Stage, e.Due), session.DedupSpooled(e.Deadline), l.cfg.DedupTTL)
+			l.store.MarkSpooled(ctx, p, e, l.cfg.DedupTTL)
 		}
 		for _, e := range release {
 			l.store.ReleaseClaim(ctx, p, e, l.claim)
