@@ -236,10 +236,22 @@ func stageDue(req push.Request) (int64, bool) {
 func parseEntries(raw []string) []push.Request {
 	var reqs []push.Request
 	for _, e := range raw {
-		var req push.Request
-		if json.Unmarshal([]byte(e), &req) == nil && req.ID != "" {
+		if req, ok := parseEntry(e); ok {
 			reqs = append(reqs, req)
 		}
 	}
 	return reqs
+}
+
+// parseEntry reads an inbox entry as the request it was kept from. An
+// entry is the request's JSON with the times of its keeping added (the
+// inbox entry's format, in the session package's values.go), which a
+// Request does not know and skips: so an entry of any release reads as
+// its request. ok is false when it does not parse or has no id, which
+// the inbox's lease of it is by.
+func parseEntry(raw string) (req push.Request, ok bool) {
+	if json.Unmarshal([]byte(raw), &req) != nil || req.ID == "" {
+		return push.Request{}, false
+	}
+	return req, true
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
 	"github.com/stillthere/stillthere/pkg/token"
 )
 
@@ -209,4 +210,28 @@ func TestHeldGuidesKeptWhenConnectionEnds(t *testing.T) {
 		return n == 1
 	})
 	readGuide(t, tg.dial(t, "flaky"), "f1")
+}
+
+// TestParseEntry: an inbox entry of every release reads as the request
+// it was kept from (the times its keeping added are not the request's);
+// one without an id, which its lease is by, or that does not parse, is
+// refused.
+func TestParseEntry(t *testing.T) {
+	want := push.Request{ID: "g1", UID: "alice", Text: "Still there?", DeadlineMS: 1763720000123, Stage: 2,
+		Action: timeoutevent.ActionClose, Final: true}
+	const req = `{"id":"g1","uid":"alice","text":"Still there?","deadline_ms":1763720000123,"stage":2,"action":"close","final":true`
+	for _, raw := range []string{
+		req + `}`, // a gateway before the inbox added times
+		req + `,"kept_ms":1763720000200,"expires_ms":1763720300123}`,
+		req + `,"kept_ms":1763720000200,"expires_ms":1763720300200,"closed_ms":1763720000200}`,
+	} {
+		if got, ok := parseEntry(raw); !ok || got != want {
+			t.Errorf("parseEntry(%s) = %+v, %v; want %+v", raw, got, ok, want)
+		}
+	}
+	for _, raw := range []string{`{"uid":"alice","text":"t","kept_ms":1,"expires_ms":2}`, `not json`, `{"id":7}`} {
+		if got, ok := parseEntry(raw); ok {
+			t.Errorf("parseEntry(%s) = %+v, want it refused", raw, got)
+		}
+	}
 }

@@ -396,8 +396,8 @@ func (h *handover) queue(ctx context.Context, items []string) {
 	h.queued = make(map[string]string, len(items))
 	var bad, unsent []string
 	for _, raw := range items {
-		var req push.Request
-		if json.Unmarshal([]byte(raw), &req) != nil || req.ID == "" {
+		req, ok := parseEntry(raw)
+		if !ok {
 			bad = append(bad, raw)
 			continue
 		}

@@ -36,7 +36,7 @@ const (
 // 1 if the instance had no heartbeat before, 1 if its last lease ran out
 // before this heartbeat}.
 var heartbeatScript = newScript[heartbeatKeys]("heartbeat",
-	heartbeatReasons{GatewayGap: BlindGateway, FleetDown: BlindFleetDown}, []format{aliveFormat, blindFormat})
+	heartbeatReasons{GatewayGap: BlindGateway, FleetDown: BlindFleetDown}, []codec{aliveFormat, blindFormat})
 
 // Beat is what a heartbeat found.
 type Beat struct {
@@ -140,7 +140,7 @@ func (s *Store) RecordBlindFor(ctx context.Context, took time.Duration, scope, r
 // interval that lasts is recorded again and again, and at no moment is
 // none of its records there. ARGV: start ms (0: now), reason, scope, the
 // member replaced ("" for none). Returns {start, now}.
-var blindSinceScript = newScript[blindKeys]("blind_since", nil, []format{blindFormat})
+var blindSinceScript = newScript[blindKeys]("blind_since", nil, []codec{blindFormat})
 
 // RecordBlindSince stores a blind interval from start (zero: now) to now,
 // by Redis's clock, replacing prev, the record of the same interval so
@@ -221,7 +221,7 @@ type Listener struct {
 // listener id, the listener's mark state ("" or listenerFailing).
 var markScript = newScript[markKeys]("mark", markReasons{
 	RedisRestart: BlindRestart, Failover: BlindFailover, SweepGap: BlindSweepGap, DataLost: BlindDataLost,
-}, []format{blindFormat, listenerFormat}, "roles")
+}, []codec{blindFormat, listenerFormat, runIDFormat, rolesFormat}, "roles")
 
 // markReasons are the blind reasons a sweep mark records.
 type markReasons struct{ RedisRestart, Failover, SweepGap, DataLost string }

@@ -364,8 +364,8 @@ func TestLastRenewed(t *testing.T) {
 // master that served slots and failed, became a replica or left, is.
 func TestClusterFailoverRule(t *testing.T) {
 	s, ctx := newStore(t)
-	encode := redis.NewScript(luaFile("roles") + testdataLua(t, "roles_encode"))
-	decide := redis.NewScript(luaFile("roles") + testdataLua(t, "roles_decide"))
+	encode := redis.NewScript(rolesFormat.lua() + luaFile("roles") + testdataLua(t, "roles_encode"))
+	decide := redis.NewScript(rolesFormat.lua() + luaFile("roles") + testdataLua(t, "roles_decide"))
 	// Three masters, a1 b2 c3, and a1's replica d4.
 	const steady = `a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
 b2 127.0.0.1:7001@17001 master - 0 1 2 connected 5461-10922

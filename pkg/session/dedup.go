@@ -81,7 +81,7 @@ func DedupSpooled(deadline time.Time) string {
 var claimScript = newScript[dedupKeys]("claim", claimWords{
 	Claimed: DedupClaimed, Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale, Retry: dedupRetry,
 	OutFresh: ClaimFresh, OutDone: ClaimDone, OutBusy: ClaimBusy, OutDefer: ClaimDefer, OutSpooled: ClaimSpooled,
-}, []format{dedupFormat})
+}, []codec{dedupFormat})
 
 // claimWords are the dedup states claimScript reads and the outcomes it
 // answers.
@@ -114,7 +114,7 @@ func ParseClaim(reply string) (outcome string, failed int) {
 
 // retryScript leaves a claimed timeout to another replica, counting the
 // failure. ARGV: claim, failures so far, TTL ms.
-var retryScript = newScript[dedupKeys]("retry_elsewhere", retryWords{Retry: dedupRetry}, []format{dedupFormat})
+var retryScript = newScript[dedupKeys]("retry_elsewhere", retryWords{Retry: dedupRetry}, []codec{dedupFormat})
 
 // retryWords is the dedup state retryScript writes.
 type retryWords struct{ Retry string }
@@ -131,7 +131,7 @@ func (s *Store) RetryElsewhere(ctx context.Context, p redis.Pipeliner, e Expired
 // has not marked it yet: the script leaves a note for markProducedScript
 // instead, and the claim stays. ARGV: deadline ms.
 var markStaleScript = newScript[dedupNoteKeys]("mark_stale",
-	staleWords{Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale, Claimed: DedupClaimed}, []format{dedupFormat})
+	staleWords{Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale, Claimed: DedupClaimed}, []codec{dedupFormat})
 
 // staleWords are the dedup states markStaleScript reads and writes.
 type staleWords struct{ Produced, Spooled, Stale, Claimed string }
@@ -157,7 +157,7 @@ func (s *Store) MarkStale(ctx context.Context, uid string, stage int, due, deadl
 // the consumer already found its silence over (markStaleScript's note).
 // ARGV: deadline ms, TTL ms.
 var markProducedScript = newScript[dedupNoteKeys]("mark_produced",
-	producedWords{Produced: dedupProduced, Stale: dedupStale}, []format{dedupFormat})
+	producedWords{Produced: dedupProduced, Stale: dedupStale}, []codec{dedupFormat})
 
 // producedWords are the dedup states markProducedScript writes.
 type producedWords struct{ Produced, Stale string }

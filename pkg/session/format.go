@@ -1,8 +1,12 @@
 package session
 
 import (
+	"encoding/json"
 	"fmt"
+	"math"
 	"regexp"
+	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -136,5 +140,226 @@ func (f format) lua() string {
 	} else {
 		fmt.Fprintf(&b, "  return string.match(s, '^%s$')\nend\n", pat.String())
 	}
+	return b.String()
+}
+
+// A codec is what a script is loaded with to read or write one kind of
+// stored value: its Lua encoder and decoder (see newScript).
+type codec interface{ lua() string }
+
+// A mapFormat is how a map is stored: its entries, each of the entry
+// format (a key field, then a value field), sorted and joined by a
+// separator that neither field holds. Go reads and writes it through
+// encode and decode; a script gets encode<Name>(t), which stores a Lua
+// table of key -> value, and decode<Name>(s), which returns that table,
+// besides the entry's own encode<Entry> and decode<Entry>. An entry not
+// of the entry format is skipped, so a value of another layout reads as
+// an empty map, or as the entries of it that are of the format.
+type mapFormat struct {
+	name  string
+	sep   string // one punctuation character
+	entry format // two fields: the key, then the value
+}
+
+// newMapFormat is a map of entries of the format entry joined by sep.
+func newMapFormat(name, sep string, entry format) mapFormat {
+	if len(entry.fields) != 2 || entry.optional || strings.Contains(entry.sep, sep) {
+		panic(name + ": a map's entry is two fields, a key and a value, split by another separator")
+	}
+	return mapFormat{name: name, sep: sep, entry: entry}
+}
+
+// encode stores m: its entries, sorted.
+func (f mapFormat) encode(m map[string]string) string {
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, f.entry.encode(k, v))
+	}
+	sort.Strings(out)
+	return strings.Join(out, f.sep)
+}
+
+// decode reads a stored map: the entries of the entry format, the later
+// one of a key kept.
+func (f mapFormat) decode(s string) map[string]string {
+	m := map[string]string{}
+	for _, e := range strings.Split(s, f.sep) {
+		if e == "" {
+			continue
+		}
+		if kv, ok := f.entry.decode(e); ok {
+			m[kv[0]] = kv[1]
+		}
+	}
+	return m
+}
+
+// lua writes the entry's codec, then encode<Name> and decode<Name>.
+// table.sort orders the encoded entries by their bytes, as sort.Strings
+// does, so both write the same value.
+func (f mapFormat) lua() string {
+	var b strings.Builder
+	b.WriteString(f.entry.lua())
+	fmt.Fprintf(&b, "local function encode%s(t)\n", f.name)
+	b.WriteString("  local out = {}\n")
+	fmt.Fprintf(&b, "  for k, v in pairs(t) do out[#out + 1] = encode%s(k, v) end\n", f.entry.name)
+	fmt.Fprintf(&b, "  table.sort(out)\n  return table.concat(out, '%s')\nend\n", f.sep)
+	fmt.Fprintf(&b, "local function decode%s(s)\n", f.name)
+	b.WriteString("  local out = {}\n")
+	fmt.Fprintf(&b, "  for e in string.gmatch(s or '', '[^%%%s]+') do\n", f.sep)
+	fmt.Fprintf(&b, "    local k, v = decode%s(e)\n", f.entry.name)
+	b.WriteString("    if k then out[k] = v end\n  end\n  return out\nend\n")
+	return b.String()
+}
+
+// An objectFormat is a stored JSON object that another package writes
+// and the model adds fields to: the inbox entry is the push request's
+// JSON, with the times of its keeping added. The format names the fields
+// the model reads, the writer's and its own, each a string or an
+// integer number. Go reads it through decode, and adds its fields through
+// encode; a script gets decode<Name>(s), which returns every field in
+// order, each nil when absent or of another kind (all nil when s is not
+// a JSON object), and encode<Name>(obj, a1, ..., an), which appends the
+// added fields to the object obj, an optional one only when given.
+type objectFormat struct {
+	name   string
+	fields []objectField
+}
+
+// objectField is one field of an objectFormat.
+type objectField struct {
+	key  string // the JSON key
+	text bool   // a JSON string; else an integer number
+	// added: the model adds it to the writer's object (a number); with
+	// optional, only when it has a value.
+	added, optional bool
+}
+
+// newObjectFormat is an object format of fields: the writer's, then the
+// added ones.
+func newObjectFormat(name string, fields ...objectField) objectFormat {
+	seenAdded := false
+	for _, fl := range fields {
+		switch {
+		case fl.added && fl.text:
+			panic(name + "." + fl.key + ": an added field is a number")
+		case fl.optional && !fl.added:
+			panic(name + "." + fl.key + ": only an added field is optional")
+		case seenAdded && !fl.added:
+			panic(name + "." + fl.key + ": the writer's fields come first")
+		}
+		seenAdded = seenAdded || fl.added
+	}
+	return objectFormat{name: name, fields: fields}
+}
+
+// added are the fields the model adds.
+func (f objectFormat) added() []objectField {
+	for i, fl := range f.fields {
+		if fl.added {
+			return f.fields[i:]
+		}
+	}
+	return nil
+}
+
+// encode appends the added fields, in order, to obj, a JSON object with
+// at least one field of its own; an optional field whose value is ""
+// is left out. ok is false when obj is not such an object, or does not
+// end with its closing brace: the script cuts obj's last byte and
+// appends, and would write a value that is no JSON. (The script does not
+// check: the gateway gives it a request it encoded itself.)
+func (f objectFormat) encode(obj string, vals ...string) (string, bool) {
+	added := f.added()
+	if len(vals) != len(added) {
+		panic(fmt.Sprintf("%s: %d added fields, want %d", f.name, len(vals), len(added)))
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal([]byte(obj), &fields) != nil || len(fields) == 0 || obj[len(obj)-1] != '}' {
+		return "", false
+	}
+	var b strings.Builder
+	b.WriteString(obj[:len(obj)-1])
+	for i, fl := range added {
+		if fl.optional && vals[i] == "" {
+			continue
+		}
+		fmt.Fprintf(&b, ",%q:%s", fl.key, vals[i])
+	}
+	b.WriteString("}")
+	return b.String(), true
+}
+
+// decode reads the fields of a stored object, in order: a string field
+// as its text, a number as decimal digits, "" when absent or of another
+// kind. A number that is not an integer (a fraction, or beyond 2^53
+// written other than in digits) reads as absent, as in Lua. ok is false when s is not a JSON object.
+func (f objectFormat) decode(s string) (vals []string, ok bool) {
+	var obj map[string]json.RawMessage
+	if json.Unmarshal([]byte(s), &obj) != nil || obj == nil {
+		return nil, false
+	}
+	vals = make([]string, len(f.fields))
+	for i, fl := range f.fields {
+		raw, ok := obj[fl.key]
+		if !ok {
+			continue
+		}
+		if fl.text {
+			var v string
+			if json.Unmarshal(raw, &v) == nil && raw[0] == '"' {
+				vals[i] = v
+			}
+			continue
+		}
+		var n json.Number
+		if json.Unmarshal(raw, &n) != nil || raw[0] == '"' {
+			continue
+		}
+		if v, err := n.Int64(); err == nil {
+			vals[i] = strconv.FormatInt(v, 10)
+		} else if x, err := n.Float64(); err == nil && x == math.Trunc(x) && math.Abs(x) <= 1<<53 {
+			vals[i] = strconv.FormatInt(int64(x), 10) // 1e3, as Lua reads it
+		}
+	}
+	return vals, true
+}
+
+// lua writes the format's encode<Name> and decode<Name>.
+func (f objectFormat) lua() string {
+	var b strings.Builder
+	added := f.added()
+	params := []string{"obj"}
+	for i := range added {
+		params = append(params, fmt.Sprintf("a%d", i+1))
+	}
+	fmt.Fprintf(&b, "local function encode%s(%s)\n", f.name, strings.Join(params, ", "))
+	b.WriteString("  local s = string.sub(obj, 1, -2)\n")
+	for i, fl := range added {
+		p := params[i+1]
+		add := fmt.Sprintf("s = s .. ',\"%s\":' .. %s", fl.key, p)
+		if fl.optional {
+			fmt.Fprintf(&b, "  if %s ~= nil and %s ~= '' then %s end\n", p, p, add)
+		} else {
+			fmt.Fprintf(&b, "  %s\n", add)
+		}
+	}
+	b.WriteString("  return s .. '}'\nend\n")
+	fmt.Fprintf(&b, "local function decode%s(s)\n", f.name)
+	b.WriteString("  local ok, e = pcall(cjson.decode, s)\n")
+	b.WriteString("  if not ok or type(e) ~= 'table' then return nil end\n")
+	// A number is an integer, as Go reads it.
+	b.WriteString("  local function field(k, kind)\n    local v = e[k]\n" +
+		"    if type(v) ~= kind or (kind == 'number' and v ~= math.floor(v)) then return nil end\n" +
+		"    return v\n  end\n")
+	var ret []string
+	for _, fl := range f.fields {
+		kind := "number"
+		if fl.text {
+			kind = "string"
+		}
+		ret = append(ret, fmt.Sprintf("field('%s', '%s')", fl.key, kind))
+	}
+	fmt.Fprintf(&b, "  return %s\nend\n", strings.Join(ret, ", "))
 	return b.String()
 }

@@ -36,12 +36,12 @@ var pushVocab = pushWords{Claimed: pushClaimed, Done: pushDone,
 // it, so that a guide they delivered is not delivered again after an
 // upgrade. ARGV: claim token, claim ms, deadline ms (0 unknown). Returns
 // one of the Push outcomes.
-var pushClaimScript = newScript[pushClaimKeys]("push_claim", pushVocab, []format{pushFormat})
+var pushClaimScript = newScript[pushClaimKeys]("push_claim", pushVocab, []codec{pushFormat})
 
 // pushSettleScript records the outcome of a claimed push, or releases
 // the claim when the outcome is empty; only while the claim is the
 // caller's. ARGV: claim token, outcome, keep ms.
-var pushSettleScript = newScript[deliveredKeys]("push_settle", pushVocab, []format{pushFormat})
+var pushSettleScript = newScript[deliveredKeys]("push_settle", pushVocab, []codec{pushFormat})
 
 // ClaimPush claims guide id for uid for a push named token, for ttl. A
 // deadline (Unix ms, 0 unknown) older than the user's last renewal makes
@@ -60,15 +60,16 @@ func (s *Store) SettlePush(ctx context.Context, uid, id, token, outcome string, 
 
 // inboxKeepScript adds a guide to a user's capped inbox, unless a
 // connection of the user registered since the route was read (returns
-// 0: route again) or the guide is past its max age (returns -1). An entry
-// is the request's JSON with kept_ms and expires_ms added: its deadline
-// (or, unknown or a later stage's, the time it was kept) plus the max
-// age; and closed_ms, the time it was kept, for a close stage's guide
-// whose close was applied. Older gateways read it as a request. ARGV:
+// 0: route again) or the guide is past its max age (returns -1). An
+// entry (inboxFormat) is the request's JSON with kept_ms and expires_ms
+// added: its deadline (or, unknown or a later stage's, the time it was
+// kept) plus the max age; and closed_ms, the time it was kept, for a
+// close stage's guide whose close was applied. Older gateways read it as
+// a request. ARGV:
 // request JSON, max age ms, cap, inbox ttl ms, deadline ms (0: count from
 // now), check route (1/0), closed (1/0), then the route as read:
 // instance, count pairs. Returns 1 when kept.
-var inboxKeepScript = newScript[inboxKeepKeys]("inbox_keep", nil, nil)
+var inboxKeepScript = newScript[inboxKeepKeys]("inbox_keep", nil, []codec{inboxFormat})
 
 // Keep is a guide to keep in its user's inbox.
 type Keep struct {
@@ -125,7 +126,7 @@ func (s *Store) KeepGuide(ctx context.Context, uid string, k Keep) (int, error) 
 // (ms), and a present-until time already known (Unix ms; 0: none).
 // Returns {stale removed, expired removed, present until (0: none),
 // superseded count n, n superseded entries, entry...}.
-var inboxTakeScript = newScript[inboxTakeKeys]("inbox_take", nil, nil)
+var inboxTakeScript = newScript[inboxTakeKeys]("inbox_take", nil, []codec{inboxFormat})
 
 // Taken is what a take of an inbox found.
 type Taken struct {

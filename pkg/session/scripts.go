@@ -25,7 +25,7 @@ import (
 //     states): the values are the Go constants, passed as the last ARGV
 //     of each call, never retyped in Lua (see vocabulary);
 //  4. the encoders and decoders of the stored values it reads or
-//     writes, written from the formats' field lists (see format);
+//     writes, written from their field lists (see values.go);
 //  5. any library it names (lua/roles.lua);
 //  6. the script's own file.
 //
@@ -49,15 +49,16 @@ type script[K keyList] struct {
 }
 
 // newScript loads lua/<file>.lua with the prelude, K's key table, the
-// vocabulary v (a struct of string fields, or nil), the codecs of
-// formats, and the libraries libs (files of lua/).
-func newScript[K keyList](file string, v any, formats []format, libs ...string) script[K] {
+// vocabulary v (a struct of string fields, or nil), the codecs of the
+// stored values it reads or writes, and the libraries libs (files of
+// lua/).
+func newScript[K keyList](file string, v any, codecs []codec, libs ...string) script[K] {
 	var b strings.Builder
 	b.WriteString(luaFile("clock"))
 	b.WriteString(keyTable(reflect.TypeFor[K]()))
 	vocab := vocabulary(&b, v)
-	for _, f := range formats {
-		b.WriteString(f.lua())
+	for _, c := range codecs {
+		b.WriteString(c.lua())
 	}
 	for _, l := range libs {
 		b.WriteString(luaFile(l))

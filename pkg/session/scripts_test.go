@@ -81,6 +81,7 @@ func TestFormatsAgree(t *testing.T) {
 		{dedupFormat, [][]string{{DedupClaimed, "l1:abc"}, {dedupProduced, "1763720000123"}, {dedupRetry, "2"}, {ClaimFresh, "0"}},
 			[]string{"", dedupProduced, ClaimBusy}},
 		{pushFormat, [][]string{{pushClaimed, "0123abcd"}, {pushDone, "delivered"}}, []string{"", "x"}},
+		{runIDFormat, [][]string{{"9a1f0c3e5b7d2468", "7"}, {"9a1f0c3e5b7d2468", ""}, {"", ""}}, nil},
 	}
 	roundtrip := testdataLua(t, "format_roundtrip")
 	for _, tc := range tests {

@@ -51,7 +51,7 @@ import (
 // renewal or end Redis knows of, and records the renewal at the ping it
 // restores. Returns {the session's deadline, this grant's own: now+ttl},
 // in ms: a client paces its pings, and reads Redis's clock, by its own.
-var renewScript = newScript[sessionKeys]("renew", renewModes{Resync: modeResync}, []format{viaFormat})
+var renewScript = newScript[sessionKeys]("renew", renewModes{Resync: modeResync}, []codec{viaFormat})
 
 // endScript removes a session deliberately ended by its user, and records
 // the end as their last renewal: they were there until then.
@@ -214,7 +214,7 @@ var settleScript = newScript[entryKeys]("settle", nil, nil)
 // (a renewal dropped its stages) is left alone. Its keys name each
 // entry's session key, in the order of the entries. ARGV: AfterReplay ms,
 // then uid, stage, deadline ms, due ms, delay ms quintuples. Returns how many it moved.
-var followScript = newScript[entryKeys]("follow", nil, []format{stageFormat})
+var followScript = newScript[entryKeys]("follow", nil, []codec{stageFormat})
 
 // holdScript moves timeouts out of the index until their release time,
 // when dueScript puts them back for a recheck, unless the user renewed in

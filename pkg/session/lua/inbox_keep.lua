@@ -10,9 +10,9 @@ local now = redisNowMS()
 local dl = tonumber(ARGV[5])
 local exp = (dl > 0 and dl or now) + tonumber(ARGV[2])
 if exp <= now then return -1 end
-local closed = ''
-if ARGV[7] == '1' then closed = ',"closed_ms":' .. now end
-local entry = string.sub(ARGV[1], 1, -2) .. ',"kept_ms":' .. now .. ',"expires_ms":' .. exp .. closed .. '}'
+local closed = nil
+if ARGV[7] == '1' then closed = now end
+local entry = encodeInboxEntry(ARGV[1], now, exp, closed)
 redis.call('LPUSH', KEYS[K.inbox], entry)
 redis.call('LTRIM', KEYS[K.inbox], 0, tonumber(ARGV[3]) - 1)
 local ttl = math.min(exp - now, tonumber(ARGV[4]))

@@ -7,19 +7,15 @@ if ago >= 0 then present = math.max(present, now - ago + ttl) end
 local items = redis.call('LRANGE', KEYS[K.inbox], 0, -1)
 local out, superseded = {0, 0, present}, {}
 for i = #items, 1, -1 do
-  local ok, e = pcall(cjson.decode, items[i])
-  local drop, id = 0, nil
-  if ok and type(e) == 'table' then
-    if type(e['id']) == 'string' then id = e['id'] end
-    local exp = tonumber(e['expires_ms'])
-    local asked = tonumber(e['deadline_ms'])
-    if not asked or asked <= 0 then asked = tonumber(e['kept_ms']) end
-    local closed = tonumber(e['closed_ms'])
-    if closed then asked = closed end
-    if exp and exp <= now then drop = 2
-    elseif asked and renewed > asked then drop = 1
-    elseif asked and not closed and present > asked then drop = 3 end
-  end
+  -- An entry of a gateway before kept_ms has no times: it is handed
+  -- over; one that is no JSON object has no id either.
+  local id, asked, kept, exp, closed = decodeInboxEntry(items[i])
+  local drop = 0
+  if not asked or asked <= 0 then asked = kept end
+  if closed then asked = closed end
+  if exp and exp <= now then drop = 2
+  elseif asked and renewed > asked then drop = 1
+  elseif asked and not closed and present > asked then drop = 3 end
   if drop > 0 then
     redis.call('LREM', KEYS[K.inbox], 1, items[i])
     if id then redis.call('HDEL', KEYS[K.leases], id) end

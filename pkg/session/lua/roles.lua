@@ -7,7 +7,7 @@
 --
 -- roles reads CLUSTER NODES into node id -> role: 'M' a master serving
 -- slots, 'm' a master serving none, 'r' a replica, 'f' a node marked
--- failed. encodeRoles and decodeRoles store it sorted, as "id:R,...".
+-- failed, which the roles key stores (rolesFormat, in values.go).
 -- failedOver is the rule: a replica that serves slots as a master now
 -- (promoted), or a master that served slots and is now failed, a replica,
 -- or gone from the cluster. A slot moved between masters, a master added
@@ -34,17 +34,6 @@ local function roles(nodes)
       out[f[1]] = role
     end
   end
-  return out
-end
-local function encodeRoles(r)
-  local out = {}
-  for id, role in pairs(r) do out[#out + 1] = id .. ':' .. role end
-  table.sort(out)
-  return table.concat(out, ',')
-end
-local function decodeRoles(s)
-  local out = {}
-  for id, role in string.gmatch(s or '', '(%x+):(%a)') do out[id] = role end
   return out
 end
 local function failedOver(prev, cur)

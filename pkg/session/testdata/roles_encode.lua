@@ -1,2 +1,2 @@
--- After lua/roles.lua: the roles CLUSTER NODES (ARGV[1]) gives, as stored.
+-- After rolesFormat's codec and lua/roles.lua: the roles CLUSTER NODES (ARGV[1]) gives, as stored.
 return encodeRoles(roles(ARGV[1]))
