@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -410,6 +409,3 @@ func mintFor(r *faultRig, uid string) string {
 	}
 	return tok
 }
-
-// wsHeader carries a user's token.
-func wsHeader(tok string) http.Header { return http.Header{"Authorization": {"Bearer " + tok}} }
