@@ -2,8 +2,11 @@ package chatsim
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -83,5 +86,180 @@ func TestUserRecordsWhatAnswersProve(t *testing.T) {
 		if r.High.Before(before.Add(u.TTL + u.Jitter)) {
 			t.Errorf("grants %v: high %v below the last ping's longest grant", grants, r.High.Sub(before))
 		}
+	}
+}
+
+// serve runs a WebSocket server whose connections handler serves, and
+// returns its ws:// URL.
+func serve(t *testing.T, handler func(ws *websocket.Conn)) string {
+	t.Helper()
+	up := websocket.Upgrader{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := up.Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer ws.Close()
+		handler(ws)
+	}))
+	t.Cleanup(srv.Close)
+	return "ws" + strings.TrimPrefix(srv.URL, "http")
+}
+
+func connect(t *testing.T, u *User, url string) *Conn {
+	t.Helper()
+	c, err := u.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		<-c.Gone()
+	})
+	return c
+}
+
+// A ping given up on keeps its place: its late answer is not taken for
+// the next ping's. Frames that answer no ping are kept in order.
+func TestConnAnswersPingsInLineAndKeepsFrames(t *testing.T) {
+	release := make(chan struct{})
+	url := serve(t, func(ws *websocket.Conn) {
+		ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"guide","id":"g1","text":"Still there?","deadline_ms":1000,"stage":1}`))
+		for n := 1; ; n++ {
+			if _, _, err := ws.ReadMessage(); err != nil {
+				return
+			}
+			if n == 1 {
+				<-release // the first ping's answer comes late
+				ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"error","code":"unknown_type"}`))
+			}
+			answer := `{"type":"pong","ttl_ms":` + strconv.Itoa(n*1000) + `}`
+			if ws.WriteMessage(websocket.TextMessage, []byte(answer)) != nil {
+				return
+			}
+		}
+	})
+	u := &User{UID: "u", TTL: time.Second}
+	c := connect(t, u, url)
+	if _, err := c.PingWait(time.Millisecond); !errors.Is(err, ErrNoAnswer) {
+		t.Fatalf("first ping: %v, want %v", err, ErrNoAnswer)
+	}
+	close(release)
+	a, err := c.PingWait(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.TTL != 2*time.Second || a.Unavailable || a.At.Before(a.Sent) || !a.High().Equal(a.At.Add(a.TTL)) {
+		t.Fatalf("second ping answered %+v, want its own pong of 2s", a)
+	}
+	f, err := c.Next(5 * time.Second)
+	if err != nil || f.Type != "guide" || f.ID != "g1" || f.Stage != 1 || f.At.IsZero() {
+		t.Fatalf("first frame %+v, %v; want the guide", f, err)
+	}
+	if f, err = c.Next(5 * time.Second); err != nil || f.Type != "error" || f.Code != "unknown_type" {
+		t.Fatalf("second frame %+v, %v; want the error", f, err)
+	}
+	if _, err = c.Next(time.Millisecond); !errors.Is(err, ErrNoAnswer) {
+		t.Fatalf("third frame: %v, want none", err)
+	}
+	if gs := c.Guides(); len(gs) != 1 || gs[0].ID != "g1" {
+		t.Fatalf("guides %v", gs)
+	}
+	if r := u.Record(); r.Pings != 2 || r.Pongs != 2 || r.Guides != 1 || !r.Low.Equal(a.Low()) {
+		t.Fatalf("record %+v; want 2 pings, 2 pongs, 1 guide, low %v", r, a.Low())
+	}
+}
+
+func TestConnEnds(t *testing.T) {
+	t.Run("leave is answered", func(t *testing.T) {
+		url := serve(t, func(ws *websocket.Conn) {
+			for {
+				if _, _, err := ws.ReadMessage(); err != nil {
+					return // the default close handler answered with 1000
+				}
+			}
+		})
+		c := connect(t, &User{UID: "u"}, url)
+		if err := c.Leave(5 * time.Second); err != nil {
+			t.Fatalf("leave: %v", err)
+		}
+	})
+	t.Run("closed by the gateway", func(t *testing.T) {
+		url := serve(t, func(ws *websocket.Conn) {
+			ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"guide","id":"g","final":true}`))
+			ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(4000, "inactive"), time.Now().Add(time.Second))
+			ws.ReadMessage()
+		})
+		c := connect(t, &User{UID: "u"}, url)
+		f, err := c.Next(5 * time.Second)
+		if err != nil || !f.Final {
+			t.Fatalf("frame %+v, %v; want the final guide", f, err)
+		}
+		if _, err := c.Next(5 * time.Second); !websocket.IsCloseError(err, 4000) {
+			t.Fatalf("after the last frame: %v, want the close", err)
+		}
+		if c.CloseCode() != 4000 || c.GoneAt().IsZero() || !c.IsGone() {
+			t.Fatalf("close code %d, gone at %v", c.CloseCode(), c.GoneAt())
+		}
+	})
+	t.Run("refused", func(t *testing.T) {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("Origin") != "https://chat.example" || r.Header.Get("Authorization") != "" {
+				http.Error(w, "wrong header", http.StatusBadRequest)
+				return
+			}
+			w.WriteHeader(http.StatusUnauthorized)
+			w.Write([]byte(`{"error":"no token"}`))
+		}))
+		t.Cleanup(srv.Close)
+		u := &User{UID: "u", Header: http.Header{"Origin": {"https://chat.example"}}}
+		_, err := u.Connect(context.Background(), "ws"+strings.TrimPrefix(srv.URL, "http"))
+		var refused *RefusedError
+		if !errors.As(err, &refused) || refused.Status != http.StatusUnauthorized || string(refused.Body) != `{"error":"no token"}` {
+			t.Fatalf("connect: %v, want refused with 401 and its body", err)
+		}
+		if r := u.Record(); r.Dials != 1 || r.FailedDials != 1 {
+			t.Fatalf("record %+v", r)
+		}
+	})
+	// A frozen connection answers neither a protocol ping nor the close:
+	// the gateway's read ends with the connection, no close frame in it.
+	for _, frozen := range []bool{false, true} {
+		t.Run(fmt.Sprintf("frozen %v", frozen), func(t *testing.T) {
+			type seen struct {
+				pong bool
+				err  error
+			}
+			got := make(chan seen, 1)
+			url := serve(t, func(ws *websocket.Conn) {
+				var s seen
+				ws.SetPongHandler(func(string) error { s.pong = true; return nil })
+				if _, _, err := ws.ReadMessage(); err != nil { // the client is ready
+					return
+				}
+				ws.WriteControl(websocket.PingMessage, []byte("proof"), time.Now().Add(time.Second))
+				ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseGoingAway, ""), time.Now().Add(time.Second))
+				_, _, s.err = ws.ReadMessage()
+				got <- s
+			})
+			c := connect(t, &User{UID: "u"}, url)
+			if frozen {
+				c.Freeze()
+			}
+			// Frozen before the gateway pings: it waits for this.
+			if err := c.WriteRaw(websocket.TextMessage, []byte(`{}`)); err != nil {
+				t.Fatal(err)
+			}
+			<-c.Gone()
+			if c.CloseCode() != websocket.CloseGoingAway {
+				t.Fatalf("ended with %v, want 1001", c.Err())
+			}
+			c.Close()
+			s := <-got
+			answered := s.pong || websocket.IsCloseError(s.err, websocket.CloseGoingAway)
+			if answered == frozen {
+				t.Fatalf("frozen %v: the gateway saw a pong %v, and its read ended with %v", frozen, s.pong, s.err)
+			}
+		})
 	}
 }

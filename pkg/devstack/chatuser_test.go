@@ -2,8 +2,10 @@ package devstack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -13,6 +15,57 @@ import (
 
 // redialPause is how long a user waits after a failed connect.
 const redialPause = 100 * time.Millisecond
+
+// answerWait bounds the wait for the answer to a ping, or to a normal
+// close, in the tests that wait for it.
+const answerWait = 5 * time.Second
+
+// connectAs connects u at url, and closes the connection at cleanup once
+// the test is done with it, waiting for its reader.
+func connectAs(t testing.TB, u *chatsim.User, url string) *chatsim.Conn {
+	t.Helper()
+	c, err := u.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatalf("dial %s as %s: %v", url, u.UID, err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		<-c.Gone()
+	})
+	return c
+}
+
+// pingConn pings on c and returns the bounds of the deadline the pong
+// proves: Redis renewed the session between the send and the pong, for
+// its ttl_ms. Any other answer, or none, fails the test.
+func pingConn(t testing.TB, c *chatsim.Conn) (low, high time.Time) {
+	t.Helper()
+	low, high, err := tryPing(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return low, high
+}
+
+// tryPing is pingConn for a goroutine other than the test's.
+func tryPing(c *chatsim.Conn) (low, high time.Time, err error) {
+	a, err := c.PingWait(answerWait)
+	switch {
+	case err != nil:
+		return low, high, fmt.Errorf("ping: %w", err)
+	case a.Unavailable:
+		return low, high, errors.New("ping answered: session store unavailable")
+	}
+	return a.Low(), a.High(), nil
+}
+
+// leave closes c with 1000, and checks that the gateway answered in kind.
+func leave(t testing.TB, c *chatsim.Conn) {
+	t.Helper()
+	if err := c.Leave(answerWait); err != nil {
+		t.Errorf("normal close answered with %v", err)
+	}
+}
 
 // crowd runs simulated chat users against a faultRig until stopped.
 type crowd struct {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stillthere/stillthere/pkg/chatsim"
 	"github.com/stillthere/stillthere/pkg/guide"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
@@ -50,7 +51,7 @@ func testTwoDevices(t *testing.T, cluster bool) {
 		laptopGW, phoneGW int
 		phonePings        bool // the phone keeps pinging
 		phoneCloses       bool // the phone closes with 1000 too
-		laptop, phone     *watcher
+		laptop, phone     *chatsim.Conn
 		low, high         time.Time // the session's deadline: the phone's, or the laptop's grant if later
 	}
 	users := []*user{
@@ -61,8 +62,8 @@ func testTwoDevices(t *testing.T, cluster bool) {
 		{uid: "both-close", laptopGW: 0, phoneGW: 1, phoneCloses: true},
 	}
 	for _, u := range users {
-		u.laptop = watch(t, p.dialUser(u.uid, u.laptopGW))
-		u.phone = watch(t, p.dialUser(u.uid, u.phoneGW))
+		u.laptop = p.dialUser(u.uid, u.laptopGW)
+		u.phone = p.dialUser(u.uid, u.phoneGW)
 	}
 	// Routes are written asynchronously after a connect: the laptop
 	// closes once both devices' routes are in Redis, as a real laptop is
@@ -86,15 +87,15 @@ func testTwoDevices(t *testing.T, cluster bool) {
 		return true
 	})
 	for _, u := range users {
-		_, laptopHigh := u.laptop.ping(t)
-		u.low, u.high = u.phone.ping(t)
+		_, laptopHigh := pingConn(t, u.laptop)
+		u.low, u.high = pingConn(t, u.phone)
 		// A renewal never moves a deadline earlier: the session runs to
 		// the later of the two grants, the laptop's when its jitter was
 		// the larger, though the laptop then closes.
 		u.high = later(u.high, laptopHigh)
-		u.laptop.closeNormally(t)
+		leave(t, u.laptop)
 		if u.phoneCloses {
-			u.phone.closeNormally(t)
+			leave(t, u.phone)
 		}
 	}
 
@@ -112,7 +113,7 @@ func testTwoDevices(t *testing.T, cluster bool) {
 					return
 				case <-time.After(time.Second):
 				}
-				if _, _, err := u.phone.tryPing(); err != nil {
+				if _, _, err := tryPing(u.phone); err != nil {
 					t.Errorf("%s: %v", u.uid, err)
 					return
 				}
@@ -132,10 +133,10 @@ func testTwoDevices(t *testing.T, cluster bool) {
 
 	events := p.events()
 	for _, u := range users {
-		if gs := u.laptop.seen(); len(gs) != 0 {
+		if gs := u.laptop.Guides(); len(gs) != 0 {
 			t.Errorf("%s: the laptop, closed with 1000 before the deadline, got %d guides", u.uid, len(gs))
 		}
-		gs := u.phone.seen()
+		gs := u.phone.Guides()
 		if u.phonePings || u.phoneCloses {
 			if len(gs) != 0 || len(events[u.uid]) != 0 {
 				t.Errorf("%s: %d guides, %d timeout events; want none", u.uid, len(gs), len(events[u.uid]))
@@ -155,13 +156,13 @@ func testTwoDevices(t *testing.T, cluster bool) {
 		if want := timeoutevent.ID(u.uid, g.DeadlineMS); g.ID != want {
 			t.Errorf("%s: guide id %s, want %s (uid and deadline)", u.uid, g.ID, want)
 		}
-		if late := g.at.Sub(u.high); late > guideSlack || g.at.Before(u.low) {
+		if late := g.At.Sub(u.high); late > guideSlack || g.At.Before(u.low) {
 			t.Errorf("%s: guided %v past its deadline, want within [0, %v]", u.uid, late, guideSlack)
 		}
 		if len(events[u.uid]) != 1 {
 			t.Errorf("%s: %d timeout events, want 1", u.uid, len(events[u.uid]))
 		}
-		t.Logf("%s: one guide on gateway %d, %v past the deadline", u.uid, u.phoneGW, g.at.Sub(u.low).Round(time.Millisecond))
+		t.Logf("%s: one guide on gateway %d, %v past the deadline", u.uid, u.phoneGW, g.At.Sub(u.low).Round(time.Millisecond))
 	}
 }
 
@@ -216,7 +217,7 @@ func testLaggingConsumer(t *testing.T, sender string) {
 	p := newPipelineRig(t, pipelineOptions{Gateways: 1, Sender: sender})
 	type user struct {
 		uid, kind string
-		conn      *watcher
+		conn      *chatsim.Conn
 		low, high time.Time // the first silence's deadline
 		// back is when the comeback's pong arrived; low2, high2 bound
 		// the second silence's deadline.
@@ -226,7 +227,7 @@ func testLaggingConsumer(t *testing.T, sender string) {
 	for _, kind := range []string{lagLeaves, lagAgain, lagSilent} {
 		for i := range 4 {
 			u := &user{uid: fmt.Sprintf("%s-%d", kind, i), kind: kind}
-			u.conn = watch(t, p.dialUser(u.uid, 0))
+			u.conn = p.dialUser(u.uid, 0)
 			users = append(users, u)
 		}
 	}
@@ -245,7 +246,7 @@ func testLaggingConsumer(t *testing.T, sender string) {
 		}
 	}()
 	for _, u := range users {
-		u.low, u.high = u.conn.ping(t)
+		u.low, u.high = pingConn(t, u.conn)
 	}
 
 	// Every first silence reaches the topic before anyone comes back:
@@ -281,10 +282,10 @@ func testLaggingConsumer(t *testing.T, sender string) {
 		if time.Now().Before(u.high) {
 			t.Fatalf("%s: its timeout is on the topic before its deadline", u.uid)
 		}
-		u.low2, u.high2 = u.conn.ping(t)
+		u.low2, u.high2 = pingConn(t, u.conn)
 		u.back = time.Now()
 		if u.kind == lagLeaves {
-			u.conn.closeNormally(t)
+			leave(t, u.conn)
 		}
 	}
 	if time.Since(failedAt) > lagOutage-time.Second {
@@ -304,8 +305,8 @@ func testLaggingConsumer(t *testing.T, sender string) {
 			}
 			return out
 		}
-		for _, g := range u.conn.seen() {
-			out = append(out, shown{g.ID, time.UnixMilli(g.DeadlineMS), g.at})
+		for _, g := range u.conn.Guides() {
+			out = append(out, shown{g.ID, time.UnixMilli(g.DeadlineMS), g.At})
 		}
 		return out
 	}
@@ -340,15 +341,15 @@ func testLaggingConsumer(t *testing.T, sender string) {
 			if u.kind != lagLeaves {
 				continue
 			}
-			w := watch(t, p.dialUser(u.uid, 0))
+			c := p.dialUser(u.uid, 0)
 			// A kept guide's first chunk is queued on the connection
 			// before the server reads its first frame: it comes before
 			// the pong.
-			w.ping(t)
-			if gs := w.seen(); len(gs) != 0 {
+			pingConn(t, c)
+			if gs := c.Guides(); len(gs) != 0 {
 				t.Errorf("%s: came back, left with 1000, and on its next connect got %d guides: %v", u.uid, len(gs), gs)
 			}
-			w.closeNormally(t)
+			leave(t, c)
 		}
 	}
 

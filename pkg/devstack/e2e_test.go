@@ -3,6 +3,7 @@ package devstack
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -16,11 +17,11 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/gorilla/websocket"
 
+	"github.com/stillthere/stillthere/pkg/chatsim"
 	"github.com/stillthere/stillthere/pkg/lifecycle/lifecycletest"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 	"github.com/stillthere/stillthere/pkg/timeoutevent/topictest"
-	"github.com/stillthere/stillthere/pkg/token"
 )
 
 const (
@@ -69,82 +70,59 @@ func wsURL(s *Stack) string { return "ws://" + s.Gateway.PublicAddr().String() +
 
 func mint(t *testing.T, s *Stack, uid string) string {
 	t.Helper()
-	tok, err := token.Mint([]byte(s.TokenSecret), uid, "", time.Hour)
+	tok, err := chatsim.Token([]byte(s.TokenSecret), uid, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	return tok
 }
 
-func dial(t *testing.T, s *Stack, uid string) *websocket.Conn {
+// dial connects uid to the stack's gateway, and closes the connection at
+// cleanup.
+func dial(t *testing.T, s *Stack, uid string) *chatsim.Conn {
 	t.Helper()
-	ws, resp, err := websocket.DefaultDialer.Dial(wsURL(s), http.Header{"Authorization": {"Bearer " + mint(t, s, uid)}})
-	if err != nil {
-		status := ""
-		if resp != nil {
-			status = resp.Status
-		}
-		t.Fatalf("dial as %s: %v %s", uid, err, status)
-	}
-	t.Cleanup(func() { ws.Close() })
-	return ws
+	return connectAs(t, &chatsim.User{UID: uid, Token: mint(t, s, uid)}, wsURL(s))
 }
 
-type serverFrame struct {
-	Type  string `json:"type"`
-	TTLMS int64  `json:"ttl_ms"`
-	ID    string `json:"id"`
-	Text  string `json:"text"`
-	Code  string `json:"code"`
-}
-
-func readFrame(t *testing.T, ws *websocket.Conn) serverFrame {
+// readFrame returns the next frame that answered no ping.
+func readFrame(t *testing.T, c *chatsim.Conn) chatsim.Frame {
 	t.Helper()
-	ws.SetReadDeadline(time.Now().Add(5 * time.Second))
-	typ, b, err := ws.ReadMessage()
+	f, err := c.Next(5 * time.Second)
 	if err != nil {
 		t.Fatalf("read frame: %v", err)
 	}
-	if typ != websocket.TextMessage {
-		t.Fatalf("server sent frame type %d", typ)
-	}
-	var f serverFrame
-	if err := json.Unmarshal(b, &f); err != nil {
-		t.Fatalf("server frame %q: %v", b, err)
+	if f.Type == chatsim.NotJSON {
+		t.Fatalf("server sent a frame that is not JSON")
 	}
 	return f
 }
 
 // ping sends a ping, checks the pong, and returns the deadline it implies
 // (send time plus the TTL granted: never earlier than Redis's deadline).
-func ping(t *testing.T, ws *websocket.Conn) time.Time {
+func ping(t *testing.T, c *chatsim.Conn) time.Time {
 	t.Helper()
-	sent := time.Now()
-	if err := ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`)); err != nil {
+	a, err := c.PingWait(5 * time.Second)
+	if err != nil {
 		t.Fatal(err)
 	}
-	f := readFrame(t, ws)
 	// A fresh grant is in [TTL, TTL+jitter); a ping within the renewal
 	// granularity of the last one is answered with what remains of it.
-	if f.Type != "pong" || f.TTLMS <= 0 || f.TTLMS >= (testTTL+testJitter).Milliseconds() {
-		t.Fatalf("ping answered with %+v; want a pong with ttl_ms in (0, %d)", f, (testTTL + testJitter).Milliseconds())
+	if a.Unavailable || a.TTL <= 0 || a.TTL >= testTTL+testJitter {
+		t.Fatalf("ping answered with %+v; want a pong with ttl_ms in (0, %d)", a, (testTTL + testJitter).Milliseconds())
 	}
-	return sent.Add(time.Duration(f.TTLMS) * time.Millisecond)
+	return a.Low()
 }
 
-// expectClose reads until the server closes, and checks the close code.
-func expectClose(t *testing.T, ws *websocket.Conn, code int) {
+// expectClose waits until the server closes, and checks the close code.
+func expectClose(t *testing.T, c *chatsim.Conn, code int) {
 	t.Helper()
-	ws.SetReadDeadline(time.Now().Add(5 * time.Second))
-	for {
-		_, _, err := ws.ReadMessage()
-		if err == nil {
-			continue
-		}
-		if !websocket.IsCloseError(err, code) {
-			t.Fatalf("connection ended with %v, want close code %d", err, code)
-		}
-		return
+	select {
+	case <-c.Gone():
+	case <-time.After(5 * time.Second):
+		t.Fatalf("connection still open after 5s, want close code %d", code)
+	}
+	if err := c.Err(); !websocket.IsCloseError(err, code) {
+		t.Fatalf("connection ended with %v, want close code %d", err, code)
 	}
 }
 
@@ -176,25 +154,22 @@ func testFlow(t *testing.T, s *Stack) {
 		wg      sync.WaitGroup
 	)
 	// listen counts guides until the end of the observation window.
-	listen := func(ws *websocket.Conn, r *result, until time.Time, ack bool) {
+	listen := func(c *chatsim.Conn, r *result, until time.Time, ack bool) {
 		defer wg.Done()
 		for {
-			ws.SetReadDeadline(until)
-			_, b, err := ws.ReadMessage()
+			f, err := c.Next(time.Until(until))
 			if err != nil {
 				return
 			}
-			var f serverFrame
-			json.Unmarshal(b, &f)
 			if f.Type == "guide" {
 				mu.Lock()
-				r.guides = append(r.guides, time.Now())
+				r.guides = append(r.guides, f.At)
 				mu.Unlock()
 				if f.Text != "Are you still there?" || f.ID == "" {
 					t.Errorf("%s: guide %+v", r.uid, f)
 				}
 				if ack {
-					ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ack","id":"`+f.ID+`"}`))
+					c.Ack(f.ID)
 				}
 			}
 		}
@@ -203,25 +178,25 @@ func testFlow(t *testing.T, s *Stack) {
 
 	for i := range silentN {
 		uid := "silent-" + string(rune('a'+i))
-		ws := dial(t, s, uid)
-		r := &result{uid: uid, deadline: ping(t, ws)}
+		c := dial(t, s, uid)
+		r := &result{uid: uid, deadline: ping(t, c)}
 		results = append(results, r)
 		wg.Add(1)
-		go listen(ws, r, window, true)
+		go listen(c, r, window, true)
 	}
 
 	// The acker pings once, then acks (bookkeeping) every 300ms through the
 	// whole window: acks must not renew, so it is still guided on time.
 	acker := &result{uid: "acker"}
 	{
-		ws := dial(t, s, acker.uid)
-		acker.deadline = ping(t, ws)
+		c := dial(t, s, acker.uid)
+		acker.deadline = ping(t, c)
 		wg.Add(2)
-		go listen(ws, acker, window, false)
+		go listen(c, acker, window, false)
 		go func() {
 			defer wg.Done()
 			for time.Now().Before(window) {
-				if ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ack","id":"some-guide"}`)) != nil {
+				if c.Ack("some-guide") != nil {
 					t.Error("acker: write failed")
 					return
 				}
@@ -230,47 +205,43 @@ func testFlow(t *testing.T, s *Stack) {
 		}()
 	}
 
-	// The active client keeps pinging through the whole window.
+	// The active client keeps pinging through the whole window; any
+	// guide on its connection counts against it.
 	active := &result{uid: "active"}
 	{
-		ws := dial(t, s, active.uid)
-		ping(t, ws)
+		c := dial(t, s, active.uid)
+		ping(t, c)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for time.Now().Before(window) {
 				pace(500 * time.Millisecond)
-				ws.SetReadDeadline(time.Now().Add(5 * time.Second))
-				if err := ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`)); err != nil {
+				if _, err := c.PingWait(5 * time.Second); err != nil {
 					t.Errorf("active: %v", err)
 					return
 				}
-				_, b, err := ws.ReadMessage()
-				if err != nil {
-					t.Errorf("active: %v", err)
-					return
-				}
-				if strings.Contains(string(b), `"guide"`) {
-					mu.Lock()
-					active.guides = append(active.guides, time.Now())
-					mu.Unlock()
-				}
+			}
+			for _, g := range c.Guides() {
+				mu.Lock()
+				active.guides = append(active.guides, g.At)
+				mu.Unlock()
 			}
 		}()
 	}
 
 	// The leaver closes normally: its session is deleted, no timeout.
 	{
-		ws := dial(t, s, "leaver")
-		ping(t, ws)
-		ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, "bye"), time.Now().Add(time.Second))
-		expectClose(t, ws, websocket.CloseNormalClosure)
+		c := dial(t, s, "leaver")
+		ping(t, c)
+		if err := c.Leave(5 * time.Second); err != nil {
+			t.Fatalf("leaver: the normal close answered with %v, want close code %d", err, websocket.CloseNormalClosure)
+		}
 	}
 	// The dropper loses its network: no close frame, the session runs out.
 	{
-		ws := dial(t, s, "dropper")
-		ping(t, ws)
-		ws.NetConn().Close()
+		c := dial(t, s, "dropper")
+		ping(t, c)
+		c.Close()
 	}
 
 	wg.Wait()
@@ -361,58 +332,56 @@ func testContract(t *testing.T, s *Stack) {
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
-				ws, resp, err := websocket.DefaultDialer.Dial(wsURL(s)+tt.query, tt.header)
+				// The header as the table has it: no token of the user's.
+				u := &chatsim.User{UID: "u", Header: tt.header}
+				c, err := u.Connect(context.Background(), wsURL(s)+tt.query)
 				if err == nil {
-					ws.Close()
+					c.Close()
 					t.Fatal("upgrade succeeded")
 				}
-				if resp == nil || resp.StatusCode != tt.status {
-					t.Fatalf("got %v, want HTTP %d", resp, tt.status)
+				var refused *chatsim.RefusedError
+				if !errors.As(err, &refused) || refused.Status != tt.status {
+					t.Fatalf("got %v, want HTTP %d", err, tt.status)
 				}
 				var body struct{ Error string }
-				if json.NewDecoder(resp.Body).Decode(&body) != nil || body.Error == "" {
-					t.Fatalf("body is not {\"error\": ...}")
+				if json.Unmarshal(refused.Body, &body) != nil || body.Error == "" {
+					t.Fatalf("body %q is not {\"error\": ...}", refused.Body)
 				}
 			})
 		}
 	})
 
 	t.Run("query token and same-host origin", func(t *testing.T) {
-		h := http.Header{"Origin": {"http://" + s.Gateway.PublicAddr().String()}}
-		ws, _, err := websocket.DefaultDialer.Dial(wsURL(s)+"?token="+mint(t, s, "browser"), h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ws.Close()
-		ping(t, ws)
+		u := &chatsim.User{UID: "browser", Header: http.Header{"Origin": {"http://" + s.Gateway.PublicAddr().String()}}}
+		ping(t, connectAs(t, u, wsURL(s)+"?token="+mint(t, s, "browser")))
 	})
 
 	t.Run("unknown type keeps the connection", func(t *testing.T) {
-		ws := dial(t, s, "unknown")
-		ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"hello"}`))
-		if f := readFrame(t, ws); f.Type != "error" || f.Code != "unknown_type" {
+		c := dial(t, s, "unknown")
+		c.WriteRaw(websocket.TextMessage, []byte(`{"type":"hello"}`))
+		if f := readFrame(t, c); f.Type != "error" || f.Code != "unknown_type" {
 			t.Fatalf("got %+v, want error unknown_type", f)
 		}
-		ping(t, ws)
+		ping(t, c)
 	})
 
 	closes := []struct {
 		name string
-		send func(ws *websocket.Conn)
+		send func(c *chatsim.Conn)
 		code int
 	}{
-		{"oversized", func(ws *websocket.Conn) {
-			ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping","pad":"`+strings.Repeat("x", 5000)+`"}`))
+		{"oversized", func(c *chatsim.Conn) {
+			c.WriteRaw(websocket.TextMessage, []byte(`{"type":"ping","pad":"`+strings.Repeat("x", 5000)+`"}`))
 		}, websocket.CloseMessageTooBig},
-		{"binary", func(ws *websocket.Conn) {
-			ws.WriteMessage(websocket.BinaryMessage, []byte(`{"type":"ping"}`))
+		{"binary", func(c *chatsim.Conn) {
+			c.WriteRaw(websocket.BinaryMessage, []byte(`{"type":"ping"}`))
 		}, websocket.CloseUnsupportedData},
-		{"invalid json", func(ws *websocket.Conn) {
-			ws.WriteMessage(websocket.TextMessage, []byte(`{"type":`))
+		{"invalid json", func(c *chatsim.Conn) {
+			c.WriteRaw(websocket.TextMessage, []byte(`{"type":`))
 		}, websocket.CloseInvalidFramePayloadData},
-		{"flood", func(ws *websocket.Conn) {
+		{"flood", func(c *chatsim.Conn) {
 			for range 40 {
-				if ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"nope"}`)) != nil {
+				if c.WriteRaw(websocket.TextMessage, []byte(`{"type":"nope"}`)) != nil {
 					return
 				}
 			}
@@ -420,19 +389,19 @@ func testContract(t *testing.T, s *Stack) {
 	}
 	for _, tt := range closes {
 		t.Run("close "+tt.name, func(t *testing.T) {
-			ws := dial(t, s, "closer-"+strings.ReplaceAll(tt.name, " ", "-"))
-			tt.send(ws)
-			expectClose(t, ws, tt.code)
+			c := dial(t, s, "closer-"+strings.ReplaceAll(tt.name, " ", "-"))
+			tt.send(c)
+			expectClose(t, c, tt.code)
 		})
 	}
 
 	t.Run("burst within the limit is served", func(t *testing.T) {
-		ws := dial(t, s, "burster")
+		c := dial(t, s, "burster")
 		for range 20 {
-			ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"nope"}`))
+			c.WriteRaw(websocket.TextMessage, []byte(`{"type":"nope"}`))
 		}
 		for range 20 {
-			if f := readFrame(t, ws); f.Code != "unknown_type" {
+			if f := readFrame(t, c); f.Code != "unknown_type" {
 				t.Fatalf("got %+v", f)
 			}
 		}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -365,6 +364,3 @@ func mintFor(r *faultRig, uid string) string {
 	}
 	return tok
 }
-
-// wsHeader carries a user's token.
-func wsHeader(tok string) http.Header { return http.Header{"Authorization": {"Bearer " + tok}} }

@@ -1,7 +1,8 @@
 package devstack
 
 import (
-	"encoding/json"
+	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -13,7 +14,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
-	"github.com/stillthere/stillthere/pkg/frame"
+	"github.com/stillthere/stillthere/pkg/chatsim"
 	"github.com/stillthere/stillthere/pkg/guide"
 	"github.com/stillthere/stillthere/pkg/session"
 )
@@ -171,7 +172,12 @@ func (r *invRun) play() {
 			uid: fmt.Sprintf("inv-%02d", i),
 			rng: rand.New(rand.NewPCG(r.seed, uint64(i)+1)),
 		}
-		u.token = mintFor(r.p.faultRig, u.uid)
+		u.sim = &chatsim.User{
+			UID:     u.uid,
+			Token:   mintFor(r.p.faultRig, u.uid),
+			Dialer:  &websocket.Dialer{HandshakeTimeout: 2 * time.Second},
+			Readers: &r.readers,
+		}
 		r.users = append(r.users, u)
 		wg.Go(u.play)
 	}
@@ -309,10 +315,10 @@ func (r *invRun) rel(t time.Time) string {
 // always the last confirmed ping's. Its fields are the goroutine's; the
 // checker reads them once it has returned.
 type invUser struct {
-	run   *invRun
-	uid   string
-	token string
-	rng   *rand.Rand
+	run *invRun
+	uid string
+	sim *chatsim.User // its client, whose dials and answers these are
+	rng *rand.Rand
 
 	devices  []*invDevice
 	again    bool      // the next episode goes silent after its first ping
@@ -358,13 +364,11 @@ type invClose struct {
 	effect         closeEffect
 }
 
-// invDevice is one connection of a user; its reader hands pongs over.
+// invDevice is one connection of a user.
 type invDevice struct {
-	ws        *websocket.Conn
+	conn      *chatsim.Conn
 	gw        int
 	connected time.Time
-	pongs     chan int64 // granted ttl_ms, or -1 for "unavailable"
-	gone      chan struct{}
 }
 
 func (u *invUser) note(format string, args ...any) {
@@ -537,15 +541,13 @@ func (u *invUser) comeBack(leave float64) {
 // connect opens a connection on gateway instance gw.
 func (u *invUser) connect(gw int) *invDevice {
 	g := u.run.p.liveGateways()[gw]
-	d := websocket.Dialer{HandshakeTimeout: 2 * time.Second}
 	for range 5 {
-		ws, _, err := d.Dial("ws://"+g.gw.PublicAddr().String()+"/v1/ws", wsHeader(u.token))
+		c, err := u.sim.Connect(context.Background(), "ws://"+g.gw.PublicAddr().String()+"/v1/ws")
 		if err != nil {
 			pace(100 * time.Millisecond) // the client's redial backoff
 			continue
 		}
-		dev := &invDevice{ws: ws, gw: gw, connected: time.Now(), pongs: make(chan int64, 4), gone: make(chan struct{})}
-		u.run.readers.Go(dev.read)
+		dev := &invDevice{conn: c, gw: gw, connected: time.Now()}
 		u.devices = append(u.devices, dev)
 		u.note("connected to gateway %d", gw)
 		return dev
@@ -561,51 +563,15 @@ func (u *invUser) secondDevice() {
 	}
 }
 
-func (d *invDevice) read() {
-	defer close(d.gone)
-	for {
-		_, b, err := d.ws.ReadMessage()
-		if err != nil {
-			return
-		}
-		var f guideFrame
-		if json.Unmarshal(b, &f) != nil {
-			continue
-		}
-		var ttl int64
-		switch {
-		case f.Type == "pong":
-			ttl = f.TTLMS
-		case f.Type == "error" && f.Code == frame.CodeUnavailable:
-			ttl = -1
-		default:
-			continue
-		}
-		select {
-		case d.pongs <- ttl:
-		default:
-		}
-	}
-}
-
-func (d *invDevice) isGone() bool {
-	select {
-	case <-d.gone:
-		return true
-	default:
-		return false
-	}
-}
-
 // prune forgets connections the gateway ended; none should be.
 func (u *invUser) prune() {
 	kept := u.devices[:0]
 	for _, d := range u.devices {
-		if d.isGone() {
+		if d.conn.IsGone() {
 			u.unexpectedDrops++
 			u.lastDrop = time.Now()
 			u.note("connection to gateway %d ended by the gateway", d.gw)
-			d.ws.Close()
+			d.conn.Close()
 			continue
 		}
 		kept = append(kept, d)
@@ -631,20 +597,11 @@ func (u *invUser) ping() {
 		paceUntil(u.pings[n-1].sent.Add(invPingSpacing))
 	}
 	d := u.devices[u.rng.IntN(len(u.devices))]
-	for len(d.pongs) > 0 { // a pong that came after its ping was given up
-		<-d.pongs
-	}
+	// A pong that comes after its ping was given up answers that ping,
+	// not this one: the connection keeps its pings in line.
 	p := invPing{sent: time.Now()}
-	d.ws.SetWriteDeadline(p.sent.Add(time.Second))
-	if err := d.ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`)); err == nil {
-		select {
-		case ttl := <-d.pongs:
-			if ttl > 0 {
-				p.answered, p.ttl = time.Now(), time.Duration(ttl)*time.Millisecond
-			}
-		case <-d.gone:
-		case <-time.After(invPongWait):
-		}
+	if a, err := d.conn.PingWait(invPongWait); err == nil && a.TTL > 0 {
+		p = invPing{sent: a.Sent, answered: a.At, ttl: a.TTL}
 	}
 	u.pings = append(u.pings, p)
 	if p.confirmed() {
@@ -666,7 +623,7 @@ func (u *invUser) lastConfirmed() int {
 
 // drop loses a connection as a network does: no close frame.
 func (u *invUser) drop(d *invDevice) {
-	d.ws.Close()
+	d.conn.Close()
 	u.forget(d)
 	u.lastDrop = time.Now()
 	u.drops++
@@ -692,14 +649,10 @@ func (u *invUser) close(d *invDevice) {
 	if now.Sub(u.lastDrop) < invEndLag {
 		c.effect = closeUnclear
 	}
-	d.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, "bye"), now.Add(time.Second))
-	select {
-	case <-d.gone:
-	case <-time.After(3 * time.Second):
+	if err := d.conn.Leave(3 * time.Second); errors.Is(err, chatsim.ErrNoAnswer) {
 		c.effect = closeUnclear
 	}
 	c.answered = time.Now()
-	d.ws.Close()
 	u.forget(d)
 	u.closes = append(u.closes, c)
 	u.note("closed gateway %d's connection with 1000 (%s)", d.gw, [...]string{"ends", "continues", "unclear"}[c.effect])

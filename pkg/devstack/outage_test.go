@@ -3,7 +3,6 @@ package devstack
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os/exec"
@@ -21,6 +20,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stillthere/stillthere/pkg/chatsim"
 	"github.com/stillthere/stillthere/pkg/guide/guidetest"
 	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/session"
@@ -928,40 +928,34 @@ func (r *faultRig) awaitRenewals(uid string) time.Time {
 // probeRenewal pings through the gateway at addr until a ping is answered
 // with a pong, and returns when it was.
 func probeRenewal(addr, tok string, deadline time.Time) (time.Time, error) {
+	u := &chatsim.User{UID: "probe", Token: tok, Dialer: &websocket.Dialer{HandshakeTimeout: time.Second}}
 	for {
 		if time.Now().After(deadline) {
 			return time.Time{}, errors.New("no ping answered with a pong in 30s")
 		}
-		d := websocket.Dialer{HandshakeTimeout: time.Second}
-		ws, _, err := d.Dial("ws://"+addr+"/v1/ws", wsHeader(tok))
+		c, err := u.Connect(context.Background(), "ws://"+addr+"/v1/ws")
 		if err != nil {
 			pace(redialPause) // the instance is not up yet
 			continue
 		}
-		at, err := pingUntilPong(ws, deadline)
-		ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
-		ws.Close()
+		at, err := pingUntilPong(c, deadline)
+		c.Leave(0)
 		if err == nil {
 			return at, nil
 		}
 	}
 }
 
-// pingUntilPong pings, and pings again after each error frame, until a
+// pingUntilPong pings, and pings again after each "unavailable", until a
 // pong comes.
-func pingUntilPong(ws *websocket.Conn, deadline time.Time) (time.Time, error) {
-	ws.SetReadDeadline(deadline)
+func pingUntilPong(c *chatsim.Conn, deadline time.Time) (time.Time, error) {
 	for {
-		if err := ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`)); err != nil {
-			return time.Time{}, err
-		}
-		_, b, err := ws.ReadMessage()
+		a, err := c.PingWait(time.Until(deadline))
 		if err != nil {
 			return time.Time{}, err
 		}
-		var f serverFrame
-		if json.Unmarshal(b, &f) == nil && f.Type == "pong" {
-			return time.Now(), nil
+		if !a.Unavailable {
+			return a.At, nil
 		}
 		pace(redialPause) // "unavailable": the store is not back yet
 	}

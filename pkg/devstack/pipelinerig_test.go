@@ -16,6 +16,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/stillthere/stillthere/pkg/chatsim"
 	"github.com/stillthere/stillthere/pkg/expiry"
 	"github.com/stillthere/stillthere/pkg/guide"
 	"github.com/stillthere/stillthere/pkg/lifecycle/lifecycletest"
@@ -207,12 +208,12 @@ func (p *pipelineRig) warmUp() {
 		return
 	}
 	// Pushed guides reach a connection: hold one and wait for its guide.
-	ws := p.dialUser("warm-up", 0)
-	defer ws.Close()
-	pingConn(p.t, ws)
-	ws.SetReadDeadline(time.Now().Add(20 * time.Second))
+	c := p.dialUser("warm-up", 0)
+	defer c.Close()
+	pingConn(p.t, c)
+	until := time.Now().Add(20 * time.Second)
 	for {
-		f, err := readServerFrame(ws)
+		f, err := c.Next(time.Until(until))
 		if err != nil {
 			p.t.Fatalf("no guide went through the pipeline: %v", err)
 		}
@@ -224,62 +225,21 @@ func (p *pipelineRig) warmUp() {
 
 // dialUser connects uid to gateway instance i, directly (not through the
 // instance's client proxy), and closes the connection at cleanup.
-func (p *pipelineRig) dialUser(uid string, i int) *websocket.Conn {
+func (p *pipelineRig) dialUser(uid string, i int) *chatsim.Conn {
 	p.t.Helper()
+	return p.dialSegment(uid, "", i)
+}
+
+// dialSegment is dialUser for a user of segment seg ("" for the default).
+func (p *pipelineRig) dialSegment(uid, seg string, i int) *chatsim.Conn {
+	p.t.Helper()
+	tok, err := chatsim.Token([]byte(p.tokenSecret), uid, seg)
+	if err != nil {
+		p.t.Fatal(err)
+	}
 	g := p.liveGateways()[i]
-	d := websocket.Dialer{HandshakeTimeout: 5 * time.Second}
-	ws, _, err := d.Dial("ws://"+g.gw.PublicAddr().String()+"/v1/ws", wsHeader(mintFor(p.faultRig, uid)))
-	if err != nil {
-		p.t.Fatalf("dial %s as %s: %v", g.id, uid, err)
-	}
-	p.t.Cleanup(func() { ws.Close() })
-	return ws
-}
-
-// guideFrame is a server frame as a client reads it, deadline included.
-type guideFrame struct {
-	Type       string `json:"type"`
-	TTLMS      int64  `json:"ttl_ms"`
-	ID         string `json:"id"`
-	Text       string `json:"text"`
-	Code       string `json:"code"`
-	DeadlineMS int64  `json:"deadline_ms"`
-	Stage      int    `json:"stage"`
-	Final      bool   `json:"final"`
-}
-
-func readServerFrame(ws *websocket.Conn) (guideFrame, error) {
-	var f guideFrame
-	_, b, err := ws.ReadMessage()
-	if err != nil {
-		return f, err
-	}
-	return f, json.Unmarshal(b, &f)
-}
-
-// pingConn pings on a connection nobody else reads, and returns the
-// bounds of the deadline the pong proves: Redis renewed the session
-// between the send and the pong, for ttl_ms.
-func pingConn(t *testing.T, ws *websocket.Conn) (low, high time.Time) {
-	t.Helper()
-	sent := time.Now()
-	if err := ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`)); err != nil {
-		t.Fatalf("ping: %v", err)
-	}
-	ws.SetReadDeadline(time.Now().Add(5 * time.Second))
-	for {
-		f, err := readServerFrame(ws)
-		if err != nil {
-			t.Fatalf("ping: %v", err)
-		}
-		if f.Type == "pong" {
-			ttl := time.Duration(f.TTLMS) * time.Millisecond
-			return sent.Add(ttl), time.Now().Add(ttl)
-		}
-		if f.Type != "guide" {
-			t.Fatalf("ping answered with %+v", f)
-		}
-	}
+	u := &chatsim.User{UID: uid, Token: tok, Dialer: &websocket.Dialer{HandshakeTimeout: 5 * time.Second}}
+	return connectAs(p.t, u, "ws://"+g.gw.PublicAddr().String()+"/v1/ws")
 }
 
 // flakyFront forwards the consumer's webhook requests to the receiver,

@@ -3,7 +3,6 @@ package devstack
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/stillthere/stillthere/pkg/chatsim"
 	"github.com/stillthere/stillthere/pkg/gateway"
 	"github.com/stillthere/stillthere/pkg/lifecycle/lifecycletest"
 	"github.com/stillthere/stillthere/pkg/redisconn"
@@ -98,7 +98,11 @@ func rollingRestart(t *testing.T, plan restartPlan) {
 	)
 	for i := range users {
 		uid := "roll-" + strconv.Itoa(i)
-		u := &rollClient{uid: uid, tok: mint(t, s, uid), interval: interval}
+		u := &rollClient{interval: interval, User: &chatsim.User{
+			UID:    uid,
+			Token:  mint(t, s, uid),
+			Dialer: &websocket.Dialer{HandshakeTimeout: 10 * time.Second},
+		}}
 		users[i] = u
 		wg.Go(func() { u.run(urlB, urlA, ready, stop, &moved) })
 	}
@@ -107,14 +111,11 @@ func rollingRestart(t *testing.T, plan restartPlan) {
 	}
 	const deafUID = "roll-deaf"
 	if plan.deaf {
-		ws, _, err := websocket.DefaultDialer.Dial(urlB, http.Header{"Authorization": {"Bearer " + mint(t, s, deafUID)}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ws.Close()
+		c := connectAs(t, &chatsim.User{UID: deafUID, Token: mint(t, s, deafUID)}, urlB)
 		// Answered, so served: it is among the connections the drain
-		// waits for. It reads nothing after.
-		ping(t, ws)
+		// waits for. It answers nothing after.
+		ping(t, c)
+		c.Freeze()
 	}
 	if plan.otherAway > 0 {
 		front.Blackhole()
@@ -160,14 +161,14 @@ func rollingRestart(t *testing.T, plan restartPlan) {
 	var failed, late int
 	byUID := map[string]*rollClient{}
 	for _, u := range users {
-		byUID[u.uid] = u
+		byUID[u.UID] = u
 		if u.failed.Load() {
 			failed++
 		}
 		if u.lateAt != "" {
 			late++
 			if late <= 3 {
-				t.Logf("%s pinged past its own deadline: %s", u.uid, u.lateAt)
+				t.Logf("%s pinged past its own deadline: %s", u.UID, u.lateAt)
 			}
 		}
 	}
@@ -182,8 +183,8 @@ func rollingRestart(t *testing.T, plan restartPlan) {
 	}
 	var guided []string
 	for _, u := range users {
-		if u.guides.Load() > 0 && u.lateAt == "" {
-			guided = append(guided, u.uid)
+		if u.Record().Guides > 0 && u.lateAt == "" {
+			guided = append(guided, u.UID)
 		}
 	}
 	if len(guided) != 0 {
@@ -200,39 +201,30 @@ func rollingRestart(t *testing.T, plan restartPlan) {
 	}
 }
 
-// rollClient is one client of the rolling restart, and behaves as the
-// real client does: it reads all along, so that it hears a 1001 at once;
-// it pings one at a time, each an interval after the last was answered
-// (at least the renewal granularity apart, so that each renews); told to
-// go, or cut off, it reconnects to the other instance at once, then with
-// an exponential backoff with full jitter, and pings as soon as it is
-// connected.
+// rollClient is one client of the rolling restart (a chatsim.User), and
+// behaves as the real client does: it reads all along, so that it hears
+// a 1001 at once; it pings one at a time, each an interval after the last
+// was answered (at least the renewal granularity apart, so that each
+// renews); told to go, or cut off, it reconnects to the other instance at
+// once, then with an exponential backoff with full jitter, and pings as
+// soon as it is connected.
 type rollClient struct {
-	uid, tok string
+	*chatsim.User
 	interval time.Duration
 
-	guides atomic.Int64
 	failed atomic.Bool
-	// low is the latest deadline a pong proved (a ping's send time plus
-	// the TTL granted, never later than Redis's); lateAt says when the
-	// client, idle, first found it passed, or is empty. Its goroutine's
-	// own.
-	low    time.Time
+	// lateAt says when the client, idle, first found the deadline its
+	// last pong proved (its record's Low) passed, or is empty. Its
+	// goroutine's own.
 	lateAt string
-}
-
-// rollConn is one connection of a rollClient. Its reader passes the
-// pongs' grants on and closes gone when the connection ends.
-type rollConn struct {
-	ws     *websocket.Conn
-	pongs  chan time.Duration
-	gone   chan struct{}
-	goneAt atomic.Int64 // when the reader found it ended, Unix ns
 }
 
 func (u *rollClient) run(urlB, urlA string, ready chan<- struct{}, stop <-chan struct{}, moved *atomic.Int64) {
 	c := u.connect(urlB)
 	if c == nil || u.ping(c) != nil {
+		if c != nil {
+			c.Close()
+		}
 		u.failed.Store(true)
 		ready <- struct{}{}
 		return
@@ -244,12 +236,11 @@ func (u *rollClient) run(urlB, urlA string, ready chan<- struct{}, stop <-chan s
 		select {
 		case <-stop:
 			timer.Stop()
-			c.ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
-			c.ws.Close()
+			c.Leave(0)
 			return
-		case <-c.gone:
+		case <-c.Gone():
 			timer.Stop()
-			u.idleUntil(time.Unix(0, c.goneAt.Load()), "told to go")
+			u.idleUntil(c.GoneAt(), "told to go")
 		case <-timer.C:
 			u.idleUntil(time.Now(), "next ping")
 			if u.ping(c) == nil {
@@ -258,7 +249,7 @@ func (u *rollClient) run(urlB, urlA string, ready chan<- struct{}, stop <-chan s
 		}
 		// Told to go, or cut: reconnect to the other instance, and renew
 		// there. Waiting for us, it is there.
-		c.ws.Close()
+		c.Close()
 		for {
 			if c = u.connect(urlA); c == nil {
 				u.failed.Store(true)
@@ -267,7 +258,7 @@ func (u *rollClient) run(urlB, urlA string, ready chan<- struct{}, stop <-chan s
 			if u.ping(c) == nil {
 				break
 			}
-			c.ws.Close()
+			c.Close()
 		}
 		if !hasMoved {
 			hasMoved = true
@@ -279,22 +270,19 @@ func (u *rollClient) run(urlB, urlA string, ready chan<- struct{}, stop <-chan s
 // idleUntil notes the end of a time in which the client waited for
 // nothing of ours: if its deadline passed in it, the silence was its own.
 func (u *rollClient) idleUntil(at time.Time, what string) {
-	if u.lateAt == "" && at.After(u.low) {
-		u.lateAt = fmt.Sprintf("%s %v past the deadline its last pong proved", what, at.Sub(u.low).Round(time.Millisecond))
+	if low := u.Record().Low; u.lateAt == "" && at.After(low) {
+		u.lateAt = fmt.Sprintf("%s %v past the deadline its last pong proved", what, at.Sub(low).Round(time.Millisecond))
 	}
 }
 
 // connect dials url at once, then again after an exponential backoff
 // with full jitter, until it gets through or the test has waited long
 // enough to call it a failure.
-func (u *rollClient) connect(url string) *rollConn {
-	d := websocket.Dialer{HandshakeTimeout: 10 * time.Second}
+func (u *rollClient) connect(url string) *chatsim.Conn {
 	giveUp := time.Now().Add(30 * time.Second)
 	for step := 0; ; step++ {
-		ws, _, err := d.Dial(url, http.Header{"Authorization": {"Bearer " + u.tok}})
+		c, err := u.Connect(context.Background(), url)
 		if err == nil {
-			c := &rollConn{ws: ws, pongs: make(chan time.Duration, 1), gone: make(chan struct{})}
-			go c.read(u)
 			return c
 		}
 		if time.Now().After(giveUp) {
@@ -304,45 +292,14 @@ func (u *rollClient) connect(url string) *rollConn {
 	}
 }
 
-func (c *rollConn) read(u *rollClient) {
-	defer close(c.gone)
-	for {
-		_, msg, err := c.ws.ReadMessage()
-		if err != nil {
-			c.goneAt.Store(time.Now().UnixNano())
-			return
-		}
-		var f serverFrame
-		json.Unmarshal(msg, &f)
-		switch f.Type {
-		case "guide":
-			u.guides.Add(1)
-		case "pong":
-			select {
-			case c.pongs <- time.Duration(f.TTLMS) * time.Millisecond:
-			default: // the answer to a ping given up on
-			}
-		}
-	}
-}
-
 // ping pings and waits for the pong; an error means the connection ended
-// (told 1001, or cut) or did not answer.
-func (u *rollClient) ping(c *rollConn) error {
-	sent := time.Now()
-	c.ws.SetWriteDeadline(sent.Add(5 * time.Second))
-	if err := c.ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`)); err != nil {
-		return err
+// (told 1001, or cut) or did not answer with a pong.
+func (u *rollClient) ping(c *chatsim.Conn) error {
+	a, err := c.PingWait(5 * time.Second)
+	if err == nil && a.Unavailable {
+		err = errors.New("ping answered: session store unavailable")
 	}
-	select {
-	case ttl := <-c.pongs:
-		u.low = later(u.low, sent.Add(ttl))
-		return nil
-	case <-c.gone:
-		return errors.New("connection ended")
-	case <-time.After(5 * time.Second):
-		return errors.New("no pong within 5s")
-	}
+	return err
 }
 
 // waitQuiet waits until the stack's deadline index and hold sets are

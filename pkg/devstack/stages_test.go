@@ -1,22 +1,20 @@
 package devstack
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/gorilla/websocket"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/stillthere/stillthere/pkg/chatsim"
 	"github.com/stillthere/stillthere/pkg/frame"
 	"github.com/stillthere/stillthere/pkg/guide"
 	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
-	"github.com/stillthere/stillthere/pkg/token"
 )
 
 // The stages of these tests: the default segment reminds at the deadline
@@ -46,46 +44,24 @@ func stagePolicy() *policy.Policy {
 	}
 }
 
-// dialSegment is dialUser for a user of segment seg.
-func (p *pipelineRig) dialSegment(uid, seg string, i int) *websocket.Conn {
-	p.t.Helper()
-	tok, err := token.Mint([]byte(p.tokenSecret), uid, seg, time.Hour)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	g := p.liveGateways()[i]
-	d := websocket.Dialer{HandshakeTimeout: 5 * time.Second}
-	ws, _, err := d.Dial("ws://"+g.gw.PublicAddr().String()+"/v1/ws", wsHeader(tok))
-	if err != nil {
-		p.t.Fatalf("dial %s as %s: %v", g.id, uid, err)
-	}
-	p.t.Cleanup(func() { ws.Close() })
-	return ws
-}
-
 // seen is what one connection got: its guides, when, and how it ended.
 type seen struct {
-	guides []guideFrame
-	at     []time.Time
+	guides []chatsim.Frame
 	close  int // close code; 0 while open
 }
 
-// watchConn reads ws until it closes or until, and returns what it got.
-func watchConn(ws *websocket.Conn, until time.Time) seen {
+// watchConn reads c's frames until it closes or until, and returns what
+// it got.
+func watchConn(c *chatsim.Conn, until time.Time) seen {
 	var s seen
-	ws.SetReadDeadline(until)
 	for {
-		f, err := readServerFrame(ws)
-		var ce *websocket.CloseError
+		f, err := c.Next(time.Until(until))
 		switch {
-		case errors.As(err, &ce):
-			s.close = ce.Code
-			return s
 		case err != nil:
+			s.close = c.CloseCode()
 			return s
 		case f.Type == "guide":
 			s.guides = append(s.guides, f)
-			s.at = append(s.at, time.Now())
 		}
 	}
 }
@@ -104,7 +80,7 @@ func stagesOf(t *testing.T, who string, s seen, texts []string, afters []time.Du
 		if i > 0 {
 			// Each stage its delay after the one before, give or take a
 			// sweep and a push; under a second late at most.
-			if gap := s.at[i].Sub(s.at[i-1]); gap < afters[i]-300*time.Millisecond || gap > afters[i]+time.Second {
+			if gap := s.guides[i].At.Sub(s.guides[i-1].At); gap < afters[i]-300*time.Millisecond || gap > afters[i]+time.Second {
 				t.Errorf("%s: stage %d came %v after stage %d, want %v", who, i+1, gap, i, afters[i])
 			}
 		}
@@ -127,9 +103,9 @@ func TestStagesEndToEnd(t *testing.T) {
 
 	// A silent user gets the reminder, then the close stage, then 4000.
 	run("silent", func(t *testing.T) {
-		ws := p.dialUser("silent", 0)
-		pingConn(t, ws)
-		s := watchConn(ws, horizon())
+		c := p.dialUser("silent", 0)
+		pingConn(t, c)
+		s := watchConn(c, horizon())
 		stagesOf(t, "silent", s, []string{"", closeText}, []time.Duration{0, stageClose})
 		if !s.guides[1].Final || s.guides[0].Final || s.close != frame.CloseInactive {
 			t.Fatalf("final %v/%v, close %d; want only the close stage final, then %d", s.guides[0].Final, s.guides[1].Final, s.close, frame.CloseInactive)
@@ -155,9 +131,9 @@ func TestStagesEndToEnd(t *testing.T) {
 	})
 	// Another segment follows its own stages: two reminders, no close.
 	run("vip", func(t *testing.T) {
-		ws := p.dialSegment("vera", "vip", 1)
-		pingConn(t, ws)
-		s := watchConn(ws, horizon())
+		c := p.dialSegment("vera", "vip", 1)
+		pingConn(t, c)
+		s := watchConn(c, horizon())
 		stagesOf(t, "vip", s, []string{"Anything else?", "We are here when you need us."}, []time.Duration{0, stageVIP})
 		if s.close != 0 || s.guides[1].Final {
 			t.Fatalf("vip: close %d, final %v; want the connection open, no final stage", s.close, s.guides[1].Final)
@@ -168,19 +144,18 @@ func TestStagesEndToEnd(t *testing.T) {
 	// minute would wait for the minute's end (the minute rule), so they
 	// stay until it is over.
 	run("back", func(t *testing.T) {
-		ws := p.dialUser("back", 0)
-		pingConn(t, ws)
-		ws.SetReadDeadline(time.Now().Add(faultTTL + faultJitter + 3*time.Second))
-		first, err := readServerFrame(ws)
+		c := p.dialUser("back", 0)
+		pingConn(t, c)
+		first, err := c.Next(faultTTL + faultJitter + 3*time.Second)
 		if err != nil || first.Type != "guide" || first.Stage != 1 {
 			t.Fatalf("first guide: %+v, %v", first, err)
 		}
 		windowEnd := time.UnixMilli((first.DeadlineMS/60_000 + 1) * 60_000)
 		for time.Now().Before(windowEnd.Add(500 * time.Millisecond)) {
-			pingConn(t, ws) // fails on anything but a pong: no stage 2 comes
+			pingConn(t, c) // fails on anything but a pong: no stage 2 comes
 			pace(faultTTL / 2)
 		}
-		s := watchConn(ws, horizon())
+		s := watchConn(c, horizon())
 		stagesOf(t, "back", s, []string{"", closeText}, []time.Duration{0, stageClose})
 		if s.guides[0].DeadlineMS <= first.DeadlineMS || s.close != frame.CloseInactive {
 			t.Fatalf("next silence: %+v, close %d; want a new silence from stage 1, closed", s.guides, s.close)
@@ -195,7 +170,7 @@ func TestStagesEndToEnd(t *testing.T) {
 func TestStagesAcrossRestartAndKafkaOutage(t *testing.T) {
 	p := newPipelineRig(t, pipelineOptions{Gateways: 1, Sender: guide.SenderGateway, Policy: stagePolicy()})
 	const n = 6
-	conns := make([]*websocket.Conn, n)
+	conns := make([]*chatsim.Conn, n)
 	for i := range conns {
 		conns[i] = p.dialUser(fmt.Sprintf("u%d", i), 0)
 		pingConn(t, conns[i])
@@ -203,9 +178,9 @@ func TestStagesAcrossRestartAndKafkaOutage(t *testing.T) {
 	results := make([]seen, n)
 	var wg sync.WaitGroup
 	until := time.Now().Add(faultTTL + faultJitter + stageClose + 20*time.Second)
-	for i, ws := range conns {
+	for i, c := range conns {
 		wg.Add(1)
-		go func() { defer wg.Done(); results[i] = watchConn(ws, until) }()
+		go func() { defer wg.Done(); results[i] = watchConn(c, until) }()
 	}
 	// Between the stages (every user's first stage on the topic): the
 	// listener restarts, then Kafka refuses every produce for 2s (the

@@ -13,59 +13,76 @@ import (
 
 // emit carries one batch of found timeouts through fixed steps, each at
 // most one pipelined round trip, and carries out what decide (verdict.go)
-// makes of each timeout as the steps learn more of it. It returns how many
-// entries left the due index (held by an outage rule, or settled), so
-// that the sweep knows whether it made progress. An event Kafka does not
-// take goes to the spool, or to another replica; one neither produced nor
-// spooled keeps its index entry, its claim released, for the next sweep.
+// makes of each timeout as the steps learn more of it. Each item carries
+// the verdict of its last judgement; the comment on each step says which
+// facts it adds and which verdicts an item can have after it, so that
+// decide need not be run in one's head. It returns how many entries left
+// the due index (held by an outage rule, or settled), so that the sweep
+// knows whether it made progress. An event Kafka does not take goes to the
+// spool, or to another replica; one neither produced nor spooled keeps its
+// index entry, its claim released, for the next sweep.
 func (l *Listener) emit(ctx context.Context, c session.Control, found []session.Expired, source string) (int, error) {
-	// 1. Judge: the outage rules, the spool, the stage policy.
-	b := l.judge(c, found, source)
-	// 2. Hold what an outage rule holds.
-	l.holdBack(ctx, b)
-	// 3. Claim the rest's dedup keys.
+	// 1. Judge. Adds the control state, the grace, the policy, spooling.
+	// After: hold (an outage rule), claim, or settle (stage-gone); a
+	// leave (awaits-replay) and a repeated dedup key leave the batch.
+	b := l.judgeFound(c, found, source)
+	// 2. Hold: the holds move to the hold set and leave the batch. After:
+	// claim, or settle (stage-gone).
+	l.hold(ctx, b)
+	// 3. Claim the dedup keys of the items judged claim. Adds each claim's
+	// reply; no item is judged here.
 	if err := l.claimKeys(ctx, b); err != nil {
 		return 0, err
 	}
-	// 4. Judge again, by the claims' replies and the mass-expiry brake,
-	// and hold what the minute rule or the brake holds. Claims are taken
-	// now: what is left of the batch is finished even if ctx is done.
+	// 4. Judge the claimed again. Adds the claims' replies and braking.
+	// After: settle (produced-before, spooled-before), leave
+	// (claimed-elsewhere), hold (minute, mass-expiry), produce or spool.
+	// Claims are taken now: what is left of the batch is finished even if
+	// ctx is done. The holds move to the hold set, their claims released.
 	l.judgeClaimed(ctx, b)
 	wctx := context.WithoutCancel(ctx)
-	l.holdBack(wctx, b)
-	// 5. Produce, or leave to another replica, or spool.
+	l.hold(wctx, b)
+	// 5. Produce, then spool. Adds spooling again (produce and spool may
+	// swap), then Kafka's answer and othersAlive: after, settle
+	// (produced), leave (left-to-replica) or spool; then the spool's
+	// answer: after, settle (spooled) or leave (unsent).
 	if err := l.produce(ctx, b); err != nil {
 		return 0, err
 	}
-	l.spoolUnsent(b)
-	// 6. Record the outcomes, and settle.
+	l.spoolEvents(b)
+	// 6. Record: resolve the claims and settle the settled. No judgement.
 	return l.record(wctx, b)
 }
 
 // batch is one batch of found timeouts on its way through emit's steps.
 type batch struct {
-	facts   facts
-	source  string    // the path that found it: sweep or event
-	begin   time.Time // local time just after detection, for the lag
-	items   []*item
-	held    int // entries an outage rule held, for emit's count
-	claimed int // entries claimed
+	facts  facts
+	source string    // the path that found it: sweep or event
+	begin  time.Time // local time just after detection, for the lag
+	items  []*item
+	// outageHolds counts the items step 1 judged held, by an outage rule:
+	// they leave the index, for emit's count.
+	outageHolds int
+	claims      int // items whose dedup key step 3 claimed
 }
 
-// item is one timeout of a batch and its verdict so far.
+// item is one timeout of a batch and the verdict of its last judgement.
 type item struct {
 	timeout
-	v   verdict
-	rec *kgo.Record // its event, once encoded
+	// verdict is decide's judgement of the timeout by the facts known at
+	// the last step that judged it (emit says what each step adds).
+	verdict verdict
+	rec     *kgo.Record // its event, once encoded (step 5)
 }
 
-func (b *batch) decide(it *item) { it.v = decide(b.facts, it.timeout) }
+// judge judges it again, by the batch's facts and its own as they are now.
+func (b *batch) judge(it *item) { it.verdict = decide(b.facts, it.timeout) }
 
 // with lists the items whose verdict is a.
 func (b *batch) with(a act) []*item {
 	var out []*item
 	for _, it := range b.items {
-		if it.v.act == a {
+		if it.verdict.act == a {
 			out = append(out, it)
 		}
 	}
@@ -80,12 +97,12 @@ func expired(items []*item) []session.Expired {
 	return es
 }
 
-// judge is the batch of found, each judged by what is known before its
-// claim. Of entries with one dedup key all are held if a rule holds them,
-// else only the first is kept: a batch from expired events can hold a uid
-// twice, and the second would meet this listener's own claim. Entries
-// left alone leave the batch at once.
-func (l *Listener) judge(c session.Control, found []session.Expired, source string) *batch {
+// judgeFound is the batch of found, each judged by what is known before
+// its claim. Of entries with one dedup key all are held if a rule holds
+// them, else only the first is kept: a batch from expired events can list
+// a uid twice, and the second would meet this listener's own claim.
+// Entries left alone leave the batch at once.
+func (l *Listener) judgeFound(c session.Control, found []session.Expired, source string) *batch {
 	b := &batch{source: source, begin: time.Now(), facts: facts{
 		control:    c,
 		grace:      l.cfg.OutageGrace,
@@ -97,37 +114,37 @@ func (l *Listener) judge(c session.Control, found []session.Expired, source stri
 	seen := make(map[string]bool, len(found))
 	for _, e := range found {
 		it := &item{timeout: timeout{Expired: e}}
-		b.decide(it)
-		if it.v.act == actHold {
-			b.held++
+		b.judge(it)
+		if it.verdict.act == actHold {
+			b.outageHolds++
 		} else if k := ks.StageDedupKey(e.UID, e.Stage, e.Due); seen[k] {
 			continue
 		} else {
 			seen[k] = true
 		}
-		if it.v.reason == whyStageGone {
+		if it.verdict.reason == whyStageGone {
 			metricStagesDropped.Inc()
 		}
-		if it.v.act != actLeave {
+		if it.verdict.act != actLeave {
 			b.items = append(b.items, it)
 		}
 	}
 	return b
 }
 
-// holdBack holds the items judged to be held, one round trip per rule,
-// and takes them out of the batch. The claims taken of them (the brake's)
-// are released only after, so that no other replica produces one before
-// it is held. One that could not be held stays in the index, for the next
-// sweep.
-func (l *Listener) holdBack(ctx context.Context, b *batch) {
+// hold moves the items judged hold to the hold set, each until its
+// release time, one round trip per rule, and takes them out of the batch.
+// The claims taken of them (the minute rule's and the brake's) are
+// released only after, so that no other replica produces one before it is
+// held. One that could not be held stays in the index, for the next sweep.
+func (l *Listener) hold(ctx context.Context, b *batch) {
 	byRule := map[holdRule][]*item{}
 	var claims []session.Expired
 	b.items = slices.DeleteFunc(b.items, func(it *item) bool {
-		if it.v.act != actHold {
+		if it.verdict.act != actHold {
 			return false
 		}
-		byRule[it.v.rule] = append(byRule[it.v.rule], it)
+		byRule[it.verdict.rule] = append(byRule[it.verdict.rule], it)
 		if it.claim.outcome == session.ClaimFresh {
 			claims = append(claims, it.Expired)
 		}
@@ -139,33 +156,33 @@ func (l *Listener) holdBack(ctx context.Context, b *batch) {
 		due   int64
 	}
 	for rule, items := range byRule {
-		until := make(map[entry]time.Time, len(items))
+		release := make(map[entry]time.Time, len(items))
 		for _, it := range items {
-			until[entry{it.UID, it.Stage, it.Due.UnixMilli()}] = it.v.until
+			release[entry{it.UID, it.Stage, it.Due.UnixMilli()}] = it.verdict.release
 		}
-		release := func(e session.Expired) time.Time { return until[entry{e.UID, e.Stage, e.Due.UnixMilli()}] }
-		if err := l.holdEach(ctx, rule, expired(items), release); err != nil {
+		releaseOf := func(e session.Expired) time.Time { return release[entry{e.UID, e.Stage, e.Due.UnixMilli()}] }
+		if err := l.holdEach(ctx, rule, expired(items), releaseOf); err != nil {
 			l.log.Debug("hold timeouts; the next sweep retries", "rule", rule, "count", len(items), "err", err)
 		}
 	}
-	if err := l.markDedup(ctx, nil, nil, claims); err != nil {
+	if err := l.resolveClaims(ctx, nil, nil, claims); err != nil {
 		l.log.Debug("release dedup claims of held timeouts", "count", len(claims), "err", err)
 	}
 }
 
-// holdEach moves timeouts out of the index until each one's release time,
-// counting them by rule.
+// holdEach moves timeouts from the index to the hold set until each one's
+// release time, counting the holds by rule (and the brake's for its log).
 func (l *Listener) holdEach(ctx context.Context, rule holdRule, es []session.Expired, release func(session.Expired) time.Time) error {
 	n, err := l.store.HoldEach(ctx, es, release)
 	metricHeld.WithLabelValues(string(rule)).Add(float64(n))
-	if rule == holdBrake {
-		l.brake.held += n
+	if rule == ruleBrake {
+		l.brake.holds += n
 	}
 	return err
 }
 
-// claimKeys claims the dedup keys of the items judged to be claimed, in
-// one pipeline (dedupe).
+// claimKeys claims the dedup keys of the items judged claim, in one
+// pipeline (dedupe), and gives each its claim's reply.
 func (l *Listener) claimKeys(ctx context.Context, b *batch) error {
 	items := b.with(actClaim)
 	if len(items) == 0 {
@@ -178,7 +195,7 @@ func (l *Listener) claimKeys(ctx context.Context, b *batch) error {
 	for i, it := range items {
 		it.claim = replies[i]
 	}
-	b.claimed = len(items)
+	b.claims = len(items)
 	return nil
 }
 
@@ -188,19 +205,20 @@ func (l *Listener) claimKeys(ctx context.Context, b *batch) error {
 // brake that should have let go holds nothing.
 func (l *Listener) judgeClaimed(ctx context.Context, b *batch) {
 	items := b.with(actClaim)
-	lapses, asked := 0, false
+	lapses, askBrake := 0, false
 	for _, it := range items {
 		if lapse(it.timeout) {
 			lapses++
 		}
-		asked = asked || brakeHolds(b.facts, it.timeout)
+		askBrake = askBrake || brakeWouldHold(b.facts, it.timeout)
 	}
-	if asked {
+	if askBrake {
 		b.facts.braking = l.braking(ctx, b.facts.control.Now, lapses)
 	}
 	for _, it := range items {
-		b.decide(it)
-		if r := it.v.reason; r == whyProducedBefore || r == whySpooledBefore {
+		// New facts: its claim's reply, and braking.
+		b.judge(it)
+		if r := it.verdict.reason; r == whyProducedBefore || r == whySpooledBefore {
 			metricDedupHits.Inc()
 		}
 	}
@@ -216,16 +234,17 @@ func (l *Listener) produce(ctx context.Context, b *batch) error {
 	var records []*kgo.Record
 	byRecord := map[*kgo.Record]*item{}
 	for _, it := range b.items {
-		if it.v.act != actProduce && it.v.act != actSpool {
+		if it.verdict.act != actProduce && it.verdict.act != actSpool {
 			continue
 		}
-		b.decide(it)
-		v, err := event(it.Expired, it.v.stage.Action, it.v.stage.Text, b.source).Marshal()
+		// New fact: spooling, read again. Produce and spool may swap.
+		b.judge(it)
+		v, err := event(it.Expired, it.verdict.stage.Action, it.verdict.stage.Text, b.source).Marshal()
 		if err != nil {
 			return fmt.Errorf("encode timeout for %q: %w", it.UID, err)
 		}
 		it.rec = &kgo.Record{Key: []byte(it.UID), Value: v}
-		if it.v.act == actProduce {
+		if it.verdict.act == actProduce {
 			records = append(records, it.rec)
 			byRecord[it.rec] = it
 		}
@@ -256,14 +275,15 @@ func (l *Listener) produce(ctx context.Context, b *batch) error {
 			// two hosts' clocks are compared.
 			metricLag.WithLabelValues(b.source).Observe((it.Detected.Sub(it.Due) + producedAt.Sub(b.begin)).Seconds())
 		}
-		b.decide(it)
+		// New facts: Kafka's answer, and othersAlive.
+		b.judge(it)
 	}
 	return nil
 }
 
-// spoolUnsent writes the events of the items judged to be spooled to the
+// spoolEvents writes the events of the items judged to be spooled to the
 // spool, in one durable append, and judges each again by its outcome.
-func (l *Listener) spoolUnsent(b *batch) {
+func (l *Listener) spoolEvents(b *batch) {
 	items := b.with(actSpool)
 	if len(items) == 0 {
 		return
@@ -279,23 +299,23 @@ func (l *Listener) spoolUnsent(b *batch) {
 	for _, it := range items {
 		it.write = writeSpooled
 		if err != nil {
-			it.write = writeLost
+			it.write = writeUnsent
 		}
-		b.decide(it)
+		// New fact: the spool's answer.
+		b.judge(it)
 	}
 }
 
-// record writes what became of the batch: the dedup keys of produced and
-// spooled timeouts are marked and the claims of unsent ones released (one
-// pipeline), those left to another replica count this one's failure (one
-// pipeline), and then the settled entries are settled (Store.Settle). It
-// returns emit's count.
+// record writes what became of the batch: the claims are resolved (the
+// dedup keys of produced and spooled timeouts set so, the claims of unsent
+// ones released: one pipeline; those left to another replica count this
+// one's failure: one pipeline), and then the settled entries are settled
+// (Store.Settle). It returns emit's count.
 func (l *Listener) record(ctx context.Context, b *batch) (int, error) {
 	var produced, spooled, unsent, elsewhere, settled []session.Expired
-	failures := map[string]int{}
 	for _, it := range b.items {
 		e := it.Expired
-		switch it.v.reason {
+		switch it.verdict.reason {
 		case whyProduced:
 			produced = append(produced, e)
 		case whySpooled:
@@ -304,19 +324,16 @@ func (l *Listener) record(ctx context.Context, b *batch) (int, error) {
 			unsent = append(unsent, e)
 		case whyLeftToReplica:
 			elsewhere = append(elsewhere, e)
-			if it.claim.failed > 0 {
-				failures[e.UID] = it.claim.failed
-			}
 		}
-		if it.v.act == actSettle {
-			e.NextDue = it.v.next
+		if it.verdict.act == actSettle {
+			e.NextDue = it.verdict.next
 			settled = append(settled, e)
 		}
 	}
-	if err := l.markDedup(ctx, produced, spooled, unsent); err != nil {
+	if err := l.resolveClaims(ctx, produced, spooled, unsent); err != nil {
 		l.log.Warn("record dedup outcome", "err", err)
 	}
-	if err := l.retryElsewhere(ctx, elsewhere, failures); err != nil {
+	if err := l.retryElsewhere(ctx, elsewhere); err != nil {
 		l.log.Warn("leave timeouts to another replica", "count", len(elsewhere), "err", err)
 	}
 	if len(settled) > 0 {
@@ -325,7 +342,7 @@ func (l *Listener) record(ctx context.Context, b *batch) (int, error) {
 		}
 	}
 	if len(unsent) > 0 {
-		return b.held + len(settled), fmt.Errorf("%d of %d timeouts neither produced nor spooled", len(unsent), b.claimed)
+		return b.outageHolds + len(settled), fmt.Errorf("%d of %d timeouts neither produced nor spooled", len(unsent), b.claims)
 	}
-	return b.held + len(settled), nil
+	return b.outageHolds + len(settled), nil
 }

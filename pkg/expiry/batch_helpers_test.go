@@ -8,10 +8,10 @@ import (
 )
 
 // holdBraked holds found as the brake's verdict at now holds each
-// (brakeUntil), through the hold the batch's steps use.
+// (brakeRelease), through the hold the batch's steps use.
 func (l *Listener) holdBraked(ctx context.Context, found []session.Expired, now time.Time) error {
 	f := facts{control: session.Control{Now: now}, grace: l.cfg.OutageGrace, sweepEvery: l.cfg.SweepInterval}
-	return l.holdEach(ctx, holdBrake, found, func(e session.Expired) time.Time {
-		return brakeUntil(f, timeout{Expired: e})
+	return l.holdEach(ctx, ruleBrake, found, func(e session.Expired) time.Time {
+		return brakeRelease(f, timeout{Expired: e})
 	})
 }

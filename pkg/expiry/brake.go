@@ -12,15 +12,15 @@ import (
 // connections. The lapses past the threshold are held until the grace
 // after their deadlines and checked again before they are produced; a
 // real crowd still gets its guides, one grace late. Later stages falling
-// due while it is engaged are held too (see brakeHolds). Lapses are
+// due while it is engaged are held too (see brakeWouldHold). Lapses are
 // counted in Redis, so that replicas that share the work share the
 // count. Only the pipeline goroutine uses it.
 type brake struct {
 	engaged bool
-	held    int // held since engaged, for the log line that ends it
+	holds   int // timeouts it held since engaged, for the log line that ends it
 }
 
-// threshold is the most lapses within the window before the brake
+// brakeThreshold is the most lapses within the window before the brake
 // engages.
 func (l *Listener) brakeThreshold() int {
 	share := int(l.cfg.MassExpiryShare * float64(l.marker.sessions.Load()))
@@ -38,7 +38,7 @@ func (l *Listener) braking(ctx context.Context, now time.Time, n int) bool {
 	threshold := l.brakeThreshold()
 	switch over := count > threshold; {
 	case over && !l.brake.engaged:
-		l.brake.engaged, l.brake.held = true, 0
+		l.brake.engaged, l.brake.holds = true, 0
 		metricBrake.Set(1)
 		l.log.Warn("mass expiry: far more sessions lapsed than normal; holding them for the grace, then checking each again before it is produced",
 			"lapsed", count, "window", l.cfg.MassExpiryWindow, "threshold", threshold,
@@ -47,7 +47,7 @@ func (l *Listener) braking(ctx context.Context, now time.Time, n int) bool {
 		l.brake.engaged = false
 		metricBrake.Set(0)
 		l.log.Info("mass expiry over; timeouts are produced at once again",
-			"held", l.brake.held, "lapsed", count, "threshold", threshold)
+			"held", l.brake.holds, "lapsed", count, "threshold", threshold)
 	}
 	return l.brake.engaged
 }

@@ -41,7 +41,7 @@ type Config struct {
 	DedupTTL time.Duration
 	// ProduceTimeout bounds the delivery of one batch to Kafka. Default 10s.
 	ProduceTimeout time.Duration
-	// SpoolDir holds the spool: timeout events that could not be produced
+	// SpoolDir is where the spool lives: timeout events that could not be produced
 	// wait there, fsynced, until Kafka takes them again. It must outlive a
 	// restart of the listener, and no two listeners may share one.
 	// Default /var/lib/stillthere/spool.

@@ -11,15 +11,15 @@ import (
 	"github.com/stillthere/stillthere/pkg/session"
 )
 
-// A dedup key is claimed before its timeout is produced and marked
+// A dedup key is claimed before its timeout is produced and set to
 // produced after (see package session for its values). Another listener
 // replica that meets a claim leaves the index entry alone, so if the
 // claimer's produce fails the entry is still there for a retry; only a
-// produced mark lets it settle the entry. A second silence of the same
-// user in the same minute window is never dropped: if the window's guide
-// was stale it is produced at once, otherwise it is held to the window's
-// end and produced then, if the user is still silent. What the listener
-// makes of a claim's reply is decided in verdict.go.
+// key set to produced lets it settle the entry. A second silence of the
+// same user in the same minute window is never dropped: if the window's
+// guide was stale it is produced at once, otherwise it is held to the
+// window's end and produced then, if the user is still silent. What the
+// listener makes of a claim's reply is decided in verdict.go.
 
 // claimTTL is how long a claim outlives a crashed claimer, after which the
 // sweep retries its timeouts. It is well past the longest a produce and a
@@ -31,8 +31,8 @@ func (l *Listener) claimTTL() time.Duration { return max(30*time.Second, 3*l.cfg
 // dedupe claims each timeout's dedup key in one pipeline, and returns
 // the replies, which say also how many replicas failed to produce a
 // claimed timeout before. If any claim fails, the claims it did take are
-// released before it returns the error, so that the entries are not held
-// up until the claims lapse. A key that already holds this listener's own
+// released before it returns the error, so that the entries do not wait
+// until the claims lapse. A key whose value is already this listener's own
 // claim (a release that failed earlier) is its to produce.
 func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]claimed, error) {
 	cmds := make([]*redis.Cmd, len(found))
@@ -62,7 +62,7 @@ func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]claim
 		}
 	}
 	if firstErr != nil {
-		if err := l.markDedup(context.WithoutCancel(ctx), nil, nil, taken); err != nil {
+		if err := l.resolveClaims(context.WithoutCancel(ctx), nil, nil, taken); err != nil {
 			l.log.Warn("release dedup claims", "count", len(taken), "err", err)
 		}
 		return nil, firstErr
@@ -71,38 +71,40 @@ func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]claim
 }
 
 // retryElsewhere releases the claims of timeouts this replica failed to
-// produce, for another replica, counting the failure.
-func (l *Listener) retryElsewhere(ctx context.Context, es []session.Expired, failures map[string]int) error {
+// produce, for another replica, counting the failure. decide leaves a
+// timeout to another replica only when none failed it before (a claim's
+// failed count of 0): a second failure spools it instead. So the count so
+// far is always 0, and this replica's is the first.
+func (l *Listener) retryElsewhere(ctx context.Context, es []session.Expired) error {
 	if len(es) == 0 {
 		return nil
 	}
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, e := range es {
-			l.store.RetryElsewhere(ctx, p, e, l.claim, failures[e.UID], l.claimTTL())
+			l.store.RetryElsewhere(ctx, p, e, l.claim, 0, l.claimTTL())
 		}
 		return nil
 	})
 	return err
 }
 
-// markDedup marks produced and spooled timeouts for the dedup window, and
-// releases the claims of failed ones so that a retry may claim them. A
-// spooled one is marked so: a replica that finds its entry again (its
-// settle failed, or this one crashed before it) settles it with the next
-// stage waiting for the replay, as this one does.
-func (l *Listener) markDedup(ctx context.Context, produced, spooled, failed []session.Expired) error {
-	if len(produced)+len(spooled)+len(failed) == 0 {
+// resolveClaims sets the dedup keys of produced and spooled timeouts so,
+// for the dedup window, and releases the claims of the others given so
+// that a retry may claim them. A spooled one's key says so: a replica that
+// finds its entry again (its settle failed, or this one crashed before it)
+// settles it with the next stage waiting for the replay, as this one does.
+func (l *Listener) resolveClaims(ctx context.Context, produced, spooled, release []session.Expired) error {
+	if len(produced)+len(spooled)+len(release) == 0 {
 		return nil
 	}
-	ks := l.store.Keyspace()
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, e := range produced {
 			l.store.MarkProduced(ctx, p, e, l.cfg.DedupTTL)
 		}
 		for _, e := range spooled {
-			p.Set(ctx, ks.StageDedupKey(e.UID, e.Stage, e.Due), session.DedupSpooled(e.Deadline), l.cfg.DedupTTL)
+			l.store.MarkSpooled(ctx, p, e, l.cfg.DedupTTL)
 		}
-		for _, e := range failed {
+		for _, e := range release {
 			l.store.ReleaseClaim(ctx, p, e, l.claim)
 		}
 		return nil

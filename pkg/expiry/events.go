@@ -36,7 +36,7 @@ func parseKeyeventChannel(ch string) (db int, event string, ok bool) {
 }
 
 // ensureNotify makes sure a Redis node publishes expired keyevents: its
-// notify-keyspace-events must hold E (keyevent channels) and x or A.
+// notify-keyspace-events must include E (keyevent channels) and x or A.
 // The setting is per node and not replicated, so every master is checked.
 func ensureNotify(ctx context.Context, node *redis.Client) error {
 	addr := node.Options().Addr
@@ -203,7 +203,7 @@ func (l *Listener) nodeClient(addr string) *redis.Client {
 // out until ctx is done, resubscribing after errors and telling broken
 // each time a subscription breaks. It reads the subscription itself
 // instead of go-redis's Channel, which drops messages when its buffer
-// stays full: here a slow pipeline holds the socket instead, and if Redis
+// stays full: here a slow pipeline stalls the socket instead, and if Redis
 // cuts off the subscriber for that, the sweep finds what was missed.
 func (l *Listener) subscribe(ctx context.Context, addr string, out chan<- string, broken chan<- struct{}) error {
 	node := l.nodeClient(addr)

@@ -19,7 +19,7 @@ import (
 //     [start, end+grace] until end+grace.
 //   - The rules about a gateway apply to every instance of the user: the
 //     one whose grant the deadline is, the one that renewed last, and
-//     every one holding a connection of theirs (a route entry another
+//     every one with a connection of theirs (a route entry another
 //     instance may drop once it is dead, while its clients still ping it).
 //   - A gateway instance that is dead now, or missed a heartbeat (one a
 //     third of its lease), holds its users' deadlines in [last
@@ -32,16 +32,17 @@ import (
 //   - While no gateway instance is alive at all, every deadline since the
 //     last one was seen alive is held, until the grace after one is back.
 
-// holdUntil returns when e's timeout may be produced, and why it waits;
-// a zero time means now. Every gateway instance of the user counts: the
-// one that renewed last, and every one holding a connection of theirs,
-// since a user is present while any of their devices pings.
-func holdUntil(c session.Control, e session.Expired, grace time.Duration) (time.Time, holdRule) {
-	var until time.Time
+// outageHold returns the release time of the latest hold an outage rule
+// puts e's timeout on, and that rule; a zero time when no outage rule
+// holds it. Every gateway instance of the user counts: the one that
+// renewed last, and every one with a connection of theirs, since a user
+// is present while any of their devices pings.
+func outageHold(c session.Control, e session.Expired, grace time.Duration) (time.Time, holdRule) {
+	var release time.Time
 	var why holdRule
 	holdTo := func(t time.Time, rule holdRule) {
-		if t.After(c.Now) && t.After(until) {
-			until, why = t, rule
+		if t.After(c.Now) && t.After(release) {
+			release, why = t, rule
 		}
 	}
 	// The stage's due time: for stage 1 the deadline; for a later stage,
@@ -53,7 +54,7 @@ func holdUntil(c session.Control, e session.Expired, grace time.Duration) (time.
 			continue
 		}
 		if !d.Before(b.Start) && !d.After(b.End.Add(grace)) {
-			holdTo(b.End.Add(grace), holdBlind)
+			holdTo(b.End.Add(grace), ruleBlind)
 		}
 	}
 	for _, name := range instances {
@@ -62,13 +63,13 @@ func holdUntil(c session.Control, e session.Expired, grace time.Duration) (time.
 			continue
 		}
 		if !d.Before(inst.Last.Add(-inst.Lease)) && !d.After(inst.Last.Add(grace)) {
-			holdTo(inst.Last.Add(grace), holdDeadGW)
+			holdTo(inst.Last.Add(grace), ruleGatewayDead)
 		}
 	}
 	if since, down := fleetDown(c); down && !d.Before(since) {
-		holdTo(c.Now.Add(grace), holdFleetDown)
+		holdTo(c.Now.Add(grace), ruleFleetDown)
 	}
-	return until, why
+	return release, why
 }
 
 // beatSlack is how late a heartbeat may be before it counts as missed.

@@ -7,7 +7,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/session"
 )
 
-func TestHoldUntil(t *testing.T) {
+func TestOutageHold(t *testing.T) {
 	t0 := time.UnixMilli(1_800_000_000_000)
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
 	const grace = 10 * time.Second
@@ -34,55 +34,55 @@ func TestHoldUntil(t *testing.T) {
 		{name: "deadline before a blind interval", now: 100, deadline: 39.9,
 			blind: []session.BlindInterval{blind(40, 60, "")}},
 		{name: "deadline in a blind interval", now: 61, deadline: 50,
-			blind: []session.BlindInterval{blind(40, 60, "")}, until: 70, rule: holdBlind},
+			blind: []session.BlindInterval{blind(40, 60, "")}, until: 70, rule: ruleBlind},
 		{name: "deadline at its start", now: 61, deadline: 40,
-			blind: []session.BlindInterval{blind(40, 60, "")}, until: 70, rule: holdBlind},
+			blind: []session.BlindInterval{blind(40, 60, "")}, until: 70, rule: ruleBlind},
 		{name: "deadline within the grace after it", now: 65, deadline: 64,
-			blind: []session.BlindInterval{blind(40, 60, "")}, until: 70, rule: holdBlind},
+			blind: []session.BlindInterval{blind(40, 60, "")}, until: 70, rule: ruleBlind},
 		{name: "deadline past the grace", now: 75, deadline: 70.1,
 			blind: []session.BlindInterval{blind(40, 60, "")}},
 		{name: "grace over: the recheck produces", now: 70, deadline: 50,
 			blind: []session.BlindInterval{blind(40, 60, "")}},
 		{name: "the latest of two intervals", now: 81, deadline: 66,
-			blind: []session.BlindInterval{blind(40, 60, ""), blind(65, 80, "")}, until: 90, rule: holdBlind},
+			blind: []session.BlindInterval{blind(40, 60, ""), blind(65, 80, "")}, until: 90, rule: ruleBlind},
 		{name: "another gateway's interval", now: 61, deadline: 50, via: "gw-a",
 			blind: []session.BlindInterval{blind(40, 60, "gw-b")}},
 		{name: "own gateway's interval", now: 61, deadline: 50, via: "gw-b",
-			blind: []session.BlindInterval{blind(40, 60, "gw-b")}, until: 70, rule: holdBlind},
+			blind: []session.BlindInterval{blind(40, 60, "gw-b")}, until: 70, rule: ruleBlind},
 		{name: "gateway-scoped interval, no via", now: 61, deadline: 50,
 			blind: []session.BlindInterval{blind(40, 60, "gw-b")}},
 		{name: "live gateway", now: 100, deadline: 99, via: "gw-a",
 			inst: map[string]session.Instance{"gw-a": alive, "gw-b": dead}},
 		{name: "dead gateway, deadline after its death", now: 55, deadline: 54, via: "gw-b",
-			inst: map[string]session.Instance{"gw-a": alive, "gw-b": dead}, until: 60, rule: holdDeadGW},
+			inst: map[string]session.Instance{"gw-a": alive, "gw-b": dead}, until: 60, rule: ruleGatewayDead},
 		{name: "dead gateway, deadline just before its last heartbeat", now: 55, deadline: 48, via: "gw-b",
-			inst: map[string]session.Instance{"gw-a": alive, "gw-b": dead}, until: 60, rule: holdDeadGW},
+			inst: map[string]session.Instance{"gw-a": alive, "gw-b": dead}, until: 60, rule: ruleGatewayDead},
 		{name: "dead gateway, silent long before it died", now: 55, deadline: 40, via: "gw-b",
 			inst: map[string]session.Instance{"gw-a": alive, "gw-b": dead}},
 		{name: "dead gateway, grace over", now: 60, deadline: 54, via: "gw-b",
 			inst: map[string]session.Instance{"gw-a": alive, "gw-b": dead}},
 		{name: "gateway late with its heartbeat", now: 99 + 1.3, deadline: 100, via: "gw-a",
-			inst: map[string]session.Instance{"gw-a": alive}, until: 109, rule: holdDeadGW},
+			inst: map[string]session.Instance{"gw-a": alive}, until: 109, rule: ruleGatewayDead},
 		{name: "gateway within its heartbeat slack", now: 99 + 1.2, deadline: 100, via: "gw-a",
 			inst: map[string]session.Instance{"gw-a": alive}},
 		{name: "a second device's gateway is dead", now: 55, deadline: 54, via: "gw-a", routes: []string{"gw-a", "gw-b"},
-			inst: map[string]session.Instance{"gw-a": alive, "gw-b": dead}, until: 60, rule: holdDeadGW},
+			inst: map[string]session.Instance{"gw-a": alive, "gw-b": dead}, until: 60, rule: ruleGatewayDead},
 		{name: "a second device's gateway's interval", now: 61, deadline: 50, via: "gw-a", routes: []string{"gw-b"},
-			blind: []session.BlindInterval{blind(40, 60, "gw-b")}, until: 70, rule: holdBlind},
+			blind: []session.BlindInterval{blind(40, 60, "gw-b")}, until: 70, rule: ruleBlind},
 		// A stopping gateway records its drain while it lasts; it still
 		// beats, but the users it told to go reconnect elsewhere.
 		{name: "draining gateway, still beating", now: 99.5, deadline: 99, via: "gw-a",
 			inst:  map[string]session.Instance{"gw-a": alive},
-			blind: []session.BlindInterval{drain(97, 99.4, "gw-a")}, until: 109.4, rule: holdBlind},
+			blind: []session.BlindInterval{drain(97, 99.4, "gw-a")}, until: 109.4, rule: ruleBlind},
 		{name: "silent before its gateway began to drain", now: 99.5, deadline: 96.9, via: "gw-a",
 			inst:  map[string]session.Instance{"gw-a": alive},
 			blind: []session.BlindInterval{drain(97, 99.4, "gw-a")}},
 		{name: "unknown gateway", now: 55, deadline: 54, via: "gw-c",
 			inst: map[string]session.Instance{"gw-a": alive, "gw-b": dead}},
 		{name: "fleet down", now: 100, deadline: 99, via: "gw-b",
-			inst: map[string]session.Instance{"gw-b": dead}, until: 110, rule: holdFleetDown},
+			inst: map[string]session.Instance{"gw-b": dead}, until: 110, rule: ruleFleetDown},
 		{name: "fleet down, renewed without a gateway", now: 100, deadline: 99,
-			inst: map[string]session.Instance{"gw-b": dead}, until: 110, rule: holdFleetDown},
+			inst: map[string]session.Instance{"gw-b": dead}, until: 110, rule: ruleFleetDown},
 		{name: "fleet down, deadline before it", now: 100, deadline: 40,
 			inst: map[string]session.Instance{"gw-b": dead}},
 		{name: "no gateway ever", now: 100, deadline: 99},
@@ -91,13 +91,13 @@ func TestHoldUntil(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := session.Control{Now: at(tt.now), Blind: tt.blind, Instances: tt.inst}
 			e := session.Expired{UID: "u", Deadline: at(tt.deadline), Stage: 1, Due: at(tt.deadline), Via: tt.via, Routes: tt.routes}
-			until, rule := holdUntil(c, e, grace)
+			until, rule := outageHold(c, e, grace)
 			var want time.Time
 			if tt.until != 0 {
 				want = at(tt.until)
 			}
 			if !until.Equal(want) || rule != tt.rule {
-				t.Errorf("holdUntil = %v %q, want %v %q", until.Sub(t0), rule, want.Sub(t0), tt.rule)
+				t.Errorf("outageHold = %v %q, want %v %q", until.Sub(t0), rule, want.Sub(t0), tt.rule)
 			}
 		})
 	}

@@ -55,7 +55,7 @@ type Listener struct {
 	marker *marker
 	// brake is the mass-expiry brake; the pipeline goroutine's own.
 	brake brake
-	// policy holds the timeout policy in force, for the stages of each
+	// policy keeps the timeout policy in force, for the stages of each
 	// silence (see stages.go).
 	policy *policy.Watcher
 	// produceDown logs a Kafka outage once, not once per event; the others
@@ -201,7 +201,7 @@ func (l *Listener) Run(ctx context.Context) error {
 		return srv.Close()
 	})
 
-	// Keys from expired events. Bounded: a full channel holds up the
+	// Keys from expired events. Bounded: a full channel stalls the
 	// subscriber's socket read, it never drops a key.
 	expired := make(chan string, 1024)
 	if l.cfg.Mode != ModeSweep {
@@ -214,7 +214,7 @@ func (l *Listener) Run(ctx context.Context) error {
 	})
 	eg.Go(func() error { return l.replay(ctx) })
 	eg.Go(func() error {
-		l.marker.loop(ctx, l.kafkaPing)
+		l.marker.markLoop(ctx, l.kafkaPing)
 		return nil
 	})
 	err = eg.Wait()
@@ -291,7 +291,7 @@ const eventBatch = 256
 // pipeline is the one goroutine that turns found sessions into events.
 // Being one, the sweep and the events path never race on one entry.
 func (l *Listener) pipeline(ctx context.Context, expired <-chan string) error {
-	// Every mode ticks: without a sweep, held timeouts are still released.
+	// Every mode ticks: without a sweep, the hold set still releases.
 	t := time.NewTicker(l.cfg.SweepInterval)
 	defer t.Stop()
 	for {
@@ -300,7 +300,7 @@ func (l *Listener) pipeline(ctx context.Context, expired <-chan string) error {
 			return ctx.Err()
 		case <-t.C:
 			if l.cfg.Mode == ModeEvents {
-				l.releaseHeld(ctx)
+				l.recheckReleased(ctx)
 			} else {
 				l.sweep(ctx)
 			}
@@ -357,7 +357,7 @@ func (l *Listener) sweep(ctx context.Context) {
 			l.sweepDown.Fail(fmt.Errorf("emit %d swept timeouts: %w", len(due), err))
 			return
 		}
-		// Sweep again at once only if a bucket may hold more and this
+		// Sweep again at once only if a bucket may have more and this
 		// round made progress; entries another replica is producing would
 		// otherwise be read over and over.
 		if len(due) < l.cfg.SweepBatch || moved == 0 {
@@ -366,9 +366,9 @@ func (l *Listener) sweep(ctx context.Context) {
 	}
 }
 
-// releaseHeld produces the held timeouts whose release time came, for a
-// listener in events mode, which does not sweep.
-func (l *Listener) releaseHeld(ctx context.Context) {
+// recheckReleased judges again the timeouts the hold set released (their
+// release time came), for a listener in events mode, which does not sweep.
+func (l *Listener) recheckReleased(ctx context.Context) {
 	if l.pausedBySpool() || l.standby() {
 		return
 	}
@@ -383,10 +383,10 @@ func (l *Listener) releaseHeld(ctx context.Context) {
 	c, err := l.marker.mark(ctx)
 	if err != nil {
 		l.sweepDown.Fail(err)
-		// Back in the index, where no expired event finds them again:
-		// hold them once more, to retry at the next tick.
+		// Released to the index, where no expired event finds them
+		// again: hold them once more, to retry at the next tick.
 		release := found[0].Detected.Add(l.cfg.SweepInterval)
-		if err := l.holdEach(ctx, holdRetry, found, func(session.Expired) time.Time { return release }); err != nil {
+		if err := l.holdEach(ctx, ruleRetry, found, func(session.Expired) time.Time { return release }); err != nil {
 			l.log.Debug("hold released timeouts again", "count", len(found), "err", err)
 		}
 		return

@@ -14,11 +14,12 @@ import (
 	"github.com/stillthere/stillthere/pkg/session"
 )
 
-// marker records that the index is being swept and reads the control
-// state (gateway heartbeats, blind intervals, which replicas can produce)
-// from Redis. The pipeline marks after every sweep, so that its decisions
-// use a state no older than the entries it found; markLoop marks between
-// sweeps too, so a long batch is not taken for a gap.
+// marker makes the sweep mark: it records in Redis that the index is being
+// swept and reads the control state (gateway heartbeats, blind intervals,
+// which replicas can produce) back. The pipeline marks after every sweep,
+// so that its decisions use a state no older than the entries it found;
+// markLoop marks between sweeps too, so a long batch is not taken for a
+// gap. "Mark" in this package means only this.
 type marker struct {
 	store *session.Store
 	cfg   Config
@@ -121,10 +122,10 @@ func (m *marker) current() (session.Control, bool) {
 	return *c, true
 }
 
-// loop marks every sweep interval until ctx is done, and now and then
+// markLoop marks every sweep interval until ctx is done, and now and then
 // counts the live sessions (for the brake) and forgets long-dead gateway
 // instances. It logs each new blind interval once.
-func (m *marker) loop(ctx context.Context, kafkaPing func(context.Context) error) {
+func (m *marker) markLoop(ctx context.Context, kafkaPing func(context.Context) error) {
 	t := time.NewTicker(m.cfg.SweepInterval)
 	defer t.Stop()
 	var lastCount, lastPing, lastRestart time.Time

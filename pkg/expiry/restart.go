@@ -16,7 +16,7 @@ import (
 // would otherwise pass unseen, though pings sent while it was down were
 // lost. The sweep mark itself checks the master of the control keys (and
 // a single Redis) atomically; this covers the other masters, a check
-// interval late. Only the mark loop uses it.
+// interval late. Only markLoop uses it.
 type restarts struct {
 	runIDs map[string]string // by master address
 	seen   time.Time         // Redis's time at the last check

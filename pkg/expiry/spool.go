@@ -8,7 +8,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/spool"
 )
 
-// The spool holds, on this replica's disk, the events Kafka did not take,
+// The spool keeps, on this replica's disk, the events Kafka did not take,
 // and every event after them until they are replayed (replay.go), so that
 // the replay keeps them in order.
 
@@ -19,7 +19,7 @@ func (l *Listener) direct() bool {
 }
 
 // toSpool appends records' values to the spool, durably, and wakes the
-// replayer. The value holds the uid, which is all the key needs.
+// replayer. The value carries the uid, which is all the key needs.
 func (l *Listener) toSpool(records []*kgo.Record) error {
 	values := make([][]byte, len(records))
 	for i, r := range records {

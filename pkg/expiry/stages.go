@@ -28,7 +28,7 @@ import (
 // own disk: its settle leaves the next stage in the index waiting
 // (session.AfterReplay), due for no replica, and the replay that produces
 // the stage makes the next one due its delay after it (followReplayed).
-// So the shared index never holds a later stage due while the stage
+// So the shared index never lists a later stage due while the stage
 // before it is only in some replica's spool, whether that replica is cut
 // off from Kafka or down with the spool on its volume: the next stage
 // waits until the spool is replayed. A renewal meanwhile ends the silence

@@ -13,26 +13,50 @@ import (
 // takes every fact its fate rests on and returns a verdict with the rule
 // or reason that gave it. Nothing here reads Redis or Kafka or counts a
 // metric; emit (batch.go) gathers the facts for a batch and carries the
-// verdicts out. A timeout meets decide again each time a step of emit
-// learns more of it:
+// verdicts out. A timeout is judged by decide again each time a step of
+// emit learns more of it (emit's doc lists which facts each step adds):
 //
-//  1. Found. An outage rule may hold it (hold.go). While events queue in
-//     this replica's spool, a later stage is left in the index, for a
-//     replica that produces directly or for this one once its spool is
-//     replayed (one whose stage before is in a spool is not due at all:
-//     see stages.go). A stage the policy in force no longer has ends its
-//     silence: settled, with no event. Any other is claimed (dedup.go).
-//  2. Claimed. Produced already: settled. Spooled already: settled, its
-//     next stage waiting for the replay. Claimed by another replica: left
-//     to it. A second silence in a minute window whose guide may have gone
-//     out: held to the window's end (the minute rule). Ours: held while
-//     the mass-expiry brake is engaged and holds it (brakeHolds), else
-//     produced, or spooled while events queue in the spool.
-//  3. Written. Produced: settled, its next stage due. Kafka did not take
-//     it: left to another replica that is alive unless one failed it
-//     before, else spooled. Spooled: settled, its next stage waiting for
-//     the replay. Not spooled either: left, its claim released, for the
-//     next sweep.
+//   - Found (emit's step 1). An outage rule may hold it (outageHold,
+//     hold.go). While events queue in this replica's spool, a later stage
+//     is left in the index, for a replica that produces directly or for
+//     this one once its spool is replayed (one whose stage before is in a
+//     spool is not due at all: see stages.go). A stage the policy in force
+//     no longer has ends its silence: settled, with no event. Any other is
+//     claimed (dedup.go).
+//   - Claimed (step 4). Produced already: settled. Spooled already:
+//     settled, its next stage waiting for the replay. Claimed by another
+//     replica: left to it. A second silence in a minute window whose guide
+//     may have gone out: held to the window's end (the minute rule). Ours:
+//     held while the mass-expiry brake is engaged and would hold it
+//     (brakeWouldHold), else produced, or spooled while events queue in
+//     the spool.
+//   - Written (step 5). Produced: settled, its next stage due.
+//     Kafka did not take it: left to another replica that is alive unless
+//     one failed it before, else spooled. Spooled: settled, its next stage
+//     waiting for the replay. Not spooled either: left, its claim
+//     released, for the next sweep.
+//
+// Words, each with one meaning in this package:
+//
+//   - hold: the verdict actHold. The timeout's entry moves out of the
+//     deadline index into the hold set (session.Store.HoldEach) until its
+//     release time; the sweep then finds it again, Rechecked, and judges
+//     it afresh. "Held" means only that: a hold, by a hold rule
+//     (holdRule), counted by rule in stillthere_listener_held_total.
+//   - outage rule: the three hold rules of hold.go (blind, gateway-dead,
+//     fleet-down), judged before the claim. The minute rule and the brake
+//     are hold rules judged after it.
+//   - claim: the dedup key's value while one replica produces the timeout
+//     (dedup.go); its reply (claimed) is a fact of the second judgement.
+//     A claim is resolved once the timeout is written: set to produced or
+//     spooled, released, or left to another replica.
+//   - mark: only the sweep mark (mark.go): a replica records in Redis that
+//     it swept, and reads the control state back. (Package session also
+//     says a dedup key is marked produced or stale: in this package that
+//     is resolving a claim.)
+//   - left: the entry stays in the index, for another replica or a later
+//     sweep. Settled: the stage is done, and its entry moves on to the next
+//     stage or leaves the index.
 
 // act is what the listener does with a timeout.
 type act int
@@ -43,7 +67,7 @@ const (
 	actSpool              // ours, and Kafka is not ours now: write its event to the spool
 	actSettle             // settle its index entry, its next stage due at next
 	actLeave              // leave its index entry alone
-	actHold               // hold it out of the index until until, then check it again
+	actHold               // move it to the hold set until release, then judge it again
 )
 
 var actNames = [...]string{"claim", "produce", "spool", "settle", "leave", "hold"}
@@ -55,12 +79,12 @@ func (a act) String() string { return actNames[a] }
 type holdRule string
 
 const (
-	holdBlind     holdRule = "blind"
-	holdDeadGW    holdRule = "gateway-dead"
-	holdFleetDown holdRule = "fleet-down"
-	holdBrake     holdRule = "mass-expiry"
-	holdMinute    holdRule = "minute"
-	holdRetry     holdRule = "retry" // released, but the recheck could not run
+	ruleBlind       holdRule = "blind"
+	ruleGatewayDead holdRule = "gateway-dead"
+	ruleFleetDown   holdRule = "fleet-down"
+	ruleBrake       holdRule = "mass-expiry"
+	ruleMinute      holdRule = "minute"
+	ruleRetry       holdRule = "retry" // released, but the recheck could not run
 )
 
 // holdRules are the hold rules and what each holds, for the metric's help.
@@ -68,12 +92,12 @@ var holdRules = []struct {
 	rule  holdRule
 	holds string
 }{
-	{holdBlind, "a deadline in or near a blind interval, until the grace after it"},
-	{holdDeadGW, "a deadline near the last heartbeat of a gateway instance of the user that missed one since, until the grace after it"},
-	{holdFleetDown, "every deadline while no gateway instance is alive, until the grace after one is"},
-	{holdBrake, "a lapse past the mass-expiry brake's threshold, and while it is engaged a later stage or one held before, until the grace after it was due"},
-	{holdMinute, "a second silence in a minute window whose guide may have gone out, until the window's end"},
-	{holdRetry, "a released timeout whose recheck could not run, until the next sweep"},
+	{ruleBlind, "a deadline in or near a blind interval, until the grace after it"},
+	{ruleGatewayDead, "a deadline near the last heartbeat of a gateway instance of the user that missed one since, until the grace after it"},
+	{ruleFleetDown, "every deadline while no gateway instance is alive, until the grace after one is"},
+	{ruleBrake, "a lapse past the mass-expiry brake's threshold, and while it is engaged a later stage or one held before, until the grace after it was due"},
+	{ruleMinute, "a second silence in a minute window whose guide may have gone out, until the window's end"},
+	{ruleRetry, "a released timeout whose recheck could not run, until the next sweep"},
 }
 
 // holdRulesHelp lists the hold rules as the metric's help says them.
@@ -102,10 +126,10 @@ const (
 
 // verdict is what becomes of one timeout, and why.
 type verdict struct {
-	act    act
-	rule   holdRule  // actHold: the rule that holds it
-	until  time.Time // actHold: when it is released, to be checked again
-	reason reason    // actSettle, actLeave: why
+	act     act
+	rule    holdRule  // actHold: the rule that holds it
+	release time.Time // actHold: when the hold set releases it to the sweep, to be judged again
+	reason  reason    // actSettle, actLeave: why
 	// stage is what the timeout's stage says: its event's action and text.
 	stage policy.Stage
 	// next is when the stage after it is due once it is settled: zero
@@ -117,11 +141,11 @@ type verdict struct {
 type write int
 
 const (
-	writeNone     write = iota // not written yet
+	writeNotYet   write = iota // not written yet
 	writeProduced              // Kafka took it
 	writeRefused               // Kafka did not take it
 	writeSpooled               // the spool took it
-	writeLost                  // the spool did not take it either
+	writeUnsent                // the spool did not take it either: it stays in the index
 )
 
 // claimed is the reply to a timeout's claim (session.ParseClaim).
@@ -132,34 +156,35 @@ type claimed struct {
 
 // timeout is one found timeout and what emit's steps learned of it.
 type timeout struct {
-	session.Expired
-	claim claimed
-	write write
+	session.Expired         // found by the sweep, an expired event or a release
+	claim           claimed // set by step 3, the claim
+	write           write   // set by step 5, produce or spool
 }
 
 // facts are what the verdicts of one batch rest on besides each timeout's
-// own, as the steps learn them.
+// own, as the steps learn them (emit's numbered steps).
 type facts struct {
-	control    session.Control // by Redis's clock, read after the timeouts were found
-	grace      time.Duration   // the outage grace
-	sweepEvery time.Duration   // the sweep interval: a hold found late lasts to the next sweep
-	policy     policy.Policy   // the timeout policy in force
+	control    session.Control // step 1: by Redis's clock, read after the timeouts were found
+	grace      time.Duration   // step 1: the outage grace
+	sweepEvery time.Duration   // step 1: the sweep interval: a hold found late lasts to the next sweep
+	policy     policy.Policy   // step 1: the timeout policy in force
 	// spooling: this replica does not produce directly (the topic is not
-	// known to exist, or events wait in its spool).
+	// known to exist, or events wait in its spool). Read at step 1, and
+	// again at step 5, as the spool may have been replayed since.
 	spooling bool
 	// braking: the mass-expiry brake is engaged, this batch's lapses
-	// counted.
+	// counted. Step 4, and only when the brake would hold one of them.
 	braking bool
 	// othersAlive: another replica marked a sweep lately and could produce
-	// then.
+	// then. Step 5, once Kafka answered.
 	othersAlive bool
 }
 
 // decide is the verdict on t, by the rules above.
 func decide(f facts, t timeout) verdict {
 	if t.claim.outcome == "" {
-		if until, rule := holdUntil(f.control, t.Expired, f.grace); !until.IsZero() {
-			return verdict{act: actHold, rule: rule, until: until}
+		if release, rule := outageHold(f.control, t.Expired, f.grace); !release.IsZero() {
+			return verdict{act: actHold, rule: rule, release: release}
 		}
 		if f.spooling && t.Stage > 1 {
 			return verdict{act: actLeave, reason: whyAwaitsReplay}
@@ -181,7 +206,7 @@ func decide(f facts, t timeout) verdict {
 		v.next = afterReplay(next)
 		return settle(whySpooledBefore)
 	case session.ClaimDefer:
-		v.act, v.rule, v.until = actHold, holdMinute, session.DedupWindowEnd(t.Due)
+		v.act, v.rule, v.release = actHold, ruleMinute, session.DedupWindowEnd(t.Due)
 		return v
 	case session.ClaimFresh:
 		// ours: below
@@ -191,10 +216,10 @@ func decide(f facts, t timeout) verdict {
 	}
 	// Ours.
 	switch t.write {
-	case writeNone:
+	case writeNotYet:
 		switch {
-		case f.braking && brakeHolds(f, t):
-			v.act, v.rule, v.until = actHold, holdBrake, brakeUntil(f, t)
+		case f.braking && brakeWouldHold(f, t):
+			v.act, v.rule, v.release = actHold, ruleBrake, brakeRelease(f, t)
 		case f.spooling:
 			v.act = actSpool
 		default:
@@ -215,39 +240,39 @@ func decide(f facts, t timeout) verdict {
 	case writeSpooled:
 		v.next = afterReplay(next)
 		return settle(whySpooled)
-	case writeLost:
+	case writeUnsent:
 		v.act, v.reason = actLeave, whyUnsent
 	}
 	return v
 }
 
 // lapse reports whether t counts as a lapse for the mass-expiry brake: a
-// first stage, claimed by us and not held before. A later stage is no new
-// lapse: its user went silent a stage ago.
+// first stage, claimed by us and not released from a hold (Rechecked). A
+// later stage is no new lapse: its user went silent a stage ago.
 func lapse(t timeout) bool {
 	return t.claim.outcome == session.ClaimFresh && t.Stage == 1 && !t.Rechecked
 }
 
-// brakeHolds reports whether the brake, while engaged, holds t, which we
-// claimed: a lapse, and uncounted every other whose grace after it was
-// due has not passed. That is a later stage (a close must not end the chat
-// of someone who tried to answer its reminder) and one held before by
-// another rule (the minute rule holds to its window's end, which may come
-// before that grace). One the brake released has had its grace, and is not
-// held again.
-func brakeHolds(f facts, t timeout) bool {
-	if t.claim.outcome != session.ClaimFresh || t.write != writeNone {
+// brakeWouldHold reports whether the brake, were it engaged, would hold
+// t, which we claimed: a lapse, and uncounted every other whose grace
+// after it was due has not passed. That is a later stage (a close must not
+// end the chat of someone who tried to answer its reminder) and one held
+// before by another rule (the minute rule holds to its window's end, which
+// may come before that grace). One the brake released has had its grace,
+// and is not held again.
+func brakeWouldHold(f facts, t timeout) bool {
+	if t.claim.outcome != session.ClaimFresh || t.write != writeNotYet {
 		return false
 	}
 	return lapse(t) || f.control.Now.Before(t.Due.Add(f.grace))
 }
 
-// brakeUntil is when the brake releases t: the grace after it was due, as
-// a blind interval holds until the grace after its end. Not after its
+// brakeRelease is when the brake's hold releases t: the grace after it
+// was due, as a blind interval holds until the grace after its end. Not after its
 // detection, which a storm makes late, so that a crowd that really left is
 // guided a grace after its deadlines and not later. One found a grace late
 // or more is held to the next sweep and checked again then.
-func brakeUntil(f facts, t timeout) time.Time {
+func brakeRelease(f facts, t timeout) time.Time {
 	return later(t.Due.Add(f.grace), f.control.Now.Add(f.sweepEvery))
 }
 
@@ -261,8 +286,9 @@ func stageOf(stages []policy.Stage, e session.Expired) (stage policy.Stage, next
 	stage = stages[e.Stage-1]
 	if e.Stage < len(stages) && stage.Action != timeoutevent.ActionClose {
 		// Its delay after this stage goes out: at its due time, or later
-		// when it was held (an outage, the minute rule), so that a
-		// reminder held for a minute is not followed at once by the next.
+		// when it was found late (released from a hold: an outage, the
+		// minute rule), so that a reminder held for a minute is not
+		// followed at once by the next.
 		next = later(e.Detected, e.Due).Add(stages[e.Stage].After)
 	}
 	return stage, next, true

@@ -33,7 +33,7 @@ func TestDecide(t *testing.T) {
 	}
 	fresh := claimed{outcome: session.ClaimFresh}
 	hold := func(rule holdRule, until float64) verdict {
-		return verdict{act: actHold, rule: rule, until: at(until)}
+		return verdict{act: actHold, rule: rule, release: at(until)}
 	}
 	next := func(v verdict, s float64) verdict { v.next = at(s); return v }
 	claim := verdict{act: actClaim}
@@ -64,9 +64,9 @@ func TestDecide(t *testing.T) {
 		// Found: the outage rules, the spool, the stage policy.
 		{name: "found on time: claimed", due: 100, now: 100, want: next(claim, 130)},
 		{name: "deadline in a blind interval: held to the grace after it", due: 95, now: 100,
-			blind: blind(90, 99), want: hold(holdBlind, 109)},
+			blind: blind(90, 99), want: hold(ruleBlind, 109)},
 		{name: "an outage holds even a stage the policy no longer has", segment: "short", stage: 2, due: 95, now: 100,
-			blind: blind(90, 99), want: hold(holdBlind, 109)},
+			blind: blind(90, 99), want: hold(ruleBlind, 109)},
 		{name: "while spooling, a later stage waits in the index for the replay", stage: 2, due: 130, now: 130,
 			spooling: true, want: leave(whyAwaitsReplay)},
 		{name: "while spooling, a first stage is claimed", due: 100, now: 100, spooling: true, want: next(claim, 130)},
@@ -85,7 +85,7 @@ func TestDecide(t *testing.T) {
 		{name: "claimed by another replica: left to it", due: 100, now: 100,
 			claim: claimed{outcome: session.ClaimBusy}, want: next(leave(whyClaimedElsewhere), 130)},
 		{name: "a second silence in a window whose guide may have gone out: held to the window's end", due: 100, now: 100,
-			claim: claimed{outcome: session.ClaimDefer}, want: next(hold(holdMinute, 120), 130)},
+			claim: claimed{outcome: session.ClaimDefer}, want: next(hold(ruleMinute, 120), 130)},
 		{name: "ours: produced", due: 100, now: 100, claim: fresh,
 			want: next(produce, 130), lapse: true, asks: true},
 		{name: "ours while spooling: spooled", due: 100, now: 100, claim: fresh, spooling: true,
@@ -93,23 +93,23 @@ func TestDecide(t *testing.T) {
 
 		// The mass-expiry brake, engaged.
 		{name: "brake: a lapse is held until the grace after its deadline", due: 100, now: 100, claim: fresh, braking: true,
-			want: next(hold(holdBrake, 110), 130), lapse: true, asks: true},
+			want: next(hold(ruleBrake, 110), 130), lapse: true, asks: true},
 		// acce61b: it was held until the grace after the sweep that found
 		// it, and a storm's lateness was added to the grace.
 		{name: "brake: a lapse found late is held until the grace after its deadline, not after it was found",
 			due: 100, now: 106, claim: fresh, braking: true,
-			want: next(hold(holdBrake, 110), 136), lapse: true, asks: true},
+			want: next(hold(ruleBrake, 110), 136), lapse: true, asks: true},
 		{name: "brake: a lapse found a grace late or more is held to the next sweep", due: 100, now: 112, claim: fresh, braking: true,
-			want: next(hold(holdBrake, 112.1), 142), lapse: true, asks: true},
+			want: next(hold(ruleBrake, 112.1), 142), lapse: true, asks: true},
 		// d775192: a later stage is no new lapse, and it went out at once,
 		// closing the chat of a user who answered its reminder.
 		{name: "brake: a later stage, a close, within its grace is held, uncounted", stage: 3, due: 160, now: 160,
-			claim: fresh, braking: true, want: hold(holdBrake, 170), asks: true},
-		// 2fe55a1: the minute rule marked it rechecked, and the brake let
+			claim: fresh, braking: true, want: hold(ruleBrake, 170), asks: true},
+		// 2fe55a1: the minute rule released it, rechecked, and the brake let
 		// it out at its window's end, within the grace.
 		{name: "brake: a first stage the minute rule released within its grace is held, uncounted",
 			due: 115, now: 120, rechecked: true, claim: fresh, braking: true,
-			want: next(hold(holdBrake, 125), 150), asks: true},
+			want: next(hold(ruleBrake, 125), 150), asks: true},
 		{name: "brake: one held before whose grace has passed has had it: produced", due: 100, now: 115, rechecked: true,
 			claim: fresh, braking: true, want: next(produce, 145)},
 		{name: "brake: a later stage past its grace is produced", stage: 2, due: 130, now: 141, claim: fresh, braking: true,
@@ -117,7 +117,7 @@ func TestDecide(t *testing.T) {
 		{name: "brake: another replica's claim is left to it", due: 100, now: 100,
 			claim: claimed{outcome: session.ClaimBusy}, braking: true, want: next(leave(whyClaimedElsewhere), 130)},
 		{name: "brake: it holds before the spool", due: 100, now: 100, claim: fresh, braking: true, spooling: true,
-			want: next(hold(holdBrake, 110), 130), lapse: true, asks: true},
+			want: next(hold(ruleBrake, 110), 130), lapse: true, asks: true},
 		{name: "brake not engaged: a later stage is produced, yet asks the brake", stage: 3, due: 160, now: 160, claim: fresh,
 			want: produce, asks: true},
 		{name: "brake: what was written is not held", due: 100, now: 100, claim: fresh, braking: true, write: writeProduced,
@@ -137,7 +137,7 @@ func TestDecide(t *testing.T) {
 			want: afterReplay(settle(whySpooled)), lapse: true},
 		{name: "spooled, a close: settled, nothing waits", stage: 3, due: 160, now: 160, claim: fresh, write: writeSpooled,
 			want: settle(whySpooled)},
-		{name: "neither produced nor spooled: left, its claim released", due: 100, now: 100, claim: fresh, write: writeLost,
+		{name: "neither produced nor spooled: left, its claim released", due: 100, now: 100, claim: fresh, write: writeUnsent,
 			want: next(leave(whyUnsent), 130), lapse: true},
 	}
 	for _, tt := range tests {
@@ -176,7 +176,7 @@ func TestDecide(t *testing.T) {
 			if l := lapse(to); l != tt.lapse {
 				t.Errorf("lapse = %v, want %v", l, tt.lapse)
 			}
-			if a := brakeHolds(f, to); a != tt.asks {
+			if a := brakeWouldHold(f, to); a != tt.asks {
 				t.Errorf("asks the brake = %v, want %v", a, tt.asks)
 			}
 		})
@@ -186,7 +186,7 @@ func TestDecide(t *testing.T) {
 // TestHoldRulesHelp checks that the held metric's help names every rule.
 func TestHoldRulesHelp(t *testing.T) {
 	help := holdRulesHelp()
-	for _, r := range []holdRule{holdBlind, holdDeadGW, holdFleetDown, holdBrake, holdMinute, holdRetry} {
+	for _, r := range []holdRule{ruleBlind, ruleGatewayDead, ruleFleetDown, ruleBrake, ruleMinute, ruleRetry} {
 		if !strings.Contains(help, string(r)+" (") {
 			t.Errorf("help %q does not name rule %q", help, r)
 		}
@@ -194,14 +194,14 @@ func TestHoldRulesHelp(t *testing.T) {
 }
 
 func sameVerdict(a, b verdict) bool {
-	return a.act == b.act && a.rule == b.rule && a.until.Equal(b.until) && a.reason == b.reason && a.next.Equal(b.next)
+	return a.act == b.act && a.rule == b.rule && a.release.Equal(b.release) && a.reason == b.reason && a.next.Equal(b.next)
 }
 
 // show says v with its times as seconds after t0.
 func show(v verdict, t0 time.Time) string {
 	s := v.act.String()
 	if v.rule != "" {
-		s += fmt.Sprintf(" %s until %v", v.rule, v.until.Sub(t0))
+		s += fmt.Sprintf(" %s until %v", v.rule, v.release.Sub(t0))
 	}
 	if v.reason != "" {
 		s += " " + string(v.reason)

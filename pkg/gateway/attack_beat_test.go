@@ -77,7 +77,7 @@ func cutAllButBeat(t *testing.T, admin *redis.Conn, tg *testGateway) {
 }
 
 // guardState is what the listener reads of one instance and one deadline
-// (pkg/expiry holdUntil): whether it would hold a timeout due at d.
+// (pkg/expiry outageHold): whether it would hold a timeout due at d.
 type guardState struct {
 	now, last time.Time
 	lease     time.Duration

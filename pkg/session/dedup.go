@@ -15,6 +15,10 @@ import (
 // deadline (dedupFormat, "<state>:<argument>"):
 //
 //	claimed:<listener>  a listener replica is producing it
+//	noted:<ms>/<listener>
+//	                    still claimed by listener, and the consumer found
+//	                    the timeout with deadline ms stale before the
+//	                    listener marked it produced: it marks it stale
 //	produced:<ms>       the timeout with deadline ms was produced; its
 //	                    guide may have gone out
 //	spooled:<ms>        the timeout with deadline ms went to a listener's
@@ -33,6 +37,7 @@ import (
 // Dedup states, the first field of a dedup key's value.
 const (
 	DedupClaimed  = "claimed" // a listener's claim is DedupClaimed:<listener>
+	dedupNoted    = "noted"
 	dedupProduced = "produced"
 	dedupSpooled  = "spooled"
 	dedupStale    = "stale"
@@ -79,14 +84,14 @@ func DedupSpooled(deadline time.Time) string {
 // a fresh claim laid out as a dedup value, "fresh:<n>", n the replicas
 // that failed to produce it before.
 var claimScript = newScript[dedupKeys]("claim", claimWords{
-	Claimed: DedupClaimed, Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale, Retry: dedupRetry,
+	Claimed: DedupClaimed, Noted: dedupNoted, Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale, Retry: dedupRetry,
 	OutFresh: ClaimFresh, OutDone: ClaimDone, OutBusy: ClaimBusy, OutDefer: ClaimDefer, OutSpooled: ClaimSpooled,
-}, []codec{dedupFormat})
+}, []codec{dedupFormat, noteFormat}, "own_claim")
 
 // claimWords are the dedup states claimScript reads and the outcomes it
 // answers.
 type claimWords struct {
-	Claimed, Produced, Spooled, Stale, Retry         string
+	Claimed, Noted, Produced, Spooled, Stale, Retry  string
 	OutFresh, OutDone, OutBusy, OutDefer, OutSpooled string
 }
 
@@ -114,10 +119,11 @@ func ParseClaim(reply string) (outcome string, failed int) {
 
 // retryScript leaves a claimed timeout to another replica, counting the
 // failure. ARGV: claim, failures so far, TTL ms.
-var retryScript = newScript[dedupKeys]("retry_elsewhere", retryWords{Retry: dedupRetry}, []codec{dedupFormat})
+var retryScript = newScript[dedupKeys]("retry_elsewhere", retryWords{Retry: dedupRetry, Noted: dedupNoted},
+	[]codec{dedupFormat, noteFormat}, "own_claim")
 
-// retryWords is the dedup state retryScript writes.
-type retryWords struct{ Retry string }
+// retryWords are the dedup states retryScript reads and writes.
+type retryWords struct{ Retry, Noted string }
 
 // RetryElsewhere releases e's claim for another replica to produce it,
 // counting this replica's failure, in pipeline p.
@@ -128,49 +134,59 @@ func (s *Store) RetryElsewhere(ctx context.Context, p redis.Pipeliner, e Expired
 // markStaleScript records that the consumer found a produced timeout's
 // silence over, if its window still holds that timeout (produced, or
 // spooled and since replayed). If the key is still claimed, its producer
-// has not marked it yet: the script leaves a note for markProducedScript
-// instead, and the claim stays. ARGV: deadline ms.
-var markStaleScript = newScript[dedupNoteKeys]("mark_stale",
-	staleWords{Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale, Claimed: DedupClaimed}, []codec{dedupFormat})
+// has not marked it yet: the script notes it in the claim's value
+// (dedupNoted), the claim stays, and markProducedScript marks it stale.
+// ARGV: deadline ms.
+var markStaleScript = newScript[dedupKeys]("mark_stale", staleWords{
+	Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale, Claimed: DedupClaimed, Noted: dedupNoted,
+}, []codec{dedupFormat, noteFormat})
 
 // staleWords are the dedup states markStaleScript reads and writes.
-type staleWords struct{ Produced, Spooled, Stale, Claimed string }
-
-// dedupNoteKey is the key list of e's dedup key and its stale note.
-func (k Keyspace) dedupNoteKey(uid string, stage int, due time.Time) dedupNoteKeys {
-	return dedupNoteKeys{Dedup: k.StageDedupKey(uid, stage, due), StaleNote: k.StaleNoteKey(uid, stage, due)}
-}
+type staleWords struct{ Produced, Spooled, Stale, Claimed, Noted string }
 
 // MarkStale records that uid's timeout with this deadline, at stage, due
 // at due, sent no guide: another silence whose stage falls in its minute
 // window gets its own at once. The consumer may read the event before its
 // producer has marked it produced; the mark then waits for that.
 func (s *Store) MarkStale(ctx context.Context, uid string, stage int, due, deadline time.Time) error {
-	err := markStaleScript.Run(ctx, s.rdb, s.ks.dedupNoteKey(uid, stage, due), deadline.UnixMilli()).Err()
+	err := markStaleScript.Run(ctx, s.rdb, dedupKeys{Dedup: s.ks.StageDedupKey(uid, stage, due)}, deadline.UnixMilli()).Err()
 	if err != nil {
 		return fmt.Errorf("mark %q's timeout stale: %w", uid, err)
 	}
 	return nil
 }
 
-// markProducedScript marks a produced timeout's dedup key, or stale if
-// the consumer already found its silence over (markStaleScript's note).
-// ARGV: deadline ms, TTL ms.
-var markProducedScript = newScript[dedupNoteKeys]("mark_produced",
-	producedWords{Produced: dedupProduced, Stale: dedupStale}, []codec{dedupFormat})
+// markProducedScript marks a produced or spooled timeout's dedup key, or
+// stale if the consumer already found its silence over (a noted claim).
+// ARGV: deadline ms, TTL ms, "1" if spooled.
+var markProducedScript = newScript[dedupKeys]("mark_produced",
+	producedWords{Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale, Noted: dedupNoted},
+	[]codec{dedupFormat, noteFormat})
 
-// producedWords are the dedup states markProducedScript writes.
-type producedWords struct{ Produced, Stale string }
+// producedWords are the dedup states markProducedScript reads and writes.
+type producedWords struct{ Produced, Spooled, Stale, Noted string }
 
 // MarkProduced marks e produced for its dedup window, in pipeline p (or
 // stale, if the consumer found it so before this mark).
 func (s *Store) MarkProduced(ctx context.Context, p redis.Pipeliner, e Expired, ttl time.Duration) {
-	markProducedScript.Eval(ctx, p, s.ks.dedupNoteKey(e.UID, e.Stage, e.Due), e.Deadline.UnixMilli(), ttl.Milliseconds())
+	markProducedScript.Eval(ctx, p, s.ks.dedupKey(e), e.Deadline.UnixMilli(), ttl.Milliseconds(), 0)
+}
+
+// MarkSpooled marks e spooled for its dedup window, in pipeline p: its
+// guide goes out when the spool is replayed, and the stage after it
+// waits for that (AfterReplay). Stale instead if the consumer already
+// found it so: the replay produced it before this mark.
+func (s *Store) MarkSpooled(ctx context.Context, p redis.Pipeliner, e Expired, ttl time.Duration) {
+	markProducedScript.Eval(ctx, p, s.ks.dedupKey(e), e.Deadline.UnixMilli(), ttl.Milliseconds(), 1)
 }
 
 // releaseScript deletes a claim only if it is still the caller's. ARGV:
 // claim.
-var releaseScript = newScript[dedupKeys]("release_claim", nil, nil)
+var releaseScript = newScript[dedupKeys]("release_claim", releaseWords{Noted: dedupNoted},
+	[]codec{dedupFormat, noteFormat}, "own_claim")
+
+// releaseWords is the dedup state releaseScript reads.
+type releaseWords struct{ Noted string }
 
 // ReleaseClaim releases e's claim, if it is still claim, in pipeline p,
 // so that a retry may claim it.

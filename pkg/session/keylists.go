@@ -106,15 +106,11 @@ type routeStampKeys struct{ Route, Stamps string }
 
 func (k routeStampKeys) list() []string { return []string{k.Route, k.Stamps} }
 
-// dedupKeys: claim.lua, retry_elsewhere.lua, release_claim.lua.
+// dedupKeys: claim.lua, retry_elsewhere.lua, release_claim.lua,
+// mark_stale.lua, mark_produced.lua.
 type dedupKeys struct{ Dedup string }
 
 func (k dedupKeys) list() []string { return []string{k.Dedup} }
-
-// dedupNoteKeys: mark_stale.lua, mark_produced.lua.
-type dedupNoteKeys struct{ Dedup, StaleNote string }
-
-func (k dedupNoteKeys) list() []string { return []string{k.Dedup, k.StaleNote} }
 
 // pushClaimKeys: push_claim.lua.
 type pushClaimKeys struct{ Delivered, Pushed, Renewed string }

@@ -18,7 +18,6 @@
 //	<prefix>:{b07}:stage           stage an entry is due for, past the first: HASH uid -> stageFormat
 //	<prefix>:{b07}:rn:<uid>        when uid last renewed or ended its session, ms (Redis clock)
 //	<prefix>:{b07}:dd:<uid>:<n>    expiry listener's dedup key, n = deadline minute (dedupFormat)
-//	<prefix>:{b07}:dn:<uid>:<n>    deadline ms the consumer found stale while the dd key was still claimed
 //	<prefix>:{b07}:pg:<uid>/<id>   push claim and outcome of guide id for uid (pushFormat)
 //	<prefix>:{b07}:pg:<id>         guide id delivered, as gateways before uid scoping wrote it (read only)
 //	<prefix>:{b07}:rt:<uid>        gateway instances holding uid's connections: HASH instance -> count
@@ -182,18 +181,6 @@ func (k Keyspace) ListenersKey() string { return k.controlKey("listeners") }
 // DedupKey marks that uid's timeout in the given minute window was produced.
 func (k Keyspace) DedupKey(uid string, window int64) string {
 	return k.bucketPrefix(Bucket(uid)) + "dd:" + uid + ":" + strconv.FormatInt(window, 10)
-}
-
-// StaleNoteKey is where the consumer notes a timeout found stale while
-// its dedup key (StageDedupKey of the same uid, stage and due) is still
-// claimed: the claim's holder has produced it but not yet marked it so,
-// and marks it stale instead (see markProducedScript).
-func (k Keyspace) StaleNoteKey(uid string, stage int, due time.Time) string {
-	key := k.bucketPrefix(Bucket(uid)) + "dn:" + uid + ":" + strconv.FormatInt(DedupWindow(due), 10)
-	if stage > 1 {
-		key += ":s" + strconv.Itoa(stage)
-	}
-	return key
 }
 
 // StageDedupKey is the dedup key of uid's timeouts at stage that were due

@@ -38,6 +38,10 @@ var luaFiles embed.FS
 // loaded are the sources of every script, by file, for the key check.
 var loaded = map[string]string{}
 
+// loadedLibs are the lua/ files loaded as a part of other scripts
+// (clock.lua is every script's), by name.
+var loadedLibs = map[string]bool{"clock": true}
+
 // keyList is a script's keys: list returns them in the order of the
 // type's fields, which keyTable writes into the script.
 type keyList interface{ list() []string }
@@ -62,6 +66,7 @@ func newScript[K keyList](file string, v any, codecs []codec, libs ...string) sc
 	}
 	for _, l := range libs {
 		b.WriteString(luaFile(l))
+		loadedLibs[l] = true
 	}
 	b.WriteString(luaFile(file))
 	src := b.String()

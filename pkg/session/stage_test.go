@@ -321,44 +321,39 @@ func TestSpooledDedupMark(t *testing.T) {
 // its silence over before the listener that produced it has marked it
 // produced (the dedup key still holds the claim). The stale mark must not
 // be lost: a second silence in the window gets its own guide at once,
-// not at the window's end. A note for another deadline changes nothing.
+// not at the window's end. The note rides in the claim, which stays the
+// claim (busy to others, its holder's to release or leave to another),
+// and a note for another deadline changes nothing.
 func TestStaleBeforeProducedMark(t *testing.T) {
 	s, ctx := newStore(t)
 	deadline := time.Now().Truncate(time.Minute).Add(time.Minute + 10*time.Second)
-	claimBy := func(listener string, e Expired) string {
+	claimBy := func(listener string, e Expired) string { t.Helper(); return claimOn(t, s, listener, e, time.Minute) }
+	pipe := func(f func(p redis.Pipeliner)) {
 		t.Helper()
-		var cmd *redis.Cmd
-		if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			cmd = s.ClaimTimeout(ctx, p, e, DedupClaim(listener), time.Minute)
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		reply, _ := cmd.Text()
-		out, _ := ParseClaim(reply)
-		return out
-	}
-	claim := func(e Expired) string { t.Helper(); return claimBy("me", e) }
-	produced := func(e Expired) {
-		t.Helper()
-		if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			s.MarkProduced(ctx, p, e, time.Minute)
-			return nil
-		}); err != nil {
+		if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error { f(p); return nil }); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, tc := range []struct {
-		name      string
-		staleOf   time.Duration // the deadline the consumer marks stale, after the claimed one's
+		name    string
+		staleOf time.Duration // the deadline the consumer marks stale, from the claimed one's
+		then    func(e Expired)
+		// wantOther is the claim of a second silence in the window.
 		wantOther string
 	}{
-		{"this timeout", 0, ClaimFresh},
-		{"another deadline", -30 * time.Second, ClaimDefer},
+		{"produced", 0, func(e Expired) { pipe(func(p redis.Pipeliner) { s.MarkProduced(ctx, p, e, time.Minute) }) }, ClaimFresh},
+		{"spooled and replayed", 0, func(e Expired) { pipe(func(p redis.Pipeliner) { s.MarkSpooled(ctx, p, e, time.Minute) }) }, ClaimFresh},
+		{"another deadline", -30 * time.Second, func(e Expired) { pipe(func(p redis.Pipeliner) { s.MarkProduced(ctx, p, e, time.Minute) }) }, ClaimDefer},
+		{"claimed again by its holder, then produced", 0, func(e Expired) {
+			if got := claimBy("me", e); got != ClaimFresh {
+				t.Fatalf("its holder's claim again: %q, want %q", got, ClaimFresh)
+			}
+			pipe(func(p redis.Pipeliner) { s.MarkProduced(ctx, p, e, time.Minute) })
+		}, ClaimFresh},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := Expired{UID: "stale-" + tc.name, Stage: 1, Deadline: deadline, Due: deadline}
-			if got := claim(e); got != ClaimFresh {
+			if got := claimBy("me", e); got != ClaimFresh {
 				t.Fatalf("first claim: %q", got)
 			}
 			if err := s.MarkStale(ctx, e.UID, e.Stage, e.Due, e.Deadline.Add(tc.staleOf)); err != nil {
@@ -367,18 +362,57 @@ func TestStaleBeforeProducedMark(t *testing.T) {
 			if got := claimBy("other-replica", e); got != ClaimBusy {
 				t.Fatalf("another replica's claim while the first still holds it, after the stale mark: %q, want %q (the claim must stay)", got, ClaimBusy)
 			}
-			produced(e)
-			if got := claim(e); got != ClaimDone {
+			tc.then(e)
+			if got := claimBy("other-replica", e); got != ClaimDone {
 				t.Fatalf("the same timeout swept again: %q, want %q", got, ClaimDone)
 			}
 			other := e
 			other.Deadline = deadline.Add(20 * time.Second)
 			other.Due = other.Deadline
-			if got := claim(other); got != tc.wantOther {
+			if got := claimBy("other-replica", other); got != tc.wantOther {
 				t.Fatalf("claim of a second silence in the window: %q, want %q", got, tc.wantOther)
 			}
-			if n, err := s.rdb.Exists(ctx, s.ks.StaleNoteKey(e.UID, e.Stage, e.Due)).Result(); err != nil || n != 0 {
-				t.Fatalf("stale note left after the mark: %d %v", n, err)
+		})
+	}
+}
+
+// TestNotedClaimStaysItsHolders: a claim the consumer noted stale is
+// still its holder's to release (a failed produce) or to leave to
+// another replica, and nobody else's.
+func TestNotedClaimStaysItsHolders(t *testing.T) {
+	s, ctx := newStore(t)
+	deadline := time.Now().Truncate(time.Minute).Add(time.Minute + 10*time.Second)
+	key := func(e Expired) string { return s.ks.StageDedupKey(e.UID, e.Stage, e.Due) }
+	for _, tc := range []struct {
+		name string
+		act  func(p redis.Pipeliner, e Expired, claim string)
+		want func(v string, err error) bool
+	}{
+		{"release", func(p redis.Pipeliner, e Expired, claim string) { s.ReleaseClaim(ctx, p, e, claim) },
+			func(v string, err error) bool { return err == redis.Nil }},
+		{"retry elsewhere", func(p redis.Pipeliner, e Expired, claim string) { s.RetryElsewhere(ctx, p, e, claim, 0, time.Minute) },
+			func(v string, err error) bool { return err == nil && v == dedupFormat.encode(dedupRetry, "1") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := Expired{UID: "noted-" + tc.name, Stage: 1, Deadline: deadline, Due: deadline}
+			if got := claimOn(t, s, "me", e, time.Minute); got != ClaimFresh {
+				t.Fatalf("claim: %q", got)
+			}
+			if err := s.MarkStale(ctx, e.UID, e.Stage, e.Due, e.Deadline); err != nil {
+				t.Fatal(err)
+			}
+			noted, _ := s.rdb.Get(ctx, key(e)).Result()
+			if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error { tc.act(p, e, DedupClaim("someone-else")); return nil }); err != nil {
+				t.Fatal(err)
+			}
+			if v, err := s.rdb.Get(ctx, key(e)).Result(); err != nil || v != noted {
+				t.Fatalf("another's %s changed the noted claim %q: %q, %v", tc.name, noted, v, err)
+			}
+			if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error { tc.act(p, e, DedupClaim("me")); return nil }); err != nil {
+				t.Fatal(err)
+			}
+			if v, err := s.rdb.Get(ctx, key(e)).Result(); !tc.want(v, err) {
+				t.Fatalf("its holder's %s of the noted claim %q: %q, %v", tc.name, noted, v, err)
 			}
 		})
 	}

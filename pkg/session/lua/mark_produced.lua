@@ -1,8 +1,14 @@
--- A consumer that read this very timeout while it was still claimed found
--- its silence over (mark_stale.lua left a note): it is stale, not
--- produced, so another silence in its window is not deferred.
+-- Marks a timeout produced (or spooled: ARGV[3] is '1'), unless a consumer
+-- that read this very timeout while it was still claimed found its silence
+-- over (a noted claim, mark_stale.lua): then it is stale, so another
+-- silence in its window is not deferred.
 local state = V.produced
-if redis.call('GET', KEYS[K.staleNote]) == ARGV[1] then state = V.stale end
+if ARGV[3] == '1' then state = V.spooled end
+local v = redis.call('GET', KEYS[K.dedup])
+if v then
+  local s, arg = decodeDedup(v)
+  if s == V.noted and decodeNote(arg) == ARGV[1] then state = V.stale end
+end
 redis.call('SET', KEYS[K.dedup], encodeDedup(state, ARGV[1]), 'PX', tonumber(ARGV[2]))
-redis.call('DEL', KEYS[K.staleNote])
-return state == V.stale and 1 or 0
+if state == V.stale then return 1 end
+return 0
