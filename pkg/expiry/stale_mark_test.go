@@ -110,11 +110,10 @@ func TestAttackProducedMarkDuringSlotMigration(t *testing.T) {
 // events, a new one queues behind them: it is claimed, appended to the
 // spool, and its dedup key marked spooled after. The replayer, woken by
 // the append, may produce it first, and the consumer read it and find its
-// silence over while the key still holds the claim: mark_stale.lua then
-// notes it in the claim, as for a produced one, and the spooled mark must
-// honour the note, or the stale mark is lost: a second silence of the
-// user in the window would wait for the window's end instead of being
-// guided at once.
+// silence over while the key still holds the claim. The stale mark must
+// wait for the spooled mark, as for a produced one, or it is lost: a
+// second silence of the user in the window would wait for the window's
+// end instead of being guided at once.
 func TestAttackStaleBeforeSpooledMark(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
@@ -126,11 +125,14 @@ func TestAttackStaleBeforeSpooledMark(t *testing.T) {
 	if err != nil || claims[0].outcome != session.ClaimFresh {
 		t.Fatalf("claim: %+v, %v", claims, err)
 	}
-	// Spooled, replayed and consumed: the consumer finds it stale.
-	if err := h.store.MarkStale(ctx, first.UID, first.Stage, first.Due, first.Deadline); err != nil {
+	// Spooled, replayed and consumed: the consumer finds it stale, and
+	// its mark waits for the spooled mark.
+	marked := make(chan error, 1)
+	go func() { marked <- h.store.MarkStale(ctx, first.UID, first.Stage, first.Due, first.Deadline) }()
+	if err := l.resolveClaims(ctx, nil, []session.Expired{first}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.resolveClaims(ctx, nil, []session.Expired{first}, nil); err != nil {
+	if err := <-marked; err != nil {
 		t.Fatal(err)
 	}
 	second := first

@@ -15,10 +15,6 @@ import (
 // deadline (dedupFormat, "<state>:<argument>"):
 //
 //	claimed:<listener>  a listener replica is producing it
-//	noted:<ms>/<listener>
-//	                    still claimed by listener, and the consumer found
-//	                    the timeout with deadline ms stale before the
-//	                    listener marked it produced: it marks it stale
 //	produced:<ms>       the timeout with deadline ms was produced; its
 //	                    guide may have gone out
 //	spooled:<ms>        the timeout with deadline ms went to a listener's
@@ -37,7 +33,6 @@ import (
 // Dedup states, the first field of a dedup key's value.
 const (
 	DedupClaimed  = "claimed" // a listener's claim is DedupClaimed:<listener>
-	dedupNoted    = "noted"
 	dedupProduced = "produced"
 	dedupSpooled  = "spooled"
 	dedupStale    = "stale"
@@ -84,14 +79,14 @@ func DedupSpooled(deadline time.Time) string {
 // a fresh claim laid out as a dedup value, "fresh:<n>", n the replicas
 // that failed to produce it before.
 var claimScript = newScript[dedupKeys]("claim", claimWords{
-	Claimed: DedupClaimed, Noted: dedupNoted, Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale, Retry: dedupRetry,
+	Claimed: DedupClaimed, Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale, Retry: dedupRetry,
 	OutFresh: ClaimFresh, OutDone: ClaimDone, OutBusy: ClaimBusy, OutDefer: ClaimDefer, OutSpooled: ClaimSpooled,
-}, []codec{dedupFormat, noteFormat}, "own_claim")
+}, []codec{dedupFormat})
 
 // claimWords are the dedup states claimScript reads and the outcomes it
 // answers.
 type claimWords struct {
-	Claimed, Noted, Produced, Spooled, Stale, Retry  string
+	Claimed, Produced, Spooled, Stale, Retry         string
 	OutFresh, OutDone, OutBusy, OutDefer, OutSpooled string
 }
 
@@ -119,11 +114,10 @@ func ParseClaim(reply string) (outcome string, failed int) {
 
 // retryScript leaves a claimed timeout to another replica, counting the
 // failure. ARGV: claim, failures so far, TTL ms.
-var retryScript = newScript[dedupKeys]("retry_elsewhere", retryWords{Retry: dedupRetry, Noted: dedupNoted},
-	[]codec{dedupFormat, noteFormat}, "own_claim")
+var retryScript = newScript[dedupKeys]("retry_elsewhere", retryWords{Retry: dedupRetry}, []codec{dedupFormat})
 
-// retryWords are the dedup states retryScript reads and writes.
-type retryWords struct{ Retry, Noted string }
+// retryWords is the dedup state retryScript writes.
+type retryWords struct{ Retry string }
 
 // RetryElsewhere releases e's claim for another replica to produce it,
 // counting this replica's failure, in pipeline p.
@@ -133,60 +127,71 @@ func (s *Store) RetryElsewhere(ctx context.Context, p redis.Pipeliner, e Expired
 
 // markStaleScript records that the consumer found a produced timeout's
 // silence over, if its window still holds that timeout (produced, or
-// spooled and since replayed). If the key is still claimed, its producer
-// has not marked it yet: the script notes it in the claim's value
-// (dedupNoted), the claim stays, and markProducedScript marks it stale.
-// ARGV: deadline ms.
-var markStaleScript = newScript[dedupKeys]("mark_stale", staleWords{
-	Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale, Claimed: DedupClaimed, Noted: dedupNoted,
-}, []codec{dedupFormat, noteFormat})
+// spooled and since replayed). ARGV: deadline ms. Returns 1 if marked,
+// staleClaimed if the key is still claimed, else 0.
+var markStaleScript = newScript[dedupKeys]("mark_stale",
+	staleWords{Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale, Claimed: DedupClaimed}, []codec{dedupFormat})
 
 // staleWords are the dedup states markStaleScript reads and writes.
-type staleWords struct{ Produced, Spooled, Stale, Claimed, Noted string }
+type staleWords struct{ Produced, Spooled, Stale, Claimed string }
+
+// staleClaimed is markStaleScript's answer when the key is still claimed.
+const staleClaimed = 2
+
+// StaleMarkWait is how long MarkStale waits for a claimed dedup key to be
+// marked by the claim's holder. The consumer may read a timeout and find
+// its silence over before the listener that produced it has marked it
+// produced, one round trip after Kafka's answer: the mark, made then,
+// would be lost, and the user's next silence in the window deferred to
+// its end. A claim of another silence in the window (one held to the
+// window's end, claimed while a lagging consumer finds the first stale)
+// is waited for too, and is marked produced by then, which ends the wait.
+const StaleMarkWait = 2 * time.Second
 
 // MarkStale records that uid's timeout with this deadline, at stage, due
 // at due, sent no guide: another silence whose stage falls in its minute
-// window gets its own at once. The consumer may read the event before its
-// producer has marked it produced; the mark then waits for that.
+// window gets its own at once. While the key is still claimed it tries
+// again, for up to StaleMarkWait or until ctx is done, and leaves the
+// claim as it is: every release's scripts read it.
 func (s *Store) MarkStale(ctx context.Context, uid string, stage int, due, deadline time.Time) error {
-	err := markStaleScript.Run(ctx, s.rdb, dedupKeys{Dedup: s.ks.StageDedupKey(uid, stage, due)}, deadline.UnixMilli()).Err()
-	if err != nil {
-		return fmt.Errorf("mark %q's timeout stale: %w", uid, err)
+	keys := dedupKeys{Dedup: s.ks.StageDedupKey(uid, stage, due)}
+	giveUp := time.Now().Add(StaleMarkWait)
+	for wait := 5 * time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
+		n, err := markStaleScript.Run(ctx, s.rdb, keys, deadline.UnixMilli()).Int()
+		if err != nil {
+			return fmt.Errorf("mark %q's timeout stale: %w", uid, err)
+		}
+		if n != staleClaimed {
+			return nil
+		}
+		if time.Now().Add(wait).After(giveUp) {
+			return fmt.Errorf("mark %q's timeout stale: its dedup key still claimed after %v", uid, StaleMarkWait)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("mark %q's timeout stale: its dedup key still claimed: %w", uid, ctx.Err())
+		case <-t.C:
+		}
 	}
-	return nil
 }
 
-// markProducedScript marks a produced or spooled timeout's dedup key, or
-// stale if the consumer already found its silence over (a noted claim).
-// ARGV: deadline ms, TTL ms, "1" if spooled.
-var markProducedScript = newScript[dedupKeys]("mark_produced",
-	producedWords{Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale, Noted: dedupNoted},
-	[]codec{dedupFormat, noteFormat})
-
-// producedWords are the dedup states markProducedScript reads and writes.
-type producedWords struct{ Produced, Spooled, Stale, Noted string }
-
-// MarkProduced marks e produced for its dedup window, in pipeline p (or
-// stale, if the consumer found it so before this mark).
+// MarkProduced marks e produced for its dedup window, in pipeline p.
 func (s *Store) MarkProduced(ctx context.Context, p redis.Pipeliner, e Expired, ttl time.Duration) {
-	markProducedScript.Eval(ctx, p, s.ks.dedupKey(e), e.Deadline.UnixMilli(), ttl.Milliseconds(), 0)
+	p.Set(ctx, s.ks.StageDedupKey(e.UID, e.Stage, e.Due), DedupProduced(e.Deadline), ttl)
 }
 
 // MarkSpooled marks e spooled for its dedup window, in pipeline p: its
 // guide goes out when the spool is replayed, and the stage after it
-// waits for that (AfterReplay). Stale instead if the consumer already
-// found it so: the replay produced it before this mark.
+// waits for that (AfterReplay).
 func (s *Store) MarkSpooled(ctx context.Context, p redis.Pipeliner, e Expired, ttl time.Duration) {
-	markProducedScript.Eval(ctx, p, s.ks.dedupKey(e), e.Deadline.UnixMilli(), ttl.Milliseconds(), 1)
+	p.Set(ctx, s.ks.StageDedupKey(e.UID, e.Stage, e.Due), DedupSpooled(e.Deadline), ttl)
 }
 
 // releaseScript deletes a claim only if it is still the caller's. ARGV:
 // claim.
-var releaseScript = newScript[dedupKeys]("release_claim", releaseWords{Noted: dedupNoted},
-	[]codec{dedupFormat, noteFormat}, "own_claim")
-
-// releaseWords is the dedup state releaseScript reads.
-type releaseWords struct{ Noted string }
+var releaseScript = newScript[dedupKeys]("release_claim", nil, nil)
 
 // ReleaseClaim releases e's claim, if it is still claim, in pipeline p,
 // so that a retry may claim it.

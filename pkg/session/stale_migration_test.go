@@ -11,10 +11,8 @@ import (
 // The dedup marks on a Redis Cluster whose slot migrates. A migrating
 // slot serves a command of one key where the key is (ASK when it has
 // moved), but answers TRYAGAIN, for as long as it migrates, to a command
-// whose keys are not all in one place. So every dedup script is of the
-// dedup key alone: the consumer's stale note rides in the claim's value
-// (noted:<ms>/<listener>), not in a key of its own, which almost never
-// exists and so would be missing from the node that holds the dedup key.
+// whose keys are not all in one place. So every dedup mark is of the
+// dedup key alone.
 
 // staleRigTimeout is the timeout of the first silence of a window, ahead
 // of now so that its window has not ended when the test claims again.

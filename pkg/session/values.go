@@ -26,9 +26,6 @@ var (
 	// dedupFormat is a dedup key's value: a dedup state and its
 	// argument (see dedup.go).
 	dedupFormat = newFormat("Dedup", ":", false, field{"state", false}, field{"arg", false})
-	// noteFormat is the argument of a noted claim (dedupNoted): the
-	// deadline in ms the consumer found stale, and the claim's holder.
-	noteFormat = newFormat("Note", "/", false, field{"deadline", true}, field{"listener", false})
 	// pushFormat is a guide's push state for one user: pushClaimed and
 	// the claim's token, or pushDone and the outcome.
 	pushFormat = newFormat("Push", ":", false, field{"state", false}, field{"arg", false})

@@ -7,14 +7,8 @@ local function claim(n)
   return encodeDedup(V.outFresh, n or 0)
 end
 if not v or v == ARGV[1] then return claim(0) end
--- Its own claim, noted stale by the consumer meanwhile: claimed again,
--- keeping the note for the mark that follows the produce.
-if ownClaim(v, ARGV[1]) then
-  redis.call('PEXPIRE', KEYS[K.dedup], tonumber(ARGV[3]))
-  return encodeDedup(V.outFresh, 0)
-end
 if state == V.retry then return claim(tonumber(arg) or 0) end
-if state == V.claimed or state == V.noted then return V.outBusy end
+if state == V.claimed then return V.outBusy end
 -- A bare produced is the value of a release before the deadline was
 -- named in it.
 if v == V.produced or v == encodeDedup(V.produced, ARGV[2]) or v == encodeDedup(V.stale, ARGV[2]) then
