@@ -41,6 +41,7 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 	// ctx is done. The holds move to the hold set, their claims released.
 	l.judgeClaimed(ctx, b)
 	wctx := context.WithoutCancel(ctx)
+	// 4b. Hold again, as in step 2: the holds of step 4.
 	l.hold(wctx, b)
 	// 5. Produce, then spool. Adds spooling again (produce and spool may
 	// swap), then Kafka's answer and othersAlive: after, settle
@@ -89,7 +90,8 @@ func (b *batch) with(a act) []*item {
 	return out
 }
 
-func expired(items []*item) []session.Expired {
+// timeoutsOf is the timeouts of items.
+func timeoutsOf(items []*item) []session.Expired {
 	es := make([]session.Expired, len(items))
 	for i, it := range items {
 		es[i] = it.Expired
@@ -161,7 +163,7 @@ func (l *Listener) hold(ctx context.Context, b *batch) {
 			release[entry{it.UID, it.Stage, it.Due.UnixMilli()}] = it.verdict.release
 		}
 		releaseOf := func(e session.Expired) time.Time { return release[entry{e.UID, e.Stage, e.Due.UnixMilli()}] }
-		if err := l.holdEach(ctx, rule, expired(items), releaseOf); err != nil {
+		if err := l.holdEach(ctx, rule, timeoutsOf(items), releaseOf); err != nil {
 			l.log.Debug("hold timeouts; the next sweep retries", "rule", rule, "count", len(items), "err", err)
 		}
 	}
@@ -188,7 +190,7 @@ func (l *Listener) claimKeys(ctx context.Context, b *batch) error {
 	if len(items) == 0 {
 		return nil
 	}
-	replies, err := l.dedupe(ctx, expired(items))
+	replies, err := l.dedupe(ctx, timeoutsOf(items))
 	if err != nil {
 		return err
 	}

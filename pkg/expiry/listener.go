@@ -145,7 +145,7 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Listener, er
 	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	l.marker.pingOK.Store(l.ensureTopic(tctx))
-	l.marker.swept.Store(true)
+	l.marker.sweepsOK.Store(true)
 	if l.adminLn, err = net.Listen("tcp", cfg.AdminAddr); err != nil {
 		return nil, fmt.Errorf("listen on listener-admin-addr: %w", err)
 	}
@@ -331,11 +331,11 @@ func (l *Listener) sweep(ctx context.Context) {
 	for ctx.Err() == nil {
 		due, _, err := l.store.Due(ctx, l.cfg.SweepBatch)
 		if err != nil {
-			l.marker.swept.Store(false)
+			l.marker.sweepsOK.Store(false)
 			l.sweepDown.Fail(err)
 			return
 		}
-		l.marker.swept.Store(true)
+		l.marker.sweepsOK.Store(true)
 		metricDue.Set(float64(len(due)))
 		// The control state is read after the sweep, so that a blind
 		// interval that ended just before it is known.

@@ -34,9 +34,10 @@ type marker struct {
 	sessions atomic.Int64 // live sessions in the index, refreshed by markLoop
 	pingOK   atomic.Bool  // Kafka answered this replica's last ping
 	failedAt atomic.Int64 // when a produce last failed here, Unix ns
-	// swept is false while the pipeline's sweeps fail: the loop then does
-	// not mark, so that the gap shows. Events mode never sweeps.
-	swept    atomic.Bool
+	// sweepsOK is false while the pipeline's sweeps fail: the loop then
+	// does not mark, so that the gap shows (in the swept key, by Redis's
+	// clock). Events mode never sweeps.
+	sweepsOK atomic.Bool
 	seen     map[string]time.Time // blind intervals logged, by member; loop's own
 	down     *outage.Log          // marks failing: Redis out of reach
 	fleet    *outage.Log          // no gateway instance alive
@@ -138,7 +139,7 @@ func (m *marker) markLoop(ctx context.Context, kafkaPing func(context.Context) e
 		}
 		var c session.Control
 		err := errNotSwept
-		if m.swept.Load() {
+		if m.sweepsOK.Load() {
 			mctx, cancel := context.WithTimeout(ctx, max(time.Second, 5*m.cfg.SweepInterval))
 			c, err = m.mark(mctx)
 			cancel()

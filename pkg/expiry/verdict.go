@@ -57,6 +57,14 @@ import (
 //   - left: the entry stays in the index, for another replica or a later
 //     sweep. Settled: the stage is done, and its entry moves on to the next
 //     stage or leaves the index.
+//   - deferred: not a verdict of its own. The claim's answer defer (a
+//     second silence in a window whose guide may have gone out) is a hold
+//     by the minute rule, to the window's end.
+//   - another replica does it, in three places: a replica on standby
+//     (Listener.standby: it cannot produce and another is alive) does not
+//     sweep at all; a timeout another replica claimed is left to it
+//     (claimed-elsewhere, step 4); one Kafka refused here is left for
+//     another replica to claim (left-to-replica, step 5).
 
 // act is what the listener does with a timeout.
 type act int
