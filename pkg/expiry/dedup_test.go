@@ -35,6 +35,13 @@ func TestSecondSilenceAfterStaleGuide(t *testing.T) {
 	first := h.renew("user", "default", 300*time.Millisecond)
 	h.waitProduced(1)
 	// The consumer found it stale: the user came back, then fell silent.
+	// It marks what the listener marked produced; a consumer faster than
+	// that mark loses its stale mark (MarkStale), and the second silence
+	// waits for the window's end, which is not this test's case.
+	dd := h.store.Keyspace().StageDedupKey("user", 1, first.deadline)
+	waitFor(t, waitLong, "the listener to mark the first timeout produced", func() bool {
+		return h.rdb.Get(context.Background(), dd).Val() == session.DedupProduced(first.deadline)
+	})
 	if err := h.store.MarkStale(context.Background(), "user", 1, first.deadline, first.deadline); err != nil {
 		t.Fatal(err)
 	}

@@ -127,54 +127,24 @@ func (s *Store) RetryElsewhere(ctx context.Context, p redis.Pipeliner, e Expired
 
 // markStaleScript records that the consumer found a produced timeout's
 // silence over, if its window still holds that timeout (produced, or
-// spooled and since replayed). ARGV: deadline ms. Returns 1 if marked,
-// staleClaimed if the key is still claimed, else 0.
+// spooled and since replayed). ARGV: deadline ms.
 var markStaleScript = newScript[dedupKeys]("mark_stale",
-	staleWords{Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale, Claimed: DedupClaimed}, []codec{dedupFormat})
+	staleWords{Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale}, []codec{dedupFormat})
 
 // staleWords are the dedup states markStaleScript reads and writes.
-type staleWords struct{ Produced, Spooled, Stale, Claimed string }
-
-// staleClaimed is markStaleScript's answer when the key is still claimed.
-const staleClaimed = 2
-
-// StaleMarkWait is how long MarkStale waits for a claimed dedup key to be
-// marked by the claim's holder. The consumer may read a timeout and find
-// its silence over before the listener that produced it has marked it
-// produced, one round trip after Kafka's answer: the mark, made then,
-// would be lost, and the user's next silence in the window deferred to
-// its end. A claim of another silence in the window (one held to the
-// window's end, claimed while a lagging consumer finds the first stale)
-// is waited for too, and is marked produced by then, which ends the wait.
-const StaleMarkWait = 2 * time.Second
+type staleWords struct{ Produced, Spooled, Stale string }
 
 // MarkStale records that uid's timeout with this deadline, at stage, due
 // at due, sent no guide: another silence whose stage falls in its minute
-// window gets its own at once. While the key is still claimed it tries
-// again, for up to StaleMarkWait or until ctx is done, and leaves the
-// claim as it is: every release's scripts read it.
+// window gets its own at once. A key still claimed (its producer has not
+// marked it yet) is left as it is: the mark is lost, and that other
+// silence is deferred to the window's end, as after a guide.
 func (s *Store) MarkStale(ctx context.Context, uid string, stage int, due, deadline time.Time) error {
-	keys := dedupKeys{Dedup: s.ks.StageDedupKey(uid, stage, due)}
-	giveUp := time.Now().Add(StaleMarkWait)
-	for wait := 5 * time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
-		n, err := markStaleScript.Run(ctx, s.rdb, keys, deadline.UnixMilli()).Int()
-		if err != nil {
-			return fmt.Errorf("mark %q's timeout stale: %w", uid, err)
-		}
-		if n != staleClaimed {
-			return nil
-		}
-		if time.Now().Add(wait).After(giveUp) {
-			return fmt.Errorf("mark %q's timeout stale: its dedup key still claimed after %v", uid, StaleMarkWait)
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("mark %q's timeout stale: its dedup key still claimed: %w", uid, ctx.Err())
-		case <-t.C:
-		}
+	err := markStaleScript.Run(ctx, s.rdb, dedupKeys{Dedup: s.ks.StageDedupKey(uid, stage, due)}, deadline.UnixMilli()).Err()
+	if err != nil {
+		return fmt.Errorf("mark %q's timeout stale: %w", uid, err)
 	}
+	return nil
 }
 
 // MarkProduced marks e produced for its dedup window, in pipeline p.

@@ -2,8 +2,6 @@ package session
 
 import (
 	"context"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -317,103 +315,4 @@ func TestSpooledDedupMark(t *testing.T) {
 	if got := claim(other); got != ClaimFresh {
 		t.Fatalf("claim of another silence after the spooled one was stale: %q, want %q", got, ClaimFresh)
 	}
-}
-
-// TestStaleBeforeProducedMark: the consumer may read a timeout and find
-// its silence over before the listener that produced it has marked it
-// produced (the dedup key still holds the claim). The stale mark must not
-// be lost: it waits for the produced (or spooled) mark, so a second
-// silence in the window gets its own guide at once, not at the window's
-// end. Meanwhile the claim stays exactly as it is (busy to others; every
-// release's scripts read it), and a claim that is not marked in time is
-// left alone.
-func TestStaleBeforeProducedMark(t *testing.T) {
-	s, ctx := newStore(t)
-	deadline := time.Now().Truncate(time.Minute).Add(time.Minute + 10*time.Second)
-	claimBy := func(listener string, e Expired) string { t.Helper(); return claimOn(t, s, listener, e, time.Minute) }
-	pipe := func(f func(p redis.Pipeliner)) {
-		t.Helper()
-		if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error { f(p); return nil }); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, tc := range []struct {
-		name    string
-		staleOf time.Duration // the deadline the consumer marks stale, from the claimed one's
-		mark    func(e Expired)
-		// wantOther is the claim of a second silence in the window.
-		wantOther string
-	}{
-		{"produced", 0, func(e Expired) { pipe(func(p redis.Pipeliner) { s.MarkProduced(ctx, p, e, time.Minute) }) }, ClaimFresh},
-		{"spooled and replayed", 0, func(e Expired) { pipe(func(p redis.Pipeliner) { s.MarkSpooled(ctx, p, e, time.Minute) }) }, ClaimFresh},
-		{"another deadline", -30 * time.Second, func(e Expired) { pipe(func(p redis.Pipeliner) { s.MarkProduced(ctx, p, e, time.Minute) }) }, ClaimDefer},
-		{"never marked in time", 0, nil, ClaimBusy},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			e := Expired{UID: "stale-" + tc.name, Stage: 1, Deadline: deadline, Due: deadline}
-			if got := claimBy("me", e); got != ClaimFresh {
-				t.Fatalf("first claim: %q", got)
-			}
-			key := s.ks.StageDedupKey(e.UID, e.Stage, e.Due)
-			before := scriptCalls(t, s)
-			marked := make(chan error, 1)
-			go func() { marked <- s.MarkStale(ctx, e.UID, e.Stage, e.Due, e.Deadline.Add(tc.staleOf)) }()
-			// The consumer's mark has run at least once on the claimed
-			// key (two script calls: a try and the next, or a script
-			// load and the try), and left the claim as it was.
-			eventually(t, 5*time.Second, "the stale mark to try while the key is claimed", func() bool {
-				return scriptCalls(t, s) >= before+2
-			})
-			if v := s.rdb.Get(ctx, key).Val(); v != DedupClaim("me") {
-				t.Fatalf("the stale mark changed the claim: %q", v)
-			}
-			if got := claimBy("other-replica", e); got != ClaimBusy {
-				t.Fatalf("another replica's claim while the first still holds it: %q, want %q", got, ClaimBusy)
-			}
-			if tc.mark == nil {
-				if err := <-marked; err == nil {
-					t.Fatal("a stale mark that found the key claimed throughout: no error")
-				}
-				if v := s.rdb.Get(ctx, key).Val(); v != DedupClaim("me") {
-					t.Fatalf("a stale mark that gave up changed the claim: %q", v)
-				}
-				return
-			}
-			tc.mark(e)
-			if err := <-marked; err != nil {
-				t.Fatal(err)
-			}
-			if got := claimBy("other-replica", e); got != ClaimDone {
-				t.Fatalf("the same timeout swept again: %q, want %q", got, ClaimDone)
-			}
-			other := e
-			other.Deadline = deadline.Add(20 * time.Second)
-			other.Due = other.Deadline
-			if got := claimBy("other-replica", other); got != tc.wantOther {
-				t.Fatalf("claim of a second silence in the window: %q, want %q", got, tc.wantOther)
-			}
-		})
-	}
-}
-
-// scriptCalls is how many scripts s's Redis has run (EVAL and EVALSHA).
-func scriptCalls(t *testing.T, s *Store) int {
-	t.Helper()
-	info, err := s.rdb.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, line := range strings.Split(info, "\n") {
-		if !strings.HasPrefix(line, "cmdstat_eval:") && !strings.HasPrefix(line, "cmdstat_evalsha:") {
-			continue
-		}
-		for _, f := range strings.Split(strings.TrimSpace(line[strings.IndexByte(line, ':')+1:]), ",") {
-			if v, ok := strings.CutPrefix(f, "calls="); ok {
-				c, _ := strconv.Atoi(v)
-				n += c
-			}
-		}
-	}
-	return n
 }
