@@ -12,6 +12,7 @@ package pushtest
 import (
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -271,12 +272,7 @@ func (r *Recorder) TotalAttempts() int {
 func (r *Recorder) Texts() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]string, 0, len(r.texts))
-	for text := range r.texts {
-		out = append(out, text)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(r.texts))
 }
 
 // Unauthorized counts the pushes refused for the secret (or the method).
