@@ -98,7 +98,7 @@ func acceptKey(key string) string {
 	return base64.StdEncoding.EncodeToString(h.Sum(nil))
 }
 
-var keyLine = regexp.MustCompile(`Sec-Websocket-Key: (\S+)\r\n`)
+var keyLine = regexp.MustCompile(`(?i)Sec-Websocket-Key: (\S+)\r\n`)
 
 // memGorilla returns a gorilla Conn in the given role over a memConn, with
 // the handshake done; set the memConn's in to feed it.
