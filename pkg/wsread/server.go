@@ -31,6 +31,8 @@ type Server struct {
 	gconns map[*Conn]struct{}
 	gwg    sync.WaitGroup
 	gdone  bool
+
+	onRead func(n int) // tests: bytes read from a socket (epoll)
 }
 
 // New checks cfg and opens a Server (in epoll mode, its epoll set).
