@@ -14,8 +14,6 @@ import (
 	"github.com/gorilla/websocket"
 )
 
-var errNoEpoll = errors.New("wsread: epoll mode needs Linux")
-
 // Server reads the connections it upgraded or dialed. Open it with New,
 // run it with Run, stop it with Close (or Run's context).
 type Server struct {
