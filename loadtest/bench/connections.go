@@ -21,6 +21,8 @@ type connScale struct {
 	Pushes    int           `json:"pushes"`
 	IPsPerGen int           `json:"source_addresses_per_wsload"`
 	Leave     time.Duration `json:"-"`
+	// ReadMode is the gateways' read mode (readModeEnv).
+	ReadMode string `json:"read_mode"`
 }
 
 // ConnGateway is one gateway's share of step 1.
@@ -38,7 +40,10 @@ type ConnGateway struct {
 
 // Connections is step 1's result.
 type Connections struct {
-	Command      string        `json:"command"`
+	Command string `json:"command"`
+	// ReadMode is how the gateways read their connections: the mode
+	// asked for, or "goroutine" from a gateway without the setting.
+	ReadMode     string        `json:"gateway_read_mode"`
 	Gateways     int           `json:"gateways"`
 	Target       int           `json:"target_conns"`
 	Loaders      int           `json:"wsload_processes"`
@@ -71,7 +76,11 @@ type Connections struct {
 }
 
 func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, s secrets, sc connScale, command string) (*Connections, error) {
-	r := &Connections{Command: command, Gateways: sc.Gateways, Target: sc.Conns, Loaders: sc.Loaders, IPsPerLoader: sc.IPsPerGen, PingEvery: "15s"}
+	r := &Connections{Command: command, Gateways: sc.Gateways, Target: sc.Conns, Loaders: sc.Loaders, IPsPerLoader: sc.IPsPerGen, PingEvery: "15s",
+		ReadMode: "goroutine"}
+	if gatewayReadModes(ctx, bin) {
+		r.ReadMode = sc.ReadMode
+	}
 	var gws []*gateway
 	defer func() {
 		var wg sync.WaitGroup
@@ -81,7 +90,7 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 		wg.Wait()
 	}()
 	for i := range sc.Gateways {
-		g, err := startGateway(ctx, bin, redisAddr, fmt.Sprintf("bench-gw-%d", i), s)
+		g, err := startGateway(ctx, bin, redisAddr, fmt.Sprintf("bench-gw-%d", i), s, readModeEnv+"="+sc.ReadMode)
 		if err != nil {
 			return r, err
 		}
@@ -96,7 +105,7 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 		base[i], mBase[i] = rssKB(g.pid()), g.metrics()
 	}
 
-	fmt.Printf("connections: %d over %d gateways from %d wsload processes, pings every 15s\n", sc.Conns, sc.Gateways, sc.Loaders)
+	fmt.Printf("connections: %d over %d gateways (read mode %s) from %d wsload processes, pings every 15s\n", sc.Conns, sc.Gateways, r.ReadMode, sc.Loaders)
 	rampTime := time.Duration(sc.Conns) * time.Second / time.Duration(sc.Ramp)
 	f, err := startFleet(ctx, bin, s, fleetSpec{
 		tag: "c", netByte: 10, conns: sc.Conns, procs: sc.Loaders, every: 15 * time.Second,
@@ -127,6 +136,7 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 	}
 	redis0 := redisCPU(ctx, rdb)
 	t0 := time.Now()
+	f.mark() // ping→pong figures from here
 
 	// Guides pushed through the next gateway than the user's, so each is
 	// routed over Redis Pub/Sub to the instance holding it.
