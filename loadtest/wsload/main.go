@@ -15,7 +15,9 @@
 //
 // An idle connection has no goroutine of its own: a few pinger goroutines
 // (-pingers) send every ping, each from a queue of its connections by due
-// time, and the reads are the read adapter's (-read-mode).
+// time, and the reads are package wsread's, as the gateway's are: in
+// epoll mode a few workers read the connections that have something to
+// read (-read-mode).
 //
 // It prints "ramped ..." once every connection was tried, progress every
 // 10 s, "pinging" when the pings start after -idle, "mark" when SIGUSR1
@@ -53,6 +55,7 @@ import (
 	"github.com/stillthere/stillthere/loadtest/latency"
 	"github.com/stillthere/stillthere/pkg/config"
 	"github.com/stillthere/stillthere/pkg/token"
+	"github.com/stillthere/stillthere/pkg/wsread"
 )
 
 type settings struct {
@@ -70,6 +73,10 @@ type settings struct {
 	readMode  string
 }
 
+// readLimit bounds a gateway frame: a guide with its text fits many
+// times over. wsread sizes its batch buffers from it.
+const readLimit = 16 << 10
+
 func main() {
 	var s settings
 	url := flag.String("url", "ws://127.0.0.1:8080/v1/ws", "gateway WebSocket URL, or a comma-separated list (connection i goes to the i-th, round robin)")
@@ -83,7 +90,7 @@ func main() {
 	localIPs := flag.String("local-ips", "", "comma-separated source addresses to spread connections over")
 	flag.DurationVar(&s.leaveOver, "leave-over", 0, "spread the closes at the end over this long (0: all at once)")
 	flag.IntVar(&s.pingers, "pingers", 2, "goroutines sending the pings, each for a share of the connections")
-	flag.StringVar(&s.readMode, "read-mode", "goroutine", "how connections are read: goroutine (one parked per connection)")
+	flag.StringVar(&s.readMode, "read-mode", string(wsread.DefaultMode()), "how connections are read: epoll (a few workers for all, Linux) or goroutine (one parked per connection)")
 	flag.Parse()
 	s.urls = config.SplitList(*url)
 	for _, a := range config.SplitList(*localIPs) {
@@ -112,8 +119,9 @@ func (s settings) validate() error {
 		return fmt.Errorf("-every: %v, want more than 0", s.every)
 	case s.pingers < 1:
 		return fmt.Errorf("-pingers: %d, want at least 1", s.pingers)
-	case s.readMode != "goroutine":
-		return fmt.Errorf("-read-mode: %q, want goroutine", s.readMode)
+	}
+	if _, err := wsread.ParseMode(s.readMode); err != nil {
+		return fmt.Errorf("-read-mode: %w", err)
 	}
 	return nil
 }
@@ -128,6 +136,15 @@ func run(ctx context.Context, s settings) error {
 	if err := s.validate(); err != nil {
 		return err
 	}
+	mode, _ := wsread.ParseMode(s.readMode)
+	srv, err := wsread.New(wsread.Config{Mode: mode, ReadLimit: readLimit})
+	if err != nil {
+		return err
+	}
+	// The reads outlive ctx: the leaving reads the gateways' closes.
+	var rwg sync.WaitGroup
+	rwg.Go(func() { srv.Run(context.Background()) })
+	defer func() { srv.Close(); rwg.Wait() }()
 	l := newLoad(s.every)
 	usr1 := make(chan os.Signal, 1)
 	signal.Notify(usr1, syscall.SIGUSR1)
@@ -146,7 +163,13 @@ func run(ctx context.Context, s settings) error {
 
 	dialers := make([]*websocket.Dialer, max(len(s.ips), 1))
 	for i := range dialers {
-		d := &websocket.Dialer{HandshakeTimeout: 10 * time.Second, ReadBufferSize: 512, WriteBufferSize: 512}
+		// Buffers as the gateway has them: a read buffer that only ever
+		// holds part of a batch (epoll), and write buffers pooled, so an
+		// idle connection holds none.
+		d := &websocket.Dialer{HandshakeTimeout: 10 * time.Second, ReadBufferSize: 512, WriteBufferSize: 512, WriteBufferPool: &sync.Pool{}}
+		if mode == wsread.ModeEpoll {
+			d.ReadBufferSize = 128
+		}
 		if len(s.ips) > 0 {
 			nd := &net.Dialer{LocalAddr: &net.TCPAddr{IP: s.ips[i]}}
 			d.NetDialContext = nd.DialContext
@@ -173,18 +196,18 @@ func run(ctx context.Context, s settings) error {
 		}
 		d, url, p := dialers[i%len(dialers)], s.urls[i%len(s.urls)], pingers[i%len(pingers)]
 		dials.Go(func() {
-			ws, _, err := d.DialContext(ctx, url, http.Header{"Authorization": {"Bearer " + tok}})
+			wc, _, err := srv.Dial(ctx, d, url, http.Header{"Authorization": {"Bearer " + tok}})
 			if err != nil {
 				l.failed.Add(1)
 				return
 			}
-			c := &conn{l: l, ws: ws}
+			c := &conn{l: l, ws: wc.WS()}
 			mu.Lock()
 			all = append(all, c)
 			mu.Unlock()
 			l.live.Add(1)
 			l.connected.Add(1)
-			serveGoroutine(c)
+			srv.Serve(wc, c)
 			due := never
 			if s.idle == 0 {
 				// The first ping at a random offset, so pings spread evenly.
@@ -253,7 +276,11 @@ hold:
 			}
 		}
 		mu.Unlock()
-		waitFor(&l.live, 30*time.Second)
+		if !waitFor(&l.live, 30*time.Second) {
+			// Whatever is left: the reads end, each with Closed.
+			srv.Close()
+			rwg.Wait()
+		}
 	}
 	fmt.Println(resultLine(l, l.mark()))
 	return nil
