@@ -19,11 +19,11 @@ func (c *Connections) summary() []goalRow {
 	return []goalRow{
 		{figure: "sessions held at 15 s pings",
 			measured: fmt.Sprintf("**%.0f** of %d, %d gateways; %d failed, %d dropped, %d closed by a gateway", c.Held, c.Target, c.Gateways, l.Failed, l.Dropped, l.Closed),
-			goal:     fmt.Sprintf("%d, load generator included; none failed or dropped", goalConns),
+			goal:     thousands(goalConns) + ", load generator included; none failed or dropped",
 			met:      c.Held >= goalConns && l.Failed == 0 && l.Dropped == 0 && l.Closed == 0, atScale: true},
 		{figure: fmt.Sprintf("gateway RSS per connection, %s mode", c.ReadMode),
 			measured: fmt.Sprintf("**%.2f KB** at %.0f connections", c.RSSPerConnKB, c.Held),
-			goal:     fmt.Sprintf("at most %d KB in epoll mode, at %d connections or more", goalRSSPerConnKB, goalRSSConns),
+			goal:     fmt.Sprintf("at most %d KB in epoll mode, at %s connections or more", goalRSSPerConnKB, thousands(goalRSSConns)),
 			met:      c.ReadMode == "epoll" && c.Held >= goalRSSConns && c.RSSPerConnKB <= goalRSSPerConnKB, atScale: true},
 		{figure: "gateway CPU", measured: fmt.Sprintf("%.2f cores in all (%.0f renewals/s)", c.GatewayCPU, c.Renewals)},
 		{figure: "ping→pong p50 / p99 / p99.9, at the load generator",
@@ -94,6 +94,15 @@ func memoryNote(c *Connections, g0 ConnGateway) string {
 	}
 	return fmt.Sprintf("**What holds memory per connection.** %.0f goroutines for %.0f connections on %s: no reader waits on an idle connection, so stacks add %.2f KB per connection. The Go heap in use adds %.2f KB (the WebSocket connection and its buffers, the read adapter's entry, the hub's entry, the rate limiter: table above), and %.2f KB is heap the runtime holds but is not using, and its own metadata. %.0f connections take %.1f GB of gateway RSS in all.",
 		g0.Goroutines, g0.Conns, g0.ID, c.StackPerConn, c.HeapPerConn, c.OtherPerConn, c.Held, c.RSSPerConnKB*c.Held/1024/1024)
+}
+
+// thousands writes n with commas: 250,000.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }
 
 type allocation struct {
