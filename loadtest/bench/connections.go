@@ -116,10 +116,13 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 	if err != nil {
 		return r, err
 	}
-	rctx, cancel := context.WithTimeout(ctx, 3*rampTime+time.Minute)
+	// A busy machine ramps slower than asked; waitRamped fails on a
+	// stalled ramp, this bounds a crawling one.
+	rctx, cancel := context.WithTimeout(ctx, 5*rampTime+5*time.Minute)
 	err = f.waitRamped(rctx)
 	cancel()
 	if err != nil {
+		r.Load, _ = f.stop() // what did connect, and what failed
 		return r, fmt.Errorf("wsload ramp: %w", err)
 	}
 	// Every connection pings once within a ping interval of its start.

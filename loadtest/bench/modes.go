@@ -139,7 +139,7 @@ func modes(ctx context.Context, bin, redisAddr string, s secrets, sc modesScale,
 		}
 		return nil
 	}
-	if err := wait(3*rampTime+time.Minute, "ramp", (*fleet).waitRamped); err != nil {
+	if err := wait(5*rampTime+5*time.Minute, "ramp", (*fleet).waitRamped); err != nil {
 		return r, err
 	}
 	// Idle: every connection up, none pinging yet. Halfway into the

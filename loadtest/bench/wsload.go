@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -36,6 +37,7 @@ type loader struct {
 	conns   int
 	ramped  chan struct{}
 	pinging chan struct{} // closed on the "pinging" line, after -idle
+	tried   atomic.Int64  // connections dialed so far, from the "ramping" lines
 	done    chan struct{}
 	res     loadResult
 	err     error
@@ -151,6 +153,9 @@ func (l *loader) read(out io.Reader) {
 	for sc.Scan() {
 		line := sc.Text()
 		switch {
+		case strings.HasPrefix(line, "ramping "):
+			r := parseResult(line)
+			l.tried.Store(int64(r.Conns + r.Failed))
 		case strings.HasPrefix(line, "ramped "):
 			ramped.Do(func() { close(l.ramped) })
 		case line == "pinging":
@@ -211,9 +216,52 @@ func parseResult(line string) loadResult {
 	return r
 }
 
-// waitRamped returns once every process has tried all its connections.
+// rampStall is how long a ramp may go without a connection dialed
+// before waitRamped gives up on it. A busy machine slows a ramp; this
+// tells that from a stuck one.
+const rampStall = time.Minute
+
+// waitRamped returns once every process has tried all its connections,
+// or fails when none has dialed one for rampStall.
 func (f *fleet) waitRamped(ctx context.Context) error {
-	return f.waitAll(ctx, func(l *loader) <-chan struct{} { return l.ramped })
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	last, moved := int64(-1), time.Now()
+	for {
+		var tried int64
+		done := true
+		for _, l := range f.procs {
+			select {
+			case <-l.ramped:
+				tried += int64(l.conns)
+			default:
+				tried += l.tried.Load()
+				done = false
+			}
+		}
+		if done {
+			return nil
+		}
+		if tried != last {
+			last, moved = tried, time.Now()
+		} else if time.Since(moved) > rampStall {
+			return fmt.Errorf("no connection dialed for %v, %d of %d dialed", rampStall, tried, f.conns())
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return fmt.Errorf("%w, %d of %d dialed", ctx.Err(), tried, f.conns())
+		}
+	}
+}
+
+// conns is the number of connections the fleet was asked for.
+func (f *fleet) conns() int {
+	n := 0
+	for _, l := range f.procs {
+		n += l.conns
+	}
+	return n
 }
 
 // waitPinging returns once every process's connections ping (after -idle).

@@ -23,6 +23,7 @@ func TestParseResult(t *testing.T) {
 			"RESULT conns=5 later_field=7 pings=x pong_p99_ms=?? =3 bare",
 			loadResult{Conns: 5}},
 		{"empty", "RESULT ", loadResult{}},
+		{"a ramping line reads alike", "ramping conns=1200 failed=3", loadResult{Conns: 1200, Failed: 3}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := parseResult(tc.line)

@@ -19,8 +19,9 @@
 // epoll mode a few workers read the connections that have something to
 // read (-read-mode).
 //
-// It prints "ramped ..." once every connection was tried, progress every
-// 10 s, "pinging" when the pings start after -idle, "mark" when SIGUSR1
+// It prints "ramping conns=N failed=N" (connected, failed so far) every
+// 5 s while it dials, "ramped ..." once every connection was tried,
+// progress every 10 s, "pinging" when the pings start after -idle, "mark" when SIGUSR1
 // started the ping→pong figures afresh, and on leaving (the hold ends, or
 // SIGINT/SIGTERM) closes every connection normally and prints one line:
 //
@@ -71,6 +72,7 @@ type settings struct {
 	ips       []net.IP
 	pingers   int
 	readMode  string
+	dials     int
 }
 
 // readLimit bounds a gateway frame: a guide with its text fits many
@@ -89,6 +91,7 @@ func main() {
 	flag.StringVar(&s.prefix, "uid-prefix", "load", "user id prefix")
 	localIPs := flag.String("local-ips", "", "comma-separated source addresses to spread connections over")
 	flag.DurationVar(&s.leaveOver, "leave-over", 0, "spread the closes at the end over this long (0: all at once)")
+	flag.IntVar(&s.dials, "dials", 200, "most dials under way at once: a gateway slower than -ramp slows the ramp instead of timing dials out")
 	flag.IntVar(&s.pingers, "pingers", 2, "goroutines sending the pings, each for a share of the connections")
 	flag.StringVar(&s.readMode, "read-mode", string(wsread.DefaultMode()), "how connections are read: epoll (a few workers for all, Linux) or goroutine (one parked per connection)")
 	flag.Parse()
@@ -119,6 +122,8 @@ func (s settings) validate() error {
 		return fmt.Errorf("-every: %v, want more than 0", s.every)
 	case s.pingers < 1:
 		return fmt.Errorf("-pingers: %d, want at least 1", s.pingers)
+	case s.dials < 1:
+		return fmt.Errorf("-dials: %d, want at least 1", s.dials)
 	}
 	if _, err := wsread.ParseMode(s.readMode); err != nil {
 		return fmt.Errorf("-read-mode: %w", err)
@@ -180,10 +185,32 @@ func run(ctx context.Context, s settings) error {
 	var all []*conn // for the last close, of those the leaving did not end
 	start := time.Now()
 	tick := time.NewTicker(time.Second / time.Duration(max(s.ramp, 1)))
+	// Progress while dialing, so that a caller can tell a slow ramp from
+	// a stalled one.
+	rampDone := make(chan struct{})
+	var progress sync.WaitGroup
+	progress.Go(func() {
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				fmt.Printf("ramping conns=%d failed=%d\n", l.connected.Load(), l.failed.Load())
+			case <-rampDone:
+				return
+			}
+		}
+	})
 	var dials sync.WaitGroup
+	slots := make(chan struct{}, s.dials)
 	for i := 0; i < s.conns && ctx.Err() == nil; i++ {
 		select {
 		case <-tick.C:
+		case <-ctx.Done():
+			continue
+		}
+		select {
+		case slots <- struct{}{}:
 		case <-ctx.Done():
 			continue
 		}
@@ -192,10 +219,13 @@ func run(ctx context.Context, s settings) error {
 		if err != nil {
 			tick.Stop()
 			dials.Wait()
+			close(rampDone)
+			progress.Wait()
 			return err
 		}
 		d, url, p := dialers[i%len(dialers)], s.urls[i%len(s.urls)], pingers[i%len(pingers)]
 		dials.Go(func() {
+			defer func() { <-slots }()
 			wc, _, err := srv.Dial(ctx, d, url, http.Header{"Authorization": {"Bearer " + tok}})
 			if err != nil {
 				l.failed.Add(1)
@@ -218,6 +248,8 @@ func run(ctx context.Context, s settings) error {
 	}
 	tick.Stop()
 	dials.Wait()
+	close(rampDone)
+	progress.Wait()
 	fmt.Printf("ramped %d connections in %v (%d failed); holding %v\n", l.connected.Load(), time.Since(start).Round(time.Millisecond), l.failed.Load(), s.hold)
 
 	end := time.NewTimer(s.hold)
