@@ -23,6 +23,8 @@ type connScale struct {
 	Leave     time.Duration `json:"-"`
 	// ReadMode is the gateways' read mode (readModeEnv).
 	ReadMode string `json:"read_mode"`
+	// Every is each connection's ping interval.
+	Every time.Duration `json:"-"`
 }
 
 // ConnGateway is one gateway's share of step 1.
@@ -76,7 +78,7 @@ type Connections struct {
 }
 
 func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, s secrets, sc connScale, command string) (*Connections, error) {
-	r := &Connections{Command: command, Gateways: sc.Gateways, Target: sc.Conns, Loaders: sc.Loaders, IPsPerLoader: sc.IPsPerGen, PingEvery: "15s",
+	r := &Connections{Command: command, Gateways: sc.Gateways, Target: sc.Conns, Loaders: sc.Loaders, IPsPerLoader: sc.IPsPerGen, PingEvery: sc.Every.String(),
 		ReadMode: "goroutine"}
 	if gatewayReadModes(ctx, bin) {
 		r.ReadMode = sc.ReadMode
@@ -105,10 +107,10 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 		base[i], mBase[i] = rssKB(g.pid()), g.metrics()
 	}
 
-	fmt.Printf("connections: %d over %d gateways (read mode %s) from %d wsload processes, pings every 15s\n", sc.Conns, sc.Gateways, r.ReadMode, sc.Loaders)
+	fmt.Printf("connections: %d over %d gateways (read mode %s) from %d wsload processes, pings every %v\n", sc.Conns, sc.Gateways, r.ReadMode, sc.Loaders, sc.Every)
 	rampTime := time.Duration(sc.Conns) * time.Second / time.Duration(sc.Ramp)
 	f, err := startFleet(ctx, bin, s, fleetSpec{
-		tag: "c", netByte: 10, conns: sc.Conns, procs: sc.Loaders, every: 15 * time.Second,
+		tag: "c", netByte: 10, conns: sc.Conns, procs: sc.Loaders, every: sc.Every,
 		ramp: sc.Ramp, maxHold: 3*rampTime + sc.Settle + sc.Window + 5*time.Minute,
 		ipsEach: sc.IPsPerGen, gateways: gws, leave: sc.Leave,
 	})

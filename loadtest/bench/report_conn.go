@@ -17,7 +17,7 @@ type goalRow struct {
 func (c *Connections) summary() []goalRow {
 	l := c.Load
 	return []goalRow{
-		{figure: "sessions held at 15 s pings",
+		{figure: "sessions held at " + c.PingEvery + " pings",
 			measured: fmt.Sprintf("**%.0f** of %d, %d gateways; %d failed, %d dropped, %d closed by a gateway", c.Held, c.Target, c.Gateways, l.Failed, l.Dropped, l.Closed),
 			goal:     thousands(goalConns) + ", load generator included; none failed or dropped",
 			met:      c.Held >= goalConns && l.Failed == 0 && l.Dropped == 0 && l.Closed == 0, atScale: true},
