@@ -54,6 +54,7 @@ type Connections struct {
 	WindowSec    float64       `json:"window_seconds"`
 	Held         float64       `json:"sessions_held"` // sum of the gateways' open connections at the end of the window
 	Load         loadResult    `json:"wsload"`
+	Pong         pongFigures   `json:"ping_pong_window"` // at the load generator, over the window
 	PerGateway   []ConnGateway `json:"per_gateway"`
 	RSSPerConnKB float64       `json:"rss_per_conn_kb"` // over all gateways: added RSS / connections
 	HeapPerConn  float64       `json:"go_heap_inuse_per_conn_kb"`
@@ -141,7 +142,9 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 	}
 	redis0 := redisCPU(ctx, rdb)
 	t0 := time.Now()
-	f.mark() // ping→pong figures from here
+	if _, err := f.mark(ctx); err != nil { // ping→pong figures from here
+		return r, err
+	}
 
 	// Guides pushed through the next gateway than the user's, so each is
 	// routed over Redis Pub/Sub to the instance holding it.
@@ -175,6 +178,9 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 	sleep(ctx, sc.Window)
 	pushWG.Wait()
 	window := time.Since(t0).Seconds()
+	if r.Pong, err = f.mark(ctx); err != nil {
+		return r, err
+	}
 	r.WindowSec = window
 
 	var heap, stack, added float64

@@ -49,10 +49,11 @@ type ModeResult struct {
 	RenPerTrip   float64 `json:"renewals_per_round_trip"`
 	TripsPerRen  float64 `json:"round_trips_per_renewal"`
 
-	// Load is the wsload holding this gateway's connections; its
-	// ping→pong figures are of the window.
-	Load    loadResult `json:"wsload"`
-	HeapTop string     `json:"heap_profile_top"`
+	// Load is the wsload holding this gateway's connections, and Pong
+	// its ping→pong figures over the window.
+	Load    loadResult  `json:"wsload"`
+	Pong    pongFigures `json:"ping_pong_window"`
+	HeapTop string      `json:"heap_profile_top"`
 }
 
 // Modes is the side-by-side step's result.
@@ -178,7 +179,9 @@ func modes(ctx context.Context, bin, redisAddr string, s secrets, sc modesScale,
 	cpu0 := make([]float64, len(gws))
 	m0 := make([]map[string]float64, len(gws))
 	for _, f := range fleets {
-		f.mark()
+		if _, err := f.mark(ctx); err != nil {
+			return r, err
+		}
 	}
 	for i, g := range gws {
 		cpu0[i], m0[i] = cpuSeconds(g.pid()), g.metrics()
@@ -187,6 +190,12 @@ func modes(ctx context.Context, bin, redisAddr string, s secrets, sc modesScale,
 	sleep(ctx, sc.Window)
 	window := time.Since(t0).Seconds()
 	r.WindowSec = window
+	for i, f := range fleets {
+		var err error
+		if r.Modes[i].Pong, err = f.mark(ctx); err != nil {
+			return r, err
+		}
+	}
 	const ping = `stillthere_gateway_frames_total{type="ping"}`
 	for i, g := range gws {
 		m, rss, cpu := g.metrics(), rssKB(g.pid()), cpuSeconds(g.pid())

@@ -27,7 +27,7 @@ func (c *Connections) summary() []goalRow {
 			met:      c.ReadMode == "epoll" && c.Held >= goalRSSConns && c.RSSPerConnKB <= goalRSSPerConnKB, atScale: true},
 		{figure: "gateway CPU", measured: fmt.Sprintf("%.2f cores in all (%.0f renewals/s)", c.GatewayCPU, c.Renewals)},
 		{figure: "ping→pong p50 / p99 / p99.9, at the load generator",
-			measured: fmt.Sprintf("%.1f / **%.1f** / %.1f ms (%d pongs)", l.PongP50ms, l.PongP99ms, l.PongP999ms, l.PongN)},
+			measured: fmt.Sprintf("%.1f / **%.1f** / %.1f ms (%d pongs)", c.Pong.PongP50ms, c.Pong.PongP99ms, c.Pong.PongP999ms, c.Pong.PongN)},
 	}
 }
 
@@ -41,8 +41,8 @@ func (r *Report) connectionsMD(b *strings.Builder, c *Connections) {
 	p("| sessions held (gateways' open connections) | **%.0f** |\n", c.Held)
 	p("| wsload: connected, failed, dropped, closed by the gateway | %d, %d, %d, %d (%.0f held at the end) |\n", c.Load.Conns, c.Load.Failed, c.Load.Dropped, c.Load.Closed, held)
 	p("| pings answered | %d pongs for %d pings |\n", c.Load.Pongs, c.Load.Pings)
-	p("| ping→pong at the load generator, over the window and until the leaving (p50 / p99 / p99.9 / max) | %.1f / **%.1f** / %.1f / %.1f ms, %d pongs |\n",
-		c.Load.PongP50ms, c.Load.PongP99ms, c.Load.PongP999ms, c.Load.PongMaxms, c.Load.PongN)
+	p("| ping→pong at the load generator, over the window (p50 / p99 / p99.9 / max) | %.1f / **%.1f** / %.1f / %.1f ms, %d pongs |\n",
+		c.Pong.PongP50ms, c.Pong.PongP99ms, c.Pong.PongP999ms, c.Pong.PongMaxms, c.Pong.PongN)
 	p("| gateway RSS per connection | **%.2f KB** |\n", c.RSSPerConnKB)
 	p("| of which goroutine stacks (added by the load) | %.2f KB |\n", c.StackPerConn)
 	p("| of which Go heap in use (added by the load) | %.2f KB |\n", c.HeapPerConn)

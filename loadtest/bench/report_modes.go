@@ -38,8 +38,8 @@ func (r *Report) modesGoals(m *Modes) []modeGoal {
 			fmt.Sprintf("**%.0f ms** vs %.0f ms (%.0f%%)", e.CPUmsPer1000, g.CPUmsPer1000, 100*ratio),
 			"at most 115% of goroutine mode's", judge(g.CPUmsPer1000 > 0 && ratio <= goalCPUPerPingRatio)},
 		{"ping→pong p99 (p50): epoll vs goroutine",
-			fmt.Sprintf("**%.1f ms** (%.1f) vs %.1f ms (%.1f)", e.Load.PongP99ms, e.Load.PongP50ms, g.Load.PongP99ms, g.Load.PongP50ms),
-			"no worse than goroutine mode's", judge(e.Load.PongN > 0 && e.Load.PongP99ms <= g.Load.PongP99ms)},
+			fmt.Sprintf("**%.1f ms** (%.1f) vs %.1f ms (%.1f)", e.Pong.PongP99ms, e.Pong.PongP50ms, g.Pong.PongP99ms, g.Pong.PongP50ms),
+			"no worse than goroutine mode's", judge(e.Pong.PongN > 0 && e.Pong.PongP99ms <= g.Pong.PongP99ms)},
 		{"Redis round trips per renewal: epoll vs goroutine",
 			fmt.Sprintf("**%.4f** vs %.4f", e.TripsPerRen, g.TripsPerRen),
 			"no worse than goroutine mode's", judge(e.Renewals > 0 && e.TripsPerRen <= g.TripsPerRen)},
@@ -84,7 +84,7 @@ func (r *Report) modesMD(b *strings.Builder, m *Modes) {
 	})
 	row("**gateway CPU per 1,000 pings**", func(x *ModeResult) string { return fmt.Sprintf("**%.0f ms**", x.CPUmsPer1000) })
 	row("ping→pong p50 / **p99** / p99.9 / max", func(x *ModeResult) string {
-		return fmt.Sprintf("%.1f / **%.1f** / %.1f / %.1f ms (%d pongs)", x.Load.PongP50ms, x.Load.PongP99ms, x.Load.PongP999ms, x.Load.PongMaxms, x.Load.PongN)
+		return fmt.Sprintf("%.1f / **%.1f** / %.1f / %.1f ms (%d pongs)", x.Pong.PongP50ms, x.Pong.PongP99ms, x.Pong.PongP999ms, x.Pong.PongMaxms, x.Pong.PongN)
 	})
 	row("renewals per Redis round trip", func(x *ModeResult) string {
 		return fmt.Sprintf("%.1f (%.0f renewals in %.0f round trips; %.4f round trips per renewal)", x.RenPerTrip, x.Renewals, x.RoundTrips, x.TripsPerRen)

@@ -38,6 +38,7 @@ type loader struct {
 	ramped  chan struct{}
 	pinging chan struct{} // closed on the "pinging" line, after -idle
 	tried   atomic.Int64  // connections dialed so far, from the "ramping" lines
+	marks   chan pongFigures
 	done    chan struct{}
 	res     loadResult
 	err     error
@@ -46,10 +47,14 @@ type loader struct {
 // loadResult is a wsload RESULT line, or the sum of several.
 type loadResult struct {
 	Conns, Failed, Dropped, Closed, Pings, Pongs, Guides, GuideIDs int
-	// Ping→pong over the pings answered since the last mark (or the
-	// start): PongN of them. Summed results take these from the merged
-	// histogram, so they are the percentiles of every process's samples
-	// together.
+	// Ping→pong since the last mark (or the start).
+	pongFigures
+}
+
+// pongFigures are ping→pong times over PongN pings answered. Summed
+// figures take their percentiles from the merged histogram, so they are
+// those of every process's samples together.
+type pongFigures struct {
 	PongN                                       int
 	PongP50ms, PongP99ms, PongP999ms, PongMaxms float64
 	hist                                        *latency.Histogram
@@ -64,6 +69,10 @@ func (r *loadResult) add(o loadResult) {
 	r.Pongs += o.Pongs
 	r.Guides += o.Guides
 	r.GuideIDs += o.GuideIDs
+	r.pongFigures.add(o.pongFigures)
+}
+
+func (r *pongFigures) add(o pongFigures) {
 	r.PongN += o.PongN
 	switch {
 	case o.hist == nil:
@@ -113,7 +122,8 @@ func startFleet(ctx context.Context, bin string, s secrets, spec fleetSpec) (*fl
 		for k := range max(spec.ipsEach, 1) {
 			ips = append(ips, fmt.Sprintf("127.%d.%d.%d", spec.netByte, p+1, k+1))
 		}
-		l := &loader{prefix: spec.tag + strconv.Itoa(p), conns: n, ramped: make(chan struct{}), pinging: make(chan struct{}), done: make(chan struct{})}
+		l := &loader{prefix: spec.tag + strconv.Itoa(p), conns: n, ramped: make(chan struct{}), pinging: make(chan struct{}),
+			marks: make(chan pongFigures, 4), done: make(chan struct{})}
 		args := []string{"-url", strings.Join(urls, ","), "-secret", s.token, "-conns", strconv.Itoa(n),
 			"-every", spec.every.String(), "-hold", spec.maxHold.String(),
 			"-ramp", strconv.Itoa(max(spec.ramp/spec.procs, 1)),
@@ -160,6 +170,11 @@ func (l *loader) read(out io.Reader) {
 			ramped.Do(func() { close(l.ramped) })
 		case line == "pinging":
 			pinging.Do(func() { close(l.pinging) })
+		case strings.HasPrefix(line, "mark "):
+			select {
+			case l.marks <- parseResult(line).pongFigures:
+			default: // nobody asked for it
+			}
 		case strings.HasPrefix(line, "RESULT "):
 			l.res, got = parseResult(line), true
 		}
@@ -280,14 +295,31 @@ func (f *fleet) waitAll(ctx context.Context, ch func(*loader) <-chan struct{}) e
 	return nil
 }
 
-// mark starts every process's ping→pong figures afresh (SIGUSR1), so
-// that the RESULT lines hold those of what follows only.
-func (f *fleet) mark() {
+// mark starts every process's ping→pong figures afresh (SIGUSR1) and
+// returns those of the period it ends, summed: two marks bound a window.
+func (f *fleet) mark(ctx context.Context) (pongFigures, error) {
+	var sum pongFigures
 	for _, l := range f.procs {
+		for len(l.marks) > 0 {
+			<-l.marks // an answer nobody waited for
+		}
 		if l.cmd.Process != nil {
 			l.cmd.Process.Signal(syscall.SIGUSR1)
 		}
 	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for _, l := range f.procs {
+		select {
+		case p := <-l.marks:
+			sum.add(p)
+		case <-l.done:
+			return sum, fmt.Errorf("wsload %s ended before its mark", l.prefix)
+		case <-ctx.Done():
+			return sum, fmt.Errorf("wsload %s: no mark: %w", l.prefix, ctx.Err())
+		}
+	}
+	return sum, nil
 }
 
 // uid is the user of connection i of process p, and the gateway holding it.

@@ -18,12 +18,13 @@ func TestParseResult(t *testing.T) {
 			loadResult{Conns: 14286, Failed: 1, Dropped: 2, Closed: 3, Pings: 63000, Pongs: 62999, Guides: 150, GuideIDs: 149}},
 		{"with ping→pong figures",
 			"RESULT conns=10 failed=0 dropped=0 closed=0 pings=40 pongs=40 guides=0 guide_ids=0 pong_n=40 pong_p50_ms=2.111 pong_p99_ms=30.5 pong_p999_ms=31 pong_max_ms=31.999 pong_hist=",
-			loadResult{Conns: 10, Pings: 40, Pongs: 40, PongN: 40, PongP50ms: 2.111, PongP99ms: 30.5, PongP999ms: 31, PongMaxms: 31.999}},
+			loadResult{Conns: 10, Pings: 40, Pongs: 40, pongFigures: pongFigures{PongN: 40, PongP50ms: 2.111, PongP99ms: 30.5, PongP999ms: 31, PongMaxms: 31.999}}},
 		{"unknown fields and bad figures",
 			"RESULT conns=5 later_field=7 pings=x pong_p99_ms=?? =3 bare",
 			loadResult{Conns: 5}},
 		{"empty", "RESULT ", loadResult{}},
 		{"a ramping line reads alike", "ramping conns=1200 failed=3", loadResult{Conns: 1200, Failed: 3}},
+		{"a mark line reads alike", "mark pong_n=7 pong_p99_ms=1.5", loadResult{pongFigures: pongFigures{PongN: 7, PongP99ms: 1.5}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := parseResult(tc.line)

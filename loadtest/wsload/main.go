@@ -21,9 +21,9 @@
 //
 // It prints "ramping conns=N failed=N" (connected, failed so far) every
 // 5 s while it dials, "ramped ..." once every connection was tried,
-// progress every 10 s, "pinging" when the pings start after -idle, "mark" when SIGUSR1
-// started the ping→pong figures afresh, and on leaving (the hold ends, or
-// SIGINT/SIGTERM) closes every connection normally and prints one line:
+// progress every 10 s, "pinging" when the pings start after -idle, and
+// on leaving (the hold ends, or SIGINT/SIGTERM) closes every connection
+// normally and prints one line:
 //
 //	RESULT conns=N failed=N dropped=N closed=N pings=N pongs=N guides=N guide_ids=N pong_n=N pong_p50_ms=F pong_p99_ms=F pong_p999_ms=F pong_max_ms=F pong_hist=H
 //
@@ -34,7 +34,9 @@
 // pong_*: the time from writing a ping to reading its pong, over the
 // pings answered since the start or the last SIGUSR1 (pong_n of them);
 // pong_hist is their histogram in the text form of package latency, for
-// merging with other processes'.
+// merging with other processes'. SIGUSR1 starts these figures afresh and
+// prints those of the period it ends, as "mark pong_n=N ... pong_hist=H":
+// two marks bound a window.
 package main
 
 import (
@@ -276,8 +278,7 @@ hold:
 			}
 			fmt.Println("pinging")
 		case <-usr1:
-			l.mark()
-			fmt.Println("mark")
+			fmt.Println("mark " + pongFields(l.mark()))
 		case <-end.C:
 			break hold
 		case <-ctx.Done():
@@ -332,9 +333,15 @@ func waitFor(wg *sync.WaitGroup, d time.Duration) bool {
 
 // resultLine is the RESULT line, with the ping→pong figures of h.
 func resultLine(l *load, h *latency.Histogram) string {
-	ms := func(q float64) float64 { return float64(h.Quantile(q).Microseconds()) / 1000 }
-	return fmt.Sprintf("RESULT conns=%d failed=%d dropped=%d closed=%d pings=%d pongs=%d guides=%d guide_ids=%d pong_n=%d pong_p50_ms=%.3f pong_p99_ms=%.3f pong_p999_ms=%.3f pong_max_ms=%.3f pong_hist=%s",
+	return fmt.Sprintf("RESULT conns=%d failed=%d dropped=%d closed=%d pings=%d pongs=%d guides=%d guide_ids=%d %s",
 		l.connected.Load(), l.failed.Load(), l.dropped.Load(), l.closed.Load(),
-		l.pings.Load(), l.pongs.Load(), l.guides.Load(), l.distinctGuides(),
+		l.pings.Load(), l.pongs.Load(), l.guides.Load(), l.distinctGuides(), pongFields(h))
+}
+
+// pongFields are the ping→pong figures of h, as RESULT and mark lines
+// carry them.
+func pongFields(h *latency.Histogram) string {
+	ms := func(q float64) float64 { return float64(h.Quantile(q).Microseconds()) / 1000 }
+	return fmt.Sprintf("pong_n=%d pong_p50_ms=%.3f pong_p99_ms=%.3f pong_p999_ms=%.3f pong_max_ms=%.3f pong_hist=%s",
 		h.Count(), ms(0.5), ms(0.99), ms(0.999), ms(1), h)
 }
