@@ -43,6 +43,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -108,7 +109,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, s); err != nil {
+	if err := run(ctx, s, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "wsload:", err)
 		os.Exit(1)
 	}
@@ -139,7 +140,7 @@ var never = time.Now().AddDate(100, 0, 0)
 // run holds the connections until the hold ends or ctx does, then leaves
 // and prints the RESULT line. It returns once every goroutine it started
 // has ended.
-func run(ctx context.Context, s settings) error {
+func run(ctx context.Context, s settings, out io.Writer) error {
 	if err := s.validate(); err != nil {
 		return err
 	}
@@ -197,7 +198,7 @@ func run(ctx context.Context, s settings) error {
 		for {
 			select {
 			case <-t.C:
-				fmt.Printf("ramping conns=%d failed=%d\n", l.connected.Load(), l.failed.Load())
+				fmt.Fprintf(out, "ramping conns=%d failed=%d\n", l.connected.Load(), l.failed.Load())
 			case <-rampDone:
 				return
 			}
@@ -252,7 +253,7 @@ func run(ctx context.Context, s settings) error {
 	dials.Wait()
 	close(rampDone)
 	progress.Wait()
-	fmt.Printf("ramped %d connections in %v (%d failed); holding %v\n", l.connected.Load(), time.Since(start).Round(time.Millisecond), l.failed.Load(), s.hold)
+	fmt.Fprintf(out, "ramped %d connections in %v (%d failed); holding %v\n", l.connected.Load(), time.Since(start).Round(time.Millisecond), l.failed.Load(), s.hold)
 
 	end := time.NewTimer(s.hold)
 	defer end.Stop()
@@ -268,7 +269,7 @@ hold:
 	for {
 		select {
 		case <-report.C:
-			fmt.Printf("open %d, failed %d, dropped %d, closed %d, pings %d, pongs %d, guides %d\n",
+			fmt.Fprintf(out, "open %d, failed %d, dropped %d, closed %d, pings %d, pongs %d, guides %d\n",
 				l.connected.Load()-l.dropped.Load()-l.closed.Load(), l.failed.Load(), l.dropped.Load(), l.closed.Load(),
 				l.pings.Load(), l.pongs.Load(), l.guides.Load())
 		case <-idleEnd:
@@ -276,9 +277,9 @@ hold:
 			for _, p := range pingers {
 				p.retime(func(*conn) time.Time { return now.Add(rand.N(s.every)) })
 			}
-			fmt.Println("pinging")
+			fmt.Fprintln(out, "pinging")
 		case <-usr1:
-			fmt.Println("mark " + pongFields(l.mark()))
+			fmt.Fprintln(out, "mark " + pongFields(l.mark()))
 		case <-end.C:
 			break hold
 		case <-ctx.Done():
@@ -315,7 +316,7 @@ hold:
 			rwg.Wait()
 		}
 	}
-	fmt.Println(resultLine(l, l.mark()))
+	fmt.Fprintln(out, resultLine(l, l.mark()))
 	return nil
 }
 
