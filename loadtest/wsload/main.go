@@ -279,7 +279,7 @@ hold:
 			}
 			fmt.Fprintln(out, "pinging")
 		case <-usr1:
-			fmt.Fprintln(out, "mark " + pongFields(l.mark()))
+			fmt.Fprintln(out, "mark "+pongFields(l.mark()))
 		case <-end.C:
 			break hold
 		case <-ctx.Done():
