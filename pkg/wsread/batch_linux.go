@@ -10,6 +10,12 @@ import (
 	"github.com/gorilla/websocket"
 )
 
+// errPeerGone is what gorilla returns when the peer hangs up without a
+// close frame (its errUnexpectedEOF).
+func errPeerGone() error {
+	return &websocket.CloseError{Code: websocket.CloseAbnormalClosure, Text: io.ErrUnexpectedEOF.Error()}
+}
+
 // maxRounds caps the socket reads per event: a flood on one connection
 // gets a bounded turn, then goes back to epoll behind the others.
 const maxRounds = 4
@@ -26,6 +32,9 @@ func (p *poller) readEvent(c *Conn) (reason error, end bool) {
 		space := len(buf[len(buf):cap(buf)])
 		n, eof, err := c.readSocket(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
+		if p.s.onRead != nil {
+			p.s.onRead(n)
+		}
 		if c.lingering() {
 			buf = buf[:0]
 		} else if used, reason, end := p.deliver(c, buf); end {
@@ -37,7 +46,7 @@ func (p *poller) readEvent(c *Conn) (reason error, end bool) {
 		case eof && c.lingering():
 			return c.lingerReason(), true
 		case eof:
-			return io.ErrUnexpectedEOF, true
+			return errPeerGone(), true
 		case err != nil:
 			return err, true
 		case len(buf) == cap(buf):

@@ -25,8 +25,9 @@ type Handler interface {
 	// *websocket.CloseError (the peer's close, which gorilla answered),
 	// websocket.ErrReadLimit (gorilla sent 1009; lingered first), another
 	// gorilla protocol error (gorilla sent 1002; lingered first), ErrIdle
-	// (past the read deadline), net.ErrClosed (closed here),
-	// io.ErrUnexpectedEOF (the peer hung up), another read error, or nil
+	// (past the read deadline), net.ErrClosed (closed here), a
+	// *websocket.CloseError with code 1006 (the peer hung up without a
+	// close frame, as gorilla reports it), another read error, or nil
 	// after Message returned false or a Linger ended. The caller closes
 	// the connection (ws.Close) afterwards if it wants; Closed must not
 	// block (it runs on a worker in epoll mode).

@@ -4,8 +4,11 @@ package wsread
 
 import (
 	"context"
+	"errors"
 	"net"
 )
+
+var errNoEpoll = errors.New("wsread: epoll mode needs Linux")
 
 const epollSupported = false
 

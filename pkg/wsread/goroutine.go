@@ -68,7 +68,7 @@ func (c *Conn) readEnd(err error, linger time.Duration) error {
 		return nil
 	case errors.Is(err, net.ErrClosed):
 		return net.ErrClosed
-	case errors.Is(err, os.ErrDeadlineExceeded):
+	case isTimeout(err):
 		return ErrIdle
 	case gorillaSentClose(err):
 		// gorilla sent 1002 or 1009 and its reader is done: drop input
@@ -78,6 +78,12 @@ func (c *Conn) readEnd(err error, linger time.Duration) error {
 		io.Copy(io.Discard, nc)
 	}
 	return err
+}
+
+// isTimeout: gorilla hides the deadline error behind its own net.Error.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }
 
 // gorillaSentClose tells gorilla's own protocol errors (after which it

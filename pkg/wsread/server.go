@@ -14,8 +14,6 @@ import (
 	"github.com/gorilla/websocket"
 )
 
-var errNoEpoll = errors.New("wsread: epoll mode needs Linux")
-
 // Server reads the connections it upgraded or dialed. Open it with New,
 // run it with Run, stop it with Close (or Run's context).
 type Server struct {
@@ -31,6 +29,8 @@ type Server struct {
 	gconns map[*Conn]struct{}
 	gwg    sync.WaitGroup
 	gdone  bool
+
+	onRead func(n int) // tests: bytes read from a socket (epoll)
 }
 
 // New checks cfg and opens a Server (in epoll mode, its epoll set).
