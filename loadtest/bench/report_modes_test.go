@@ -52,17 +52,21 @@ func TestConnectionsSummary(t *testing.T) {
 		c         Connections
 		held, rss bool
 	}{
-		{"250k in epoll mode, 3.9 KB", Connections{ReadMode: "epoll", Held: 250000, RSSPerConnKB: 3.9}, true, true},
+		{"250k in epoll mode, 3.9 KB", Connections{ReadMode: "epoll", Target: 250000, Held: 250000, RSSPerConnKB: 3.9}, true, true},
 		{"one dropped", Connections{ReadMode: "epoll", Held: 250000, RSSPerConnKB: 3.9, Load: loadResult{Dropped: 1}}, false, true},
 		{"one failed", Connections{ReadMode: "epoll", Held: 250000, RSSPerConnKB: 3.9, Load: loadResult{Failed: 1}}, false, true},
 		{"goroutine mode", Connections{ReadMode: "goroutine", Held: 250000, RSSPerConnKB: 3.9}, true, false},
 		{"too few for the memory goal", Connections{ReadMode: "epoll", Held: 99999, RSSPerConnKB: 3.9}, false, false},
 		{"over 4 KB", Connections{ReadMode: "epoll", Held: 120000, RSSPerConnKB: 4.01}, false, false},
+		{"most shed", Connections{ReadMode: "epoll", Target: 250000, Held: 78, RSSPerConnKB: 15940}, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rows := tc.c.summary()
 			if rows[0].met != tc.held || rows[1].met != tc.rss {
 				t.Errorf("held met %v, RSS met %v; want %v, %v", rows[0].met, rows[1].met, tc.held, tc.rss)
+			}
+			if strings.HasPrefix(rows[1].measured, "not measured") != (tc.c.Held < float64(tc.c.Target)/2) {
+				t.Errorf("RSS row %q with %.0f of %d held", rows[1].measured, tc.c.Held, tc.c.Target)
 			}
 			if !rows[0].atScale || !rows[1].atScale || rows[2].goal != "" || rows[3].goal != "" {
 				t.Errorf("rows %+v: the two goals are judged at full scale only, the other rows have none", rows)
