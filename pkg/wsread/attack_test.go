@@ -1,0 +1,97 @@
+//go:build linux
+
+package wsread
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// runServer is startServer with Run's end in the test's hands: stop
+// cancels Run and waits for it to return.
+func runServer(t *testing.T, cfg Config, setup func(*recorder)) (ts *testServer, stop func()) {
+	t.Helper()
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts = &testServer{s: s, newCh: make(chan *recorder, 1000)}
+	up := &websocket.Upgrader{ReadBufferSize: 128, WriteBufferPool: &sync.Pool{}}
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := s.Upgrade(up, w, r, nil)
+		if err != nil {
+			return
+		}
+		rec := &recorder{c: c}
+		if setup != nil {
+			setup(rec)
+		}
+		ts.mu.Lock()
+		ts.recs = append(ts.recs, rec)
+		ts.mu.Unlock()
+		ts.newCh <- rec
+		s.Serve(c, rec)
+	}))
+	ts.url = "ws" + strings.TrimPrefix(hs.URL, "http")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("Run did not return")
+			}
+		})
+	}
+	t.Cleanup(func() { stop(); hs.Close() })
+	return ts, stop
+}
+
+// TestLingerEndsWhilePeerPongs: the handler sends a close, lingers and
+// returns false; the peer keeps sending pongs, and the pong handler (as a
+// gateway's does) pushes the read deadline out. The goroutine mode
+// lingered through gorilla, whose pong handler moved the linger's
+// deadline: the linger never ended.
+func TestLingerEndsWhilePeerPongs(t *testing.T) {
+	for _, mode := range modes() {
+		t.Run(string(mode), func(t *testing.T) {
+			ts, _ := runServer(t, Config{Mode: mode, SweepInterval: 10 * time.Millisecond}, func(r *recorder) {
+				ws := r.c.WS()
+				ws.SetPongHandler(func(string) error { return ws.SetReadDeadline(time.Now().Add(time.Hour)) })
+				r.onMessage = func(r *recorder, _ int, _ []byte) bool {
+					ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(4000, ""), time.Now().Add(time.Second))
+					r.c.Linger(100 * time.Millisecond)
+					return false
+				}
+			})
+			c := dialRaw(t, ts.url, nil)
+			rec := ts.next(t)
+			c.write(t, masked(opText, true, "quit"))
+			c.expect(t, opClose)
+			deadline := time.Now().Add(10 * time.Second)
+			for len(rec.closes()) == 0 && time.Now().Before(deadline) {
+				if _, err := c.nc.Write(masked(opPong, true, "")); err != nil {
+					break // the server hung up: fine
+				}
+				time.Sleep(5 * time.Millisecond) // pace the pongs, not a wait
+			}
+			if err := rec.waitClosed(t); err != nil {
+				t.Fatalf("Closed(%v), want nil", err)
+			}
+		})
+	}
+}
