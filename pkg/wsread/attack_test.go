@@ -61,6 +61,74 @@ func runServer(t *testing.T, cfg Config, setup func(*recorder)) (ts *testServer,
 	return ts, stop
 }
 
+// epollFd is the poller's epoll fd number.
+func epollFd(t *testing.T, p *poller) int {
+	fd := -1
+	if err := p.rc.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+// TestServeAfterRunEndsEpfdReused: Serve after Run ended, with the closed
+// epoll set's fd number taken by another epoll set (another Server opened
+// since). The stale number registered the connection in the other set:
+// Closed never came.
+func TestServeAfterRunEndsEpfdReused(t *testing.T) {
+	var (
+		held = make(chan *Conn, 1)
+		s    *Server
+	)
+	s, err := New(Config{Mode: ModeEpoll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := &websocket.Upgrader{ReadBufferSize: 128}
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := s.Upgrade(up, w, r, nil)
+		if err != nil {
+			return
+		}
+		held <- c // served later
+	}))
+	defer hs.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	dialRaw(t, "ws"+strings.TrimPrefix(hs.URL, "http"), nil)
+	c := <-held
+	old := epollFd(t, s.p)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// Open epoll sets until one gets the old number (fds are allocated
+	// lowest first; the extra ones fill lower free numbers).
+	var others []*Server
+	defer func() {
+		for _, o := range others {
+			o.Close()
+		}
+	}()
+	for len(others) < 1000 {
+		o, err := New(Config{Mode: ModeEpoll})
+		if err != nil {
+			t.Fatal(err)
+		}
+		others = append(others, o)
+		if epollFd(t, o.p) >= old {
+			break
+		}
+	}
+	if got := epollFd(t, others[len(others)-1].p); got != old {
+		t.Fatalf("fd %d was taken by something else (got %d)", old, got)
+	}
+	rec := &recorder{c: c}
+	s.Serve(c, rec)
+	rec.waitClosed(t)
+	c.WS().Close()
+}
+
 // TestLingerEndsWhilePeerPongs: the handler sends a close, lingers and
 // returns false; the peer keeps sending pongs, and the pong handler (as a
 // gateway's does) pushes the read deadline out. The goroutine mode
