@@ -4,6 +4,8 @@ package wsread
 
 import (
 	"context"
+	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -68,6 +70,94 @@ func epollFd(t *testing.T, p *poller) int {
 		t.Fatal(err)
 	}
 	return fd
+}
+
+// epollClosed says whether the poller's epoll file is closed.
+func epollClosed(p *poller) bool {
+	return p.rc.Control(func(uintptr) {}) != nil
+}
+
+// TestCloseRacingRunEnd: connections closed here (ws.Close) while Run
+// ends. Their end was queued for a worker; the workers left on the stop
+// signal with the queue not empty, and Run's shutdown only ended the
+// connections still in its table (a closed one is not): Closed never came.
+func TestCloseRacingRunEnd(t *testing.T) {
+	release := make(chan struct{})
+	ts, stop := runServer(t, Config{Mode: ModeEpoll, Workers: 2}, func(r *recorder) {
+		r.onMessage = func(*recorder, int, []byte) bool { <-release; return true }
+	})
+	// Both workers busy in a handler.
+	for range 2 {
+		c := dialRaw(t, ts.url, nil)
+		ts.next(t)
+		c.write(t, masked(opText, true, "hold"))
+	}
+	waitFor(t, "both workers in a handler", func() bool {
+		n := 0
+		for _, r := range ts.recs {
+			n += len(r.messages())
+		}
+		return n == 2
+	})
+	// Idle connections closed here: their ends fill the workers' queue.
+	var idle []*recorder
+	for range 4 * 2 {
+		dialRaw(t, ts.url, nil)
+		r := ts.next(t)
+		idle = append(idle, r)
+		waitFor(t, "registration", func() bool { r.c.mu.Lock(); defer r.c.mu.Unlock(); return r.c.registered })
+	}
+	for _, r := range idle {
+		r.c.WS().Close()
+	}
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	waitFor(t, "the stop signal", func() bool {
+		select {
+		case <-ts.s.p.stop:
+			return true
+		default:
+			return false
+		}
+	})
+	close(release)
+	<-stopped
+	for i, r := range idle {
+		waitFor(t, "Closed of a connection closed while Run ended", func() bool { return len(r.closes()) > 0 })
+		if cl := r.closes(); len(cl) != 1 || !errors.Is(cl[0], net.ErrClosed) {
+			t.Fatalf("connection %d: Closed %v", i, cl)
+		}
+	}
+}
+
+// TestRunEndMidBatch: a worker is in a handler when Run ends. Run promises
+// that every connection still being read is closed and gets
+// Closed(net.ErrClosed); the worker re-armed on the closed epoll set
+// instead and ended the connection with that error, socket left open.
+func TestRunEndMidBatch(t *testing.T) {
+	release := make(chan struct{})
+	ts, stop := runServer(t, Config{Mode: ModeEpoll, Workers: 1}, func(r *recorder) {
+		r.onMessage = func(*recorder, int, []byte) bool { <-release; return true }
+	})
+	c := dialRaw(t, ts.url, nil)
+	rec := ts.next(t)
+	c.write(t, masked(opText, true, "hold"))
+	waitFor(t, "the handler", func() bool { return len(rec.messages()) == 1 })
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	waitFor(t, "the epoll set closed", func() bool { return epollClosed(ts.s.p) })
+	close(release)
+	<-stopped
+	wantErr(t, rec.waitClosed(t), net.ErrClosed)
+	// The server closed the socket: the client's reader ends.
+	select {
+	case _, ok := <-c.frames:
+		if ok {
+			t.Fatal("a frame, want the connection closed")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the socket was left open")
+	}
 }
 
 // TestServeAfterRunEndsEpfdReused: Serve after Run ended, with the closed

@@ -74,6 +74,16 @@ func (p *poller) ctl(op int, fd int32, ev *syscall.EpollEvent) error {
 	return err
 }
 
+// stopping says Run is ending: its shutdown ends the connections left.
+func (p *poller) stopping() bool {
+	select {
+	case <-p.stop:
+		return true
+	default:
+		return false
+	}
+}
+
 // run waits for events, runs the workers and the sweep until ctx is done,
 // then ends every connection still registered (Closed(net.ErrClosed)).
 func (p *poller) run(ctx context.Context) error {
@@ -253,7 +263,9 @@ func (p *poller) handle(c *Conn) {
 		reason, end = c.endErr, true
 	}
 	if !end && c.registered {
-		if err := p.arm(c); err != nil {
+		// Re-arming fails once Run closed the set; shutdown then ends c
+		// (closed, Closed(net.ErrClosed)) as it does every registered one.
+		if err := p.arm(c); err != nil && !p.stopping() {
 			reason, end = err, true
 		}
 	}
@@ -345,16 +357,18 @@ func pastDue(c *Conn, now int64) bool {
 // shutdown ends every connection still registered once the workers are
 // gone: its socket is closed and Closed(net.ErrClosed) called here.
 func (p *poller) shutdown() {
-	for {
+	// Queued connections are owned by nobody now. Some are no longer in
+	// the table (closed here, their Closed still due): end them too.
+	var left []*Conn
+	for drained := false; !drained; {
 		select {
-		case <-p.work: // owned by nobody now; ended below
-			continue
+		case c := <-p.work:
+			left = append(left, c)
 		default:
+			drained = true
 		}
-		break
 	}
 	p.mu.Lock()
-	left := make([]*Conn, 0, len(p.conns))
 	for _, c := range p.conns {
 		left = append(left, c)
 	}
