@@ -253,3 +253,54 @@ func TestLingerEndsWhilePeerPongs(t *testing.T) {
 		})
 	}
 }
+
+// TestPingWhileWriterBlocked: one worker. The application's writer is
+// blocked writing to a peer that does not read (holding gorilla's write
+// lock until its deadline), and that peer sends pings. gorilla's own ping
+// handler answers inside ReadMessage, waiting up to a second per ping for
+// the write lock: the worker was stuck there until the writer gave up, and
+// another connection's message waited as long.
+func TestPingWhileWriterBlocked(t *testing.T) {
+	ts, _ := runServer(t, Config{Mode: ModeEpoll, Workers: 1}, nil)
+	slow := idleClient(t, strings.TrimPrefix(ts.url, "ws://")) // never reads
+	defer slow.Close()
+	ws := ts.next(t).c.WS()
+	writerDone := make(chan error, 1)
+	go func() {
+		// One frame far larger than the socket buffers: gorilla holds its
+		// write lock for the whole write.
+		ws.SetWriteDeadline(time.Now().Add(8 * time.Second))
+		writerDone <- ws.WriteMessage(websocket.BinaryMessage, make([]byte, 64<<20))
+	}()
+	waitFor(t, "the writer holding the write lock", func() bool {
+		// Fails (without harm) only when waiting for the lock timed out.
+		return ws.WriteControl(websocket.PingMessage, nil, time.Now().Add(time.Millisecond)) != nil
+	})
+	var pings []byte
+	for range 20 {
+		pings = append(pings, masked(opPing, true, "p")...)
+	}
+	if _, err := slow.Write(pings); err != nil {
+		t.Fatal(err)
+	}
+	quiet := dialRaw(t, ts.url, nil)
+	rec := ts.next(t)
+	quiet.write(t, masked(opText, true, "q"))
+	got, gone := make(chan struct{}), make(chan struct{})
+	defer close(gone)
+	go func() {
+		for len(rec.messages()) == 0 {
+			select {
+			case <-gone:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+		}
+		close(got)
+	}()
+	select {
+	case <-got:
+	case err := <-writerDone:
+		t.Fatalf("the quiet connection's message waited for the blocked writer (it ended: %v)", err)
+	}
+}

@@ -37,6 +37,7 @@ type poller struct {
 
 	stop    chan struct{}
 	spawned sync.WaitGroup // dispatches that found every worker busy
+	pongs   sync.WaitGroup // Conn.writePongs
 	once    sync.Once
 }
 
@@ -102,6 +103,7 @@ func (p *poller) run(ctx context.Context) error {
 	p.mu.Unlock()
 	p.spawned.Wait()
 	p.shutdown()
+	p.pongs.Wait() // bounded by pongWait: the sockets are closed
 	return nil
 }
 
