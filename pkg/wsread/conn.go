@@ -48,14 +48,16 @@ type Conn struct {
 	// mu guards the state below, and orders epoll registration against
 	// Close: the table entry and EPOLL_CTL_DEL go before the socket closes.
 	mu          sync.Mutex
-	served      bool  // Serve was called
-	busy        bool  // a worker owns the connection (or it is queued for one)
-	registered  bool  // in the poller's table and epoll set
-	closed      bool  // the socket is closed
-	ended       bool  // Closed was called (or is being called)
-	endReq      bool  // reading must end with endErr when the owner looks
-	endErr      error //
-	lingerErr   error // given to Closed when a linger ends
+	served      bool     // Serve was called
+	busy        bool     // a worker owns the connection (or it is queued for one)
+	registered  bool     // in the poller's table and epoll set
+	closed      bool     // the socket is closed
+	ended       bool     // Closed was called (or is being called)
+	endReq      bool     // reading must end with endErr when the owner looks
+	endErr      error    //
+	lingerErr   error    // given to Closed when a linger ends
+	ponging     bool     // writePongs runs (epoll)
+	pongs       []string // payloads of the pings it has yet to answer
 	lingerUntil atomic.Int64
 }
 
@@ -263,6 +265,52 @@ func (c *Conn) lingerReason() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.lingerErr
+}
+
+// pongWait bounds writing a pong, as gorilla's own ping handler does.
+const pongWait = time.Second
+
+// maxPongs bounds the pongs waiting on one connection; past it the oldest
+// are dropped (RFC 6455 §5.5.3 allows answering only the latest ping).
+const maxPongs = 32
+
+// pong is the ping handler in epoll mode. gorilla's own writes the pong
+// inside ReadMessage, on the worker, waiting up to a second per ping for
+// the write lock; an application writer holds that lock for as long as its
+// write blocks on a peer that does not read (up to its write deadline), so
+// a few such peers pinging would stall every worker. The pongs go out in
+// order on a goroutine instead, one per connection at most and only while
+// a pong is due.
+func (c *Conn) pong(data string) error {
+	c.mu.Lock()
+	if len(c.pongs) == maxPongs {
+		c.pongs = c.pongs[1:]
+	}
+	c.pongs = append(c.pongs, data)
+	start := !c.ponging
+	c.ponging = true
+	c.mu.Unlock()
+	if start {
+		c.s.p.pongs.Go(c.writePongs)
+	}
+	return nil
+}
+
+func (c *Conn) writePongs() {
+	for {
+		c.mu.Lock()
+		if len(c.pongs) == 0 {
+			c.ponging, c.pongs = false, nil
+			c.mu.Unlock()
+			return
+		}
+		data := c.pongs[0]
+		c.pongs = c.pongs[1:]
+		c.mu.Unlock()
+		// Errors are the writer's to see: a failed write is fatal to
+		// every later one.
+		c.ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(pongWait))
+	}
 }
 
 func isCloseError(err error) bool {

@@ -23,8 +23,10 @@ const armEvents = syscall.EPOLLIN | syscall.EPOLLRDHUP | syscall.EPOLLONESHOT
 // registered connections, the resident workers' queue and the buffers.
 type poller struct {
 	s    *Server
-	epfd int
-	file *os.File // epfd, non-blocking, waited on in the runtime's netpoller
+	file *os.File // the epoll fd, non-blocking, waited on in the runtime's netpoller
+	// rc is file's; epoll_ctl goes through its Control, so the epfd number
+	// is never used once file is closed (it may name another file by then).
+	rc   syscall.RawConn
 	work chan *Conn
 	bufs sync.Pool // *[]byte batch buffers of 2×ReadLimit+512
 
@@ -35,6 +37,7 @@ type poller struct {
 
 	stop    chan struct{}
 	spawned sync.WaitGroup // dispatches that found every worker busy
+	pongs   sync.WaitGroup // Conn.writePongs
 	once    sync.Once
 }
 
@@ -50,14 +53,36 @@ func newPoller(s *Server) (*poller, error) {
 	size := int(2*s.cfg.ReadLimit + 512)
 	p := &poller{
 		s:     s,
-		epfd:  epfd,
 		file:  os.NewFile(uintptr(epfd), "wsread-epoll"),
 		work:  make(chan *Conn, 4*s.cfg.Workers),
 		conns: make(map[int32]*Conn),
 		stop:  make(chan struct{}),
 	}
 	p.bufs.New = func() any { b := make([]byte, 0, size); return &b }
+	if p.rc, err = p.file.SyscallConn(); err != nil {
+		p.file.Close()
+		return nil, fmt.Errorf("wsread: epoll fd: %w", err)
+	}
 	return p, nil
+}
+
+// ctl is epoll_ctl on the set, or os.ErrClosed once the set is closed.
+func (p *poller) ctl(op int, fd int32, ev *syscall.EpollEvent) error {
+	var err error
+	if cerr := p.rc.Control(func(epfd uintptr) { err = syscall.EpollCtl(int(epfd), op, int(fd), ev) }); cerr != nil {
+		return os.ErrClosed
+	}
+	return err
+}
+
+// stopping says Run is ending: its shutdown ends the connections left.
+func (p *poller) stopping() bool {
+	select {
+	case <-p.stop:
+		return true
+	default:
+		return false
+	}
 }
 
 // run waits for events, runs the workers and the sweep until ctx is done,
@@ -78,6 +103,7 @@ func (p *poller) run(ctx context.Context) error {
 	p.mu.Unlock()
 	p.spawned.Wait()
 	p.shutdown()
+	p.pongs.Wait() // bounded by pongWait: the sockets are closed
 	return nil
 }
 
@@ -87,10 +113,7 @@ func (p *poller) close() { p.once.Do(func() { p.file.Close() }) }
 // loop drains the epoll set whenever the runtime's netpoller says it is
 // readable, and hands each connection to a worker.
 func (p *poller) loop() {
-	rc, err := p.file.SyscallConn()
-	if err != nil {
-		return
-	}
+	rc := p.rc
 	events := make([]syscall.EpollEvent, 128)
 	ready := make([]syscall.EpollEvent, 0, 128)
 	for {
@@ -183,11 +206,16 @@ func (p *poller) serve(c *Conn) {
 		p.conns[c.fd] = c
 		p.mu.Unlock()
 		ev := syscall.EpollEvent{Events: armEvents, Fd: c.fd, Pad: int32(c.gen)}
-		if err := syscall.EpollCtl(p.epfd, syscall.EPOLL_CTL_ADD, int(c.fd), &ev); err != nil {
+		if err := p.ctl(syscall.EPOLL_CTL_ADD, c.fd, &ev); err != nil {
 			p.mu.Lock()
 			delete(p.conns, c.fd)
 			p.mu.Unlock()
 			c.endReq, c.endErr = true, fmt.Errorf("wsread: epoll add: %w", err)
+			if errors.Is(err, os.ErrClosed) {
+				// Run has ended: as in goroutine mode, close it.
+				c.endErr, c.closed = net.ErrClosed, true
+				c.w.Conn.Close()
+			}
 			break
 		}
 		c.registered = true
@@ -202,7 +230,7 @@ func (p *poller) serve(c *Conn) {
 // arm re-arms c after a worker handled it. Called with c.mu held.
 func (p *poller) arm(c *Conn) error {
 	ev := syscall.EpollEvent{Events: armEvents, Fd: c.fd, Pad: int32(c.gen)}
-	if err := syscall.EpollCtl(p.epfd, syscall.EPOLL_CTL_MOD, int(c.fd), &ev); err != nil {
+	if err := p.ctl(syscall.EPOLL_CTL_MOD, c.fd, &ev); err != nil {
 		return fmt.Errorf("wsread: epoll re-arm: %w", err)
 	}
 	return nil
@@ -217,7 +245,7 @@ func (p *poller) deregister(c *Conn) {
 		delete(p.conns, c.fd)
 	}
 	p.mu.Unlock()
-	syscall.EpollCtl(p.epfd, syscall.EPOLL_CTL_DEL, int(c.fd), nil)
+	p.ctl(syscall.EPOLL_CTL_DEL, c.fd, nil)
 	c.registered = false
 }
 
@@ -237,7 +265,9 @@ func (p *poller) handle(c *Conn) {
 		reason, end = c.endErr, true
 	}
 	if !end && c.registered {
-		if err := p.arm(c); err != nil {
+		// Re-arming fails once Run closed the set; shutdown then ends c
+		// (closed, Closed(net.ErrClosed)) as it does every registered one.
+		if err := p.arm(c); err != nil && !p.stopping() {
 			reason, end = err, true
 		}
 	}
@@ -329,16 +359,18 @@ func pastDue(c *Conn, now int64) bool {
 // shutdown ends every connection still registered once the workers are
 // gone: its socket is closed and Closed(net.ErrClosed) called here.
 func (p *poller) shutdown() {
-	for {
+	// Queued connections are owned by nobody now. Some are no longer in
+	// the table (closed here, their Closed still due): end them too.
+	var left []*Conn
+	for drained := false; !drained; {
 		select {
-		case <-p.work: // owned by nobody now; ended below
-			continue
+		case c := <-p.work:
+			left = append(left, c)
 		default:
+			drained = true
 		}
-		break
 	}
 	p.mu.Lock()
-	left := make([]*Conn, 0, len(p.conns))
 	for _, c := range p.conns {
 		left = append(left, c)
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"sync"
 )
 
 var errNoEpoll = errors.New("wsread: epoll mode needs Linux")
@@ -15,7 +16,7 @@ const epollSupported = false
 // poller is the epoll mode's engine. It does not exist here: New refuses
 // ModeEpoll and no connection is ever in batch mode, so these are never
 // called.
-type poller struct{}
+type poller struct{ pongs sync.WaitGroup }
 
 func newPoller(*Server) (*poller, error)    { return nil, errNoEpoll }
 func (p *poller) run(context.Context) error { return errNoEpoll }

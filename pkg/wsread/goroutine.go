@@ -50,16 +50,31 @@ func (c *Conn) readLoop(linger time.Duration) error {
 			return c.readEnd(err, linger)
 		}
 		if c.lingering() {
-			continue
+			c.drain()
+			return nil
 		}
 		ok, err := c.message(typ, data)
 		if err != nil {
 			return err
 		}
-		if !ok && !c.lingering() {
+		if c.lingering() {
+			c.drain()
+			return nil
+		}
+		if !ok {
 			return nil
 		}
 	}
+}
+
+// drain drops input below gorilla until the peer hangs up or the linger
+// passes. Lingering through ReadMessage would run gorilla's pong handler,
+// and one that pushes the read deadline out (as keep-alive handlers do)
+// would push the linger's end out with it.
+func (c *Conn) drain() {
+	nc := c.ws.UnderlyingConn()
+	nc.SetReadDeadline(time.Unix(0, c.lingerUntil.Load()))
+	io.Copy(io.Discard, nc)
 }
 
 func (c *Conn) readEnd(err error, linger time.Duration) error {

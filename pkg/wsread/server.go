@@ -103,6 +103,9 @@ func (s *Server) Upgrade(u *websocket.Upgrader, w http.ResponseWriter, r *http.R
 		return nil, err
 	}
 	hj.c.ws = ws
+	if hj.c.fd >= 0 {
+		ws.SetPingHandler(hj.c.pong)
+	}
 	return hj.c, nil
 }
 
@@ -208,6 +211,7 @@ func (s *Server) Dial(ctx context.Context, d *websocket.Dialer, url string, h ht
 	c.ws = ws
 	if c.fd >= 0 {
 		c.w.mode = wireBatch
+		ws.SetPingHandler(c.pong)
 	}
 	return c, resp, nil
 }
