@@ -114,21 +114,21 @@ func (c Config) FallbackPolicy() policy.Policy { return policy.Fallback(0, 0, c.
 // value means their default are set to the default all the same.
 func DefaultConfig() Config {
 	return Config{
-		Redis:          redisconn.DefaultConfig(),
-		Kafka:          kafka.DefaultConfig(),
-		AdminAddr:      "127.0.0.1:8082",
-		Mode:           ModeHybrid,
-		SweepInterval:  200 * time.Millisecond,
-		SweepBatch:     256,
+		Redis:         redisconn.DefaultConfig(),
+		Kafka:         kafka.DefaultConfig(),
+		AdminAddr:     "127.0.0.1:8082",
+		Mode:          ModeHybrid,
+		SweepInterval: 200 * time.Millisecond,
+		SweepBatch:    256,
 		// Detection within a fire slot of the deadline (bench/report.md).
 		PrefetchInterval:    500 * time.Millisecond,
 		PrefetchAhead:       time.Second,
 		FireSlot:            10 * time.Millisecond,
 		SafetySweepInterval: 5 * time.Second,
-		DedupTTL:       120 * time.Second,
-		ProduceTimeout: 10 * time.Second,
-		SpoolDir:       "/var/lib/stillthere/spool",
-		SpoolMaxBytes:  256 << 20,
+		DedupTTL:            120 * time.Second,
+		ProduceTimeout:      10 * time.Second,
+		SpoolDir:            "/var/lib/stillthere/spool",
+		SpoolMaxBytes:       256 << 20,
 		// A client at the default TTL pings at least once a TTL and its
 		// jitter; 10s more covers reconnecting to another gateway.
 		OutageGrace:      policy.DefaultSessionTTL + policy.DefaultSessionJitter + 10*time.Second,
