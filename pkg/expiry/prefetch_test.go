@@ -39,9 +39,9 @@ func TestDetector(t *testing.T) {
 	// late.
 	at := d.base.Add(10 * time.Millisecond)
 	wins := []session.Window{
-		{Now: now, Overdue: 1, Entries: []session.Timed{{u3[0], now - 50}, {u3[1], now + 200}}},
-		{Now: now, Entries: []session.Timed{{u3[2], now + 300}}},
-		{Now: now + 1, Entries: []session.Timed{{u5[0], now + 400}}, Cut: true},
+		{Now: now, Overdue: 1, Entries: []session.Timed{{UID: u3[0], At: now - 50}, {UID: u3[1], At: now + 200}}},
+		{Now: now, Entries: []session.Timed{{UID: u3[2], At: now + 300}}},
+		{Now: now + 1, Entries: []session.Timed{{UID: u5[0], At: now + 400}}, Cut: true},
 		{Now: now + 1},
 	}
 	d.apply(reads, wins, at)
