@@ -40,13 +40,14 @@ import (
 // several ticks, the window's end moving to the last entry read.
 const prefetchLimit = 512
 
-// fireMax bounds the timers one slot confirms; the rest fire in the next.
-const fireMax = 1024
 
 // detector is the prefetch path's state: owned buckets, how far each set
 // was read, the local timers, and Redis's clock.
 type detector struct {
 	ahead, slot time.Duration
+	// fireMax bounds the timers one slot confirms, as the sweep's batch
+	// bounds what one sweep takes: the rest fire in the next slot, at once.
+	fireMax int
 	// base is the local monotonic origin of the clock estimate; off is
 	// Redis's clock less the local one, in ms: never more than the truth
 	// (the reply came after Redis read its clock), so timers fire late by
@@ -65,7 +66,7 @@ type detector struct {
 }
 
 func newDetector(cfg Config) *detector {
-	return &detector{ahead: cfg.PrefetchAhead, slot: cfg.FireSlot, base: time.Now()}
+	return &detector{ahead: cfg.PrefetchAhead, slot: cfg.FireSlot, fireMax: cfg.SweepBatch * session.Buckets, base: time.Now()}
 }
 
 // own makes owned the buckets read ahead. Timers of a bucket no longer
@@ -152,7 +153,7 @@ func (d *detector) due(t time.Time) []session.Candidate {
 	if !d.synced {
 		return nil
 	}
-	tms := d.timers.popDue(d.redisNow(t), fireMax)
+	tms := d.timers.popDue(d.redisNow(t), d.fireMax)
 	out := make([]session.Candidate, len(tms))
 	for i, tm := range tms {
 		out[i] = session.Candidate{UID: tm.uid, Held: tm.held}
