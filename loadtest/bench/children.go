@@ -89,10 +89,13 @@ type DetectMode struct {
 	CloseGuideP50 float64 `json:"close_guide_p50_ms"`
 	CloseGuideP99 float64 `json:"close_guide_p99_ms"`
 	CloseGuideMax float64 `json:"close_guide_max_ms"`
-	// Redis calls per second: the listeners idle (nothing due), and while
-	// the silences expire (listeners and consumer).
-	IdleCallsPerS   float64 `json:"idle_calls_per_s"`
-	ExpiryCallsPerS float64 `json:"expiry_calls_per_s"`
+	// Redis commands per second (those scripts run included), and script
+	// calls: the listeners idle (nothing due), and while the silences
+	// expire (listeners and consumer).
+	IdleCallsPerS     float64 `json:"idle_calls_per_s"`
+	IdleScriptsPerS   float64 `json:"idle_scripts_per_s"`
+	ExpiryCallsPerS   float64 `json:"expiry_calls_per_s"`
+	ExpiryScriptsPerS float64 `json:"expiry_scripts_per_s"`
 }
 
 // Storm is detectbench's storm: sessions expiring within one window, past

@@ -100,14 +100,18 @@ type ModeResult struct {
 	CloseGuideP50 float64 `json:"close_guide_p50_ms"`
 	CloseGuideP99 float64 `json:"close_guide_p99_ms"`
 	CloseGuideMax float64 `json:"close_guide_max_ms"`
-	// Redis's calls per second (INFO commandstats): IdleCallsPerS over
-	// IdleS with the listeners running and nothing due (their detection
-	// cost alone, and the idle consumer's); ExpiryCallsPerS from the
-	// first silent deadline to the last (detection, events, dedup,
-	// settling, and the consumer's guides).
-	IdleCallsPerS   float64 `json:"idle_calls_per_s"`
-	IdleS           float64 `json:"idle_s"`
-	ExpiryCallsPerS float64 `json:"expiry_calls_per_s"`
+	// Redis's commands per second (INFO commandstats, which counts the
+	// commands scripts run too): IdleCallsPerS over IdleS with the
+	// listeners running and nothing due (their detection cost alone, and
+	// the idle consumer's); ExpiryCallsPerS from the first silent
+	// deadline to the last (detection, events, dedup, settling, and the
+	// consumer's guides). The Scripts figures count script calls
+	// (EVALSHA, EVAL) alone.
+	IdleCallsPerS     float64 `json:"idle_calls_per_s"`
+	IdleScriptsPerS   float64 `json:"idle_scripts_per_s"`
+	IdleS             float64 `json:"idle_s"`
+	ExpiryCallsPerS   float64 `json:"expiry_calls_per_s"`
+	ExpiryScriptsPerS float64 `json:"expiry_scripts_per_s"`
 }
 
 // StormResult is the storm's figures.
@@ -280,6 +284,7 @@ func run(ctx context.Context, log *slog.Logger, rep *Report, grace, closeAfter, 
 				mode, n, res.Produced, res.Silent, res.Duplicates, res.LagP50MS, res.LagP99MS, res.LagMaxMS,
 				res.Guided, res.GuideP50MS, res.GuideP99MS, res.GuideMaxMS, res.Held,
 				res.Closed, res.CloseLagP99, res.CloseGuided, res.CloseGuideP99, res.IdleCallsPerS, res.ExpiryCallsPerS)
+			fmt.Fprintf(os.Stderr, "detectbench: %s, %d replicas: script calls/s idle %.0f, while expiring %.0f\n", mode, n, res.IdleScriptsPerS, res.ExpiryScriptsPerS)
 			rep.Modes = append(rep.Modes, res)
 		}
 	}
@@ -385,7 +390,8 @@ func (b *bench) detect(ctx context.Context, mode string, replicas, silent int, w
 	time.Sleep(idleFor) // real time: what the listeners cost while nothing is due
 	calls1, at1 := redisCalls(ctx, b.rdb), time.Now()
 	res.IdleS = at1.Sub(at0).Seconds()
-	res.IdleCallsPerS = float64(calls1-calls0) / res.IdleS
+	res.IdleCallsPerS = float64(calls1.all-calls0.all) / res.IdleS
+	res.IdleScriptsPerS = float64(calls1.scripts-calls0.scripts) / res.IdleS
 	held0 := heldTotal()
 
 	lead := 2 * time.Second
@@ -397,7 +403,7 @@ func (b *bench) detect(ctx context.Context, mode string, replicas, silent int, w
 	last := time.Now().Add(lead + window)
 	firstDeadline := time.Now().Add(lead)
 	var expiring struct {
-		calls0, calls1 int64
+		calls0, calls1 commands
 		at0, at1       time.Time
 	}
 	var counted sync.WaitGroup
@@ -459,7 +465,8 @@ func (b *bench) detect(ctx context.Context, mode string, replicas, silent int, w
 	}
 	counted.Wait()
 	if s := expiring.at1.Sub(expiring.at0).Seconds(); s > 0 {
-		res.ExpiryCallsPerS = float64(expiring.calls1-expiring.calls0) / s
+		res.ExpiryCallsPerS = float64(expiring.calls1.all-expiring.calls0.all) / s
+		res.ExpiryScriptsPerS = float64(expiring.calls1.scripts-expiring.calls0.scripts) / s
 	}
 	res.CloseAfterS = b.closeAfter.Seconds()
 	res.Closed = len(closed)
@@ -557,22 +564,30 @@ func (b *bench) startGuides(ctx context.Context, mode string, replicas int, topi
 	return hook, sync.OnceFunc(stop), nil
 }
 
-// redisCalls is the count of commands Redis ran so far (INFO
-// commandstats, every command), or 0 when it does not answer.
-func redisCalls(ctx context.Context, rdb *redis.Client) int64 {
+// commands are counts of commands Redis ran so far.
+type commands struct {
+	all     int64 // every command, those scripts run included
+	scripts int64 // script calls: EVALSHA, EVAL
+}
+
+// redisCalls reads INFO commandstats; zero when Redis does not answer.
+func redisCalls(ctx context.Context, rdb *redis.Client) commands {
 	s, err := rdb.Info(ctx, "commandstats").Result()
 	if err != nil {
-		return 0
+		return commands{}
 	}
-	var n int64
+	var n commands
 	for _, line := range strings.Split(s, "\n") {
-		_, rest, ok := strings.Cut(line, "calls=")
+		name, rest, ok := strings.Cut(line, ":calls=")
 		if !ok {
 			continue
 		}
 		v, _, _ := strings.Cut(rest, ",")
 		c, _ := strconv.ParseInt(v, 10, 64)
-		n += c
+		n.all += c
+		if name == "cmdstat_evalsha" || name == "cmdstat_eval" {
+			n.scripts += c
+		}
 	}
 	return n
 }

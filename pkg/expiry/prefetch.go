@@ -40,7 +40,6 @@ import (
 // several ticks, the window's end moving to the last entry read.
 const prefetchLimit = 512
 
-
 // detector is the prefetch path's state: owned buckets, how far each set
 // was read, the local timers, and Redis's clock.
 type detector struct {

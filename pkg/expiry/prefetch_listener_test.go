@@ -200,4 +200,3 @@ func TestOwnershipChanges(t *testing.T) {
 		checkExactlyOnce(t, h.events(), want, timeoutevent.SourceSweep)
 	})
 }
-
