@@ -2,9 +2,13 @@
 // passed without a renewal, deduplicates them per uid and minute window,
 // and produces one timeout event each to Kafka, keyed by uid.
 //
-// Two paths feed one pipeline. The sweep reads the deadline index the
-// gateway writes beside each session key, every SweepInterval; it is the
-// path that is on time and loses nothing. Redis expired keyspace events are
+// Paths feed one pipeline. The prefetch path (prefetch.go) reads ahead,
+// of the buckets this replica owns, the deadlines of the next moment from
+// the index the gateway writes beside each session key, and asks Redis
+// about each when its local timer fires: it is on time. The sweep reads
+// every bucket of the index, every SweepInterval, or every
+// SafetySweepInterval while the prefetch path is on; it loses nothing,
+// whoever owns what. Redis expired keyspace events are
 // the other: they cost nothing when they come, but come late or never once
 // many keys live, and not at all while the listener is disconnected. An
 // index entry is removed only after its event is produced, so whatever one
