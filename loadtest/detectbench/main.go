@@ -160,12 +160,13 @@ func main() {
 	live := flag.Int("live", 100000, "live sessions held in Redis throughout")
 	silent := flag.Int("silent", 1000, "sessions going silent per mode")
 	window := flag.Duration("window", 10*time.Second, "the silent sessions' deadlines spread over this")
-	modes := flag.String("modes", "sweep,hybrid,events", "detection modes, run one after another: events, sweep, hybrid, or sweep-noprefetch (the sweep alone, as before the prefetch path)")
+	modes := flag.String("modes", "sweep,hybrid,events", "detection modes, run one after another: events, sweep, hybrid, or sweep-noprefetch (the sweep alone, as before the prefetch path); empty: the storm alone")
 	replicas := flag.String("replicas", "1", "comma-separated counts of listener replicas; each mode runs once per count")
 	wait := flag.Duration("wait", 60*time.Second, "how long past the last deadline to wait for events")
 	storm := flag.Int("storm", 50000, "sessions running out within one second in the storm; 0 skips it")
 	grace := flag.Duration("grace", 10*time.Second, "the listeners' outage grace; silences are awaited at least this plus 5s past their deadline")
 	closeAfter := flag.Duration("close-after", 5*time.Second, "each silence's close stage follows its reminder this much later (the lateness of a later stage); 0: one stage only")
+	flag.StringVar(&stormProfile, "storm-cpuprofile", "", "write a CPU profile of this process over the storm's window and release to this file")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -184,7 +185,7 @@ func main() {
 		}
 		counts = append(counts, n)
 	}
-	if err := run(ctx, log, &rep, *grace, *closeAfter, *window, *wait, strings.Split(*modes, ","), counts, *storm); err != nil {
+	if err := run(ctx, log, &rep, *grace, *closeAfter, *window, *wait, strings.FieldsFunc(*modes, func(r rune) bool { return r == ',' }), counts, *storm); err != nil {
 		fmt.Fprintln(os.Stderr, "detectbench:", err)
 		os.Exit(1)
 	}

@@ -87,6 +87,8 @@ func TestValidate(t *testing.T) {
 		{"brake share NaN", func(c *Config) { c.MassExpiryShare = math.NaN() }, "mass-expiry-share"},
 		{"no brake floor", func(c *Config) { c.MassExpiryFloor = 0 }, "mass-expiry-floor"},
 		{"brake window too short", func(c *Config) { c.MassExpiryWindow = 999 * time.Millisecond }, "mass-expiry-window"},
+		{"negative brake release rate", func(c *Config) { c.MassExpiryReleaseRate = -1 }, "mass-expiry-release-rate"},
+		{"brake release rate past a million", func(c *Config) { c.MassExpiryReleaseRate = 1_000_001 }, "mass-expiry-release-rate"},
 
 		{"prefetch off", func(c *Config) { c.PrefetchInterval, c.PrefetchAhead, c.FireSlot, c.SafetySweepInterval = 0, 0, 0, 0 }, ""},
 		{"prefetch interval too short", func(c *Config) { c.PrefetchInterval = 9 * time.Millisecond }, "prefetch-interval"},
