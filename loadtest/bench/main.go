@@ -10,7 +10,9 @@
 //     gateway to users on another (push routing);
 //  2. renewals: Redis round trips per renewal at a renewal rate, with the
 //     gateway's and redis-server's CPU;
-//  3. and 4. detection and storm, from detectbench;
+//  3. and 4. detection and storm, from detectbench; 3b. detection at a
+//     million live sessions with one and two listener replicas, the
+//     prefetch path against the sweep alone, from detectbench;
 //  5. consumer throughput and backlog drain, from guidebench;
 //  6. outage: users guided or not through outages of Redis and of the
 //     gateways, from outagebench;
@@ -64,6 +66,7 @@ type scale struct {
 	conns    connScale
 	renew    renewScale
 	detect   detectScale
+	scale    detectScale // step 3b: detection at scale, by replicas
 	consumer consumerScale
 	outage   outageScale
 	modes    modesScale
@@ -78,6 +81,8 @@ func scaleFor(quick bool) scale {
 			renew: renewScale{Conns: 2000, Loaders: 1, Every: 2 * time.Second, Window: 8 * time.Second},
 			detect: detectScale{Live: 5000, Silent: 200, Storm: 2000, Window: 3 * time.Second, Wait: 15 * time.Second,
 				Grace: 10 * time.Second, Limit: 100 * time.Second},
+			scale: detectScale{Live: 20000, Silent: 200, Window: 3 * time.Second, Wait: 15 * time.Second,
+				Grace: 10 * time.Second, Limit: 3 * time.Minute},
 			consumer: consumerScale{Events: 2000, Queued: 1000, BreakerTimeout: 2 * time.Second, Limit: time.Minute},
 			// Two faults keep the quick run near 3 minutes: one in which
 			// the listener is as blind as the gateways (Redis frozen), one
@@ -99,9 +104,11 @@ func scaleFor(quick bool) scale {
 		conns: connScale{Gateways: 15, Conns: 250000, Loaders: 14, Ramp: 5000,
 			Settle: 31 * time.Second, Window: 30 * time.Second, Pushes: 1000, IPsPerGen: 3, Leave: 20 * time.Second,
 			ReadMode: "epoll", Every: 30 * time.Second},
-		modes:    modesScale{Conns: 15000, Every: 15 * time.Second, Ramp: 3000, Idle: 12 * time.Second, Window: 30 * time.Second, Leave: 5 * time.Second},
-		renew:    renewScale{Conns: 10000, Loaders: 2, Every: 2 * time.Second, Window: 20 * time.Second},
-		detect:   detectScale{Live: 100000, Silent: 1000, Storm: 50000, Grace: 10 * time.Second, Limit: 20 * time.Minute},
+		modes:  modesScale{Conns: 15000, Every: 15 * time.Second, Ramp: 3000, Idle: 12 * time.Second, Window: 30 * time.Second, Leave: 5 * time.Second},
+		renew:  renewScale{Conns: 10000, Loaders: 2, Every: 2 * time.Second, Window: 20 * time.Second},
+		detect: detectScale{Live: 100000, Silent: 1000, Storm: 50000, Grace: 10 * time.Second, Limit: 20 * time.Minute},
+		// The scale: a million live sessions, one and two replicas.
+		scale:    detectScale{Live: 1000000, Silent: 1000, Grace: 10 * time.Second, Limit: 10 * time.Minute},
 		consumer: consumerScale{Events: 20000, Queued: 10000, BreakerTimeout: 10 * time.Second, Limit: 15 * time.Minute},
 		outage: outageScale{Active: 1000, Silent: 200, TTL: 6 * time.Second, Jitter: 500 * time.Millisecond,
 			Grace: 8 * time.Second, Faults: "redis-pause,redis-restart,redis-cut,gateways-down", Limit: 5 * time.Minute},

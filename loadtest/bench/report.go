@@ -11,20 +11,22 @@ import (
 
 // Report is report.json; report.md renders it.
 type Report struct {
-	Quick       bool              `json:"quick"`
-	Command     string            `json:"command"`
-	Steps       []string          `json:"steps"`
-	Started     time.Time         `json:"started"`
-	DurationSec float64           `json:"duration_seconds"`
-	Machine     Machine           `json:"machine"`
-	Connections *Connections      `json:"connections,omitempty"`
-	Renewals    *Renewals         `json:"renewals,omitempty"`
-	Detection   *Detection        `json:"detection,omitempty"`
-	Consumer    *Consumer         `json:"consumer,omitempty"`
-	Outage      *Outage           `json:"outage,omitempty"`
-	Modes       *Modes            `json:"modes,omitempty"`
-	Skipped     []string          `json:"skipped,omitempty"`
-	Errors      map[string]string `json:"errors,omitempty"`
+	Quick       bool         `json:"quick"`
+	Command     string       `json:"command"`
+	Steps       []string     `json:"steps"`
+	Started     time.Time    `json:"started"`
+	DurationSec float64      `json:"duration_seconds"`
+	Machine     Machine      `json:"machine"`
+	Connections *Connections `json:"connections,omitempty"`
+	Renewals    *Renewals    `json:"renewals,omitempty"`
+	Detection   *Detection   `json:"detection,omitempty"`
+	// DetectionAtScale is step 3b (detection_scale.go).
+	DetectionAtScale *Detection        `json:"detection_at_scale,omitempty"`
+	Consumer         *Consumer         `json:"consumer,omitempty"`
+	Outage           *Outage           `json:"outage,omitempty"`
+	Modes            *Modes            `json:"modes,omitempty"`
+	Skipped          []string          `json:"skipped,omitempty"`
+	Errors           map[string]string `json:"errors,omitempty"`
 	// LostOrDoubled is one line per step that moves guides.
 	LostOrDoubled []string `json:"lost_or_doubled"`
 	// Passed: no step failed, no guide was lost or doubled (events
@@ -78,6 +80,12 @@ func (r *Report) judge() {
 		} else if r.Errors["detection"] == "" {
 			r.Errors["detection"] = "detectbench printed no storm"
 			bad = true
+		}
+	}
+	if d := r.DetectionAtScale; d != nil {
+		for _, m := range d.Modes {
+			line(fmt.Sprintf("3b detection at %d live, %s, %d replicas", d.Live, m.Mode, m.Replicas), max(m.Lost, m.Silent-m.Guided), m.GuidesDoubled, "")
+			bad = bad || m.Lost > 0 || m.Duplicates > 0 || m.Guided < m.Silent || m.GuidesDoubled > 0
 		}
 	}
 	if c := r.Consumer; c != nil && r.Errors["consumer"] == "" {
@@ -192,6 +200,9 @@ func (r *Report) markdown() string {
 				r.status(s.Lost == 0 && s.Doubled == 0 && s.Delivered >= s.Sessions && s.AllDeliveredMs <= within, false), d.Command)
 		}
 	}
+	if d := r.DetectionAtScale; d != nil {
+		r.scaleRows(d, row)
+	}
 	if c := r.Consumer; c != nil {
 		row("5", "guides per second, one replica, fast downstream", fmt.Sprintf("**%.0f**", c.GuidesPerSecond), "", "", c.Command)
 		row("5", fmt.Sprintf("drain %d queued guides after an outage ends", c.Queued),
@@ -258,6 +269,9 @@ func (r *Report) markdown() string {
 				s.Sessions, s.WindowMs, s.BrakeFloor, s.BrakeShare, s.BrakeWindow, s.GraceMs/1000, s.AtOnce, s.Held, s.HeldOther,
 				s.Delivered, s.Lost, s.Doubled, s.Resent, s.AllDeliveredMs, s.GraceMs+goalStormPastGraceMs, s.WaitedMs)
 		}
+	}
+	if d := r.DetectionAtScale; d != nil {
+		r.scaleMD(&b, d)
 	}
 	if c := r.Consumer; c != nil {
 		p("\n## 5. Consumer\n\n`%s`\n\n", c.Command)

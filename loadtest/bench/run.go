@@ -94,6 +94,10 @@ func run(ctx context.Context, bin, out string, quick bool, stepList string) (fai
 		if available(bin, "detectbench") {
 			rep.Detection, err = detection(ctx, bin, sc.detect)
 			fail("detection", err)
+			if ctx.Err() == nil {
+				rep.DetectionAtScale, err = detectionAtScale(ctx, bin, sc.scale)
+				fail("detection at scale", err)
+			}
 		} else {
 			rep.Skipped = append(rep.Skipped, "detection: detectbench is not built (loadtest/detectbench)")
 		}
