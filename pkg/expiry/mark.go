@@ -43,10 +43,22 @@ type marker struct {
 	fleet    *outage.Log          // no gateway instance alive
 	rdb      redis.UniversalClient
 	restarts restarts // loop's own
-	// resets counts the marks that found a blind interval (a gap, a Redis
-	// restart or failover, lost data, a clock step): what the prefetch
-	// path read of Redis before it may be out of date, so it reads again.
+	// resets counts the marks that found a blind interval of everyone (a
+	// gap, a Redis restart or failover, lost data, a clock step) not seen
+	// before: what the prefetch path read of Redis before it may be out of
+	// date, so it reads again. Whichever replica's mark found it: the
+	// first mark after a restart records it, and every other replica's
+	// marks only read it.
 	resets atomic.Int64
+	// blindKnown are the blind intervals of everyone in the last control
+	// state read, by member; under mu.
+	blindKnown map[blindKey]bool
+}
+
+// blindKey tells blind intervals apart.
+type blindKey struct {
+	start, end int64 // Unix ms
+	reason     string
 }
 
 var errNotSwept = errors.New("the sweep fails: not marked")
@@ -106,9 +118,28 @@ func (m *marker) markVia(ctx context.Context, do func(context.Context, session.S
 	m.cur.Store(&c)
 	if c.Gap != nil {
 		metricBlind.WithLabelValues(c.Gap.Reason).Inc()
+	}
+	if m.newBlind(c.Blind) {
 		m.resets.Add(1)
 	}
 	return c, nil
+}
+
+// newBlind reports whether blind holds a blind interval of everyone that
+// the last control state did not, and remembers blind's. Under mu.
+func (m *marker) newBlind(blind []session.BlindInterval) bool {
+	known := make(map[blindKey]bool, len(m.blindKnown))
+	found := false
+	for _, b := range blind {
+		if b.Scope != "" {
+			continue
+		}
+		k := blindKey{b.Start.UnixMilli(), b.End.UnixMilli(), b.Reason}
+		known[k] = true
+		found = found || !m.blindKnown[k]
+	}
+	m.blindKnown = known
+	return found
 }
 
 // probeAfter is how long a replica whose produce failed stays out of the
