@@ -57,6 +57,11 @@ type Gateway struct {
 	verifier *token.Verifier
 	hub      *hub
 	upgrader websocket.Upgrader
+	// expiries is the one timer of the connections' tokens (see auth.go).
+	expiries *expiries
+	// frameInterval is the rate limit's time between two frames of a
+	// connection, beyond its burst (see allowFrame).
+	frameInterval time.Duration
 
 	// runs ties Run to Close; joined is set from Open's first heartbeat
 	// until the instance leaves, by Run or else by Close.
@@ -122,6 +127,9 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 		instance: cmp.Or(cfg.InstanceID, newInstanceID()),
 		verifier: verifier,
 		hub:      newHub(),
+		expiries: newExpiries(),
+		// Validate keeps it above 0.
+		frameInterval: time.Duration(float64(time.Second) / cfg.RatePerSecond),
 		upgrader: websocket.Upgrader{
 			HandshakeTimeout: cfg.HandshakeTimeout,
 			// Client frames are small; the read buffer only sizes syscalls.
@@ -177,6 +185,9 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 		// only for as long as keeps the round trip under what reach
 		// counts as an outage: one held up longer fails, and is one.
 		SlotRetry: g.reach.slow * 3 / 4,
+		// A ping whose renewal finds the queue full fails after a write
+		// timeout, as a write to its client would.
+		QueueWait: cfg.WriteTimeout,
 		OnFlush: func(size int, took time.Duration, err error) {
 			metricRenewRoundTrips.Inc()
 			metricRenewBatchSize.Observe(float64(size))
@@ -263,9 +274,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 		return err
 	}
 	defer end()
-	// The renewer, the heartbeat and the route writer outlive the
-	// connections: they stop after the drain, and only then does the
-	// instance leave. A heartbeat that stopped before the drain would let
+	// The renewer, the heartbeat, the route writer and the token timer
+	// outlive the connections: they stop after the drain, and only then
+	// does the instance leave. A heartbeat that stopped before the drain would let
 	// the lease run out while users are still connected.
 	bctx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBackground()
@@ -273,6 +284,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	eg.Go(func() error { g.renewer.Run(bctx); return nil })
 	eg.Go(func() error { g.heartbeat(bctx); return nil })
 	eg.Go(func() error { g.routes.run(bctx); return nil })
+	eg.Go(func() error { g.expiries.run(bctx); return nil })
 	eg.Go(func() error { g.policy.Run(ctx); return nil })
 	eg.Go(func() error { g.resyncLoop(ctx); return nil })
 	eg.Go(func() error { g.dropped.sweep(ctx); return nil })
@@ -384,7 +396,7 @@ func (g *Gateway) drain() {
 	eg.SetLimit(drainConcurrency)
 	for _, c := range conns {
 		eg.Go(func() error {
-			c.closeWith(websocket.CloseGoingAway, "server shutting down, reconnect")
+			c.closeNow(websocket.CloseGoingAway, "server shutting down, reconnect")
 			return nil
 		})
 	}
@@ -529,18 +541,16 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		ws:      ws,
 		uid:     claims.UID,
 		segment: claims.Segment,
-		log:     g.log.With("uid", claims.UID),
 	}
 	// One-time Redis work (route registration, the first of the inbox)
 	// runs here, on the handler's goroutine. The connection then gets a
-	// goroutine of its own that only reads, and the handler returns: that
+	// reader (read.go) that only reads, and the handler returns: that
 	// frees the HTTP server's per-request buffers (several KB), which a
 	// connection served from the handler would pin for its whole life.
 	// The route is written before the inbox is read: a push that finds
 	// the user connected nowhere and keeps a guide meanwhile either sees
 	// the route and routes again, or keeps it before the inbox is read.
-	c.done = make(chan struct{})
-	c.expiresMS.Store(claims.Expires.UnixMilli())
+	c.expiresSec.Store(tokenSec(claims.Expires))
 	rctx := context.WithoutCancel(ctx) // route bookkeeping outlives shutdown
 	// A client that says its first frame is a ping gets its guides after
 	// it, judged by what it says of its user (see present.go).
@@ -571,16 +581,18 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	if !g.track(n) {
 		// The drain began while this one was being set up: it is told to
 		// reconnect like the others, and ends as a served one does
-		// (finish ends its hold, and closes done for the handovers that
-		// wait on it: another connection's release may have offered it
-		// the inbox meanwhile, from a goroutine the drain waits for).
+		// (finish ends its hold, and tells the handovers that wait on it:
+		// another connection's release may have offered it the inbox
+		// meanwhile, from a goroutine the drain waits for). Nothing reads
+		// it, so this handler waits here, as a reader would.
 		c.closeWith(websocket.CloseGoingAway, "server shutting down, reconnect")
 		// The close goes out after the inbox guides queued before it, if
-		// any, from their flusher: finish would cut it off, and the
-		// client take a dropped connection's backoff for a 1001's
-		// reconnect at once. No frame is queued after the close.
-		c.flushers.Wait()
-		c.linger()
+		// any, from their flusher: stop would cut it off, and the client
+		// take a dropped connection's backoff for a 1001's reconnect at
+		// once. No frame is queued after the close.
+		c.waitFlushed()
+		lingerOn(c.ws.NetConn(), lingerTimeout)
+		c.stop()
 		c.finish(rctx)
 		if rest != nil {
 			// Nothing proves a guide on it now: the rest of the handover
@@ -593,12 +605,10 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return
 	}
 	c.armExpiry()
-	go func() {
-		defer g.conns.Done()
-		defer g.open.Add(-1)
-		c.serve(ctx)
-		g.release(rctx, c)
-	}()
+	c.prepare()
+	// Its count in conns and its slot in open are the reader's from here:
+	// Closed gives them back.
+	go c.rd.run(c.ws, c)
 	if rest != nil {
 		go func() {
 			defer g.conns.Done()
@@ -627,7 +637,7 @@ func (g *Gateway) track(n int) bool {
 // client never proved it got (see proof.go).
 func (g *Gateway) release(ctx context.Context, c *conn) {
 	g.hub.remove(c)
-	if !c.normalClose.Load() {
+	if !c.normalClose() {
 		g.dropped.add(c)
 	}
 	metricConnections.Dec()

@@ -76,9 +76,10 @@ func TestRenewalsClaimAndSettle(t *testing.T) {
 	if vip, own := rs.claim("vip", 0, 200, time.Second, 120*time.Second); !own || vip == r {
 		t.Fatal("a ping in another segment shares the default segment's renewal")
 	}
+	sawFailure := false
+	rs.whenSettled(shared, func() { sawFailure = shared.failed })
 	rs.settle(r, time.Time{}, errors.New("Redis out of reach"))
-	<-shared.done
-	if !shared.failed {
+	if !sawFailure {
 		t.Fatal("the sharer does not see the failure")
 	}
 	if again, own := rs.claim("default", 0, 300, time.Second, 60*time.Second); !own || again == r {
@@ -223,5 +224,35 @@ func TestAnyDeviceRenewsPastTheGranularity(t *testing.T) {
 	pttl, err := tg.rdb.PTTL(context.Background(), tg.store.Keyspace().SessionKey("erin")).Result()
 	if err != nil || pttl < 9*time.Second {
 		t.Fatalf("session PTTL %v (%v) after the laptop's ping: not renewed", pttl, err)
+	}
+}
+
+// TestAllowFrame: the rate limit lets a burst through at once, then one
+// frame per interval, and a connection idle long enough has its burst
+// again.
+func TestAllowFrame(t *testing.T) {
+	const interval, burst = 200 * time.Millisecond, 3
+	at := time.Duration(0)
+	now := 10 * time.Second
+	var ok bool
+	for i := range burst {
+		if at, ok = allowFrame(at, now, interval, burst); !ok {
+			t.Fatalf("frame %d of a burst of %d refused", i+1, burst)
+		}
+	}
+	if _, ok = allowFrame(at, now, interval, burst); ok {
+		t.Fatal("a frame past the burst let through")
+	}
+	if at, ok = allowFrame(at, now+interval, interval, burst); !ok {
+		t.Fatal("a frame an interval later refused")
+	}
+	if _, ok = allowFrame(at, now+interval, interval, burst); ok {
+		t.Fatal("two frames in one interval past the burst let through")
+	}
+	now += time.Minute
+	for i := range burst {
+		if at, ok = allowFrame(at, now, interval, burst); !ok {
+			t.Fatalf("after a minute idle, frame %d of the burst refused", i+1)
+		}
 	}
 }
