@@ -129,11 +129,12 @@ func main() {
 	live := flag.Int("live", 100000, "live sessions held in Redis throughout")
 	silent := flag.Int("silent", 1000, "sessions going silent per mode")
 	window := flag.Duration("window", 10*time.Second, "the silent sessions' deadlines spread over this")
-	modes := flag.String("modes", "sweep,hybrid,events", "detection modes, run one after another")
+	modes := flag.String("modes", "sweep,hybrid,events", "detection modes, run one after another; empty: the storm alone")
 	wait := flag.Duration("wait", 60*time.Second, "how long past the last deadline to wait for events")
 	storm := flag.Int("storm", 50000, "sessions running out within one second in the storm; 0 skips it")
 	grace := flag.Duration("grace", 10*time.Second, "the listeners' outage grace; silences are awaited at least this plus 5s past their deadline")
 	closeAfter := flag.Duration("close-after", 5*time.Second, "each silence's close stage follows its reminder this much later (the lateness of a later stage); 0: one stage only")
+	flag.StringVar(&stormProfile, "storm-cpuprofile", "", "write a CPU profile of this process over the storm's window and release to this file")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -143,7 +144,7 @@ func main() {
 	// Never call a silence lost before a timeout held for the grace
 	// could have been released, checked and delivered.
 	*wait = max(*wait, *grace+minWaitPastGrace)
-	if err := run(ctx, log, &rep, *grace, *closeAfter, *window, *wait, strings.Split(*modes, ","), *storm); err != nil {
+	if err := run(ctx, log, &rep, *grace, *closeAfter, *window, *wait, strings.FieldsFunc(*modes, func(r rune) bool { return r == ',' }), *storm); err != nil {
 		fmt.Fprintln(os.Stderr, "detectbench:", err)
 		os.Exit(1)
 	}

@@ -3,7 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
+	"os"
+	"runtime/pprof"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/stillthere/stillthere/pkg/expiry"
 )
@@ -40,6 +45,11 @@ func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormRes
 	if time.Since(begin) > lead {
 		return nil, fmt.Errorf("writing %d sessions took %v, past the storm's start", n, time.Since(begin))
 	}
+	if stopProfile, err := startProfile(stormProfile); err != nil {
+		return nil, err
+	} else {
+		defer stopProfile()
+	}
 	windowStart := begin.Add(lead)
 	windowEnd := windowStart.Add(time.Second)
 	wait = max(wait, b.grace+minWaitPastGrace)
@@ -68,5 +78,67 @@ func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormRes
 			res.HeldOther += d
 		}
 	}
+	b.timeline(ctx, topic, windowEnd, hook.firstArrivals())
 	return res, nil
+}
+
+// stormProfile names the file of the storm's CPU profile; "" for none.
+var stormProfile string
+
+// startProfile starts a CPU profile of this process into path, whose
+// stop ends it; nothing when path is "".
+func startProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
+// timeline prints, per half second from the window's end, how many storm
+// events were produced (their records' timestamps) and how many guides
+// first arrived: where the storm's time goes, the listener or the
+// consumer.
+func (b *bench) timeline(ctx context.Context, topic string, from time.Time, arrivals []time.Time) {
+	const step = 500 * time.Millisecond
+	bucket := func(t time.Time) int { return int(math.Floor(float64(t.Sub(from)) / float64(step))) }
+	produced, guided := map[int]int{}, map[int]int{}
+	for _, at := range arrivals {
+		guided[bucket(at)]++
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.ListenAddrs()...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		return
+	}
+	defer cl.Close()
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	n := 0
+	for n < len(arrivals) && rctx.Err() == nil {
+		cl.PollFetches(rctx).EachRecord(func(r *kgo.Record) {
+			produced[bucket(r.Timestamp)]++
+			n++
+		})
+	}
+	lo, hi := 0, 0
+	for _, m := range []map[int]int{produced, guided} {
+		for k := range m {
+			lo, hi = min(lo, k), max(hi, k)
+		}
+	}
+	fmt.Fprintf(os.Stderr, "detectbench: storm timeline from the window's end (s: produced / guided)\n")
+	for k := lo; k <= hi; k++ {
+		if produced[k] == 0 && guided[k] == 0 {
+			continue
+		}
+		fmt.Fprintf(os.Stderr, "  %+5.1f  %6d / %6d\n", float64(k)*step.Seconds(), produced[k], guided[k])
+	}
 }

@@ -98,6 +98,13 @@ func (h *webhook) guideLags() []float64 {
 	return slices.Clone(h.lags)
 }
 
+// firstArrivals are the first posts' arrival times, one per guide id.
+func (h *webhook) firstArrivals() []time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.firsts)
+}
+
 // arrivedBefore counts the guide ids first posted before t.
 func (h *webhook) arrivedBefore(t time.Time) int {
 	h.mu.Lock()

@@ -224,6 +224,7 @@ func (l *Listener) judgeClaimed(ctx context.Context, b *batch) {
 			metricDedupHits.Inc()
 		}
 	}
+	l.paceHolds(items)
 }
 
 // produce encodes the events of the items that are ours and produces

@@ -2,6 +2,7 @@ package expiry
 
 import (
 	"context"
+	"slices"
 	"time"
 )
 
@@ -18,6 +19,8 @@ import (
 type brake struct {
 	engaged bool
 	holds   int // timeouts it held since engaged, for the log line that ends it
+	// next is the earliest its next paced release may be (paceReleases).
+	next time.Time
 }
 
 // brakeThreshold is the most lapses within the window before the brake
@@ -50,4 +53,68 @@ func (l *Listener) braking(ctx context.Context, now time.Time, n int) bool {
 			"held", l.brake.holds, "lapsed", count, "threshold", threshold)
 	}
 	return l.brake.engaged
+}
+
+// A storm the brake held is released a grace after its deadlines, which
+// fall within seconds of each other: all of it at once, to a sweep that
+// takes it in batches of thousands and produces each batch whole, and to
+// a consumer that gets nothing for a batch's time and then all of it.
+// So the brake spaces its releases, at most MassExpiryReleaseRate a
+// second from this replica, in the order they fall due: the sweep then
+// finds a slice at a time, the listener produces while the consumer
+// sends, and a release is still never earlier than the grace after its
+// deadline, each timeout checked again then, as before.
+
+// paceReleases is the paced release of each of releases (the brake's
+// verdicts, in any order): in the order they fall due, each no earlier
+// than its own, nor than next, nor than gap after the one before. It
+// returns them in the order given, and the earliest the next release
+// may be. A gap of 0 paces nothing.
+func paceReleases(next time.Time, releases []time.Time, gap time.Duration) ([]time.Time, time.Time) {
+	paced := slices.Clone(releases)
+	if gap <= 0 {
+		return paced, next
+	}
+	order := make([]int, len(releases))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return releases[a].Compare(releases[b]) })
+	for _, i := range order {
+		paced[i] = later(releases[i], next)
+		next = paced[i].Add(gap)
+	}
+	return paced, next
+}
+
+// releaseGap is the pace of the brake's releases: 0 when not paced.
+func (l *Listener) releaseGap() time.Duration {
+	if l.cfg.MassExpiryReleaseRate <= 0 {
+		return 0
+	}
+	return time.Second / time.Duration(l.cfg.MassExpiryReleaseRate)
+}
+
+// paceHolds paces the releases of the items the brake holds (see
+// paceReleases), after the batch's second judgement and before its holds
+// move to the hold set.
+func (l *Listener) paceHolds(items []*item) {
+	var held []*item
+	for _, it := range items {
+		if it.verdict.act == actHold && it.verdict.rule == ruleBrake {
+			held = append(held, it)
+		}
+	}
+	if len(held) == 0 {
+		return
+	}
+	releases := make([]time.Time, len(held))
+	for i, it := range held {
+		releases[i] = it.verdict.release
+	}
+	paced, next := paceReleases(l.brake.next, releases, l.releaseGap())
+	for i, it := range held {
+		it.verdict.release = paced[i]
+	}
+	l.brake.next = next
 }

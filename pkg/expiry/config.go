@@ -73,6 +73,14 @@ type Config struct {
 	MassExpiryShare  float64
 	MassExpiryFloor  int
 	MassExpiryWindow time.Duration
+	// MassExpiryReleaseRate paces the brake's releases: at most this many
+	// of the timeouts it held are released per second by this replica,
+	// in the order they fall due, none before the grace after its
+	// deadline. So a storm held for the grace reaches Kafka and the guide
+	// consumers as a stream they can take, not in one block. Default
+	// 20000, about what one guide consumer sends to a fast downstream; 0
+	// releases each at the grace after its deadline, unpaced.
+	MassExpiryReleaseRate int
 
 	// Closing shapes the default segment's stages while no timeout policy
 	// is stored: a reminder at the deadline, then a close stage
@@ -106,14 +114,15 @@ func DefaultConfig() Config {
 		SpoolMaxBytes:  256 << 20,
 		// A client at the default TTL pings at least once a TTL and its
 		// jitter; 10s more covers reconnecting to another gateway.
-		OutageGrace:      policy.DefaultSessionTTL + policy.DefaultSessionJitter + 10*time.Second,
-		SweepGapMax:      2 * time.Second,
-		ClockJumpMax:     time.Second,
-		MassExpiryShare:  0.1,
-		MassExpiryFloor:  1000,
-		MassExpiryWindow: 10 * time.Second,
-		Closing:          policy.DefaultClosing(),
-		PolicyRefresh:    policy.DefaultRefresh,
+		OutageGrace:           policy.DefaultSessionTTL + policy.DefaultSessionJitter + 10*time.Second,
+		SweepGapMax:           2 * time.Second,
+		ClockJumpMax:          time.Second,
+		MassExpiryShare:       0.1,
+		MassExpiryFloor:       1000,
+		MassExpiryWindow:      10 * time.Second,
+		MassExpiryReleaseRate: 20000,
+		Closing:               policy.DefaultClosing(),
+		PolicyRefresh:         policy.DefaultRefresh,
 	}
 }
 
@@ -138,6 +147,7 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Float(&c.MassExpiryShare, "mass-expiry-share", d.MassExpiryShare, "mass-expiry brake: share of live sessions lapsing within the window")
 	b.Int(&c.MassExpiryFloor, "mass-expiry-floor", d.MassExpiryFloor, "mass-expiry brake: fewest lapses within the window that can engage it")
 	b.Duration(&c.MassExpiryWindow, "mass-expiry-window", d.MassExpiryWindow, "mass-expiry brake: the window lapses are counted in")
+	b.Int(&c.MassExpiryReleaseRate, "mass-expiry-release-rate", d.MassExpiryReleaseRate, "mass-expiry brake: most held timeouts released per second by this replica, in the order they fall due (0: each at the grace after its deadline, unpaced)")
 	c.Closing.Bind(b)
 	b.Duration(&c.PolicyRefresh, "policy-refresh", d.PolicyRefresh, "how often the timeout policy in Redis is re-read")
 }
@@ -194,6 +204,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("mass-expiry-floor: %d, want at least 1", c.MassExpiryFloor)
 	case c.MassExpiryWindow < time.Second || c.MassExpiryWindow > 10*time.Minute:
 		return fmt.Errorf("mass-expiry-window: %v, want between 1s and 10m", c.MassExpiryWindow)
+	case c.MassExpiryReleaseRate < 0 || c.MassExpiryReleaseRate > 1_000_000:
+		return fmt.Errorf("mass-expiry-release-rate: %d, want between 0 and 1000000", c.MassExpiryReleaseRate)
 	case c.PolicyRefresh < 0 || (c.PolicyRefresh > 0 && c.PolicyRefresh < 100*time.Millisecond):
 		return fmt.Errorf("policy-refresh: %v, want at least 100ms (0 for the default, 2s)", c.PolicyRefresh)
 	}

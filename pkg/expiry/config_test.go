@@ -83,6 +83,8 @@ func TestValidate(t *testing.T) {
 		{"brake share NaN", func(c *Config) { c.MassExpiryShare = math.NaN() }, "mass-expiry-share"},
 		{"no brake floor", func(c *Config) { c.MassExpiryFloor = 0 }, "mass-expiry-floor"},
 		{"brake window too short", func(c *Config) { c.MassExpiryWindow = 999 * time.Millisecond }, "mass-expiry-window"},
+		{"negative brake release rate", func(c *Config) { c.MassExpiryReleaseRate = -1 }, "mass-expiry-release-rate"},
+		{"brake release rate past a million", func(c *Config) { c.MassExpiryReleaseRate = 1_000_001 }, "mass-expiry-release-rate"},
 
 		{"no redis", func(c *Config) { c.Redis.Addrs = nil }, "redis-addrs"},
 		{"bad key prefix", func(c *Config) { c.Redis.KeyPrefix = "a:b" }, "key-prefix"},

@@ -15,16 +15,22 @@ type sessionCheck struct {
 	renewed time.Time // when the user last renewed or ended the session; zero if unknown
 }
 
-// checkSession asks Redis whether uid's session is live, and what time it
-// is there. Deadlines are written from Redis's clock (see package
-// session), so their age is judged against it too: the consumer's own
-// clock may be off by any amount.
+// checkSessions asks Redis whether each uid's session is live, and what
+// time it is there, in one round trip. Deadlines are written from
+// Redis's clock (see package session), so their age is judged against it
+// too: the consumer's own clock may be off by any amount.
+func (c *Consumer) checkSessions(ctx context.Context, uids []string) ([]session.Check, []error) {
+	return session.NewStore(c.rdb, c.keyspace).CheckMany(ctx, uids)
+}
+
+// checkSession is checkSessions for one uid.
 func (c *Consumer) checkSession(ctx context.Context, uid string) (sessionCheck, error) {
-	got, err := session.NewStore(c.rdb, c.keyspace).Check(ctx, uid)
-	if err != nil {
-		return sessionCheck{}, err
-	}
-	return sessionCheck{live: got.Live, now: got.Now, renewed: got.Renewed}, nil
+	got, errs := c.checkSessions(ctx, []string{uid})
+	return checkOf(got[0]), errs[0]
+}
+
+func checkOf(s session.Check) sessionCheck {
+	return sessionCheck{live: s.Live, now: s.Now, renewed: s.Renewed}
 }
 
 // needless returns the outcome of an event that needs no guide, or "" if

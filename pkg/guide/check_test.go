@@ -77,41 +77,51 @@ func TestNeedlessReadsRedisClock(t *testing.T) {
 	}
 }
 
-// skewedRedis is a client whose Redis clock, as the session check reads
-// it, is off from this host's by the given amount.
-type skewedRedis struct {
-	redis.UniversalClient
+// skewRedis is a hook that puts Redis's clock, as the session check
+// reads it, off from this host's by the given amount: on single commands
+// and in pipelines, where the consumer sends its checks.
+type skewRedis struct {
 	by time.Duration
 	ks session.Keyspace
 }
 
-func (s skewedRedis) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
-	cmd := s.UniversalClient.Eval(ctx, script, keys, args...)
-	if s.isCheck(keys) {
+func (s skewRedis) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (s skewRedis) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
 		s.skew(cmd)
+		return err
 	}
-	return cmd
 }
 
-func (s skewedRedis) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
-	cmd := s.UniversalClient.EvalSha(ctx, sha, keys, args...)
-	if s.isCheck(keys) {
-		s.skew(cmd)
+func (s skewRedis) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			s.skew(cmd)
+		}
+		return err
 	}
-	return cmd
 }
 
-// isCheck tells the session check's script by its keys: a user's session
-// and renewal keys, and no other.
-func (s skewedRedis) isCheck(keys []string) bool {
-	if len(keys) != 2 {
+// isCheck tells the session check's script (EVAL or EVALSHA) by its
+// keys: a user's session and renewal keys, and no other.
+func (s skewRedis) isCheck(args []any) bool {
+	if len(args) < 5 || args[2] != 2 {
 		return false
 	}
-	uid, err := s.ks.ParseSessionKey(keys[0])
-	return err == nil && keys[1] == s.ks.RenewedKey(uid)
+	session, _ := args[3].(string)
+	renewed, _ := args[4].(string)
+	uid, err := s.ks.ParseSessionKey(session)
+	return err == nil && renewed == s.ks.RenewedKey(uid)
 }
 
-func (s skewedRedis) skew(cmd *redis.Cmd) {
+func (s skewRedis) skew(c redis.Cmder) {
+	cmd, ok := c.(*redis.Cmd)
+	if !ok || cmd.Err() != nil || !s.isCheck(cmd.Args()) {
+		return
+	}
 	if v, ok := cmd.Val().([]any); ok && len(v) == 3 {
 		if ms, ok := v[1].(int64); ok {
 			cmd.SetVal([]any{v[0], ms + s.by.Milliseconds(), v[2]})
@@ -144,7 +154,7 @@ func TestRedisClockDecidesAge(t *testing.T) {
 	}
 	tooOld := event("too-old", redisNow.Add(-e.cfg.GuideMaxAge-time.Minute))
 	fresh := event("fresh", redisNow.Add(-time.Second))
-	e.start(e.cfg, func(c *Consumer) { c.rdb = skewedRedis{UniversalClient: c.rdb, by: skew, ks: c.keyspace} })
+	e.start(e.cfg, func(c *Consumer) { c.rdb.AddHook(skewRedis{by: skew, ks: c.keyspace}) })
 
 	e.waitCommittedToEnd(e.cfg.Group)
 	if !e.gw.Shown(fresh.ID) {

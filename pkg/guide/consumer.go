@@ -62,6 +62,9 @@ type Consumer struct {
 	templates map[string]string
 	adminLn   net.Listener
 	lagEvery  time.Duration // lagInterval; tests shorten it
+	// checks gathers the session checks of the records in flight into
+	// one round trip; the dispatch loop runs it.
+	checks *checkBatcher
 
 	// breaker guards the sender, named for it; redisBreaker the session
 	// check.
@@ -128,6 +131,7 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Consumer, er
 	default:
 		c.sender = &gatewaySender{url: cfg.PushURL, secret: cfg.PushSecret, client: httpc}
 	}
+	c.checks = newCheckBatcher(c.checkSessions, cfg.SendTimeout, cfg.MaxInFlight)
 	c.breaker = newBreaker[Outcome](cfg.Sender, cfg, logger)
 	c.redisBreaker = newBreaker[sessionCheck](downstreamRedis, cfg, logger)
 	c.checkOutage = outage.NewLog(logger.With("downstream", downstreamRedis), "check sessions", 0)
@@ -260,7 +264,7 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (Outcome, error) 
 	check, err := c.redisBreaker.Execute(func() (sessionCheck, error) {
 		ctx, cancel := context.WithTimeout(ctx, c.cfg.SendTimeout)
 		defer cancel()
-		return c.checkSession(ctx, ev.UID)
+		return c.checks.check(ctx, ev.UID)
 	})
 	track(c.checkOutage, err)
 	if err != nil {

@@ -138,8 +138,19 @@ func (l *loop) run(ctx context.Context) error {
 		l.setGauges(0, 0)
 	}()
 	// Sends outlive a shutdown so that what they settle is committed;
-	// SendTimeout bounds them.
+	// SendTimeout bounds them. Their session checks too: the batcher stops
+	// only once they have settled (drain), when run returns.
 	sendCtx := context.WithoutCancel(ctx)
+	checkCtx, stopChecks := context.WithCancel(sendCtx)
+	checksDone := make(chan struct{})
+	go func() {
+		defer close(checksDone)
+		l.c.checks.run(checkCtx)
+	}()
+	defer func() {
+		stopChecks()
+		<-checksDone
+	}()
 
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()

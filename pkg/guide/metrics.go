@@ -44,6 +44,11 @@ var (
 		Help:    "Latency of one send to the downstream.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 	})
+	metricCheckBatch = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name:    "stillthere_consumer_session_check_batch",
+		Help:    "Session checks sent to Redis together in one pipelined round trip.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 10),
+	})
 	metricEndToEnd = promauto.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "stillthere_consumer_deadline_to_delivery_seconds",
 		Help: "Time from when a guide was due to its delivery, by stage (1-10): stage 1 is due at the session's deadline, " +

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // checkScript reads whether a session key exists, when the user last
@@ -21,16 +23,33 @@ type Check struct {
 // Check asks Redis whether uid's session is live, when it was last
 // renewed, and what time it is there, in one round trip.
 func (s *Store) Check(ctx context.Context, uid string) (Check, error) {
-	res, err := checkScript.Run(ctx, s.rdb, checkKeys{Session: s.ks.SessionKey(uid), Renewed: s.ks.RenewedKey(uid)}).Int64Slice()
-	if err != nil {
-		return Check{}, fmt.Errorf("check session %q: %w", uid, err)
+	got, errs := s.CheckMany(ctx, []string{uid})
+	return got[0], errs[0]
+}
+
+// CheckMany is Check for many users in one pipelined round trip: a
+// consumer checking each record it sends pays one round trip per batch,
+// not per record, which in a storm is most of what it asks of Redis.
+// Answers and errors are per uid, in the order given.
+func (s *Store) CheckMany(ctx context.Context, uids []string) ([]Check, []error) {
+	cmds := s.runScripts(ctx, len(uids), func(i int) (*redis.Script, []string, []any) {
+		return checkScript.call(checkKeys{Session: s.ks.SessionKey(uids[i]), Renewed: s.ks.RenewedKey(uids[i])})
+	}, 0)
+	out := make([]Check, len(uids))
+	errs := make([]error, len(uids))
+	for i, cmd := range cmds {
+		res, err := cmd.Int64Slice()
+		switch {
+		case err != nil:
+			errs[i] = fmt.Errorf("check session %q: %w", uids[i], err)
+		case len(res) != 3:
+			errs[i] = fmt.Errorf("check session %q: script returned %d values, want 3", uids[i], len(res))
+		default:
+			out[i] = Check{Live: res[0] == 1, Now: time.UnixMilli(res[1])}
+			if res[2] > 0 {
+				out[i].Renewed = time.UnixMilli(res[2])
+			}
+		}
 	}
-	if len(res) != 3 {
-		return Check{}, fmt.Errorf("check session %q: script returned %d values, want 3", uid, len(res))
-	}
-	c := Check{Live: res[0] == 1, Now: time.UnixMilli(res[1])}
-	if res[2] > 0 {
-		c.Renewed = time.UnixMilli(res[2])
-	}
-	return c, nil
+	return out, errs
 }

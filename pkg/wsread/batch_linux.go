@@ -1,0 +1,120 @@
+//go:build linux
+
+package wsread
+
+import (
+	"errors"
+	"io"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// errPeerGone is what gorilla returns when the peer hangs up without a
+// close frame (its errUnexpectedEOF).
+func errPeerGone() error {
+	return &websocket.CloseError{Code: websocket.CloseAbnormalClosure, Text: io.ErrUnexpectedEOF.Error()}
+}
+
+// maxRounds caps the socket reads per event: a flood on one connection
+// gets a bounded turn, then goes back to epoll behind the others.
+const maxRounds = 4
+
+// readEvent reads what c's socket holds and delivers the whole messages in
+// it, keeping an incomplete tail for the next event. end says reading is
+// over, with reason.
+func (p *poller) readEvent(c *Conn) (reason error, end bool) {
+	bp := p.bufs.Get().(*[]byte)
+	defer p.bufs.Put(bp)
+	buf := append((*bp)[:0], c.w.pending...)
+	c.w.pending = nil // freed once used
+	for range maxRounds {
+		space := len(buf[len(buf):cap(buf)])
+		n, eof, err := c.readSocket(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if p.s.onRead != nil {
+			p.s.onRead(n)
+		}
+		if c.lingering() {
+			buf = buf[:0]
+		} else if used, reason, end := p.deliver(c, buf); end {
+			return reason, true
+		} else {
+			buf = buf[:copy(buf, buf[used:])]
+		}
+		switch {
+		case eof && c.lingering():
+			return c.lingerReason(), true
+		case eof:
+			return errPeerGone(), true
+		case err != nil:
+			return err, true
+		case len(buf) == cap(buf):
+			// An incomplete message fills the whole buffer: its frames
+			// (tiny fragments, control frames between them) outgrow what
+			// its size allows.
+			c.ws.WriteControl(websocket.CloseMessage,
+				websocket.FormatCloseMessage(websocket.CloseMessageTooBig, ""), time.Now().Add(time.Second))
+			c.startLinger(p.s.cfg.Linger, websocket.ErrReadLimit)
+			return nil, false
+		case n < space:
+			// Most likely drained; if not, the re-arm fires again.
+			if len(buf) > 0 && !c.lingering() {
+				c.w.pending = append([]byte(nil), buf...)
+			}
+			return nil, false
+		}
+	}
+	if len(buf) > 0 && !c.lingering() {
+		c.w.pending = append([]byte(nil), buf...)
+	}
+	return nil, false
+}
+
+// deliver shows gorilla the longest ready prefix of buf and hands its
+// messages to the handler. used is how much of buf gorilla consumed.
+func (p *poller) deliver(c *Conn, buf []byte) (used int, reason error, end bool) {
+	b := scan(buf, scanOpts{server: !c.w.client(), rsv1: c.w.rsv1, limit: p.s.cfg.ReadLimit})
+	calls := b.calls()
+	if calls == 0 {
+		return 0, nil, false
+	}
+	c.w.batch = buf[:b.n]
+	if b.term {
+		c.w.term = termMasked
+		if c.w.client() {
+			c.w.term = termUnmasked
+		}
+	}
+	defer func() { c.w.batch, c.w.term = nil, nil }()
+	for i := range calls {
+		typ, data, err := c.ws.ReadMessage()
+		last := i == calls-1
+		switch {
+		case err != nil && last && b.stop != stopShort && !isCloseError(err):
+			// gorilla sent 1002 or 1009: give the peer time to read it.
+			c.startLinger(p.s.cfg.Linger, err)
+			return b.n, nil, false
+		case err != nil:
+			return b.n, err, true
+		case b.term && i == b.msgs:
+			if typ != websocket.TextMessage || len(data) != 0 {
+				return b.n, errors.New("wsread: terminator not where the scan put it"), true
+			}
+			continue
+		case c.lingering() || c.endRequested():
+			continue // dropped
+		}
+		ok, err := c.message(typ, data)
+		if err != nil {
+			return b.n, err, true
+		}
+		if !ok && !c.lingering() {
+			return b.n, nil, true
+		}
+	}
+	if len(c.w.batch) != 0 || len(c.w.term) != 0 {
+		return b.n, errors.New("wsread: gorilla left part of a batch unread"), true
+	}
+	return b.n, nil, false
+}

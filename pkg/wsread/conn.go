@@ -1,0 +1,319 @@
+package wsread
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// Handler receives one connection's messages and its end.
+type Handler interface {
+	// Message is one whole data message. Calls for one connection never
+	// overlap and come in order; in epoll mode they run on a shared worker
+	// and must not block. data is the handler's to keep (gorilla's
+	// ReadMessage allocates it per message; wsread does not reuse it).
+	// false stops reading: the connection lingers if Linger was called,
+	// then Closed(nil).
+	Message(typ int, data []byte) bool
+	// Closed is called exactly once when reading has ended, with why:
+	// *websocket.CloseError (the peer's close, which gorilla answered),
+	// websocket.ErrReadLimit (gorilla sent 1009; lingered first), another
+	// gorilla protocol error (gorilla sent 1002; lingered first), ErrIdle
+	// (past the read deadline), net.ErrClosed (closed here), a
+	// *websocket.CloseError with code 1006 (the peer hung up without a
+	// close frame, as gorilla reports it), another read error, or nil
+	// after Message returned false or a Linger ended. The caller closes
+	// the connection (ws.Close) afterwards if it wants; Closed must not
+	// block (it runs on a worker in epoll mode).
+	Closed(err error)
+}
+
+// Conn is one WebSocket connection as wsread reads it.
+type Conn struct {
+	ws *websocket.Conn
+	w  wire // what ws reads from and writes to in epoll mode
+	s  *Server
+	h  Handler
+
+	rc  syscall.RawConn // the socket, read without waiting (epoll)
+	fd  int32           // -1: no file descriptor (read by a goroutine)
+	gen uint32          // tells this registration of fd from a later one
+
+	// mu guards the state below, and orders epoll registration against
+	// Close: the table entry and EPOLL_CTL_DEL go before the socket closes.
+	mu          sync.Mutex
+	served      bool     // Serve was called
+	busy        bool     // a worker owns the connection (or it is queued for one)
+	registered  bool     // in the poller's table and epoll set
+	closed      bool     // the socket is closed
+	ended       bool     // Closed was called (or is being called)
+	endReq      bool     // reading must end with endErr when the owner looks
+	endErr      error    //
+	lingerErr   error    // given to Closed when a linger ends
+	ponging     bool     // writePongs runs (epoll)
+	pongs       []string // payloads of the pings it has yet to answer
+	lingerUntil atomic.Int64
+}
+
+// WS is the gorilla connection: write with it (WriteMessage, WriteControl,
+// NextWriter) and set handlers and deadlines on it; do not read from it.
+func (c *Conn) WS() *websocket.Conn { return c.ws }
+
+// Linger makes reading go on, dropping input, until the peer hangs up or d
+// passes, then Closed(nil). Call it from Message (before returning false),
+// or from any goroutine after Serve. In epoll mode the end is found by the
+// sweep, up to Config.SweepInterval late.
+func (c *Conn) Linger(d time.Duration) {
+	until := time.Now().Add(d).UnixNano()
+	if c.fd < 0 {
+		c.lingerUntil.Store(until)
+		c.ws.UnderlyingConn().SetReadDeadline(time.Unix(0, until))
+		return
+	}
+	c.mu.Lock()
+	if !c.ended && c.lingerUntil.Load() == 0 {
+		c.lingerUntil.Store(until)
+	}
+	c.mu.Unlock()
+}
+
+func (c *Conn) lingering() bool { return c.lingerUntil.Load() != 0 }
+
+// close is the wire's Close: deregister (table, then EPOLL_CTL_DEL) while
+// the fd is still ours, close the socket, and make sure Closed comes once.
+func (c *Conn) close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	if c.registered {
+		c.s.p.deregister(c)
+	}
+	err := c.w.Conn.Close()
+	dispatch := false
+	if c.served && !c.ended {
+		if !c.endReq {
+			c.endReq, c.endErr = true, net.ErrClosed
+		}
+		if !c.busy {
+			c.busy, dispatch = true, true
+		}
+	}
+	c.mu.Unlock()
+	if dispatch {
+		c.s.p.dispatch(c)
+	}
+	return err
+}
+
+// errNotReady is the wire's answer when gorilla asks for bytes outside the
+// batch. It cannot happen unless the scan and gorilla disagree; it ends
+// the connection instead of parking a goroutine.
+var errNotReady = errors.New("wsread: gorilla read past the ready bytes")
+
+type wireMode uint8
+
+const (
+	// wirePass: reads pass through to the socket (after pending bytes);
+	// the connection is read by its own goroutine.
+	wirePass wireMode = iota
+	// wireHandshake: a client's handshake; reads pass through, but stop at
+	// the end of the response header, so gorilla's buffer holds no frame.
+	wireHandshake
+	// wireBatch: reads come only from the batch the worker set.
+	wireBatch
+)
+
+// wire is the net.Conn under gorilla. Writes, addresses and write
+// deadlines go to the socket; reads and read deadlines depend on mode.
+type wire struct {
+	net.Conn
+	c       *Conn
+	mode    wireMode
+	dialed  bool   // we are the client: frames from the peer are unmasked
+	rsv1    bool   // compression may be negotiated (gorilla accepts RSV1)
+	hsMatch uint8  // bytes of "\r\n\r\n" matched (wireHandshake)
+	batch   []byte // what gorilla may still read of this batch
+	term    []byte // the terminator after batch, if the batch needs one
+	// pending: bytes read from the socket that gorilla has not seen:
+	// incomplete frames (wireBatch), or frames that came with the
+	// handshake (they become the first batch).
+	pending  []byte
+	deadline atomic.Int64 // read deadline, Unix ns; 0: none (wireBatch)
+}
+
+func (w *wire) client() bool { return w.dialed }
+
+func (w *wire) Read(p []byte) (int, error) {
+	switch w.mode {
+	case wireBatch:
+		if len(w.batch) > 0 {
+			n := copy(p, w.batch)
+			w.batch = w.batch[n:]
+			return n, nil
+		}
+		if len(w.term) > 0 {
+			n := copy(p, w.term)
+			w.term = w.term[n:]
+			return n, nil
+		}
+		return 0, errNotReady
+	case wireHandshake:
+		return w.readHandshake(p)
+	}
+	if len(w.pending) > 0 {
+		n := copy(p, w.pending)
+		w.pending = w.pending[n:]
+		if len(w.pending) == 0 {
+			w.pending = nil
+		}
+		return n, nil
+	}
+	return w.Conn.Read(p)
+}
+
+// readHandshake passes reads through up to the blank line ending the
+// HTTP response header and keeps what follows (frames the server sent
+// right after its 101) in pending. A 101 response has no body, so gorilla
+// never asks for more.
+func (w *wire) readHandshake(p []byte) (int, error) {
+	n, err := w.Conn.Read(p)
+	for i := 0; i < n; i++ {
+		w.hsMatch = nextMatch(w.hsMatch, p[i])
+		if w.hsMatch == 4 {
+			w.pending = append(w.pending, p[i+1:n]...)
+			w.mode = wirePass // until the batch mode starts
+			return i + 1, nil
+		}
+	}
+	return n, err
+}
+
+// nextMatch advances the match of "\r\n\r\n" by one byte.
+func nextMatch(m uint8, b byte) uint8 {
+	switch {
+	case b == '\r' && (m == 0 || m == 2):
+		return m + 1
+	case b == '\n' && (m == 1 || m == 3):
+		return m + 1
+	case b == '\r':
+		return 1
+	}
+	return 0
+}
+
+func (w *wire) SetReadDeadline(t time.Time) error {
+	if w.mode != wireBatch {
+		return w.Conn.SetReadDeadline(t)
+	}
+	var ns int64
+	if !t.IsZero() {
+		ns = t.UnixNano()
+	}
+	w.deadline.Store(ns)
+	return nil
+}
+
+func (w *wire) SetDeadline(t time.Time) error {
+	if w.mode != wireBatch {
+		return w.Conn.SetDeadline(t)
+	}
+	w.SetReadDeadline(t)
+	return w.Conn.SetWriteDeadline(t)
+}
+
+func (w *wire) Close() error {
+	if w.mode != wireBatch {
+		return w.Conn.Close()
+	}
+	return w.c.close()
+}
+
+// message calls the handler; a panic ends this connection only.
+func (c *Conn) message(typ int, data []byte) (ok bool, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("wsread: handler panicked: %v", r)
+		}
+	}()
+	return c.h.Message(typ, data), nil
+}
+
+func (c *Conn) endRequested() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.endReq
+}
+
+// startLinger starts dropping input for d; Closed gets err when it ends.
+func (c *Conn) startLinger(d time.Duration, err error) {
+	c.mu.Lock()
+	c.lingerErr = err
+	c.lingerUntil.Store(time.Now().Add(d).UnixNano())
+	c.mu.Unlock()
+}
+
+func (c *Conn) lingerReason() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lingerErr
+}
+
+// pongWait bounds writing a pong, as gorilla's own ping handler does.
+const pongWait = time.Second
+
+// maxPongs bounds the pongs waiting on one connection; past it the oldest
+// are dropped (RFC 6455 §5.5.3 allows answering only the latest ping).
+const maxPongs = 32
+
+// pong is the ping handler in epoll mode. gorilla's own writes the pong
+// inside ReadMessage, on the worker, waiting up to a second per ping for
+// the write lock; an application writer holds that lock for as long as its
+// write blocks on a peer that does not read (up to its write deadline), so
+// a few such peers pinging would stall every worker. The pongs go out in
+// order on a goroutine instead, one per connection at most and only while
+// a pong is due.
+func (c *Conn) pong(data string) error {
+	c.mu.Lock()
+	if len(c.pongs) == maxPongs {
+		c.pongs = c.pongs[1:]
+	}
+	c.pongs = append(c.pongs, data)
+	start := !c.ponging
+	c.ponging = true
+	c.mu.Unlock()
+	if start {
+		c.s.p.pongs.Go(c.writePongs)
+	}
+	return nil
+}
+
+func (c *Conn) writePongs() {
+	for {
+		c.mu.Lock()
+		if len(c.pongs) == 0 {
+			c.ponging, c.pongs = false, nil
+			c.mu.Unlock()
+			return
+		}
+		data := c.pongs[0]
+		c.pongs = c.pongs[1:]
+		c.mu.Unlock()
+		// Errors are the writer's to see: a failed write is fatal to
+		// every later one.
+		c.ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(pongWait))
+	}
+}
+
+func isCloseError(err error) bool {
+	var ce *websocket.CloseError
+	return errors.As(err, &ce)
+}
