@@ -24,12 +24,13 @@ import (
 // WriteControl, which is safe beside both. Nothing is written once the
 // flusher has stopped after Closed.
 //
-// An idle connection is mostly this struct, so it holds only what a
-// connection needs and keeps the rest elsewhere: its logger is the
+// An idle connection is mostly this struct (128 bytes; TestConnFootprint
+// measures the whole of a connection's own heap), so it holds only what
+// a connection needs and keeps the rest elsewhere: its logger is the
 // gateway's (the uid is a field at each call), its token's expiry is on
 // the gateway's one timer (see auth.go), its user's place is shared with
-// its user's other connections (see user.go), and what only a connection
-// that was sent guides needs is made on its first (see proof.go). The
+// its user's other connections and found by uid (see user.go), and what
+// only some connections need is made on the first need (see extra). The
 // fields are ordered so that none pads.
 type conn struct {
 	g    *Gateway
