@@ -308,13 +308,14 @@ func (c *conn) renew() {
 		ttl += rand.N(p.Jitter)
 	}
 	ttl = ttl.Truncate(time.Millisecond)
-	rs := &c.g.hub.userOf(c.uid).renewals
+	u, mu := c.g.hub.userOf(c.uid)
+	rs := &u.renewals
 	// A renewal older than this connection's registration is not shared
 	// (see shareRenewal), nor one older than its last ping's: the user's
 	// last renewal is no older than that, but for pings of two devices
 	// that cross, which then renew each.
 	since := time.Duration(c.pingAt.Load())
-	r, own := rs.claim(c.segment, since, now, c.g.cfg.RenewGranularity, ttl)
+	r, own := rs.claim(mu, c.segment, since, now, c.g.cfg.RenewGranularity, ttl)
 	// Recorded before the renewal, so that a resync after an outage
 	// restores it even if it fails. A shared one is the connection's own
 	// too: its grant is what this connection stands for in a resync, or
@@ -323,7 +324,7 @@ func (c *conn) renew() {
 	c.pingAt.Store(int64(r.at))
 	if !own {
 		// Bounded by the write timeout of the ping that renews it.
-		rs.whenSettled(r, func() {
+		rs.whenSettled(mu, r, func() {
 			if r.failed {
 				c.enqueue(frame.Error(frame.CodeUnavailable, "session store unavailable, ping again"))
 				return
@@ -360,7 +361,7 @@ func (c *conn) renew() {
 		}
 		// After its own answer, so that a later ping of this connection
 		// that shares it is answered after it.
-		rs.settle(r, deadline, err)
+		rs.settle(mu, r, deadline, err)
 	})
 }
 

@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -38,6 +39,11 @@ const footprintConns = 1000
 func TestConnFootprint(t *testing.T) {
 	if testing.Short() {
 		t.Skip("holds thousands of connections")
+	}
+	// Four sets of connections, each end a descriptor, and room to spare.
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err == nil && lim.Cur < 8*footprintConns+1024 {
+		t.Skipf("open-file limit %d, want at least %d", lim.Cur, 8*footprintConns+1024)
 	}
 	// Background work as in production, not as fast as tests make it:
 	// what it has in hand while the heap is read is not a connection's.

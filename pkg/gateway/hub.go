@@ -125,13 +125,13 @@ func (s *hubShard) forgetIfGone(uid string, u *user) {
 	}
 }
 
-// userOf returns the place of uid, which holds a connection here: it
-// stays as long as one does.
-func (h *hub) userOf(uid string) *user {
+// userOf returns the place of uid, which holds a connection here (it
+// stays as long as one does), and the lock that guards it.
+func (h *hub) userOf(uid string) (*user, sync.Locker) {
 	s := h.shard(uid)
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.users[uid]
+	return s.users[uid], &s.mu
 }
 
 // lookup returns uid's connections.

@@ -23,9 +23,10 @@ import (
 //     dropped grants. A user's connections then cost Redis one renewal
 //     per granularity and segment, not one each.
 
-// user is one user's place on this gateway. conns (a list through each
-// connection's next) and pending are guarded by the hub shard's lock;
-// renewals by a lock of its own, taken on pings without the shard's.
+// user is one user's place on this gateway, guarded by the lock of the
+// hub shard that holds it: conns (a list through each connection's next),
+// pending and renewals. A lock of its own would cost every user 8 bytes,
+// and a ping takes the shard's for a moment.
 type user struct {
 	conns    *conn
 	pending  int // places reserved for connections being set up
@@ -57,13 +58,12 @@ func shareRenewal(at time.Duration, failed bool, since, now, granularity time.Du
 // often than once per segment (a Redis write each), which is rare, and
 // costs no guide; in return an idle user keeps one renewal, not a list.
 type renewals struct {
-	mu   sync.Mutex
 	last *renewal
 }
 
 // renewal is one renewal of a user's session, shared by the pings of
 // their connections within the granularity. segment, at and ttl are
-// fixed; the rest is guarded by renewals.mu.
+// fixed; the rest is guarded by the lock of its renewals.
 type renewal struct {
 	segment string
 	at      time.Duration // the ping's time, since the gateway started
@@ -83,10 +83,11 @@ func (r *renewal) ttl() time.Duration { return time.Duration(r.ttlMS) * time.Mil
 
 // claim returns the renewal a ping of segment at now shares (own false),
 // or a new renewal granting ttl that the caller writes and then settles
-// (own true). since is when the pinging connection registered.
-func (rs *renewals) claim(segment string, since, now, granularity, ttl time.Duration) (r *renewal, own bool) {
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
+// (own true). since is when the pinging connection registered. mu is the
+// lock that guards rs, as for settle and whenSettled.
+func (rs *renewals) claim(mu sync.Locker, segment string, since, now, granularity, ttl time.Duration) (r *renewal, own bool) {
+	mu.Lock()
+	defer mu.Unlock()
 	if last := rs.last; last != nil && last.segment == segment && shareRenewal(last.at, last.failed, since, now, granularity) {
 		return last, false
 	}
@@ -98,8 +99,8 @@ func (rs *renewals) claim(segment string, since, now, granularity, ttl time.Dura
 // settle records the outcome of r's write, and releases its sharers.
 // Called once, by the renewal's owner; the sharers' then runs on its
 // goroutine, and must not block.
-func (rs *renewals) settle(r *renewal, deadline time.Time, err error) {
-	rs.mu.Lock()
+func (rs *renewals) settle(mu sync.Locker, r *renewal, deadline time.Time, err error) {
+	mu.Lock()
 	r.settled = true
 	r.failed = err != nil
 	if err == nil {
@@ -107,7 +108,7 @@ func (rs *renewals) settle(r *renewal, deadline time.Time, err error) {
 	}
 	then := r.then
 	r.then = nil
-	rs.mu.Unlock()
+	mu.Unlock()
 	if then != nil {
 		then()
 	}
@@ -116,10 +117,10 @@ func (rs *renewals) settle(r *renewal, deadline time.Time, err error) {
 // whenSettled calls f once r is settled: at once if it is, else on the
 // goroutine that settles it, after the sharers that came before. f reads
 // r's outcome (failed, deadlineMS) and must not block.
-func (rs *renewals) whenSettled(r *renewal, f func()) {
-	rs.mu.Lock()
+func (rs *renewals) whenSettled(mu sync.Locker, r *renewal, f func()) {
+	mu.Lock()
 	if r.settled {
-		rs.mu.Unlock()
+		mu.Unlock()
 		f()
 		return
 	}
@@ -128,5 +129,5 @@ func (rs *renewals) whenSettled(r *renewal, f func()) {
 	} else {
 		r.then = f
 	}
-	rs.mu.Unlock()
+	mu.Unlock()
 }

@@ -65,24 +65,25 @@ func TestShareRenewal(t *testing.T) {
 // do not share.
 func TestRenewalsClaimAndSettle(t *testing.T) {
 	var rs renewals
-	r, own := rs.claim("default", 0, 100, time.Second, 60*time.Second)
+	var mu sync.Mutex
+	r, own := rs.claim(&mu, "default", 0, 100, time.Second, 60*time.Second)
 	if !own {
 		t.Fatal("first ping shares a renewal")
 	}
-	shared, own := rs.claim("default", 0, 200, time.Second, 61*time.Second)
+	shared, own := rs.claim(&mu, "default", 0, 200, time.Second, 61*time.Second)
 	if own || shared != r {
 		t.Fatal("a ping while a renewal is written does not share it")
 	}
-	if vip, own := rs.claim("vip", 0, 200, time.Second, 120*time.Second); !own || vip == r {
+	if vip, own := rs.claim(&mu, "vip", 0, 200, time.Second, 120*time.Second); !own || vip == r {
 		t.Fatal("a ping in another segment shares the default segment's renewal")
 	}
 	sawFailure := false
-	rs.whenSettled(shared, func() { sawFailure = shared.failed })
-	rs.settle(r, time.Time{}, errors.New("Redis out of reach"))
+	rs.whenSettled(&mu, shared, func() { sawFailure = shared.failed })
+	rs.settle(&mu, r, time.Time{}, errors.New("Redis out of reach"))
 	if !sawFailure {
 		t.Fatal("the sharer does not see the failure")
 	}
-	if again, own := rs.claim("default", 0, 300, time.Second, 60*time.Second); !own || again == r {
+	if again, own := rs.claim(&mu, "default", 0, 300, time.Second, 60*time.Second); !own || again == r {
 		t.Fatal("a ping after a failed renewal does not renew")
 	}
 }
