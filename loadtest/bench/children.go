@@ -63,6 +63,7 @@ func commandLine(name string, args ...string) string {
 // DetectMode is one detection mode's row of detectbench's output.
 type DetectMode struct {
 	Mode       string  `json:"mode"`
+	Replicas   int     `json:"replicas"`
 	Silent     int     `json:"silent"`
 	Produced   int     `json:"produced"`
 	Lost       int     `json:"lost"`
@@ -88,6 +89,13 @@ type DetectMode struct {
 	CloseGuideP50 float64 `json:"close_guide_p50_ms"`
 	CloseGuideP99 float64 `json:"close_guide_p99_ms"`
 	CloseGuideMax float64 `json:"close_guide_max_ms"`
+	// Redis commands per second (those scripts run included), and script
+	// calls: the listeners idle (nothing due), and while the silences
+	// expire (listeners and consumer).
+	IdleCallsPerS     float64 `json:"idle_calls_per_s"`
+	IdleScriptsPerS   float64 `json:"idle_scripts_per_s"`
+	ExpiryCallsPerS   float64 `json:"expiry_calls_per_s"`
+	ExpiryScriptsPerS float64 `json:"expiry_scripts_per_s"`
 }
 
 // Storm is detectbench's storm: sessions expiring within one window, past
@@ -114,11 +122,13 @@ type Storm struct {
 
 // Detection is steps 3 and 4, as detectbench prints them.
 type Detection struct {
-	Command string       `json:"command"`
-	Live    int          `json:"live"`
-	Silent  int          `json:"silent"`
-	Modes   []DetectMode `json:"modes"`
-	Storm   *Storm       `json:"storm"`
+	Command       string       `json:"command"`
+	Live          int          `json:"live"`
+	LiveWriteS    float64      `json:"live_write_s"`
+	RedisMemoryMB float64      `json:"redis_memory_mb"`
+	Silent        int          `json:"silent"`
+	Modes         []DetectMode `json:"modes"`
+	Storm         *Storm       `json:"storm"`
 }
 
 type detectScale struct {

@@ -21,6 +21,10 @@ type connScale struct {
 	Pushes    int           `json:"pushes"`
 	IPsPerGen int           `json:"source_addresses_per_wsload"`
 	Leave     time.Duration `json:"-"`
+	// ReadMode is the gateways' read mode (readModeEnv).
+	ReadMode string `json:"read_mode"`
+	// Every is each connection's ping interval.
+	Every time.Duration `json:"-"`
 }
 
 // ConnGateway is one gateway's share of step 1.
@@ -38,7 +42,10 @@ type ConnGateway struct {
 
 // Connections is step 1's result.
 type Connections struct {
-	Command      string        `json:"command"`
+	Command string `json:"command"`
+	// ReadMode is how the gateways read their connections: the mode
+	// asked for, or "goroutine" from a gateway without the setting.
+	ReadMode     string        `json:"gateway_read_mode"`
 	Gateways     int           `json:"gateways"`
 	Target       int           `json:"target_conns"`
 	Loaders      int           `json:"wsload_processes"`
@@ -47,6 +54,7 @@ type Connections struct {
 	WindowSec    float64       `json:"window_seconds"`
 	Held         float64       `json:"sessions_held"` // sum of the gateways' open connections at the end of the window
 	Load         loadResult    `json:"wsload"`
+	Pong         pongFigures   `json:"ping_pong_window"` // at the load generator, over the window
 	PerGateway   []ConnGateway `json:"per_gateway"`
 	RSSPerConnKB float64       `json:"rss_per_conn_kb"` // over all gateways: added RSS / connections
 	HeapPerConn  float64       `json:"go_heap_inuse_per_conn_kb"`
@@ -71,7 +79,11 @@ type Connections struct {
 }
 
 func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, s secrets, sc connScale, command string) (*Connections, error) {
-	r := &Connections{Command: command, Gateways: sc.Gateways, Target: sc.Conns, Loaders: sc.Loaders, IPsPerLoader: sc.IPsPerGen, PingEvery: "15s"}
+	r := &Connections{Command: command, Gateways: sc.Gateways, Target: sc.Conns, Loaders: sc.Loaders, IPsPerLoader: sc.IPsPerGen, PingEvery: sc.Every.String(),
+		ReadMode: "goroutine"}
+	if gatewayReadModes(ctx, bin) {
+		r.ReadMode = sc.ReadMode
+	}
 	var gws []*gateway
 	defer func() {
 		var wg sync.WaitGroup
@@ -81,7 +93,7 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 		wg.Wait()
 	}()
 	for i := range sc.Gateways {
-		g, err := startGateway(ctx, bin, redisAddr, fmt.Sprintf("bench-gw-%d", i), s)
+		g, err := startGateway(ctx, bin, redisAddr, fmt.Sprintf("bench-gw-%d", i), s, readModeEnv+"="+sc.ReadMode)
 		if err != nil {
 			return r, err
 		}
@@ -96,10 +108,10 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 		base[i], mBase[i] = rssKB(g.pid()), g.metrics()
 	}
 
-	fmt.Printf("connections: %d over %d gateways from %d wsload processes, pings every 15s\n", sc.Conns, sc.Gateways, sc.Loaders)
+	fmt.Printf("connections: %d over %d gateways (read mode %s) from %d wsload processes, pings every %v\n", sc.Conns, sc.Gateways, r.ReadMode, sc.Loaders, sc.Every)
 	rampTime := time.Duration(sc.Conns) * time.Second / time.Duration(sc.Ramp)
 	f, err := startFleet(ctx, bin, s, fleetSpec{
-		tag: "c", netByte: 10, conns: sc.Conns, procs: sc.Loaders, every: 15 * time.Second,
+		tag: "c", netByte: 10, conns: sc.Conns, procs: sc.Loaders, every: sc.Every,
 		ramp: sc.Ramp, maxHold: 3*rampTime + sc.Settle + sc.Window + 5*time.Minute,
 		ipsEach: sc.IPsPerGen, gateways: gws, leave: sc.Leave,
 	})
@@ -107,10 +119,13 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 	if err != nil {
 		return r, err
 	}
-	rctx, cancel := context.WithTimeout(ctx, 3*rampTime+time.Minute)
+	// A busy machine ramps slower than asked; waitRamped fails on a
+	// stalled ramp, this bounds a crawling one.
+	rctx, cancel := context.WithTimeout(ctx, 5*rampTime+5*time.Minute)
 	err = f.waitRamped(rctx)
 	cancel()
 	if err != nil {
+		r.Load, _ = f.stop() // what did connect, and what failed
 		return r, fmt.Errorf("wsload ramp: %w", err)
 	}
 	// Every connection pings once within a ping interval of its start.
@@ -127,6 +142,9 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 	}
 	redis0 := redisCPU(ctx, rdb)
 	t0 := time.Now()
+	if _, err := f.mark(ctx); err != nil { // ping→pong figures from here
+		return r, err
+	}
 
 	// Guides pushed through the next gateway than the user's, so each is
 	// routed over Redis Pub/Sub to the instance holding it.
@@ -160,6 +178,9 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 	sleep(ctx, sc.Window)
 	pushWG.Wait()
 	window := time.Since(t0).Seconds()
+	if r.Pong, err = f.mark(ctx); err != nil {
+		return r, err
+	}
 	r.WindowSec = window
 
 	var heap, stack, added float64

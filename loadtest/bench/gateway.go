@@ -39,7 +39,20 @@ func freeAddr() (string, error) {
 	return l.Addr().String(), nil
 }
 
-func startGateway(ctx context.Context, bin, redisAddr, id string, s secrets) (*gateway, error) {
+// readModeEnv picks how a gateway reads its connections (epoll or
+// goroutine). A gateway without the setting ignores it: it reads with a
+// goroutine per connection, and gatewayReadModes says so.
+const readModeEnv = "STILLTHERE_GATEWAY_READ_MODE"
+
+// gatewayReadModes reports whether the gateway built in bin has the read
+// mode setting.
+func gatewayReadModes(ctx context.Context, bin string) bool {
+	return flagsOf(ctx, bin, "gateway")["read-mode"]
+}
+
+// startGateway starts a gateway with the run's settings, and env after
+// them (NAME=value), and waits until it is ready.
+func startGateway(ctx context.Context, bin, redisAddr, id string, s secrets, env ...string) (*gateway, error) {
 	g := &gateway{id: id, done: make(chan struct{})}
 	var err error
 	if g.addr, err = freeAddr(); err != nil {
@@ -61,6 +74,7 @@ func startGateway(ctx context.Context, bin, redisAddr, id string, s secrets) (*g
 		// The report holds a heap profile of a gateway under load.
 		"STILLTHERE_PPROF=true",
 	)
+	g.cmd.Env = append(g.cmd.Env, env...)
 	g.logs = newLogTally(os.Stderr, 3)
 	g.cmd.Stderr = g.logs
 	if err := g.cmd.Start(); err != nil {

@@ -10,10 +10,15 @@
 //     gateway to users on another (push routing);
 //  2. renewals: Redis round trips per renewal at a renewal rate, with the
 //     gateway's and redis-server's CPU;
-//  3. and 4. detection and storm, from detectbench;
+//  3. and 4. detection and storm, from detectbench; 3b. detection at a
+//     million live sessions with one and two listener replicas, the
+//     prefetch path against the sweep alone, from detectbench;
 //  5. consumer throughput and backlog drain, from guidebench;
 //  6. outage: users guided or not through outages of Redis and of the
-//     gateways, from outagebench.
+//     gateways, from outagebench;
+//  7. modes: a gateway in each read mode (epoll, goroutine) side by side
+//     under the same load: memory per connection idle and pinging, CPU
+//     per ping, ping→pong time, renewals per Redis round trip.
 //
 // Every figure in the report comes with the command that reproduces it.
 // It exits 1 when a guide was lost or doubled (events mode excepted: its
@@ -54,25 +59,30 @@ func main() {
 	}
 }
 
-var allSteps = []string{"connections", "renewals", "detection", "consumer", "outage"}
+var allSteps = []string{"connections", "renewals", "modes", "detection", "consumer", "outage"}
 
 // scale is the size of every step.
 type scale struct {
 	conns    connScale
 	renew    renewScale
 	detect   detectScale
+	scale    detectScale // step 3b: detection at scale, by replicas
 	consumer consumerScale
 	outage   outageScale
+	modes    modesScale
 }
 
 func scaleFor(quick bool) scale {
 	if quick {
 		return scale{
 			conns: connScale{Gateways: 2, Conns: 4000, Loaders: 2, Ramp: 2000,
-				Settle: 5 * time.Second, Window: 10 * time.Second, Pushes: 100, IPsPerGen: 1, Leave: 2 * time.Second},
+				Settle: 5 * time.Second, Window: 10 * time.Second, Pushes: 100, IPsPerGen: 1, Leave: 2 * time.Second, ReadMode: "epoll", Every: 15 * time.Second},
+			modes: modesScale{Conns: 1000, Every: 2 * time.Second, Ramp: 1000, Idle: 4 * time.Second, Window: 6 * time.Second, Leave: time.Second},
 			renew: renewScale{Conns: 2000, Loaders: 1, Every: 2 * time.Second, Window: 8 * time.Second},
 			detect: detectScale{Live: 5000, Silent: 200, Storm: 2000, Window: 3 * time.Second, Wait: 15 * time.Second,
 				Grace: 10 * time.Second, Limit: 100 * time.Second},
+			scale: detectScale{Live: 20000, Silent: 200, Window: 3 * time.Second, Wait: 15 * time.Second,
+				Grace: 10 * time.Second, Limit: 3 * time.Minute},
 			consumer: consumerScale{Events: 2000, Queued: 1000, BreakerTimeout: 2 * time.Second, Limit: time.Minute},
 			// Two faults keep the quick run near 3 minutes: one in which
 			// the listener is as blind as the gateways (Redis frozen), one
@@ -83,13 +93,22 @@ func scaleFor(quick bool) scale {
 		}
 	}
 	return scale{
-		// 100k over 6 gateways is under 17k each, inside the 20k file
-		// limit less the gateway's 1,024 headroom; 7 wsload processes hold
-		// about 14.3k each, over 2 source addresses apiece.
-		conns: connScale{Gateways: 6, Conns: 100000, Loaders: 7, Ramp: 3000,
-			Settle: 16 * time.Second, Window: 30 * time.Second, Pushes: 1000, IPsPerGen: 2, Leave: 20 * time.Second},
-		renew:    renewScale{Conns: 10000, Loaders: 2, Every: 2 * time.Second, Window: 20 * time.Second},
-		detect:   detectScale{Live: 100000, Silent: 1000, Storm: 50000, Grace: 10 * time.Second, Limit: 20 * time.Minute},
+		// 250k over 15 gateways is 16,667 each, inside the 20k file limit
+		// less the gateway's 1,024 headroom; 14 wsload processes hold
+		// 17,858 each, over 3 source addresses apiece (about 6k ports of
+		// each address's 28k). They ping every 30 s, twice per 60 s
+		// session TTL: at 15 s, 250k connections are 16,700 pings/s,
+		// more than two cores carry at the gateways' 60-120 µs of CPU per
+		// ping with Redis and the load beside them (step 2 holds the
+		// renewal rate). Settle: every connection has pinged once.
+		conns: connScale{Gateways: 15, Conns: 250000, Loaders: 14, Ramp: 5000,
+			Settle: 31 * time.Second, Window: 30 * time.Second, Pushes: 1000, IPsPerGen: 3, Leave: 20 * time.Second,
+			ReadMode: "epoll", Every: 30 * time.Second},
+		modes:  modesScale{Conns: 15000, Every: 15 * time.Second, Ramp: 3000, Idle: 12 * time.Second, Window: 30 * time.Second, Leave: 5 * time.Second},
+		renew:  renewScale{Conns: 10000, Loaders: 2, Every: 2 * time.Second, Window: 20 * time.Second},
+		detect: detectScale{Live: 100000, Silent: 1000, Storm: 50000, Grace: 10 * time.Second, Limit: 20 * time.Minute},
+		// The scale: a million live sessions, one and two replicas.
+		scale:    detectScale{Live: 1000000, Silent: 1000, Grace: 10 * time.Second, Limit: 10 * time.Minute},
 		consumer: consumerScale{Events: 20000, Queued: 10000, BreakerTimeout: 10 * time.Second, Limit: 15 * time.Minute},
 		outage: outageScale{Active: 1000, Silent: 200, TTL: 6 * time.Second, Jitter: 500 * time.Millisecond,
 			Grace: 8 * time.Second, Faults: "redis-pause,redis-restart,redis-cut,gateways-down", Limit: 5 * time.Minute},

@@ -6,16 +6,48 @@ import (
 	"strings"
 )
 
+// goalRow is a row of the summary: a figure, and its goal if it has one
+// (atScale: judged only at full scale).
+type goalRow struct {
+	figure, measured, goal string
+	met, atScale           bool
+}
+
+// summary are step 1's rows of the summary.
+func (c *Connections) summary() []goalRow {
+	l := c.Load
+	rss := fmt.Sprintf("**%.2f KB** at %.0f connections", c.RSSPerConnKB, c.Held)
+	if c.Held < float64(c.Target)/2 {
+		// What is left is mostly the gateways' own memory.
+		rss = fmt.Sprintf("not measured: %.0f of %d connections held (see the gateway log lines)", c.Held, c.Target)
+	}
+	return []goalRow{
+		{figure: "sessions held at " + c.PingEvery + " pings",
+			measured: fmt.Sprintf("**%.0f** of %d, %d gateways; %d failed, %d dropped, %d closed by a gateway", c.Held, c.Target, c.Gateways, l.Failed, l.Dropped, l.Closed),
+			goal:     thousands(goalConns) + ", load generator included; none failed or dropped",
+			met:      c.Held >= goalConns && l.Failed == 0 && l.Dropped == 0 && l.Closed == 0, atScale: true},
+		{figure: fmt.Sprintf("gateway RSS per connection, %s mode", c.ReadMode),
+			measured: rss,
+			goal:     fmt.Sprintf("at most %d KB in epoll mode, at %s connections or more", goalRSSPerConnKB, thousands(goalRSSConns)),
+			met:      c.ReadMode == "epoll" && c.Held >= goalRSSConns && c.RSSPerConnKB <= goalRSSPerConnKB, atScale: true},
+		{figure: "gateway CPU", measured: fmt.Sprintf("%.2f cores in all (%.0f renewals/s)", c.GatewayCPU, c.Renewals)},
+		{figure: "ping→pong p50 / p99 / p99.9, at the load generator",
+			measured: fmt.Sprintf("%.1f / **%.1f** / %.1f ms (%d pongs)", c.Pong.PongP50ms, c.Pong.PongP99ms, c.Pong.PongP999ms, c.Pong.PongN)},
+	}
+}
+
 func (r *Report) connectionsMD(b *strings.Builder, c *Connections) {
 	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
 	p("\n## 1. Connections\n\n`%s`\n\n", c.Command)
 	held := float64(c.Load.Conns - c.Load.Dropped - c.Load.Closed)
-	p("%d connections aimed at %d gateway processes (each its own ports and instance id, all on one redis-server) from %d wsload processes, each pinging every %s; measured over %.0f s once every connection was up and had pinged.\n\n",
-		c.Target, c.Gateways, c.Loaders, c.PingEvery, c.WindowSec)
+	p("%d connections aimed at %d gateway processes in %s read mode (each its own ports and instance id, all on one redis-server) from %d wsload processes, each pinging every %s; measured over %.0f s once every connection was up and had pinged.\n\n",
+		c.Target, c.Gateways, c.ReadMode, c.Loaders, c.PingEvery, c.WindowSec)
 	p("| | |\n|---|---|\n")
 	p("| sessions held (gateways' open connections) | **%.0f** |\n", c.Held)
 	p("| wsload: connected, failed, dropped, closed by the gateway | %d, %d, %d, %d (%.0f held at the end) |\n", c.Load.Conns, c.Load.Failed, c.Load.Dropped, c.Load.Closed, held)
 	p("| pings answered | %d pongs for %d pings |\n", c.Load.Pongs, c.Load.Pings)
+	p("| ping→pong at the load generator, over the window (p50 / p99 / p99.9 / max) | %.1f / **%.1f** / %.1f / %.1f ms, %d pongs |\n",
+		c.Pong.PongP50ms, c.Pong.PongP99ms, c.Pong.PongP999ms, c.Pong.PongMaxms, c.Pong.PongN)
 	p("| gateway RSS per connection | **%.2f KB** |\n", c.RSSPerConnKB)
 	p("| of which goroutine stacks (added by the load) | %.2f KB |\n", c.StackPerConn)
 	p("| of which Go heap in use (added by the load) | %.2f KB |\n", c.HeapPerConn)
@@ -33,7 +65,7 @@ func (r *Report) connectionsMD(b *strings.Builder, c *Connections) {
 	p("\n**Push routing.** %d guides were pushed, during the window, through the push endpoint of the gateway after the one holding the user, so each went over the holder's Redis Pub/Sub channel: %d answered delivered, %d push errors; the clients received %d guides with %d distinct ids (%d lost, %d doubled).\n",
 		c.Pushed, c.PushDelivered, c.PushErrors, c.Load.Guides, c.Load.GuideIDs, c.GuidesLost, c.GuidesDoubled)
 
-	p("\n**Load generator: `loadtest/wsload` (Go), not k6.** One goroutine pair and two 512-byte buffers per connection: %.1f KB of RSS per connection here, so 100k connections fit beside six gateways in this machine's memory. k6 keeps a JavaScript runtime per VU: about 140 KB per connection even with 50 connections per VU (loadtest/README.md), some 14 GB for 100k, and every ping runs through JavaScript, on the two cores the six gateways and Redis also need. The k6 scripts stay the tool for a deployment from other machines. wsload's processes stay under the 20,000 open files each (%d of them) and bind 127.10.p.x source addresses, %d per process, so no source address nears its %s ephemeral ports.\n",
+	p("\n**Load generator: `loadtest/wsload` (Go), not k6.** Built the way the gateway is: no goroutine waits on an idle connection. Its reads go through the same read adapter as the gateway's, and two pinger goroutines per process send every ping, each from a queue of its connections by due time; ping→pong is timed per ping. %.1f KB of RSS per connection here. k6 keeps a JavaScript runtime per VU: about 140 KB per connection even with 50 connections per VU (loadtest/README.md), and every ping runs through JavaScript, on the two cores the gateways and Redis also need. The k6 scripts stay the tool for a deployment from other machines. wsload's processes stay under the 20,000 open files each (%d of them) and bind 127.10.p.x source addresses, %d per process, so no source address nears its %s ephemeral ports.\n",
 		c.LoadRSSMB*1024/float64(max(c.Load.Conns, 1)), c.Loaders, c.IPsPerLoader, r.Machine.PortRange)
 
 	if c.HeapTop != "" {
@@ -44,24 +76,38 @@ func (r *Report) connectionsMD(b *strings.Builder, c *Connections) {
 		return // the step failed before it measured
 	}
 	g0 := c.PerGateway[0]
-	perG := 0.0
-	if g0.Goroutines > 0 {
-		perG = g0.StackPerConn * g0.Conns / g0.Goroutines
-	}
 	if top := profilePerConn(c.HeapTop, g0.Conns, 8); len(top) > 0 {
 		p("\nThe profile's largest in-use allocations, per connection of %s (sampled, so approximate):\n\n| allocated in | per connection |\n|---|---|\n", g0.ID)
 		for _, t := range top {
 			p("| `%s` | %.0f B |\n", t.fn, t.bytes)
 		}
 	}
-	p("\n**What limits memory per connection.** Of %.2f KB of RSS per connection, %.2f KB is goroutine stacks: %.0f goroutines for %.0f connections on %s, one per connection, with %.1f KB of stack each. That goroutine is the reader, parked in `ReadMessage` on the HTTP handler's goroutine; its stack grew past the 2 KB start during the upgrade and the first frames, and the runtime shrinks a stack only when a quarter of it is enough. Idle connections need no writer goroutine (the flusher runs only while frames wait). The Go heap adds %.2f KB: the WebSocket connection with its 512-byte read buffer, what net/http allocated for the connection before the hijack, the hub's entry, the connection's logger, its rate limiter and its socket addresses (table above). The remaining %.2f KB is heap the runtime holds but is not using, and its own metadata.\n",
-		c.RSSPerConnKB, c.StackPerConn, g0.Goroutines, g0.Conns, g0.ID, perG, c.HeapPerConn, c.OtherPerConn)
-	p("\n**What would close the gap to 10 KB.** The stacks are the gap. Without a parked goroutine per idle connection (wait for readability on the netpoller, epoll, and read a frame only when one arrives, with a small pool of goroutines doing the reads, as gobwas/ws-style servers do) each connection would cost the heap share, about %.1f KB. That means reading WebSocket frames without a blocking `ReadMessage`, a change to the gateway's connection loop. Smaller steps: run the read loop on a fresh goroutine after the upgrade, so its stack holds only the loop and may stay at 4 KB; and drop per-connection allocations that outlive the handshake (the logger built with `.With`, the rate limiter until the first frame). Memory is not what limits this machine: %.0f connections take %.1f GB of gateway RSS in all.\n",
-		c.HeapPerConn+c.OtherPerConn, c.Held, c.RSSPerConnKB*c.Held/1024/1024)
+	p("\n%s\n", memoryNote(c, g0))
 	if len(c.GatewayLogs) > 0 {
 		p("\nGateway log lines during the step, the connections' closes at the end included (%d wsload processes each spreading its closes over a few seconds): %s.\n",
 			c.Loaders, strings.Join(c.GatewayLogs, "; "))
 	}
+}
+
+// memoryNote says what holds a connection's memory: a parked reader's
+// goroutine stack when there is one per connection, else the heap.
+func memoryNote(c *Connections, g0 ConnGateway) string {
+	if g0.Goroutines > g0.Conns/2 {
+		perG := g0.StackPerConn * g0.Conns / g0.Goroutines
+		return fmt.Sprintf("**What limits memory per connection.** Of %.2f KB of RSS per connection, %.2f KB is goroutine stacks: %.0f goroutines for %.0f connections on %s, one per connection, with %.1f KB of stack each. That goroutine is the reader, parked in `ReadMessage`; its stack grew past the 2 KB start during the upgrade and the first frames, and the runtime shrinks a stack only when a quarter of it is enough. The Go heap adds %.2f KB: the WebSocket connection with its read buffer, what net/http allocated for the connection before the hijack, the hub's entry, the connection's logger, its rate limiter and its socket addresses (table above). The remaining %.2f KB is heap the runtime holds but is not using, and its own metadata. Reading in epoll mode (`%s=epoll`) leaves no goroutine parked per idle connection: see step 7 for the two side by side.",
+			c.RSSPerConnKB, c.StackPerConn, g0.Goroutines, g0.Conns, g0.ID, perG, c.HeapPerConn, c.OtherPerConn, readModeEnv)
+	}
+	return fmt.Sprintf("**What holds memory per connection.** %.0f goroutines for %.0f connections on %s: no reader waits on an idle connection, so stacks add %.2f KB per connection. The Go heap in use adds %.2f KB (the WebSocket connection and its buffers, the read adapter's entry, the hub's entry, the rate limiter: table above), and %.2f KB is heap the runtime holds but is not using, and its own metadata. %.0f connections take %.1f GB of gateway RSS in all.",
+		g0.Goroutines, g0.Conns, g0.ID, c.StackPerConn, c.HeapPerConn, c.OtherPerConn, c.Held, c.RSSPerConnKB*c.Held/1024/1024)
+}
+
+// thousands writes n with commas: 250,000.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }
 
 type allocation struct {

@@ -63,7 +63,7 @@ func run(ctx context.Context, bin, out string, quick bool, stepList string) (fai
 		}
 	}
 
-	if slices.Contains(steps, "connections") || slices.Contains(steps, "renewals") {
+	if slices.Contains(steps, "connections") || slices.Contains(steps, "renewals") || slices.Contains(steps, "modes") {
 		dir, err := os.MkdirTemp("", "stillthere-bench-")
 		if err != nil {
 			return false, err
@@ -85,11 +85,19 @@ func run(ctx context.Context, bin, out string, quick bool, stepList string) (fai
 			rep.Renewals, err = renewals(ctx, bin, rds.Addr, rdb, s, sc.renew, stepCmd("renewals"))
 			fail("renewals", err)
 		}
+		if slices.Contains(steps, "modes") && ctx.Err() == nil {
+			rep.Modes, err = modes(ctx, bin, rds.Addr, s, sc.modes, stepCmd("modes"))
+			fail("modes", err)
+		}
 	}
 	if slices.Contains(steps, "detection") && ctx.Err() == nil {
 		if available(bin, "detectbench") {
 			rep.Detection, err = detection(ctx, bin, sc.detect)
 			fail("detection", err)
+			if ctx.Err() == nil {
+				rep.DetectionAtScale, err = detectionAtScale(ctx, bin, sc.scale)
+				fail("detection at scale", err)
+			}
 		} else {
 			rep.Skipped = append(rep.Skipped, "detection: detectbench is not built (loadtest/detectbench)")
 		}

@@ -7,6 +7,15 @@
 // lets through at once; the rest are held for the outage grace and
 // checked again, and the storm is timed until every guide is delivered.
 //
+// Mode sweep is the listener's default: the prefetch path finds timeouts
+// by local timers, the sweep only as a safety net; sweep-noprefetch is the
+// sweep alone, every sweep interval, as before the prefetch path. Each
+// mode runs once per count of -replicas: that many listener replicas,
+// sharing the work. Beside the lateness, each run reports Redis's calls
+// per second (INFO commandstats): with the listeners idle (nothing due,
+// only they and the idle consumer call Redis), and while the silences
+// expire (listeners and consumer).
+//
 // It starts its own redis-server (with expired keyspace events on, as the
 // listener would set them) and embedded Kafka, writes the sessions through
 // the same script the gateway uses, and runs a listener, a guide consumer
@@ -22,10 +31,13 @@
 // whatever -wait says.
 //
 //	go run ./loadtest/detectbench -live 100000 -silent 1000 -storm 50000
+//	go run ./loadtest/detectbench -live 1000000 -modes sweep-noprefetch,sweep -replicas 1,2 -storm 0
 package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -35,10 +47,12 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -55,6 +69,7 @@ import (
 // ModeResult is one detection mode's figures.
 type ModeResult struct {
 	Mode       string  `json:"mode"`
+	Replicas   int     `json:"replicas"` // listener replicas sharing the work
 	Silent     int     `json:"silent"`
 	Produced   int     `json:"produced"` // distinct silences with an event
 	Lost       int     `json:"lost"`     // silences with no event within the wait
@@ -85,6 +100,18 @@ type ModeResult struct {
 	CloseGuideP50 float64 `json:"close_guide_p50_ms"`
 	CloseGuideP99 float64 `json:"close_guide_p99_ms"`
 	CloseGuideMax float64 `json:"close_guide_max_ms"`
+	// Redis's commands per second (INFO commandstats, which counts the
+	// commands scripts run too): IdleCallsPerS over IdleS with the
+	// listeners running and nothing due (their detection cost alone, and
+	// the idle consumer's); ExpiryCallsPerS from the first silent
+	// deadline to the last (detection, events, dedup, settling, and the
+	// consumer's guides). The Scripts figures count script calls
+	// (EVALSHA, EVAL) alone.
+	IdleCallsPerS     float64 `json:"idle_calls_per_s"`
+	IdleScriptsPerS   float64 `json:"idle_scripts_per_s"`
+	IdleS             float64 `json:"idle_s"`
+	ExpiryCallsPerS   float64 `json:"expiry_calls_per_s"`
+	ExpiryScriptsPerS float64 `json:"expiry_scripts_per_s"`
 }
 
 // StormResult is the storm's figures.
@@ -115,11 +142,15 @@ type StormResult struct {
 
 // Report is what detectbench prints.
 type Report struct {
-	Command string       `json:"command"`
-	Live    int          `json:"live"`
-	Silent  int          `json:"silent"`
-	Modes   []ModeResult `json:"modes"`
-	Storm   *StormResult `json:"storm,omitempty"`
+	Command string `json:"command"`
+	Live    int    `json:"live"`
+	// LiveWriteS is how long writing the live sessions took (pipelined
+	// renewals), RedisMemoryMB Redis's used_memory once they were.
+	LiveWriteS    float64      `json:"live_write_s"`
+	RedisMemoryMB float64      `json:"redis_memory_mb"`
+	Silent        int          `json:"silent"`
+	Modes         []ModeResult `json:"modes"`
+	Storm         *StormResult `json:"storm,omitempty"`
 }
 
 // prefix0 is the bench's Redis key prefix.
@@ -129,7 +160,8 @@ func main() {
 	live := flag.Int("live", 100000, "live sessions held in Redis throughout")
 	silent := flag.Int("silent", 1000, "sessions going silent per mode")
 	window := flag.Duration("window", 10*time.Second, "the silent sessions' deadlines spread over this")
-	modes := flag.String("modes", "sweep,hybrid,events", "detection modes, run one after another; empty: the storm alone")
+	modes := flag.String("modes", "sweep,hybrid,events", "detection modes, run one after another: events, sweep, hybrid, or sweep-noprefetch (the sweep alone, as before the prefetch path); empty: the storm alone")
+	replicas := flag.String("replicas", "1", "comma-separated counts of listener replicas; each mode runs once per count")
 	wait := flag.Duration("wait", 60*time.Second, "how long past the last deadline to wait for events")
 	storm := flag.Int("storm", 50000, "sessions running out within one second in the storm; 0 skips it")
 	grace := flag.Duration("grace", 10*time.Second, "the listeners' outage grace; silences are awaited at least this plus 5s past their deadline")
@@ -144,7 +176,16 @@ func main() {
 	// Never call a silence lost before a timeout held for the grace
 	// could have been released, checked and delivered.
 	*wait = max(*wait, *grace+minWaitPastGrace)
-	if err := run(ctx, log, &rep, *grace, *closeAfter, *window, *wait, strings.FieldsFunc(*modes, func(r rune) bool { return r == ',' }), *storm); err != nil {
+	var counts []int
+	for _, f := range strings.Split(*replicas, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 8 {
+			fmt.Fprintf(os.Stderr, "detectbench: -replicas: %q, want counts between 1 and 8\n", f)
+			os.Exit(2)
+		}
+		counts = append(counts, n)
+	}
+	if err := run(ctx, log, &rep, *grace, *closeAfter, *window, *wait, strings.FieldsFunc(*modes, func(r rune) bool { return r == ',' }), counts, *storm); err != nil {
 		fmt.Fprintln(os.Stderr, "detectbench:", err)
 		os.Exit(1)
 	}
@@ -168,9 +209,23 @@ type bench struct {
 	// modes' runs; the storm runs with one stage.
 	closeAfter time.Duration
 	idle       *idleReplica // marks the index swept between measurements
+	renewers   []*session.Renewer
+	rdb        *redis.Client // for INFO
 }
 
-func run(ctx context.Context, log *slog.Logger, rep *Report, grace, closeAfter, window, wait time.Duration, modes []string, storm int) error {
+// modeSweepNoPrefetch is the sweep alone, every sweep interval: the
+// listener with its prefetch path off.
+const modeSweepNoPrefetch = "sweep-noprefetch"
+
+// listenerMode is the listener's detect-mode of a bench mode.
+func listenerMode(mode string) string {
+	if mode == modeSweepNoPrefetch {
+		return expiry.ModeSweep
+	}
+	return mode
+}
+
+func run(ctx context.Context, log *slog.Logger, rep *Report, grace, closeAfter, window, wait time.Duration, modes []string, replicas []int, storm int) error {
 	rs, err := redisserver.Start(ctx, redisserver.Options{Args: []string{"--maxmemory", "4gb"}})
 	if err != nil {
 		return err
@@ -194,6 +249,17 @@ func run(ctx context.Context, log *slog.Logger, rep *Report, grace, closeAfter, 
 	defer rdb.Close()
 	ks, _ := session.NewKeyspace(prefix0)
 	b.store = session.NewStore(rdb, ks)
+	b.rdb = redis.NewClient(&redis.Options{Addr: rs.Addr})
+	defer b.rdb.Close()
+	// Renewals in pipelines, as gateways send them: a few batchers at once.
+	rctx, stopRenewers := context.WithCancel(ctx)
+	var renewing sync.WaitGroup
+	defer func() { stopRenewers(); renewing.Wait() }()
+	for range 4 {
+		r := session.NewRenewer(b.store, session.RenewerConfig{MaxBatch: 512})
+		b.renewers = append(b.renewers, r)
+		renewing.Go(func() { r.Run(rctx) })
+	}
 	lcfg, err := b.listenerConfig(expiry.ModeHybrid, "idle-replica", 0)
 	if err != nil {
 		return err
@@ -205,17 +271,23 @@ func run(ctx context.Context, log *slog.Logger, rep *Report, grace, closeAfter, 
 	if err := b.renewMany(ctx, "live", rep.Live, func(int) time.Duration { return 30 * time.Minute }); err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "detectbench: %d live sessions written in %v\n", rep.Live, time.Since(start).Round(time.Millisecond))
+	rep.LiveWriteS = time.Since(start).Seconds()
+	rep.RedisMemoryMB = float64(infoInt(ctx, b.rdb, "memory", "used_memory")) / (1 << 20)
+	fmt.Fprintf(os.Stderr, "detectbench: %d live sessions written in %v; Redis uses %.0f MB\n",
+		rep.Live, time.Since(start).Round(time.Millisecond), rep.RedisMemoryMB)
 	for _, mode := range modes {
-		res, err := b.detect(ctx, mode, rep.Silent, window, wait)
-		if err != nil {
-			return fmt.Errorf("mode %s: %w", mode, err)
+		for _, n := range replicas {
+			res, err := b.detect(ctx, mode, n, rep.Silent, window, wait)
+			if err != nil {
+				return fmt.Errorf("mode %s, %d replicas: %w", mode, n, err)
+			}
+			fmt.Fprintf(os.Stderr, "detectbench: %s, %d replicas: %d of %d produced, %d duplicates, lag p50 %.0f ms p99 %.0f ms max %.0f ms; %d guided, p50 %.0f ms p99 %.0f ms max %.0f ms; %d held; close stage: %d produced, lag p99 %.0f ms, %d guided, p99 %.0f ms; Redis calls/s idle %.0f, while expiring %.0f\n",
+				mode, n, res.Produced, res.Silent, res.Duplicates, res.LagP50MS, res.LagP99MS, res.LagMaxMS,
+				res.Guided, res.GuideP50MS, res.GuideP99MS, res.GuideMaxMS, res.Held,
+				res.Closed, res.CloseLagP99, res.CloseGuided, res.CloseGuideP99, res.IdleCallsPerS, res.ExpiryCallsPerS)
+			fmt.Fprintf(os.Stderr, "detectbench: %s, %d replicas: script calls/s idle %.0f, while expiring %.0f\n", mode, n, res.IdleScriptsPerS, res.ExpiryScriptsPerS)
+			rep.Modes = append(rep.Modes, res)
 		}
-		fmt.Fprintf(os.Stderr, "detectbench: %s: %d of %d produced, %d duplicates, lag p50 %.0f ms p99 %.0f ms max %.0f ms; %d guided, p50 %.0f ms p99 %.0f ms max %.0f ms; %d held; close stage: %d produced, lag p99 %.0f ms, %d guided, p99 %.0f ms\n",
-			mode, res.Produced, res.Silent, res.Duplicates, res.LagP50MS, res.LagP99MS, res.LagMaxMS,
-			res.Guided, res.GuideP50MS, res.GuideP99MS, res.GuideMaxMS, res.Held,
-			res.Closed, res.CloseLagP99, res.CloseGuided, res.CloseGuideP99)
-		rep.Modes = append(rep.Modes, res)
 	}
 	if storm > 0 {
 		res, err := b.storm(ctx, storm, wait)
@@ -229,16 +301,17 @@ func run(ctx context.Context, log *slog.Logger, rep *Report, grace, closeAfter, 
 	return ctx.Err()
 }
 
-// renewMany writes n sessions named name-i with TTL ttl(i), from 16
-// goroutines, as many gateways' renewals would.
+// renewMany writes n sessions named name-i with TTL ttl(i), from many
+// goroutines through pipelined renewers, as many gateways' renewals would.
 func (b *bench) renewMany(ctx context.Context, name string, n int, ttl func(int) time.Duration) error {
-	const workers = 16
+	const workers = 1024
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	for w := range workers {
+		r := b.renewers[w%len(b.renewers)]
 		wg.Go(func() {
 			for i := w; i < n; i += workers {
-				if _, err := b.store.Renew(ctx, fmt.Sprintf("%s-%06d", name, i), "default", ttl(i)); err != nil {
+				if _, err := r.Renew(ctx, fmt.Sprintf("%s-%07d", name, i), "default", ttl(i)); err != nil {
 					errs <- err
 					return
 				}
@@ -263,15 +336,20 @@ func env(kv map[string]string) config.Lookup {
 }
 
 func (b *bench) listenerConfig(mode, topic string, closeAfter time.Duration) (expiry.Config, error) {
+	prefetch := expiry.DefaultConfig().PrefetchInterval
+	if mode == modeSweepNoPrefetch {
+		prefetch = 0
+	}
 	return expiry.LoadConfig(nil, env(map[string]string{
+		"prefetch-interval":   prefetch.String(),
 		"close-after":         closeAfter.String(),
 		"redis-addrs":         b.redis.Addr,
 		"key-prefix":          prefix0,
 		"kafka-brokers":       b.kafka.ListenAddrs()[0],
 		"topic":               topic,
 		"listener-admin-addr": "127.0.0.1:0",
-		"detect-mode":         mode,
-		"spool-dir":           b.dataDir + "/spool-" + topic,
+		"detect-mode":         listenerMode(mode),
+		"spool-dir":           b.dataDir + "/spool-" + topic + "-" + randomSuffix(),
 		"outage-grace":        b.grace.String(),
 	}))
 }
@@ -287,23 +365,34 @@ func (b *bench) startListener(ctx context.Context, cfg expiry.Config) (stop func
 	return sync.OnceValue(func() error { l.Close(); return <-done }), nil
 }
 
-// detect runs one mode: a listener in that mode on a topic of its own,
-// silent sessions with deadlines spread over window, and a reader of the
-// topic until every silence has its event or wait has passed since the
-// last deadline.
-func (b *bench) detect(ctx context.Context, mode string, silent int, window, wait time.Duration) (ModeResult, error) {
-	res := ModeResult{Mode: mode, Silent: silent}
-	topic := "detect-" + mode
-	name := "silent-" + mode
-	hook, stop, err := b.startGuides(ctx, mode, topic, name+"-", b.closeAfter)
+// idleFor is how long the listeners' own Redis calls are counted, with
+// nothing due.
+const idleFor = 5 * time.Second
+
+// detect runs one mode: replicas listeners in that mode on a topic of
+// their own, silent sessions with deadlines spread over window, and a
+// reader of the topic until every silence has its event or wait has
+// passed since the last deadline.
+func (b *bench) detect(ctx context.Context, mode string, replicas, silent int, window, wait time.Duration) (ModeResult, error) {
+	res := ModeResult{Mode: mode, Replicas: replicas, Silent: silent}
+	run := fmt.Sprintf("%s-r%d", mode, replicas)
+	topic := "detect-" + run
+	name := "silent-" + run
+	hook, stop, err := b.startGuides(ctx, mode, replicas, topic, name+"-", b.closeAfter)
 	if err != nil {
 		return res, err
 	}
 	defer stop()
 	time.Sleep(time.Second) // subscribed before the first deadline
-	// This mode's listener has marked sweeps for a second: the idle
+	// This mode's listeners have marked sweeps for a second: the idle
 	// replica that covered the change of listeners steps aside.
 	b.idle.stop()
+	calls0, at0 := redisCalls(ctx, b.rdb), time.Now()
+	time.Sleep(idleFor) // real time: what the listeners cost while nothing is due
+	calls1, at1 := redisCalls(ctx, b.rdb), time.Now()
+	res.IdleS = at1.Sub(at0).Seconds()
+	res.IdleCallsPerS = float64(calls1.all-calls0.all) / res.IdleS
+	res.IdleScriptsPerS = float64(calls1.scripts-calls0.scripts) / res.IdleS
 	held0 := heldTotal()
 
 	lead := 2 * time.Second
@@ -313,6 +402,24 @@ func (b *bench) detect(ctx context.Context, mode string, silent int, window, wai
 		return res, err
 	}
 	last := time.Now().Add(lead + window)
+	firstDeadline := time.Now().Add(lead)
+	var expiring struct {
+		calls0, calls1 commands
+		at0, at1       time.Time
+	}
+	var counted sync.WaitGroup
+	cctx, cancelCount := context.WithCancel(ctx)
+	defer cancelCount()
+	counted.Go(func() {
+		if !sleepCtx(cctx, time.Until(firstDeadline)) {
+			return
+		}
+		expiring.calls0, expiring.at0 = redisCalls(cctx, b.rdb), time.Now()
+		if !sleepCtx(cctx, time.Until(last)) {
+			return
+		}
+		expiring.calls1, expiring.at1 = redisCalls(cctx, b.rdb), time.Now()
+	})
 
 	cl, err := kgo.NewClient(kgo.SeedBrokers(b.kafka.ListenAddrs()...), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
@@ -357,6 +464,11 @@ func (b *bench) detect(ctx context.Context, mode string, silent int, window, wai
 		}
 		dcancel()
 	}
+	counted.Wait()
+	if s := expiring.at1.Sub(expiring.at0).Seconds(); s > 0 {
+		res.ExpiryCallsPerS = float64(expiring.calls1.all-expiring.calls0.all) / s
+		res.ExpiryScriptsPerS = float64(expiring.calls1.scripts-expiring.calls0.scripts) / s
+	}
 	res.CloseAfterS = b.closeAfter.Seconds()
 	res.Closed = len(closed)
 	for _, n := range closed {
@@ -395,10 +507,10 @@ func quantiles(v []float64) (p50, p99, maxv float64) {
 	return v[len(v)/2], v[min(len(v)-1, len(v)*99/100)], v[len(v)-1]
 }
 
-// startGuides runs a listener in mode producing to topic, a guide consumer
-// of topic with the webhook sender, and a webhook that records the guides
-// of uids starting with prefix. stop ends all three.
-func (b *bench) startGuides(ctx context.Context, mode, topic, prefix string, closeAfter time.Duration) (*webhook, func(), error) {
+// startGuides runs replicas listeners in mode producing to topic, a guide
+// consumer of topic with the webhook sender, and a webhook that records
+// the guides of uids starting with prefix. stop ends them all.
+func (b *bench) startGuides(ctx context.Context, mode string, replicas int, topic, prefix string, closeAfter time.Duration) (*webhook, func(), error) {
 	hook := newWebhook(prefix)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -413,17 +525,19 @@ func (b *bench) startGuides(ctx context.Context, mode, topic, prefix string, clo
 		}
 	}
 	stops = append(stops, func() { srv.Close() })
-	lcfg, err := b.listenerConfig(mode, topic, closeAfter)
-	if err != nil {
-		stop()
-		return nil, nil, err
+	for range replicas {
+		lcfg, err := b.listenerConfig(mode, topic, closeAfter)
+		if err != nil {
+			stop()
+			return nil, nil, err
+		}
+		stopL, err := b.startListener(ctx, lcfg)
+		if err != nil {
+			stop()
+			return nil, nil, err
+		}
+		stops = append(stops, func() { stopL() })
 	}
-	stopL, err := b.startListener(ctx, lcfg)
-	if err != nil {
-		stop()
-		return nil, nil, err
-	}
-	stops = append(stops, func() { stopL() })
 	ccfg, err := guide.LoadConfig(nil, env(map[string]string{
 		"redis-addrs":         b.redis.Addr,
 		"key-prefix":          prefix0,
@@ -449,4 +563,66 @@ func (b *bench) startGuides(ctx context.Context, mode, topic, prefix string, clo
 	go func() { cdone <- c.Run(ctx) }()
 	stops = append(stops, func() { c.Close(); <-cdone })
 	return hook, sync.OnceFunc(stop), nil
+}
+
+// commands are counts of commands Redis ran so far.
+type commands struct {
+	all     int64 // every command, those scripts run included
+	scripts int64 // script calls: EVALSHA, EVAL
+}
+
+// redisCalls reads INFO commandstats; zero when Redis does not answer.
+func redisCalls(ctx context.Context, rdb *redis.Client) commands {
+	s, err := rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return commands{}
+	}
+	var n commands
+	for _, line := range strings.Split(s, "\n") {
+		name, rest, ok := strings.Cut(line, ":calls=")
+		if !ok {
+			continue
+		}
+		v, _, _ := strings.Cut(rest, ",")
+		c, _ := strconv.ParseInt(v, 10, 64)
+		n.all += c
+		if name == "cmdstat_evalsha" || name == "cmdstat_eval" {
+			n.scripts += c
+		}
+	}
+	return n
+}
+
+// infoInt is one integer field of an INFO section, 0 when missing.
+func infoInt(ctx context.Context, rdb *redis.Client, section, field string) int64 {
+	s, err := rdb.Info(ctx, section).Result()
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(s, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// sleepCtx waits d, or until ctx is done: false then.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(max(0, d))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// randomSuffix tells apart the spools of listeners on one topic.
+func randomSuffix() string {
+	var b [4]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

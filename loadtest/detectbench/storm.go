@@ -24,7 +24,7 @@ func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormRes
 	res := &StormResult{Sessions: n, WindowMS: 1000, GraceMS: float64(b.grace.Milliseconds()),
 		BrakeFloor: cfg.MassExpiryFloor, BrakeShare: cfg.MassExpiryShare, BrakeWindow: cfg.MassExpiryWindow.String()}
 	topic := "storm"
-	hook, stopPipeline, err := b.startGuides(ctx, expiry.ModeHybrid, topic, "storm-", 0)
+	hook, stopPipeline, err := b.startGuides(ctx, expiry.ModeHybrid, 1, topic, "storm-", 0)
 	if err != nil {
 		return nil, err
 	}

@@ -176,6 +176,7 @@ func (l *Listener) hold(ctx context.Context, b *batch) {
 // release time, counting the holds by rule (and the brake's for its log).
 func (l *Listener) holdEach(ctx context.Context, rule holdRule, es []session.Expired, release func(session.Expired) time.Time) error {
 	n, err := l.store.HoldEach(ctx, es, release)
+	l.armWritten(es, release, true)
 	metricHeld.WithLabelValues(string(rule)).Add(float64(n))
 	if rule == ruleBrake {
 		l.brake.holds += n
@@ -343,6 +344,7 @@ func (l *Listener) record(ctx context.Context, b *batch) (int, error) {
 		if err := l.store.Settle(ctx, settled); err != nil {
 			return 0, err
 		}
+		l.armWritten(settled, func(e session.Expired) time.Time { return e.NextDue }, false)
 	}
 	if len(unsent) > 0 {
 		return b.outageHolds + len(settled), fmt.Errorf("%d of %d timeouts neither produced nor spooled", len(unsent), b.claims)

@@ -69,11 +69,17 @@ func (l *Listener) braking(ctx context.Context, now time.Time, n int) bool {
 // verdicts, in any order): in the order they fall due, each no earlier
 // than its own, nor than next, nor than gap after the one before. It
 // returns them in the order given, and the earliest the next release
-// may be. A gap of 0 paces nothing.
+// may be. A gap of 0 paces nothing. next never holds the earliest of
+// releases back by more than maxPaceAhead: pacing only smooths, and a
+// next left far ahead (Redis's clock stepped back, a failover to a node
+// behind in time) must not delay every later hold by the step.
 func paceReleases(next time.Time, releases []time.Time, gap time.Duration) ([]time.Time, time.Time) {
 	paced := slices.Clone(releases)
-	if gap <= 0 {
+	if gap <= 0 || len(releases) == 0 {
 		return paced, next
+	}
+	if first := slices.MinFunc(releases, time.Time.Compare); next.After(first.Add(maxPaceAhead)) {
+		next = first.Add(maxPaceAhead)
 	}
 	order := make([]int, len(releases))
 	for i := range order {
@@ -86,6 +92,10 @@ func paceReleases(next time.Time, releases []time.Time, gap time.Duration) ([]ti
 	}
 	return paced, next
 }
+
+// maxPaceAhead bounds how far pacing may push a release past its
+// verdict's time: 50 s is a million held timeouts at the default rate.
+const maxPaceAhead = 50 * time.Second
 
 // releaseGap is the pace of the brake's releases: 0 when not paced.
 func (l *Listener) releaseGap() time.Duration {

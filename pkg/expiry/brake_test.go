@@ -32,6 +32,8 @@ func TestBrakePaceReleases(t *testing.T) {
 			[]time.Time{ms(50), ms(60)}, ms(70)},
 		{"a slot long past holds nothing back", ms(-1000), []time.Time{ms(0)}, 10 * time.Millisecond,
 			[]time.Time{ms(0)}, ms(10)},
+		{"a next far ahead (Redis's clock stepped back) holds back at most maxPaceAhead", ms(3_600_000), []time.Time{ms(0), ms(0)}, 10 * time.Millisecond,
+			[]time.Time{ms(50_000), ms(50_010)}, ms(50_020)},
 		{"nothing to pace", ms(50), nil, 10 * time.Millisecond, []time.Time{}, ms(50)},
 	}
 	for _, tt := range tests {

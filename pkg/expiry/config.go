@@ -34,6 +34,26 @@ type Config struct {
 	// SweepInterval is the pause between sweeps of all buckets. Default
 	// 200ms: a silent user waits at most about this long past the deadline.
 	SweepInterval time.Duration
+	// PrefetchInterval is how often the prefetch path reads, of each bucket
+	// this replica owns, what is overdue and what falls due within
+	// PrefetchAhead, and sets a local timer per entry; a timer that fires
+	// is confirmed in Redis (prefetch.go). It finds timeouts within a fire
+	// slot of their deadline, and deadlines written inside a window read
+	// already within this interval. Default 500ms; 0 turns it off, and the
+	// sweep every SweepInterval finds timeouts, as before it.
+	PrefetchInterval time.Duration
+	// PrefetchAhead is how far past now a window read reaches. Default 1s;
+	// at least PrefetchInterval, so the windows meet.
+	PrefetchAhead time.Duration
+	// FireSlot is the prefetch path's timer resolution: the timers due
+	// within one slot are confirmed together, in one round trip. Default
+	// 10ms.
+	FireSlot time.Duration
+	// SafetySweepInterval is the pause between sweeps of all buckets while
+	// the prefetch path is on: the sweep then only covers a replica that
+	// died until its mark goes stale (its buckets pass to the others), and
+	// anything the prefetch path missed. Default 5s.
+	SafetySweepInterval time.Duration
 	// SweepBatch is the most due entries taken from one bucket per sweep.
 	// A sweep that fills a batch runs again at once. Default 256.
 	SweepBatch int
@@ -102,16 +122,21 @@ func (c Config) FallbackPolicy() policy.Policy { return policy.Fallback(0, 0, c.
 // value means their default are set to the default all the same.
 func DefaultConfig() Config {
 	return Config{
-		Redis:          redisconn.DefaultConfig(),
-		Kafka:          kafka.DefaultConfig(),
-		AdminAddr:      "127.0.0.1:8082",
-		Mode:           ModeHybrid,
-		SweepInterval:  200 * time.Millisecond,
-		SweepBatch:     256,
-		DedupTTL:       120 * time.Second,
-		ProduceTimeout: 10 * time.Second,
-		SpoolDir:       "/var/lib/stillthere/spool",
-		SpoolMaxBytes:  256 << 20,
+		Redis:         redisconn.DefaultConfig(),
+		Kafka:         kafka.DefaultConfig(),
+		AdminAddr:     "127.0.0.1:8082",
+		Mode:          ModeHybrid,
+		SweepInterval: 200 * time.Millisecond,
+		SweepBatch:    256,
+		// Detection within a fire slot of the deadline (bench/report.md).
+		PrefetchInterval:    500 * time.Millisecond,
+		PrefetchAhead:       time.Second,
+		FireSlot:            10 * time.Millisecond,
+		SafetySweepInterval: 5 * time.Second,
+		DedupTTL:            120 * time.Second,
+		ProduceTimeout:      10 * time.Second,
+		SpoolDir:            "/var/lib/stillthere/spool",
+		SpoolMaxBytes:       256 << 20,
 		// A client at the default TTL pings at least once a TTL and its
 		// jitter; 10s more covers reconnecting to another gateway.
 		OutageGrace:           policy.DefaultSessionTTL + policy.DefaultSessionJitter + 10*time.Second,
@@ -136,6 +161,10 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Bool(&c.Pprof, "pprof", d.Pprof, "serve /debug/pprof/ on the admin listener (unauthenticated)")
 	b.String(&c.Mode, "detect-mode", d.Mode, "expiry detection: events, sweep or hybrid")
 	b.Duration(&c.SweepInterval, "sweep-interval", d.SweepInterval, "pause between sweeps of the deadline index")
+	b.Duration(&c.PrefetchInterval, "prefetch-interval", d.PrefetchInterval, "how often owned buckets' next deadlines are read ahead and set as local timers (0: off, the sweep finds timeouts)")
+	b.Duration(&c.PrefetchAhead, "prefetch-ahead", d.PrefetchAhead, "how far past now each read-ahead reaches")
+	b.Duration(&c.FireSlot, "fire-slot", d.FireSlot, "resolution of the local timers: those due within one slot are confirmed in one round trip")
+	b.Duration(&c.SafetySweepInterval, "safety-sweep-interval", d.SafetySweepInterval, "pause between sweeps of all buckets while the read-ahead is on")
 	b.Int(&c.SweepBatch, "sweep-batch", d.SweepBatch, "most due sessions taken per bucket per sweep")
 	b.Duration(&c.DedupTTL, "dedup-ttl", d.DedupTTL, "lifetime of a produced timeout's dedup key")
 	b.Duration(&c.ProduceTimeout, "produce-timeout", d.ProduceTimeout, "timeout of producing a batch to Kafka")
@@ -182,6 +211,16 @@ func (c Config) Validate() error {
 		return fmt.Errorf("detect-mode: %q, want events, sweep or hybrid", c.Mode)
 	case c.SweepInterval < 10*time.Millisecond || c.SweepInterval > time.Minute:
 		return fmt.Errorf("sweep-interval: %v, want between 10ms and 1m", c.SweepInterval)
+	case c.PrefetchInterval != 0 && (c.PrefetchInterval < 10*time.Millisecond || c.PrefetchInterval > 10*time.Second):
+		return fmt.Errorf("prefetch-interval: %v, want 0 (off) or between 10ms and 10s", c.PrefetchInterval)
+	case c.PrefetchInterval != 0 && 2*c.PrefetchInterval > c.SweepGapMax:
+		return fmt.Errorf("prefetch-interval: %v, want at most half of sweep-gap-max (%v): each read-ahead marks the index swept", c.PrefetchInterval, c.SweepGapMax)
+	case c.PrefetchInterval != 0 && (c.PrefetchAhead < c.PrefetchInterval || c.PrefetchAhead > time.Minute):
+		return fmt.Errorf("prefetch-ahead: %v, want between prefetch-interval (%v) and 1m, so that the windows meet", c.PrefetchAhead, c.PrefetchInterval)
+	case c.PrefetchInterval != 0 && (c.FireSlot < time.Millisecond || c.FireSlot > c.PrefetchInterval):
+		return fmt.Errorf("fire-slot: %v, want between 1ms and prefetch-interval (%v)", c.FireSlot, c.PrefetchInterval)
+	case c.PrefetchInterval != 0 && (c.SafetySweepInterval < 10*time.Millisecond || c.SafetySweepInterval > 10*time.Minute):
+		return fmt.Errorf("safety-sweep-interval: %v, want between 10ms and 10m", c.SafetySweepInterval)
 	case c.SweepBatch < 1 || c.SweepBatch > 10000:
 		return fmt.Errorf("sweep-batch: %d, want between 1 and 10000", c.SweepBatch)
 	case c.DedupTTL < time.Minute:

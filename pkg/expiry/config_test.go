@@ -15,6 +15,10 @@ func TestLoadConfig(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if c.PrefetchInterval != 500*time.Millisecond || c.PrefetchAhead != time.Second || c.FireSlot != 10*time.Millisecond ||
+			c.SafetySweepInterval != 5*time.Second {
+			t.Fatalf("prefetch defaults = %v %v %v %v", c.PrefetchInterval, c.PrefetchAhead, c.FireSlot, c.SafetySweepInterval)
+		}
 		if c.Mode != ModeHybrid || c.SweepInterval != 200*time.Millisecond || c.SweepBatch != 256 ||
 			c.DedupTTL != 120*time.Second || c.ProduceTimeout != 10*time.Second || c.AdminAddr != "127.0.0.1:8082" {
 			t.Fatalf("defaults = %+v", c)
@@ -85,6 +89,20 @@ func TestValidate(t *testing.T) {
 		{"brake window too short", func(c *Config) { c.MassExpiryWindow = 999 * time.Millisecond }, "mass-expiry-window"},
 		{"negative brake release rate", func(c *Config) { c.MassExpiryReleaseRate = -1 }, "mass-expiry-release-rate"},
 		{"brake release rate past a million", func(c *Config) { c.MassExpiryReleaseRate = 1_000_001 }, "mass-expiry-release-rate"},
+
+		{"prefetch off", func(c *Config) { c.PrefetchInterval, c.PrefetchAhead, c.FireSlot, c.SafetySweepInterval = 0, 0, 0, 0 }, ""},
+		{"prefetch interval too short", func(c *Config) { c.PrefetchInterval = 9 * time.Millisecond }, "prefetch-interval"},
+		{"prefetch interval over half the sweep gap", func(c *Config) { c.PrefetchInterval = 1001 * time.Millisecond }, "prefetch-interval"},
+		{"prefetch interval negative", func(c *Config) { c.PrefetchInterval = -time.Second }, "prefetch-interval"},
+		{"prefetch ahead under the interval", func(c *Config) { c.PrefetchAhead = 499 * time.Millisecond }, "prefetch-ahead"},
+		{"prefetch ahead over a minute", func(c *Config) { c.PrefetchAhead = time.Minute + 1 }, "prefetch-ahead"},
+		{"fire slot zero", func(c *Config) { c.FireSlot = 0 }, "fire-slot"},
+		{"fire slot over the interval", func(c *Config) { c.FireSlot = 501 * time.Millisecond }, "fire-slot"},
+		{"safety sweep zero", func(c *Config) { c.SafetySweepInterval = 0 }, "safety-sweep-interval"},
+		{"safety sweep too long", func(c *Config) { c.SafetySweepInterval = 10*time.Minute + 1 }, "safety-sweep-interval"},
+		{"smallest prefetch settings", func(c *Config) {
+			c.PrefetchInterval, c.PrefetchAhead, c.FireSlot, c.SafetySweepInterval = 10*time.Millisecond, 10*time.Millisecond, time.Millisecond, 10*time.Millisecond
+		}, ""},
 
 		{"no redis", func(c *Config) { c.Redis.Addrs = nil }, "redis-addrs"},
 		{"bad key prefix", func(c *Config) { c.Redis.KeyPrefix = "a:b" }, "key-prefix"},

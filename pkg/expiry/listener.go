@@ -2,9 +2,13 @@
 // passed without a renewal, deduplicates them per uid and minute window,
 // and produces one timeout event each to Kafka, keyed by uid.
 //
-// Two paths feed one pipeline. The sweep reads the deadline index the
-// gateway writes beside each session key, every SweepInterval; it is the
-// path that is on time and loses nothing. Redis expired keyspace events are
+// Paths feed one pipeline. The prefetch path (prefetch.go) reads ahead,
+// of the buckets this replica owns, the deadlines of the next moment from
+// the index the gateway writes beside each session key, and asks Redis
+// about each when its local timer fires: it is on time. The sweep reads
+// every bucket of the index, every SweepInterval, or every
+// SafetySweepInterval while the prefetch path is on; it loses nothing,
+// whoever owns what. Redis expired keyspace events are
 // the other: they cost nothing when they come, but come late or never once
 // many keys live, and not at all while the listener is disconnected. An
 // index entry is removed only after its event is produced, so whatever one
@@ -55,6 +59,9 @@ type Listener struct {
 	marker *marker
 	// brake is the mass-expiry brake; the pipeline goroutine's own.
 	brake brake
+	// detect is the prefetch path (prefetch.go), nil when it is off or in
+	// events mode; the pipeline goroutine's own.
+	detect *detector
 	// policy keeps the timeout policy in force, for the stages of each
 	// silence (see stages.go).
 	policy *policy.Watcher
@@ -146,6 +153,9 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Listener, er
 	defer cancel()
 	l.marker.pingOK.Store(l.ensureTopic(tctx))
 	l.marker.sweepsOK.Store(true)
+	if cfg.PrefetchInterval > 0 && cfg.Mode != ModeEvents {
+		l.detect = newDetector(cfg)
+	}
 	if l.adminLn, err = net.Listen("tcp", cfg.AdminAddr); err != nil {
 		return nil, fmt.Errorf("listen on listener-admin-addr: %w", err)
 	}
@@ -187,7 +197,7 @@ func (l *Listener) Run(ctx context.Context) error {
 	}
 	defer end()
 	l.log.Info("expiry listener running", "mode", l.cfg.Mode, "admin", l.AdminAddr().String(),
-		"topic", l.cfg.Kafka.Topic, "sweep_interval", l.cfg.SweepInterval, "spool", l.cfg.SpoolDir)
+		"topic", l.cfg.Kafka.Topic, "sweep_interval", l.sweepEvery(), "prefetch_interval", l.cfg.PrefetchInterval, "spool", l.cfg.SpoolDir)
 	eg, ctx := errgroup.WithContext(ctx)
 	srv := &http.Server{Handler: admin.NewMux(l.ready, l.cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
 	eg.Go(func() error {
@@ -288,16 +298,47 @@ func (l *Listener) standby() bool {
 // eventBatch bounds how many expired-event keys are looked up together.
 const eventBatch = 256
 
+// sweepEvery is the pause between sweeps of all buckets: the sweep
+// interval, or the safety sweep's while the prefetch path finds timeouts.
+func (l *Listener) sweepEvery() time.Duration {
+	if l.detect != nil {
+		return l.cfg.SafetySweepInterval
+	}
+	return l.cfg.SweepInterval
+}
+
 // pipeline is the one goroutine that turns found sessions into events.
-// Being one, the sweep and the events path never race on one entry.
+// Being one, the sweep, the prefetch path and the events path never race
+// on one entry.
 func (l *Listener) pipeline(ctx context.Context, expired <-chan string) error {
 	// Every mode ticks: without a sweep, the hold set still releases.
-	t := time.NewTicker(l.cfg.SweepInterval)
+	t := time.NewTicker(l.sweepEvery())
 	defer t.Stop()
+	var readAhead <-chan time.Time
+	fire := time.NewTimer(time.Hour)
+	fire.Stop()
+	defer fire.Stop()
+	if l.detect != nil {
+		rt := time.NewTicker(l.cfg.PrefetchInterval)
+		defer rt.Stop()
+		readAhead = rt.C
+		l.readAhead(ctx)
+	}
 	for {
+		var fired <-chan time.Time
+		if l.detect != nil {
+			if at, ok := l.detect.wake(); ok {
+				fire.Reset(time.Until(at))
+				fired = fire.C
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-readAhead:
+			l.readAhead(ctx)
+		case <-fired:
+			l.fire(ctx)
 		case <-t.C:
 			if l.cfg.Mode == ModeEvents {
 				l.recheckReleased(ctx)

@@ -43,6 +43,10 @@ type marker struct {
 	fleet    *outage.Log          // no gateway instance alive
 	rdb      redis.UniversalClient
 	restarts restarts // loop's own
+	// resets counts the marks that found a blind interval (a gap, a Redis
+	// restart or failover, lost data, a clock step): what the prefetch
+	// path read of Redis before it may be out of date, so it reads again.
+	resets atomic.Int64
 }
 
 var errNotSwept = errors.New("the sweep fails: not marked")
@@ -66,9 +70,15 @@ func (m *marker) keepInstances() time.Duration { return 24*time.Hour + m.cfg.Out
 // are compared, so that a Redis that was paused (its clock ran on, the
 // listener's too) is not taken for a step.
 func (m *marker) mark(ctx context.Context) (session.Control, error) {
+	return m.markVia(ctx, m.store.Mark)
+}
+
+// markVia is mark, with the mark itself made by do: the prefetch path's
+// pipelines carry it after their reads (prefetch.go).
+func (m *marker) markVia(ctx context.Context, do func(context.Context, session.SweepMark) (session.Control, error)) (session.Control, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	c, err := m.store.Mark(ctx, session.SweepMark{
+	c, err := do(ctx, session.SweepMark{
 		GapMax:   m.cfg.SweepGapMax,
 		LastSeen: m.lastSeen,
 		Keep:     m.keepControl(),
@@ -96,6 +106,7 @@ func (m *marker) mark(ctx context.Context) (session.Control, error) {
 	m.cur.Store(&c)
 	if c.Gap != nil {
 		metricBlind.WithLabelValues(c.Gap.Reason).Inc()
+		m.resets.Add(1)
 	}
 	return c, nil
 }
@@ -146,7 +157,11 @@ func (m *marker) markLoop(ctx context.Context, kafkaPing func(context.Context) e
 		}
 		if err == nil && time.Since(lastRestart) >= restartCheckEvery {
 			lastRestart = time.Now()
-			for _, addr := range m.restarts.check(ctx, m.rdb, m.store, c.Now) {
+			restarted := m.restarts.check(ctx, m.rdb, m.store, c.Now)
+			if len(restarted) > 0 {
+				m.resets.Add(1)
+			}
+			for _, addr := range restarted {
 				metricBlind.WithLabelValues(session.BlindRestart).Inc()
 				m.log.Warn("Redis restarted; timeouts around the restart wait for the grace", "master", addr)
 			}

@@ -33,12 +33,28 @@ var (
 	})
 	metricSweepSeconds = promauto.NewHistogram(prometheus.HistogramOpts{
 		Name:    "stillthere_listener_sweep_seconds",
-		Help:    "Duration of one sweep of the deadline index over all buckets.",
+		Help:    "Duration of one sweep of the deadline index over all buckets (with the read-ahead on, the safety sweep).",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 	})
 	metricDue = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "stillthere_listener_due_backlog",
 		Help: "Expired sessions found by the last sweep.",
+	})
+	metricOwnedBuckets = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "stillthere_listener_owned_buckets",
+		Help: "Deadline-index buckets this replica reads ahead and times locally (of 64, shared among the replicas that take work); 0 with the read-ahead off.",
+	})
+	metricTimers = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "stillthere_listener_timers",
+		Help: "Local timers armed for deadlines and hold releases read ahead.",
+	})
+	metricConfirms = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_listener_confirms_total",
+		Help: "Fired local timers whose timeout was asked of Redis (confirmed due or not).",
+	})
+	metricNotDue = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_listener_confirm_not_due_total",
+		Help: "Fired local timers Redis did not find due: renewed since the read-ahead, settled by another replica, or fired before Redis's clock got there.",
 	})
 	metricSubscribeErrors = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_listener_subscribe_errors_total",

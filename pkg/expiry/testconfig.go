@@ -20,6 +20,9 @@ func TestConfig(rc redisconn.Config, brokers []string, spoolDir string) Config {
 	c.Kafka.Brokers, c.Kafka.Partitions = brokers, 4
 	c.AdminAddr = "127.0.0.1:0"
 	c.SweepInterval = 50 * time.Millisecond
+	// Read ahead often, so that a deadline written inside a window read
+	// already (the tests' TTLs are short) is found soon.
+	c.PrefetchInterval = 100 * time.Millisecond
 	c.ProduceTimeout = time.Second
 	c.SpoolDir, c.SpoolMaxBytes = spoolDir, 1<<20
 	c.OutageGrace = TestGrace

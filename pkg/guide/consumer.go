@@ -262,7 +262,12 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (Outcome, error) 
 	}
 	// Even a too old event waits for Redis: only its clock says so.
 	check, err := c.redisBreaker.Execute(func() (sessionCheck, error) {
-		ctx, cancel := context.WithTimeout(ctx, c.cfg.SendTimeout)
+		// A check waits for the batch out, if any, and then goes in the
+		// next: two round trips, each bounded by SendTimeout in the
+		// batcher. Cut off at one, a check asked for mid-batch failed
+		// whenever Redis took over half of SendTimeout, opening the
+		// breaker although every round trip was in time.
+		ctx, cancel := context.WithTimeout(ctx, 2*c.cfg.SendTimeout)
 		defer cancel()
 		return c.checks.check(ctx, ev.UID)
 	})

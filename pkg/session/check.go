@@ -32,9 +32,13 @@ func (s *Store) Check(ctx context.Context, uid string) (Check, error) {
 // not per record, which in a storm is most of what it asks of Redis.
 // Answers and errors are per uid, in the order given.
 func (s *Store) CheckMany(ctx context.Context, uids []string) ([]Check, []error) {
+	// While a slot migrates, the check of a user whose keys are split or
+	// partly missing (an ended session has no session key) is refused
+	// with TRYAGAIN until the slot has moved: sent again, as a renewal
+	// is, for as long as a slot of a bucket takes to move, within ctx.
 	cmds := s.runScripts(ctx, len(uids), func(i int) (*redis.Script, []string, []any) {
 		return checkScript.call(checkKeys{Session: s.ks.SessionKey(uids[i]), Renewed: s.ks.RenewedKey(uids[i])})
-	}, 0)
+	}, DefaultSlotRetry)
 	out := make([]Check, len(uids))
 	errs := make([]error, len(uids))
 	for i, cmd := range cmds {

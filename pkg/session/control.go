@@ -232,6 +232,13 @@ type heartbeatReasons struct{ GatewayGap, FleetDown string }
 // Mark records a complete sweep, finds a blind interval since the last
 // one, and reads the control state, in one round trip.
 func (s *Store) Mark(ctx context.Context, m SweepMark) (Control, error) {
+	script, keys, args := s.markCall(m)
+	return parseControl(script.Run(ctx, s.rdb, keys, args...))
+}
+
+// markCall is markScript's call for m, as runScripts takes it, so that a
+// pipeline of reads can mark after them.
+func (s *Store) markCall(m SweepMark) (*redis.Script, []string, []any) {
 	var last int64
 	if !m.LastSeen.IsZero() {
 		last = m.LastSeen.UnixMilli()
@@ -240,9 +247,14 @@ func (s *Store) Mark(ctx context.Context, m SweepMark) (Control, error) {
 	if m.Failing {
 		state = listenerFailing
 	}
-	vals, err := markScript.Run(ctx, s.rdb, markKeys{Swept: s.ks.SweptKey(), Blind: s.ks.BlindKey(), Alive: s.ks.AliveKey(),
+	return markScript.call(markKeys{Swept: s.ks.SweptKey(), Blind: s.ks.BlindKey(), Alive: s.ks.AliveKey(),
 		Listeners: s.ks.ListenersKey(), RunID: s.ks.RunIDKey(), Roles: s.ks.RolesKey()},
-		m.GapMax.Milliseconds(), last, m.Keep.Milliseconds(), m.Listener, state).Slice()
+		m.GapMax.Milliseconds(), last, m.Keep.Milliseconds(), m.Listener, state)
+}
+
+// parseControl reads markScript's reply.
+func parseControl(cmd *redis.Cmd) (Control, error) {
+	vals, err := cmd.Slice()
 	if err != nil {
 		return Control{}, fmt.Errorf("mark sweep: %w", err)
 	}

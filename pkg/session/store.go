@@ -80,11 +80,14 @@ var stagedCandidatesScript = newScript[stagedKeys]("staged_candidates", nil, nil
 // EXISTS on a key past its TTL makes Redis expire it on the spot.
 // With ARGV[3] 1 (later stages only), a candidate of the index is listed only when it
 // is due for a stage past the first (a listener of keyspace events, which
-// do not come again for a later stage). Its keys name each candidate's
-// session key and route key, in the order of the uids. ARGV: limit, held
-// count, later-only flag, then the candidates' uids. Returns {now, uid, due,
-// segment, via, held, routes, stage, ...}; held is 1 when this due time
-// was held once already, routes the gateway instances holding the user's
+// do not come again for a later stage). With ARGV[4] 1 it also says where
+// each candidate not listed is now (see Confirm). Its keys name each
+// candidate's session key and route key, in the order of the uids. ARGV:
+// limit, held count, later-only flag, report flag, then the candidates'
+// uids. Returns {now, {uid, index score or "", hold score or "", ...},
+// uid, due, segment, via, held, routes, stage, ...}: the nested list is
+// empty without the report flag; held is 1 when this due time was held
+// once already, routes the gateway instances holding the user's
 // connections, stage a stageFormat value or "" for stage 1.
 var dueScript = newScript[dueKeys]("due", nil, nil)
 
@@ -166,7 +169,7 @@ func (s *Store) sweep(ctx context.Context, limit int, index bool) ([]Expired, ti
 		b := busy[i]
 		c := found[b]
 		keys := dueKeys{bucketKeys: s.ks.bucketKeys(b)}
-		args := []any{limit, len(c.held), laterOnly}
+		args := []any{limit, len(c.held), laterOnly, 0}
 		for _, uid := range slices.Concat(c.held, c.due) {
 			keys.Entries = append(keys.Entries, s.ks.SessionKey(uid), s.ks.RouteKey(uid))
 			args = append(args, uid)
@@ -175,7 +178,7 @@ func (s *Store) sweep(ctx context.Context, limit int, index bool) ([]Expired, ti
 	}, 0)
 	var out []Expired
 	for _, cmd := range decided {
-		got, t, err := parseExpired(cmd)
+		got, _, t, err := parseDue(cmd)
 		if err != nil {
 			return nil, time.Time{}, err
 		}
@@ -494,14 +497,60 @@ func parseStage(v string) (stage int, deadline time.Time, ok bool) {
 // fields of one entry in a due or lookup reply.
 const entryFields = 7
 
-// parseExpired decodes {now, uid, due, segment, via, held, routes, stage,
-// ...}: due is the entry's score in the index, the silence's deadline for
-// stage 1; a later stage's deadline comes from its stage value.
+// parseExpired decodes a lookup reply, {now, uid, due, segment, via,
+// held, routes, stage, ...} (see parseEntries).
 func parseExpired(cmd *redis.Cmd) ([]Expired, time.Time, error) {
 	vals, err := cmd.Slice()
 	if err != nil {
 		return nil, time.Time{}, err
 	}
+	return parseEntries(vals)
+}
+
+// parseDue decodes a dueScript reply: its due entries as parseExpired
+// does, and the candidates it reported not due.
+func parseDue(cmd *redis.Cmd) ([]Expired, []NotDue, time.Time, error) {
+	vals, err := cmd.Slice()
+	if err != nil {
+		return nil, nil, time.Time{}, err
+	}
+	if len(vals) < 2 {
+		return nil, nil, time.Time{}, fmt.Errorf("%w: %d values", errReply, len(vals))
+	}
+	report, ok := vals[1].([]any)
+	if !ok || len(report)%3 != 0 {
+		return nil, nil, time.Time{}, fmt.Errorf("%w: not due %v", errReply, vals[1])
+	}
+	var notDue []NotDue
+	for i := 0; i < len(report); i += 3 {
+		uid, _ := report[i].(string)
+		if uid == "" {
+			return nil, nil, time.Time{}, fmt.Errorf("%w: not due %v", errReply, report[i])
+		}
+		nd := NotDue{UID: uid}
+		nd.Index, nd.InIndex = scoreOf(report[i+1])
+		nd.Release, nd.Held = scoreOf(report[i+2])
+		notDue = append(notDue, nd)
+	}
+	found, now, err := parseEntries(append([]any{vals[0]}, vals[2:]...))
+	return found, notDue, now, err
+}
+
+// scoreOf reads a sorted-set score a script returned as a string, in ms;
+// "" (none) is not ok.
+func scoreOf(v any) (ms int64, ok bool) {
+	s, _ := v.(string)
+	f, err := strconv.ParseFloat(s, 64)
+	if s == "" || err != nil {
+		return 0, false
+	}
+	return int64(f), true
+}
+
+// parseEntries decodes {now, uid, due, segment, via, held, routes, stage,
+// ...}: due is the entry's score in the index, the silence's deadline for
+// stage 1; a later stage's deadline comes from its stage value.
+func parseEntries(vals []any) ([]Expired, time.Time, error) {
 	if len(vals) == 0 || (len(vals)-1)%entryFields != 0 {
 		return nil, time.Time{}, fmt.Errorf("%w: %d values", errReply, len(vals))
 	}

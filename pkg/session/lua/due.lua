@@ -1,8 +1,9 @@
 local now = redisNowMS()
-local limit, nheld, laterOnly = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3] == '1'
-local out, n = {now}, 0
-for j = 1, #ARGV - 3 do
-  local uid = ARGV[j + 3]
+local limit, nheld, laterOnly, report = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3] == '1', ARGV[4] == '1'
+local notDue = {}
+local out, n = {now, notDue}, 0
+for j = 1, #ARGV - 4 do
+  local uid = ARGV[j + 4]
   if j <= nheld then
     local r = redis.call('ZSCORE', KEYS[K.hold], uid)
     if r and tonumber(r) <= now then
@@ -26,6 +27,13 @@ for j = 1, #ARGV - 3 do
     out[#out+1] = redis.call('HKEYS', KEYS[K.entries + 2 * j - 1])
     out[#out+1] = stage
     n = n + 1
+  elseif report then
+    -- Where it is now, so that a timer fired too soon, or before a
+    -- renewal, can be set again: its index score, or its release time
+    -- when it is held.
+    notDue[#notDue+1] = uid
+    notDue[#notDue+1] = score or ''
+    notDue[#notDue+1] = redis.call('ZSCORE', KEYS[K.hold], uid) or ''
   end
 end
 return out

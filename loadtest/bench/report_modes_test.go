@@ -1,0 +1,99 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestModesGoals(t *testing.T) {
+	// goroutine mode: 100 ms of CPU per 1,000 pings, p99 20 ms, 0.2 round
+	// trips per renewal; epoll mode varies around it.
+	pair := func(cpu, p99, trips float64) *Modes {
+		return &Modes{Supported: true, Modes: []ModeResult{
+			{Mode: "epoll", CPUmsPer1000: cpu, Renewals: 1000, TripsPerRen: trips, Pong: pongFigures{PongN: 100, PongP99ms: p99}},
+			{Mode: "goroutine", CPUmsPer1000: 100, Renewals: 1000, TripsPerRen: 0.2, Pong: pongFigures{PongN: 100, PongP99ms: 20}},
+		}}
+	}
+	for _, tc := range []struct {
+		name      string
+		m         *Modes
+		quick     bool
+		cpu, p99  string
+		roundTrip string
+	}{
+		{"all met", pair(115, 20, 0.2), false, "met", "met", "met"},
+		{"all missed", pair(116, 20.1, 0.21), false, "**missed**", "**missed**", "**missed**"},
+		{"better than goroutine mode", pair(80, 5, 0.1), false, "met", "met", "met"},
+		{"judged in quick mode too", pair(200, 5, 0.1), true, "**missed**", "met", "met"},
+		{"a gateway without the setting", func() *Modes { m := pair(80, 5, 0.1); m.Supported = false; return m }(), false,
+			"n/a", "n/a", "n/a"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &Report{Quick: tc.quick}
+			goals := r.modesGoals(tc.m)
+			if len(goals) != 4 {
+				t.Fatalf("%d rows, want 4", len(goals))
+			}
+			for i, want := range []string{tc.cpu, tc.p99, tc.roundTrip} {
+				if got := goals[i+1].status; !strings.HasPrefix(got, want) {
+					t.Errorf("%s: %q, want %q", goals[i+1].figure, got, want)
+				}
+			}
+		})
+	}
+	if g := (&Report{}).modesGoals(&Modes{Modes: []ModeResult{{Mode: "epoll"}}}); g != nil {
+		t.Errorf("rows %v from one mode, want none", g)
+	}
+}
+
+func TestConnectionsSummary(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		c         Connections
+		held, rss bool
+	}{
+		{"250k in epoll mode, 3.9 KB", Connections{ReadMode: "epoll", Target: 250000, Held: 250000, RSSPerConnKB: 3.9}, true, true},
+		{"one dropped", Connections{ReadMode: "epoll", Held: 250000, RSSPerConnKB: 3.9, Load: loadResult{Dropped: 1}}, false, true},
+		{"one failed", Connections{ReadMode: "epoll", Held: 250000, RSSPerConnKB: 3.9, Load: loadResult{Failed: 1}}, false, true},
+		{"goroutine mode", Connections{ReadMode: "goroutine", Held: 250000, RSSPerConnKB: 3.9}, true, false},
+		{"too few for the memory goal", Connections{ReadMode: "epoll", Held: 99999, RSSPerConnKB: 3.9}, false, false},
+		{"over 4 KB", Connections{ReadMode: "epoll", Held: 120000, RSSPerConnKB: 4.01}, false, false},
+		{"most shed", Connections{ReadMode: "epoll", Target: 250000, Held: 78, RSSPerConnKB: 15940}, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rows := tc.c.summary()
+			if rows[0].met != tc.held || rows[1].met != tc.rss {
+				t.Errorf("held met %v, RSS met %v; want %v, %v", rows[0].met, rows[1].met, tc.held, tc.rss)
+			}
+			if strings.HasPrefix(rows[1].measured, "not measured") != (tc.c.Held < float64(tc.c.Target)/2) {
+				t.Errorf("RSS row %q with %.0f of %d held", rows[1].measured, tc.c.Held, tc.c.Target)
+			}
+			if !rows[0].atScale || !rows[1].atScale || rows[2].goal != "" || rows[3].goal != "" {
+				t.Errorf("rows %+v: the two goals are judged at full scale only, the other rows have none", rows)
+			}
+		})
+	}
+}
+
+func TestModesMarkdown(t *testing.T) {
+	m := &Modes{Supported: true, Command: "bin/bench -steps modes", Conns: 15000, PingEvery: "15s", IdleClean: true, WindowSec: 30,
+		Modes: []ModeResult{
+			{Mode: "epoll", Gateway: "bench-mode-epoll", IdleRSSPerConn: 3.5, RSSPerConn: 3.9, CPUmsPer1000: 100, Renewals: 1, TripsPerRen: 0.2, Pong: pongFigures{PongN: 1, PongP99ms: 10}},
+			{Mode: "goroutine", Gateway: "bench-mode-goroutine", IdleRSSPerConn: 11, RSSPerConn: 17, CPUmsPer1000: 100, Renewals: 1, TripsPerRen: 0.2, Pong: pongFigures{PongN: 1, PongP99ms: 10}},
+		}}
+	r := &Report{Modes: m, Errors: map[string]string{}}
+	md := r.markdown()
+	for _, want := range []string{
+		"## 7. Read modes side by side",
+		"| | epoll (bench-mode-epoll) | goroutine (bench-mode-goroutine) |",
+		"| **RSS per connection, idle** | **3.50 KB** | **11.00 KB** |",
+		"| 7 | gateway CPU per 1,000 pings: epoll vs goroutine | **100 ms** vs 100 ms (100%) | at most 115% of goroutine mode's | met |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	if strings.Contains(md, "no read mode setting") {
+		t.Error("report says the gateway has no read mode setting, but it has")
+	}
+}
