@@ -13,6 +13,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/frame"
 	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/wsread"
 )
 
 // conn is one client connection. Invariant, as gorilla/websocket requires:
@@ -71,8 +72,8 @@ type conn struct {
 	expiryAt   int32
 	// flags are the connection's flags, in one word.
 	flags atomic.Uint32
-	// rd is the reader's state for this connection (see read.go).
-	rd goReader
+	// rd is the connection as the reader reads it (see read.go).
+	rd *wsread.Conn
 }
 
 // A connection's flags. Those after flagRevoked change under mu only.

@@ -39,6 +39,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/token"
+	"github.com/stillthere/stillthere/pkg/wsread"
 	"github.com/stillthere/stillthere/web"
 )
 
@@ -57,6 +58,8 @@ type Gateway struct {
 	verifier *token.Verifier
 	hub      *hub
 	upgrader websocket.Upgrader
+	// reader reads every client connection (see read.go).
+	reader *wsread.Server
 	// expiries is the one timer of the connections' tokens (see auth.go).
 	expiries *expiries
 	// frameInterval is the rate limit's time between two frames of a
@@ -132,9 +135,9 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 		frameInterval: time.Duration(float64(time.Second) / cfg.RatePerSecond),
 		upgrader: websocket.Upgrader{
 			HandshakeTimeout: cfg.HandshakeTimeout,
-			// Client frames are small; the read buffer only sizes syscalls.
-			// Writes borrow a buffer from the pool while they run.
-			ReadBufferSize:    512,
+			// Client frames are small (see readBufferSize). Writes
+			// borrow a buffer from the pool while they run.
+			ReadBufferSize:    readBufferSize(cfg.ReadMode),
 			WriteBufferSize:   1024,
 			WriteBufferPool:   &sync.Pool{},
 			EnableCompression: false,
@@ -155,6 +158,9 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 			g.Close()
 		}
 	}()
+	if g.reader, err = newReader(cfg); err != nil {
+		return nil, err
+	}
 	if g.rdb, err = redisconn.Open(ctx, cfg.Redis); err != nil {
 		return nil, err
 	}
@@ -248,6 +254,9 @@ func (g *Gateway) Close() error {
 			}
 		}
 		var errs []error
+		if g.reader != nil {
+			errs = append(errs, g.reader.Close())
+		}
 		for _, rdb := range []redis.UniversalClient{g.rdb, g.ctlRdb} {
 			if rdb != nil {
 				errs = append(errs, rdb.Close())
@@ -282,6 +291,8 @@ func (g *Gateway) Run(ctx context.Context) error {
 	defer stopBackground()
 	eg, ctx := errgroup.WithContext(ctx)
 	eg.Go(func() error { g.renewer.Run(bctx); return nil })
+	// The reader outlives the drain too: the connections it reads end in it.
+	eg.Go(func() error { return g.reader.Run(bctx) })
 	eg.Go(func() error { g.heartbeat(bctx); return nil })
 	eg.Go(func() error { g.routes.run(bctx); return nil })
 	eg.Go(func() error { g.expiries.run(bctx); return nil })
@@ -530,7 +541,7 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	// From here the slot and the user's place are the connection's: its
 	// goroutine gives them back (release, then open).
-	ws, err := g.upgrader.Upgrade(w, r, nil)
+	rc, err := g.reader.Upgrade(&g.upgrader, w, r, nil)
 	if err != nil {
 		g.open.Add(-1)
 		g.hub.unreserve(claims.UID)
@@ -538,7 +549,8 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	c := &conn{
 		g:       g,
-		ws:      ws,
+		ws:      rc.WS(),
+		rd:      rc,
 		uid:     claims.UID,
 		segment: claims.Segment,
 	}
@@ -591,7 +603,7 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		// take a dropped connection's backoff for a 1001's reconnect at
 		// once. No frame is queued after the close.
 		c.waitFlushed()
-		lingerOn(c.ws.NetConn(), lingerTimeout)
+		rc.Discard(lingerTimeout)
 		c.stop()
 		c.finish(rctx)
 		if rest != nil {
@@ -608,7 +620,7 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	c.prepare()
 	// Its count in conns and its slot in open are the reader's from here:
 	// Closed gives them back.
-	go c.rd.run(c.ws, c)
+	g.reader.Serve(rc, c)
 	if rest != nil {
 		go func() {
 			defer g.conns.Done()
