@@ -17,6 +17,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/frame"
 	"github.com/stillthere/stillthere/pkg/token"
+	"github.com/stillthere/stillthere/pkg/wsread"
 )
 
 // connBudget is the most live heap the gateway may keep of its own per
@@ -34,7 +35,7 @@ const footprintConns = 1000
 // connection of its own user that pinged once and went idle, and fails
 // above connBudget. It is the live heap of footprintConns such
 // connections, less that of as many bare gorilla connections served the
-// same way (the gateway's upgrader, a goroutine reading each, a text
+// same way (the gateway's upgrader and reader, in its read mode, a text
 // frame answered), the clients the same on both sides.
 func TestConnFootprint(t *testing.T) {
 	if testing.Short() {
@@ -71,7 +72,7 @@ func TestConnFootprint(t *testing.T) {
 		}
 		return true
 	})
-	bareURL := serveBare(t, tg.upgrader)
+	bareURL := serveBare(t, tg.reader, tg.upgrader)
 	bare := footprint(t, func(int) (*websocket.Conn, error) {
 		ws, _, err := footprintDialer.Dial(bareURL, nil)
 		return ws, err
@@ -175,7 +176,7 @@ func liveHeap() int64 {
 
 // serveBare serves bare gorilla connections with up's settings: one
 // goroutine reads each, and answers each text frame with a pong frame.
-func serveBare(t *testing.T, up websocket.Upgrader) string {
+func serveBare(t *testing.T, rd *wsread.Server, up websocket.Upgrader) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -183,23 +184,26 @@ func serveBare(t *testing.T, up websocket.Upgrader) string {
 	}
 	pong := frame.Pong(10000, time.Now().UnixMilli())
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ws, err := up.Upgrade(w, r, nil)
+		rc, err := rd.Upgrade(&up, w, r, nil)
 		if err != nil {
 			return
 		}
-		go func() {
-			defer ws.Close()
-			for {
-				if _, _, err := ws.ReadMessage(); err != nil {
-					return
-				}
-				if ws.WriteMessage(websocket.TextMessage, pong) != nil {
-					return
-				}
-			}
-		}()
+		rd.Serve(rc, bareConn{rc.WS(), pong})
 	})}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	return "ws://" + ln.Addr().String() + "/"
 }
+
+// bareConn answers every message with pong: a connection with no state
+// of the gateway's, read the way the gateway reads its own.
+type bareConn struct {
+	ws   *websocket.Conn
+	pong []byte
+}
+
+func (b bareConn) Message(int, []byte) bool {
+	return b.ws.WriteMessage(websocket.TextMessage, b.pong) == nil
+}
+
+func (b bareConn) Closed(error) { b.ws.Close() }
