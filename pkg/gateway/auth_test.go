@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"net/http"
 	"strings"
 	"testing"
@@ -210,5 +211,50 @@ func TestTokenRules(t *testing.T) {
 				t.Fatalf("status %d, want %d", resp.StatusCode, tt.status)
 			}
 		})
+	}
+}
+
+// TestExpiriesHeap: the token timer's heap gives its connections back in
+// the order their tokens end, through additions, removals and tokens
+// refreshed while on it, and keeps each connection's place.
+func TestExpiriesHeap(t *testing.T) {
+	e := newExpiries()
+	rng := rand.New(rand.NewPCG(1, 2))
+	var conns []*conn
+	for range 200 {
+		c := &conn{}
+		c.expiresSec.Store(uint32(1_000_000 + rng.IntN(10_000)))
+		e.add(c)
+		conns = append(conns, c)
+	}
+	for i, c := range conns {
+		switch i % 4 {
+		case 0:
+			e.remove(c)
+		case 1:
+			e.extend(c, c.expiresSec.Load()+uint32(rng.IntN(5_000)))
+		}
+	}
+	for i, c := range e.heap {
+		if int(c.expiryAt) != i+1 {
+			t.Fatalf("connection at %d says it is at %d", i, c.expiryAt-1)
+		}
+	}
+	var last uint32
+	n := 0
+	for len(e.heap) > 0 {
+		c := e.heap[0]
+		e.removeAt(0)
+		if c.expiresSec.Load() < last {
+			t.Fatalf("token ending at %d after one ending at %d", c.expiresSec.Load(), last)
+		}
+		if c.expiryAt != 0 {
+			t.Fatal("a connection off the heap keeps a place")
+		}
+		last = c.expiresSec.Load()
+		n++
+	}
+	if n != 150 {
+		t.Fatalf("%d connections came off the heap, want 150", n)
 	}
 }

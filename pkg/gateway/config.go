@@ -14,6 +14,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/token"
+	"github.com/stillthere/stillthere/pkg/wsread"
 )
 
 // Config is the gateway's configuration. Each field's default is in
@@ -75,6 +76,12 @@ type Config struct {
 	// them it is closed with 1008. Defaults 20 and 5.
 	RateBurst     int
 	RatePerSecond float64
+	// ReadMode is how client connections are read: "epoll" (Linux; the
+	// default there) waits for input on one epoll set for all of them,
+	// with no goroutine parked per idle connection; "goroutine" (the
+	// default elsewhere) gives each connection a reader goroutine.
+	// Both speak the same protocol through gorilla/websocket.
+	ReadMode string
 	// IdleTimeout closes a connection that sent nothing, not even a
 	// protocol pong, for this long. The gateway sends protocol pings at
 	// 9/10 of it. Default 60s.
@@ -180,6 +187,18 @@ const defaultMaxUserConns = 10
 // token, with room for its JSON.
 const minReadLimit = frame.MaxTokenLen + 128
 
+// checkReadMode says why mode is not a read mode this build can run.
+func checkReadMode(mode string) error {
+	m, err := wsread.ParseMode(mode)
+	if err != nil {
+		return err
+	}
+	if m == wsread.ModeEpoll && wsread.DefaultMode() != wsread.ModeEpoll {
+		return fmt.Errorf("%q needs Linux; use %q", m, wsread.ModeGoroutine)
+	}
+	return nil
+}
+
 // defaultPushIdleTimeout is PushIdleTimeout's default.
 const defaultPushIdleTimeout = 120 * time.Second
 
@@ -207,6 +226,7 @@ func DefaultConfig() Config {
 		ReadLimit:          4096,
 		RateBurst:          20,
 		RatePerSecond:      5,
+		ReadMode:           string(wsread.DefaultMode()),
 		IdleTimeout:        60 * time.Second,
 		WriteTimeout:       10 * time.Second,
 		HandshakeTimeout:   10 * time.Second,
@@ -247,6 +267,7 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Int(&c.ReadLimit, "read-limit", d.ReadLimit, "largest client frame in bytes")
 	b.Int(&c.RateBurst, "rate-burst", d.RateBurst, "frames a connection may send in a burst")
 	b.Float(&c.RatePerSecond, "rate-per-second", d.RatePerSecond, "sustained frames per second per connection")
+	b.String(&c.ReadMode, "read-mode", d.ReadMode, "how client connections are read: epoll (Linux), or a goroutine per connection")
 	b.Duration(&c.IdleTimeout, "idle-timeout", d.IdleTimeout, "close a connection silent at the protocol level this long")
 	b.Duration(&c.WriteTimeout, "write-timeout", d.WriteTimeout, "timeout of each write to a client")
 	b.Duration(&c.HandshakeTimeout, "handshake-timeout", d.HandshakeTimeout, "timeout of the WebSocket upgrade")
@@ -305,6 +326,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("policy-refresh: %v, want at least 100ms", c.PolicyRefresh)
 	case c.ReadLimit < minReadLimit:
 		return fmt.Errorf("read-limit: %d, want at least %d, so that an auth frame with a token of %d characters fits", c.ReadLimit, minReadLimit, frame.MaxTokenLen)
+	case checkReadMode(c.ReadMode) != nil:
+		return fmt.Errorf("read-mode: %w", checkReadMode(c.ReadMode))
 	case c.RateBurst < 1:
 		return fmt.Errorf("rate-burst: %d, want at least 1", c.RateBurst)
 	case c.RatePerSecond <= 0:

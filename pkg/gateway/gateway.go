@@ -39,6 +39,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/token"
+	"github.com/stillthere/stillthere/pkg/wsread"
 	"github.com/stillthere/stillthere/web"
 )
 
@@ -57,6 +58,13 @@ type Gateway struct {
 	verifier *token.Verifier
 	hub      *hub
 	upgrader websocket.Upgrader
+	// reader reads every client connection (see read.go).
+	reader *wsread.Server
+	// expiries is the one timer of the connections' tokens (see auth.go).
+	expiries *expiries
+	// frameInterval is the rate limit's time between two frames of a
+	// connection, beyond its burst (see allowFrame).
+	frameInterval time.Duration
 
 	// runs ties Run to Close; joined is set from Open's first heartbeat
 	// until the instance leaves, by Run or else by Close.
@@ -122,11 +130,14 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 		instance: cmp.Or(cfg.InstanceID, newInstanceID()),
 		verifier: verifier,
 		hub:      newHub(),
+		expiries: newExpiries(),
+		// Validate keeps it above 0.
+		frameInterval: time.Duration(float64(time.Second) / cfg.RatePerSecond),
 		upgrader: websocket.Upgrader{
 			HandshakeTimeout: cfg.HandshakeTimeout,
-			// Client frames are small; the read buffer only sizes syscalls.
-			// Writes borrow a buffer from the pool while they run.
-			ReadBufferSize:    512,
+			// Client frames are small (see readBufferSize). Writes
+			// borrow a buffer from the pool while they run.
+			ReadBufferSize:    readBufferSize(cfg.ReadMode),
 			WriteBufferSize:   1024,
 			WriteBufferPool:   &sync.Pool{},
 			EnableCompression: false,
@@ -147,6 +158,9 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 			g.Close()
 		}
 	}()
+	if g.reader, err = newReader(cfg); err != nil {
+		return nil, err
+	}
 	if g.rdb, err = redisconn.Open(ctx, cfg.Redis); err != nil {
 		return nil, err
 	}
@@ -177,6 +191,9 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 		// only for as long as keeps the round trip under what reach
 		// counts as an outage: one held up longer fails, and is one.
 		SlotRetry: g.reach.slow * 3 / 4,
+		// A ping whose renewal finds the queue full fails after a write
+		// timeout, as a write to its client would.
+		QueueWait: cfg.WriteTimeout,
 		OnFlush: func(size int, took time.Duration, err error) {
 			metricRenewRoundTrips.Inc()
 			metricRenewBatchSize.Observe(float64(size))
@@ -237,6 +254,9 @@ func (g *Gateway) Close() error {
 			}
 		}
 		var errs []error
+		if g.reader != nil {
+			errs = append(errs, g.reader.Close())
+		}
 		for _, rdb := range []redis.UniversalClient{g.rdb, g.ctlRdb} {
 			if rdb != nil {
 				errs = append(errs, rdb.Close())
@@ -263,16 +283,19 @@ func (g *Gateway) Run(ctx context.Context) error {
 		return err
 	}
 	defer end()
-	// The renewer, the heartbeat and the route writer outlive the
-	// connections: they stop after the drain, and only then does the
-	// instance leave. A heartbeat that stopped before the drain would let
+	// The renewer, the heartbeat, the route writer and the token timer
+	// outlive the connections: they stop after the drain, and only then
+	// does the instance leave. A heartbeat that stopped before the drain would let
 	// the lease run out while users are still connected.
 	bctx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBackground()
 	eg, ctx := errgroup.WithContext(ctx)
 	eg.Go(func() error { g.renewer.Run(bctx); return nil })
+	// The reader outlives the drain too: the connections it reads end in it.
+	eg.Go(func() error { return g.reader.Run(bctx) })
 	eg.Go(func() error { g.heartbeat(bctx); return nil })
 	eg.Go(func() error { g.routes.run(bctx); return nil })
+	eg.Go(func() error { g.expiries.run(bctx); return nil })
 	eg.Go(func() error { g.policy.Run(ctx); return nil })
 	eg.Go(func() error { g.resyncLoop(ctx); return nil })
 	eg.Go(func() error { g.dropped.sweep(ctx); return nil })
@@ -384,7 +407,7 @@ func (g *Gateway) drain() {
 	eg.SetLimit(drainConcurrency)
 	for _, c := range conns {
 		eg.Go(func() error {
-			c.closeWith(websocket.CloseGoingAway, "server shutting down, reconnect")
+			c.closeNow(websocket.CloseGoingAway, "server shutting down, reconnect")
 			return nil
 		})
 	}
@@ -518,7 +541,7 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	// From here the slot and the user's place are the connection's: its
 	// goroutine gives them back (release, then open).
-	ws, err := g.upgrader.Upgrade(w, r, nil)
+	rc, err := g.reader.Upgrade(&g.upgrader, w, r, nil)
 	if err != nil {
 		g.open.Add(-1)
 		g.hub.unreserve(claims.UID)
@@ -526,21 +549,20 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	c := &conn{
 		g:       g,
-		ws:      ws,
+		ws:      rc.WS(),
+		rd:      rc,
 		uid:     claims.UID,
 		segment: claims.Segment,
-		log:     g.log.With("uid", claims.UID),
 	}
 	// One-time Redis work (route registration, the first of the inbox)
 	// runs here, on the handler's goroutine. The connection then gets a
-	// goroutine of its own that only reads, and the handler returns: that
+	// reader (read.go) that only reads, and the handler returns: that
 	// frees the HTTP server's per-request buffers (several KB), which a
 	// connection served from the handler would pin for its whole life.
 	// The route is written before the inbox is read: a push that finds
 	// the user connected nowhere and keeps a guide meanwhile either sees
 	// the route and routes again, or keeps it before the inbox is read.
-	c.done = make(chan struct{})
-	c.expiresMS.Store(claims.Expires.UnixMilli())
+	c.expiresSec.Store(tokenSec(claims.Expires))
 	rctx := context.WithoutCancel(ctx) // route bookkeeping outlives shutdown
 	// A client that says its first frame is a ping gets its guides after
 	// it, judged by what it says of its user (see present.go).
@@ -571,16 +593,18 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	if !g.track(n) {
 		// The drain began while this one was being set up: it is told to
 		// reconnect like the others, and ends as a served one does
-		// (finish ends its hold, and closes done for the handovers that
-		// wait on it: another connection's release may have offered it
-		// the inbox meanwhile, from a goroutine the drain waits for).
+		// (finish ends its hold, and tells the handovers that wait on it:
+		// another connection's release may have offered it the inbox
+		// meanwhile, from a goroutine the drain waits for). Nothing reads
+		// it, so this handler waits here, as a reader would.
 		c.closeWith(websocket.CloseGoingAway, "server shutting down, reconnect")
 		// The close goes out after the inbox guides queued before it, if
-		// any, from their flusher: finish would cut it off, and the
-		// client take a dropped connection's backoff for a 1001's
-		// reconnect at once. No frame is queued after the close.
-		c.flushers.Wait()
-		c.linger()
+		// any, from their flusher: stop would cut it off, and the client
+		// take a dropped connection's backoff for a 1001's reconnect at
+		// once. No frame is queued after the close.
+		c.waitFlushed()
+		rc.Discard(lingerTimeout)
+		c.stop()
 		c.finish(rctx)
 		if rest != nil {
 			// Nothing proves a guide on it now: the rest of the handover
@@ -593,12 +617,10 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return
 	}
 	c.armExpiry()
-	go func() {
-		defer g.conns.Done()
-		defer g.open.Add(-1)
-		c.serve(ctx)
-		g.release(rctx, c)
-	}()
+	c.prepare()
+	// Its count in conns and its slot in open are the reader's from here:
+	// Closed gives them back.
+	g.reader.Serve(rc, c)
 	if rest != nil {
 		go func() {
 			defer g.conns.Done()
@@ -627,7 +649,7 @@ func (g *Gateway) track(n int) bool {
 // client never proved it got (see proof.go).
 func (g *Gateway) release(ctx context.Context, c *conn) {
 	g.hub.remove(c)
-	if !c.normalClose.Load() {
+	if !c.normalClose() {
 		g.dropped.add(c)
 	}
 	metricConnections.Dec()

@@ -14,7 +14,9 @@ const hubShards = 64
 // hold several (phone and laptop); a guide goes to all of them. The hub
 // also holds each user's place (see user.go): the connections being set
 // up, counted against the per-user cap, and the renewals those
-// connections share.
+// connections share. A user's connections are a list through each
+// connection's next, not a map of their own: most users hold one, and
+// none holds more than max-user-conns.
 type hub struct {
 	seed   maphash.Seed
 	shards [hubShards]hubShard
@@ -51,10 +53,10 @@ func (h *hub) reserve(uid string, capacity int) bool {
 	defer s.mu.Unlock()
 	u := s.users[uid]
 	if u == nil {
-		u = &user{conns: make(map[*conn]struct{}, 1)}
+		u = &user{}
 		s.users[uid] = u
 	}
-	if !admit(len(u.conns)+u.pending, capacity) {
+	if !admit(u.count()+u.pending, capacity) {
 		return false
 	}
 	u.pending++
@@ -71,8 +73,9 @@ func (h *hub) unreserve(uid string) {
 	s.forgetIfGone(uid, u)
 }
 
-// add registers c in the place reserve held for it, gives it its user's
-// shared state, and times its registration (c.since) since start, under
+// add registers c in the place reserve held for it (whose shared state
+// c finds by its uid, see userOf), and times its registration since
+// start (in c.pingAt, until its first ping; see renew), under
 // the shard's lock: a renewal c may share was made after c counted among
 // the user's connections here, so that a session ended meanwhile on
 // their last connection's normal close could not have left c out (see
@@ -83,9 +86,8 @@ func (h *hub) add(c *conn, start time.Time) {
 	defer s.mu.Unlock()
 	u := s.users[c.uid]
 	u.pending--
-	u.conns[c] = struct{}{}
-	c.user = u
-	c.since = time.Since(start)
+	c.next, u.conns = u.conns, c
+	c.pingAt.Store(int64(time.Since(start)))
 }
 
 func (h *hub) remove(c *conn) {
@@ -96,16 +98,40 @@ func (h *hub) remove(c *conn) {
 	if u == nil {
 		return
 	}
-	delete(u.conns, c)
+	for at := &u.conns; *at != nil; at = &(*at).next {
+		if *at == c {
+			*at, c.next = c.next, nil
+			break
+		}
+	}
 	s.forgetIfGone(c.uid, u)
+}
+
+// count is how many connections u holds here. The caller holds the
+// shard's lock.
+func (u *user) count() int {
+	n := 0
+	for c := u.conns; c != nil; c = c.next {
+		n++
+	}
+	return n
 }
 
 // forgetIfGone drops u's entry once it holds no connection and none is
 // being set up. The caller holds s.mu.
 func (s *hubShard) forgetIfGone(uid string, u *user) {
-	if len(u.conns) == 0 && u.pending == 0 {
+	if u.conns == nil && u.pending == 0 {
 		delete(s.users, uid)
 	}
+}
+
+// userOf returns the place of uid, which holds a connection here (it
+// stays as long as one does), and the lock that guards it.
+func (h *hub) userOf(uid string) (*user, sync.Locker) {
+	s := h.shard(uid)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.users[uid], &s.mu
 }
 
 // lookup returns uid's connections.
@@ -117,8 +143,8 @@ func (h *hub) lookup(uid string) []*conn {
 	if u == nil {
 		return []*conn{}
 	}
-	out := make([]*conn, 0, len(u.conns))
-	for c := range u.conns {
+	out := make([]*conn, 0, u.count())
+	for c := u.conns; c != nil; c = c.next {
 		out = append(out, c)
 	}
 	return out
@@ -131,7 +157,7 @@ func (h *hub) shardConns(i int) []*conn {
 	defer s.mu.RUnlock()
 	var out []*conn
 	for _, u := range s.users {
-		for c := range u.conns {
+		for c := u.conns; c != nil; c = c.next {
 			out = append(out, c)
 		}
 	}
@@ -154,7 +180,7 @@ func (h *hub) count(uid string) int {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if u := s.users[uid]; u != nil {
-		return len(u.conns)
+		return u.count()
 	}
 	return 0
 }
@@ -166,7 +192,7 @@ func (h *hub) shardUIDs(i int) []string {
 	defer s.mu.RUnlock()
 	out := make([]string, 0, len(s.users))
 	for uid, u := range s.users {
-		if len(u.conns) > 0 {
+		if u.conns != nil {
 			out = append(out, uid)
 		}
 	}

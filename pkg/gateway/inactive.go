@@ -26,7 +26,7 @@ import (
 // hands it on to the user's inbox, marked applied (see handOn), for the
 // next connect: the user is told their chat was closed, as one connected
 // nowhere at that moment is. The connection keeps reading frames, taking
-// none, until the proof has come or its wait is over (see handle).
+// none, until the proof has come or its wait is over (see Message).
 //
 // A final guide handed over from the inbox on connect is written like any
 // other and closes nothing: the user is back, on that very connection.
@@ -36,9 +36,9 @@ import (
 // as takeGuide does.
 func (c *conn) enqueueGuide(req push.Request) guideTake {
 	c.mu.Lock()
-	if h := c.hold; h != nil {
+	if h := c.holdOf(); h != nil {
 		defer c.mu.Unlock()
-		if c.closed || c.closeSet || len(h.held) >= c.g.cfg.SendQueue {
+		if c.is(flagClosed|flagCloseSet) || len(h.held) >= c.g.cfg.SendQueue {
 			return guideRefused
 		}
 		h.held = append(h.held, req)
@@ -53,7 +53,7 @@ func (c *conn) enqueueGuide(req push.Request) guideTake {
 // on (see proof.go); a close stage's (final) closes c too, once the frame
 // is on the socket.
 func (c *conn) takeGuide(req push.Request) guideTake {
-	if superseded(req.DeadlineMS, c.presentUntilMS.Load()) {
+	if superseded(req.DeadlineMS, c.presentUntil()) {
 		metricPushes.WithLabelValues("superseded").Inc()
 		return guideSuperseded
 	}
@@ -70,32 +70,28 @@ func (c *conn) takeGuide(req push.Request) guideTake {
 
 // closeInactive ends c after its close stage's guide, once. It runs on
 // the flusher, which stops after it; the reader ends on the client's
-// close frame, on any other frame once the guide is proven (handle checks
+// close frame, on any other frame once the guide is proven (Message checks
 // inactive), or at the deadline set here (closingLinger), whichever is
 // first.
 func (c *conn) closeInactive() {
-	if !c.inactive.CompareAndSwap(false, true) {
+	if !c.set(flagInactive) {
 		return
 	}
-	// As ended does for a 1000: marked first, so that a resync does not
-	// restore the session (see resyncConns).
-	c.closedAt.Store(int64(time.Since(c.g.start)))
-	c.grant.Store(0)
-	c.normalClose.Store(true)
+	// As ended does for a 1000 (see closeNormally).
+	c.closeNormally()
 	// This is the flusher, the one writer: the close frame is written
 	// here, not left to closeWith, which would leave it to the flusher.
-	// It replaces a close still pending behind the guide (a token that ran
-	// out meanwhile, a drain): the chat is over.
+	// It replaces a close still queued behind the guide (a token that ran
+	// out meanwhile, a drain), which the flusher drops with the rest of
+	// its batch: the chat is over. (No close can have been written before
+	// it: a close is the last frame queued, and the guide came first.)
 	c.mu.Lock()
-	written := c.closeSet && c.pendingClose == nil
-	c.closed, c.queue = true, nil // nothing may follow the close frame
-	c.closeSet, c.pendingClose = true, nil
+	c.set(flagClosed | flagCloseSet)
+	c.dropQueue() // nothing may follow the close frame
 	c.mu.Unlock()
-	c.log.Debug("closing for inactivity after the close stage's guide")
-	if !written {
-		metricCloses.WithLabelValues(strconv.Itoa(frame.CloseInactive)).Inc()
-		msg := websocket.FormatCloseMessage(frame.CloseInactive, "inactive")
-		c.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(c.g.cfg.WriteTimeout))
-	}
+	c.g.log.Debug("closing for inactivity after the close stage's guide", "uid", c.uid)
+	metricCloses.WithLabelValues(strconv.Itoa(frame.CloseInactive)).Inc()
+	msg := websocket.FormatCloseMessage(frame.CloseInactive, "inactive")
+	c.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(c.g.cfg.WriteTimeout))
 	c.ws.NetConn().SetReadDeadline(time.Now().Add(c.closingLinger()))
 }

@@ -93,22 +93,33 @@ const defaultFirstPingWait = 5 * time.Second
 
 // hold is a connection's hold, from its connect until endHold has
 // queued what it hands over: guides pushed to it wait in held, and its
-// inbox is not handed over yet. ending: endHold has begun; done is closed
-// once it has queued what it hands over. Guarded by the connection's mu,
-// but done. Once the hold is over, the connection drops it (c.hold is
-// nil): a connection lives long after its first frame.
+// inbox is not handed over yet; frames its client sends meanwhile wait in
+// after, to be answered once it has (a ping's renewal would make every
+// inbox entry stale). ending: endHold has begun; done is closed once it
+// has queued what it hands over, and answered what waited. Guarded by the
+// connection's mu, but done. Once the hold is over, the connection drops
+// it (its hold is nil): a connection lives long after its first frame.
 type hold struct {
 	ending bool
 	held   []push.Request
+	after  []frame.Client
 	timer  *time.Timer
 	done   chan struct{}
+}
+
+// holdOf is c's hold, or nil. c.mu is held.
+func (c *conn) holdOf() *hold {
+	if c.x == nil {
+		return nil
+	}
+	return c.x.hold
 }
 
 // holding reports whether c holds its guides still.
 func (c *conn) holding() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.hold != nil
+	return c.holdOf() != nil
 }
 
 // holdGuides makes c hold its guides until endHold, at firstPingWait at
@@ -117,20 +128,60 @@ func (g *Gateway) holdGuides(ctx context.Context, c *conn) {
 	h := &hold{done: make(chan struct{})}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.hold = h
+	c.more().hold = h
 	h.timer = time.AfterFunc(g.cfg.firstPingWait(), func() { g.endHold(ctx, c, noPresence) })
 }
 
+// afterHold leaves f's answer to the end of c's hold, if c holds its
+// guides still, and reports whether it did. The first frame ends the
+// hold, with its word, on a goroutine of its own: the inbox is read from
+// Redis, and the reader does not wait.
+func (c *conn) afterHold(f frame.Client) bool {
+	c.mu.Lock()
+	h := c.holdOf()
+	if h == nil {
+		c.mu.Unlock()
+		return false
+	}
+	h.after = append(h.after, f)
+	first := !h.ending
+	var closed bool
+	if first {
+		closed = h.begin(c)
+	}
+	c.mu.Unlock()
+	if first {
+		// The connection's own count in g.conns holds until Closed's
+		// goroutine ends, after this frame: the count is not at zero.
+		c.g.conns.Add(1)
+		p := c.presenceOf(f)
+		go func() {
+			defer c.g.conns.Done()
+			c.g.endBegun(context.Background(), c, h, p, closed)
+		}()
+	}
+	return true
+}
+
+// begin marks h's end begun, and reports whether c was closed then.
+// c.mu is held.
+func (h *hold) begin(c *conn) (closed bool) {
+	h.ending = true
+	h.timer.Stop()
+	return c.is(flagClosed)
+}
+
 // endHold ends c's hold, once: at its first frame, with that frame's word
-// p, at firstPingWait, or when the connection ends. It hands over the
-// inbox judged by p, then the guides pushed meanwhile, each judged by it
-// too, in the order they came, and returns once they are queued; a caller
-// that comes second waits for that, so that the first frame's ping is not
-// renewed before the inbox is judged (the renewal would make every entry
-// stale). Guides held by a connection that ended go back to the inbox.
+// p (see afterHold), at firstPingWait, or when the connection ends. It
+// hands over the inbox judged by p, then the guides pushed meanwhile,
+// each judged by it too, in the order they came, then answers the frames
+// read meanwhile, and returns once that is done; a caller that comes
+// second waits for that. So the first frame's ping is not renewed before
+// the inbox is judged (the renewal would make every entry stale). Guides
+// held by a connection that ended go back to the inbox.
 func (g *Gateway) endHold(ctx context.Context, c *conn, p presence) {
 	c.mu.Lock()
-	h := c.hold
+	h := c.holdOf()
 	if h == nil {
 		c.mu.Unlock()
 		return
@@ -140,10 +191,13 @@ func (g *Gateway) endHold(ctx context.Context, c *conn, p presence) {
 		<-h.done
 		return
 	}
-	h.ending = true
-	closed := c.closed
-	h.timer.Stop()
+	closed := h.begin(c)
 	c.mu.Unlock()
+	g.endBegun(ctx, c, h, p, closed)
+}
+
+// endBegun is endHold's work, once its end is begun.
+func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, closed bool) {
 	var rest func()
 	if !closed {
 		rest = g.handOverInbox(ctx, c, p)
@@ -151,13 +205,13 @@ func (g *Gateway) endHold(ctx context.Context, c *conn, p presence) {
 	var dropped, left []push.Request
 	for {
 		c.mu.Lock()
-		held := h.held
-		h.held = nil
-		if len(held) == 0 {
-			// Over: everything is queued, and guides pushed from now on
-			// are taken as they come. Callers that find no hold from
-			// here on find it over.
-			c.hold = nil
+		held, after := h.held, h.after
+		h.held, h.after = nil, nil
+		if len(held) == 0 && len(after) == 0 {
+			// Over: everything is queued and answered, and guides pushed
+			// and frames read from now on are taken as they come.
+			// Callers that find no hold from here on find it over.
+			c.x.hold = nil
 			c.mu.Unlock()
 			break
 		}
@@ -169,6 +223,9 @@ func (g *Gateway) endHold(ctx context.Context, c *conn, p presence) {
 			case guideRefused:
 				left = append(left, req)
 			}
+		}
+		for _, f := range after {
+			c.answer(f)
 		}
 	}
 	close(h.done)

@@ -23,7 +23,7 @@ import (
 // every WebSocket client answers pings (browsers on their own), so
 // clients that never ack prove their guides too.
 //
-// Until then a guide waits on its connection (conn.unproven), from when it
+// Until then a guide waits on its connection (extra.unproven), from when it
 // is queued: a frame queued but never written is as unproven as one
 // written to a dead peer. A connection that has not proven a guide within
 // WriteTimeout of writing it is cut off, as one whose write timed out
@@ -74,6 +74,27 @@ type guideProof struct {
 	written bool
 }
 
+// awaitingFrom makes p's guide, queued on c, wait for proof from now on.
+// c.mu is held.
+func (c *conn) awaitingFrom(p *guideProof) {
+	x := c.more()
+	x.proofSeq++
+	p.seq = x.proofSeq
+	x.unproven = append(x.unproven, p)
+	if len(x.guideIDs) == recentGuides {
+		x.guideIDs = slices.Delete(x.guideIDs, 0, 1)
+	}
+	x.guideIDs = append(x.guideIDs, p.id)
+}
+
+// unproven is the guides queued on c and not proven yet. c.mu is held.
+func (c *conn) unproven() []*guideProof {
+	if c.x == nil {
+		return nil
+	}
+	return c.x.unproven
+}
+
 // enqueueProven queues a guide frame that waits for proof once queued.
 func (c *conn) enqueueProven(b []byte, p *guideProof, written func()) bool {
 	return c.enqueueFrame(outFrame{b: b, written: written, proof: p})
@@ -88,15 +109,7 @@ const recentGuides = 8
 // client has it, or c hands it on itself if it never proves it. c.mu is
 // held.
 func (c *conn) hasGuide(p *guideProof) bool {
-	return p.req != nil && slices.Contains(c.guideIDs, p.id)
-}
-
-// recordGuide remembers that guide id was queued on c. c.mu is held.
-func (c *conn) recordGuide(id string) {
-	if len(c.guideIDs) == recentGuides {
-		c.guideIDs = slices.Delete(c.guideIDs, 0, 1)
-	}
-	c.guideIDs = append(c.guideIDs, id)
+	return p.req != nil && c.x != nil && slices.Contains(c.x.guideIDs, p.id)
 }
 
 // awaitProof runs on the flusher once p's frame is written: it asks for
@@ -105,7 +118,7 @@ func (c *conn) awaitProof(p *guideProof) {
 	c.mu.Lock()
 	seq := p.seq
 	p.written = true
-	if len(c.unproven) > 0 && c.unproven[0].seq <= seq { // not proven yet (an early ack)
+	if u := c.unproven(); len(u) > 0 && u[0].seq <= seq { // not proven yet (an early ack)
 		p.timer = time.AfterFunc(c.g.cfg.WriteTimeout, func() { c.proofOverdue(seq) })
 	}
 	c.mu.Unlock()
@@ -114,15 +127,16 @@ func (c *conn) awaitProof(p *guideProof) {
 }
 
 // proofOverdue cuts c off if the guide seq is still unproven: its client
-// is gone, or cannot take frames. serve's read fails at once, and
-// release hands the guide on.
+// is gone, or cannot take frames. The reader fails at once, and release
+// hands the guide on.
 func (c *conn) proofOverdue(seq uint64) {
 	c.mu.Lock()
-	overdue := len(c.unproven) > 0 && c.unproven[0].seq <= seq
+	u := c.unproven()
+	overdue := len(u) > 0 && u[0].seq <= seq
 	c.mu.Unlock()
 	if overdue {
 		metricProofTimeouts.Inc()
-		c.log.Info("guide not proven received in time: closing the connection, the guide goes to the user's next one")
+		c.g.log.Info("guide not proven received in time: closing the connection, the guide goes to the user's next one", "uid", c.uid)
 		c.ws.NetConn().Close()
 	}
 }
@@ -142,7 +156,7 @@ func (c *conn) pongProof(appData string) bool {
 func (c *conn) awaitingProof() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.unproven) > 0
+	return len(c.unproven()) > 0
 }
 
 // ackProof takes an ack frame's id: it proves that guide, and the ones
@@ -150,7 +164,7 @@ func (c *conn) awaitingProof() bool {
 func (c *conn) ackProof(id string) {
 	c.mu.Lock()
 	var seq uint64
-	for _, p := range c.unproven {
+	for _, p := range c.unproven() {
 		if p.id == id {
 			seq = p.seq
 		}
@@ -161,7 +175,7 @@ func (c *conn) ackProof(id string) {
 	}
 }
 
-// ackProofOf is ackProof for a raw frame that handle does not parse
+// ackProofOf is ackProof for a raw frame that Message does not parse
 // otherwise (the connection is closing).
 func (c *conn) ackProofOf(typ int, data []byte) {
 	if typ != websocket.TextMessage {
@@ -176,12 +190,17 @@ func (c *conn) ackProofOf(typ int, data []byte) {
 // there were any.
 func (c *conn) proved(seq uint64) bool {
 	c.mu.Lock()
+	u := c.unproven()
 	n := 0
-	for n < len(c.unproven) && c.unproven[n].seq <= seq {
+	for n < len(u) && u[n].seq <= seq {
 		n++
 	}
-	done := c.unproven[:n:n]
-	c.unproven = c.unproven[n:]
+	if n == 0 {
+		c.mu.Unlock()
+		return false
+	}
+	done := u[:n:n]
+	c.x.unproven = u[n:]
 	for _, p := range done {
 		if p.timer != nil {
 			p.timer.Stop()
@@ -197,12 +216,14 @@ func (c *conn) proved(seq uint64) bool {
 }
 
 // takeUnproven returns the guides c never proved, once it has ended:
-// serve has returned, so no frame is queued or proven any more.
+// reading has, so no frame is queued or proven any more.
 func (c *conn) takeUnproven() []*guideProof {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	left := c.unproven
-	c.unproven = nil
+	left := c.unproven()
+	if c.x != nil {
+		c.x.unproven = nil
+	}
 	for _, p := range left {
 		if p.timer != nil {
 			p.timer.Stop()
@@ -279,7 +300,7 @@ func (g *Gateway) handOn(ctx context.Context, c *conn) {
 			continue
 		}
 		metricPushes.WithLabelValues("handed_on").Inc()
-		c.log.Debug("guide not proven received: handed on", "guide_id", req.ID, "status", res.Status)
+		g.log.Debug("guide not proven received: handed on", "uid", c.uid, "guide_id", req.ID, "status", res.Status)
 	}
 }
 
@@ -294,7 +315,7 @@ func (g *Gateway) handOn(ctx context.Context, c *conn) {
 func (g *Gateway) offerInbox(ctx context.Context, uid string) {
 	for _, c := range g.hub.lookup(uid) {
 		c.mu.Lock()
-		h := c.hold
+		h := c.holdOf()
 		holding := h != nil && !h.ending
 		c.mu.Unlock()
 		if holding {

@@ -362,13 +362,13 @@ func (g *Gateway) takeInbox(ctx context.Context, uid string, p presence, known i
 // and the next ones are queued then, so a connection that drops first,
 // or never reads, leaves them for the next connect.
 func (g *Gateway) handOverInbox(ctx context.Context, c *conn, p presence) func() {
-	items, superseded, presentUntil, err := g.takeInbox(ctx, c.uid, p, c.presentUntilMS.Load())
+	items, superseded, presentUntil, err := g.takeInbox(ctx, c.uid, p, c.presentUntil())
 	if err != nil {
 		g.routeLog.Fail(err)
 		return nil
 	}
 	if presentUntil > 0 {
-		c.presentUntilMS.Store(presentUntil)
+		c.setPresentUntil(presentUntil)
 	}
 	g.markSuperseded(ctx, c.uid, parseEntries(superseded))
 	if len(items) == 0 {
@@ -435,7 +435,7 @@ func (h *handover) run(ctx context.Context, taken int) {
 		if len(unsent) > 0 || taken < chunk {
 			return
 		}
-		items, superseded, _, err := h.g.takeInbox(ctx, h.c.uid, noPresence, h.c.presentUntilMS.Load())
+		items, superseded, _, err := h.g.takeInbox(ctx, h.c.uid, noPresence, h.c.presentUntil())
 		h.g.markSuperseded(ctx, h.c.uid, parseEntries(superseded))
 		if err != nil {
 			h.g.routeLog.Fail(err)
@@ -453,12 +453,13 @@ func (h *handover) run(ctx context.Context, taken int) {
 // all of them, or those proven before the connection ended.
 func (h *handover) wait() []string {
 	done := make([]string, 0, len(h.queued))
+	finished := h.c.finishedCh()
 	for len(done) < len(h.queued) {
 		select {
 		case raw := <-h.written:
 			done = append(done, raw)
-		case <-h.c.done:
-			// Its reader has returned: every proof was reported.
+		case <-finished:
+			// It has finished: every proof was reported.
 			for {
 				select {
 				case raw := <-h.written:

@@ -431,8 +431,8 @@ func (g *Gateway) shedIfCutOff() {
 		"since", since, "connections", len(conns))
 	metricShed.Add(float64(len(conns)))
 	for _, c := range conns {
-		c.closeWith(websocket.CloseTryAgainLater, "session store unreachable, reconnect later")
-		c.ws.NetConn().Close() // serve's read fails at once and releases it
+		c.closeNow(websocket.CloseTryAgainLater, "session store unreachable, reconnect later")
+		c.ws.NetConn().Close() // the reader fails at once, and Closed releases it
 	}
 }
 

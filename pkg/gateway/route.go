@@ -110,7 +110,7 @@ var closeNone routeClose
 // routeClose is what c's end says of the user's route: a normal close at
 // its time, or a drop, which is known from release on.
 func (c *conn) routeClose() routeClose {
-	if c.normalClose.Load() {
+	if c.normalClose() {
 		return c.normalEnd()
 	}
 	return routeClose{at: max(time.Since(c.g.start), 1)}
@@ -119,7 +119,7 @@ func (c *conn) routeClose() routeClose {
 // normalEnd is c's normal close. closedAt is stored before the grant goes
 // to 0, so whoever sees the grant gone may call it.
 func (c *conn) normalEnd() routeClose {
-	return routeClose{at: max(c.endAt(), 1), normal: true, inactive: c.inactive.Load()}
+	return routeClose{at: max(c.endAt(), 1), normal: true, inactive: c.inactive()}
 }
 
 // note records a close, if it is the latest so far.

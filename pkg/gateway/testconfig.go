@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"os"
 	"time"
 
 	"github.com/stillthere/stillthere/pkg/policy"
@@ -28,6 +29,12 @@ func TestConfig(rc redisconn.Config) Config {
 	// One stage, the reminder: the tests that are about a close stage
 	// store a policy with one.
 	c.Closing = policy.Closing{}
+	// The suite runs in each read mode: the default, and the one the
+	// gateway's environment setting names (make test runs it again in
+	// goroutine mode).
+	if m := os.Getenv("STILLTHERE_GATEWAY_READ_MODE"); m != "" {
+		c.ReadMode = m
+	}
 	c.PolicyRefresh = 100 * time.Millisecond
 	c.HeartbeatInterval = 100 * time.Millisecond
 	// Every ping renews, unless a test sets a granularity.

@@ -23,11 +23,12 @@ import (
 //     dropped grants. A user's connections then cost Redis one renewal
 //     per granularity and segment, not one each.
 
-// user is one user's place on this gateway. conns and pending are guarded
-// by the hub shard's lock; renewals by a lock of its own, taken on pings
-// without the shard's.
+// user is one user's place on this gateway, guarded by the lock of the
+// hub shard that holds it: conns (a list through each connection's next),
+// pending and renewals. A lock of its own would cost every user 8 bytes,
+// and a ping takes the shard's for a moment.
 type user struct {
-	conns    map[*conn]struct{}
+	conns    *conn
 	pending  int // places reserved for connections being set up
 	renewals renewals
 }
@@ -51,59 +52,82 @@ func shareRenewal(at time.Duration, failed bool, since, now, granularity time.Du
 	return !failed && at >= since && now-at < granularity
 }
 
-// renewals are the last renewal of each segment among one user's
-// connections here; they rarely span more than one segment.
+// renewals are the last renewal among one user's connections here, of
+// whichever segment. A ping of another segment takes its place: a user
+// whose devices ping in two segments within one granularity renews more
+// often than once per segment (a Redis write each), which is rare, and
+// costs no guide; in return an idle user keeps one renewal, not a list.
 type renewals struct {
-	mu   sync.Mutex
-	last []*renewal
+	last *renewal
 }
 
 // renewal is one renewal of a user's session, shared by the pings of
-// their connections within the granularity. at and ttl are fixed; failed
-// and deadlineMS are guarded by renewals.mu, and read by sharers after
-// done is closed.
+// their connections within the granularity. segment, at and ttl are
+// fixed; the rest is guarded by the lock of its renewals.
 type renewal struct {
 	segment string
 	at      time.Duration // the ping's time, since the gateway started
-	ttl     time.Duration // granted
-	done    chan struct{} // closed once written, or failed
-	failed  bool
 	// deadlineMS is the deadline of this grant (Unix ms, Redis's clock),
 	// for the sharers' pongs.
 	deadlineMS int64
+	// then is what the sharers do once it is settled (whenSettled), in
+	// the order they came; nil once called.
+	then    func()
+	ttlMS   int32 // granted (a TTL is whole ms, and at most days)
+	settled bool  // written, or failed
+	failed  bool
 }
+
+// ttl is the TTL r granted.
+func (r *renewal) ttl() time.Duration { return time.Duration(r.ttlMS) * time.Millisecond }
 
 // claim returns the renewal a ping of segment at now shares (own false),
 // or a new renewal granting ttl that the caller writes and then settles
-// (own true). since is when the pinging connection registered.
-func (rs *renewals) claim(segment string, since, now, granularity, ttl time.Duration) (r *renewal, own bool) {
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	i := 0
-	for ; i < len(rs.last); i++ {
-		if rs.last[i].segment == segment {
-			break
-		}
+// (own true). since is when the pinging connection registered. mu is the
+// lock that guards rs, as for settle and whenSettled.
+func (rs *renewals) claim(mu sync.Locker, segment string, since, now, granularity, ttl time.Duration) (r *renewal, own bool) {
+	mu.Lock()
+	defer mu.Unlock()
+	if last := rs.last; last != nil && last.segment == segment && shareRenewal(last.at, last.failed, since, now, granularity) {
+		return last, false
 	}
-	if i < len(rs.last) {
-		if last := rs.last[i]; shareRenewal(last.at, last.failed, since, now, granularity) {
-			return last, false
-		}
-	} else {
-		rs.last = append(rs.last, nil)
-	}
-	r = &renewal{segment: segment, at: now, ttl: ttl, done: make(chan struct{})}
-	rs.last[i] = r
+	r = &renewal{segment: segment, at: now, ttlMS: int32(ttl.Milliseconds())}
+	rs.last = r
 	return r, true
 }
 
 // settle records the outcome of r's write, and releases its sharers.
-func (rs *renewals) settle(r *renewal, deadline time.Time, err error) {
-	rs.mu.Lock()
+// Called once, by the renewal's owner; the sharers' then runs on its
+// goroutine, and must not block.
+func (rs *renewals) settle(mu sync.Locker, r *renewal, deadline time.Time, err error) {
+	mu.Lock()
+	r.settled = true
 	r.failed = err != nil
 	if err == nil {
 		r.deadlineMS = deadline.UnixMilli()
 	}
-	rs.mu.Unlock()
-	close(r.done)
+	then := r.then
+	r.then = nil
+	mu.Unlock()
+	if then != nil {
+		then()
+	}
+}
+
+// whenSettled calls f once r is settled: at once if it is, else on the
+// goroutine that settles it, after the sharers that came before. f reads
+// r's outcome (failed, deadlineMS) and must not block.
+func (rs *renewals) whenSettled(mu sync.Locker, r *renewal, f func()) {
+	mu.Lock()
+	if r.settled {
+		mu.Unlock()
+		f()
+		return
+	}
+	if prev := r.then; prev != nil {
+		r.then = func() { prev(); f() }
+	} else {
+		r.then = f
+	}
+	mu.Unlock()
 }

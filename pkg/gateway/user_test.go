@@ -65,23 +65,25 @@ func TestShareRenewal(t *testing.T) {
 // do not share.
 func TestRenewalsClaimAndSettle(t *testing.T) {
 	var rs renewals
-	r, own := rs.claim("default", 0, 100, time.Second, 60*time.Second)
+	var mu sync.Mutex
+	r, own := rs.claim(&mu, "default", 0, 100, time.Second, 60*time.Second)
 	if !own {
 		t.Fatal("first ping shares a renewal")
 	}
-	shared, own := rs.claim("default", 0, 200, time.Second, 61*time.Second)
+	shared, own := rs.claim(&mu, "default", 0, 200, time.Second, 61*time.Second)
 	if own || shared != r {
 		t.Fatal("a ping while a renewal is written does not share it")
 	}
-	if vip, own := rs.claim("vip", 0, 200, time.Second, 120*time.Second); !own || vip == r {
+	if vip, own := rs.claim(&mu, "vip", 0, 200, time.Second, 120*time.Second); !own || vip == r {
 		t.Fatal("a ping in another segment shares the default segment's renewal")
 	}
-	rs.settle(r, time.Time{}, errors.New("Redis out of reach"))
-	<-shared.done
-	if !shared.failed {
+	sawFailure := false
+	rs.whenSettled(&mu, shared, func() { sawFailure = shared.failed })
+	rs.settle(&mu, r, time.Time{}, errors.New("Redis out of reach"))
+	if !sawFailure {
 		t.Fatal("the sharer does not see the failure")
 	}
-	if again, own := rs.claim("default", 0, 300, time.Second, 60*time.Second); !own || again == r {
+	if again, own := rs.claim(&mu, "default", 0, 300, time.Second, 60*time.Second); !own || again == r {
 		t.Fatal("a ping after a failed renewal does not renew")
 	}
 }
@@ -223,5 +225,35 @@ func TestAnyDeviceRenewsPastTheGranularity(t *testing.T) {
 	pttl, err := tg.rdb.PTTL(context.Background(), tg.store.Keyspace().SessionKey("erin")).Result()
 	if err != nil || pttl < 9*time.Second {
 		t.Fatalf("session PTTL %v (%v) after the laptop's ping: not renewed", pttl, err)
+	}
+}
+
+// TestAllowFrame: the rate limit lets a burst through at once, then one
+// frame per interval, and a connection idle long enough has its burst
+// again.
+func TestAllowFrame(t *testing.T) {
+	const interval, burst = 200 * time.Millisecond, 3
+	at := time.Duration(0)
+	now := 10 * time.Second
+	var ok bool
+	for i := range burst {
+		if at, ok = allowFrame(at, now, interval, burst); !ok {
+			t.Fatalf("frame %d of a burst of %d refused", i+1, burst)
+		}
+	}
+	if _, ok = allowFrame(at, now, interval, burst); ok {
+		t.Fatal("a frame past the burst let through")
+	}
+	if at, ok = allowFrame(at, now+interval, interval, burst); !ok {
+		t.Fatal("a frame an interval later refused")
+	}
+	if _, ok = allowFrame(at, now+interval, interval, burst); ok {
+		t.Fatal("two frames in one interval past the burst let through")
+	}
+	now += time.Minute
+	for i := range burst {
+		if at, ok = allowFrame(at, now, interval, burst); !ok {
+			t.Fatalf("after a minute idle, frame %d of the burst refused", i+1)
+		}
 	}
 }

@@ -24,7 +24,9 @@ type RenewerConfig struct {
 	// Default 256.
 	MaxBatch int
 	// QueueSize bounds the renewals waiting to be batched; beyond it
-	// Renew blocks (backpressure). Default 8192.
+	// Renew blocks (backpressure), and RenewAsync's renewals wait their
+	// turn, off their callers' goroutines, for up to QueueWait.
+	// Default 8192.
 	QueueSize int
 	// OnFlush, when set, observes each round trip: its size and latency.
 	OnFlush func(size int, took time.Duration, err error)
@@ -32,6 +34,10 @@ type RenewerConfig struct {
 	// listener can tell its users' deadlines apart when it dies. Empty
 	// records none.
 	Instance string
+	// QueueWait is how long a RenewAsync renewal waits for room in a
+	// full queue before it fails, as a Renew caller's context would end
+	// its wait. Default 10s.
+	QueueWait time.Duration
 	// SlotRetry is how long a round trip sends again the renewals a Redis
 	// Cluster refuses while their slot migrates (TRYAGAIN, ASK, MOVED),
 	// with short pauses; past it they fail. The round trip takes that much
@@ -53,6 +59,13 @@ type Renewer struct {
 	stopped bool
 	senders sync.WaitGroup // Renew calls between the stopped check and their send
 
+	// overflow are RenewAsync renewals that found the queue full, oldest
+	// first, which one feeder goroutine (running while there are any)
+	// hands to Run as room comes, in order: the caller never waits for
+	// room. Guarded by mu.
+	overflow []*renewal
+	feeding  bool
+
 	// inFlight is when the oldest renewal of the round trip in flight was
 	// queued, in Unix ns; 0 between round trips. Run's to write.
 	inFlight atomic.Int64
@@ -67,7 +80,20 @@ type renewal struct {
 	queued       time.Time     // when it was handed to Run
 	deadline     time.Time
 	err          error
-	done         chan struct{}
+	// done is closed once the renewal is settled, for a caller that
+	// waits (Renew, End, Resync); then is called instead, for one that
+	// does not (RenewAsync).
+	done chan struct{}
+	then func(deadline time.Time, err error)
+}
+
+// settle tells the renewal's caller its outcome.
+func (req *renewal) settle() {
+	if req.then != nil {
+		req.then(req.deadline, req.err)
+		return
+	}
+	close(req.done)
 }
 
 // NewRenewer returns a Renewer over store; call Run to start it.
@@ -81,6 +107,9 @@ func NewRenewer(store *Store, cfg RenewerConfig) *Renewer {
 	if cfg.QueueSize <= 0 {
 		cfg.QueueSize = 8192
 	}
+	if cfg.QueueWait <= 0 {
+		cfg.QueueWait = 10 * time.Second
+	}
 	if cfg.SlotRetry <= 0 {
 		cfg.SlotRetry = DefaultSlotRetry
 	}
@@ -93,6 +122,69 @@ func NewRenewer(store *Store, cfg RenewerConfig) *Renewer {
 // while another device's grant runs longer (see renewScript).
 func (r *Renewer) Renew(ctx context.Context, uid, segment string, ttl time.Duration) (time.Time, error) {
 	return r.do(ctx, &renewal{uid: uid, segment: segment, ttl: ttl, done: make(chan struct{})})
+}
+
+// RenewAsync is Renew without the wait: done is called once with what
+// Renew would return. It is called on Run's goroutine after the round
+// trip, so it must not block: it would hold up every renewal queued
+// behind. A renewal that cannot be queued fails on the caller's goroutine
+// (the renewer stopped) or, when the queue stayed full for QueueWait, on
+// the goroutine that waited for room. Renewals of one caller are sent in
+// the order asked.
+func (r *Renewer) RenewAsync(uid, segment string, ttl time.Duration, done func(deadline time.Time, err error)) {
+	req := &renewal{uid: uid, segment: segment, ttl: ttl, then: done}
+	r.mu.Lock()
+	if r.stopped {
+		r.mu.Unlock()
+		done(time.Time{}, ErrRenewerStopped)
+		return
+	}
+	req.queued = time.Now()
+	if len(r.overflow) == 0 {
+		select {
+		case r.reqs <- req:
+			r.mu.Unlock()
+			return
+		default:
+		}
+	}
+	// Full: behind those waiting already, so that a caller's renewals
+	// keep their order.
+	r.overflow = append(r.overflow, req)
+	if !r.feeding {
+		r.feeding = true
+		r.senders.Add(1) // Run's stop takes in what the feeder still sends
+		go r.feed()
+	}
+	r.mu.Unlock()
+}
+
+// feed hands the overflow to Run, oldest first, as room comes; one that
+// waited QueueWait fails. It returns once the overflow is empty.
+func (r *Renewer) feed() {
+	defer r.senders.Done()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		r.mu.Lock()
+		if len(r.overflow) == 0 {
+			r.feeding = false
+			r.overflow = nil
+			r.mu.Unlock()
+			return
+		}
+		req := r.overflow[0]
+		r.overflow[0] = nil
+		r.overflow = r.overflow[1:]
+		r.mu.Unlock()
+		timer.Reset(time.Until(req.queued.Add(r.cfg.QueueWait)))
+		select {
+		case r.reqs <- req:
+		case <-timer.C:
+			req.err = fmt.Errorf("renew session %q: no room in the renewal queue for %v: %w", req.uid, r.cfg.QueueWait, context.DeadlineExceeded)
+			req.settle()
+		}
+	}
 }
 
 // End deletes uid's session and its index entry, as Store.End does, in
@@ -263,7 +355,7 @@ func (r *Renewer) flush(batch []*renewal) {
 				req.err = fmt.Errorf("end session %q: %w", req.uid, err)
 				firstErr = cmp.Or(firstErr, err)
 			}
-			close(req.done)
+			req.settle()
 			continue
 		}
 		ms, err := cmds[i].Int64Slice()
@@ -276,7 +368,7 @@ func (r *Renewer) flush(batch []*renewal) {
 		} else {
 			req.deadline = time.UnixMilli(ms[1])
 		}
-		close(req.done)
+		req.settle()
 	}
 	if r.cfg.OnFlush != nil {
 		r.cfg.OnFlush(len(batch), time.Since(start), firstErr)

@@ -4,10 +4,15 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 )
 
 func TestRenewerBatchesConcurrentRenewals(t *testing.T) {
@@ -187,5 +192,99 @@ func TestRenewerEndsInBatches(t *testing.T) {
 	}
 	if f := flushes.Load(); f > n/10 {
 		t.Errorf("%d round trips for %d ends and renewals, want them batched", f, n)
+	}
+}
+
+// TestRenewAsync: RenewAsync returns at once and calls back with what
+// Renew returns, in the order asked; while Redis hangs (a paused
+// redis-server) and the queue is full, it still returns at once, and the
+// renewals that found no room fail after QueueWait, those in the queue
+// when their round trip does. Renewals after Run stopped fail at once.
+func TestRenewAsync(t *testing.T) {
+	srv := redistest.Start(t)
+	ks, err := NewKeyspace(redistest.Prefix(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A short read timeout, so that the round trip to the paused server
+	// fails well within the test.
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond})
+	t.Cleanup(func() { rdb.Close() })
+	s := NewStore(rdb, ks)
+	const queue, wait = 4, 300 * time.Millisecond
+	r := NewRenewer(s, RenewerConfig{QueueSize: queue, MaxBatch: queue, QueueWait: wait})
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { r.Run(ctx); close(ran) }()
+
+	type outcome struct {
+		i        int
+		deadline time.Time
+		err      error
+		at       time.Time
+	}
+	results := make(chan outcome, 100)
+	renew := func(i int) {
+		r.RenewAsync("u"+itoa(i), "default", time.Minute, func(d time.Time, err error) {
+			results <- outcome{i, d, err, time.Now()}
+		})
+	}
+	for i := range 10 {
+		renew(i)
+	}
+	for want := range 10 {
+		o := <-results
+		if o.i != want || o.err != nil || time.Until(o.deadline) < 50*time.Second {
+			t.Fatalf("callback %d: %+v, want renewal %d with a deadline a minute ahead", want, o, want)
+		}
+	}
+
+	// Redis hangs: the first round trip holds up a batch, the queue
+	// fills, and the rest wait for room; no call waits for any of it.
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	const n = 40
+	start := time.Now()
+	for i := range n {
+		renew(100 + i)
+	}
+	if took := time.Since(start); took > wait {
+		t.Fatalf("%d calls took %v while Redis hung, want each to return at once", n, took)
+	}
+	failed, noRoom := 0, 0
+	for failed < n {
+		select {
+		case o := <-results:
+			if o.err == nil {
+				t.Fatalf("renewal %d succeeded on a paused Redis", o.i)
+			}
+			if o.at.Sub(start) < wait {
+				t.Fatalf("renewal %d failed after %v, before any wait was over: %v", o.i, o.at.Sub(start), o.err)
+			}
+			if strings.Contains(o.err.Error(), "no room in the renewal queue") {
+				noRoom++
+			}
+			failed++
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%d of %d renewals settled while Redis hung", failed, n)
+		}
+	}
+	if noRoom == 0 {
+		t.Errorf("no renewal waited for room in the queue: the test did not fill it")
+	}
+	srv.Resume()
+	resumed = true
+
+	cancel()
+	<-ran
+	var stopped error
+	r.RenewAsync("late", "default", time.Minute, func(_ time.Time, err error) { stopped = err })
+	if !errors.Is(stopped, ErrRenewerStopped) {
+		t.Fatalf("renewal after stop: %v, want ErrRenewerStopped at once", stopped)
 	}
 }

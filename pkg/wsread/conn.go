@@ -3,6 +3,7 @@ package wsread
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -81,6 +82,20 @@ func (c *Conn) Linger(d time.Duration) {
 		c.lingerUntil.Store(until)
 	}
 	c.mu.Unlock()
+}
+
+// Discard is Linger for a connection that will not be served: on the
+// caller's goroutine, it reads and drops input until the peer hangs up or
+// d passes, so that closing the socket after a close frame does not reset
+// the connection and lose the frame. Call it only before Serve, or
+// instead of it.
+func (c *Conn) Discard(d time.Duration) {
+	nc := c.ws.UnderlyingConn()
+	if c.fd >= 0 {
+		nc = c.w.Conn // the socket itself: the wire never waits
+	}
+	nc.SetReadDeadline(time.Now().Add(d))
+	io.Copy(io.Discard, nc)
 }
 
 func (c *Conn) lingering() bool { return c.lingerUntil.Load() != 0 }
