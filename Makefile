@@ -18,7 +18,7 @@ test: deps lint chart ## vet, lint and render the chart, every test with -race, 
 	STILLTHERE_REQUIRE_HELM=1 PATH="$$($(GO) env GOPATH)/bin:$$PATH" $(GO) test -race -count=1 ./...
 	# The gateway's suite again with a goroutine per connection, the read
 	# mode of other platforms (the run above is in epoll mode, Linux's).
-	STILLTHERE_GATEWAY_READ_MODE=goroutine $(GO) test -race -count=1 ./pkg/gateway/
+	STILLTHERE_READ_MODE=goroutine $(GO) test -race -count=1 ./pkg/gateway/
 	$(MAKE) --no-print-directory fuzz
 	$(MAKE) --no-print-directory smoke
 	$(MAKE) --no-print-directory web
