@@ -412,8 +412,41 @@ func (c *conn) Closed(err error) {
 		// which waits for it (see drain).
 		ctx := context.Background()
 		c.finish(ctx)
+		if c.normalClose() {
+			c.leaveAfterRenewals()
+		}
 		c.g.release(ctx, c)
 	}()
+}
+
+// leaveAfterRenewals dates a normal close after the renewals of the
+// user's pings read before it: they are written after Message returned,
+// from the renewer, and may land after the close was read. One that
+// Redis runs after the end would write back the session the user ended,
+// and one run before it, at a Redis time later than the close, makes the
+// end stand down (a renewal newer than the close, see
+// session.RouteCount): either way the silence of a user who left would
+// be guided. So the close waits for the user's last renewal here (the
+// renewer settles them in the order asked, so the earlier ones too), and
+// counts from then. It runs after finish: a hold's end has answered the
+// pings it held.
+func (c *conn) leaveAfterRenewals() {
+	u, mu := c.g.hub.userOf(c.uid)
+	if u == nil {
+		return
+	}
+	mu.Lock()
+	r := u.renewals.last
+	mu.Unlock()
+	if r == nil {
+		return
+	}
+	settled := make(chan struct{})
+	u.renewals.whenSettled(mu, r, func() { close(settled) })
+	<-settled
+	c.mu.Lock()
+	c.x.closedAt = max(time.Since(c.g.start), 1)
+	c.mu.Unlock()
 }
 
 // stop refuses every frame from now on, takes c off the token timer, and
