@@ -14,6 +14,14 @@ import (
 // the close and the renewal have both landed, no session is left to run
 // out and be guided, whichever of them Redis ran first.
 func TestPingThenLeave(t *testing.T) {
+	// held: the client asked to ping first (first=ping), so its first
+	// ping is answered once its hold ends, on a goroutine of its own.
+	for _, held := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "held"}[held], func(t *testing.T) { testPingThenLeave(t, held) })
+	}
+}
+
+func testPingThenLeave(t *testing.T, held bool) {
 	tg := startGateway(t, func(c *Config) {
 		// A renewal waits this long for others to share its round trip:
 		// the close is read, and released, meanwhile.
@@ -22,8 +30,13 @@ func TestPingThenLeave(t *testing.T) {
 	ctx := context.Background()
 	const uid = "leaver"
 	ks := tg.store.Keyspace()
-	ws := tg.dial(t, uid)
-	pingPong(t, ws) // the session exists
+	var ws *websocket.Conn
+	if held {
+		ws = tg.dialFirstPing(t, uid)
+	} else {
+		ws = tg.dial(t, uid)
+		pingPong(t, ws) // the session exists
+	}
 	waitUntil(t, "the route written", func() bool { return tg.rdb.Exists(ctx, ks.RouteKey(uid)).Val() == 1 })
 
 	ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`))
