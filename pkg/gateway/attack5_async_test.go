@@ -2,10 +2,14 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 )
 
 // TestPingThenLeave: a client pings and closes with 1000 right after,
@@ -52,5 +56,65 @@ func testPingThenLeave(t *testing.T, held bool) {
 	if sessionExists(tg, uid) {
 		pttl := tg.rdb.PTTL(ctx, ks.SessionKey(uid)).Val()
 		t.Fatalf("the user closed with 1000 and left, but their session runs on (%v left): its silence will be guided", pttl)
+	}
+}
+
+// TestRedisStallDoesNotStallReads: while Redis hangs (SIGSTOP), the
+// renewals of many users' pings wait on it, but nothing a connection is
+// read with waits for them: in epoll mode the workers are shared by every
+// connection, and one that waited in a ping would hold up every other
+// user's frames. Another user's frame is answered at once, and the pings
+// are all answered, with unavailable, once their round trips give up.
+func TestRedisStallDoesNotStallReads(t *testing.T) {
+	srv := redistest.Start(t)
+	tg := startGatewayOn(t, []string{srv.Addr}, redistest.Prefix(t), nil)
+	const stalled = 32 // more than the epoll workers
+	pingers := make([]*websocket.Conn, stalled)
+	for i := range pingers {
+		pingers[i] = tg.dial(t, fmt.Sprintf("stalled-%d", i))
+	}
+	other := tg.dial(t, "other")
+	pingPong(t, other)
+
+	srv.Pause()
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			srv.Resume()
+		}
+	}
+	t.Cleanup(resume)
+	for _, ws := range pingers {
+		if err := ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	other.WriteMessage(websocket.TextMessage, []byte(`{"type":"nonsense"}`))
+	if m := readJSON(t, other); m["type"] != "error" || m["code"] != "unknown_type" {
+		t.Fatalf("got %v, want an unknown_type error", m)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("another user's frame was answered after %v while Redis hung", took)
+	}
+	for i, ws := range pingers {
+		ws.SetReadDeadline(time.Now().Add(30 * time.Second))
+		_, b, err := ws.ReadMessage()
+		if err != nil {
+			t.Fatalf("pinger %d: %v", i, err)
+		}
+		var m map[string]any
+		json.Unmarshal(b, &m)
+		if m["type"] != "error" || m["code"] != "unavailable" {
+			t.Fatalf("pinger %d got %v while Redis hung, want unavailable", i, m)
+		}
+	}
+	resume()
+	for _, ws := range pingers[:2] {
+		waitUntil(t, "a ping renews again", func() bool {
+			ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`))
+			return readJSON(t, ws)["type"] == "pong"
+		})
 	}
 }
