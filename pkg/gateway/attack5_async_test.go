@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -116,5 +117,35 @@ func TestRedisStallDoesNotStallReads(t *testing.T) {
 			ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`))
 			return readJSON(t, ws)["type"] == "pong"
 		})
+	}
+}
+
+// TestSlowClientCutOnce: a client that stops reading is cut off once its
+// send queue is full, and its end is counted once: its slot among the
+// gateway's connections comes back (a second release would count it out
+// twice, a missing one never), and a connection of another user that
+// reads on is untouched.
+func TestSlowClientCutOnce(t *testing.T) {
+	tg := startGateway(t, nil)
+	reader := tg.dial(t, "reads")
+	_ = tg.dial(t, "slow") // never read
+	slow := tg.hub.lookup("slow")[0]
+	if n := tg.open.Load(); n != 2 {
+		t.Fatalf("%d connections open, want 2", n)
+	}
+	big := []byte(`{"type":"x","pad":"` + strings.Repeat("p", 64<<10) + `"}`)
+	// Each frame waits behind the one being written once the socket's
+	// buffers are full; then the queue fills, and the client is cut off.
+	waitUntil(t, "the slow client cut off", func() bool {
+		slow.enqueue(big)
+		return slow.is(flagClosed)
+	})
+	waitUntil(t, "the slow client released", func() bool { return tg.hub.count("slow") == 0 && tg.open.Load() == 1 })
+	pingPong(t, reader)
+	// Whatever is still on its way (Closed's goroutine) has ended.
+	waitUntil(t, "the gateway's connection goroutines settled", func() bool { return tg.open.Load() == 1 })
+	tg.stop(t)
+	if n := tg.open.Load(); n != 0 {
+		t.Fatalf("%d connections counted open after the drain, want 0", n)
 	}
 }
