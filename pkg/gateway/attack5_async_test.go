@@ -149,3 +149,48 @@ func TestSlowClientCutOnce(t *testing.T) {
 		t.Fatalf("%d connections counted open after the drain, want 0", n)
 	}
 }
+
+// TestRefusedFrameCloseCodes: a frame the gateway refuses closes the
+// connection with the code that says why, and the client reads it: the
+// reader lingers after it (gorilla's 1009 for an oversize frame, the
+// flusher's close frame for the rest), instead of closing a socket with
+// the client's input unread, which would reset the connection and lose
+// the close.
+func TestRefusedFrameCloseCodes(t *testing.T) {
+	tg := startGateway(t, func(c *Config) { c.RateBurst, c.RatePerSecond = 5, 1 })
+	for _, tc := range []struct {
+		name   string
+		frames func(ws *websocket.Conn)
+		code   int
+	}{
+		{"oversize", func(ws *websocket.Conn) {
+			ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping","pad":"`+strings.Repeat("p", tg.cfg.ReadLimit)+`"}`))
+		}, websocket.CloseMessageTooBig},
+		{"flood", func(ws *websocket.Conn) {
+			for range 20 {
+				ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ack","id":"x"}`))
+			}
+		}, websocket.ClosePolicyViolation},
+		{"binary", func(ws *websocket.Conn) { ws.WriteMessage(websocket.BinaryMessage, []byte{1}) }, websocket.CloseUnsupportedData},
+		{"not json", func(ws *websocket.Conn) { ws.WriteMessage(websocket.TextMessage, []byte(`nope`)) }, websocket.CloseInvalidFramePayloadData},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			uid := "refused-" + strings.ReplaceAll(tc.name, " ", "-")
+			ws := tg.dial(t, uid)
+			tc.frames(ws)
+			ws.SetReadDeadline(time.Now().Add(10 * time.Second))
+			for {
+				_, _, err := ws.ReadMessage()
+				if err == nil {
+					continue
+				}
+				if !websocket.IsCloseError(err, tc.code) {
+					t.Fatalf("read %v, want a close with %d", err, tc.code)
+				}
+				break
+			}
+			ws.Close()
+			waitUntil(t, "the connection released", func() bool { return tg.hub.count(uid) == 0 })
+		})
+	}
+}
