@@ -18,7 +18,7 @@ test: deps lint chart ## vet, lint and render the chart, every test with -race, 
 	STILLTHERE_REQUIRE_HELM=1 PATH="$$($(GO) env GOPATH)/bin:$$PATH" $(GO) test -race -count=1 ./...
 	# The gateway's suite again with a goroutine per connection, the read
 	# mode of other platforms (the run above is in epoll mode, Linux's).
-	STILLTHERE_GATEWAY_READ_MODE=goroutine $(GO) test -race -count=1 ./pkg/gateway/
+	STILLTHERE_READ_MODE=goroutine $(GO) test -race -count=1 ./pkg/gateway/
 	$(MAKE) --no-print-directory fuzz
 	$(MAKE) --no-print-directory smoke
 	$(MAKE) --no-print-directory web
@@ -49,7 +49,7 @@ lint: ## gofmt, go vet and staticcheck (pinned, built the first time)
 BENCH_CMDS = ./gateway ./loadtest/wsload ./loadtest/guidebench ./loadtest/bench ./loadtest/detectbench ./loadtest/outagebench
 BENCH_OUT ?= bench
 
-bench: deps ## benchmark into bench/report.md and report.json (about 7 min), then micro-benchmarks; QUICK=1: small scale, about 3 min, no micro-benchmarks
+bench: deps ## benchmark into bench/report.md and report.json (about 12 min), then micro-benchmarks; QUICK=1: small scale, about 3 min, no micro-benchmarks
 	$(GO) build -o bin/ $(BENCH_CMDS)
 	bin/bench -bin bin -out $(BENCH_OUT) $(if $(QUICK),-quick)
 	$(if $(QUICK),,$(GO) test -run '^$$' -bench . -benchmem -count 1 ./pkg/... | tee bench/micro.txt)

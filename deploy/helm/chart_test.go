@@ -58,9 +58,10 @@ type values struct {
 		SweepGapMax  string `json:"sweepGapMax"`
 		ClockJumpMax string `json:"clockJumpMax"`
 		MassExpiry   struct {
-			Share  float64 `json:"share"`
-			Floor  int     `json:"floor"`
-			Window string  `json:"window"`
+			Share       float64 `json:"share"`
+			Floor       int     `json:"floor"`
+			Window      string  `json:"window"`
+			ReleaseRate int     `json:"releaseRate"`
 		} `json:"massExpiry"`
 	} `json:"listener"`
 	PrometheusRule struct {
@@ -756,6 +757,18 @@ func TestChartRefusesBadValues(t *testing.T) {
 			[]string{"/listener/massExpiry/share"}},
 		{"brake floor of 0", []string{"--set", "listener.massExpiry.floor=0"},
 			[]string{"/listener/massExpiry/floor"}},
+		{"brake release rate negative", []string{"--set", "listener.massExpiry.releaseRate=-1"},
+			[]string{"/listener/massExpiry/releaseRate"}},
+		{"brake release rate too high", []string{"--set", "listener.massExpiry.releaseRate=2000000"},
+			[]string{"/listener/massExpiry/releaseRate"}},
+		{"brake release rate through the free-form map", []string{"--set", "listener.config.mass-expiry-release-rate=5000"},
+			[]string{"listener.config.mass-expiry-release-rate", "STILLTHERE_MASS_EXPIRY_RELEASE_RATE"}},
+		{"sweep gap under twice the prefetch interval", []string{"--set", "listener.sweepGapMax=800ms"},
+			[]string{"listener.sweepGapMax: 800ms, want at least twice prefetch-interval (500ms)"}},
+		{"sweep gap under twice a raised prefetch interval", []string{"--set", "listener.config.prefetch-interval=1500ms"},
+			[]string{"listener.sweepGapMax: 2s, want at least twice prefetch-interval (1500ms)"}},
+		{"unknown read mode", []string{"--set", "gateway.readMode=io_uring"},
+			[]string{"/gateway/readMode"}},
 		{"alert matchers that are not PromQL", []string{"--set", "prometheusRule.enabled=true", "--set", "prometheusRule.matchers=namespace"},
 			[]string{"/prometheusRule/matchers"}},
 	} {

@@ -39,6 +39,7 @@ func checkOutage(t *testing.T, m *manifests, pods map[string]*corev1.PodTemplate
 		{"expiry-listener", "STILLTHERE_MASS_EXPIRY_SHARE", strconv.FormatFloat(l.MassExpiry.Share, 'g', -1, 64)},
 		{"expiry-listener", "STILLTHERE_MASS_EXPIRY_FLOOR", strconv.Itoa(l.MassExpiry.Floor)},
 		{"expiry-listener", "STILLTHERE_MASS_EXPIRY_WINDOW", l.MassExpiry.Window},
+		{"expiry-listener", "STILLTHERE_MASS_EXPIRY_RELEASE_RATE", strconv.Itoa(l.MassExpiry.ReleaseRate)},
 	} {
 		if got := setting(t, envs[s.component], s.name); got != s.want {
 			t.Errorf("%s: %s = %q, want %q from the values", s.component, s.name, got, s.want)
@@ -101,6 +102,49 @@ func TestChartShedAfterNever(t *testing.T) {
 		}
 		if d, err := time.ParseDuration(got); err != nil || d != 0 {
 			t.Errorf("%q: STILLTHERE_SHED_AFTER = %q, want 0", set, got)
+		}
+	}
+}
+
+// TestChartPrefetchOff: prefetch-interval 0, as a number or a string,
+// turns the read-ahead off, and then sweepGapMax need only cover the
+// sweep: a gap the default read-ahead would not fit in renders.
+func TestChartPrefetchOff(t *testing.T) {
+	short := []string{"--set", "secrets.existingSecret=stillthere", "--set", "listener.sweepGapMax=800ms"}
+	if _, err := render(t, short...); err == nil || !strings.Contains(err.Error(), "want at least twice prefetch-interval (500ms)") {
+		t.Fatalf("sweepGapMax 800ms with the default read-ahead: got %v, want the chart to refuse it", err)
+	}
+	for _, set := range [][]string{
+		{"--set", "listener.config.prefetch-interval=0"},
+		{"--set-string", "listener.config.prefetch-interval=0"},
+		{"--set", "config.STILLTHERE_PREFETCH_INTERVAL=0s"},
+	} {
+		if _, err := render(t, append(short, set...)...); err != nil {
+			t.Errorf("%q: %v", set, err)
+		}
+	}
+}
+
+// TestChartReadMode: gateway.readMode reaches the gateway alone; empty
+// leaves the gateway its own default.
+func TestChartReadMode(t *testing.T) {
+	for _, tc := range []struct{ mode, want string }{{"", ""}, {"goroutine", "goroutine"}, {"epoll", "epoll"}} {
+		out, err := render(t, "--set", "secrets.existingSecret=stillthere", "--set", "gateway.readMode="+tc.mode)
+		if err != nil {
+			t.Fatalf("readMode %q: %v", tc.mode, err)
+		}
+		m, err := decode(out)
+		if err != nil {
+			t.Fatalf("readMode %q: decoding the rendered chart strictly:\n%v", tc.mode, err)
+		}
+		for name, cm := range m.configMaps {
+			got, ok := cm.Data["STILLTHERE_READ_MODE"]
+			switch {
+			case name == fullname+"-gateway" && got != tc.want:
+				t.Errorf("readMode %q: %s has STILLTHERE_READ_MODE %q, want %q", tc.mode, name, got, tc.want)
+			case name != fullname+"-gateway" && ok:
+				t.Errorf("readMode %q: STILLTHERE_READ_MODE reaches %s", tc.mode, name)
+			}
 		}
 	}
 }

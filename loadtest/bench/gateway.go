@@ -42,7 +42,7 @@ func freeAddr() (string, error) {
 // readModeEnv picks how a gateway reads its connections (epoll or
 // goroutine). A gateway without the setting ignores it: it reads with a
 // goroutine per connection, and gatewayReadModes says so.
-const readModeEnv = "STILLTHERE_GATEWAY_READ_MODE"
+const readModeEnv = "STILLTHERE_READ_MODE"
 
 // gatewayReadModes reports whether the gateway built in bin has the read
 // mode setting.

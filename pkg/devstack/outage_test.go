@@ -648,12 +648,16 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 
 	// The leavers: one guide each, for the last deadline they were given.
 	events := r.events()
-	sweepLongest := after.longest(before, "stillthere_listener_sweep_seconds")
+	sweepLongest := max(after.longest(before, "stillthere_listener_sweep_seconds"),
+		after.longest(before, "stillthere_listener_fire_seconds"))
 	sendLongest := after.longest(before, "stillthere_consumer_send_seconds")
 	// A held timeout whose release comes during a sweep is read by that
 	// sweep's next batch, or, after its last, by the next sweep, which
-	// starts a sweep interval later at most.
-	produceBound := faultGrace + lcfg.SweepInterval + sweepLongest
+	// starts a sweep interval later at most; with the read-ahead, its
+	// timer fires in the next slot, after the slot that is confirming and
+	// emitting (the longest "sweep" is then the longest fire slot), or the
+	// next window read finds it.
+	produceBound := faultGrace + max(lcfg.SweepInterval, lcfg.FireSlot) + sweepLongest
 	// The consumer's drain of the guides released together is CPU, not
 	// sends (they run 2,048 at once): it must keep a floor of a quarter of
 	// what it does on an idle machine, 2,000 a second under the race

@@ -36,6 +36,11 @@ var (
 		Help:    "Duration of one sweep of the deadline index over all buckets (with the read-ahead on, the safety sweep).",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 	})
+	metricFireSeconds = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name:    "stillthere_listener_fire_seconds",
+		Help:    "Duration of one fire slot of the read-ahead that found timeouts due: confirming its timers in Redis and emitting what they found.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+	})
 	metricDue = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "stillthere_listener_due_backlog",
 		Help: "Expired sessions found by the last sweep.",

@@ -283,6 +283,7 @@ func (l *Listener) fire(ctx context.Context) {
 		return
 	}
 	metricConfirms.Add(float64(len(cands)))
+	defer func() { metricFireSeconds.Observe(time.Since(d.lastFire).Seconds()) }()
 	var conf session.Confirmed
 	var at time.Time
 	c, confErr, markErr := l.withMark(ctx, func(ctx context.Context, m *session.SweepMark) (session.Marked, error) {

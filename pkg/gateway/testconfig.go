@@ -32,7 +32,7 @@ func TestConfig(rc redisconn.Config) Config {
 	// The suite runs in each read mode: the default, and the one the
 	// gateway's environment setting names (make test runs it again in
 	// goroutine mode).
-	if m := os.Getenv("STILLTHERE_GATEWAY_READ_MODE"); m != "" {
+	if m := os.Getenv("STILLTHERE_READ_MODE"); m != "" {
 		c.ReadMode = m
 	}
 	c.PolicyRefresh = 100 * time.Millisecond

@@ -322,7 +322,9 @@ value, else the top-level config, else the service's default.
 {{- range $k, $v := (index . 1).config }}
 {{- if eq (include "stillthere.envName" $k) $env }}{{ $out = $v }}{{ end }}
 {{- end }}
-{{- include "stillthere.settingValue" (default (index . 4) $out) }}
+{{- /* not default: a setting given as the number 0 (prefetch-interval: off) is set */}}
+{{- if and (kindIs "string" $out) (eq $out "") }}{{ $out = index . 4 }}{{ end }}
+{{- include "stillthere.settingValue" $out }}
 {{- end }}
 
 {{/*
@@ -336,6 +338,7 @@ a copy in a config map would be shadowed by, or shadow, them.
 - mass-expiry-share
 - mass-expiry-floor
 - mass-expiry-window
+- mass-expiry-release-rate
 {{- end }}
 
 {{/*
@@ -377,6 +380,11 @@ shed-after and 10s to reconnect.
 {{- $sweepMs := include "stillthere.milliseconds" (list "sweep-interval" $sweep) | float64 }}
 {{- if lt (include "stillthere.milliseconds" (list "listener.sweepGapMax" $l.sweepGapMax) | float64) (mulf 2 $sweepMs) }}
 {{- fail (printf "listener.sweepGapMax: %v, want at least twice sweep-interval (%v)" $l.sweepGapMax $sweep) }}
+{{- end }}
+{{- $prefetch := include "stillthere.effectiveSetting" (list . $l "prefetch-interval" "" "500ms") }}
+{{- $prefetchMs := include "stillthere.milliseconds" (list "prefetch-interval" $prefetch) | float64 }}
+{{- if and (gt $prefetchMs 0.0) (lt (include "stillthere.milliseconds" (list "listener.sweepGapMax" $l.sweepGapMax) | float64) (mulf 2 $prefetchMs)) }}
+{{- fail (printf "listener.sweepGapMax: %v, want at least twice prefetch-interval (%v): each read-ahead marks the index swept; or set prefetch-interval to 0 (off)" $l.sweepGapMax $prefetch) }}
 {{- end }}
 {{- $ttl := include "stillthere.effectiveSetting" (list . .Values.gateway "session-ttl" .Values.gateway.sessionTTL "60s") }}
 {{- $jitter := include "stillthere.effectiveSetting" (list . .Values.gateway "session-jitter" .Values.gateway.sessionJitter "5s") }}
