@@ -326,7 +326,7 @@ func (c *conn) renew() {
 	if !own {
 		// Bounded by the write timeout of the ping that renews it.
 		rs.whenSettled(mu, r, func() {
-			if r.failed {
+			if r.failed() {
 				c.enqueue(frame.Error(frame.CodeUnavailable, "session store unavailable, ping again"))
 				return
 			}
@@ -362,7 +362,7 @@ func (c *conn) renew() {
 		}
 		// After its own answer, so that a later ping of this connection
 		// that shares it is answered after it.
-		rs.settle(mu, r, deadline, err)
+		rs.settle(mu, r, time.Since(c.g.start), deadline, err)
 	})
 }
 
@@ -412,8 +412,41 @@ func (c *conn) Closed(err error) {
 		// which waits for it (see drain).
 		ctx := context.Background()
 		c.finish(ctx)
+		if c.normalClose() {
+			c.leaveAfterRenewals()
+		}
 		c.g.release(ctx, c)
 	}()
+}
+
+// leaveAfterRenewals dates a normal close no earlier than the renewals of
+// the user's pings read before it: they are written after Message
+// returned, from the renewer, and may land after the close was read. One
+// that Redis runs after the end would write back the session the user
+// ended, and one run before it, but at a Redis time later than the close,
+// makes the end stand down (a renewal newer than the close, see
+// session.RouteCount): either way the silence of a user who left would be
+// guided. So release waits for the user's last renewal here (the renewer
+// settles them in the order asked, so the earlier ones too), and the
+// close counts from its reply if that came later. It runs after finish:
+// a hold's end has answered the pings it held.
+func (c *conn) leaveAfterRenewals() {
+	u, mu := c.g.hub.userOf(c.uid)
+	if u == nil {
+		return
+	}
+	mu.Lock()
+	r := u.renewals.last
+	mu.Unlock()
+	if r == nil {
+		return
+	}
+	settled := make(chan struct{})
+	u.renewals.whenSettled(mu, r, func() { close(settled) })
+	<-settled
+	c.mu.Lock()
+	c.x.closedAt = max(c.x.closedAt, r.settledAt())
+	c.mu.Unlock()
 }
 
 // stop refuses every frame from now on, takes c off the token timer, and

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"math"
 	"sync"
 	"time"
 )
@@ -72,10 +73,26 @@ type renewal struct {
 	deadlineMS int64
 	// then is what the sharers do once it is settled (whenSettled), in
 	// the order they came; nil once called.
-	then    func()
-	ttlMS   int32 // granted (a TTL is whole ms, and at most days)
-	settled bool  // written, or failed
-	failed  bool
+	then  func()
+	ttlMS int32 // granted (a TTL is whole ms, and at most days)
+	// doneMS is when it was settled, in ms after at (at least 1), and
+	// negative when it failed; 0 while it is pending. One field for
+	// both, where two flags and a time would take the struct past 48
+	// bytes.
+	doneMS int32
+}
+
+// settled reports whether r was written, or failed. Its lock is held.
+func (r *renewal) settled() bool { return r.doneMS != 0 }
+
+// failed reports whether r's write failed. Its lock is held, or r is
+// settled.
+func (r *renewal) failed() bool { return r.doneMS < 0 }
+
+// settledAt is when r was settled, since the gateway started. r is
+// settled.
+func (r *renewal) settledAt() time.Duration {
+	return r.at + time.Duration(max(r.doneMS, -r.doneMS))*time.Millisecond
 }
 
 // ttl is the TTL r granted.
@@ -88,7 +105,7 @@ func (r *renewal) ttl() time.Duration { return time.Duration(r.ttlMS) * time.Mil
 func (rs *renewals) claim(mu sync.Locker, segment string, since, now, granularity, ttl time.Duration) (r *renewal, own bool) {
 	mu.Lock()
 	defer mu.Unlock()
-	if last := rs.last; last != nil && last.segment == segment && shareRenewal(last.at, last.failed, since, now, granularity) {
+	if last := rs.last; last != nil && last.segment == segment && shareRenewal(last.at, last.failed(), since, now, granularity) {
 		return last, false
 	}
 	r = &renewal{segment: segment, at: now, ttlMS: int32(ttl.Milliseconds())}
@@ -96,14 +113,17 @@ func (rs *renewals) claim(mu sync.Locker, segment string, since, now, granularit
 	return r, true
 }
 
-// settle records the outcome of r's write, and releases its sharers.
+// settle records the outcome of r's write, at now (since the gateway
+// started), and releases its sharers.
 // Called once, by the renewal's owner; the sharers' then runs on its
 // goroutine, and must not block.
-func (rs *renewals) settle(mu sync.Locker, r *renewal, deadline time.Time, err error) {
+func (rs *renewals) settle(mu sync.Locker, r *renewal, now time.Duration, deadline time.Time, err error) {
 	mu.Lock()
-	r.settled = true
-	r.failed = err != nil
-	if err == nil {
+	// Rounded up: never before the reply.
+	r.doneMS = int32(min(max((now-r.at+time.Millisecond-1)/time.Millisecond, 1), math.MaxInt32))
+	if err != nil {
+		r.doneMS = -r.doneMS
+	} else {
 		r.deadlineMS = deadline.UnixMilli()
 	}
 	then := r.then
@@ -119,7 +139,7 @@ func (rs *renewals) settle(mu sync.Locker, r *renewal, deadline time.Time, err e
 // r's outcome (failed, deadlineMS) and must not block.
 func (rs *renewals) whenSettled(mu sync.Locker, r *renewal, f func()) {
 	mu.Lock()
-	if r.settled {
+	if r.settled() {
 		mu.Unlock()
 		f()
 		return

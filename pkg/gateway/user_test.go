@@ -78,8 +78,8 @@ func TestRenewalsClaimAndSettle(t *testing.T) {
 		t.Fatal("a ping in another segment shares the default segment's renewal")
 	}
 	sawFailure := false
-	rs.whenSettled(&mu, shared, func() { sawFailure = shared.failed })
-	rs.settle(&mu, r, time.Time{}, errors.New("Redis out of reach"))
+	rs.whenSettled(&mu, shared, func() { sawFailure = shared.failed() })
+	rs.settle(&mu, r, time.Second, time.Time{}, errors.New("Redis out of reach"))
 	if !sawFailure {
 		t.Fatal("the sharer does not see the failure")
 	}
