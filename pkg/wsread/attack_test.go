@@ -9,59 +9,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
 )
-
-// runServer is startServer with Run's end in the test's hands: stop
-// cancels Run and waits for it to return.
-func runServer(t *testing.T, cfg Config, setup func(*recorder)) (ts *testServer, stop func()) {
-	t.Helper()
-	s, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts = &testServer{s: s, newCh: make(chan *recorder, 1000)}
-	up := &websocket.Upgrader{ReadBufferSize: 128, WriteBufferPool: &sync.Pool{}}
-	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, err := s.Upgrade(up, w, r, nil)
-		if err != nil {
-			return
-		}
-		rec := &recorder{c: c}
-		if setup != nil {
-			setup(rec)
-		}
-		ts.mu.Lock()
-		ts.recs = append(ts.recs, rec)
-		ts.mu.Unlock()
-		ts.newCh <- rec
-		s.Serve(c, rec)
-	}))
-	ts.url = "ws" + strings.TrimPrefix(hs.URL, "http")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			case <-time.After(20 * time.Second):
-				t.Fatal("Run did not return")
-			}
-		})
-	}
-	t.Cleanup(func() { stop(); hs.Close() })
-	return ts, stop
-}
 
 // epollFd is the poller's epoll fd number.
 func epollFd(t *testing.T, p *poller) int {

@@ -103,11 +103,20 @@ type testServer struct {
 
 func startServer(t testing.TB, cfg Config, setup func(*recorder)) *testServer {
 	t.Helper()
+	ts, _ := runServer(t, cfg, setup)
+	return ts
+}
+
+// runServer starts a Server with cfg behind an HTTP server, each
+// connection served into a recorder that setup may prepare; stop cancels
+// Run and waits for it to return (the test's cleanup does too).
+func runServer(t testing.TB, cfg Config, setup func(*recorder)) (ts *testServer, stop func()) {
+	t.Helper()
 	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := &testServer{s: s, newCh: make(chan *recorder, 10000)}
+	ts = &testServer{s: s, newCh: make(chan *recorder, 10000)}
 	s.onRead = func(n int) { ts.read.Add(int64(n)) }
 	up := &websocket.Upgrader{ReadBufferSize: 128, WriteBufferPool: &sync.Pool{}}
 	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -129,14 +138,22 @@ func startServer(t testing.TB, cfg Config, setup func(*recorder)) *testServer {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-		hs.Close()
-	})
-	return ts
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("Run did not return")
+			}
+		})
+	}
+	t.Cleanup(func() { stop(); hs.Close() })
+	return ts, stop
 }
 
 // next is the recorder of the next connection the server accepted.
