@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,6 +26,19 @@ type connScale struct {
 	ReadMode string `json:"read_mode"`
 	// Every is each connection's ping interval.
 	Every time.Duration `json:"-"`
+	// Procs is GOMAXPROCS of each gateway and wsload process, 0 for Go's
+	// default. With many processes on few cores each is a pod limited to
+	// a fraction of a core, which Go's container-aware default runs with
+	// one; two each, thirty processes' schedulers spin against each other.
+	Procs int `json:"gomaxprocs_each"`
+}
+
+// procsEnv is the environment that sets Procs.
+func (sc connScale) procsEnv() []string {
+	if sc.Procs <= 0 {
+		return nil
+	}
+	return []string{"GOMAXPROCS=" + strconv.Itoa(sc.Procs)}
 }
 
 // ConnGateway is one gateway's share of step 1.
@@ -93,7 +107,7 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 		wg.Wait()
 	}()
 	for i := range sc.Gateways {
-		g, err := startGateway(ctx, bin, redisAddr, fmt.Sprintf("bench-gw-%d", i), s, readModeEnv+"="+sc.ReadMode)
+		g, err := startGateway(ctx, bin, redisAddr, fmt.Sprintf("bench-gw-%d", i), s, append(sc.procsEnv(), readModeEnv+"="+sc.ReadMode)...)
 		if err != nil {
 			return r, err
 		}
@@ -113,7 +127,7 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 	f, err := startFleet(ctx, bin, s, fleetSpec{
 		tag: "c", netByte: 10, conns: sc.Conns, procs: sc.Loaders, every: sc.Every,
 		ramp: sc.Ramp, maxHold: 3*rampTime + sc.Settle + sc.Window + 5*time.Minute,
-		ipsEach: sc.IPsPerGen, gateways: gws, leave: sc.Leave,
+		ipsEach: sc.IPsPerGen, gateways: gws, leave: sc.Leave, env: sc.procsEnv(),
 	})
 	defer f.stop() // a no-op once the results are read
 	if err != nil {

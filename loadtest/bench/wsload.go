@@ -104,6 +104,8 @@ type fleetSpec struct {
 	readMode string
 	// idle: once up, the connections hold this long before they ping.
 	idle time.Duration
+	// env is added to each process's environment.
+	env []string
 }
 
 // startFleet starts the wsload processes; wait for ramped, then stop.
@@ -140,6 +142,9 @@ func startFleet(ctx context.Context, bin string, s secrets, spec fleetSpec) (*fl
 			return f, err
 		}
 		l.cmd.Stderr = os.Stderr
+		if len(spec.env) > 0 {
+			l.cmd.Env = append(os.Environ(), spec.env...)
+		}
 		if err := l.cmd.Start(); err != nil {
 			f.stop()
 			return f, fmt.Errorf("start wsload: %w", err)
