@@ -94,18 +94,10 @@ func scaleFor(quick bool) scale {
 	}
 	return scale{
 		// 100,000 connections pinging every 15 s, the RSS goal's
-		// conditions: 6,667 pings/s. Six gateways hold 16,667 each,
-		// inside the 20k open-file limit (a hard limit here: raising it
-		// is refused); six wsload processes hold as many, over two
-		// source addresses apiece. Each process runs on one P (Procs).
-		// 250,000 does not fit two cores with the load generator on
-		// them: every ping costs about 150 µs of CPU across the gateway
-		// (65), wsload (46) and Redis (39), so 250k at 30 s pings is
-		// 1.25 cores before the ramp's handshakes (about 0.5 ms each),
-		// and the thirty processes the file limit asks for; such runs
-		// were held to 150-215k, then renewals' round trips failed for
-		// the shed-after and the gateways shed. Settle: every
-		// connection has pinged once.
+		// conditions: six gateways of 16,667 each stay inside the 20k
+		// open-file limit, six wsloads over two source addresses apiece,
+		// each process on one P (Procs). Why not 250,000 on two cores:
+		// see connectionsMD. Settle: every connection has pinged once.
 		conns: connScale{Gateways: 6, Conns: 100000, Loaders: 6, Ramp: 1000,
 			Settle: 16 * time.Second, Window: 30 * time.Second, Pushes: 1000, IPsPerGen: 2, Leave: 20 * time.Second,
 			ReadMode: "epoll", Every: 15 * time.Second, Procs: 1},
