@@ -24,6 +24,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/guide/guidetest"
 	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
 // A silence we caused is not a silence. These tests stage outages of
@@ -670,8 +671,20 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 	deliverBound := sendLongest + time.Duration(float64(leaving)/floor*float64(time.Second))
 	t.Logf("bounds: produced within %v of the deadline (grace %v, sweep interval %v, longest sweep %v); delivered within %v of that (%d guides at %.0f a second, longest send %v)",
 		produceBound, faultGrace, lcfg.SweepInterval, sweepLongest, deliverBound, leaving, floor, sendLongest)
+	// A silence we caused is not a silence: on a starved machine the
+	// gateway's heartbeat can come late, and a deadline in a blind interval
+	// it recorded, or near a missed heartbeat, is rightly held until the
+	// grace after it. The bound starts from the end of such a time.
+	outages := r.outagesAfter(before, after, inst)
+	for _, b := range outages.blind {
+		t.Logf("blind interval: %s %s to %s (%v), scope %q", b.Reason, b.Start.Format(time.StampMilli), b.End.Format(time.StampMilli), b.End.Sub(b.Start), b.Scope)
+	}
+	if outages.missedBeats > 0 {
+		t.Logf("%.0f timeouts held for a missed heartbeat: every bound gets the lease (%v) on top", outages.missedBeats, outages.lease)
+	}
 	var (
 		wrong, lateProduced, lateSent int
+		leaversOwnGuided              int
 		lates, produced, sent         []time.Duration
 	)
 	for i := range sessions {
@@ -683,6 +696,21 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 			continue // its renewals failed, reported above
 		}
 		last := renewals[i][len(renewals[i])-1].deadline
+		// Before it left, a leaver is a stayer: on a starved machine its
+		// own worker may have let an earlier deadline lapse, and that
+		// silence is owed its guide.
+		gs = slices.DeleteFunc(slices.Clone(gs), func(g guidetest.Guide) bool {
+			if g.Deadline.Equal(last) {
+				return false
+			}
+			why, own := stayerGuide(renewals[i], g.Deadline, ttl)
+			if own {
+				leaversOwnGuided++
+				return true
+			}
+			t.Errorf("%s was guided before it left, for the deadline %s: %s", uid(i), g.Deadline.Format(time.StampMilli), why)
+			return true
+		})
 		if len(gs) != 1 {
 			wrong++
 			if wrong <= 5 {
@@ -691,14 +719,13 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 			continue
 		}
 		g := gs[0]
-		if !g.Deadline.Equal(last) {
-			t.Errorf("%s guided for the deadline %s, want its last, %s", uid(i), g.Deadline.Format(time.StampMilli), last.Format(time.StampMilli))
-		}
 		if late := g.At.Sub(last); late < -50*time.Millisecond {
 			t.Errorf("%s guided %v before its deadline", uid(i), -late)
 		}
 		lates = append(lates, g.At.Sub(last))
-		evs := events[uid(i)]
+		evs := slices.DeleteFunc(slices.Clone(events[uid(i)]), func(e timeoutevent.Event) bool {
+			return e.DeadlineMS != last.UnixMilli()
+		})
 		if len(evs) != 1 {
 			t.Errorf("%s has %d timeout events, want 1", uid(i), len(evs))
 			continue
@@ -706,9 +733,9 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 		detected := time.UnixMilli(evs[0].DetectedMS)
 		produced = append(produced, detected.Sub(last))
 		sent = append(sent, g.At.Sub(detected))
-		if d := detected.Sub(last); d > produceBound {
+		if d, bound := detected.Sub(last), outages.from(last, faultGrace).Sub(last)+produceBound; d > bound {
 			if lateProduced++; lateProduced <= 5 {
-				t.Errorf("%s produced %v past its deadline, want at most %v", uid(i), d, produceBound)
+				t.Errorf("%s produced %v past its deadline, want at most %v", uid(i), d, bound)
 			}
 		}
 		if d := g.At.Sub(detected); d > deliverBound {
@@ -717,8 +744,11 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 			}
 		}
 	}
+	if leaversOwnGuided > 0 {
+		t.Logf("%d guides owed to leavers whose own worker let their sessions lapse before they left", leaversOwnGuided)
+	}
 	if wrong > 0 {
-		t.Errorf("%d of %d leavers did not get exactly one guide", wrong, leaving)
+		t.Errorf("%d of %d leavers did not get exactly one guide for their last deadline", wrong, leaving)
 	}
 	if lateProduced+lateSent > 0 {
 		t.Errorf("of %d leavers, %d produced and %d delivered past their bounds", leaving, lateProduced, lateSent)
@@ -804,6 +834,57 @@ func (r *faultRig) waitHoldsReleased() {
 	})
 }
 
+// outages are the times in which the users of a gateway instance could
+// not reach us, as the listener holds timeouts for them.
+type outages struct {
+	blind       []session.BlindInterval // of everyone, or of the instance
+	missedBeats float64                 // timeouts held for a missed heartbeat
+	lease       time.Duration           // the instance's heartbeat lease
+}
+
+// outagesAfter reads the blind intervals recorded in Redis that concern
+// inst, and how many timeouts the listener held for a late heartbeat since
+// before.
+func (r *faultRig) outagesAfter(before, after metrics, inst string) outages {
+	r.t.Helper()
+	ms, err := r.client().ZRange(context.Background(), r.keyspace().BlindKey(), 0, -1).Result()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	o := outages{
+		missedBeats: after.labelled("stillthere_listener_held_total", "rule", "gateway-dead") -
+			before.labelled("stillthere_listener_held_total", "rule", "gateway-dead"),
+		lease: 3 * heartbeatInterval,
+	}
+	for _, m := range ms {
+		b, err := session.ParseBlindInterval(m)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		if b.Scope == "" || b.Scope == inst {
+			o.blind = append(o.blind, b)
+		}
+	}
+	return o
+}
+
+// from is when the wait for a timeout due at d starts: d, or the end of the
+// latest outage whose hold covers d, a deadline in [start, end+grace]; plus
+// the lease if a missed heartbeat held timeouts (their release, the grace
+// after the last heartbeat, is at most a lease past the deadline's).
+func (o outages) from(d time.Time, grace time.Duration) time.Time {
+	from := d
+	for _, b := range o.blind {
+		if !d.Before(b.Start) && !d.After(b.End.Add(grace)) && b.End.After(from) {
+			from = b.End
+		}
+	}
+	if o.missedBeats > 0 {
+		from = from.Add(o.lease)
+	}
+	return from
+}
+
 // metrics are the services' metrics, as their /metrics serve them: the
 // services of a test share the process's registry.
 type metrics map[string]*dto.MetricFamily
@@ -826,6 +907,19 @@ func (m metrics) sum(name string) float64 {
 	var n float64
 	for _, x := range m[name].GetMetric() {
 		n += x.GetCounter().GetValue()
+	}
+	return n
+}
+
+// labelled is a counter's value for one label's value.
+func (m metrics) labelled(name, label, value string) float64 {
+	var n float64
+	for _, x := range m[name].GetMetric() {
+		for _, l := range x.GetLabel() {
+			if l.GetName() == label && l.GetValue() == value {
+				n += x.GetCounter().GetValue()
+			}
+		}
 	}
 	return n
 }
