@@ -10,7 +10,10 @@ import (
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 )
 
-func newStore(t *testing.T) (*Store, context.Context) {
+func newStore(t *testing.T) (*Store, context.Context) { return newStoreTB(t) }
+
+// newStoreTB is newStore for a test or a benchmark.
+func newStoreTB(t testing.TB) (*Store, context.Context) {
 	srv := redistest.Start(t)
 	rdb := redistest.Client(t, srv)
 	ks, err := NewKeyspace(redistest.Prefix(t))

@@ -27,8 +27,10 @@ for j = 1, n do
     else
       redis.call('SET', KEYS[k.turn], encodeTurn(V.user, at, 0))
       -- The one deadline that may move earlier: a park, which only our
-      -- turn or the turn clock's wait for a first turn gives.
-      grant(k, uid, now, ttl, seg, inst, at, keep, clock, maxHold, false, whose ~= V.user)
+      -- turn or the turn clock's wait for a first turn gives. Any other
+      -- is kept: another device's longer grant.
+      local parked = whose == V.us or (whose == nil and clock == V.clockTurn)
+      grant(k, uid, now, ttl, seg, inst, at, keep, clock, maxHold, false, parked)
     end
   elseif kind == V.turnUs then
     if at < since then applied = 0
