@@ -27,10 +27,13 @@ end
 -- clock is held (heldUntil), the deadline is parked: the hold's end plus
 -- ttl, never found due before it. With unpark, the deadline written is
 -- not kept: it may be a park, which a turn to the user ends. resync and
--- at as renewScript's mode and ping time. Returns {the session's
--- deadline, this grant's own: now+ttl}.
-local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resync, unpark)
-  local was = tonumber(redis.call('GET', KEYS[k.renewed]) or '0')
+-- at as renewScript's mode and ping time. was and turn are the renewed
+-- and turn keys' values when the caller read them already (turn false
+-- when there is none), else nil. Returns {the session's deadline, this
+-- grant's own: now+ttl}.
+local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resync, unpark, was, turn)
+  if was == nil then was = tonumber(redis.call('GET', KEYS[k.renewed]) or '0') end
+  if turn == nil then turn = redis.call('GET', KEYS[k.turn]) end
   -- Between stages the index holds when the next stage is due, not a
   -- deadline: the silence is past, and a ping ends it.
   local cur = nil
@@ -44,7 +47,6 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
     if was > at then return {cur or 0, now + ttl} end
   end
   local deadline = now + ttl
-  local turn = redis.call('GET', KEYS[k.turn])
   local held = heldUntil(turn, clock, now, maxHold)
   if held then deadline = held + ttl end
   if cur and cur > deadline then
