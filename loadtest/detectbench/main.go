@@ -311,7 +311,7 @@ func (b *bench) renewMany(ctx context.Context, name string, n int, ttl func(int)
 		r := b.renewers[w%len(b.renewers)]
 		wg.Go(func() {
 			for i := w; i < n; i += workers {
-				if _, err := r.Renew(ctx, fmt.Sprintf("%s-%07d", name, i), "default", ttl(i)); err != nil {
+				if _, err := r.Renew(ctx, fmt.Sprintf("%s-%07d", name, i), "default", ttl(i), session.ClockPresence); err != nil {
 					errs <- err
 					return
 				}

@@ -303,7 +303,7 @@ func (r *faultRig) killGateways() {
 func (r *faultRig) warmUp() {
 	r.t.Helper()
 	store := session.NewStore(r.client(), r.keyspace())
-	if _, err := store.Renew(context.Background(), "warm-up", session.DefaultSegment, 100*time.Millisecond); err != nil {
+	if _, err := store.Renew(context.Background(), "warm-up", session.DefaultSegment, 100*time.Millisecond, session.ClockPresence); err != nil {
 		r.t.Fatal(err)
 	}
 	waitCond(r.t, 20*time.Second, "a guide through the pipeline", func() bool { return len(r.hook.Guides("warm-up")) > 0 })

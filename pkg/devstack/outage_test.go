@@ -549,7 +549,7 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 						continue
 					}
 					called := time.Now()
-					d, err := renewer.Renew(context.Background(), uid(i), session.DefaultSegment, ttl)
+					d, err := renewer.Renew(context.Background(), uid(i), session.DefaultSegment, ttl, session.ClockPresence)
 					if err != nil {
 						failMu.Lock()
 						failed++

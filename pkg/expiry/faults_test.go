@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/stillthere/stillthere/pkg/config"
+	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
@@ -383,7 +384,7 @@ func TestManySessions(t *testing.T) {
 	for w := range 8 {
 		wg.Go(func() {
 			for i := w; i < liveN; i += 8 {
-				if _, err := h.store.Renew(context.Background(), fmt.Sprintf("live-%05d", i), "default", 5*time.Minute); err != nil {
+				if _, err := h.store.Renew(context.Background(), fmt.Sprintf("live-%05d", i), "default", 5*time.Minute, session.ClockPresence); err != nil {
 					t.Error(err)
 					return
 				}

@@ -275,7 +275,7 @@ type grant struct {
 
 func (h *harness) renew(uid, segment string, ttl time.Duration) grant {
 	h.t.Helper()
-	deadline, err := h.store.Renew(context.Background(), uid, segment, ttl)
+	deadline, err := h.store.Renew(context.Background(), uid, segment, ttl, session.ClockPresence)
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -42,7 +42,7 @@ func (h *harness) renewVia(inst, uid string, ttl time.Duration) grant {
 	done := make(chan struct{})
 	go func() { defer close(done); r.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	d, err := r.Renew(context.Background(), uid, "default", ttl)
+	d, err := r.Renew(context.Background(), uid, "default", ttl, session.ClockPresence)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -288,7 +288,7 @@ func TestMassExpiryBrake(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				d, err := r.Renew(ctx, uid, "default", ttl(i))
+				d, err := r.Renew(ctx, uid, "default", ttl(i), session.ClockPresence)
 				if err != nil {
 					t.Error(err)
 				}

@@ -11,6 +11,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
+	"github.com/stillthere/stillthere/pkg/session"
 )
 
 // TestPingThenLeave: a client pings and closes with 1000 right after,
@@ -51,7 +52,7 @@ func testPingThenLeave(t *testing.T, held bool) {
 	})
 	// The renewer settles in the order asked: once this one is written,
 	// so is the ping's.
-	if _, err := tg.renewer.Renew(ctx, "someone-else", "", time.Minute); err != nil {
+	if _, err := tg.renewer.Renew(ctx, "someone-else", "", time.Minute, session.ClockPresence); err != nil {
 		t.Fatal(err)
 	}
 	if sessionExists(tg, uid) {

@@ -340,7 +340,7 @@ func (c *conn) renew() {
 	// draining is still a renewal the user is owed. Bounded by the
 	// renewer: its round trip's timeout, or its queue's wait (the write
 	// timeout).
-	c.g.renewer.RenewAsync(c.uid, c.segment, ttl, func(deadline time.Time, err error) {
+	c.g.renewer.RenewAsync(c.uid, c.segment, ttl, p.Clock(c.segment), func(deadline time.Time, err error) {
 		metricRenewalSeconds.Observe(time.Since(start).Seconds())
 		if err != nil {
 			metricRenewals.WithLabelValues("error").Inc()

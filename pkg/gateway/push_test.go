@@ -99,7 +99,7 @@ func TestPushContract(t *testing.T) {
 	})
 	t.Run("stale when the user renewed after the deadline", func(t *testing.T) {
 		deadline := redisNowMS(t, tg.rdb) - 1000
-		if _, err := tg.store.Renew(ctx, "jo", "default", time.Minute); err != nil {
+		if _, err := tg.store.Renew(ctx, "jo", "default", time.Minute, session.ClockPresence); err != nil {
 			t.Fatal(err)
 		}
 		tg.mustPush(t, push.Request{ID: "j1", UID: "jo", Text: "t", DeadlineMS: deadline}, push.Stale)
@@ -215,7 +215,7 @@ func TestInboxMaxAgeAndStale(t *testing.T) {
 	renew := func(uid string) {
 		t.Helper()
 		nextMS() // after what was kept before
-		if _, err := tg.store.Renew(ctx, uid, "default", time.Minute); err != nil {
+		if _, err := tg.store.Renew(ctx, uid, "default", time.Minute, session.ClockPresence); err != nil {
 			t.Fatal(err)
 		}
 		nextMS() // what is kept next is kept later

@@ -603,6 +603,12 @@ func (g *Gateway) resyncConns(ctx context.Context) (int, error) {
 	conns := make([]*conn, 0, resyncBatch)
 	total := 0
 	send := func() error {
+		// Each restored grant parks as a renewal would, by its segment's
+		// clock in the policy in force.
+		p := g.policy.Current()
+		for i := range grants {
+			grants[i].Clock = p.Clock(grants[i].Segment)
+		}
 		n, err := g.renewer.Resync(ctx, grants)
 		total += n
 		// A user who closed normally while their grant was on its way

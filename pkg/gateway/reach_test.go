@@ -102,7 +102,7 @@ func testResync(t *testing.T, ttl time.Duration, cutOff func(*tcpproxy.Proxy)) {
 	// carol's other device, on an instance that reaches Redis, renews
 	// after her ping here, for longer.
 	pingFails(t, carol)
-	if _, err := session.NewStore(direct, ks).Renew(ctx, "carol", "default", time.Minute); err != nil {
+	if _, err := session.NewStore(direct, ks).Renew(ctx, "carol", "default", time.Minute, session.ClockPresence); err != nil {
 		t.Fatal(err)
 	}
 	carolDeadline := score("carol")

@@ -71,7 +71,7 @@ func TestDeliversEachGuideOnce(t *testing.T) {
 func TestUserBackIsStale(t *testing.T) {
 	t.Run("before the event is read", func(t *testing.T) {
 		e := newEnv(t)
-		if _, err := e.store.Renew(context.Background(), "back", "default", time.Minute); err != nil {
+		if _, err := e.store.Renew(context.Background(), "back", "default", time.Minute, session.ClockPresence); err != nil {
 			t.Fatal(err)
 		}
 		stale0, delivered0 := guidesSettled(t, OutcomeStale), guidesSettled(t, OutcomeDelivered)
@@ -102,7 +102,7 @@ func TestUserBackIsStale(t *testing.T) {
 		ev := e.produce("returns")[0]
 		e.start(e.cfg)
 		waitFor(t, "a failed push", func() bool { return e.gw.Attempts(ev.ev.ID) > 0 })
-		if _, err := e.store.Renew(context.Background(), "returns", "default", time.Minute); err != nil {
+		if _, err := e.store.Renew(context.Background(), "returns", "default", time.Minute, session.ClockPresence); err != nil {
 			t.Fatal(err)
 		}
 		e.gw.SetDown(false)
@@ -131,13 +131,13 @@ func TestSilenceOverIsStale(t *testing.T) {
 	e.start(e.cfg)
 	waitFor(t, "a failed push", func() bool { return e.gw.Attempts(evs[0].ev.ID) > 0 })
 	ctx := context.Background()
-	if _, err := e.store.Renew(ctx, "left", "default", time.Minute); err != nil {
+	if _, err := e.store.Renew(ctx, "left", "default", time.Minute, session.ClockPresence); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.store.End(ctx, "left"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.store.Renew(ctx, "silent-again", "default", 100*time.Millisecond); err != nil {
+	if _, err := e.store.Renew(ctx, "silent-again", "default", 100*time.Millisecond, session.ClockPresence); err != nil {
 		t.Fatal(err)
 	}
 	// Real time must pass: its new session runs out by Redis's clock.

@@ -62,7 +62,7 @@ func TestStagesSent(t *testing.T) {
 	// back: renewed after the deadline and went silent again; the second
 	// stage of the silence that is over is stale.
 	db := now.Add(-2 * time.Second)
-	if _, err := e.store.Renew(ctx, "back", session.DefaultSegment, 50*time.Millisecond); err != nil {
+	if _, err := e.store.Renew(ctx, "back", session.DefaultSegment, 50*time.Millisecond, session.ClockPresence); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "back's new session to run out", func() bool { return e.rdb.Exists(ctx, e.store.Keyspace().SessionKey("back")).Val() == 0 })

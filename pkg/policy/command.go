@@ -14,6 +14,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/config"
 	"github.com/stillthere/stillthere/pkg/redisconn"
+	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/userid"
 )
 
@@ -21,6 +22,7 @@ const usage = `usage:
   gateway policy show
   gateway policy set [-default 60s] [-jitter 5s] [-segment name=ttl]... [-remove name]...
                      [-stages 'name=[stage, ...]']... [-clear-stages name]...
+                     [-clock name=presence|turn]...
 
 Shows or changes the per-segment timeout policy in Redis: each segment's
 session TTL, and the stages of its users' silences. Every gateway and
@@ -49,7 +51,14 @@ guide consumer's text for the segment. "action" defaults to "remind"; a
 A segment without stages of its own has the default segment's, and with
 none for "default" either, one reminder at the deadline with the
 consumer's text. -clear-stages drops a segment's own list; -remove drops
-only its TTL.`
+only its TTL.
+
+Clocks: -clock name=presence|turn sets when a segment's silence counts.
+On "presence" (the default) it counts from the user's last activity (a
+ping, an active event); on "turn" only while it is the user's turn: a
+session waits, not counting, until the platform passes the turn to the
+user. On both, a turn to us holds the clock until the next turn to the
+user. A segment without a clock of its own has the default segment's.`
 
 // Command runs the operator command with args such as ["set", "-segment",
 // "vip=180s"], writing its report to out.
@@ -74,7 +83,7 @@ func Command(ctx context.Context, args []string, env config.Lookup, out io.Write
 	var granularity time.Duration
 	b.Duration(&granularity, "renew-granularity", DefaultRenewGranularity, "the gateways' renewal granularity: every TTL must be at least twice it")
 	var defaultTTL, jitter time.Duration
-	var set, remove, setStages, clearStages []string
+	var set, remove, setStages, clearStages, setClocks []string
 	if verb == "set" {
 		fs.DurationVar(&defaultTTL, "default", 0, "TTL of segments not listed")
 		fs.DurationVar(&jitter, "jitter", -1, "extra TTL, uniform in [0, jitter)")
@@ -92,6 +101,10 @@ func Command(ctx context.Context, args []string, env config.Lookup, out io.Write
 		})
 		fs.Func("clear-stages", "name: drop a segment's own stages (repeatable)", func(s string) error {
 			clearStages = append(clearStages, s)
+			return nil
+		})
+		fs.Func("clock", "name=presence|turn: when a segment's silence counts (repeatable)", func(s string) error {
+			setClocks = append(setClocks, s)
 			return nil
 		})
 	}
@@ -161,6 +174,11 @@ func Command(ctx context.Context, args []string, env config.Lookup, out io.Write
 			return fmt.Errorf("policy not changed: %w", err)
 		}
 	}
+	if len(setClocks) > 0 {
+		if err := applyClocks(&p, setClocks); err != nil {
+			return fmt.Errorf("policy not changed: %w", err)
+		}
+	}
 	// Validated first, for the reasons Save gives; then against the
 	// gateways' granularity, which Save does not know.
 	if err := p.Validate(); err != nil {
@@ -197,7 +215,36 @@ func show(out io.Writer, p Policy, stored bool, granularity time.Duration) error
 	} else {
 		_, err = fmt.Fprintf(out, "  any other segment: %s, with the consumer's text\n", describe(p.Stages(userid.DefaultSegment)))
 	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "clocks (presence: silence counts from the last activity; turn: only while it is the user's turn; a turn to us holds both):")
+	for _, name := range slices.Sorted(maps.Keys(p.Clocks)) {
+		fmt.Fprintf(out, "  %s: %s\n", name, p.Clocks[name])
+	}
+	_, err = fmt.Fprintf(out, "  any other segment: %s\n", p.Clock(userid.DefaultSegment))
 	return err
+}
+
+// applyClocks sets segments' clocks on p, which the caller validates as
+// a whole.
+func applyClocks(p *Policy, set []string) error {
+	p.Clocks = maps.Clone(p.Clocks)
+	if p.Clocks == nil {
+		p.Clocks = map[string]session.Clock{}
+	}
+	for _, s := range set {
+		name, v, ok := strings.Cut(s, "=")
+		c := session.Clock(v)
+		if !ok || c == "" || !c.Valid() {
+			return fmt.Errorf("-clock %q: want name=%s or name=%s", shorten(s, 64), session.ClockPresence, session.ClockTurn)
+		}
+		if !userid.ValidSegment(name) {
+			return fmt.Errorf("-clock: segment %q: want 1-64 characters of [A-Za-z0-9._-]", name)
+		}
+		p.Clocks[name] = c
+	}
+	return nil
 }
 
 // applyStages sets and clears segments' stage lists on p, which the

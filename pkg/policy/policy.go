@@ -1,6 +1,7 @@
 // Package policy is the per-segment session timeout policy: each
-// segment's session TTL, and the stages of a silence (a reminder at the
-// deadline, later ones, perhaps a close). It lives in Redis, so operators
+// segment's session TTL, its clock (when a silence counts), and the
+// stages of a silence (a reminder at the deadline, later ones, perhaps a
+// close). It lives in Redis, so operators
 // change it once for every service without a restart; gateways (for the
 // TTL) and expiry listeners (for the stages) poll it and pick a change up
 // within seconds.
@@ -43,6 +44,22 @@ type Policy struct {
 	// with those not listed either, one reminder at the deadline with the
 	// consumer's text. See Stages.
 	SegmentStages map[string][]Stage
+	// Clocks are the segments' clocks by segment name (see
+	// session.Clock). A segment not listed has the default segment's;
+	// with that not listed either, the presence clock. See Clock.
+	Clocks map[string]session.Clock
+}
+
+// Clock is the clock of segment: its own, else the default segment's,
+// else the presence clock.
+func (p Policy) Clock(segment string) session.Clock {
+	if c, ok := p.Clocks[segment]; ok && c != "" {
+		return c
+	}
+	if c, ok := p.Clocks[userid.DefaultSegment]; ok && c != "" {
+		return c
+	}
+	return session.ClockPresence
 }
 
 // TTL is the session TTL of segment, before jitter.
@@ -77,6 +94,14 @@ func (p Policy) Validate() error {
 		}
 		if err := checkStages(name, p.SegmentStages[name]); err != nil {
 			return err
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(p.Clocks)) {
+		if !userid.ValidSegment(name) {
+			return fmt.Errorf("clock of segment %q: want a segment name of 1-64 characters of [A-Za-z0-9._-]", name)
+		}
+		if c := p.Clocks[name]; c == "" || !c.Valid() {
+			return fmt.Errorf("clock of segment %s %q: want %s or %s", name, c, session.ClockPresence, session.ClockTurn)
 		}
 	}
 	return nil
@@ -134,6 +159,12 @@ func (p Policy) String() string {
 			fmt.Fprintf(&b, " %s=%s", name, describe(p.SegmentStages[name]))
 		}
 	}
+	if len(p.Clocks) > 0 {
+		b.WriteString("; clocks")
+		for _, name := range slices.Sorted(maps.Keys(p.Clocks)) {
+			fmt.Fprintf(&b, " %s=%s", name, p.Clocks[name])
+		}
+	}
 	return b.String()
 }
 
@@ -155,11 +186,17 @@ type stored struct {
 	// Stages are decoded one by one (see decodeStages), so that an error
 	// names the segment and stage.
 	Stages map[string]json.RawMessage `json:"stages,omitempty"`
+	// Clocks: documents from before clocks have none, and every segment
+	// keeps the presence clock it had.
+	Clocks map[string]session.Clock `json:"clocks,omitempty"`
 }
 
 // MarshalJSON encodes durations as strings such as "60s".
 func (p Policy) MarshalJSON() ([]byte, error) {
-	s := stored{DefaultTTL: p.DefaultTTL.String(), Jitter: p.Jitter.String()}
+	s := stored{DefaultTTL: p.DefaultTTL.String(), Jitter: p.Jitter.String(), Clocks: p.Clocks}
+	if len(p.Clocks) == 0 {
+		s.Clocks = nil
+	}
 	if len(p.Segments) > 0 {
 		s.Segments = make(map[string]string, len(p.Segments))
 		for k, v := range p.Segments {
@@ -214,6 +251,9 @@ func (p *Policy) UnmarshalJSON(b []byte) error {
 			out.SegmentStages = map[string][]Stage{}
 		}
 		out.SegmentStages[name] = stages
+	}
+	if len(s.Clocks) > 0 {
+		out.Clocks = s.Clocks
 	}
 	if err := out.Validate(); err != nil {
 		return err

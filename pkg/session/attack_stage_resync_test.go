@@ -18,7 +18,7 @@ import (
 // reminder for the silence their ping began).
 func TestAttackResyncBetweenStages(t *testing.T) {
 	s, ctx := newStore(t)
-	deadline, err := s.Renew(ctx, "rita", DefaultSegment, 100*time.Millisecond)
+	deadline, err := s.Renew(ctx, "rita", DefaultSegment, 100*time.Millisecond, ClockPresence)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ func TestCheckManyThroughSlotMigration(t *testing.T) {
 	}
 	s, ctx := r.s, context.Background()
 	for _, uid := range []string{ended, live} {
-		if _, err := s.Renew(ctx, uid, DefaultSegment, time.Minute); err != nil {
+		if _, err := s.Renew(ctx, uid, DefaultSegment, time.Minute, ClockPresence); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -14,10 +14,10 @@ func TestCheckMany(t *testing.T) {
 	for name, open := range map[string]func(*testing.T) (*Store, context.Context){"single": newStore, "cluster": newClusterStore} {
 		t.Run(name, func(t *testing.T) {
 			s, ctx := open(t)
-			if _, err := s.Renew(ctx, "live", DefaultSegment, time.Minute); err != nil {
+			if _, err := s.Renew(ctx, "live", DefaultSegment, time.Minute, ClockPresence); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := s.Renew(ctx, "ended", DefaultSegment, time.Minute); err != nil {
+			if _, err := s.Renew(ctx, "ended", DefaultSegment, time.Minute, ClockPresence); err != nil {
 				t.Fatal(err)
 			}
 			if err := s.End(ctx, "ended"); err != nil {

@@ -58,7 +58,7 @@ func renewVia(t *testing.T, s *Store, inst, uid string, ttl time.Duration) time.
 	done := make(chan struct{})
 	go func() { defer close(done); r.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	d, err := r.Renew(context.Background(), uid, "default", ttl)
+	d, err := r.Renew(context.Background(), uid, "default", ttl, ClockPresence)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestResyncNeverExtends(t *testing.T) {
 	// "later" has a deadline from another device further out than the
 	// grant being restored; "gone" has nothing left; "lost" lost its
 	// session with Redis's data.
-	later, err := r.Renew(ctx, "later", "default", time.Minute)
+	later, err := r.Renew(ctx, "later", "default", time.Minute, ClockPresence)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +326,7 @@ func TestLastRenewed(t *testing.T) {
 	if at, err := s.LastRenewed(ctx, "u"); err != nil || !at.IsZero() {
 		t.Fatalf("LastRenewed before any renewal = %v, %v", at, err)
 	}
-	deadline, err := s.Renew(ctx, "u", "default", time.Second)
+	deadline, err := s.Renew(ctx, "u", "default", time.Second, ClockPresence)
 	if err != nil {
 		t.Fatal(err)
 	}

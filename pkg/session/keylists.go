@@ -18,12 +18,22 @@ func (k bucketKeys) list() []string {
 type sessionKeys struct {
 	Session string
 	bucketKeys
-	Renewed string
+	Renewed, Turn string
 }
 
 func (k sessionKeys) list() []string {
-	return append(append([]string{k.Session}, k.bucketKeys.list()...), k.Renewed)
+	return append(append([]string{k.Session}, k.bucketKeys.list()...), k.Renewed, k.Turn)
 }
+
+// activityKeys are a bucket's keys and, for each activity event, its
+// user's session, renewed and turn keys, in the order of the events:
+// activity.lua.
+type activityKeys struct {
+	bucketKeys
+	Users []string
+}
+
+func (k activityKeys) list() []string { return append(k.bucketKeys.list(), k.Users...) }
 
 // lookupKeys: lookup.lua.
 type lookupKeys struct {

@@ -17,6 +17,7 @@
 //	<prefix>:{b07}:held            deadline a timeout was held for: HASH uid -> deadline ms
 //	<prefix>:{b07}:stage           stage an entry is due for, past the first: HASH uid -> stageFormat
 //	<prefix>:{b07}:rn:<uid>        when uid last renewed or ended its session, ms (Redis clock)
+//	<prefix>:{b07}:tn:<uid>        whose turn it is in uid's conversation, since when, held until when (turnFormat)
 //	<prefix>:{b07}:dd:<uid>:<n>    expiry listener's dedup key, n = deadline minute (dedupFormat)
 //	<prefix>:{b07}:pg:<uid>/<id>   push claim and outcome of guide id for uid (pushFormat)
 //	<prefix>:{b07}:pg:<id>         guide id delivered, as gateways before uid scoping wrote it (read only)
@@ -138,6 +139,12 @@ func (k Keyspace) bucketKeys(b int) bucketKeys {
 // over. It outlives the session by RenewedKeep.
 func (k Keyspace) RenewedKey(uid string) string { return k.bucketPrefix(Bucket(uid)) + "rn:" + uid }
 
+// TurnKey holds whose turn it is in uid's conversation (turnFormat):
+// the user's, or ours until a time. It lives as long as the session's
+// keys do, the session's deadline plus RenewedKeep, refreshed with every
+// renewal, and an end deletes it.
+func (k Keyspace) TurnKey(uid string) string { return k.bucketPrefix(Bucket(uid)) + "tn:" + uid }
+
 // RenewedKeep is how long a renewal is remembered past its session: longer
 // than any guide for an earlier deadline can still go out (the consumer's
 // max age, the inbox's, an outage hold).
@@ -145,7 +152,8 @@ const RenewedKeep = 2 * time.Hour
 
 // sessionKeys are the keys of uid's session scripts.
 func (k Keyspace) sessionKeys(uid string) sessionKeys {
-	return sessionKeys{Session: k.SessionKey(uid), bucketKeys: k.bucketKeys(Bucket(uid)), Renewed: k.RenewedKey(uid)}
+	return sessionKeys{Session: k.SessionKey(uid), bucketKeys: k.bucketKeys(Bucket(uid)), Renewed: k.RenewedKey(uid),
+		Turn: k.TurnKey(uid)}
 }
 
 func (k Keyspace) controlKey(name string) string { return k.prefix + ":{ctl}:" + name }

@@ -99,7 +99,7 @@ func TestRenewerRetriesThroughSlotMigration(t *testing.T) {
 	const uid = "mig-renew"
 	r := newMigrationRig(t, uid)
 	s, ctx := r.s, context.Background()
-	if _, err := s.Renew(ctx, uid, "default", time.Minute); err != nil {
+	if _, err := s.Renew(ctx, uid, "default", time.Minute, ClockPresence); err != nil {
 		t.Fatal(err)
 	}
 	type flush struct {
@@ -143,7 +143,7 @@ func TestRenewerRetriesThroughSlotMigration(t *testing.T) {
 	t.Run("held up longer than SlotRetry", func(t *testing.T) {
 		n := flushCount()
 		start := time.Now()
-		_, err := rn.Renew(ctx, uid, "default", time.Minute)
+		_, err := rn.Renew(ctx, uid, "default", time.Minute, ClockPresence)
 		took := time.Since(start)
 		if !redis.IsTryAgainError(err) {
 			t.Fatalf("Renew while the keys stay split = %v, want TRYAGAIN", err)
@@ -165,7 +165,7 @@ func TestRenewerRetriesThroughSlotMigration(t *testing.T) {
 		n, refused := flushCount(), r.refusals(t)
 		start := time.Now()
 		go func() {
-			d, err := rn.Renew(ctx, uid, "default", time.Minute)
+			d, err := rn.Renew(ctx, uid, "default", time.Minute, ClockPresence)
 			res <- result{d, err}
 		}()
 		eventually(t, slotRetry, "the renewal refused while the keys are split", func() bool { return r.refusals(t) > refused })
@@ -193,7 +193,7 @@ func TestRenewerRetriesThroughSlotMigration(t *testing.T) {
 		if err := dst.ScriptFlush(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := rn.Renew(ctx, uid, "default", time.Minute); err != nil {
+		if _, err := rn.Renew(ctx, uid, "default", time.Minute, ClockPresence); err != nil {
 			t.Fatalf("Renew on a new owner without the script: %v", err)
 		}
 		if err := rn.End(ctx, uid); err != nil {
@@ -339,7 +339,7 @@ func TestPipelineOfMixedRefusals(t *testing.T) {
 		}
 	}
 	for _, uid := range []string{split, moved} {
-		if _, err := s.Renew(ctx, uid, "default", time.Minute); err != nil {
+		if _, err := s.Renew(ctx, uid, "default", time.Minute, ClockPresence); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -354,7 +354,7 @@ func TestPipelineOfMixedRefusals(t *testing.T) {
 	call := func(i int) (*redis.Script, []string, []any) {
 		uid := []string{split, moved}[i]
 		return renewScript.call(ks.sessionKeys(uid), uid, time.Minute.Milliseconds(), "default", "", modeRenew,
-			RenewedKeep.Milliseconds(), 0)
+			RenewedKeep.Milliseconds(), 0, "", MaxTurnHold.Milliseconds())
 	}
 	for i, cmd := range s.runScripts(ctx, 2, call, 50*time.Millisecond) {
 		if err := cmd.Err(); !slotMoving(err) {

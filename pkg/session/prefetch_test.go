@@ -67,7 +67,7 @@ func TestPrefetchWindow(t *testing.T) {
 func TestConfirm(t *testing.T) {
 	s, ctx := newStore(t)
 	for _, uid := range []string{"gone", "renewed"} {
-		if _, err := s.Renew(ctx, uid, "default", 30*time.Millisecond); err != nil {
+		if _, err := s.Renew(ctx, uid, "default", 30*time.Millisecond, ClockPresence); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -75,12 +75,12 @@ func TestConfirm(t *testing.T) {
 		n, err := s.rdb.Exists(ctx, s.ks.SessionKey("gone"), s.ks.SessionKey("renewed")).Result()
 		return err == nil && n == 0
 	})
-	renewed, err := s.Renew(ctx, "renewed", "default", time.Minute)
+	renewed, err := s.Renew(ctx, "renewed", "default", time.Minute, ClockPresence)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// "parked" is held until a release that has come.
-	parked, err := s.Renew(ctx, "parked", "default", 20*time.Millisecond)
+	parked, err := s.Renew(ctx, "parked", "default", 20*time.Millisecond, ClockPresence)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -74,6 +74,7 @@ type Renewer struct {
 type renewal struct {
 	uid, segment string
 	ttl          time.Duration
+	clock        Clock         // the segment's
 	end          bool          // End the session instead
 	resync       bool          // restore a grant; ttl is what is left of it
 	ago          time.Duration // with resync: how long ago the ping was
@@ -119,9 +120,10 @@ func NewRenewer(store *Store, cfg RenewerConfig) *Renewer {
 // Renew grants uid's session ttl, sharing a round trip with other
 // renewals, and returns the deadline this grant gave, by Redis's clock:
 // ttl from Redis's now. The session's own is never earlier; it is later
-// while another device's grant runs longer (see renewScript).
-func (r *Renewer) Renew(ctx context.Context, uid, segment string, ttl time.Duration) (time.Time, error) {
-	return r.do(ctx, &renewal{uid: uid, segment: segment, ttl: ttl, done: make(chan struct{})})
+// while another device's grant runs longer, or while the segment's clock
+// is held (see renewScript).
+func (r *Renewer) Renew(ctx context.Context, uid, segment string, ttl time.Duration, clock Clock) (time.Time, error) {
+	return r.do(ctx, &renewal{uid: uid, segment: segment, ttl: ttl, clock: clock, done: make(chan struct{})})
 }
 
 // RenewAsync is Renew without the wait: done is called once with what
@@ -131,8 +133,8 @@ func (r *Renewer) Renew(ctx context.Context, uid, segment string, ttl time.Durat
 // (the renewer stopped) or, when the queue stayed full for QueueWait, on
 // the goroutine that waited for room. Renewals of one caller are sent in
 // the order asked.
-func (r *Renewer) RenewAsync(uid, segment string, ttl time.Duration, done func(deadline time.Time, err error)) {
-	req := &renewal{uid: uid, segment: segment, ttl: ttl, then: done}
+func (r *Renewer) RenewAsync(uid, segment string, ttl time.Duration, clock Clock, done func(deadline time.Time, err error)) {
+	req := &renewal{uid: uid, segment: segment, ttl: ttl, clock: clock, then: done}
 	r.mu.Lock()
 	if r.stopped {
 		r.mu.Unlock()
@@ -206,6 +208,9 @@ type Grant struct {
 	// Ago is how long ago the ping was that asked for the grant: the
 	// renewal is recorded then, not at the resync.
 	Ago time.Duration
+	// Clock is the segment's clock, from the policy in force: a grant
+	// restored while the user's clock is held is parked, as a renewal is.
+	Clock Clock
 }
 
 // Resync restores grants that could not be written while Redis was out of
@@ -219,8 +224,8 @@ func (r *Renewer) Resync(ctx context.Context, grants []Grant) (int, error) {
 		if g.Left <= 0 {
 			continue
 		}
-		req := &renewal{uid: g.UID, segment: g.Segment, ttl: g.Left.Truncate(time.Millisecond), resync: true,
-			ago: g.Ago, done: make(chan struct{})}
+		req := &renewal{uid: g.UID, segment: g.Segment, ttl: g.Left.Truncate(time.Millisecond), clock: g.Clock,
+			resync: true, ago: g.Ago, done: make(chan struct{})}
 		if err := r.enqueue(ctx, req); err != nil {
 			firstErr = err
 			break
@@ -389,6 +394,6 @@ func (r *Renewer) call(batch []*renewal) scriptCall {
 			mode = modeResync
 		}
 		return renewScript.call(keys, req.uid, req.ttl.Milliseconds(), req.segment, r.cfg.Instance, mode,
-			RenewedKeep.Milliseconds(), max(0, req.ago.Milliseconds()))
+			RenewedKeep.Milliseconds(), max(0, req.ago.Milliseconds()), string(req.clock), MaxTurnHold.Milliseconds())
 	}
 }

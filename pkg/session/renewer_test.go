@@ -48,7 +48,7 @@ func testBatching(t *testing.T, s *Store, ctx context.Context) {
 		wg.Go(func() {
 			uid := "u" + itoa(i)
 			for range each {
-				d, err := r.Renew(ctx, uid, "default", time.Minute)
+				d, err := r.Renew(ctx, uid, "default", time.Minute, ClockPresence)
 				if err != nil || time.Until(d) < 50*time.Second {
 					t.Errorf("Renew(%s) = %v, %v", uid, d, err)
 					return
@@ -73,7 +73,7 @@ func testBatching(t *testing.T, s *Store, ctx context.Context) {
 			t.Errorf("session %s not renewed", uid)
 		}
 	}
-	if _, err := r.Renew(ctx, "late", "default", time.Minute); !errors.Is(err, ErrRenewerStopped) {
+	if _, err := r.Renew(ctx, "late", "default", time.Minute, ClockPresence); !errors.Is(err, ErrRenewerStopped) {
 		t.Errorf("Renew after stop = %v, want ErrRenewerStopped", err)
 	}
 }
@@ -90,7 +90,7 @@ func TestRenewerStopFlushesQueued(t *testing.T) {
 	for i := range 10 {
 		go func() {
 			uid := "q" + itoa(i)
-			_, err := r.Renew(ctx, uid, "default", time.Minute)
+			_, err := r.Renew(ctx, uid, "default", time.Minute, ClockPresence)
 			results <- result{uid, err}
 		}()
 	}
@@ -130,10 +130,10 @@ func TestRenewerSurvivesScriptFlush(t *testing.T) {
 	if err := s.rdb.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Renew(ctx, "x", "default", time.Minute); err != nil {
+	if _, err := r.Renew(ctx, "x", "default", time.Minute, ClockPresence); err != nil {
 		t.Fatalf("Renew after SCRIPT FLUSH: %v", err)
 	}
-	if _, err := r.Renew(ctx, "y", "default", time.Minute); err != nil {
+	if _, err := r.Renew(ctx, "y", "default", time.Minute, ClockPresence); err != nil {
 		t.Fatalf("second Renew: %v", err)
 	}
 }
@@ -160,7 +160,7 @@ func TestRenewerEndsInBatches(t *testing.T) {
 	const n = 2000
 	uid := func(i int) string { return "u" + strconv.Itoa(i) }
 	for i := range n {
-		if _, err := s.Renew(ctx, uid(i), "default", time.Minute); err != nil {
+		if _, err := s.Renew(ctx, uid(i), "default", time.Minute, ClockPresence); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -171,7 +171,7 @@ func TestRenewerEndsInBatches(t *testing.T) {
 			if i%2 == 0 {
 				err = r.End(ctx, uid(i))
 			} else {
-				_, err = r.Renew(ctx, uid(i), "default", time.Minute)
+				_, err = r.Renew(ctx, uid(i), "default", time.Minute, ClockPresence)
 			}
 			if err != nil {
 				t.Error(err)
@@ -225,7 +225,7 @@ func TestRenewAsync(t *testing.T) {
 	}
 	results := make(chan outcome, 100)
 	renew := func(i int) {
-		r.RenewAsync("u"+itoa(i), "default", time.Minute, func(d time.Time, err error) {
+		r.RenewAsync("u"+itoa(i), "default", time.Minute, ClockPresence, func(d time.Time, err error) {
 			results <- outcome{i, d, err, time.Now()}
 		})
 	}
@@ -283,7 +283,7 @@ func TestRenewAsync(t *testing.T) {
 	cancel()
 	<-ran
 	var stopped error
-	r.RenewAsync("late", "default", time.Minute, func(_ time.Time, err error) { stopped = err })
+	r.RenewAsync("late", "default", time.Minute, ClockPresence, func(_ time.Time, err error) { stopped = err })
 	if !errors.Is(stopped, ErrRenewerStopped) {
 		t.Fatalf("renewal after stop: %v, want ErrRenewerStopped at once", stopped)
 	}

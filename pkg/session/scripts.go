@@ -163,7 +163,8 @@ func luaName(goName string) string {
 // vocabulary writes the Lua table V of a vocabulary struct's string
 // fields, each read from the call's ARGV, where the values follow the
 // script's own arguments, last; and returns the values. A script with a
-// vocabulary therefore takes no arguments of a varying count.
+// vocabulary and arguments of a varying count reads them by a count it is
+// given, not by #ARGV.
 func vocabulary(b *strings.Builder, v any) []any {
 	if v == nil {
 		return nil

@@ -14,7 +14,7 @@ import (
 var keyListTypes = []keyList{
 	bucketKeys{}, sessionKeys{}, lookupKeys{}, entryKeys{}, dueKeys{}, setKeys{}, stagedKeys{},
 	heartbeatKeys{}, blindKeys{}, markKeys{}, lapseKeys{}, aliveKeys{}, routeKeys{}, routeStampKeys{},
-	dedupKeys{}, pushClaimKeys{}, deliveredKeys{}, inboxKeepKeys{}, inboxTakeKeys{}, checkKeys{},
+	dedupKeys{}, pushClaimKeys{}, deliveredKeys{}, inboxKeepKeys{}, inboxTakeKeys{}, checkKeys{}, activityKeys{},
 }
 
 // TestKeyListsFollowTheirFields: each key list's list() gives its keys

@@ -42,7 +42,7 @@ func sweepAll(s *Store) func(context.Context) ([]Expired, error) {
 // through Released, and a late event does not bring a stage forward.
 func TestStagesInTheIndex(t *testing.T) {
 	s, ctx := newStore(t)
-	deadline, err := s.Renew(ctx, "ann", DefaultSegment, 100*time.Millisecond)
+	deadline, err := s.Renew(ctx, "ann", DefaultSegment, 100*time.Millisecond, ClockPresence)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestStagesInTheIndex(t *testing.T) {
 
 	// A renewal between stages drops the rest: the next silence starts
 	// at stage 1.
-	if _, err := s.Renew(ctx, "bob", DefaultSegment, 50*time.Millisecond); err != nil {
+	if _, err := s.Renew(ctx, "bob", DefaultSegment, 50*time.Millisecond, ClockPresence); err != nil {
 		t.Fatal(err)
 	}
 	b1 := dueOne(t, s, "bob", 2*time.Second, sweepAll(s))
@@ -102,7 +102,7 @@ func TestStagesInTheIndex(t *testing.T) {
 	if err := s.Settle(ctx, []Expired{b1}); err != nil {
 		t.Fatal(err)
 	}
-	back, err := s.Renew(ctx, "bob", DefaultSegment, 400*time.Millisecond)
+	back, err := s.Renew(ctx, "bob", DefaultSegment, 400*time.Millisecond, ClockPresence)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func TestStagesInTheIndex(t *testing.T) {
 // as that stage, checked once.
 func TestHeldStageKeepsItsStage(t *testing.T) {
 	s, ctx := newStore(t)
-	deadline, err := s.Renew(ctx, "cid", DefaultSegment, 50*time.Millisecond)
+	deadline, err := s.Renew(ctx, "cid", DefaultSegment, 50*time.Millisecond, ClockPresence)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +186,7 @@ func TestStageAfterSpoolWaitsForReplay(t *testing.T) {
 	}
 
 	// Spooled, then replayed.
-	if _, err := s.Renew(ctx, "ann", DefaultSegment, 50*time.Millisecond); err != nil {
+	if _, err := s.Renew(ctx, "ann", DefaultSegment, 50*time.Millisecond, ClockPresence); err != nil {
 		t.Fatal(err)
 	}
 	a1 := dueOne(t, s, "ann", 2*time.Second, sweepAll(s))
@@ -221,7 +221,7 @@ func TestStageAfterSpoolWaitsForReplay(t *testing.T) {
 
 	// Replayed before its settle: the replay settles it, and the late
 	// settle as spooled does not make the next stage wait again.
-	if _, err := s.Renew(ctx, "bob", DefaultSegment, 50*time.Millisecond); err != nil {
+	if _, err := s.Renew(ctx, "bob", DefaultSegment, 50*time.Millisecond, ClockPresence); err != nil {
 		t.Fatal(err)
 	}
 	b1 := dueOne(t, s, "bob", 2*time.Second, sweepAll(s))
@@ -239,7 +239,7 @@ func TestStageAfterSpoolWaitsForReplay(t *testing.T) {
 
 	// Back before the replay: the silence is over, and the replay of its
 	// stage 1 starts no stage 2.
-	if _, err := s.Renew(ctx, "cid", DefaultSegment, 50*time.Millisecond); err != nil {
+	if _, err := s.Renew(ctx, "cid", DefaultSegment, 50*time.Millisecond, ClockPresence); err != nil {
 		t.Fatal(err)
 	}
 	c1 := dueOne(t, s, "cid", 2*time.Second, sweepAll(s))
@@ -247,7 +247,7 @@ func TestStageAfterSpoolWaitsForReplay(t *testing.T) {
 	if err := s.Settle(ctx, []Expired{c1}); err != nil {
 		t.Fatal(err)
 	}
-	back, err := s.Renew(ctx, "cid", DefaultSegment, time.Hour)
+	back, err := s.Renew(ctx, "cid", DefaultSegment, time.Hour, ClockPresence)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func TestStageAfterSpoolWaitsForReplay(t *testing.T) {
 
 	// A next stage the policy no longer has: due at once, for the
 	// listener to end the silence there.
-	if _, err := s.Renew(ctx, "dan", DefaultSegment, 50*time.Millisecond); err != nil {
+	if _, err := s.Renew(ctx, "dan", DefaultSegment, 50*time.Millisecond, ClockPresence); err != nil {
 		t.Fatal(err)
 	}
 	d1 := dueOne(t, s, "dan", 2*time.Second, sweepAll(s))

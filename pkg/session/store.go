@@ -24,7 +24,11 @@ import (
 // in one step, records the gateway instance that granted it and when,
 // and cancels a hold on its last timeout and the stages left of it: the
 // user is back. ARGV: uid, ttl ms, segment, instance, mode, keep ms,
-// pinged ms ago.
+// pinged ms ago, the segment's clock, MaxTurnHold ms.
+//
+// While the user's clock is held (our turn, or the turn clock before the
+// first turn to the user: see turn.go), the deadline it writes is parked
+// at the hold's end plus ttl.
 //
 // A renewal never moves a live deadline earlier: the deadline becomes the
 // later of the one written and now+ttl. A user is present while any of
@@ -51,12 +55,12 @@ import (
 // renewal or end Redis knows of, and records the renewal at the ping it
 // restores. Returns {the session's deadline, this grant's own: now+ttl},
 // in ms: a client paces its pings, and reads Redis's clock, by its own.
-var renewScript = newScript[sessionKeys]("renew", renewModes{Resync: modeResync}, []codec{viaFormat})
+var renewScript = newScript[sessionKeys]("renew", turnVocab, []codec{viaFormat, turnFormat}, "grant")
 
-// endScript removes a session deliberately ended by its user, and records
-// the end as their last renewal: they were there until then.
-// ARGV: uid, keep ms.
-var endScript = newScript[sessionKeys]("end", nil, nil)
+// endScript removes a session deliberately ended by its user, and its
+// turn state, and records the end as their last renewal: they were there
+// until then. ARGV: uid, keep ms.
+var endScript = newScript[sessionKeys]("end", turnVocab, []codec{viaFormat, turnFormat}, "grant")
 
 // candidatesScript lists, by Redis's clock, up to ARGV[1] members of one
 // sorted set whose score has come: the index entries whose deadline
@@ -233,9 +237,6 @@ const (
 	modeResync = "resync"
 )
 
-// renewModes are the modes renewScript tells apart.
-type renewModes struct{ Resync string }
-
 // Expired is a session whose deadline passed without a renewal, and the
 // stage of that silence now due.
 type Expired struct {
@@ -301,10 +302,11 @@ func (s *Store) Keyspace() Keyspace { return s.ks }
 
 // Renew grants uid's session ttl from now, by Redis's clock, in one round
 // trip, and returns the session's deadline: the later of that and the one
-// it had (see renewScript).
-func (s *Store) Renew(ctx context.Context, uid, segment string, ttl time.Duration) (time.Time, error) {
+// it had, or a park while the segment's clock is held (see renewScript).
+func (s *Store) Renew(ctx context.Context, uid, segment string, ttl time.Duration, clock Clock) (time.Time, error) {
 	ms, err := renewScript.Run(ctx, s.rdb, s.ks.sessionKeys(uid),
-		uid, ttl.Milliseconds(), segment, "", modeRenew, RenewedKeep.Milliseconds(), 0).Int64Slice()
+		uid, ttl.Milliseconds(), segment, "", modeRenew, RenewedKeep.Milliseconds(), 0,
+		string(clock), MaxTurnHold.Milliseconds()).Int64Slice()
 	if err != nil {
 		return time.Time{}, fmt.Errorf("renew session %q: %w", uid, err)
 	}

@@ -10,7 +10,10 @@ import (
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 )
 
-func newStore(t *testing.T) (*Store, context.Context) {
+func newStore(t *testing.T) (*Store, context.Context) { return newStoreTB(t) }
+
+// newStoreTB is newStore for a test or a benchmark.
+func newStoreTB(t testing.TB) (*Store, context.Context) {
 	srv := redistest.Start(t)
 	rdb := redistest.Client(t, srv)
 	ks, err := NewKeyspace(redistest.Prefix(t))
@@ -35,7 +38,7 @@ func newClusterStore(t *testing.T) (*Store, context.Context) {
 func TestRenewWritesKeyAndIndex(t *testing.T) {
 	s, ctx := newStore(t)
 	before := time.Now()
-	deadline, err := s.Renew(ctx, "alice", "vip", 2*time.Second)
+	deadline, err := s.Renew(ctx, "alice", "vip", 2*time.Second, ClockPresence)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,14 +65,14 @@ func TestRenewWritesKeyAndIndex(t *testing.T) {
 func TestDueListsOnlyExpired(t *testing.T) {
 	s, ctx := newStore(t)
 	for _, uid := range []string{"gone1", "gone2", "gone3"} {
-		if _, err := s.Renew(ctx, uid, "default", 50*time.Millisecond); err != nil {
+		if _, err := s.Renew(ctx, uid, "default", 50*time.Millisecond, ClockPresence); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := s.Renew(ctx, "live", "default", time.Minute); err != nil {
+	if _, err := s.Renew(ctx, "live", "default", time.Minute, ClockPresence); err != nil {
 		t.Fatal(err)
 	}
-	last, err := s.Renew(ctx, "ended", "default", 50*time.Millisecond)
+	last, err := s.Renew(ctx, "ended", "default", 50*time.Millisecond, ClockPresence)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +109,7 @@ func TestSettleKeepsRenewedEntries(t *testing.T) {
 	s, ctx := newStore(t)
 	var last time.Time
 	for _, uid := range []string{"a", "b"} {
-		d, err := s.Renew(ctx, uid, "default", 20*time.Millisecond)
+		d, err := s.Renew(ctx, uid, "default", 20*time.Millisecond, ClockPresence)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,7 +121,7 @@ func TestSettleKeepsRenewedEntries(t *testing.T) {
 		t.Fatalf("Due = %v, %v", due, err)
 	}
 	// b comes back after the sweep saw it and before the settle.
-	if _, err := s.Renew(ctx, "b", "default", time.Minute); err != nil {
+	if _, err := s.Renew(ctx, "b", "default", time.Minute, ClockPresence); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Settle(ctx, due); err != nil {
@@ -137,7 +140,7 @@ func TestSettleKeepsRenewedEntries(t *testing.T) {
 
 func TestLookup(t *testing.T) {
 	s, ctx := newStore(t)
-	deadline, err := s.Renew(ctx, "x", "new", 20*time.Millisecond)
+	deadline, err := s.Renew(ctx, "x", "new", 20*time.Millisecond, ClockPresence)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +172,7 @@ func TestDueLimitPerBucket(t *testing.T) {
 	}
 	var last time.Time
 	for _, uid := range uids {
-		d, err := s.Renew(ctx, uid, "default", 10*time.Millisecond)
+		d, err := s.Renew(ctx, uid, "default", 10*time.Millisecond, ClockPresence)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -193,7 +196,7 @@ func BenchmarkRenew(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		i++
-		if _, err := s.Renew(ctx, "u"+itoa(i%10000), "default", time.Minute); err != nil {
+		if _, err := s.Renew(ctx, "u"+itoa(i%10000), "default", time.Minute, ClockPresence); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -210,7 +213,7 @@ func TestRenewNeverMovesDeadlineEarlier(t *testing.T) {
 	renew := func(segment, instance string, ttl time.Duration) time.Time {
 		t.Helper()
 		ms, err := renewScript.Run(ctx, s.rdb, s.ks.sessionKeys("multi"), "multi", ttl.Milliseconds(), segment,
-			instance, modeRenew, RenewedKeep.Milliseconds(), 0).Int64Slice()
+			instance, modeRenew, RenewedKeep.Milliseconds(), 0, "", MaxTurnHold.Milliseconds()).Int64Slice()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,10 +1,2 @@
-local now = redisNowMS()
-redis.call('SET', KEYS[K.renewed], now, 'PX', tonumber(ARGV[2]))
-redis.call('DEL', KEYS[K.session])
-redis.call('ZREM', KEYS[K.index], ARGV[1])
-redis.call('HDEL', KEYS[K.segments], ARGV[1])
-redis.call('HDEL', KEYS[K.via], ARGV[1])
-redis.call('ZREM', KEYS[K.hold], ARGV[1])
-redis.call('HDEL', KEYS[K.held], ARGV[1])
-redis.call('HDEL', KEYS[K.stage], ARGV[1])
+endSession(K, ARGV[1], redisNowMS(), tonumber(ARGV[2]))
 return 1

@@ -1,0 +1,52 @@
+local now = redisNowMS()
+local n, inst, keep, maxHold, defaultSeg = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local out = {}
+-- One user's keys at a time: the bucket's, and the event's user's below.
+local k = {index = K.index, segments = K.segments, via = K.via, hold = K.hold, held = K.held, stage = K.stage}
+for j = 1, n do
+  local a = 5 + 7 * (j - 1)
+  local uid, kind, seg, ttl, clock = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], tonumber(ARGV[a + 4]), ARGV[a + 5]
+  local at, hold = tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
+  local u = K.users + 3 * (j - 1)
+  k.session, k.renewed, k.turn = u, u + 1, u + 2
+  -- An event of no time, or of a time past Redis's, is of now.
+  if at <= 0 or at > now then at = now end
+  if seg == '' then seg = redis.call('HGET', KEYS[k.segments], uid) or defaultSeg end
+  local was = tonumber(redis.call('GET', KEYS[k.renewed]) or '0')
+  local whose, since = nil, 0
+  local turn = redis.call('GET', KEYS[k.turn])
+  if turn then
+    local w, s = decodeTurn(turn)
+    if w then whose, since = w, tonumber(s) end
+  end
+  local applied = 1
+  if kind == V.active then
+    if at < was then applied = 0
+    else grant(k, uid, now, ttl, seg, inst, at, keep, clock, maxHold, false, false, was, turn) end
+  elseif kind == V.turnUser then
+    if at < since then applied = 0
+    else
+      turn = encodeTurn(V.user, at, 0)
+      redis.call('SET', KEYS[k.turn], turn)
+      -- The one deadline that may move earlier: a park, which only our
+      -- turn or the turn clock's wait for a first turn gives. Any other
+      -- is kept: another device's longer grant.
+      local parked = whose == V.us or (whose == nil and clock == V.clockTurn)
+      grant(k, uid, now, ttl, seg, inst, at, keep, clock, maxHold, false, parked, was, turn)
+    end
+  elseif kind == V.turnUs then
+    if at < since then applied = 0
+    else
+      turn = encodeTurn(V.us, at, at + hold)
+      redis.call('SET', KEYS[k.turn], turn)
+      grant(k, uid, now, ttl, seg, inst, at, keep, clock, maxHold, false, false, was, turn)
+    end
+  elseif kind == V.ending then
+    if at < was or at < since then applied = 0
+    else endSession(k, uid, at, keep) end
+  else
+    return redis.error_reply('unknown activity kind ' .. tostring(kind))
+  end
+  out[j] = applied
+end
+return out

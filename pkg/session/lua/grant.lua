@@ -1,0 +1,86 @@
+-- The grant of a session, with the turn state that may park it, shared
+-- by renew.lua and activity.lua; and the end of a session, shared by
+-- end.lua and activity.lua. k names the KEYS index of each of one user's
+-- keys: session, renewed, turn, and the bucket's index, segments, via,
+-- hold, held and stage (K itself, for a script of one user).
+
+-- heldUntil is when the user's clock starts to run, if that is after
+-- now: while it is our turn, until the turn's max hold; on the turn
+-- clock, until the first turn to the user (at most maxHold from now).
+-- nil while the clock runs.
+local function heldUntil(turn, clock, now, maxHold)
+  local whose, til = nil, nil
+  if turn then
+    local w, _, u = decodeTurn(turn)
+    whose, til = w, tonumber(u)
+  end
+  if whose == V.us then
+    if til > now then return til end
+    return nil
+  end
+  if whose == V.user then return nil end
+  if clock == V.clockTurn then return now + maxHold end
+  return nil
+end
+
+-- grant renews a session as renewScript says (store.go). While the
+-- clock is held (heldUntil), the deadline is parked: the hold's end plus
+-- ttl, never found due before it. With unpark, the deadline written is
+-- not kept: it may be a park, which a turn to the user ends. resync and
+-- at as renewScript's mode and ping time. was and turn are the renewed
+-- and turn keys' values when the caller read them already (turn false
+-- when there is none), else nil. Returns {the session's deadline, this
+-- grant's own: now+ttl}.
+local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resync, unpark, was, turn)
+  if was == nil then was = tonumber(redis.call('GET', KEYS[k.renewed]) or '0') end
+  if turn == nil then turn = redis.call('GET', KEYS[k.turn]) end
+  -- Between stages the index holds when the next stage is due, not a
+  -- deadline: the silence is past, and a ping ends it.
+  local cur = nil
+  if not unpark and redis.call('HEXISTS', KEYS[k.stage], uid) == 0 then
+    cur = tonumber(redis.call('ZSCORE', KEYS[k.index], uid) or redis.call('HGET', KEYS[k.held], uid))
+  end
+  if resync then
+    if cur and cur >= now + ttl then return {cur, now + ttl} end
+    if ttl <= 0 then return {now + ttl, now + ttl} end
+    -- A renewal or an end Redis knows of since the ping is newer than it.
+    if was > at then return {cur or 0, now + ttl} end
+  end
+  local deadline = now + ttl
+  local held = heldUntil(turn, clock, now, maxHold)
+  if held then deadline = held + ttl end
+  if cur and cur > deadline then
+    deadline = cur
+    seg = redis.call('HGET', KEYS[k.segments], uid) or seg
+    -- The via names the instance of the grant the deadline is, then this
+    -- one, the last to renew: an outage of either may hold the deadline.
+    local granter = decodeVia(redis.call('HGET', KEYS[k.via], uid) or '')
+    if via ~= '' and granter ~= '' and granter ~= via then via = encodeVia(granter, via) end
+  end
+  redis.call('SET', KEYS[k.session], seg, 'PX', deadline - now)
+  redis.call('ZADD', KEYS[k.index], deadline, uid)
+  redis.call('HSET', KEYS[k.segments], uid, seg)
+  if via ~= '' then redis.call('HSET', KEYS[k.via], uid, via) end
+  redis.call('ZREM', KEYS[k.hold], uid)
+  redis.call('HDEL', KEYS[k.held], uid)
+  redis.call('HDEL', KEYS[k.stage], uid)
+  if at > was then
+    redis.call('SET', KEYS[k.renewed], at, 'PX', deadline - now + keep)
+  end
+  if turn then redis.call('PEXPIRE', KEYS[k.turn], deadline - now + keep) end
+  return {deadline, now + ttl}
+end
+
+-- endSession removes a session and its turn state, and records the end,
+-- at at, as the user's last renewal.
+local function endSession(k, uid, at, keep)
+  redis.call('SET', KEYS[k.renewed], at, 'PX', keep)
+  redis.call('DEL', KEYS[k.session])
+  redis.call('DEL', KEYS[k.turn])
+  redis.call('ZREM', KEYS[k.index], uid)
+  redis.call('HDEL', KEYS[k.segments], uid)
+  redis.call('HDEL', KEYS[k.via], uid)
+  redis.call('ZREM', KEYS[k.hold], uid)
+  redis.call('HDEL', KEYS[k.held], uid)
+  redis.call('HDEL', KEYS[k.stage], uid)
+end

@@ -1,0 +1,300 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stillthere/stillthere/pkg/userid"
+)
+
+// Whose turn it is. A segment's clock says when a user's silence counts:
+// on the presence clock from their last activity (a ping, an active
+// event), on the turn clock only while it is their turn. On both, a turn
+// to us holds it: while the user waits for us no silence counts and no
+// stage fires, until the next turn to the user, or until the turn's max
+// hold has passed, after which the clock runs as if the turn had passed
+// to the user then.
+//
+// The hold is a parked deadline. Every renewal (renewScript, and the
+// activity events that renew) reads the user's turn state (TurnKey) and
+// the segment's clock; while the clock is held it writes the deadline as
+// the hold's end plus the TTL, and the session key lives as long. A
+// parked deadline is a deadline like any other, only later: the sweep,
+// a prefetched timer's confirmation and a consumer's check all find the
+// session live and not due, and the rule that a renewal never moves a
+// deadline earlier keeps pings and resyncs from pulling it in. A turn to
+// the user is the one thing that moves a deadline earlier: it ends the
+// park, and the deadline becomes now plus the TTL.
+
+// Clock is a segment's clock.
+type Clock string
+
+const (
+	// ClockPresence counts a silence from the user's last activity.
+	// It is the clock of a segment that names none ("" reads as it).
+	ClockPresence Clock = "presence"
+	// ClockTurn counts a silence only while it is the user's turn: until
+	// the first turn to the user a session is held, as on our turn.
+	ClockTurn Clock = "turn"
+)
+
+// Valid reports whether c is a clock ("" is the presence clock).
+func (c Clock) Valid() bool { return c == "" || c == ClockPresence || c == ClockTurn }
+
+// ActivityKind is what an activity event says.
+type ActivityKind string
+
+const (
+	// ActivityActive: the user did something. It renews as a ping does,
+	// and creates the session if there is none.
+	ActivityActive ActivityKind = "active"
+	// ActivityTurnUser: we spoke, the turn is the user's. Their clock
+	// runs from now: it renews as active does, and ends a park.
+	ActivityTurnUser ActivityKind = "turn_user"
+	// ActivityTurnUs: the user waits for us. No silence counts until the
+	// next turn to the user, or until MaxHold has passed. It renews as
+	// active does, and cancels the stages left.
+	ActivityTurnUs ActivityKind = "turn_us"
+	// ActivityEnd: the conversation is over. The session ends and the
+	// stages left are cancelled, as End does; the turn state goes.
+	ActivityEnd ActivityKind = "end"
+)
+
+// MaxTurnHold is the longest a turn to us holds a user's clock, and how
+// long one without a max hold of its own does; on the turn clock, the
+// longest a session waits for its first turn to the user, from its last
+// renewal. A platform that forgets to pass the turn back must not hold a
+// user forever.
+const MaxTurnHold = 24 * time.Hour
+
+// Activity is one activity event of a platform's servers.
+type Activity struct {
+	UID string
+	// Segment is the user's segment. "" is the segment of the user's
+	// session, else DefaultSegment; the caller that fills TTL and Clock
+	// from the policy resolves it first (Segments), and the script
+	// resolves it again, in case the session changed in between.
+	Segment string
+	Kind    ActivityKind
+	// At is when it happened. An event older than the state it would
+	// change changes nothing (see ApplyActivity). Zero: now, by Redis's
+	// clock; a time past Redis's clock is taken as now.
+	At time.Time
+	// MaxHold is how long a turn to us holds at most, from At: 0 is
+	// MaxTurnHold, more is refused. ActivityTurnUs only.
+	MaxHold time.Duration
+	// TTL is the segment's session TTL with its jitter, and Clock its
+	// clock, from the policy in force. Not read for ActivityEnd.
+	TTL   time.Duration
+	Clock Clock
+}
+
+// ActivityResult is what a batch of activity events did.
+type ActivityResult struct {
+	Applied int // events applied
+	Stale   int // events older than the state they would change: nothing changed
+}
+
+// Words of the turn state and the activity script, passed to the scripts
+// as their vocabulary (see scripts.go).
+const (
+	turnUser = "user" // the user's turn
+	turnUs   = "us"   // our turn
+)
+
+// turnWords is the vocabulary of renewScript and activityScript, which
+// share the grant (lua/grant.lua).
+type turnWords struct{ Resync, ClockTurn, User, Us, Active, TurnUser, TurnUs, Ending string }
+
+var turnVocab = turnWords{Resync: modeResync, ClockTurn: string(ClockTurn), User: turnUser, Us: turnUs,
+	Active: string(ActivityActive), TurnUser: string(ActivityTurnUser), TurnUs: string(ActivityTurnUs),
+	Ending: string(ActivityEnd)}
+
+// turnFormat is the turn state's value: whose turn (turnUser, turnUs),
+// since when, and till when a turn to us holds, in ms (0 for the
+// user's).
+var turnFormat = newFormat("Turn", ":", false, field{"whose", false}, field{"since", true}, field{"till", true})
+
+// activityScript applies one bucket's activity events, in order, each
+// as its kind says (see ActivityKind), through the grant renewScript
+// makes and the end endScript makes (lua/grant.lua). An event older than
+// the state it would change is stale and changes nothing: a turn older
+// than the turn stored; an active event older than the user's last
+// renewal; an end older than either. A turn event records the turn as
+// the user's or ours, since its time; a turn to us holds until its time
+// plus its max hold. Keys: the bucket's, then each event's user's
+// session, renewed and turn keys (activityKeys). ARGV: event count,
+// instance, keep ms, MaxTurnHold ms, DefaultSegment, then per event uid,
+// kind, segment, ttl ms, clock, at ms (0: now), max hold ms. Returns 1
+// (applied) or 0 (stale) per event.
+var activityScript = newScript[activityKeys]("activity", turnVocab, []codec{viaFormat, turnFormat}, "grant")
+
+// activityArgs is the number of ARGV of one event of activityScript.
+const activityArgs = 7
+
+// ApplyActivity applies activity events, as the user's gateway instance
+// instance would (its name is recorded as a renewing gateway's: an outage
+// of it holds the deadlines it wrote). It makes one script call per
+// bucket the events touch, all in one pipeline, so that a user's events,
+// all of one bucket, apply in the order given. A batch with an invalid
+// event is refused whole, naming it, before anything is sent. When a
+// bucket's call fails, the others' events may have applied: the error
+// says so, and the result counts them.
+func (s *Store) ApplyActivity(ctx context.Context, instance string, events []Activity) (ActivityResult, error) {
+	for i, e := range events {
+		if err := e.check(); err != nil {
+			return ActivityResult{}, fmt.Errorf("activity event %d: %w", i, err)
+		}
+	}
+	byBucket := make(map[int][]int)
+	var buckets []int
+	for i, e := range events {
+		b := Bucket(e.UID)
+		if byBucket[b] == nil {
+			buckets = append(buckets, b)
+		}
+		byBucket[b] = append(byBucket[b], i)
+	}
+	cmds := s.runScripts(ctx, len(buckets), func(i int) (*redis.Script, []string, []any) {
+		idx := byBucket[buckets[i]]
+		keys := activityKeys{bucketKeys: s.ks.bucketKeys(buckets[i]), Users: make([]string, 0, 3*len(idx))}
+		argv := make([]any, 0, 5+activityArgs*len(idx))
+		argv = append(argv, len(idx), instance, RenewedKeep.Milliseconds(), MaxTurnHold.Milliseconds(), DefaultSegment)
+		for _, j := range idx {
+			e := events[j]
+			keys.Users = append(keys.Users, s.ks.SessionKey(e.UID), s.ks.RenewedKey(e.UID), s.ks.TurnKey(e.UID))
+			at := int64(0)
+			if !e.At.IsZero() {
+				at = max(e.At.UnixMilli(), 1)
+			}
+			hold := e.MaxHold
+			if hold == 0 {
+				hold = MaxTurnHold
+			}
+			argv = append(argv, e.UID, string(e.Kind), e.Segment, e.TTL.Milliseconds(), string(e.Clock), at, hold.Milliseconds())
+		}
+		return activityScript.call(keys, argv...)
+	}, DefaultSlotRetry)
+	var res ActivityResult
+	var failed, lost int
+	var firstErr error
+	for i, cmd := range cmds {
+		n := len(byBucket[buckets[i]])
+		got, err := cmd.Int64Slice()
+		if err == nil && len(got) != n {
+			err = fmt.Errorf("%w: %d outcomes for %d events", errReply, len(got), n)
+		}
+		if err != nil {
+			failed++
+			lost += n
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		for _, v := range got {
+			if v == 1 {
+				res.Applied++
+			} else {
+				res.Stale++
+			}
+		}
+	}
+	if firstErr != nil {
+		return res, fmt.Errorf("apply activity: %d of %d buckets (%d events) failed, the others applied: %w",
+			failed, len(buckets), lost, firstErr)
+	}
+	return res, nil
+}
+
+// check names what is wrong with an event.
+func (e Activity) check() error {
+	if !userid.Valid(e.UID) {
+		return fmt.Errorf("uid %q: not a valid user id", e.UID)
+	}
+	if e.Segment != "" && !userid.ValidSegment(e.Segment) {
+		return fmt.Errorf("segment %q: not a valid segment name", e.Segment)
+	}
+	switch e.Kind {
+	case ActivityEnd:
+		return nil
+	case ActivityActive, ActivityTurnUser, ActivityTurnUs:
+	default:
+		return fmt.Errorf("kind %q: want %s, %s, %s or %s", e.Kind, ActivityActive, ActivityTurnUser, ActivityTurnUs, ActivityEnd)
+	}
+	if e.TTL < time.Millisecond {
+		return fmt.Errorf("ttl %v: want at least 1ms", e.TTL)
+	}
+	if !e.Clock.Valid() {
+		return fmt.Errorf("clock %q: want %s or %s", e.Clock, ClockPresence, ClockTurn)
+	}
+	if e.MaxHold < 0 || e.MaxHold > MaxTurnHold || (e.MaxHold != 0 && e.Kind != ActivityTurnUs) {
+		return fmt.Errorf("max hold %v: want 0 to %v, on %s only", e.MaxHold, MaxTurnHold, ActivityTurnUs)
+	}
+	return nil
+}
+
+// Segments reads the segment of each uid's session, in one pipelined
+// round trip: what an event without a segment is of. A uid without a
+// session is of DefaultSegment. A caller of ApplyActivity resolves its
+// events' empty segments with it first, to fill their TTL and clock from
+// the policy.
+func (s *Store) Segments(ctx context.Context, uids []string) (map[string]string, error) {
+	cmds := make([]*redis.StringCmd, len(uids))
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, uid := range uids {
+			cmds[i] = p.HGet(ctx, s.ks.SegmentsKey(Bucket(uid)), uid)
+		}
+		return nil
+	})
+	if err != nil && err != redis.Nil {
+		return nil, fmt.Errorf("read segments of %d users: %w", len(uids), err)
+	}
+	out := make(map[string]string, len(uids))
+	for i, uid := range uids {
+		seg, err := cmds[i].Result()
+		switch {
+		case err == redis.Nil || seg == "":
+			seg = DefaultSegment
+		case err != nil:
+			return nil, fmt.Errorf("read segment of %q: %w", uid, err)
+		}
+		out[uid] = seg
+	}
+	return out, nil
+}
+
+// TurnState is whose turn it is in a user's conversation.
+type TurnState struct {
+	// Ours: the user waits for us, until Until; else it is the user's
+	// turn.
+	Ours  bool
+	Since time.Time
+	Until time.Time
+}
+
+// Turn reads uid's turn state; ok is false when there is none.
+func (s *Store) Turn(ctx context.Context, uid string) (TurnState, bool, error) {
+	v, err := s.rdb.Get(ctx, s.ks.TurnKey(uid)).Result()
+	if err == redis.Nil {
+		return TurnState{}, false, nil
+	}
+	if err != nil {
+		return TurnState{}, false, fmt.Errorf("read turn of %q: %w", uid, err)
+	}
+	f, ok := turnFormat.decode(v)
+	if !ok {
+		return TurnState{}, false, fmt.Errorf("turn of %q: %w: %q", uid, errReply, v)
+	}
+	var since, until int64
+	fmt.Sscan(f[1], &since)
+	fmt.Sscan(f[2], &until)
+	st := TurnState{Ours: f[0] == turnUs, Since: time.UnixMilli(since)}
+	if st.Ours {
+		st.Until = time.UnixMilli(until)
+	}
+	return st, true, nil
+}
