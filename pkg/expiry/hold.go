@@ -31,6 +31,13 @@ import (
 //     less the clients' ping period.
 //   - While no gateway instance is alive at all, every deadline since the
 //     last one was seen alive is held, until the grace after one is back.
+//   - Where the platform's servers feed activity through the activity
+//     topic, a deadline at or past the feed's watermark (the time before
+//     which every partition had been applied) may have been renewed by a
+//     record still unread: it is held until the watermark has had time to
+//     pass it (as long again as the feed lags, at least activityRecheck,
+//     at most the grace), then checked again. A feed that lagged longer
+//     than its gap records a blind interval (the first rule).
 
 // outageHold returns the release time of the latest hold an outage rule
 // puts e's timeout on, and that rule; a zero time when no outage rule
@@ -69,8 +76,15 @@ func outageHold(c session.Control, e session.Expired, grace time.Duration) (time
 	if since, down := fleetDown(c); down && !d.Before(since) {
 		holdTo(c.Now.Add(grace), ruleFleetDown)
 	}
+	if w, fed := c.ActivityWatermark(); fed && !d.Before(w) {
+		holdTo(c.Now.Add(min(max(c.Now.Sub(w), activityRecheck), grace)), ruleActivityLag)
+	}
 	return release, why
 }
+
+// activityRecheck is the shortest hold for a deadline past the activity
+// feed's watermark: about the period its consumers stamp it at.
+const activityRecheck = 100 * time.Millisecond
 
 // beatSlack is how late a heartbeat may be before it counts as missed.
 const beatSlack = 250 * time.Millisecond

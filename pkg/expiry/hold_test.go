@@ -27,7 +27,8 @@ func TestOutageHold(t *testing.T) {
 		routes   []string
 		blind    []session.BlindInterval
 		inst     map[string]session.Instance
-		until    float64 // 0: produce now
+		feed     map[int32]float64 // the activity watermark by partition
+		until    float64           // 0: produce now
 		rule     holdRule
 	}{
 		{name: "no outage", now: 100, deadline: 99},
@@ -86,10 +87,30 @@ func TestOutageHold(t *testing.T) {
 		{name: "fleet down, deadline before it", now: 100, deadline: 40,
 			inst: map[string]session.Instance{"gw-b": dead}},
 		{name: "no gateway ever", now: 100, deadline: 99},
+		// The activity feed's watermark: the earliest partition's time.
+		{name: "activity applied past the deadline", now: 100, deadline: 99,
+			feed: map[int32]float64{0: 99.9, 1: 99.5}},
+		{name: "activity not yet applied past it: held as long as the feed lags", now: 100, deadline: 99.5,
+			feed: map[int32]float64{0: 99.9, 1: 99.5}, until: 100.5, rule: ruleActivityLag},
+		{name: "a feed just behind: held for the recheck at least", now: 100, deadline: 99.98,
+			feed: map[int32]float64{0: 99.97}, until: 100.1, rule: ruleActivityLag},
+		{name: "a feed down: held for the grace at most", now: 100, deadline: 60,
+			feed: map[int32]float64{0: 99.9, 1: 50}, until: 110, rule: ruleActivityLag},
+		{name: "a feed down, deadline before it", now: 100, deadline: 49,
+			feed: map[int32]float64{0: 99.9, 1: 50}},
+		{name: "a blind interval outlasts the feed's hold", now: 100, deadline: 95,
+			feed:  map[int32]float64{0: 94},
+			blind: []session.BlindInterval{blind(90, 99, "")}, until: 109, rule: ruleBlind},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := session.Control{Now: at(tt.now), Blind: tt.blind, Instances: tt.inst}
+			for p, w := range tt.feed {
+				if c.Activity == nil {
+					c.Activity = map[int32]time.Time{}
+				}
+				c.Activity[p] = at(w)
+			}
 			e := session.Expired{UID: "u", Deadline: at(tt.deadline), Stage: 1, Due: at(tt.deadline), Via: tt.via, Routes: tt.routes}
 			until, rule := outageHold(c, e, grace)
 			var want time.Time

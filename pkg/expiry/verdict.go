@@ -43,8 +43,8 @@ import (
 //     release time; the sweep then finds it again, Rechecked, and judges
 //     it afresh. "Held" means only that: a hold, by a hold rule
 //     (holdRule), counted by rule in stillthere_listener_held_total.
-//   - outage rule: the three hold rules of hold.go (blind, gateway-dead,
-//     fleet-down), judged before the claim. The minute rule and the brake
+//   - outage rule: the four hold rules of hold.go (blind, gateway-dead,
+//     fleet-down, activity-lag), judged before the claim. The minute rule and the brake
 //     are hold rules judged after it.
 //   - claim: the dedup key's value while one replica produces the timeout
 //     (dedup.go); its reply (claimed) is a fact of the second judgement.
@@ -90,6 +90,7 @@ const (
 	ruleBlind       holdRule = "blind"
 	ruleGatewayDead holdRule = "gateway-dead"
 	ruleFleetDown   holdRule = "fleet-down"
+	ruleActivityLag holdRule = "activity-lag"
 	ruleBrake       holdRule = "mass-expiry"
 	ruleMinute      holdRule = "minute"
 	ruleRetry       holdRule = "retry" // released, but the recheck could not run
@@ -103,6 +104,7 @@ var holdRules = []struct {
 	{ruleBlind, "a deadline in or near a blind interval, until the grace after it"},
 	{ruleGatewayDead, "a deadline near the last heartbeat of a gateway instance of the user that missed one since, until the grace after it"},
 	{ruleFleetDown, "every deadline while no gateway instance is alive, until the grace after one is"},
+	{ruleActivityLag, "a deadline at or past the activity feed's watermark, until it has had time to pass it"},
 	{ruleBrake, "a lapse past the mass-expiry brake's threshold, and while it is engaged a later stage or one held before, until the grace after it was due"},
 	{ruleMinute, "a second silence in a minute window whose guide may have gone out, until the window's end"},
 	{ruleRetry, "a released timeout whose recheck could not run, until the next sweep"},

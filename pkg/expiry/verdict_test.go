@@ -186,7 +186,7 @@ func TestDecide(t *testing.T) {
 // TestHoldRulesHelp checks that the held metric's help names every rule.
 func TestHoldRulesHelp(t *testing.T) {
 	help := holdRulesHelp()
-	for _, r := range []holdRule{ruleBlind, ruleGatewayDead, ruleFleetDown, ruleBrake, ruleMinute, ruleRetry} {
+	for _, r := range []holdRule{ruleBlind, ruleGatewayDead, ruleFleetDown, ruleActivityLag, ruleBrake, ruleMinute, ruleRetry} {
 		if !strings.Contains(help, string(r)+" (") {
 			t.Errorf("help %q does not name rule %q", help, r)
 		}

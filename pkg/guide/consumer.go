@@ -41,13 +41,12 @@ import (
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
-// Dead-letter record headers.
+// Dead-letter record headers, as package kafka writes them.
 const (
-	HeaderDLQReason = "dlq-reason" // why the record was dead-lettered
-	// Where it was read: topic, partition and offset, in decimal.
-	HeaderDLQTopic     = "dlq-topic"
-	HeaderDLQPartition = "dlq-partition"
-	HeaderDLQOffset    = "dlq-offset"
+	HeaderDLQReason    = kafka.HeaderDLQReason
+	HeaderDLQTopic     = kafka.HeaderDLQTopic
+	HeaderDLQPartition = kafka.HeaderDLQPartition
+	HeaderDLQOffset    = kafka.HeaderDLQOffset
 )
 
 // Consumer is an opened guide consumer: Open, then Run, then Close.
@@ -327,21 +326,7 @@ func (c *Consumer) text(ev timeoutevent.Event) string {
 const dlqTimeout = 10 * time.Second
 
 func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, reason string) error {
-	const maxReason = 1024
-	if len(reason) > maxReason {
-		reason = reason[:maxReason]
-	}
-	d := &kgo.Record{
-		Topic: c.cfg.DLQTopic,
-		Key:   r.Key,
-		Value: r.Value,
-		Headers: append(append([]kgo.RecordHeader(nil), r.Headers...),
-			kgo.RecordHeader{Key: HeaderDLQReason, Value: []byte(reason)},
-			kgo.RecordHeader{Key: HeaderDLQTopic, Value: []byte(r.Topic)},
-			kgo.RecordHeader{Key: HeaderDLQPartition, Value: fmt.Appendf(nil, "%d", r.Partition)},
-			kgo.RecordHeader{Key: HeaderDLQOffset, Value: fmt.Appendf(nil, "%d", r.Offset)},
-		),
-	}
+	d := kafka.DeadLetter(r, c.cfg.DLQTopic, reason)
 	// Kafka's own pace, not the downstream's: a dead letter that fails is
 	// retried by sending the guide again, which a refused guide should not
 	// be for a slow first metadata load.

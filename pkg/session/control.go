@@ -26,6 +26,9 @@ const (
 	BlindRestart   = "redis-restart" // a Redis master restarted (a new run id)
 	BlindFailover  = "failover"      // a Redis Cluster failover (a replica promoted, a master failed or demoted)
 	BlindDrain     = "gateway-drain" // a gateway instance stopping told its clients to reconnect elsewhere
+	// BlindActivityLag: the activity feed lagged or Kafka was down, and
+	// the platform's records of that time may still come.
+	BlindActivityLag = "activity-lag"
 )
 
 // heartbeatScript records that a gateway instance is alive for lease ms
@@ -204,6 +207,22 @@ type Control struct {
 	Blind     []BlindInterval // those that ended within Keep
 	// Listeners are the listener replicas, as they last marked.
 	Listeners map[string]Listener
+	// Activity is the activity feed's watermark: for each partition of
+	// the activity topic, the time before which every record of it had
+	// been applied. Empty when no activity consumer ever ran.
+	Activity map[int32]time.Time
+}
+
+// ActivityWatermark is the time before which every activity record, of
+// every partition, had been applied: the earliest partition's. ok is
+// false when no activity consumer ever ran.
+func (c Control) ActivityWatermark() (w time.Time, ok bool) {
+	for _, t := range c.Activity {
+		if !ok || t.Before(w) {
+			w, ok = t, true
+		}
+	}
+	return w, ok
 }
 
 // Listener is a listener replica's last sweep mark.
@@ -248,7 +267,7 @@ func (s *Store) markCall(m SweepMark) (*redis.Script, []string, []any) {
 		state = listenerFailing
 	}
 	return markScript.call(markKeys{Swept: s.ks.SweptKey(), Blind: s.ks.BlindKey(), Alive: s.ks.AliveKey(),
-		Listeners: s.ks.ListenersKey(), RunID: s.ks.RunIDKey(), Roles: s.ks.RolesKey()},
+		Listeners: s.ks.ListenersKey(), RunID: s.ks.RunIDKey(), Roles: s.ks.RolesKey(), Activity: s.ks.ActivityKey()},
 		m.GapMax.Milliseconds(), last, m.Keep.Milliseconds(), m.Listener, state)
 }
 
@@ -258,7 +277,7 @@ func parseControl(cmd *redis.Cmd) (Control, error) {
 	if err != nil {
 		return Control{}, fmt.Errorf("mark sweep: %w", err)
 	}
-	if len(vals) != 6 {
+	if len(vals) != 7 {
 		return Control{}, fmt.Errorf("mark sweep: %w: %d values", errReply, len(vals))
 	}
 	nowMS, _ := vals[0].(int64)
@@ -294,6 +313,20 @@ func parseControl(cmd *redis.Cmd) (Control, error) {
 		if ms, err := strconv.ParseInt(f[0], 10, 64); err == nil {
 			c.Listeners[name] = Listener{At: time.UnixMilli(ms), Failing: f[1] == listenerFailing}
 		}
+	}
+	activity, _ := vals[6].([]any)
+	for i := 0; i+1 < len(activity); i += 2 {
+		p, _ := activity[i].(string)
+		v, _ := activity[i+1].(string)
+		part, err1 := strconv.ParseInt(p, 10, 32)
+		ms, err2 := strconv.ParseInt(v, 10, 64)
+		if err1 != nil || err2 != nil || part < 0 || ms < 0 {
+			continue // not ours: a partition is a number, its time Unix ms
+		}
+		if c.Activity == nil {
+			c.Activity = map[int32]time.Time{}
+		}
+		c.Activity[int32(part)] = time.UnixMilli(ms)
 	}
 	return c, nil
 }

@@ -83,11 +83,16 @@ type blindKeys struct{ Blind string }
 func (k blindKeys) list() []string { return []string{k.Blind} }
 
 // markKeys: mark.lua.
-type markKeys struct{ Swept, Blind, Alive, Listeners, RunID, Roles string }
+type markKeys struct{ Swept, Blind, Alive, Listeners, RunID, Roles, Activity string }
 
 func (k markKeys) list() []string {
-	return []string{k.Swept, k.Blind, k.Alive, k.Listeners, k.RunID, k.Roles}
+	return []string{k.Swept, k.Blind, k.Alive, k.Listeners, k.RunID, k.Roles, k.Activity}
 }
+
+// activityKeys: activity_caught_up.lua.
+type activityKeys struct{ Activity, Blind string }
+
+func (k activityKeys) list() []string { return []string{k.Activity, k.Blind} }
 
 // lapseKeys are the lapse keys of a window, the current second last:
 // lapses.lua.

@@ -186,6 +186,11 @@ func (k Keyspace) LapsesKey(sec int64) string {
 // ListenersKey holds when each listener replica last marked a sweep.
 func (k Keyspace) ListenersKey() string { return k.controlKey("listeners") }
 
+// ActivityKey is the activity feed's watermark: a hash from each partition
+// of the activity topic to the time, by Redis's clock, before which every
+// record of it had been applied.
+func (k Keyspace) ActivityKey() string { return k.controlKey("activity") }
+
 // DedupKey marks that uid's timeout in the given minute window was produced.
 func (k Keyspace) DedupKey(uid string, window int64) string {
 	return k.bucketPrefix(Bucket(uid)) + "dd:" + uid + ":" + strconv.FormatInt(window, 10)

@@ -43,4 +43,5 @@ if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[K.listeners], ARGV[4], encodeListener(now, ARGV[5]))
 end
 return {now, start, reason, redis.call('HGETALL', KEYS[K.alive]),
-  redis.call('ZRANGE', KEYS[K.blind], now - keep, '+inf', 'BYSCORE'), redis.call('HGETALL', KEYS[K.listeners])}
+  redis.call('ZRANGE', KEYS[K.blind], now - keep, '+inf', 'BYSCORE'), redis.call('HGETALL', KEYS[K.listeners]),
+  redis.call('HGETALL', KEYS[K.activity])}

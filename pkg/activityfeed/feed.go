@@ -1,0 +1,387 @@
+// Package activityfeed consumes the activity topic: the platform's servers
+// tell us there what their users did and whose turn it is, one JSON event
+// per record keyed by uid. A consumer group shares the partitions; each
+// member applies its records in order, dead-letters those it refuses, and
+// stamps the feed's watermark in Redis (session.Store.ActivityCaughtUp), so
+// that the listener judges no deadline the feed has not been applied past.
+// What a record means is the caller's: the feed hands batches of records
+// to an Apply function and does the Kafka and the watermark.
+package activityfeed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/stillthere/stillthere/pkg/kafka"
+	"github.com/stillthere/stillthere/pkg/outage"
+	"github.com/stillthere/stillthere/pkg/session"
+)
+
+// Config says where the activity topic is and how its consumer behaves.
+type Config struct {
+	// Kafka is the brokers and their security; its Topic is the activity
+	// topic, created with its Partitions when missing.
+	Kafka kafka.Config
+	// Group is the consumer group. Default "stillthere-activity".
+	Group string
+	// DeadLetterTopic receives the records Apply refuses, with the reason
+	// in a header. Default the topic with "-dlq".
+	DeadLetterTopic string
+	// Stamp is how often the watermark is stamped. Default 250ms.
+	Stamp time.Duration
+	// Gap is the longest step of a partition's watermark that is not a
+	// blind interval: a feed that lagged longer, or a Kafka that was down,
+	// may still bring records of that time. Default 5s.
+	Gap time.Duration
+	// MaxBatch is the most records applied at once. Default 1000.
+	MaxBatch int
+}
+
+// Defaults.
+const (
+	DefaultTopic    = "session-activity"
+	DefaultGroup    = "stillthere-activity"
+	DefaultStamp    = 250 * time.Millisecond
+	DefaultGap      = 5 * time.Second
+	DefaultMaxBatch = 1000
+)
+
+// WithDefaults fills what c leaves empty.
+func (c Config) WithDefaults() Config {
+	if c.Kafka.Topic == "" {
+		c.Kafka.Topic = DefaultTopic
+	}
+	if c.Group == "" {
+		c.Group = DefaultGroup
+	}
+	if c.DeadLetterTopic == "" {
+		c.DeadLetterTopic = c.Kafka.Topic + "-dlq"
+	}
+	if c.Stamp == 0 {
+		c.Stamp = DefaultStamp
+	}
+	if c.Gap == 0 {
+		c.Gap = DefaultGap
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = DefaultMaxBatch
+	}
+	return c
+}
+
+// Validate names the first bad field.
+func (c Config) Validate() error {
+	switch {
+	case c.DeadLetterTopic == c.Kafka.Topic:
+		return fmt.Errorf("activity-dlq-topic: %q is the activity topic itself", c.DeadLetterTopic)
+	case c.Stamp < 10*time.Millisecond || c.Stamp > 10*time.Second:
+		return fmt.Errorf("activity-stamp: %v, want between 10ms and 10s", c.Stamp)
+	case c.Gap < 4*c.Stamp:
+		return fmt.Errorf("activity-gap: %v, want at least four stamps (%v)", c.Gap, 4*c.Stamp)
+	case c.MaxBatch < 1 || c.MaxBatch > 100_000:
+		return fmt.Errorf("activity-max-batch: %d, want 1 to 100000", c.MaxBatch)
+	}
+	return c.Kafka.Validate()
+}
+
+// Apply applies records of the activity topic, in order. It returns the
+// reasons for those it refuses, by index: they go to the dead-letter
+// topic, and the rest count as applied. An error means nothing is known
+// applied: the same records are handed again, so applying a record twice
+// must change nothing the first did not.
+type Apply func(ctx context.Context, recs []*kgo.Record) (refused map[int]string, err error)
+
+// Feed is one member of the activity consumer group.
+type Feed struct {
+	cfg   Config
+	log   *slog.Logger
+	store *session.Store
+	apply Apply
+	cl    *kgo.Client
+	adm   *kadm.Client
+
+	mu    sync.Mutex // guards tr and marks: the rebalance callbacks run on the client's goroutine
+	tr    *tracker
+	marks map[int32]time.Time // the watermark last stamped, by partition
+
+	applyOutage, stampOutage, dlqOutage, fetchOutage *outage.Log
+}
+
+// Open joins the group and makes sure the topics exist.
+func Open(ctx context.Context, cfg Config, store *session.Store, apply Apply, logger *slog.Logger) (_ *Feed, err error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := logger.With("topic", cfg.Kafka.Topic)
+	f := &Feed{
+		cfg: cfg, log: log, store: store, apply: apply, tr: newTracker(), marks: map[int32]time.Time{},
+		applyOutage: outage.NewLog(log, "apply activity", 0),
+		stampOutage: outage.NewLog(log, "stamp the activity watermark", 0),
+		dlqOutage:   outage.NewLog(log.With("dlq_topic", cfg.DeadLetterTopic), "dead-letter activity records", 0),
+		fetchOutage: outage.NewLog(log, "fetch activity records", 0),
+	}
+	if f.cl, err = kafka.NewClient(cfg.Kafka, logger,
+		kgo.ConsumerGroup(cfg.Group),
+		kgo.ConsumeTopics(cfg.Kafka.Topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		// Only applied records are committed.
+		kgo.AutoCommitMarks(),
+		kgo.AutoCommitInterval(time.Second),
+		// A polled batch is applied and marked before its partitions can
+		// be revoked; the loop allows the rebalance right after.
+		kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsAssigned(f.onAssigned),
+		kgo.OnPartitionsRevoked(f.onRevoked),
+		kgo.OnPartitionsLost(f.onLost),
+		kgo.ProducerLinger(0),
+	); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			f.cl.Close()
+		}
+	}()
+	f.adm = kadm.NewClient(f.cl)
+	if err := kafka.EnsureTopic(ctx, f.cl, cfg.Kafka); err != nil {
+		return nil, fmt.Errorf("activity-topic: %w", err)
+	}
+	dlq := cfg.Kafka
+	dlq.Topic = cfg.DeadLetterTopic
+	if err := kafka.EnsureTopic(ctx, f.cl, dlq); err != nil {
+		return nil, fmt.Errorf("activity-dlq-topic: %w", err)
+	}
+	return f, nil
+}
+
+// Close leaves the group, committing what was applied.
+func (f *Feed) Close() {
+	f.cl.AllowRebalance()
+	f.cl.Close()
+}
+
+// Run consumes until ctx is done. One goroutine, this one, polls, applies
+// and stamps; a batch is applied before the next poll, and its partitions
+// stay this member's until then.
+func (f *Feed) Run(ctx context.Context) {
+	var stamped time.Time
+	for ctx.Err() == nil {
+		// Poll no longer than a stamp, so that an idle feed still stamps.
+		pctx, cancel := context.WithTimeout(ctx, f.cfg.Stamp)
+		fs := f.cl.PollRecords(pctx, f.cfg.MaxBatch)
+		cancel()
+		if fs.IsClientClosed() {
+			return
+		}
+		f.fetchErrors(ctx, fs)
+		if recs := fs.Records(); len(recs) > 0 {
+			if !f.applyBatch(ctx, recs) {
+				f.cl.AllowRebalance()
+				return
+			}
+		}
+		f.cl.AllowRebalance()
+		if time.Since(stamped) >= f.cfg.Stamp {
+			stamped = time.Now()
+			f.stamp(ctx)
+		}
+	}
+}
+
+// fetchErrors books the errors of a poll that are not its own timeout.
+func (f *Feed) fetchErrors(ctx context.Context, fs kgo.Fetches) {
+	var failed error
+	fs.EachError(func(topic string, p int32, err error) {
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			return
+		}
+		failed = fmt.Errorf("%s/%d: %w", topic, p, err)
+	})
+	if failed != nil {
+		f.fetchOutage.Fail(failed)
+	} else if ctx.Err() == nil {
+		f.fetchOutage.OK()
+	}
+}
+
+// applyBatch applies recs until it succeeds, dead-letters those refused,
+// and marks them all for commit. It returns false if ctx ended first:
+// nothing of the batch is then marked, and its next owner applies it.
+func (f *Feed) applyBatch(ctx context.Context, recs []*kgo.Record) bool {
+	var refused map[int]string
+	if !retry(ctx, func() error {
+		var err error
+		refused, err = f.apply(ctx, recs)
+		return track(f.applyOutage, err)
+	}) {
+		return false
+	}
+	for i, reason := range refused {
+		r := recs[i]
+		metricRecords.WithLabelValues("dead-lettered").Inc()
+		f.log.Warn("activity record refused", "partition", r.Partition, "offset", r.Offset, "reason", reason)
+		if !retry(ctx, func() error {
+			err := f.cl.ProduceSync(ctx, kafka.DeadLetter(r, f.cfg.DeadLetterTopic, reason)).FirstErr()
+			return track(f.dlqOutage, err)
+		}) {
+			return false
+		}
+	}
+	metricRecords.WithLabelValues("applied").Add(float64(len(recs) - len(refused)))
+	f.mu.Lock()
+	for _, r := range recs {
+		f.tr.applied(r.Partition, r.Offset+1)
+	}
+	f.mu.Unlock()
+	f.cl.MarkCommitRecords(recs...)
+	return true
+}
+
+// stamp takes a checkpoint of the partitions this member owns and stamps
+// those that passed one. The time is read before the ends, so that every
+// record appended before it is below the end.
+func (f *Feed) stamp(ctx context.Context) {
+	if err := f.stampOnce(ctx); err != nil && ctx.Err() == nil {
+		f.stampOutage.Fail(err)
+		return
+	}
+	f.stampOutage.OK()
+}
+
+func (f *Feed) stampOnce(ctx context.Context) error {
+	f.mu.Lock()
+	owned, unknown := f.tr.owned(), f.tr.unknown()
+	f.mu.Unlock()
+	if len(owned) == 0 {
+		return nil
+	}
+	at, err := f.store.ActivityClock(ctx)
+	if err != nil {
+		return err
+	}
+	topic := f.cfg.Kafka.Topic
+	ends, err := f.adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		return fmt.Errorf("list end offsets: %w", err)
+	}
+	if err := ends.Error(); err != nil {
+		return fmt.Errorf("list end offsets: %w", err)
+	}
+	// A partition not yet fetched from starts at its committed offset, or,
+	// with none, at its start.
+	var starts kadm.ListedOffsets
+	committed := f.cl.CommittedOffsets()[topic]
+	if len(unknown) > len(committed) {
+		if starts, err = f.adm.ListStartOffsets(ctx, topic); err != nil {
+			return fmt.Errorf("list start offsets: %w", err)
+		}
+	}
+	f.mu.Lock()
+	for p, o := range committed {
+		f.tr.applied(p, o.Offset)
+	}
+	for _, p := range unknown {
+		if _, ok := committed[p]; !ok {
+			if s, ok := starts.Lookup(topic, p); ok && s.Err == nil {
+				f.tr.applied(p, s.Offset)
+			}
+		}
+	}
+	mine := map[int32]int64{}
+	for _, p := range owned {
+		if e, ok := ends.Lookup(topic, p); ok && e.Err == nil {
+			mine[p] = e.Offset
+		}
+	}
+	f.tr.checkpoint(at, mine)
+	caught := f.tr.caughtUp()
+	f.mu.Unlock()
+	if len(caught) == 0 {
+		return nil
+	}
+	now, err := f.store.ActivityCaughtUp(ctx, f.cfg.Gap, caught)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	for p, w := range caught {
+		f.marks[p] = w
+	}
+	var low time.Time
+	for _, p := range owned {
+		if w, ok := f.marks[p]; ok && (low.IsZero() || w.Before(low)) {
+			low = w
+		}
+	}
+	f.mu.Unlock()
+	if !low.IsZero() {
+		metricLag.Set(now.Sub(low).Seconds())
+	}
+	return nil
+}
+
+func (f *Feed) onAssigned(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, p := range m[f.cfg.Kafka.Topic] {
+		f.tr.assign(p)
+	}
+}
+
+// onRevoked commits what was applied, so the partitions' next owner starts
+// right after it.
+func (f *Feed) onRevoked(ctx context.Context, cl *kgo.Client, m map[string][]int32) {
+	if err := cl.CommitMarkedOffsets(ctx); err != nil {
+		f.log.Warn("commit on revoke", "err", err)
+	}
+	f.forget(m)
+}
+
+func (f *Feed) onLost(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+	f.log.Warn("activity partitions lost", "partitions", m[f.cfg.Kafka.Topic])
+	f.forget(m)
+}
+
+func (f *Feed) forget(m map[string][]int32) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, p := range m[f.cfg.Kafka.Topic] {
+		f.tr.revoke(p)
+		delete(f.marks, p)
+	}
+}
+
+// retry calls do until it succeeds or ctx ends, backing off between
+// tries; it reports whether do succeeded.
+func retry(ctx context.Context, do func() error) bool {
+	wait := 50 * time.Millisecond
+	for {
+		if do() == nil {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// track books err on an outage log and returns it.
+func track(l *outage.Log, err error) error {
+	if err != nil {
+		l.Fail(err)
+		return err
+	}
+	l.OK()
+	return nil
+}

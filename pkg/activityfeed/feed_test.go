@@ -1,0 +1,284 @@
+package activityfeed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/stillthere/stillthere/pkg/kafka"
+	"github.com/stillthere/stillthere/pkg/kafka/kafkatest"
+	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
+	"github.com/stillthere/stillthere/pkg/session"
+)
+
+// rig is an activity topic on the in-process Kafka, a real redis-server,
+// and an Apply that records what it was given.
+type rig struct {
+	t       *testing.T
+	brokers []string
+	store   *session.Store
+
+	mu      sync.Mutex
+	applied []string // record values, in the order applied
+	failing bool     // Apply returns an error
+}
+
+func newRig(t *testing.T) *rig {
+	kc := kafkatest.StartFake(t)
+	srv := redistest.Start(t)
+	ks, err := session.NewKeyspace(redistest.Prefix(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &rig{t: t, brokers: kc.ListenAddrs(), store: session.NewStore(redistest.Client(t, srv), ks)}
+}
+
+func (r *rig) config() Config {
+	k := kafka.DefaultConfig()
+	k.Brokers, k.Topic, k.Partitions = r.brokers, DefaultTopic, 4
+	return Config{Kafka: k, Stamp: 50 * time.Millisecond, Gap: time.Second}
+}
+
+// apply refuses records whose value starts with "bad", and fails while
+// the rig says so.
+func (r *rig) apply(_ context.Context, recs []*kgo.Record) (map[int]string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failing {
+		return nil, errors.New("redis is down")
+	}
+	refused := map[int]string{}
+	for i, rec := range recs {
+		if strings.HasPrefix(string(rec.Value), "bad") {
+			refused[i] = "bad record " + string(rec.Value)
+			continue
+		}
+		r.applied = append(r.applied, string(rec.Value))
+	}
+	return refused, nil
+}
+
+func (r *rig) setFailing(v bool) {
+	r.mu.Lock()
+	r.failing = v
+	r.mu.Unlock()
+}
+
+func (r *rig) appliedValues() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.applied)
+}
+
+// start runs a feed member until the test ends or stop is called.
+func (r *rig) start() (stop func()) {
+	r.t.Helper()
+	f, err := Open(context.Background(), r.config(), r.store, r.apply, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); f.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			<-done
+			f.Close()
+		})
+	}
+	r.t.Cleanup(stop)
+	return stop
+}
+
+// produce writes values keyed by uid to the activity topic.
+func (r *rig) produce(uid string, values ...string) {
+	r.t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(r.brokers...), kgo.DefaultProduceTopic(DefaultTopic))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer cl.Close()
+	for _, v := range values {
+		if err := cl.ProduceSync(context.Background(), &kgo.Record{Key: []byte(uid), Value: []byte(v)}).FirstErr(); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+}
+
+// control reads the control state as the listener does.
+func (r *rig) control() session.Control {
+	r.t.Helper()
+	c, err := r.store.Mark(context.Background(), session.SweepMark{Keep: time.Hour, GapMax: time.Hour})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return c
+}
+
+// watermarkPast waits until every partition's watermark is at or past t.
+func (r *rig) watermarkPast(t time.Time, within time.Duration) bool {
+	return waitFor(within, func() bool {
+		c := r.control()
+		w, ok := c.ActivityWatermark()
+		return ok && len(c.Activity) == 4 && !w.Before(t)
+	})
+}
+
+func waitFor(within time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(within)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestFeedAppliesInOrderAndStamps checks one member: each uid's records
+// applied in order, refused ones dead-lettered with their reason, and the
+// watermark past every record once they are applied.
+func TestFeedAppliesInOrderAndStamps(t *testing.T) {
+	r := newRig(t)
+	r.start()
+	for u := range 5 {
+		uid := fmt.Sprintf("u%d", u)
+		r.produce(uid, uid+"-1", "bad-"+uid, uid+"-2", uid+"-3")
+	}
+	produced := r.control().Now
+	if !r.watermarkPast(produced, 30*time.Second) {
+		t.Fatalf("watermark never passed the records' time: %v", r.control().Activity)
+	}
+	// Once the watermark is past them, every record is applied.
+	got := r.appliedValues()
+	if len(got) != 15 {
+		t.Fatalf("applied %d records by the watermark, want 15: %v", len(got), got)
+	}
+	for u := range 5 {
+		uid := fmt.Sprintf("u%d", u)
+		var mine []string
+		for _, v := range got {
+			if strings.HasPrefix(v, uid+"-") {
+				mine = append(mine, v)
+			}
+		}
+		if want := []string{uid + "-1", uid + "-2", uid + "-3"}; !slices.Equal(mine, want) {
+			t.Errorf("%s applied %v, want %v", uid, mine, want)
+		}
+	}
+	dlq := readAll(t, r.brokers, DefaultTopic+"-dlq", 5)
+	for _, rec := range dlq {
+		if reason := header(rec, kafka.HeaderDLQReason); reason != "bad record "+string(rec.Value) {
+			t.Errorf("dead letter %q has reason %q", rec.Value, reason)
+		}
+	}
+	if c := r.control(); len(c.Blind) != 0 {
+		t.Errorf("blind intervals %+v with a feed that kept up", c.Blind)
+	}
+}
+
+// TestFeedStallHoldsTheWatermark checks that while records cannot be
+// applied the watermark stays before them, and that a stall past the gap
+// is a blind interval once the feed catches up.
+func TestFeedStallHoldsTheWatermark(t *testing.T) {
+	r := newRig(t)
+	r.start()
+	if !r.watermarkPast(r.control().Now, 30*time.Second) {
+		t.Fatal("an idle feed never stamped")
+	}
+	r.setFailing(true)
+	r.produce("u1", "u1-1")
+	stalled := r.control().Now
+	if !waitFor(30*time.Second, func() bool { return r.control().Now.Sub(stalled) > 2*time.Second }) {
+		t.Fatal("Redis's clock did not move")
+	}
+	if w, _ := r.control().ActivityWatermark(); !w.Before(stalled) {
+		t.Fatalf("watermark %v passed %v while its record could not be applied", w, stalled)
+	}
+	r.setFailing(false)
+	recovered := r.control().Now
+	if !r.watermarkPast(recovered, 30*time.Second) {
+		t.Fatal("the watermark did not catch up")
+	}
+	if got := r.appliedValues(); !slices.Equal(got, []string{"u1-1"}) {
+		t.Fatalf("applied %v, want the stalled record once", got)
+	}
+	var lag []session.BlindInterval
+	for _, b := range r.control().Blind {
+		if b.Reason == session.BlindActivityLag {
+			lag = append(lag, b)
+		}
+	}
+	if len(lag) != 1 || lag[0].Start.After(stalled) || lag[0].End.Before(recovered) {
+		t.Fatalf("activity-lag blind intervals %+v, want one over the stall %v to %v", lag, stalled, recovered)
+	}
+}
+
+// TestFeedRebalance checks two members sharing the partitions, one of
+// which leaves in the middle: every record applied, at least once and in
+// order per uid, and the watermark past them all.
+func TestFeedRebalance(t *testing.T) {
+	r := newRig(t)
+	stopA := r.start()
+	r.start()
+	for u := range 20 {
+		r.produce(fmt.Sprintf("u%d", u), fmt.Sprintf("u%d-1", u))
+	}
+	stopA()
+	for u := range 20 {
+		r.produce(fmt.Sprintf("u%d", u), fmt.Sprintf("u%d-2", u))
+	}
+	if !r.watermarkPast(r.control().Now, 30*time.Second) {
+		t.Fatalf("watermark never passed the records: %v", r.control().Activity)
+	}
+	got := r.appliedValues()
+	for u := range 20 {
+		first := slices.Index(got, fmt.Sprintf("u%d-1", u))
+		second := slices.Index(got, fmt.Sprintf("u%d-2", u))
+		if first < 0 || second < 0 || second < first {
+			t.Errorf("u%d: applied at %d and %d, want both, in order", u, first, second)
+		}
+	}
+}
+
+func readAll(t *testing.T, brokers []string, topic string, n int) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var out []*kgo.Record
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for len(out) < n {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("read %d of %d records of %s", len(out), n, topic)
+		}
+		out = append(out, fs.Records()...)
+	}
+	return out
+}
+
+func header(r *kgo.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}

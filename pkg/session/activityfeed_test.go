@@ -1,0 +1,64 @@
+package session
+
+import (
+	"testing"
+	"time"
+)
+
+// TestActivityWatermark checks the feed's watermark as the listener reads
+// it in each mark: each partition's time moves only forward, the earliest
+// partition's is the watermark, a step past the gap is a blind interval
+// of everyone, and an operator can forget the feed.
+func TestActivityWatermark(t *testing.T) {
+	s, ctx := newStore(t)
+	mark := func() Control {
+		t.Helper()
+		c, err := s.Mark(ctx, SweepMark{Keep: time.Hour, GapMax: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	if _, fed := mark().ActivityWatermark(); fed {
+		t.Fatal("a watermark before any activity consumer ran")
+	}
+	now, err := s.ActivityClock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const gap = 2 * time.Second
+	caughtUp := func(parts map[int32]time.Time) {
+		t.Helper()
+		if _, err := s.ActivityCaughtUp(ctx, gap, parts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t0 := now.Truncate(time.Millisecond)
+	caughtUp(map[int32]time.Time{0: t0, 1: t0.Add(-time.Second), 2: t0})
+	if w, fed := mark().ActivityWatermark(); !fed || !w.Equal(t0.Add(-time.Second)) {
+		t.Fatalf("watermark = %v %v, want the earliest partition's, %v", w, fed, t0.Add(-time.Second))
+	}
+	// A consumer that lost partition 1 in a rebalance stamps late: no change.
+	caughtUp(map[int32]time.Time{1: t0.Add(-2 * time.Second)})
+	caughtUp(map[int32]time.Time{1: t0.Add(500 * time.Millisecond)})
+	c := mark()
+	if w, _ := c.ActivityWatermark(); !w.Equal(t0) {
+		t.Fatalf("watermark = %v, want %v", w, t0)
+	}
+	if len(c.Blind) != 0 {
+		t.Fatalf("blind intervals %+v from steps within the gap", c.Blind)
+	}
+	// Partition 2 lagged 3 s (Kafka down, or its consumer): a blind interval.
+	caughtUp(map[int32]time.Time{2: t0.Add(3 * time.Second)})
+	c = mark()
+	want := BlindInterval{Start: t0, End: t0.Add(3 * time.Second), Reason: BlindActivityLag}
+	if len(c.Blind) != 1 || c.Blind[0] != want {
+		t.Fatalf("blind intervals = %+v, want %+v", c.Blind, want)
+	}
+	if err := s.ForgetActivity(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, fed := mark().ActivityWatermark(); fed {
+		t.Fatal("a watermark after the feed was forgotten")
+	}
+}
