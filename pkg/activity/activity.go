@@ -177,3 +177,23 @@ func checkID(id string) string {
 	}
 	return ""
 }
+
+// Response is the body of a 200 answer: the batch was applied, in order.
+type Response struct {
+	// Applied counts the events that changed their user's state.
+	Applied int `json:"applied"`
+	// Stale counts those older than the user's state they would have
+	// changed (by at_ms, or by order per user), which changed nothing.
+	Stale int `json:"stale"`
+}
+
+// ErrorResponse is the body of every other answer but 404. Nothing of
+// the batch was applied.
+type ErrorResponse struct {
+	Error string `json:"error"`
+	// Index is the refused event's position in the batch, with a 400
+	// about one event.
+	Index *int `json:"index,omitempty"`
+	// Field is the refused field, when the error is about one.
+	Field string `json:"field,omitempty"`
+}
