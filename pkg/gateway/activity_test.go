@@ -134,8 +134,12 @@ func counter(t *testing.T, kind, outcome string) float64 {
 
 func TestActivityOff(t *testing.T) {
 	for name, h := range map[string]*activityHandler{
-		"no secret": func() *activityHandler { h := newActivityHandler(&fakeActivity{}, activityPolicy); h.secret = ""; return h }(),
-		"no store":  newActivityHandler(nil, activityPolicy),
+		"no secret": func() *activityHandler {
+			h := newActivityHandler(&fakeActivity{}, activityPolicy)
+			h.secret = ""
+			return h
+		}(),
+		"no store": newActivityHandler(nil, activityPolicy),
 	} {
 		t.Run(name, func(t *testing.T) {
 			for _, method := range []string{http.MethodPost, http.MethodGet} {
