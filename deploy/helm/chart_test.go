@@ -34,6 +34,7 @@ var components = []string{"gateway", "expiry-listener", "guide-consumer"}
 type values struct {
 	Secrets struct {
 		ExistingSecret string `json:"existingSecret"`
+		ActivitySecret string `json:"activitySecret"`
 	} `json:"secrets"`
 	Kafka struct {
 		Partitions int `json:"partitions"`

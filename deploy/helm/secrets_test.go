@@ -19,7 +19,7 @@ var secretValues = []string{
 }
 
 // secretKeys are the keys of secrets.existingSecret values.yaml documents.
-var secretKeys = []string{"token-secret", "push-secret", "webhook-secret", "redis-password", "kafka-sasl-password"}
+var secretKeys = []string{"token-secret", "push-secret", "webhook-secret", "activity-secret", "redis-password", "kafka-sasl-password"}
 
 // checkSecrets: the pods read their secrets from secrets.existingSecret,
 // by the documented keys, and the chart renders no Secret of its own; or,
@@ -53,6 +53,22 @@ func checkSecrets(t *testing.T, m *manifests, pods map[string]*corev1.PodTemplat
 		if got := gw[name]; got != "secret:"+want+"/"+key {
 			t.Errorf("gateway: %s = %q, want it from Secret %s key %s", name, got, want, key)
 		}
+	}
+	// The activity secret is optional: read from an existing Secret, which
+	// may lack the key (the endpoint is off then), or from the chart's
+	// when given.
+	activity := gw["STILLTHERE_ACTIVITY_SECRET"]
+	if v.Secrets.ExistingSecret != "" || v.Secrets.ActivitySecret != "" {
+		if activity != "secret:"+want+"/activity-secret" {
+			t.Errorf("gateway: STILLTHERE_ACTIVITY_SECRET = %q, want it from Secret %s key activity-secret", activity, want)
+		}
+		for _, e := range pods["gateway"].Spec.Containers[0].Env {
+			if e.Name == "STILLTHERE_ACTIVITY_SECRET" && (e.ValueFrom.SecretKeyRef.Optional == nil || !*e.ValueFrom.SecretKeyRef.Optional) {
+				t.Errorf("gateway: STILLTHERE_ACTIVITY_SECRET's key is not optional")
+			}
+		}
+	} else if activity != "" {
+		t.Errorf("gateway: STILLTHERE_ACTIVITY_SECRET = %q with no activity secret given", activity)
 	}
 }
 
@@ -155,6 +171,11 @@ func TestChartRequiresSecrets(t *testing.T) {
 			[]string{"redis.auth.password: set together with secrets.existingSecret (chat-secrets)"}},
 		{"an existing secret and a SASL password", []string{"--set=secrets.existingSecret=chat-secrets", "--set=kafka.sasl.mechanism=plain", "--set=kafka.sasl.username=u", "--set=kafka.sasl.password=p"},
 			[]string{"kafka.sasl.password: set together with secrets.existingSecret (chat-secrets)"}},
+		{"an activity secret", []string{token, push, "--set=secrets.activitySecret=activity-secret-for-tests-0123456789"}, nil},
+		{"the push secret as the activity secret", []string{token, push, "--set=secrets.activitySecret=push-secret-for-tests-0123456789abcdef"},
+			[]string{"secrets.activitySecret: the same as secrets.pushSecret"}},
+		{"an existing secret and an activity secret", []string{"--set=secrets.existingSecret=chat-secrets", "--set=secrets.activitySecret=activity-secret-for-tests-0123456789"},
+			[]string{"secrets.activitySecret: set together with secrets.existingSecret (chat-secrets)"}},
 		{"webhook without its secret", []string{token, push, "--set=consumer.sender=webhook", "--set=consumer.webhookURL=https://im.example.com/hook"},
 			[]string{"secrets.webhookSecret: required with consumer.sender=webhook"}},
 	} {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stillthere/stillthere/pkg/activity"
 	"github.com/stillthere/stillthere/pkg/config"
 	"github.com/stillthere/stillthere/pkg/frame"
 	"github.com/stillthere/stillthere/pkg/policy"
@@ -36,6 +37,11 @@ type Config struct {
 	// PushSecret is the bearer token the push endpoint requires, at least
 	// 32 bytes. Required.
 	PushSecret string
+	// ActivitySecret is the bearer token of the activity endpoint, POST
+	// /v1/activity, through which a chat platform's servers report their
+	// users' activity and turns. Default empty: the endpoint is off (404).
+	// When set, at least 32 bytes, and not the push secret.
+	ActivitySecret string
 	// TokenIssuer and TokenAudience, when set, must be the client tokens'
 	// "iss" and among their "aud". Default empty: not checked.
 	TokenIssuer   string
@@ -210,7 +216,8 @@ func (c Config) routeRefresh() time.Duration { return cmp.Or(c.routeRefreshEvery
 func (c Config) routeTTL() time.Duration     { return cmp.Or(c.routeKeyTTL, defaultRouteTTL) }
 
 // DefaultConfig is the gateway's configuration by default, without the
-// two secrets, which have none: what LoadConfig reads from no flags and
+// two required secrets, which have none (the activity secret's default is
+// empty: no activity endpoint): what LoadConfig reads from no flags and
 // no environment. Fields whose zero value means their default are set to
 // the default all the same.
 func DefaultConfig() Config {
@@ -255,6 +262,7 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Bool(&c.Pprof, "pprof", d.Pprof, "serve /debug/pprof/ on the internal listener (unauthenticated)")
 	b.Secret(&c.TokenSecret, "token-secret", "HS256 secret of client tokens, at least 32 bytes (required)")
 	b.Secret(&c.PushSecret, "push-secret", "bearer secret of the push endpoint, at least 32 bytes (required)")
+	b.Secret(&c.ActivitySecret, "activity-secret", "bearer secret of the activity endpoint, at least 32 bytes and not the push secret; empty: no activity endpoint")
 	b.String(&c.TokenIssuer, "token-issuer", d.TokenIssuer, "required iss of client tokens; empty: not checked")
 	b.String(&c.TokenAudience, "token-audience", d.TokenAudience, "required aud of client tokens; empty: not checked")
 	b.Duration(&c.TokenMaxLifetime, "token-max-lifetime", d.TokenMaxLifetime, "longest lifetime (exp less iat) of a client token; 0: no limit")
@@ -316,6 +324,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("token-secret: %d bytes, want at least %d", len(c.TokenSecret), token.MinSecretLen)
 	case push.CheckSecret(c.PushSecret) != nil:
 		return push.CheckSecret(c.PushSecret)
+	case activity.CheckSecret(c.ActivitySecret, c.PushSecret) != nil:
+		return activity.CheckSecret(c.ActivitySecret, c.PushSecret)
 	case c.TokenMaxLifetime < 0:
 		return fmt.Errorf("token-max-lifetime: %v, want 0 (no limit) or more", c.TokenMaxLifetime)
 	case c.SessionTTL < time.Second:

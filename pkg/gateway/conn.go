@@ -12,6 +12,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/stillthere/stillthere/pkg/frame"
+	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/wsread"
 )
@@ -303,12 +304,7 @@ func (c *conn) answer(f frame.Client) {
 func (c *conn) renew() {
 	start := time.Now()
 	now := start.Sub(c.g.start)
-	p := c.g.policy.Current()
-	ttl := p.TTL(c.segment)
-	if p.Jitter > 0 {
-		ttl += rand.N(p.Jitter)
-	}
-	ttl = ttl.Truncate(time.Millisecond)
+	ttl := grantTTL(c.g.policy.Current(), c.segment)
 	u, mu := c.g.hub.userOf(c.uid)
 	rs := &u.renewals
 	// A renewal older than this connection's registration is not shared
@@ -364,6 +360,18 @@ func (c *conn) renew() {
 		// that shares it is answered after it.
 		rs.settle(mu, r, time.Since(c.g.start), deadline, err)
 	})
+}
+
+// grantTTL is the TTL a renewal in segment grants under p: the
+// segment's TTL plus a uniform jitter in [0, p.Jitter), so that expiries
+// don't clump, in whole milliseconds. A ping's renewal and the platform's
+// activity (see activity.go) grant the same.
+func grantTTL(p policy.Policy, segment string) time.Duration {
+	ttl := p.TTL(segment)
+	if p.Jitter > 0 {
+		ttl += rand.N(p.Jitter)
+	}
+	return ttl.Truncate(time.Millisecond)
 }
 
 // written records that the renewal granting ttl was written, if it is

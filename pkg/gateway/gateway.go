@@ -2,8 +2,9 @@
 // to its public listener with a JWT; each app-level ping renews the user's
 // session in Redis. On its internal listener it serves the push endpoint
 // through which the guide consumer delivers "are you still there?" to
-// connected users, plus health and metrics. The wire contract is in
-// docs/protocol.md.
+// connected users, the activity endpoint through which a chat platform's
+// servers report their users' activity and turns (when configured), plus
+// health and metrics. The wire contract is in docs/protocol.md.
 //
 // Each instance heartbeats to Redis, and when Redis was out of its reach,
 // it records that as a blind interval and restores its users' grants, so
@@ -30,6 +31,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/stillthere/stillthere/pkg/activity"
 	"github.com/stillthere/stillthere/pkg/admin"
 	"github.com/stillthere/stillthere/pkg/frame"
 	"github.com/stillthere/stillthere/pkg/lifecycle"
@@ -102,10 +104,16 @@ type Gateway struct {
 	// Redis can take away (see channel.go).
 	channel instanceChannel
 
+	// activityStore applies the platform's activity (see activity.go).
+	// Nil until the Redis model applies activity: the endpoint is off
+	// (404) meanwhile, whatever the activity secret.
+	activityStore activityStore
+
 	// One outage log per condition: a line when it starts failing, a
 	// summary now and then, a line when it ends, not a line per call.
 	renewLog, beatLog, resyncLog  *outage.Log
 	routeLog, pushLog, channelLog *outage.Log
+	activityLog                   *outage.Log
 }
 
 var _ lifecycle.Service = (*Gateway)(nil)
@@ -144,14 +152,15 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 			// The Origin is checked before the upgrade, with a JSON 403.
 			CheckOrigin: func(*http.Request) bool { return true },
 		},
-		start:      time.Now(),
-		reach:      newReach(cfg.RenewFlushInterval, stallAfter(cfg.HeartbeatInterval), nil),
-		renewLog:   outage.NewLog(logger, "renew sessions", 0),
-		beatLog:    outage.NewLog(logger, "heartbeat", 0),
-		resyncLog:  outage.NewLog(logger, "resync sessions", 0),
-		routeLog:   outage.NewLog(logger, "route bookkeeping", 0),
-		pushLog:    outage.NewLog(logger, "push guides", 0),
-		channelLog: outage.NewLog(logger, "instance channel", 0),
+		start:       time.Now(),
+		reach:       newReach(cfg.RenewFlushInterval, stallAfter(cfg.HeartbeatInterval), nil),
+		renewLog:    outage.NewLog(logger, "renew sessions", 0),
+		beatLog:     outage.NewLog(logger, "heartbeat", 0),
+		resyncLog:   outage.NewLog(logger, "resync sessions", 0),
+		routeLog:    outage.NewLog(logger, "route bookkeeping", 0),
+		pushLog:     outage.NewLog(logger, "push guides", 0),
+		channelLog:  outage.NewLog(logger, "instance channel", 0),
+		activityLog: outage.NewLog(logger, "apply activity", 0),
 	}
 	defer func() {
 		if err != nil {
@@ -203,6 +212,9 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 	})
 	g.reach.waiting = g.renewer.Waiting
 	g.routes = newRouteBook(g)
+	if cfg.ActivitySecret != "" && g.activityStore == nil {
+		logger.Warn("activity-secret is set, but this build's session store does not apply activity: " + activity.Path + " answers 404")
+	}
 	g.policy = policy.NewWatcher(policy.NewStore(g.rdb, cfg.Redis.Keyspace()),
 		cfg.FallbackPolicy(), cfg.PolicyRefresh, cfg.RenewGranularity, logger)
 	if err := g.policy.Refresh(ctx); err != nil {
@@ -723,5 +735,15 @@ func (g *Gateway) pushMux() http.Handler {
 		return g.rdb.Ping(ctx).Err()
 	}, g.cfg.Pprof)
 	mux.HandleFunc("POST "+push.Path, g.servePush)
+	// Every method: the handler answers 404 while off, and 405 to methods
+	// but POST while on.
+	mux.Handle(activity.Path, &activityHandler{
+		secret:   g.cfg.ActivitySecret,
+		store:    g.activityStore,
+		policy:   g.policy.Current,
+		instance: g.instance,
+		now:      time.Now,
+		log:      g.activityLog,
+	})
 	return mux
 }

@@ -110,4 +110,10 @@ var (
 		Name: "stillthere_gateway_shed_total",
 		Help: "Connections closed with 1013 because Redis was out of the instance's reach for shed-after, so that clients reconnect elsewhere.",
 	})
+	metricActivityEvents = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "stillthere_gateway_activity_events_total",
+		Help: "Platform activity events (POST /v1/activity), by kind (active, turn_user, turn_us, end) and outcome: applied, stale (older than the state it would change), " +
+			"failed (Redis out of reach: answered 503, nothing applied). The store counts applied and stale per batch, so a batch of several kinds counts as kind mixed. " +
+			"A batch refused whole (400, or 413 past the body cap) counts once, as outcome refused of kind unknown: its events were not all read.",
+	}, []string{"kind", "outcome"})
 )

@@ -91,7 +91,7 @@ spool directory) or a secret.
 {{- $_ := set $out (include "stillthere.envName" $k) (include "stillthere.settingValue" $v) }}
 {{- end }}
 {{- end }}
-{{- $secrets := list "STILLTHERE_TOKEN_SECRET" "STILLTHERE_PUSH_SECRET" "STILLTHERE_WEBHOOK_SECRET" "STILLTHERE_REDIS_PASSWORD" "STILLTHERE_KAFKA_SASL_PASSWORD" }}
+{{- $secrets := list "STILLTHERE_TOKEN_SECRET" "STILLTHERE_PUSH_SECRET" "STILLTHERE_WEBHOOK_SECRET" "STILLTHERE_ACTIVITY_SECRET" "STILLTHERE_REDIS_PASSWORD" "STILLTHERE_KAFKA_SASL_PASSWORD" }}
 {{- $reserved := list }}
 {{- range .reserved }}{{ $reserved = append $reserved (include "stillthere.envName" .) }}{{ end }}
 {{- $seen := dict }}
@@ -126,7 +126,9 @@ spool directory) or a secret.
 {{- end }}
 {{- end }}
 
-{{/* One secret env entry: (list $ "STILLTHERE_PUSH_SECRET" "push-secret"). */}}
+{{/* One secret env entry: (list $ "STILLTHERE_PUSH_SECRET" "push-secret"),
+or (list $ name key true) for a key the Secret may lack (the setting is
+then unset). */}}
 {{- define "stillthere.secretEnv" -}}
 {{- $ := index . 0 }}
 - name: {{ index . 1 }}
@@ -134,6 +136,9 @@ spool directory) or a secret.
     secretKeyRef:
       name: {{ include "stillthere.secretName" $ }}
       key: {{ index . 2 }}
+      {{- if and (gt (len .) 3) (index . 3) }}
+      optional: true
+      {{- end }}
 {{- end }}
 
 {{/* Secret env shared by every service: Redis, and Kafka with (list $ true). */}}

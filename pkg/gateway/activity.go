@@ -1,0 +1,281 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/stillthere/stillthere/pkg/activity"
+	"github.com/stillthere/stillthere/pkg/admin"
+	"github.com/stillthere/stillthere/pkg/outage"
+	"github.com/stillthere/stillthere/pkg/policy"
+	"github.com/stillthere/stillthere/pkg/push"
+	"github.com/stillthere/stillthere/pkg/userid"
+)
+
+// The activity flow: a chat platform's servers report what their users
+// do (POST /v1/activity, package activity). In the order a batch takes it:
+//
+//  1. serveActivity: off (no activity-secret) answers 404; then the
+//     method, the secret, the content type and the body cap; then the
+//     batch is parsed, and one bad event refuses all of it (400).
+//  2. An event without a segment takes its user's current one
+//     (activityStore.Segments), else the default segment.
+//  3. storeEvent turns each into the store's event, with the TTL a ping
+//     in its segment grants (grantTTL) and the segment's clock.
+//  4. One ApplyActivity call applies the batch, in order, or fails whole
+//     (503): nothing is promised applied, and the platform sends it again.
+//     Applying twice is harmless: each event applies only if it is newer
+//     than the state it would change (by at_ms, else by the order in which
+//     it reached Redis), so a batch applied once already is stale the
+//     second time, event for event. An event without at_ms is stamped
+//     when applied, so its second application moves its user's clock by
+//     the retry's delay at most; a platform that cares sends at_ms.
+
+// activityTimeout bounds a batch's work in Redis.
+const activityTimeout = 10 * time.Second
+
+// activityRetryAfter is the Retry-After of a 503.
+const activityRetryAfter = time.Second
+
+// activityStore is what the endpoint needs of the Redis model
+// (session.Store). Its types mirror the store's field for field.
+type activityStore interface {
+	// ApplyActivity applies events in order, as instance.
+	ApplyActivity(ctx context.Context, instance string, events []activityEvent) (activityResult, error)
+	// Segments is each user's current segment, "" when none.
+	Segments(ctx context.Context, uids []string) (map[string]string, error)
+}
+
+// activityClock is how a segment counts silence.
+type activityClock string
+
+const (
+	// clockPresence: silence counts from the last activity.
+	clockPresence activityClock = "presence"
+	// clockTurn: silence counts only while it is the user's turn.
+	clockTurn activityClock = "turn"
+)
+
+// activityKind is an event's meaning in the store.
+type activityKind string
+
+const (
+	activityActive   activityKind = "active"
+	activityTurnUser activityKind = "turn_user"
+	activityTurnUs   activityKind = "turn_us"
+	activityEnd      activityKind = "end"
+)
+
+// activityEvent is one event as the store applies it.
+type activityEvent struct {
+	UID, Segment string
+	Kind         activityKind
+	// At is when it happened; zero: when applied.
+	At time.Time
+	// MaxHold bounds a turn to us; 0: none.
+	MaxHold time.Duration
+	// TTL is the grant of active and of a turn to the user, jitter
+	// included.
+	TTL   time.Duration
+	Clock activityClock
+}
+
+// activityResult counts what a batch did.
+type activityResult struct{ Applied, Stale int }
+
+// segmentClock is the clock of segment under p. Every segment counts
+// presence until the policy learns clocks.
+func segmentClock(p policy.Policy, segment string) activityClock { return clockPresence }
+
+// storeEvent is e as the store applies it, in segment (resolved) under p.
+func storeEvent(e activity.Event, segment string, p policy.Policy) activityEvent {
+	return activityEvent{
+		UID:     e.UID,
+		Segment: segment,
+		Kind:    storeKind(e),
+		At:      e.At(),
+		MaxHold: e.MaxHoldFor(),
+		TTL:     grantTTL(p, segment),
+		Clock:   segmentClock(p, segment),
+	}
+}
+
+// activityHandler serves POST /v1/activity.
+type activityHandler struct {
+	// secret is the bearer the endpoint wants; "" turns it off.
+	secret string
+	// store applies the batches; nil turns the endpoint off too.
+	store    activityStore
+	policy   func() policy.Policy
+	instance string
+	now      func() time.Time
+	log      *outage.Log
+}
+
+func (h *activityHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.secret == "" || h.store == nil {
+		// Off: as if there were no such endpoint.
+		http.NotFound(w, r)
+		return
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		admin.WriteJSON(w, http.StatusMethodNotAllowed, activity.ErrorResponse{Error: "method " + r.Method + ", want POST"})
+		return
+	}
+	// The push call's bearer rule, in constant time, with its own secret.
+	if !push.Authorized(r, h.secret) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="activity"`)
+		admin.WriteJSON(w, http.StatusUnauthorized, activity.ErrorResponse{Error: "missing or wrong activity credentials"})
+		return
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" && !isJSON(ct) {
+		admin.WriteJSON(w, http.StatusUnsupportedMediaType, activity.ErrorResponse{Error: fmt.Sprintf("content type %q, want application/json", ct)})
+		return
+	}
+	events, code, refusal := h.read(w, r)
+	if code != http.StatusOK {
+		metricActivityEvents.WithLabelValues("unknown", "refused").Inc()
+		admin.WriteJSON(w, code, refusal)
+		return
+	}
+	// Not cut short by the platform hanging up: a batch under way is
+	// applied whole or not at all, and the platform's retry is stale.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), activityTimeout)
+	defer cancel()
+	res, err := h.apply(ctx, events)
+	kind := batchKind(events)
+	if err != nil {
+		metricActivityEvents.WithLabelValues(kind, "failed").Add(float64(len(events)))
+		h.log.Fail(fmt.Errorf("batch of %d events: %w", len(events), err))
+		w.Header().Set("Retry-After", fmt.Sprint(int(activityRetryAfter/time.Second)))
+		admin.WriteJSON(w, http.StatusServiceUnavailable, activity.ErrorResponse{Error: "activity store unavailable, nothing applied; retry"})
+		return
+	}
+	h.log.OK()
+	metricActivityEvents.WithLabelValues(kind, "applied").Add(float64(res.Applied))
+	metricActivityEvents.WithLabelValues(kind, "stale").Add(float64(res.Stale))
+	admin.WriteJSON(w, http.StatusOK, activity.Response{Applied: res.Applied, Stale: res.Stale})
+}
+
+// read reads and parses the batch, or says how to refuse it.
+func (h *activityHandler) read(w http.ResponseWriter, r *http.Request) ([]activity.Event, int, activity.ErrorResponse) {
+	tooLarge := activity.ErrorResponse{Error: fmt.Sprintf("body past %d bytes; send at most %d events a batch", activity.MaxBodyBytes, activity.MaxEvents)}
+	if r.ContentLength > activity.MaxBodyBytes {
+		return nil, http.StatusRequestEntityTooLarge, tooLarge
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, activity.MaxBodyBytes))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return nil, http.StatusRequestEntityTooLarge, tooLarge
+		}
+		return nil, http.StatusBadRequest, activity.ErrorResponse{Error: "read body: " + err.Error()}
+	}
+	events, err := activity.ParseBatch(body, h.now())
+	if errors.Is(err, activity.ErrTooManyEvents) {
+		return nil, http.StatusRequestEntityTooLarge, activity.ErrorResponse{Error: err.Error(), Field: "events"}
+	}
+	if fe, ok := errors.AsType[*activity.FieldError](err); ok {
+		out := activity.ErrorResponse{Error: fe.Error(), Field: fe.Field}
+		if fe.Index >= 0 {
+			out.Index = &fe.Index
+		}
+		return nil, http.StatusBadRequest, out
+	}
+	if err != nil {
+		return nil, http.StatusBadRequest, activity.ErrorResponse{Error: err.Error()}
+	}
+	return events, http.StatusOK, activity.ErrorResponse{}
+}
+
+// apply resolves the events' segments and applies them, in one call.
+func (h *activityHandler) apply(ctx context.Context, events []activity.Event) (activityResult, error) {
+	var unsure []string
+	for _, e := range events {
+		if e.Seg == "" {
+			unsure = append(unsure, e.UID)
+		}
+	}
+	var current map[string]string
+	if len(unsure) > 0 {
+		var err error
+		if current, err = h.store.Segments(ctx, dedupe(unsure)); err != nil {
+			return activityResult{}, fmt.Errorf("look up segments: %w", err)
+		}
+	}
+	p := h.policy()
+	out := make([]activityEvent, len(events))
+	for i, e := range events {
+		seg := e.Seg
+		if seg == "" {
+			seg = current[e.UID]
+		}
+		if seg == "" {
+			seg = userid.DefaultSegment
+		}
+		out[i] = storeEvent(e, seg, p)
+	}
+	res, err := h.store.ApplyActivity(ctx, h.instance, out)
+	if err != nil {
+		return activityResult{}, fmt.Errorf("apply: %w", err)
+	}
+	return res, nil
+}
+
+// dedupe is s without repeats, in first-seen order.
+func dedupe(s []string) []string {
+	seen := make(map[string]bool, len(s))
+	out := s[:0:0]
+	for _, v := range s {
+		if !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// batchKind is the kind label of a batch's counts: the store counts
+// applied and stale events per batch, not per kind, so a batch of several
+// kinds counts as "mixed".
+func batchKind(events []activity.Event) string {
+	kind := ""
+	for _, e := range events {
+		k := string(storeKind(e))
+		if kind != "" && k != kind {
+			return "mixed"
+		}
+		kind = k
+	}
+	return kind
+}
+
+// storeKind is e's kind in the store's words.
+func storeKind(e activity.Event) activityKind {
+	switch {
+	case e.Kind == activity.Turn && e.To == activity.ToUs:
+		return activityTurnUs
+	case e.Kind == activity.Turn:
+		return activityTurnUser
+	}
+	return activityKind(e.Kind)
+}
+
+// isJSON reports whether the Content-Type ct is JSON in UTF-8:
+// application/json or application/*+json, with no charset but utf-8.
+func isJSON(ct string) bool {
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return false
+	}
+	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+		return false
+	}
+	return mt == "application/json" || (strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json"))
+}
