@@ -18,7 +18,7 @@ import (
 // activityCaughtUpScript records caught-up partitions, and a blind
 // interval for a partition that lagged, and reads the clock. ARGV: gap max
 // ms, then partition, Unix ms, ...
-var activityCaughtUpScript = newScript[activityKeys]("activity_caught_up",
+var activityCaughtUpScript = newScript[feedKeys]("activity_caught_up",
 	activityReasons{ActivityLag: BlindActivityLag}, []codec{blindFormat})
 
 // activityReasons are the blind reasons the activity feed records.
@@ -41,7 +41,7 @@ func (s *Store) ActivityCaughtUp(ctx context.Context, gapMax time.Duration, part
 	for p, t := range parts {
 		args = append(args, strconv.FormatInt(int64(p), 10), t.UnixMilli())
 	}
-	ms, err := activityCaughtUpScript.Run(ctx, s.rdb, activityKeys{Activity: s.ks.ActivityKey(), Blind: s.ks.BlindKey()}, args...).Int64()
+	ms, err := activityCaughtUpScript.Run(ctx, s.rdb, feedKeys{Activity: s.ks.ActivityKey(), Blind: s.ks.BlindKey()}, args...).Int64()
 	if err != nil {
 		return time.Time{}, fmt.Errorf("activity watermark: %w", err)
 	}

@@ -89,10 +89,10 @@ func (k markKeys) list() []string {
 	return []string{k.Swept, k.Blind, k.Alive, k.Listeners, k.RunID, k.Roles, k.Activity}
 }
 
-// activityKeys: activity_caught_up.lua.
-type activityKeys struct{ Activity, Blind string }
+// feedKeys: activity_caught_up.lua.
+type feedKeys struct{ Activity, Blind string }
 
-func (k activityKeys) list() []string { return []string{k.Activity, k.Blind} }
+func (k feedKeys) list() []string { return []string{k.Activity, k.Blind} }
 
 // lapseKeys are the lapse keys of a window, the current second last:
 // lapses.lua.
