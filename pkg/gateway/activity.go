@@ -15,6 +15,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/outage"
 	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/push"
+	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/userid"
 )
 
@@ -52,46 +53,19 @@ type activityStore interface {
 	Segments(ctx context.Context, uids []string) (map[string]string, error)
 }
 
-// activityClock is how a segment counts silence.
-type activityClock string
-
-const (
-	// clockPresence: silence counts from the last activity.
-	clockPresence activityClock = "presence"
-	// clockTurn: silence counts only while it is the user's turn.
-	clockTurn activityClock = "turn"
+// The store's words for an event, a clock and a batch's counts.
+type (
+	activityEvent  = session.Activity
+	activityResult = session.ActivityResult
+	activityKind   = session.ActivityKind
 )
 
-// activityKind is an event's meaning in the store.
-type activityKind string
-
 const (
-	activityActive   activityKind = "active"
-	activityTurnUser activityKind = "turn_user"
-	activityTurnUs   activityKind = "turn_us"
-	activityEnd      activityKind = "end"
+	activityActive   = session.ActivityActive
+	activityTurnUser = session.ActivityTurnUser
+	activityTurnUs   = session.ActivityTurnUs
+	activityEnd      = session.ActivityEnd
 )
-
-// activityEvent is one event as the store applies it.
-type activityEvent struct {
-	UID, Segment string
-	Kind         activityKind
-	// At is when it happened; zero: when applied.
-	At time.Time
-	// MaxHold bounds a turn to us; 0: none.
-	MaxHold time.Duration
-	// TTL is the grant of active and of a turn to the user, jitter
-	// included.
-	TTL   time.Duration
-	Clock activityClock
-}
-
-// activityResult counts what a batch did.
-type activityResult struct{ Applied, Stale int }
-
-// segmentClock is the clock of segment under p. Every segment counts
-// presence until the policy learns clocks.
-func segmentClock(p policy.Policy, segment string) activityClock { return clockPresence }
 
 // storeEvent is e as the store applies it, in segment (resolved) under p.
 func storeEvent(e activity.Event, segment string, p policy.Policy) activityEvent {
@@ -102,7 +76,7 @@ func storeEvent(e activity.Event, segment string, p policy.Policy) activityEvent
 		At:      e.At(),
 		MaxHold: e.MaxHoldFor(),
 		TTL:     grantTTL(p, segment),
-		Clock:   segmentClock(p, segment),
+		Clock:   p.Clock(segment),
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/outage"
 	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
+	"github.com/stillthere/stillthere/pkg/session"
 )
 
 const activitySecret = "activity-secret-activity-secret-0"
@@ -69,7 +70,8 @@ func (f *fakeActivity) calls() [][]activityEvent {
 }
 
 // activityPolicy: TTL 10s with a jitter of 1s, and a segment vip of 30s.
-var activityPolicy = policy.Policy{DefaultTTL: 10 * time.Second, Jitter: time.Second, Segments: map[string]time.Duration{"vip": 30 * time.Second}}
+var activityPolicy = policy.Policy{DefaultTTL: 10 * time.Second, Jitter: time.Second, Segments: map[string]time.Duration{"vip": 30 * time.Second},
+	Clocks: map[string]session.Clock{"vip": session.ClockTurn}}
 
 // activityNow is the handler's clock in these tests.
 var activityNow = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -372,19 +374,20 @@ func TestActivityApplied(t *testing.T) {
 	type want struct {
 		uid, seg string
 		kind     activityKind
+		clock    session.Clock
 		at       time.Time
 		hold     time.Duration
 	}
 	for i, w := range []want{
-		{"a", "vip", activityTurnUs, at, 90 * time.Second},
-		{"b", "vip", activityTurnUser, time.Time{}, 0},
-		{"c", "default", activityActive, time.Time{}, 0},
-		{"b", "vip", activityActive, time.Time{}, 0},
-		{"d", "other", activityEnd, time.Time{}, 0},
+		{"a", "vip", activityTurnUs, session.ClockTurn, at, 90 * time.Second},
+		{"b", "vip", activityTurnUser, session.ClockTurn, time.Time{}, 0},
+		{"c", "default", activityActive, session.ClockPresence, time.Time{}, 0},
+		{"b", "vip", activityActive, session.ClockTurn, time.Time{}, 0},
+		{"d", "other", activityEnd, session.ClockPresence, time.Time{}, 0},
 	} {
 		e := calls[0][i]
-		if e.UID != w.uid || e.Segment != w.seg || e.Kind != w.kind || !e.At.Equal(w.at) || e.MaxHold != w.hold || e.Clock != clockPresence {
-			t.Errorf("event %d: %+v, want %+v with clock presence", i, e, w)
+		if e.UID != w.uid || e.Segment != w.seg || e.Kind != w.kind || !e.At.Equal(w.at) || e.MaxHold != w.hold || e.Clock != w.clock {
+			t.Errorf("event %d: %+v, want %+v", i, e, w)
 		}
 	}
 	if got := counter(t, "mixed", "applied") - before; got != 4 {
@@ -550,18 +553,32 @@ func TestActivityServed(t *testing.T) {
 		t.Fatalf("applied %+v as %v; want a TTL of 3m as %s", calls, f.instances, tg.instance)
 	}
 
-	for name, hook := range map[string]func(*Config){
-		"no secret":   nil,
-		"store unset": func(c *Config) { c.ActivitySecret = activitySecret },
-	} {
-		off := startGateway(t, hook)
-		resp, err := http.Post("http://"+off.PushAddr().String()+activity.Path, "application/json", strings.NewReader(events(`{"uid":"u","kind":"active"}`)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusNotFound {
-			t.Fatalf("%s: %s, want 404", name, resp.Status)
-		}
+	off := startGateway(t, nil)
+	resp, err := http.Post("http://"+off.PushAddr().String()+activity.Path, "application/json", strings.NewReader(events(`{"uid":"u","kind":"active"}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("no secret: %s, want 404", resp.Status)
+	}
+
+	// The real store: an active event starts a session without any
+	// WebSocket, with the TTL of its segment.
+	real := startGateway(t, func(c *Config) { c.ActivitySecret = activitySecret })
+	req, _ := http.NewRequest(http.MethodPost, "http://"+real.PushAddr().String()+activity.Path,
+		strings.NewReader(events(`{"uid":"server-fed","kind":"active"}`)))
+	req.Header.Set("Authorization", "Bearer "+activitySecret)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"applied":1`) {
+		t.Fatalf("real store: %s %s", resp.Status, body)
+	}
+	if live, err := real.store.Live(context.Background(), "server-fed"); err != nil || !live {
+		t.Fatalf("session of an active event: live %v, %v", live, err)
 	}
 }

@@ -304,7 +304,8 @@ func (c *conn) answer(f frame.Client) {
 func (c *conn) renew() {
 	start := time.Now()
 	now := start.Sub(c.g.start)
-	ttl := grantTTL(c.g.policy.Current(), c.segment)
+	p := c.g.policy.Current()
+	ttl := grantTTL(p, c.segment)
 	u, mu := c.g.hub.userOf(c.uid)
 	rs := &u.renewals
 	// A renewal older than this connection's registration is not shared

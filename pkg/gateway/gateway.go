@@ -104,9 +104,8 @@ type Gateway struct {
 	// Redis can take away (see channel.go).
 	channel instanceChannel
 
-	// activityStore applies the platform's activity (see activity.go).
-	// Nil until the Redis model applies activity: the endpoint is off
-	// (404) meanwhile, whatever the activity secret.
+	// activityStore applies the platform's activity (see activity.go):
+	// the session store, or a test's fake.
 	activityStore activityStore
 
 	// One outage log per condition: a line when it starts failing, a
@@ -212,9 +211,7 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 	})
 	g.reach.waiting = g.renewer.Waiting
 	g.routes = newRouteBook(g)
-	if cfg.ActivitySecret != "" && g.activityStore == nil {
-		logger.Warn("activity-secret is set, but this build's session store does not apply activity: " + activity.Path + " answers 404")
-	}
+	g.activityStore = g.store
 	g.policy = policy.NewWatcher(policy.NewStore(g.rdb, cfg.Redis.Keyspace()),
 		cfg.FallbackPolicy(), cfg.PolicyRefresh, cfg.RenewGranularity, logger)
 	if err := g.policy.Refresh(ctx); err != nil {
