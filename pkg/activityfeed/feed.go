@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/stillthere/stillthere/pkg/config"
 	"github.com/stillthere/stillthere/pkg/kafka"
 	"github.com/stillthere/stillthere/pkg/outage"
 	"github.com/stillthere/stillthere/pkg/session"
@@ -26,6 +27,8 @@ import (
 
 // Config says where the activity topic is and how its consumer behaves.
 type Config struct {
+	// Enabled runs the feed. Default false.
+	Enabled bool
 	// Kafka is the brokers and their security; its Topic is the activity
 	// topic, created with its Partitions when missing.
 	Kafka kafka.Config
@@ -74,6 +77,20 @@ func (c Config) WithDefaults() Config {
 		c.MaxBatch = DefaultMaxBatch
 	}
 	return c
+}
+
+// Bind registers the feed's settings, Kafka's included.
+func (c *Config) Bind(b *config.Binder) {
+	d := kafka.DefaultConfig()
+	b.Bool(&c.Enabled, "activity-feed", false, "consume the activity topic: the platform's servers' activity and turns (docs/protocol.md)")
+	b.String(&c.Kafka.Topic, "activity-topic", DefaultTopic, "topic of activity events, one JSON event per record keyed by uid")
+	b.Int(&c.Kafka.Partitions, "activity-topic-partitions", d.Partitions, "partitions of the activity topic, when it is created: the consumer group scales up to this many members")
+	b.Int(&c.Kafka.ReplicationFactor, "activity-topic-replication", d.ReplicationFactor, "replication factor of the activity topic and its dead-letter topic, when created")
+	b.String(&c.Group, "activity-group", DefaultGroup, "consumer group of the activity topic")
+	b.String(&c.DeadLetterTopic, "activity-dlq-topic", "", "topic of refused activity records; default the activity topic with -dlq")
+	b.Duration(&c.Stamp, "activity-stamp", DefaultStamp, "how often the activity watermark is stamped in Redis")
+	b.Duration(&c.Gap, "activity-gap", DefaultGap, "a partition that lagged longer than this records a blind interval: deadlines in it wait for the listener's grace after it")
+	c.Kafka.BindClient(b)
 }
 
 // Validate names the first bad field.

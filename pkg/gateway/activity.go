@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/stillthere/stillthere/pkg/activity"
 	"github.com/stillthere/stillthere/pkg/admin"
 	"github.com/stillthere/stillthere/pkg/outage"
@@ -200,6 +202,43 @@ func (h *activityHandler) apply(ctx context.Context, events []activity.Event) (a
 		return activityResult{}, fmt.Errorf("apply: %w", err)
 	}
 	return res, nil
+}
+
+// applyRecords applies records of the activity topic (activityfeed.Apply):
+// each is one event, keyed by its uid so that a user's events keep their
+// order in one partition. A record that does not parse, or whose key is
+// not its uid, is refused with the reason, for the dead-letter topic; the
+// rest are applied in one call, as a batch of the endpoint is.
+func (h *activityHandler) applyRecords(ctx context.Context, recs []*kgo.Record) (map[int]string, error) {
+	refused := map[int]string{}
+	events := make([]activity.Event, 0, len(recs))
+	now := h.now()
+	for i, r := range recs {
+		e, err := activity.ParseEvent(r.Value, now)
+		switch {
+		case err != nil:
+			refused[i] = err.Error()
+		case string(r.Key) != e.UID:
+			refused[i] = fmt.Sprintf("record key %q is not the event's uid %q: a user's records must share a key, to keep their order", r.Key, e.UID)
+		default:
+			events = append(events, e)
+		}
+	}
+	if len(refused) > 0 {
+		metricActivityEvents.WithLabelValues("unknown", "refused").Add(float64(len(refused)))
+	}
+	if len(events) == 0 {
+		return refused, nil
+	}
+	kind := batchKind(events)
+	res, err := h.apply(ctx, events)
+	if err != nil {
+		metricActivityEvents.WithLabelValues(kind, "failed").Add(float64(len(events)))
+		return nil, err
+	}
+	metricActivityEvents.WithLabelValues(kind, "applied").Add(float64(res.Applied))
+	metricActivityEvents.WithLabelValues(kind, "stale").Add(float64(res.Stale))
+	return refused, nil
 }
 
 // dedupe is s without repeats, in first-seen order.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stillthere/stillthere/pkg/activity"
+	"github.com/stillthere/stillthere/pkg/activityfeed"
 	"github.com/stillthere/stillthere/pkg/config"
 	"github.com/stillthere/stillthere/pkg/frame"
 	"github.com/stillthere/stillthere/pkg/policy"
@@ -42,6 +43,9 @@ type Config struct {
 	// users' activity and turns. Default empty: the endpoint is off (404).
 	// When set, at least 32 bytes, and not the push secret.
 	ActivitySecret string
+	// ActivityFeed is the activity topic's consumer, the Kafka way of the
+	// same activity (docs/protocol.md). Off by default.
+	ActivityFeed activityfeed.Config
 	// TokenIssuer and TokenAudience, when set, must be the client tokens'
 	// "iss" and among their "aud". Default empty: not checked.
 	TokenIssuer   string
@@ -263,6 +267,7 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Secret(&c.TokenSecret, "token-secret", "HS256 secret of client tokens, at least 32 bytes (required)")
 	b.Secret(&c.PushSecret, "push-secret", "bearer secret of the push endpoint, at least 32 bytes (required)")
 	b.Secret(&c.ActivitySecret, "activity-secret", "bearer secret of the activity endpoint, at least 32 bytes and not the push secret; empty: no activity endpoint")
+	c.ActivityFeed.Bind(b)
 	b.String(&c.TokenIssuer, "token-issuer", d.TokenIssuer, "required iss of client tokens; empty: not checked")
 	b.String(&c.TokenAudience, "token-audience", d.TokenAudience, "required aud of client tokens; empty: not checked")
 	b.Duration(&c.TokenMaxLifetime, "token-max-lifetime", d.TokenMaxLifetime, "longest lifetime (exp less iat) of a client token; 0: no limit")
@@ -326,6 +331,8 @@ func (c Config) Validate() error {
 		return push.CheckSecret(c.PushSecret)
 	case activity.CheckSecret(c.ActivitySecret, c.PushSecret) != nil:
 		return activity.CheckSecret(c.ActivitySecret, c.PushSecret)
+	case c.ActivityFeed.Enabled && c.ActivityFeed.WithDefaults().Validate() != nil:
+		return c.ActivityFeed.WithDefaults().Validate()
 	case c.TokenMaxLifetime < 0:
 		return fmt.Errorf("token-max-lifetime: %v, want 0 (no limit) or more", c.TokenMaxLifetime)
 	case c.SessionTTL < time.Second:

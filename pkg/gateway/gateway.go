@@ -32,6 +32,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/stillthere/stillthere/pkg/activity"
+	"github.com/stillthere/stillthere/pkg/activityfeed"
 	"github.com/stillthere/stillthere/pkg/admin"
 	"github.com/stillthere/stillthere/pkg/frame"
 	"github.com/stillthere/stillthere/pkg/lifecycle"
@@ -107,6 +108,10 @@ type Gateway struct {
 	// activityStore applies the platform's activity (see activity.go):
 	// the session store, or a test's fake.
 	activityStore activityStore
+	// activity applies the platform's activity, from POST /v1/activity
+	// and, when enabled, from the activity topic (feed).
+	activity *activityHandler
+	feed     *activityfeed.Feed
 
 	// One outage log per condition: a line when it starts failing, a
 	// summary now and then, a line when it ends, not a line per call.
@@ -212,6 +217,14 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 	g.reach.waiting = g.renewer.Waiting
 	g.routes = newRouteBook(g)
 	g.activityStore = g.store
+	g.activity = &activityHandler{
+		secret:   cfg.ActivitySecret,
+		store:    g.activityStore,
+		policy:   func() policy.Policy { return g.policy.Current() },
+		instance: g.instance,
+		now:      time.Now,
+		log:      g.activityLog,
+	}
 	g.policy = policy.NewWatcher(policy.NewStore(g.rdb, cfg.Redis.Keyspace()),
 		cfg.FallbackPolicy(), cfg.PolicyRefresh, cfg.RenewGranularity, logger)
 	if err := g.policy.Refresh(ctx); err != nil {
@@ -240,6 +253,11 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 	if g.pushLn, err = net.Listen("tcp", cfg.PushAddr); err != nil {
 		return nil, fmt.Errorf("listen on push-addr: %w", err)
 	}
+	if cfg.ActivityFeed.Enabled {
+		if g.feed, err = activityfeed.Open(ctx, cfg.ActivityFeed, g.store, g.activity.applyRecords, logger.With("component", "activity-feed")); err != nil {
+			return nil, fmt.Errorf("activity feed: %w", err)
+		}
+	}
 	return g, nil
 }
 
@@ -261,6 +279,9 @@ func (g *Gateway) Close() error {
 			if ln != nil {
 				ln.Close()
 			}
+		}
+		if g.feed != nil {
+			g.feed.Close() // Run stopped it already, if it ran
 		}
 		var errs []error
 		if g.reader != nil {
@@ -309,6 +330,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 	eg.Go(func() error { g.resyncLoop(ctx); return nil })
 	eg.Go(func() error { g.dropped.sweep(ctx); return nil })
 	eg.Go(func() error { g.recordLoop(ctx); return nil })
+	if g.feed != nil {
+		eg.Go(func() error { g.feed.Run(ctx); return nil })
+	}
 
 	// The public listener's only use is the upgrade: a connection that
 	// has not upgraded within the handshake timeout is closed, and so is
@@ -734,13 +758,6 @@ func (g *Gateway) pushMux() http.Handler {
 	mux.HandleFunc("POST "+push.Path, g.servePush)
 	// Every method: the handler answers 404 while off, and 405 to methods
 	// but POST while on.
-	mux.Handle(activity.Path, &activityHandler{
-		secret:   g.cfg.ActivitySecret,
-		store:    g.activityStore,
-		policy:   g.policy.Current,
-		instance: g.instance,
-		now:      time.Now,
-		log:      g.activityLog,
-	})
+	mux.Handle(activity.Path, g.activity)
 	return mux
 }

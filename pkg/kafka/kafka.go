@@ -69,10 +69,17 @@ func DefaultConfig() Config {
 // Bind registers the Kafka settings.
 func (c *Config) Bind(b *config.Binder) {
 	d := DefaultConfig()
-	b.List(&c.Brokers, "kafka-brokers", strings.Join(d.Brokers, ","), "Kafka bootstrap servers, comma-separated")
 	b.String(&c.Topic, "topic", d.Topic, "topic of timeout events")
 	b.Int(&c.Partitions, "topic-partitions", d.Partitions, "partitions of the topic, when it is created")
 	b.Int(&c.ReplicationFactor, "topic-replication", d.ReplicationFactor, "replication factor of the topic, when it is created")
+	c.BindClient(b)
+}
+
+// BindClient registers the settings of where Kafka is and how to reach
+// it, without the timeout topic's: for a service that reads another topic.
+func (c *Config) BindClient(b *config.Binder) {
+	d := DefaultConfig()
+	b.List(&c.Brokers, "kafka-brokers", strings.Join(d.Brokers, ","), "Kafka bootstrap servers, comma-separated")
 	b.Bool(&c.TLS, "kafka-tls", false, "dial Kafka over TLS")
 	b.String(&c.TLSFiles.CAFile, "kafka-tls-ca-file", "", "PEM CA bundle that verifies the brokers; empty uses the system roots")
 	b.String(&c.TLSFiles.CertFile, "kafka-tls-cert-file", "", "PEM client certificate, for mutual TLS")
