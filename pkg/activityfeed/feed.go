@@ -56,6 +56,14 @@ const (
 	DefaultMaxBatch = 1000
 )
 
+// DefaultConfig is the feed's settings by default: off; on, the activity
+// topic of a local broker.
+func DefaultConfig() Config {
+	k := kafka.DefaultConfig()
+	k.Topic = DefaultTopic
+	return Config{Kafka: k, Group: DefaultGroup, Stamp: DefaultStamp, Gap: DefaultGap}
+}
+
 // WithDefaults fills what c leaves empty.
 func (c Config) WithDefaults() Config {
 	if c.Kafka.Topic == "" {
@@ -81,15 +89,15 @@ func (c Config) WithDefaults() Config {
 
 // Bind registers the feed's settings, Kafka's included.
 func (c *Config) Bind(b *config.Binder) {
-	d := kafka.DefaultConfig()
-	b.Bool(&c.Enabled, "activity-feed", false, "consume the activity topic: the platform's servers' activity and turns (docs/protocol.md)")
-	b.String(&c.Kafka.Topic, "activity-topic", DefaultTopic, "topic of activity events, one JSON event per record keyed by uid")
-	b.Int(&c.Kafka.Partitions, "activity-topic-partitions", d.Partitions, "partitions of the activity topic, when it is created: the consumer group scales up to this many members")
-	b.Int(&c.Kafka.ReplicationFactor, "activity-topic-replication", d.ReplicationFactor, "replication factor of the activity topic and its dead-letter topic, when created")
-	b.String(&c.Group, "activity-group", DefaultGroup, "consumer group of the activity topic")
+	d := DefaultConfig()
+	b.Bool(&c.Enabled, "activity-feed", d.Enabled, "consume the activity topic: the platform's servers' activity and turns (docs/protocol.md)")
+	b.String(&c.Kafka.Topic, "activity-topic", d.Kafka.Topic, "topic of activity events, one JSON event per record keyed by uid")
+	b.Int(&c.Kafka.Partitions, "activity-topic-partitions", d.Kafka.Partitions, "partitions of the activity topic, when it is created: the consumer group scales up to this many members")
+	b.Int(&c.Kafka.ReplicationFactor, "activity-topic-replication", d.Kafka.ReplicationFactor, "replication factor of the activity topic and its dead-letter topic, when created")
+	b.String(&c.Group, "activity-group", d.Group, "consumer group of the activity topic")
 	b.String(&c.DeadLetterTopic, "activity-dlq-topic", "", "topic of refused activity records; default the activity topic with -dlq")
-	b.Duration(&c.Stamp, "activity-stamp", DefaultStamp, "how often the activity watermark is stamped in Redis")
-	b.Duration(&c.Gap, "activity-gap", DefaultGap, "a partition that lagged longer than this records a blind interval: deadlines in it wait for the listener's grace after it")
+	b.Duration(&c.Stamp, "activity-stamp", d.Stamp, "how often the activity watermark is stamped in Redis")
+	b.Duration(&c.Gap, "activity-gap", d.Gap, "a partition that lagged longer than this records a blind interval: deadlines in it wait for the listener's grace after it")
 	c.Kafka.BindClient(b)
 }
 

@@ -517,12 +517,12 @@ func TestActivityConfig(t *testing.T) {
 
 // TestActivityServed: a gateway serves the endpoint on its internal
 // listener, applies as its own instance, and grants its live policy's
-// TTLs; without a secret, or while no store applies activity, the path
-// is 404 there.
+// TTLs; without a secret the path is 404 there; with the real store an
+// active event starts a session.
 func TestActivityServed(t *testing.T) {
 	f := &fakeActivity{}
 	tg := startGatewayHooked(t, []string{redistest.Start(t).Addr}, redistest.Prefix(t), slog.New(slog.NewTextHandler(io.Discard, nil)),
-		func(c *Config) { c.ActivitySecret = activitySecret }, func(g *Gateway) { g.activityStore = f })
+		func(c *Config) { c.ActivitySecret = activitySecret }, func(g *Gateway) { g.activity.store = f })
 	stored := policy.Policy{DefaultTTL: 20 * time.Second, Segments: map[string]time.Duration{"vip": 3 * time.Minute}}
 	if err := policy.NewStore(tg.rdb, tg.store.Keyspace()).Save(context.Background(), stored); err != nil {
 		t.Fatal(err)

@@ -253,6 +253,7 @@ func DefaultConfig() Config {
 		RenewBatch:         256,
 		HeartbeatInterval:  time.Second,
 		ShedAfter:          15 * time.Second,
+		ActivityFeed:       activityfeed.DefaultConfig(),
 	}
 }
 

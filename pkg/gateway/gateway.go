@@ -105,9 +105,6 @@ type Gateway struct {
 	// Redis can take away (see channel.go).
 	channel instanceChannel
 
-	// activityStore applies the platform's activity (see activity.go):
-	// the session store, or a test's fake.
-	activityStore activityStore
 	// activity applies the platform's activity, from POST /v1/activity
 	// and, when enabled, from the activity topic (feed).
 	activity *activityHandler
@@ -216,10 +213,9 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 	})
 	g.reach.waiting = g.renewer.Waiting
 	g.routes = newRouteBook(g)
-	g.activityStore = g.store
 	g.activity = &activityHandler{
 		secret:   cfg.ActivitySecret,
-		store:    g.activityStore,
+		store:    g.store,
 		policy:   func() policy.Policy { return g.policy.Current() },
 		instance: g.instance,
 		now:      time.Now,
