@@ -55,6 +55,8 @@ type rigOptions struct {
 	AOF bool
 	// Gateways is the number of gateway instances to start.
 	Gateways int
+	// ActivityFeed makes the gateways the activity topic's consumer group.
+	ActivityFeed bool
 }
 
 // faultRig is the pipeline assembled by hand, for faults Start cannot
@@ -74,6 +76,8 @@ type faultRig struct {
 	brokers     string
 	topic       string
 	hook        *guidetest.Webhook
+	kafka       *kfake.Cluster
+	feed        bool // the gateways consume the activity topic
 
 	mu       sync.Mutex // guards gateways and started
 	gateways []*rigGateway
@@ -158,7 +162,8 @@ func newFaultRig(t *testing.T, opts rigOptions) *faultRig {
 		t.Cleanup(func() { srv.Close() })
 		r.redis = srv
 	}
-	r.startKafka()
+	r.kafka = r.startKafka()
+	r.feed = opts.ActivityFeed
 
 	// The listener creates the topic, so it opens before the consumer.
 	lcfg, err := r.listenerConfig()
@@ -247,7 +252,7 @@ func (r *faultRig) startGateway() *rigGateway {
 		g.back = startProxy(t, r.redis.Addr)
 		addrs = g.back.Addr()
 	}
-	cfg, err := gateway.LoadConfig(nil, r.env(map[string]string{
+	env := map[string]string{
 		"STILLTHERE_REDIS_ADDRS":        addrs,
 		"STILLTHERE_GATEWAY_ADDR":       "127.0.0.1:0",
 		"STILLTHERE_PUSH_ADDR":          "127.0.0.1:0",
@@ -256,7 +261,16 @@ func (r *faultRig) startGateway() *rigGateway {
 		"STILLTHERE_SESSION_JITTER":     faultJitter.String(),
 		"STILLTHERE_HEARTBEAT_INTERVAL": heartbeatInterval.String(),
 		"STILLTHERE_SHUTDOWN_TIMEOUT":   "2s",
-	}))
+	}
+	if r.feed {
+		maps.Copy(env, map[string]string{
+			"STILLTHERE_ACTIVITY_FEED":             "true",
+			"STILLTHERE_ACTIVITY_TOPIC_PARTITIONS": "4",
+			"STILLTHERE_ACTIVITY_STAMP":            "100ms",
+			"STILLTHERE_ACTIVITY_GAP":              "1s",
+		})
+	}
+	cfg, err := gateway.LoadConfig(nil, r.env(env))
 	if err != nil {
 		t.Fatal(err)
 	}
