@@ -3,12 +3,14 @@
 // pushes guides through its internal listener. Run with -h for settings.
 //
 // "gateway policy show|set ..." shows or changes the per-segment timeout
-// policy that every gateway follows.
+// policy that every gateway follows; "gateway activity-feed show|forget"
+// shows or deletes the activity feed's watermark.
 package main
 
 import (
 	"os"
 
+	"github.com/stillthere/stillthere/pkg/activityfeed"
 	"github.com/stillthere/stillthere/pkg/daemon"
 	"github.com/stillthere/stillthere/pkg/gateway"
 	"github.com/stillthere/stillthere/pkg/policy"
@@ -17,6 +19,9 @@ import (
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "policy" {
 		daemon.Tool("gateway policy", os.Args[2:], policy.Command)
+	}
+	if len(os.Args) > 1 && os.Args[1] == "activity-feed" {
+		daemon.Tool("gateway activity-feed", os.Args[2:], activityfeed.Command)
 	}
 	daemon.Main("gateway", gateway.LoadConfig, gateway.Open)
 }

@@ -57,3 +57,40 @@ func (s *Store) ForgetActivity(ctx context.Context) error {
 	}
 	return nil
 }
+
+// ActivityWatermarks reads the feed's watermark, each partition's time,
+// and Redis's clock, without marking a sweep: for an operator's look.
+func (s *Store) ActivityWatermarks(ctx context.Context) (now time.Time, parts map[int32]time.Time, err error) {
+	if now, err = s.ActivityClock(ctx); err != nil {
+		return time.Time{}, nil, err
+	}
+	all, err := s.rdb.HGetAll(ctx, s.ks.ActivityKey()).Result()
+	if err != nil {
+		return time.Time{}, nil, fmt.Errorf("read activity watermark: %w", err)
+	}
+	flat := make([]any, 0, 2*len(all))
+	for p, v := range all {
+		flat = append(flat, p, v)
+	}
+	return now, parseActivity(flat), nil
+}
+
+// parseActivity reads the watermark hash, as HGETALL gives it: a field a
+// partition, a value Unix ms. Nil when empty.
+func parseActivity(flat []any) map[int32]time.Time {
+	var out map[int32]time.Time
+	for i := 0; i+1 < len(flat); i += 2 {
+		p, _ := flat[i].(string)
+		v, _ := flat[i+1].(string)
+		part, err1 := strconv.ParseInt(p, 10, 32)
+		ms, err2 := strconv.ParseInt(v, 10, 64)
+		if err1 != nil || err2 != nil || part < 0 || ms < 0 {
+			continue // not ours: a partition is a number, its time Unix ms
+		}
+		if out == nil {
+			out = map[int32]time.Time{}
+		}
+		out[int32(part)] = time.UnixMilli(ms)
+	}
+	return out
+}

@@ -315,19 +315,7 @@ func parseControl(cmd *redis.Cmd) (Control, error) {
 		}
 	}
 	activity, _ := vals[6].([]any)
-	for i := 0; i+1 < len(activity); i += 2 {
-		p, _ := activity[i].(string)
-		v, _ := activity[i+1].(string)
-		part, err1 := strconv.ParseInt(p, 10, 32)
-		ms, err2 := strconv.ParseInt(v, 10, 64)
-		if err1 != nil || err2 != nil || part < 0 || ms < 0 {
-			continue // not ours: a partition is a number, its time Unix ms
-		}
-		if c.Activity == nil {
-			c.Activity = map[int32]time.Time{}
-		}
-		c.Activity[int32(part)] = time.UnixMilli(ms)
-	}
+	c.Activity = parseActivity(activity)
 	return c, nil
 }
 
