@@ -139,7 +139,8 @@ type Feed struct {
 	applyOutage, stampOutage, dlqOutage, fetchOutage *outage.Log
 }
 
-// Open joins the group and makes sure the topics exist.
+// Open makes the group's client. It reaches Kafka only in Run: a gateway
+// starts, and serves its WebSockets, while Kafka is down.
 func Open(ctx context.Context, cfg Config, store *session.Store, apply Apply, logger *slog.Logger) (_ *Feed, err error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -176,15 +177,21 @@ func Open(ctx context.Context, cfg Config, store *session.Store, apply Apply, lo
 		}
 	}()
 	f.adm = kadm.NewClient(f.cl)
-	if err := kafka.EnsureTopic(ctx, f.cl, cfg.Kafka); err != nil {
-		return nil, fmt.Errorf("activity-topic: %w", err)
-	}
-	dlq := cfg.Kafka
-	dlq.Topic = cfg.DeadLetterTopic
-	if err := kafka.EnsureTopic(ctx, f.cl, dlq); err != nil {
-		return nil, fmt.Errorf("activity-dlq-topic: %w", err)
-	}
 	return f, nil
+}
+
+// ensureTopics makes sure the activity topic and its dead-letter topic
+// exist.
+func (f *Feed) ensureTopics(ctx context.Context) error {
+	if err := kafka.EnsureTopic(ctx, f.cl, f.cfg.Kafka); err != nil {
+		return fmt.Errorf("activity-topic: %w", err)
+	}
+	dlq := f.cfg.Kafka
+	dlq.Topic = f.cfg.DeadLetterTopic
+	if err := kafka.EnsureTopic(ctx, f.cl, dlq); err != nil {
+		return fmt.Errorf("activity-dlq-topic: %w", err)
+	}
+	return nil
 }
 
 // Close leaves the group, committing what was applied.
@@ -197,6 +204,11 @@ func (f *Feed) Close() {
 // and stamps; a batch is applied before the next poll, and its partitions
 // stay this member's until then.
 func (f *Feed) Run(ctx context.Context) {
+	// Until the topics are known to exist, nothing is read: the watermark
+	// stays where it was, and the listener holds what it must.
+	if !retry(ctx, func() error { return track(f.fetchOutage, f.ensureTopics(ctx)) }) {
+		return
+	}
 	var stamped time.Time
 	for ctx.Err() == nil {
 		// Poll no longer than a stamp, so that an idle feed still stamps.

@@ -282,3 +282,36 @@ func header(r *kgo.Record, key string) string {
 	}
 	return ""
 }
+
+// TestFeedOpensWithKafkaDown: a gateway with the feed starts while Kafka
+// is out of reach (its WebSockets do not wait for Kafka), and its feed
+// stops when asked, having stamped nothing.
+func TestFeedOpensWithKafkaDown(t *testing.T) {
+	srv := redistest.Start(t)
+	ks, err := session.NewKeyspace(redistest.Prefix(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := session.NewStore(redistest.Client(t, srv), ks)
+	k := kafka.DefaultConfig()
+	k.Brokers, k.Topic = []string{"127.0.0.1:1"}, DefaultTopic
+	apply := func(context.Context, []*kgo.Record) (map[int]string, error) { return nil, nil }
+	f, err := Open(context.Background(), Config{Kafka: k}, store, apply, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatalf("open with Kafka down: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); f.Run(ctx) }()
+	time.Sleep(100 * time.Millisecond) // let it try: real time must pass
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not stop")
+	}
+	f.Close()
+	if _, parts, err := store.ActivityWatermarks(context.Background()); err != nil || len(parts) != 0 {
+		t.Fatalf("watermark %v, %v; want none stamped", parts, err)
+	}
+}
