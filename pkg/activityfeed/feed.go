@@ -135,6 +135,9 @@ type Feed struct {
 	mu    sync.Mutex // guards tr and marks: the rebalance callbacks run on the client's goroutine
 	tr    *tracker
 	marks map[int32]time.Time // the watermark last stamped, by partition
+	// skew is this host's clock less Redis's, at the last stamp.
+	skew    time.Duration
+	started time.Time
 
 	applyOutage, stampOutage, dlqOutage, fetchOutage *outage.Log
 }
@@ -148,7 +151,7 @@ func Open(ctx context.Context, cfg Config, store *session.Store, apply Apply, lo
 	}
 	log := logger.With("topic", cfg.Kafka.Topic)
 	f := &Feed{
-		cfg: cfg, log: log, store: store, apply: apply, tr: newTracker(), marks: map[int32]time.Time{},
+		cfg: cfg, log: log, store: store, apply: apply, tr: newTracker(), marks: map[int32]time.Time{}, started: time.Now(),
 		applyOutage: outage.NewLog(log, "apply activity", 0),
 		stampOutage: outage.NewLog(log, "stamp the activity watermark", 0),
 		dlqOutage:   outage.NewLog(log.With("dlq_topic", cfg.DeadLetterTopic), "dead-letter activity records", 0),
@@ -177,6 +180,7 @@ func Open(ctx context.Context, cfg Config, store *session.Store, apply Apply, lo
 		}
 	}()
 	f.adm = kadm.NewClient(f.cl)
+	live.add(f)
 	return f, nil
 }
 
@@ -196,6 +200,7 @@ func (f *Feed) ensureTopics(ctx context.Context) error {
 
 // Close leaves the group, committing what was applied.
 func (f *Feed) Close() {
+	live.remove(f)
 	f.cl.AllowRebalance()
 	f.cl.Close()
 }
@@ -352,17 +357,33 @@ func (f *Feed) stampOnce(ctx context.Context) error {
 	for p, w := range caught {
 		f.marks[p] = w
 	}
+	f.skew = time.Since(now)
+	f.mu.Unlock()
+	return nil
+}
+
+// lag is how far the watermark of the partitions this member owns trails
+// now, by this host's clock set to Redis's as of the last stamp: the last
+// stamp's age when stamps fail (Kafka or Redis down, a batch that cannot
+// be applied), since the feed started for a partition never stamped
+// here, zero while it owns none.
+func (f *Feed) lag() time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	var low time.Time
-	for _, p := range owned {
-		if w, ok := f.marks[p]; ok && (low.IsZero() || w.Before(low)) {
+	for _, p := range f.tr.owned() {
+		w, ok := f.marks[p]
+		if !ok {
+			w = f.started.Add(-f.skew)
+		}
+		if low.IsZero() || w.Before(low) {
 			low = w
 		}
 	}
-	f.mu.Unlock()
-	if !low.IsZero() {
-		metricLag.Set(now.Sub(low).Seconds())
+	if low.IsZero() {
+		return 0
 	}
-	return nil
+	return max(time.Since(low.Add(f.skew)), 0)
 }
 
 func (f *Feed) onAssigned(_ context.Context, _ *kgo.Client, m map[string][]int32) {

@@ -208,10 +208,16 @@ func TestFeedStallHoldsTheWatermark(t *testing.T) {
 	if w, _ := r.control().ActivityWatermark(); !w.Before(stalled) {
 		t.Fatalf("watermark %v passed %v while its record could not be applied", w, stalled)
 	}
+	if lag := live.lag(); lag < 2 {
+		t.Fatalf("lag gauge %.3fs while stalled for more than 2s", lag)
+	}
 	r.setFailing(false)
 	recovered := r.control().Now
 	if !r.watermarkPast(recovered, 30*time.Second) {
 		t.Fatal("the watermark did not catch up")
+	}
+	if !waitFor(30*time.Second, func() bool { return live.lag() < 1 }) {
+		t.Fatalf("lag gauge %.3fs after the feed caught up", live.lag())
 	}
 	if got := r.appliedValues(); !slices.Equal(got, []string{"u1-1"}) {
 		t.Fatalf("applied %v, want the stalled record once", got)
