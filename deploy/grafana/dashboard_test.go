@@ -53,6 +53,12 @@ var rowSeries = map[string][]string{
 		"stillthere_consumer_deadline_to_delivery_seconds_bucket",
 		"stillthere_gateway_closed_inactive_total",
 	},
+	"Activity": {
+		"stillthere_activity_feed_lag_seconds",
+		"stillthere_activity_feed_records_total",
+		"stillthere_gateway_activity_events_total",
+		"stillthere_listener_held_total",
+	},
 	"Outages": {
 		"stillthere_listener_mass_expiry_brake",
 		"stillthere_listener_gateway_fleet_down",

@@ -13,15 +13,17 @@ import (
 // requiredAlerts are the alerts docs/operations.md's Alerts table leads
 // with, by the series each must query and the severity it must carry.
 var requiredAlerts = map[string]struct{ series, severity string }{
-	"StillthereGuidesLate":       {"stillthere_consumer_deadline_to_delivery_seconds_bucket", "warning"},
-	"StillthereProduceErrors":    {"stillthere_listener_produce_errors_total", "warning"},
-	"StillthereSpoolBacklog":     {"stillthere_listener_spool_events", "warning"},
-	"StillthereBreakerOpen":      {"stillthere_consumer_breaker_state", "critical"},
-	"StillthereRenewalErrors":    {"stillthere_gateway_renewals_total", "critical"},
-	"StillthereHeartbeatErrors":  {"stillthere_gateway_heartbeats_total", "warning"},
-	"StillthereMassExpiryBrake":  {"stillthere_listener_mass_expiry_brake", "warning"},
-	"StillthereGatewayFleetDown": {"stillthere_listener_gateway_fleet_down", "critical"},
-	"StillthereOutageHolds":      {"stillthere_listener_held_total", "info"},
+	"StillthereGuidesLate":           {"stillthere_consumer_deadline_to_delivery_seconds_bucket", "warning"},
+	"StillthereProduceErrors":        {"stillthere_listener_produce_errors_total", "warning"},
+	"StillthereSpoolBacklog":         {"stillthere_listener_spool_events", "warning"},
+	"StillthereBreakerOpen":          {"stillthere_consumer_breaker_state", "critical"},
+	"StillthereRenewalErrors":        {"stillthere_gateway_renewals_total", "critical"},
+	"StillthereHeartbeatErrors":      {"stillthere_gateway_heartbeats_total", "warning"},
+	"StillthereMassExpiryBrake":      {"stillthere_listener_mass_expiry_brake", "warning"},
+	"StillthereGatewayFleetDown":     {"stillthere_listener_gateway_fleet_down", "critical"},
+	"StillthereOutageHolds":          {"stillthere_listener_held_total", "info"},
+	"StillthereActivityFeedLag":      {"stillthere_activity_feed_lag_seconds", "warning"},
+	"StillthereActivityDeadLettered": {"stillthere_activity_feed_records_total", "warning"},
 }
 
 var (
@@ -124,6 +126,9 @@ func checkPrometheusRule(t *testing.T, m *manifests, v values) {
 	}
 	if fd := findRule(r, "StillthereGatewayFleetDown"); fd != "1m" {
 		t.Errorf("StillthereGatewayFleetDown fires after %q, want 1m", fd)
+	}
+	if lag := findRule(r, "StillthereActivityFeedLag"); lag != "2m" {
+		t.Errorf("StillthereActivityFeedLag fires after %q, want 2m", lag)
 	}
 }
 

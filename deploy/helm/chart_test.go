@@ -46,12 +46,14 @@ type values struct {
 		} `json:"keda"`
 	} `json:"consumer"`
 	NetworkPolicy struct {
-		MetricsFrom []networkingv1.NetworkPolicyPeer `json:"metricsFrom"`
+		MetricsFrom  []networkingv1.NetworkPolicyPeer `json:"metricsFrom"`
+		ActivityFrom []networkingv1.NetworkPolicyPeer `json:"activityFrom"`
 	} `json:"networkPolicy"`
 	Gateway struct {
-		Pprof             bool   `json:"pprof"`
-		HeartbeatInterval string `json:"heartbeatInterval"`
-		ShedAfter         string `json:"shedAfter"`
+		Pprof             bool         `json:"pprof"`
+		HeartbeatInterval string       `json:"heartbeatInterval"`
+		ShedAfter         string       `json:"shedAfter"`
+		ActivityFeed      activityFeed `json:"activityFeed"`
 	} `json:"gateway"`
 	Listener struct {
 		Pprof        bool   `json:"pprof"`
@@ -146,6 +148,7 @@ func checkChart(t *testing.T, m *manifests, v values) {
 	t.Run("outage settings", func(t *testing.T) { checkOutage(t, m, pods, v) })
 	t.Run("prometheus rule", func(t *testing.T) { checkPrometheusRule(t, m, v) })
 	t.Run("secrets", func(t *testing.T) { checkSecrets(t, m, pods, v) })
+	t.Run("activity feed", func(t *testing.T) { checkActivityFeed(t, m, pods, v.Gateway.ActivityFeed) })
 	t.Run("pprof", func(t *testing.T) {
 		for c, on := range map[string]bool{"gateway": v.Gateway.Pprof, "expiry-listener": v.Listener.Pprof, "guide-consumer": v.Consumer.Pprof} {
 			if got, want := setting(t, env(t, m, &pods[c].Spec.Containers[0]), "STILLTHERE_PPROF"), strconv.FormatBool(on); got != want {
@@ -498,7 +501,8 @@ func checkServices(t *testing.T, m *manifests, pods map[string]*corev1.PodTempla
 }
 
 // checkPushPolicy: a NetworkPolicy lets only guide-consumer pods (and the
-// configured metrics scrapers) reach the gateway's internal port.
+// configured metrics scrapers and activity peers) reach the gateway's
+// internal port.
 func checkPushPolicy(t *testing.T, m *manifests, pods map[string]*corev1.PodTemplateSpec, v values) {
 	gw := pods["gateway"]
 	pushPort, _ := containerPort(&gw.Spec.Containers[0], "internal")
@@ -535,7 +539,8 @@ func checkPushPolicy(t *testing.T, m *manifests, pods map[string]*corev1.PodTemp
 			t.Errorf("ingress rule %d opens the push port to everyone", i)
 		}
 		for _, peer := range rule.From {
-			if slices.ContainsFunc(v.NetworkPolicy.MetricsFrom, func(p networkingv1.NetworkPolicyPeer) bool { return reflect.DeepEqual(p, peer) }) {
+			configured := slices.Concat(v.NetworkPolicy.MetricsFrom, v.NetworkPolicy.ActivityFrom)
+			if slices.ContainsFunc(configured, func(p networkingv1.NetworkPolicyPeer) bool { return reflect.DeepEqual(p, peer) }) {
 				continue
 			}
 			if peer.PodSelector == nil || peer.NamespaceSelector != nil || peer.IPBlock != nil {

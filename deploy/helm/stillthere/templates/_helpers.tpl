@@ -404,3 +404,73 @@ shed-after and 10s to reconnect.
 {{- fail (printf "gateway.shedAfter: %v + 10s to reconnect is not under listener.outageGrace %v: clients shed by a gateway cut off from Redis would reconnect only after the grace, and be timed out though they were there; raise listener.outageGrace above %gs, lower gateway.shedAfter below %gs, or set it to 0 to never shed" $shed $l.outageGrace (divf (addf $shedMs 10000) 1000) (divf (subf $graceMs 10000) 1000)) }}
 {{- end }}
 {{- end }}
+
+{{/*
+The gateway's activity feed settings, which it takes only from
+gateway.activityFeed: a copy in a config map would shadow them, or turn
+the feed on without the Kafka credentials and certificates it needs.
+*/}}
+{{- define "stillthere.activityFeedSettings" -}}
+- activity-feed
+- activity-topic
+- activity-topic-partitions
+- activity-topic-replication
+- activity-group
+- activity-dlq-topic
+- activity-stamp
+- activity-gap
+{{- end }}
+
+{{/*
+The gateway's activity feed settings as ConfigMap data: off, only that;
+on, every one, the dead-letter topic when given.
+*/}}
+{{- define "stillthere.activityFeedData" -}}
+{{- $f := .Values.gateway.activityFeed }}
+{{- $out := dict "activity-feed" (toString $f.enabled) }}
+{{- if $f.enabled }}
+{{- $out = merge $out (dict
+  "activity-topic" $f.topic
+  "activity-topic-partitions" $f.partitions
+  "activity-topic-replication" $f.replication
+  "activity-group" $f.group
+  "activity-dlq-topic" $f.dlqTopic
+  "activity-stamp" $f.stamp
+  "activity-gap" $f.gap
+) }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}
+
+{{/*
+Checks gateway.activityFeed as the gateway would at start, and that its
+topics and group are not the timeout pipeline's: gateways reading the
+timeout topic would dead-letter its events, and gateways in the guide
+consumers' group would rebalance them at every gateway start and stop.
+*/}}
+{{- define "stillthere.checkActivityFeed" -}}
+{{- $f := .Values.gateway.activityFeed }}
+{{- if $f.enabled }}
+{{- include "stillthere.checkDuration" (list "gateway.activityFeed.stamp" $f.stamp "10ms" "10s") }}
+{{- $stampMs := include "stillthere.milliseconds" (list "gateway.activityFeed.stamp" $f.stamp) | float64 }}
+{{- if lt (include "stillthere.milliseconds" (list "gateway.activityFeed.gap" $f.gap) | float64) (mulf 4 $stampMs) }}
+{{- fail (printf "gateway.activityFeed.gap: %v, want at least four stamps (gateway.activityFeed.stamp %v)" $f.gap $f.stamp) }}
+{{- end }}
+{{- $dlq := default (printf "%s-dlq" $f.topic) $f.dlqTopic }}
+{{- if eq $dlq $f.topic }}
+{{- fail (printf "gateway.activityFeed.dlqTopic: %q is the activity topic itself" $dlq) }}
+{{- end }}
+{{- $timeouts := .Values.kafka.topic }}
+{{- $guideDLQ := include "stillthere.effectiveSetting" (list . .Values.consumer "dlq-topic" .Values.consumer.dlqTopic (printf "%s-dlq" $timeouts)) }}
+{{- range list (list "gateway.activityFeed.topic" $f.topic) (list "gateway.activityFeed.dlqTopic" $dlq) }}
+{{- $where := index . 0 }}
+{{- $topic := index . 1 }}
+{{- if has $topic (list $timeouts $guideDLQ) }}
+{{- fail (printf "%s: %q is a topic of the timeout pipeline (kafka.topic %q, its dead-letter topic %q); want one of the activity feed's own" $where $topic $timeouts $guideDLQ) }}
+{{- end }}
+{{- end }}
+{{- if eq $f.group .Values.consumer.group }}
+{{- fail (printf "gateway.activityFeed.group: %q is consumer.group; want a group of the gateways' own: in one group, every gateway joining or leaving would rebalance the guide consumers" $f.group) }}
+{{- end }}
+{{- end }}
+{{- end }}
