@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -102,6 +103,17 @@ func (s *Store) ClaimTimeout(ctx context.Context, p redis.Pipeliner, e Expired, 
 		claim, e.Deadline.UnixMilli(), ttl.Milliseconds(), e.Due.UnixMilli())
 }
 
+// ClaimTimeouts claims the dedup key of each of es for claim, in one
+// pipeline of script calls by hash (ClaimTimeout sends the source with
+// each call: in a storm, tens of thousands of copies of it for Redis to
+// read and hash). The replies are in the order of es.
+func (s *Store) ClaimTimeouts(ctx context.Context, es []Expired, claim string, ttl time.Duration) []*redis.Cmd {
+	return s.runScripts(ctx, len(es), func(i int) (*redis.Script, []string, []any) {
+		e := es[i]
+		return claimScript.call(s.ks.dedupKey(e), claim, e.Deadline.UnixMilli(), ttl.Milliseconds(), e.Due.UnixMilli())
+	}, 0)
+}
+
 // ParseClaim reads a claim's reply: its outcome, and for a fresh claim how
 // many replicas failed to produce the timeout before.
 func ParseClaim(reply string) (outcome string, failed int) {
@@ -123,6 +135,14 @@ type retryWords struct{ Retry string }
 // counting this replica's failure, in pipeline p.
 func (s *Store) RetryElsewhere(ctx context.Context, p redis.Pipeliner, e Expired, claim string, failed int, ttl time.Duration) {
 	retryScript.Eval(ctx, p, s.ks.dedupKey(e), claim, failed, ttl.Milliseconds())
+}
+
+// RetryEachElsewhere is RetryElsewhere for each of es, in one pipeline of
+// script calls by hash. It returns the first error.
+func (s *Store) RetryEachElsewhere(ctx context.Context, es []Expired, claim string, failed int, ttl time.Duration) error {
+	return firstErr(s.runScripts(ctx, len(es), func(i int) (*redis.Script, []string, []any) {
+		return retryScript.call(s.ks.dedupKey(es[i]), claim, failed, ttl.Milliseconds())
+	}, 0))
 }
 
 // markStaleScript records that the consumer found a produced timeout's
@@ -167,4 +187,22 @@ var releaseScript = newScript[dedupKeys]("release_claim", nil, nil)
 // so that a retry may claim it.
 func (s *Store) ReleaseClaim(ctx context.Context, p redis.Pipeliner, e Expired, claim string) {
 	releaseScript.Eval(ctx, p, s.ks.dedupKey(e), claim)
+}
+
+// ReleaseClaims is ReleaseClaim for each of es, in one pipeline of script
+// calls by hash. It returns the first error.
+func (s *Store) ReleaseClaims(ctx context.Context, es []Expired, claim string) error {
+	return firstErr(s.runScripts(ctx, len(es), func(i int) (*redis.Script, []string, []any) {
+		return releaseScript.call(s.ks.dedupKey(es[i]), claim)
+	}, 0))
+}
+
+// firstErr is the first error of cmds, if any.
+func firstErr(cmds []*redis.Cmd) error {
+	for _, c := range cmds {
+		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+	}
+	return nil
 }
