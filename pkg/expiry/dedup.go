@@ -35,16 +35,19 @@ func (l *Listener) claimTTL() time.Duration { return max(30*time.Second, 3*l.cfg
 // until the claims lapse. A key whose value is already this listener's own
 // claim (a release that failed earlier) is its to produce.
 func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]claimed, error) {
-	cmds := l.store.ClaimTimeouts(ctx, found, l.claim, l.claimTTL())
+	got, errs := l.store.ClaimTimeouts(ctx, found, l.claim, l.claimTTL())
 	replies := make([]claimed, len(found))
 	var taken []session.Expired
 	var firstErr error
-	for i, c := range cmds {
-		reply, err := c.Text()
-		if err != nil {
+	for i, reply := range got {
+		if err := errs[i]; err != nil {
 			if firstErr == nil {
 				firstErr = fmt.Errorf("dedup timeout of %q: %w", found[i].UID, err)
 			}
+			// One call claims a bucket's keys: one that failed part way
+			// may have claimed some. A release frees only this
+			// listener's own claim.
+			taken = append(taken, found[i])
 			continue
 		}
 		replies[i].outcome, replies[i].failed = session.ParseClaim(reply)
