@@ -138,6 +138,14 @@ type StormResult struct {
 	// end; WaitedMS the most the bench would have waited from there.
 	AllDeliveredMS float64 `json:"all_delivered_ms"`
 	WaitedMS       float64 `json:"waited_ms"`
+	// Redis's CPU (user and system, seconds) and commands per storm
+	// timeout (scripts' commands included), from the window's start to
+	// the last guide; and from the first release (the window's start
+	// plus the grace), per held timeout.
+	RedisCPUS                   float64 `json:"redis_cpu_s"`
+	RedisCallsPerTimeout        float64 `json:"redis_calls_per_timeout"`
+	RedisReleaseCPUS            float64 `json:"redis_release_cpu_s"`
+	RedisReleaseCallsPerTimeout float64 `json:"redis_release_calls_per_held"`
 }
 
 // Report is what detectbench prints.

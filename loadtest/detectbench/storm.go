@@ -54,12 +54,29 @@ func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormRes
 	windowEnd := windowStart.Add(time.Second)
 	wait = max(wait, b.grace+minWaitPastGrace)
 	deadline := windowEnd.Add(wait)
+	// Redis's cost from the window's start, and from when the brake's
+	// holds fall due (the window's start plus the grace).
+	var atWindow, atRelease redisCost
+	costs := make(chan struct{})
+	cctx, cancelCosts := context.WithCancel(ctx)
+	go func() {
+		defer close(costs)
+		if sleepCtx(cctx, time.Until(windowStart)) {
+			atWindow = readRedisCost(cctx, b.rdb)
+		}
+		if sleepCtx(cctx, time.Until(windowStart.Add(b.grace))) {
+			atRelease = readRedisCost(cctx, b.rdb)
+		}
+	}()
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		if hook.distinct() >= n {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	atEnd := readRedisCost(ctx, b.rdb)
+	cancelCosts()
+	<-costs
 	distinct, resent, doubled, lastAt := hook.summary()
 	res.Delivered = distinct
 	res.Lost = n - distinct
@@ -77,6 +94,20 @@ func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormRes
 		} else {
 			res.HeldOther += d
 		}
+	}
+	if atWindow.calls != nil {
+		whole := atEnd.since(atWindow)
+		res.RedisCPUS = whole.cpuS
+		calls, _ := whole.total()
+		res.RedisCallsPerTimeout = float64(calls) / float64(n)
+		whole.print(os.Stderr, "storm, from the window's start", n)
+	}
+	if atRelease.calls != nil {
+		rel := atEnd.since(atRelease)
+		res.RedisReleaseCPUS = rel.cpuS
+		calls, _ := rel.total()
+		res.RedisReleaseCallsPerTimeout = float64(calls) / float64(max(res.Held, 1))
+		rel.print(os.Stderr, "storm, from the first release (per held timeout)", res.Held)
 	}
 	b.timeline(ctx, topic, windowEnd, hook.firstArrivals())
 	return res, nil

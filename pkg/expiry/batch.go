@@ -311,9 +311,9 @@ func (l *Listener) spoolEvents(b *batch) {
 }
 
 // record writes what became of the batch: the claims are resolved (the
-// dedup keys of produced and spooled timeouts set so, the claims of unsent
-// ones released: one pipeline; those left to another replica count this
-// one's failure: one pipeline), and then the settled entries are settled
+// dedup keys of produced and spooled timeouts set so, and the claims of
+// unsent ones released: a pipeline each; those left to another replica
+// count this one's failure: one pipeline), and then the settled entries are settled
 // (Store.Settle). It returns emit's count.
 func (l *Listener) record(ctx context.Context, b *batch) (int, error) {
 	var produced, spooled, unsent, elsewhere, settled []session.Expired

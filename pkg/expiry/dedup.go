@@ -35,25 +35,19 @@ func (l *Listener) claimTTL() time.Duration { return max(30*time.Second, 3*l.cfg
 // until the claims lapse. A key whose value is already this listener's own
 // claim (a release that failed earlier) is its to produce.
 func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]claimed, error) {
-	cmds := make([]*redis.Cmd, len(found))
-	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, e := range found {
-			cmds[i] = l.store.ClaimTimeout(ctx, p, e, l.claim, l.claimTTL())
-		}
-		return nil
-	})
+	got, errs := l.store.ClaimTimeouts(ctx, found, l.claim, l.claimTTL())
 	replies := make([]claimed, len(found))
 	var taken []session.Expired
 	var firstErr error
-	if err != nil && !errors.Is(err, redis.Nil) {
-		firstErr = fmt.Errorf("dedup %d timeouts: %w", len(found), err)
-	}
-	for i, c := range cmds {
-		reply, err := c.Text()
-		if err != nil {
+	for i, reply := range got {
+		if err := errs[i]; err != nil {
 			if firstErr == nil {
 				firstErr = fmt.Errorf("dedup timeout of %q: %w", found[i].UID, err)
 			}
+			// One call claims a bucket's keys: one that failed part way
+			// may have claimed some. A release frees only this
+			// listener's own claim.
+			taken = append(taken, found[i])
 			continue
 		}
 		replies[i].outcome, replies[i].failed = session.ParseClaim(reply)
@@ -79,13 +73,7 @@ func (l *Listener) retryElsewhere(ctx context.Context, es []session.Expired) err
 	if len(es) == 0 {
 		return nil
 	}
-	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, e := range es {
-			l.store.RetryElsewhere(ctx, p, e, l.claim, 0, l.claimTTL())
-		}
-		return nil
-	})
-	return err
+	return l.store.RetryEachElsewhere(ctx, es, l.claim, 0, l.claimTTL())
 }
 
 // resolveClaims sets the dedup keys of produced and spooled timeouts so,
@@ -94,20 +82,22 @@ func (l *Listener) retryElsewhere(ctx context.Context, es []session.Expired) err
 // finds its entry again (its settle failed, or this one crashed before it)
 // settles it with the next stage waiting for the replay, as this one does.
 func (l *Listener) resolveClaims(ctx context.Context, produced, spooled, release []session.Expired) error {
-	if len(produced)+len(spooled)+len(release) == 0 {
-		return nil
+	var err error
+	if len(produced)+len(spooled) > 0 {
+		_, err = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, e := range produced {
+				l.store.MarkProduced(ctx, p, e, l.cfg.DedupTTL)
+			}
+			for _, e := range spooled {
+				l.store.MarkSpooled(ctx, p, e, l.cfg.DedupTTL)
+			}
+			return nil
+		})
 	}
-	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, e := range produced {
-			l.store.MarkProduced(ctx, p, e, l.cfg.DedupTTL)
-		}
-		for _, e := range spooled {
-			l.store.MarkSpooled(ctx, p, e, l.cfg.DedupTTL)
-		}
-		for _, e := range release {
-			l.store.ReleaseClaim(ctx, p, e, l.claim)
-		}
-		return nil
-	})
+	if len(release) > 0 {
+		// Script calls by hash, in a pipeline of their own: the
+		// releases of a batch the brake held are a storm's worth.
+		err = errors.Join(err, l.store.ReleaseClaims(ctx, release, l.claim))
+	}
 	return err
 }

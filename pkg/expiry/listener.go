@@ -443,14 +443,14 @@ func (l *Listener) fromEvents(ctx context.Context, uids []string) {
 		return // still in the index: the sweep takes them once the spool drains
 	}
 	var found []session.Expired
-	for _, uid := range uids {
-		e, ok, err := l.store.Lookup(ctx, uid)
-		if err != nil {
-			l.sweepDown.Fail(err)
+	got, ok, errs := l.store.LookupMany(ctx, uids)
+	for i := range uids {
+		if errs[i] != nil {
+			l.sweepDown.Fail(errs[i])
 			continue // still in the index: the sweep retries it
 		}
-		if ok {
-			found = append(found, e)
+		if ok[i] {
+			found = append(found, got[i])
 		}
 	}
 	if len(found) == 0 {

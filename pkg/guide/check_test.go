@@ -106,27 +106,46 @@ func (s skewRedis) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 }
 
 // isCheck tells the session check's script (EVAL or EVALSHA) by its
-// keys: a user's session and renewal keys, and no other.
+// keys: users' session and renewal keys in pairs, and no other.
 func (s skewRedis) isCheck(args []any) bool {
-	if len(args) < 5 || args[2] != 2 {
+	if len(args) < 5 {
 		return false
 	}
-	session, _ := args[3].(string)
-	renewed, _ := args[4].(string)
-	uid, err := s.ks.ParseSessionKey(session)
-	return err == nil && renewed == s.ks.RenewedKey(uid)
+	n, ok := args[2].(int)
+	if !ok || n < 2 || n%2 != 0 || len(args) < 3+n {
+		return false
+	}
+	for i := 3; i < 3+n; i += 2 {
+		session, _ := args[i].(string)
+		renewed, _ := args[i+1].(string)
+		uid, err := s.ks.ParseSessionKey(session)
+		if err != nil || renewed != s.ks.RenewedKey(uid) {
+			return false
+		}
+	}
+	return true
 }
 
+// skew moves Redis's clock in each user's answer of a check by s.by.
 func (s skewRedis) skew(c redis.Cmder) {
 	cmd, ok := c.(*redis.Cmd)
 	if !ok || cmd.Err() != nil || !s.isCheck(cmd.Args()) {
 		return
 	}
-	if v, ok := cmd.Val().([]any); ok && len(v) == 3 {
-		if ms, ok := v[1].(int64); ok {
-			cmd.SetVal([]any{v[0], ms + s.by.Milliseconds(), v[2]})
+	checks, ok := cmd.Val().([]any)
+	if !ok {
+		return
+	}
+	out := make([]any, len(checks))
+	for i, c := range checks {
+		out[i] = c
+		if v, ok := c.([]any); ok && len(v) == 3 {
+			if ms, ok := v[1].(int64); ok {
+				out[i] = []any{v[0], ms + s.by.Milliseconds(), v[2]}
+			}
 		}
 	}
+	cmd.SetVal(out)
 }
 
 // TestRedisClockDecidesAge: with Redis's clock an hour behind the

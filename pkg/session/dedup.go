@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -74,11 +75,12 @@ func DedupSpooled(deadline time.Time) string {
 	return dedupFormat.encode(dedupSpooled, strconv.FormatInt(deadline.UnixMilli(), 10))
 }
 
-// claimScript claims a timeout's dedup key. ARGV: claim, deadline ms,
-// claim TTL ms, due ms (the window's). Returns one of the Claim outcomes;
-// a fresh claim laid out as a dedup value, "fresh:<n>", n the replicas
-// that failed to produce it before.
-var claimScript = newScript[dedupKeys]("claim", claimWords{
+// claimScript claims the dedup keys of timeouts of one bucket, each as
+// if alone, in the order given. ARGV: claim, claim TTL ms, then each
+// one's deadline ms and due ms (the window's). Returns per timeout one of
+// the Claim outcomes; a fresh claim laid out as a dedup value,
+// "fresh:<n>", n the replicas that failed to produce it before.
+var claimScript = newScript[dedupEachKeys]("claim", claimWords{
 	Claimed: DedupClaimed, Produced: dedupProduced, Spooled: dedupSpooled, Stale: dedupStale, Retry: dedupRetry,
 	OutFresh: ClaimFresh, OutDone: ClaimDone, OutBusy: ClaimBusy, OutDefer: ClaimDefer, OutSpooled: ClaimSpooled,
 }, []codec{dedupFormat})
@@ -95,11 +97,60 @@ func (k Keyspace) dedupKey(e Expired) dedupKeys {
 	return dedupKeys{Dedup: k.StageDedupKey(e.UID, e.Stage, e.Due)}
 }
 
-// ClaimTimeout claims e's dedup key for claim, in pipeline p; the command's
-// reply is one of the Claim outcomes (ParseClaim reads it).
-func (s *Store) ClaimTimeout(ctx context.Context, p redis.Pipeliner, e Expired, claim string, ttl time.Duration) *redis.Cmd {
-	return claimScript.Eval(ctx, p, s.ks.dedupKey(e),
-		claim, e.Deadline.UnixMilli(), ttl.Milliseconds(), e.Due.UnixMilli())
+// ClaimTimeouts claims the dedup key of each of es for claim: one script
+// call per bucket, in one pipeline (a call per timeout cost Redis several
+// times the claim itself, tens of thousands of times a storm). It returns
+// each one's reply (ParseClaim reads it) or error, in the order of es.
+func (s *Store) ClaimTimeouts(ctx context.Context, es []Expired, claim string, ttl time.Duration) ([]string, []error) {
+	replies, errs := make([]string, len(es)), make([]error, len(es))
+	groups := byBucket(es)
+	cmds := s.runScripts(ctx, len(groups), func(i int) (*redis.Script, []string, []any) {
+		var keys dedupEachKeys
+		args := []any{claim, ttl.Milliseconds()}
+		for _, j := range groups[i] {
+			keys.Dedup = append(keys.Dedup, s.ks.StageDedupKey(es[j].UID, es[j].Stage, es[j].Due))
+			args = append(args, es[j].Deadline.UnixMilli(), es[j].Due.UnixMilli())
+		}
+		return claimScript.call(keys, args...)
+	}, 0)
+	for i, g := range groups {
+		got, err := cmds[i].StringSlice()
+		if err == nil && len(got) != len(g) {
+			err = fmt.Errorf("%w: %d claims for %d timeouts", errReply, len(got), len(g))
+		}
+		for k, j := range g {
+			if err != nil {
+				errs[j] = err
+				continue
+			}
+			replies[j] = got[k]
+		}
+	}
+	return replies, errs
+}
+
+// byBucket groups the indexes of es by bucket, each group in the order
+// of es.
+func byBucket(es []Expired) [][]int {
+	return bucketGroups(len(es), func(i int) string { return es[i].UID })
+}
+
+// bucketGroups groups the indexes 0..n-1 by the bucket of each one's
+// user, each group in increasing order.
+func bucketGroups(n int, uid func(int) string) [][]int {
+	at := map[int]int{}
+	var groups [][]int
+	for i := range n {
+		b := Bucket(uid(i))
+		g, ok := at[b]
+		if !ok {
+			g = len(groups)
+			at[b] = g
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	return groups
 }
 
 // ParseClaim reads a claim's reply: its outcome, and for a fresh claim how
@@ -123,6 +174,14 @@ type retryWords struct{ Retry string }
 // counting this replica's failure, in pipeline p.
 func (s *Store) RetryElsewhere(ctx context.Context, p redis.Pipeliner, e Expired, claim string, failed int, ttl time.Duration) {
 	retryScript.Eval(ctx, p, s.ks.dedupKey(e), claim, failed, ttl.Milliseconds())
+}
+
+// RetryEachElsewhere is RetryElsewhere for each of es, in one pipeline of
+// script calls by hash. It returns the first error.
+func (s *Store) RetryEachElsewhere(ctx context.Context, es []Expired, claim string, failed int, ttl time.Duration) error {
+	return firstErr(s.runScripts(ctx, len(es), func(i int) (*redis.Script, []string, []any) {
+		return retryScript.call(s.ks.dedupKey(es[i]), claim, failed, ttl.Milliseconds())
+	}, 0))
 }
 
 // markStaleScript records that the consumer found a produced timeout's
@@ -159,12 +218,30 @@ func (s *Store) MarkSpooled(ctx context.Context, p redis.Pipeliner, e Expired, t
 	p.Set(ctx, s.ks.StageDedupKey(e.UID, e.Stage, e.Due), DedupSpooled(e.Deadline), ttl)
 }
 
-// releaseScript deletes a claim only if it is still the caller's. ARGV:
-// claim.
-var releaseScript = newScript[dedupKeys]("release_claim", nil, nil)
+// releaseScript deletes each of a bucket's dedup keys that is still the
+// caller's claim. ARGV: claim.
+var releaseScript = newScript[dedupEachKeys]("release_claim", nil, nil)
 
-// ReleaseClaim releases e's claim, if it is still claim, in pipeline p,
-// so that a retry may claim it.
-func (s *Store) ReleaseClaim(ctx context.Context, p redis.Pipeliner, e Expired, claim string) {
-	releaseScript.Eval(ctx, p, s.ks.dedupKey(e), claim)
+// ReleaseClaims releases the claim of each of es, if it is still claim,
+// so that a retry may claim it: one script call per bucket, in one
+// pipeline. It returns the first error.
+func (s *Store) ReleaseClaims(ctx context.Context, es []Expired, claim string) error {
+	groups := byBucket(es)
+	return firstErr(s.runScripts(ctx, len(groups), func(i int) (*redis.Script, []string, []any) {
+		var keys dedupEachKeys
+		for _, j := range groups[i] {
+			keys.Dedup = append(keys.Dedup, s.ks.StageDedupKey(es[j].UID, es[j].Stage, es[j].Due))
+		}
+		return releaseScript.call(keys, claim)
+	}, 0))
+}
+
+// firstErr is the first error of cmds, if any.
+func firstErr(cmds []*redis.Cmd) error {
+	for _, c := range cmds {
+		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+	}
+	return nil
 }

@@ -121,11 +121,16 @@ type routeStampKeys struct{ Route, Stamps string }
 
 func (k routeStampKeys) list() []string { return []string{k.Route, k.Stamps} }
 
-// dedupKeys: claim.lua, retry_elsewhere.lua, release_claim.lua,
-// mark_stale.lua, mark_produced.lua.
+// dedupKeys: retry_elsewhere.lua, mark_stale.lua.
 type dedupKeys struct{ Dedup string }
 
 func (k dedupKeys) list() []string { return []string{k.Dedup} }
+
+// dedupEachKeys: claim.lua, release_claim.lua: the dedup keys of
+// timeouts of one bucket, one each.
+type dedupEachKeys struct{ Dedup []string }
+
+func (k dedupEachKeys) list() []string { return k.Dedup }
 
 // pushClaimKeys: push_claim.lua.
 type pushClaimKeys struct{ Delivered, Pushed, Renewed string }
@@ -147,7 +152,8 @@ type inboxTakeKeys struct{ Inbox, Renewed, Leases string }
 
 func (k inboxTakeKeys) list() []string { return []string{k.Inbox, k.Renewed, k.Leases} }
 
-// checkKeys: check.lua.
-type checkKeys struct{ Session, Renewed string }
+// checkKeys: check.lua: per user of one bucket, its session key and its
+// renewed key.
+type checkKeys struct{ Entries []string }
 
-func (k checkKeys) list() []string { return []string{k.Session, k.Renewed} }
+func (k checkKeys) list() []string { return k.Entries }

@@ -14,7 +14,8 @@ import (
 var keyListTypes = []keyList{
 	bucketKeys{}, sessionKeys{}, lookupKeys{}, entryKeys{}, dueKeys{}, setKeys{}, stagedKeys{},
 	heartbeatKeys{}, blindKeys{}, markKeys{}, lapseKeys{}, aliveKeys{}, routeKeys{}, routeStampKeys{},
-	dedupKeys{}, pushClaimKeys{}, deliveredKeys{}, inboxKeepKeys{}, inboxTakeKeys{}, checkKeys{}, activityKeys{},
+	dedupKeys{}, pushClaimKeys{}, deliveredKeys{}, inboxKeepKeys{}, inboxTakeKeys{}, checkKeys{},
+	dedupEachKeys{},
 }
 
 // TestKeyListsFollowTheirFields: each key list's list() gives its keys

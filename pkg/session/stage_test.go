@@ -285,15 +285,11 @@ func TestSpooledDedupMark(t *testing.T) {
 	e := Expired{UID: "eve", Stage: 1, Deadline: deadline, Due: deadline}
 	claim := func(e Expired) string {
 		t.Helper()
-		var cmd *redis.Cmd
-		if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			cmd = s.ClaimTimeout(ctx, p, e, "claimed:me", time.Minute)
-			return nil
-		}); err != nil {
-			t.Fatal(err)
+		replies, errs := s.ClaimTimeouts(ctx, []Expired{e}, "claimed:me", time.Minute)
+		if errs[0] != nil {
+			t.Fatal(errs[0])
 		}
-		reply, _ := cmd.Text()
-		out, _ := ParseClaim(reply)
+		out, _ := ParseClaim(replies[0])
 		return out
 	}
 	key := s.ks.StageDedupKey(e.UID, e.Stage, e.Due)

@@ -23,18 +23,11 @@ func staleRigTimeout(uid string) Expired {
 
 func claimOn(t *testing.T, s *Store, listener string, e Expired, ttl time.Duration) string {
 	t.Helper()
-	var cmd *redis.Cmd
-	if _, err := s.rdb.Pipelined(context.Background(), func(p redis.Pipeliner) error {
-		cmd = s.ClaimTimeout(context.Background(), p, e, DedupClaim(listener), ttl)
-		return nil
-	}); err != nil {
-		t.Fatalf("claim of %q's timeout: %v", e.UID, err)
+	replies, errs := s.ClaimTimeouts(context.Background(), []Expired{e}, DedupClaim(listener), ttl)
+	if errs[0] != nil {
+		t.Fatalf("claim of %q's timeout: %v", e.UID, errs[0])
 	}
-	reply, err := cmd.Text()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, _ := ParseClaim(reply)
+	out, _ := ParseClaim(replies[0])
 	return out
 }
 
