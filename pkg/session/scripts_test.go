@@ -15,7 +15,7 @@ var keyListTypes = []keyList{
 	bucketKeys{}, sessionKeys{}, lookupKeys{}, entryKeys{}, dueKeys{}, setKeys{}, stagedKeys{},
 	heartbeatKeys{}, blindKeys{}, markKeys{}, lapseKeys{}, aliveKeys{}, routeKeys{}, routeStampKeys{},
 	dedupKeys{}, pushClaimKeys{}, deliveredKeys{}, inboxKeepKeys{}, inboxTakeKeys{}, checkKeys{},
-	dedupEachKeys{},
+	dedupEachKeys{}, activityKeys{}, feedKeys{},
 }
 
 // TestKeyListsFollowTheirFields: each key list's list() gives its keys
