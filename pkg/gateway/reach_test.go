@@ -503,7 +503,7 @@ func pingFails(t *testing.T, ws *websocket.Conn) {
 	ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`))
 	// A round trip to a partitioned Redis takes its read timeout (3s)
 	// to fail, and a ping queued behind others waits for theirs, up to
-	// the write timeout (10s), before its own: on a busy machine the
+	// the write timeout, before its own: on a busy machine the
 	// error comes after both.
 	ws.SetReadDeadline(time.Now().Add(30 * time.Second))
 	_, b, err := ws.ReadMessage()
