@@ -46,7 +46,7 @@ lint: ## gofmt, go vet and staticcheck (pinned, built the first time)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 
 # The benchmark's programs, and where its report goes.
-BENCH_CMDS = ./gateway ./loadtest/wsload ./loadtest/guidebench ./loadtest/bench ./loadtest/detectbench ./loadtest/outagebench
+BENCH_CMDS = ./gateway ./loadtest/wsload ./loadtest/guidebench ./loadtest/bench ./loadtest/detectbench ./loadtest/outagebench ./loadtest/activitybench
 BENCH_OUT ?= bench
 
 bench: deps ## benchmark into bench/report.md and report.json (about 12 min), then micro-benchmarks; QUICK=1: small scale, about 3 min, no micro-benchmarks

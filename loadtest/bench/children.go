@@ -214,3 +214,30 @@ func consumer(ctx context.Context, bin string, sc consumerScale) (*Consumer, err
 	c.Command = commandLine("guidebench", args...)
 	return c, err
 }
+
+// Activity is step 5b, as activitybench prints it.
+type Activity struct {
+	Command         string  `json:"command"`
+	Events          int     `json:"events"`
+	Users           int     `json:"users"`
+	Partitions      int     `json:"partitions"`
+	EventsPerSecond float64 `json:"events_per_second"`
+	Seconds         float64 `json:"seconds"`
+	Sessions        int64   `json:"sessions"`
+}
+
+type activityScale struct {
+	Events, Users int
+	Limit         time.Duration // the most activitybench may take
+}
+
+// activityStep runs activitybench. It fails unless every user has a
+// session after, so a result means no event was lost.
+func activityStep(ctx context.Context, bin string, sc activityScale) (*Activity, error) {
+	args := []string{"-events", strconv.Itoa(sc.Events), "-users", strconv.Itoa(sc.Users)}
+	a := &Activity{}
+	fmt.Printf("activity: %d events of %d users through the topic\n", sc.Events, sc.Users)
+	err := runJSON(ctx, sc.Limit, a, bin, "activitybench", args...)
+	a.Command = commandLine("activitybench", args...)
+	return a, err
+}

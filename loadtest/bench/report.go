@@ -23,6 +23,7 @@ type Report struct {
 	// DetectionAtScale is step 3b (detection_scale.go).
 	DetectionAtScale *Detection        `json:"detection_at_scale,omitempty"`
 	Consumer         *Consumer         `json:"consumer,omitempty"`
+	Activity         *Activity         `json:"activity,omitempty"`
 	Outage           *Outage           `json:"outage,omitempty"`
 	Modes            *Modes            `json:"modes,omitempty"`
 	Skipped          []string          `json:"skipped,omitempty"`
@@ -47,6 +48,8 @@ const (
 	// The storm's guides: each once, within the grace plus this after the
 	// window.
 	goalStormPastGraceMs = 2000
+	// Activity events one gateway applies from the topic.
+	goalActivityPerSecond = 50000
 )
 
 func (r *Report) judge() {
@@ -208,6 +211,10 @@ func (r *Report) markdown() string {
 		row("5", fmt.Sprintf("drain %d queued guides after an outage ends", c.Queued),
 			fmt.Sprintf("**%.1f s** to an empty backlog", c.RecoveryToEmptySeconds), "", "", c.Command)
 	}
+	if a := r.Activity; a != nil {
+		row("5b", "activity events applied per second through the topic, one gateway", fmt.Sprintf("**%.0f**", a.EventsPerSecond),
+			"at least 50,000", r.status(a.EventsPerSecond >= goalActivityPerSecond, false), a.Command)
+	}
 	if o := r.Outage; o != nil {
 		for _, f := range o.Faults {
 			row("6", fmt.Sprintf("outage %s, %.0f s: active users guided; silent users' extra delay p50 / p99 / max", f.Fault, f.DownMS/1000),
@@ -281,6 +288,12 @@ func (r *Report) markdown() string {
 			c.Queued, c.RecoveryToFirstSeconds, c.BreakerTimeoutSeconds)
 		p("| recovery to an empty backlog (all delivered and committed) | **%.1f s** |\n| drain rate | %.0f guides/s |\n| ids pushed again, deduped by the downstream | %d |\n",
 			c.RecoveryToEmptySeconds, c.DrainGuidesPerSecond, c.ResentIDs)
+	}
+	if a := r.Activity; a != nil {
+		p("\n## 5b. Activity feed\n\n`%s`\n\n", a.Command)
+		p("%d `active` events of %d users wait on the activity topic (%d partitions); one gateway with the feed starts, the group's only member, and is timed until the feed's watermark in Redis has passed the last event: every event applied, as the listener sees it. It fails unless every user has a session after.\n\n",
+			a.Events, a.Users, a.Partitions)
+		p("| | |\n|---|---|\n| events applied per second | **%.0f** (%.1f s) |\n| live sessions after | %d |\n", a.EventsPerSecond, a.Seconds, a.Sessions)
 	}
 	if o := r.Outage; o != nil {
 		r.outageMD(&b, o)

@@ -106,6 +106,14 @@ func run(ctx context.Context, bin, out string, quick bool, stepList string) (fai
 		rep.Consumer, err = consumer(ctx, bin, sc.consumer)
 		fail("consumer", err)
 	}
+	if slices.Contains(steps, "activity") && ctx.Err() == nil {
+		if available(bin, "activitybench") {
+			rep.Activity, err = activityStep(ctx, bin, sc.activity)
+			fail("activity", err)
+		} else {
+			rep.Skipped = append(rep.Skipped, "activity: activitybench is not built (loadtest/activitybench)")
+		}
+	}
 	if slices.Contains(steps, "outage") && ctx.Err() == nil {
 		if available(bin, "outagebench") {
 			rep.Outage, err = outage(ctx, bin, sc.outage)
