@@ -38,3 +38,31 @@ func TestAttack23StaleTurnAfterEnd(t *testing.T) {
 		})
 	}
 }
+
+// TestAttack23ParkOutlivesClockChange: a segment on the turn clock parks
+// a session until the first turn to the user (MaxTurnHold). The operator
+// then sets the segment to the presence clock (policy set, picked up
+// live). The platform passes the turn to the user: on the presence clock
+// the user's silence now counts from this renewal, a TTL. But the turn
+// event ends a park only when the clock it carries is the turn clock (or
+// the stored turn is ours), so the park of the old clock is taken for
+// "another device's longer grant" and kept: the silent user is guided a
+// day late. The promise broken: one guide per silence, on time.
+func TestAttack23ParkOutlivesClockChange(t *testing.T) {
+	s, ctx := newStore(t)
+	const ttl = time.Minute
+	uid := "attack23-clockchange"
+	if _, err := s.Renew(ctx, uid, DefaultSegment, ttl, ClockTurn); err != nil {
+		t.Fatal(err)
+	}
+	now := redisNow(t, s.rdb)
+	if d := score(t, s, uid); !near(d, now.Add(MaxTurnHold+ttl), 2*time.Second) {
+		t.Fatalf("turn clock before a first turn: deadline in %v, want parked %v", d.Sub(now), MaxTurnHold+ttl)
+	}
+	// The segment is on the presence clock now.
+	apply(t, s, ev(uid, ActivityTurnUser, ttl).clock(ClockPresence))
+	now = redisNow(t, s.rdb)
+	if d := score(t, s, uid); !near(d, now.Add(ttl), 2*time.Second) {
+		t.Fatalf("turn to the user after the clock changed to presence: deadline in %v, want %v", d.Sub(now), ttl)
+	}
+}
