@@ -66,3 +66,30 @@ func TestAttack23ParkOutlivesClockChange(t *testing.T) {
 		t.Fatalf("turn to the user after the clock changed to presence: deadline in %v, want %v", d.Sub(now), ttl)
 	}
 }
+
+// TestAttack23FutureAtReordered: the platform's clock runs a few seconds
+// ahead of Redis's (the endpoint accepts an at_ms up to a day ahead). It
+// passes the turn to the user, then to us (an agent picks the chat up);
+// the two reach us in the other order (two producers, a retry). By at_ms
+// the turn to the user is older than the stored turn to us, and must
+// change nothing. But the script clamps each at_ms to Redis's now before
+// it compares, and stores the clamped time: the turn to us is stored as
+// of now, the turn to the user, clamped to a later now, looks newer and
+// applies. The promise broken: a user waiting for us gets their clock
+// run, and a guide a TTL later.
+func TestAttack23FutureAtReordered(t *testing.T) {
+	s, ctx := newStore(t)
+	const ttl = time.Minute
+	uid := "attack23-ahead"
+	now := redisNow(t, s.rdb)
+	apply(t, s, ev(uid, ActivityTurnUs, ttl).hold(time.Hour).at(now.Add(5*time.Second)))
+	res := apply(t, s, ev(uid, ActivityTurnUser, ttl).at(now.Add(4*time.Second)))
+	turn, _, err := s.Turn(ctx, uid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Stale != 1 || !turn.Ours {
+		t.Fatalf("a turn to the user 1s older than the stored turn to us: %+v, turn %+v, deadline in %v; want it stale, still ours",
+			res, turn, score(t, s, uid).Sub(now))
+	}
+}
