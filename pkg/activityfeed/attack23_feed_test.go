@@ -17,7 +17,14 @@ import (
 // it owns, and a stop that leaves the group.
 func (r *rig) startMember(cfg Config) (*Feed, func()) {
 	r.t.Helper()
-	f, err := Open(context.Background(), cfg, r.store, r.apply, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	apply := func(ctx context.Context, recs []*kgo.Record) (map[int]string, error) {
+		refused, err := r.apply(ctx, recs)
+		if len(refused) > 0 {
+			attack23BadSeen.Store(r, true)
+		}
+		return refused, err
+	}
+	f, err := Open(context.Background(), cfg, r.store, apply, slog.New(slog.NewTextHandler(attack23Log, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -186,3 +193,48 @@ func newPlainClient(t *testing.T, brokers []string) *kgo.Client {
 	t.Cleanup(cl.Close)
 	return cl
 }
+
+// TestAttack23OversizedBadRecordStopsFeed: a record that does not parse
+// and is near the size limit of a produce (the platform's producer and
+// ours share Kafka's default of about 1 MB). Its dead letter is the same
+// value with headers added (reason, topic, partition, offset): too large
+// to produce. applyBatch retries the dead letter until it succeeds,
+// which it never does, so the feed stops on this record: the records
+// behind it are never applied, and the watermark stops. The promise
+// broken: a bad record goes to the dead-letter topic and the rest flow
+// on; here every user fed through the topic is held, none guided, for
+// good.
+func TestAttack23OversizedBadRecordStopsFeed(t *testing.T) {
+	r := newRig(t)
+	cfg := r.config()
+	cfg.Kafka.Partitions = 1
+	r.startMember(cfg)
+	// The largest value the platform's producer (kgo's defaults) takes.
+	big := []byte("bad")
+	big = append(big, make([]byte, 1_000_012-200)...)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(r.brokers...), kgo.DefaultProduceTopic(DefaultTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for i := range big[3:] {
+		big[3+i] = 'x'
+	}
+	if err := cl.ProduceSync(context.Background(), &kgo.Record{Key: []byte("u1"), Value: big}).FirstErr(); err != nil {
+		t.Fatalf("the platform's producer refused it: %v", err)
+	}
+	// Once the feed has handed the bad record to Apply (and so tries to
+	// dead-letter it), a good record.
+	if !waitFor(15*time.Second, func() bool { _, ok := attack23BadSeen.Load(r); return ok }) {
+		t.Fatal("the bad record never reached Apply")
+	}
+	r.produce("u2", "active-after-the-bad-one")
+	if !waitFor(15*time.Second, func() bool { return slices.Contains(r.appliedValues(), "active-after-the-bad-one") }) {
+		t.Fatal("the record after an oversized bad one was never applied: the feed stopped on its dead letter")
+	}
+}
+
+var attack23Log io.Writer = io.Discard
+
+// attack23BadSeen holds the rigs whose Apply was handed a record it refuses.
+var attack23BadSeen sync.Map
