@@ -238,3 +238,45 @@ var attack23Log io.Writer = io.Discard
 
 // attack23BadSeen holds the rigs whose Apply was handed a record it refuses.
 var attack23BadSeen sync.Map
+
+// TestAttack23TopicChangeStuck: the operator moves the feed to another
+// activity topic (STILLTHERE_ACTIVITY_TOPIC), one with fewer partitions,
+// or recreates the topic smaller. The watermark is keyed by partition
+// number alone, not by topic, and nothing ever drops a partition from it:
+// the old topic's partitions 2 and 3 keep their last stamps, and the
+// watermark, the earliest, stops there. The promise broken: every
+// deadline since is held again and again, no silent user is guided, though
+// the new topic is applied to its end.
+func TestAttack23TopicChangeStuck(t *testing.T) {
+	r := newRig(t)
+	old := r.config()
+	old.Kafka.Partitions = 4
+	_, stop := r.startMember(old)
+	t0, err := r.store.ActivityClock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.stampedPast(t0, 10*time.Second, 0, 1, 2, 3) {
+		t.Fatal("the old topic's partitions never stamped")
+	}
+	stop()
+	moved := r.config()
+	moved.Kafka.Topic, moved.Kafka.Partitions = "session-activity-v2", 2
+	r.startMember(moved)
+	t1, err := r.store.ActivityClock(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.stampedPast(t1, 10*time.Second, 0, 1) {
+		t.Fatal("the new topic's partitions never stamped")
+	}
+	if !waitFor(10*time.Second, func() bool {
+		w, _ := r.control().ActivityWatermark()
+		return !w.Before(t1)
+	}) {
+		c := r.control()
+		w, _ := c.ActivityWatermark()
+		t.Fatalf("watermark stuck %v behind Redis's clock after the move to a topic of 2 partitions, every one of them applied (stamps %v): no deadline since is judged",
+			c.Now.Sub(w), c.Activity)
+	}
+}
