@@ -93,3 +93,30 @@ func TestAttack23FutureAtReordered(t *testing.T) {
 			res, turn, score(t, s, uid).Sub(now))
 	}
 }
+
+// TestAttack23SocketCloseForgetsOurTurn: the user waits for us (the
+// platform passed the turn to us: queued for an agent). They close the
+// chat window, a normal close of their last WebSocket (End), and open it
+// again a moment later, while still in the queue. The conversation did
+// not end, and the platform, which sees no change, sends no new turn. But
+// End shares endSession with the platform's `end`, which deletes the
+// turn state: the reopened chat's ping finds none, the clock runs, and
+// the user still waiting for us is guided a TTL later. The promise
+// broken: never a guide to someone waiting for us.
+func TestAttack23SocketCloseForgetsOurTurn(t *testing.T) {
+	s, ctx := newStore(t)
+	const ttl = time.Minute
+	uid := "attack23-reopen"
+	apply(t, s, ev(uid, ActivityTurnUs, ttl).hold(time.Hour))
+	if err := s.End(ctx, uid); err != nil { // the last WebSocket closed with 1000
+		t.Fatal(err)
+	}
+	if _, err := s.Renew(ctx, uid, DefaultSegment, ttl, ClockPresence); err != nil { // reopened: a ping
+		t.Fatal(err)
+	}
+	now := redisNow(t, s.rdb)
+	if d := score(t, s, uid); !near(d, now.Add(time.Hour+ttl), 2*time.Second) {
+		t.Fatalf("a ping after the chat was closed and reopened while waiting for us: deadline in %v, want still parked, %v",
+			d.Sub(now), time.Hour+ttl)
+	}
+}
