@@ -120,3 +120,27 @@ func TestAttack23SocketCloseForgetsOurTurn(t *testing.T) {
 			d.Sub(now), time.Hour+ttl)
 	}
 }
+
+// TestAttack23OldActiveStartsFreshSilence: an `active` of an hour ago
+// reaches us for a user we hold no state of: the feed's first run reads
+// the activity topic from its start (ConsumeResetOffset AtStart, days of
+// retention), or the group's offsets expired, or the consumer was down
+// for an hour. The user was active then and has been silent since: their
+// silence began a TTL after it, long past. But the grant counts the TTL
+// from Redis's now, not from the event's time, so the replay starts a
+// fresh silence for every user of the backlog, and each is guided a TTL
+// from now: an hour late, as if new, past the consumer's too-old check
+// (which reads the deadline). The promise broken: on time, and a stale
+// event changing nothing.
+func TestAttack23OldActiveStartsFreshSilence(t *testing.T) {
+	s, _ := newStore(t)
+	const ttl = time.Minute
+	uid := "attack23-replayed"
+	now := redisNow(t, s.rdb)
+	at := now.Add(-time.Hour)
+	apply(t, s, ev(uid, ActivityActive, ttl).at(at))
+	if d := score(t, s, uid); d.After(at.Add(ttl + time.Second)) {
+		t.Fatalf("an active of an hour ago: deadline in %v from now, want at most a TTL after the event (%v ago)",
+			d.Sub(now), now.Sub(at.Add(ttl)))
+	}
+}
