@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -321,7 +322,7 @@ func (f *Feed) stampOnce(ctx context.Context) error {
 	// with none, at its start.
 	var starts kadm.ListedOffsets
 	committed := f.cl.CommittedOffsets()[topic]
-	if len(unknown) > len(committed) {
+	if slices.ContainsFunc(unknown, func(p int32) bool { _, ok := committed[p]; return !ok }) {
 		if starts, err = f.adm.ListStartOffsets(ctx, topic); err != nil {
 			return fmt.Errorf("list start offsets: %w", err)
 		}
