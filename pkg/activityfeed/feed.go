@@ -18,7 +18,9 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/stillthere/stillthere/pkg/config"
 	"github.com/stillthere/stillthere/pkg/kafka"
@@ -136,6 +138,10 @@ type Feed struct {
 	mu    sync.Mutex // guards tr and marks: the rebalance callbacks run on the client's goroutine
 	tr    *tracker
 	marks map[int32]time.Time // the watermark last stamped, by partition
+	// count is the topic's partitions as last written, at counted, and
+	// looked when they were last asked for (the loop's own).
+	count           int
+	counted, looked time.Time
 	// skew is this host's clock less Redis's, at the last stamp.
 	skew    time.Duration
 	started time.Time
@@ -162,6 +168,9 @@ func Open(ctx context.Context, cfg Config, store *session.Store, apply Apply, lo
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.ConsumeTopics(cfg.Kafka.Topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		// A partition added to the topic holds every deadline until a
+		// member reads it: find it within half a minute, not five.
+		kgo.MetadataMaxAge(30*time.Second),
 		// Only applied records are committed.
 		kgo.AutoCommitMarks(),
 		kgo.AutoCommitInterval(time.Second),
@@ -272,7 +281,7 @@ func (f *Feed) applyBatch(ctx context.Context, recs []*kgo.Record) bool {
 		metricRecords.WithLabelValues("dead-lettered").Inc()
 		f.log.Warn("activity record refused", "partition", r.Partition, "offset", r.Offset, "reason", reason)
 		if !retry(ctx, func() error {
-			err := f.cl.ProduceSync(ctx, kafka.DeadLetter(r, f.cfg.DeadLetterTopic, reason)).FirstErr()
+			err := kafka.ProduceDeadLetter(ctx, f.cl, r, f.cfg.DeadLetterTopic, reason)
 			return track(f.dlqOutage, err)
 		}) {
 			return false
@@ -347,12 +356,31 @@ func (f *Feed) stampOnce(ctx context.Context) error {
 	f.tr.checkpoint(at, mine)
 	caught := f.tr.caughtUp()
 	f.mu.Unlock()
-	if len(caught) == 0 {
+	// Every so often, and whenever it changes, the topic's partitions as
+	// the brokers list them: one just added holds every deadline until
+	// its owner stamps it, one gone, or another topic's, no longer does.
+	st := session.FeedStamp{Gap: f.cfg.Gap, CaughtUp: caught}
+	var count int
+	if time.Since(f.looked) >= partitionsLook {
+		// Asked of a broker, not the client's cached metadata, which
+		// learns of a partition added only minutes later.
+		if count, err = f.partitions(ctx); err != nil {
+			return err
+		}
+		f.looked = time.Now()
+		if count != f.count || time.Since(f.counted) >= partitionsEvery {
+			st.Topic, st.Partitions = topic, count
+		}
+	}
+	if len(caught) == 0 && st.Partitions == 0 {
 		return nil
 	}
-	now, err := f.store.ActivityCaughtUp(ctx, f.cfg.Gap, caught)
+	now, err := f.store.ActivityCaughtUp(ctx, st)
 	if err != nil {
 		return err
+	}
+	if st.Partitions > 0 {
+		f.count, f.counted = count, time.Now()
 	}
 	f.mu.Lock()
 	for p, w := range caught {
@@ -417,6 +445,41 @@ func (f *Feed) forget(m map[string][]int32) {
 		delete(f.marks, p)
 	}
 }
+
+// partitionsLook is how often a member asks a broker how many partitions
+// the topic has.
+const partitionsLook = time.Second
+
+// partitions asks a broker how many partitions the activity topic has.
+func (f *Feed) partitions(ctx context.Context) (int, error) {
+	req := kmsg.NewPtrMetadataRequest()
+	t := kmsg.NewMetadataRequestTopic()
+	t.Topic = kmsg.StringPtr(f.cfg.Kafka.Topic)
+	req.Topics = append(req.Topics, t)
+	resp, err := req.RequestWith(ctx, f.cl)
+	if err != nil {
+		return 0, fmt.Errorf("topic metadata: %w", err)
+	}
+	for _, t := range resp.Topics {
+		if t.Topic == nil || *t.Topic != f.cfg.Kafka.Topic {
+			continue
+		}
+		if err := kerr.ErrorForCode(t.ErrorCode); err != nil {
+			return 0, fmt.Errorf("topic metadata: %w", err)
+		}
+		n := 0
+		for _, p := range t.Partitions {
+			n = max(n, int(p.Partition)+1)
+		}
+		return n, nil
+	}
+	return 0, fmt.Errorf("topic metadata: %q not in the answer", f.cfg.Kafka.Topic)
+}
+
+// partitionsEvery is how often a member writes the topic's partitions
+// into the watermark even when they have not changed (another member may
+// have been on another topic).
+const partitionsEvery = 30 * time.Second
 
 // retry calls do until it succeeds or ctx ends, backing off between
 // tries; it reports whether do succeeded.

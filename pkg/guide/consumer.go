@@ -326,13 +326,12 @@ func (c *Consumer) text(ev timeoutevent.Event) string {
 const dlqTimeout = 10 * time.Second
 
 func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, reason string) error {
-	d := kafka.DeadLetter(r, c.cfg.DLQTopic, reason)
 	// Kafka's own pace, not the downstream's: a dead letter that fails is
 	// retried by sending the guide again, which a refused guide should not
 	// be for a slow first metadata load.
 	ctx, cancel := context.WithTimeout(ctx, max(c.cfg.SendTimeout, dlqTimeout))
 	defer cancel()
-	if err := c.client.ProduceSync(ctx, d).FirstErr(); err != nil {
+	if err := kafka.ProduceDeadLetter(ctx, c.client, r, c.cfg.DLQTopic, reason); err != nil {
 		err = fmt.Errorf("dead-letter %s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
 		track(c.dlqOutage, err)
 		return err

@@ -16,29 +16,45 @@ import (
 // applied every record up to them.
 
 // activityCaughtUpScript records caught-up partitions, and a blind
-// interval for a partition that lagged, and reads the clock. ARGV: gap max
-// ms, then partition, Unix ms, ...
+// interval for a partition that lagged, keeps the hash to the topic's
+// partitions, and reads the clock. ARGV: gap max ms, topic, partition
+// count (0: not checked), then partition, Unix ms, ...
 var activityCaughtUpScript = newScript[feedKeys]("activity_caught_up",
 	activityReasons{ActivityLag: BlindActivityLag}, []codec{blindFormat})
 
 // activityReasons are the blind reasons the activity feed records.
 type activityReasons struct{ ActivityLag string }
 
+// FeedStamp is what one member of the activity feed stamps.
+type FeedStamp struct {
+	// Gap is the longest step of a partition's time that is not a blind
+	// interval (BlindActivityLag).
+	Gap time.Duration
+	// Topic and Partitions, when Partitions is more than 0, say which
+	// partitions there are: the watermark of another topic is dropped,
+	// and so is a partition past the count; one not stamped yet holds
+	// every deadline until it is.
+	Topic      string
+	Partitions int
+	// CaughtUp is, for each partition, the time before which every record
+	// appended to it has been applied.
+	CaughtUp map[int32]time.Time
+}
+
 // ActivityClock is Redis's clock as the control keys' node keeps it: the
 // time a consumer stamps its caught-up partitions with, read before it
 // asks Kafka for their end offsets.
 func (s *Store) ActivityClock(ctx context.Context) (time.Time, error) {
-	return s.ActivityCaughtUp(ctx, 0, nil)
+	return s.ActivityCaughtUp(ctx, FeedStamp{})
 }
 
-// ActivityCaughtUp records, for each partition, that every record appended
-// to it before its time has been applied. A partition's time never moves
-// back; one that steps by more than gapMax records a blind interval of
-// everyone over the step (BlindActivityLag). It returns Redis's clock.
-func (s *Store) ActivityCaughtUp(ctx context.Context, gapMax time.Duration, parts map[int32]time.Time) (time.Time, error) {
-	args := make([]any, 0, 1+2*len(parts))
-	args = append(args, gapMax.Milliseconds())
-	for p, t := range parts {
+// ActivityCaughtUp records a member's stamp. A partition's time never
+// moves back; one that steps by more than the gap records a blind
+// interval of everyone over the step. It returns Redis's clock.
+func (s *Store) ActivityCaughtUp(ctx context.Context, st FeedStamp) (time.Time, error) {
+	args := make([]any, 0, 3+2*len(st.CaughtUp))
+	args = append(args, st.Gap.Milliseconds(), st.Topic, st.Partitions)
+	for p, t := range st.CaughtUp {
 		args = append(args, strconv.FormatInt(int64(p), 10), t.UnixMilli())
 	}
 	ms, err := activityCaughtUpScript.Run(ctx, s.rdb, feedKeys{Activity: s.ks.ActivityKey(), Blind: s.ks.BlindKey()}, args...).Int64()

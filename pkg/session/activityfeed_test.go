@@ -29,7 +29,7 @@ func TestActivityWatermark(t *testing.T) {
 	const gap = 2 * time.Second
 	caughtUp := func(parts map[int32]time.Time) {
 		t.Helper()
-		if _, err := s.ActivityCaughtUp(ctx, gap, parts); err != nil {
+		if _, err := s.ActivityCaughtUp(ctx, FeedStamp{Gap: gap, CaughtUp: parts}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -54,6 +54,32 @@ func TestActivityWatermark(t *testing.T) {
 	want := BlindInterval{Start: t0, End: t0.Add(3 * time.Second), Reason: BlindActivityLag}
 	if len(c.Blind) != 1 || c.Blind[0] != want {
 		t.Fatalf("blind intervals = %+v, want %+v", c.Blind, want)
+	}
+	// The topic's partitions: a fourth, just added and stamped by nobody,
+	// holds every deadline; the topic made smaller drops it again.
+	stamp := func(st FeedStamp) {
+		t.Helper()
+		if _, err := s.ActivityCaughtUp(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stamp(FeedStamp{Gap: gap, Topic: "acts", Partitions: 4})
+	if w, _ := mark().ActivityWatermark(); w.UnixMilli() != 0 {
+		t.Fatalf("watermark %v with a partition nobody stamped, want the epoch: hold everything", w)
+	}
+	stamp(FeedStamp{Gap: gap, Topic: "acts", Partitions: 3})
+	if c := mark(); len(c.Activity) != 3 {
+		t.Fatalf("partitions %v after the topic shrank to 3", c.Activity)
+	}
+	// A stamp that is a partition's first (from 0) is no lag.
+	stamp(FeedStamp{Gap: gap, Topic: "acts", Partitions: 4, CaughtUp: map[int32]time.Time{3: t0.Add(4 * time.Second)}})
+	if c := mark(); len(c.Blind) != 1 {
+		t.Fatalf("blind intervals %+v: a first stamp recorded a lag", c.Blind)
+	}
+	// Another topic's watermark is dropped whole.
+	stamp(FeedStamp{Gap: gap, Topic: "acts-v2", Partitions: 2, CaughtUp: map[int32]time.Time{0: t0.Add(5 * time.Second), 1: t0.Add(5 * time.Second)}})
+	if c := mark(); len(c.Activity) != 2 || !c.Activity[0].Equal(t0.Add(5*time.Second)) {
+		t.Fatalf("partitions %v after the move to a topic of 2", c.Activity)
 	}
 	if err := s.ForgetActivity(ctx); err != nil {
 		t.Fatal(err)

@@ -1,21 +1,45 @@
 -- Records that the activity feed caught up. ARGV: the longest step of a
--- partition's time that is not a blind interval (ms), then pairs of a
--- partition of the activity topic and a time (Unix ms, Redis's clock)
--- before which every record of it had been applied. A partition's time
--- never moves back: a consumer that lost it in a rebalance and stamps
--- late changes nothing. A longer step is a time in which the feed lagged
--- or Kafka was down, and records the platform could not produce then may
--- still come: it is recorded as a blind interval of everyone, so that the
--- listener holds the deadlines in it until the grace after it. With no
--- pairs, only reads the clock. Returns Redis's now.
+-- partition's time that is not a blind interval (ms); the activity topic
+-- and its partition count (0: not checked this time); then pairs of a
+-- partition and a time (Unix ms, Redis's clock) before which every record
+-- of it had been applied.
+--
+-- The topic and its count keep the hash to the partitions there are: a
+-- hash of another topic is dropped whole (the feed moved), a partition
+-- past the count is dropped (the topic was made smaller), and one not
+-- yet stamped is written as 0, so that the listener, which waits for the
+-- earliest, holds every deadline until its owner has stamped it (a
+-- partition just added, which no member reads yet).
+--
+-- A partition's time never moves back: a consumer that lost it in a
+-- rebalance and stamps late changes nothing. A longer step than the gap
+-- from a real stamp is a time in which the feed lagged or Kafka was down,
+-- and records the platform could not produce then may still come: it is
+-- recorded as a blind interval of everyone, so that the listener holds
+-- the deadlines in it until the grace after it. Returns Redis's now.
 local now = redisNowMS()
-local gapMax = tonumber(ARGV[1])
-for i = 2, #ARGV - 1, 2 do
+local gapMax, topic, count = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+if count > 0 then
+  if redis.call('HGET', KEYS[K.activity], 'topic') ~= topic then
+    redis.call('DEL', KEYS[K.activity])
+    redis.call('HSET', KEYS[K.activity], 'topic', topic)
+  end
+  for _, f in ipairs(redis.call('HKEYS', KEYS[K.activity])) do
+    local p = tonumber(f)
+    if p and p >= count then
+      redis.call('HDEL', KEYS[K.activity], f)
+    end
+  end
+  for p = 0, count - 1 do
+    redis.call('HSETNX', KEYS[K.activity], p, 0)
+  end
+end
+for i = 4, #ARGV - 1, 2 do
   local t = tonumber(ARGV[i + 1])
   local cur = tonumber(redis.call('HGET', KEYS[K.activity], ARGV[i]) or '-1')
   if t and t > cur then
     redis.call('HSET', KEYS[K.activity], ARGV[i], t)
-    if cur >= 0 and t - cur > gapMax then
+    if cur > 0 and t - cur > gapMax then
       redis.call('ZADD', KEYS[K.blind], t, encodeBlind(cur, t, V.activityLag, ''))
     end
   end
