@@ -32,7 +32,8 @@ import (
 //  3. storeEvent turns each into the store's event, with the TTL a ping
 //     in its segment grants (grantTTL) and the segment's clock.
 //  4. One ApplyActivity call applies the batch, in order, or fails whole
-//     (503): nothing is promised applied, and the platform sends it again.
+//     (503): some events may have applied (a cluster node out), none is
+//     promised, and the platform sends the batch again.
 //     Applying twice is harmless: each event applies only if it is newer
 //     than the state it would change (by at_ms, else by the order in which
 //     it reached Redis), so a batch applied once already is stale the
@@ -131,7 +132,7 @@ func (h *activityHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		metricActivityEvents.WithLabelValues(kind, "failed").Add(float64(len(events)))
 		h.log.Fail(fmt.Errorf("batch of %d events: %w", len(events), err))
 		w.Header().Set("Retry-After", fmt.Sprint(int(activityRetryAfter/time.Second)))
-		admin.WriteJSON(w, http.StatusServiceUnavailable, activity.ErrorResponse{Error: "activity store unavailable, nothing applied; retry"})
+		admin.WriteJSON(w, http.StatusServiceUnavailable, activity.ErrorResponse{Error: "activity store unavailable: some events may not be applied; retry the whole batch (applying an event twice is harmless)"})
 		return
 	}
 	h.log.OK()
