@@ -31,7 +31,7 @@ import (
 //     (activityStore.Segments), else the default segment.
 //  3. storeEvent turns each into the store's event, with the TTL a ping
 //     in its segment grants (grantTTL) and the segment's clock.
-//  4. One ApplyActivity call applies the batch, in order, or fails whole
+//  4. One ApplyActivity call applies the batch, in order, or fails
 //     (503): some events may have applied (a cluster node out), none is
 //     promised, and the platform sends the batch again.
 //     Applying twice is harmless: each event applies only if it is newer
