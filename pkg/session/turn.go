@@ -59,7 +59,10 @@ const (
 	// active does, and cancels the stages left.
 	ActivityTurnUs ActivityKind = "turn_us"
 	// ActivityEnd: the conversation is over. The session ends and the
-	// stages left are cancelled, as End does; the turn state goes.
+	// stages left are cancelled, as End does; the turn state becomes
+	// "ended" at the end's time, for RenewedKeep, so that a turn or
+	// active event older than the end is stale. A newer one starts
+	// afresh.
 	ActivityEnd ActivityKind = "end"
 )
 
@@ -101,21 +104,24 @@ type ActivityResult struct {
 // Words of the turn state and the activity script, passed to the scripts
 // as their vocabulary (see scripts.go).
 const (
-	turnUser = "user" // the user's turn
-	turnUs   = "us"   // our turn
+	turnUser  = "user"  // the user's turn
+	turnUs    = "us"    // our turn
+	turnEnded = "ended" // no turn: the platform ended the conversation at since
 )
 
 // turnWords is the vocabulary of renewScript and activityScript, which
 // share the grant (lua/grant.lua).
-type turnWords struct{ Resync, ClockTurn, User, Us, Active, TurnUser, TurnUs, Ending string }
+type turnWords struct{ Resync, ClockTurn, User, Us, Ended, Active, TurnUser, TurnUs, Ending string }
 
 var turnVocab = turnWords{Resync: modeResync, ClockTurn: string(ClockTurn), User: turnUser, Us: turnUs,
-	Active: string(ActivityActive), TurnUser: string(ActivityTurnUser), TurnUs: string(ActivityTurnUs),
-	Ending: string(ActivityEnd)}
+	Ended: turnEnded, Active: string(ActivityActive), TurnUser: string(ActivityTurnUser),
+	TurnUs: string(ActivityTurnUs), Ending: string(ActivityEnd)}
 
 // turnFormat is the turn state's value: whose turn (turnUser, turnUs),
 // since when, and till when a turn to us holds, in ms (0 for the
-// user's).
+// user's); or turnEnded, since the platform's end. The ended state is no
+// turn, but it orders: an event older than the end is stale, so a turn
+// sent before the end cannot bring the conversation back.
 var turnFormat = newFormat("Turn", ":", false, field{"whose", false}, field{"since", true}, field{"till", true})
 
 // activityScript applies one bucket's activity events, in order, each
@@ -123,7 +129,8 @@ var turnFormat = newFormat("Turn", ":", false, field{"whose", false}, field{"sin
 // makes and the end endScript makes (lua/grant.lua). An event older than
 // the state it would change is stale and changes nothing: a turn older
 // than the turn stored; an active event older than the user's last
-// renewal; an end older than either. A turn event records the turn as
+// renewal; an end older than either; any event older than the
+// platform's end stored in the turn state. A turn event records the turn as
 // the user's or ours, since its time; a turn to us holds until its time
 // plus its max hold. Keys: the bucket's, then each event's user's
 // session, renewed and turn keys (activityKeys). ARGV: event count,
@@ -276,7 +283,8 @@ type TurnState struct {
 	Until time.Time
 }
 
-// Turn reads uid's turn state; ok is false when there is none.
+// Turn reads uid's turn state; ok is false when there is none, as after
+// the platform's end.
 func (s *Store) Turn(ctx context.Context, uid string) (TurnState, bool, error) {
 	v, err := s.rdb.Get(ctx, s.ks.TurnKey(uid)).Result()
 	if err == redis.Nil {
@@ -288,6 +296,9 @@ func (s *Store) Turn(ctx context.Context, uid string) (TurnState, bool, error) {
 	f, ok := turnFormat.decode(v)
 	if !ok {
 		return TurnState{}, false, fmt.Errorf("turn of %q: %w: %q", uid, errReply, v)
+	}
+	if f[0] != turnUser && f[0] != turnUs {
+		return TurnState{}, false, nil
 	}
 	var since, until int64
 	fmt.Sscan(f[1], &since)

@@ -21,7 +21,7 @@ for j = 1, n do
   end
   local applied = 1
   if kind == V.active then
-    if at < was then applied = 0
+    if at < was or (whose == V.ended and at < since) then applied = 0
     else grant(k, uid, now, ttl, seg, inst, at, keep, clock, maxHold, false, false, was, turn) end
   elseif kind == V.turnUser then
     if at < since then applied = 0
@@ -43,7 +43,7 @@ for j = 1, n do
     end
   elseif kind == V.ending then
     if at < was or at < since then applied = 0
-    else endSession(k, uid, at, keep) end
+    else endSession(k, uid, at, keep, at) end
   else
     return redis.error_reply('unknown activity kind ' .. tostring(kind))
   end

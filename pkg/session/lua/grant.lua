@@ -71,12 +71,18 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   return {deadline, now + ttl}
 end
 
--- endSession removes a session and its turn state, and records the end,
--- at at, as the user's last renewal.
-local function endSession(k, uid, at, keep)
+-- endSession removes a session and records the end, at at, as the
+-- user's last renewal. ended is the time of the platform's end of the
+-- conversation, or nil: with it, the turn state becomes "ended" since
+-- then, for keep, so that an event older than the end is stale.
+local function endSession(k, uid, at, keep, ended)
   redis.call('SET', KEYS[k.renewed], at, 'PX', keep)
   redis.call('DEL', KEYS[k.session])
-  redis.call('DEL', KEYS[k.turn])
+  if ended then
+    redis.call('SET', KEYS[k.turn], encodeTurn(V.ended, ended, 0), 'PX', keep)
+  else
+    redis.call('DEL', KEYS[k.turn])
+  end
   redis.call('ZREM', KEYS[k.index], uid)
   redis.call('HDEL', KEYS[k.segments], uid)
   redis.call('HDEL', KEYS[k.via], uid)
