@@ -143,7 +143,8 @@ func (k Keyspace) RenewedKey(uid string) string { return k.bucketPrefix(Bucket(u
 // the user's, or ours until a time. It lives as long as the session's
 // keys do, the session's deadline plus RenewedKeep, refreshed with every
 // renewal. The platform's end leaves it "ended" for RenewedKeep, which
-// an event older than the end cannot pass; End deletes it.
+// an event older than the end cannot pass; End (a chat window closed,
+// not the conversation) leaves it as it is.
 func (k Keyspace) TurnKey(uid string) string { return k.bucketPrefix(Bucket(uid)) + "tn:" + uid }
 
 // RenewedKeep is how long a renewal is remembered past its session: longer

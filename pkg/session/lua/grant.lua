@@ -74,14 +74,14 @@ end
 -- endSession removes a session and records the end, at at, as the
 -- user's last renewal. ended is the time of the platform's end of the
 -- conversation, or nil: with it, the turn state becomes "ended" since
--- then, for keep, so that an event older than the end is stale.
+-- then, for keep, so that an event older than the end is stale. Without
+-- it (a WebSocket's last close: a chat window closed, not the
+-- conversation) the turn state is kept, to expire on its own.
 local function endSession(k, uid, at, keep, ended)
   redis.call('SET', KEYS[k.renewed], at, 'PX', keep)
   redis.call('DEL', KEYS[k.session])
   if ended then
     redis.call('SET', KEYS[k.turn], encodeTurn(V.ended, ended, 0), 'PX', keep)
-  else
-    redis.call('DEL', KEYS[k.turn])
   end
   redis.call('ZREM', KEYS[k.index], uid)
   redis.call('HDEL', KEYS[k.segments], uid)
