@@ -107,21 +107,27 @@ const (
 	turnUser  = "user"  // the user's turn
 	turnUs    = "us"    // our turn
 	turnEnded = "ended" // no turn: the platform ended the conversation at since
+	turnWait  = "wait"  // no turn yet: the turn clock parks until the first turn to the user
 )
 
 // turnWords is the vocabulary of renewScript and activityScript, which
 // share the grant (lua/grant.lua).
-type turnWords struct{ Resync, ClockTurn, User, Us, Ended, Active, TurnUser, TurnUs, Ending string }
+type turnWords struct{ Resync, ClockTurn, User, Us, Ended, Wait, Active, TurnUser, TurnUs, Ending string }
 
 var turnVocab = turnWords{Resync: modeResync, ClockTurn: string(ClockTurn), User: turnUser, Us: turnUs,
-	Ended: turnEnded, Active: string(ActivityActive), TurnUser: string(ActivityTurnUser),
+	Ended: turnEnded, Wait: turnWait, Active: string(ActivityActive), TurnUser: string(ActivityTurnUser),
 	TurnUs: string(ActivityTurnUs), Ending: string(ActivityEnd)}
 
 // turnFormat is the turn state's value: whose turn (turnUser, turnUs),
 // since when, and till when a turn to us holds, in ms (0 for the
-// user's); or turnEnded, since the platform's end. The ended state is no
-// turn, but it orders: an event older than the end is stale, so a turn
-// sent before the end cannot bring the conversation back.
+// user's); or turnEnded, since the platform's end; or turnWait, the turn
+// clock's park until the first turn to the user, till when, since the
+// state it replaced (an end's time, else 0: a ping's time must not make
+// the platform's turns stale). Neither is a turn, but the ended state
+// orders: an event older than the end is stale, so a turn sent before
+// the end cannot bring the conversation back. The wait state records the
+// park, so that a turn to the user ends it whatever the segment's clock
+// is by then (the operator may have switched it to presence).
 var turnFormat = newFormat("Turn", ":", false, field{"whose", false}, field{"since", true}, field{"till", true})
 
 // activityScript applies one bucket's activity events, in order, each

@@ -21,7 +21,7 @@ for j = 1, n do
   end
   local applied = 1
   if kind == V.active then
-    if at < was or (whose == V.ended and at < since) then applied = 0
+    if at < was or ((whose == V.ended or whose == V.wait) and at < since) then applied = 0
     else grant(k, uid, now, ttl, seg, inst, at, keep, clock, maxHold, false, false, was, turn) end
   elseif kind == V.turnUser then
     if at < since then applied = 0
@@ -29,9 +29,11 @@ for j = 1, n do
       turn = encodeTurn(V.user, at, 0)
       redis.call('SET', KEYS[k.turn], turn)
       -- The one deadline that may move earlier: a park, which only our
-      -- turn or the turn clock's wait for a first turn gives. Any other
-      -- is kept: another device's longer grant.
-      local parked = whose == V.us or (whose == nil and clock == V.clockTurn)
+      -- turn or the turn clock's wait for a first turn gives, whatever
+      -- the clock is now. Any other is kept: another device's longer
+      -- grant. (A park of the turn clock from before the wait state was
+      -- recorded has no turn state: the clock says it.)
+      local parked = whose == V.us or whose == V.wait or (whose == nil and clock == V.clockTurn)
       grant(k, uid, now, ttl, seg, inst, at, keep, clock, maxHold, false, parked, was, turn)
     end
   elseif kind == V.turnUs then

@@ -6,8 +6,8 @@
 
 -- heldUntil is when the user's clock starts to run, if that is after
 -- now: while it is our turn, until the turn's max hold; on the turn
--- clock, until the first turn to the user (at most maxHold from now).
--- nil while the clock runs.
+-- clock, until the first turn to the user (at most maxHold from now),
+-- and then waits is true. nil while the clock runs.
 local function heldUntil(turn, clock, now, maxHold)
   local whose, til = nil, nil
   if turn then
@@ -15,12 +15,12 @@ local function heldUntil(turn, clock, now, maxHold)
     whose, til = w, tonumber(u)
   end
   if whose == V.us then
-    if til > now then return til end
-    return nil
+    if til > now then return til, false end
+    return nil, false
   end
-  if whose == V.user then return nil end
-  if clock == V.clockTurn then return now + maxHold end
-  return nil
+  if whose == V.user then return nil, false end
+  if clock == V.clockTurn then return now + maxHold, true end
+  return nil, false
 end
 
 -- grant renews a session as renewScript says (store.go). While the
@@ -47,8 +47,19 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
     if was > at then return {cur or 0, now + ttl} end
   end
   local deadline = now + ttl
-  local held = heldUntil(turn, clock, now, maxHold)
+  local held, waits = heldUntil(turn, clock, now, maxHold)
   if held then deadline = held + ttl end
+  if waits then
+    -- The park is recorded, for a turn to the user to end whatever the
+    -- clock is by then; it keeps the since of the state it replaces.
+    local since = 0
+    if turn then
+      local _, s = decodeTurn(turn)
+      since = tonumber(s) or 0
+    end
+    turn = encodeTurn(V.wait, since, held)
+    redis.call('SET', KEYS[k.turn], turn)
+  end
   if cur and cur > deadline then
     deadline = cur
     seg = redis.call('HGET', KEYS[k.segments], uid) or seg
