@@ -83,8 +83,11 @@ type Activity struct {
 	Segment string
 	Kind    ActivityKind
 	// At is when it happened. An event older than the state it would
-	// change changes nothing (see ApplyActivity). Zero: now, by Redis's
-	// clock; a time past Redis's clock is taken as now.
+	// change changes nothing (see ApplyActivity): it is compared as
+	// given, so that a platform's clock ahead of Redis's keeps its
+	// events' order. Zero: now, by Redis's clock. What counts from it (a
+	// max hold, the renewal recorded) counts from no later than Redis's
+	// now.
 	At time.Time
 	// MaxHold is how long a turn to us holds at most, from At: 0 is
 	// MaxTurnHold, more is refused. ActivityTurnUs only.
@@ -119,8 +122,8 @@ var turnVocab = turnWords{Resync: modeResync, ClockTurn: string(ClockTurn), User
 	TurnUs: string(ActivityTurnUs), Ending: string(ActivityEnd)}
 
 // turnFormat is the turn state's value: whose turn (turnUser, turnUs),
-// since when, and till when a turn to us holds, in ms (0 for the
-// user's); or turnEnded, since the platform's end; or turnWait, the turn
+// since when (the event's time as sent, which may be ahead of Redis's
+// clock), and till when a turn to us holds, in ms (0 for the user's); or turnEnded, since the platform's end; or turnWait, the turn
 // clock's park until the first turn to the user, till when, since the
 // state it replaced (an end's time, else 0: a ping's time must not make
 // the platform's turns stale). Neither is a turn, but the ended state
