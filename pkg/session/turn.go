@@ -49,10 +49,11 @@ type ActivityKind string
 
 const (
 	// ActivityActive: the user did something. It renews as a ping does,
-	// and creates the session if there is none.
+	// counting the TTL from its time, and creates the session if there
+	// is none; one whose time plus the TTL is past is stale.
 	ActivityActive ActivityKind = "active"
 	// ActivityTurnUser: we spoke, the turn is the user's. Their clock
-	// runs from now: it renews as active does, and ends a park.
+	// runs from its time: it renews as active does, and ends a park.
 	ActivityTurnUser ActivityKind = "turn_user"
 	// ActivityTurnUs: the user waits for us. No silence counts until the
 	// next turn to the user, or until MaxHold has passed. It renews as
@@ -139,7 +140,9 @@ var turnFormat = newFormat("Turn", ":", false, field{"whose", false}, field{"sin
 // the state it would change is stale and changes nothing: a turn older
 // than the turn stored; an active event older than the user's last
 // renewal; an end older than either; any event older than the
-// platform's end stored in the turn state. A turn event records the turn as
+// platform's end stored in the turn state; an active or a turn to the
+// user whose time plus its TTL is past (its silence was over before it
+// reached us: a replayed backlog must not start fresh ones). A turn event records the turn as
 // the user's or ours, since its time; a turn to us holds until its time
 // plus its max hold. Keys: the bucket's, then each event's user's
 // session, renewed and turn keys (activityKeys). ARGV: event count,

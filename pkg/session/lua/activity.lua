@@ -15,6 +15,10 @@ for j = 1, n do
   -- renewal recorded, counts from no later than now.
   if at <= 0 then at = now end
   local from = math.min(at, now)
+  -- An active or a turn to the user counts the user's silence from its
+  -- time: one whose silence was over before it reached us (a replayed
+  -- backlog, a consumer down for an hour) is stale, and creates nothing.
+  local over = from + ttl <= now
   if seg == '' then seg = redis.call('HGET', KEYS[k.segments], uid) or defaultSeg end
   local was = tonumber(redis.call('GET', KEYS[k.renewed]) or '0')
   local whose, since = nil, 0
@@ -25,10 +29,10 @@ for j = 1, n do
   end
   local applied = 1
   if kind == V.active then
-    if at < was or ((whose == V.ended or whose == V.wait) and at < since) then applied = 0
-    else grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, false, was, turn) end
+    if over or at < was or ((whose == V.ended or whose == V.wait) and at < since) then applied = 0
+    else grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, false, was, turn, from) end
   elseif kind == V.turnUser then
-    if at < since then applied = 0
+    if over or at < since then applied = 0
     else
       turn = encodeTurn(V.user, at, 0)
       redis.call('SET', KEYS[k.turn], turn)
@@ -38,7 +42,7 @@ for j = 1, n do
       -- grant. (A park of the turn clock from before the wait state was
       -- recorded has no turn state: the clock says it.)
       local parked = whose == V.us or whose == V.wait or (whose == nil and clock == V.clockTurn)
-      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, parked, was, turn)
+      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, parked, was, turn, from)
     end
   elseif kind == V.turnUs then
     if at < since then applied = 0

@@ -29,9 +29,12 @@ end
 -- not kept: it may be a park, which a turn to the user ends. resync and
 -- at as renewScript's mode and ping time. was and turn are the renewed
 -- and turn keys' values when the caller read them already (turn false
--- when there is none), else nil. Returns {the session's deadline, this
--- grant's own: now+ttl}.
-local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resync, unpark, was, turn)
+-- when there is none), else nil. from is when the ttl counts from, at
+-- most now, nil for now: an activity event's time, so that one that
+-- reaches us late does not start a silence late; the caller makes sure
+-- from+ttl is after now. Returns {the session's deadline, this grant's
+-- own: from+ttl}.
+local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resync, unpark, was, turn, from)
   if was == nil then was = tonumber(redis.call('GET', KEYS[k.renewed]) or '0') end
   if turn == nil then turn = redis.call('GET', KEYS[k.turn]) end
   -- Between stages the index holds when the next stage is due, not a
@@ -46,7 +49,8 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
     -- A renewal or an end Redis knows of since the ping is newer than it.
     if was > at then return {cur or 0, now + ttl} end
   end
-  local deadline = now + ttl
+  local own = (from or now) + ttl
+  local deadline = own
   local held, waits = heldUntil(turn, clock, now, maxHold)
   if held then deadline = held + ttl end
   if waits then
@@ -79,7 +83,7 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
     redis.call('SET', KEYS[k.renewed], at, 'PX', deadline - now + keep)
   end
   if turn then redis.call('PEXPIRE', KEYS[k.turn], deadline - now + keep) end
-  return {deadline, now + ttl}
+  return {deadline, own}
 end
 
 -- endSession removes a session and records the end, at at, as the
