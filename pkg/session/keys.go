@@ -140,9 +140,12 @@ func (k Keyspace) bucketKeys(b int) bucketKeys {
 func (k Keyspace) RenewedKey(uid string) string { return k.bucketPrefix(Bucket(uid)) + "rn:" + uid }
 
 // TurnKey holds whose turn it is in uid's conversation (turnFormat):
-// the user's, or ours until a time. It lives as long as the session's
+// the user's, or ours until a time; or the turn clock's park waiting for
+// the first turn to the user, or the platform's end. It lives as long as the session's
 // keys do, the session's deadline plus RenewedKeep, refreshed with every
-// renewal, and an end deletes it.
+// renewal. The platform's end leaves it "ended" for RenewedKeep, which
+// an event older than the end cannot pass; End (a chat window closed,
+// not the conversation) leaves it as it is.
 func (k Keyspace) TurnKey(uid string) string { return k.bucketPrefix(Bucket(uid)) + "tn:" + uid }
 
 // RenewedKeep is how long a renewal is remembered past its session: longer

@@ -57,9 +57,12 @@ import (
 // in ms: a client paces its pings, and reads Redis's clock, by its own.
 var renewScript = newScript[sessionKeys]("renew", turnVocab, []codec{viaFormat, turnFormat}, "grant")
 
-// endScript removes a session deliberately ended by its user, and its
-// turn state, and records the end as their last renewal: they were there
-// until then. ARGV: uid, keep ms.
+// endScript removes a session deliberately ended by its user, and
+// records the end as their last renewal: they were there until then.
+// ARGV: uid, keep ms. It keeps the turn state, which expires on its own
+// (the deadline it was last refreshed to plus the keep): the user closed
+// a chat window, not the conversation, and one waiting for us who opens
+// it again is still held. Only the platform's end ends the turn state.
 var endScript = newScript[sessionKeys]("end", turnVocab, []codec{viaFormat, turnFormat}, "grant")
 
 // candidatesScript lists, by Redis's clock, up to ARGV[1] members of one
@@ -314,6 +317,7 @@ func (s *Store) Renew(ctx context.Context, uid, segment string, ttl time.Duratio
 }
 
 // End deletes uid's session and its index entry, so no timeout follows.
+// The turn state stays (see endScript).
 func (s *Store) End(ctx context.Context, uid string) error {
 	err := endScript.Run(ctx, s.rdb, s.ks.sessionKeys(uid), uid, RenewedKeep.Milliseconds()).Err()
 	if err != nil {

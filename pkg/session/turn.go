@@ -49,17 +49,21 @@ type ActivityKind string
 
 const (
 	// ActivityActive: the user did something. It renews as a ping does,
-	// and creates the session if there is none.
+	// counting the TTL from its time, and creates the session if there
+	// is none; one whose time plus the TTL is past is stale.
 	ActivityActive ActivityKind = "active"
 	// ActivityTurnUser: we spoke, the turn is the user's. Their clock
-	// runs from now: it renews as active does, and ends a park.
+	// runs from its time: it renews as active does, and ends a park.
 	ActivityTurnUser ActivityKind = "turn_user"
 	// ActivityTurnUs: the user waits for us. No silence counts until the
 	// next turn to the user, or until MaxHold has passed. It renews as
 	// active does, and cancels the stages left.
 	ActivityTurnUs ActivityKind = "turn_us"
 	// ActivityEnd: the conversation is over. The session ends and the
-	// stages left are cancelled, as End does; the turn state goes.
+	// stages left are cancelled, as End does; the turn state becomes
+	// "ended" at the end's time, for RenewedKeep, so that a turn or
+	// active event older than the end is stale. A newer one starts
+	// afresh.
 	ActivityEnd ActivityKind = "end"
 )
 
@@ -80,8 +84,11 @@ type Activity struct {
 	Segment string
 	Kind    ActivityKind
 	// At is when it happened. An event older than the state it would
-	// change changes nothing (see ApplyActivity). Zero: now, by Redis's
-	// clock; a time past Redis's clock is taken as now.
+	// change changes nothing (see ApplyActivity): it is compared as
+	// given, so that a platform's clock ahead of Redis's keeps its
+	// events' order. Zero: now, by Redis's clock. What counts from it (a
+	// max hold, the renewal recorded) counts from no later than Redis's
+	// now.
 	At time.Time
 	// MaxHold is how long a turn to us holds at most, from At: 0 is
 	// MaxTurnHold, more is refused. ActivityTurnUs only.
@@ -101,21 +108,30 @@ type ActivityResult struct {
 // Words of the turn state and the activity script, passed to the scripts
 // as their vocabulary (see scripts.go).
 const (
-	turnUser = "user" // the user's turn
-	turnUs   = "us"   // our turn
+	turnUser  = "user"  // the user's turn
+	turnUs    = "us"    // our turn
+	turnEnded = "ended" // no turn: the platform ended the conversation at since
+	turnWait  = "wait"  // no turn yet: the turn clock parks until the first turn to the user
 )
 
 // turnWords is the vocabulary of renewScript and activityScript, which
 // share the grant (lua/grant.lua).
-type turnWords struct{ Resync, ClockTurn, User, Us, Active, TurnUser, TurnUs, Ending string }
+type turnWords struct{ Resync, ClockTurn, User, Us, Ended, Wait, Active, TurnUser, TurnUs, Ending string }
 
 var turnVocab = turnWords{Resync: modeResync, ClockTurn: string(ClockTurn), User: turnUser, Us: turnUs,
-	Active: string(ActivityActive), TurnUser: string(ActivityTurnUser), TurnUs: string(ActivityTurnUs),
-	Ending: string(ActivityEnd)}
+	Ended: turnEnded, Wait: turnWait, Active: string(ActivityActive), TurnUser: string(ActivityTurnUser),
+	TurnUs: string(ActivityTurnUs), Ending: string(ActivityEnd)}
 
 // turnFormat is the turn state's value: whose turn (turnUser, turnUs),
-// since when, and till when a turn to us holds, in ms (0 for the
-// user's).
+// since when (the event's time as sent, which may be ahead of Redis's
+// clock), and till when a turn to us holds, in ms (0 for the user's); or turnEnded, since the platform's end; or turnWait, the turn
+// clock's park until the first turn to the user, till when, since the
+// state it replaced (an end's time, else 0: a ping's time must not make
+// the platform's turns stale). Neither is a turn, but the ended state
+// orders: an event older than the end is stale, so a turn sent before
+// the end cannot bring the conversation back. The wait state records the
+// park, so that a turn to the user ends it whatever the segment's clock
+// is by then (the operator may have switched it to presence).
 var turnFormat = newFormat("Turn", ":", false, field{"whose", false}, field{"since", true}, field{"till", true})
 
 // activityScript applies one bucket's activity events, in order, each
@@ -123,7 +139,10 @@ var turnFormat = newFormat("Turn", ":", false, field{"whose", false}, field{"sin
 // makes and the end endScript makes (lua/grant.lua). An event older than
 // the state it would change is stale and changes nothing: a turn older
 // than the turn stored; an active event older than the user's last
-// renewal; an end older than either. A turn event records the turn as
+// renewal; an end older than either; any event older than the
+// platform's end stored in the turn state; an active or a turn to the
+// user whose time plus its TTL is past (its silence was over before it
+// reached us: a replayed backlog must not start fresh ones). A turn event records the turn as
 // the user's or ours, since its time; a turn to us holds until its time
 // plus its max hold. Keys: the bucket's, then each event's user's
 // session, renewed and turn keys (activityKeys). ARGV: event count,
@@ -276,7 +295,8 @@ type TurnState struct {
 	Until time.Time
 }
 
-// Turn reads uid's turn state; ok is false when there is none.
+// Turn reads uid's turn state; ok is false when there is none, as after
+// the platform's end.
 func (s *Store) Turn(ctx context.Context, uid string) (TurnState, bool, error) {
 	v, err := s.rdb.Get(ctx, s.ks.TurnKey(uid)).Result()
 	if err == redis.Nil {
@@ -288,6 +308,9 @@ func (s *Store) Turn(ctx context.Context, uid string) (TurnState, bool, error) {
 	f, ok := turnFormat.decode(v)
 	if !ok {
 		return TurnState{}, false, fmt.Errorf("turn of %q: %w: %q", uid, errReply, v)
+	}
+	if f[0] != turnUser && f[0] != turnUs {
+		return TurnState{}, false, nil
 	}
 	var since, until int64
 	fmt.Sscan(f[1], &since)

@@ -9,8 +9,16 @@ for j = 1, n do
   local at, hold = tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
   local u = K.users + 3 * (j - 1)
   k.session, k.renewed, k.turn = u, u + 1, u + 2
-  -- An event of no time, or of a time past Redis's, is of now.
-  if at <= 0 or at > now then at = now end
+  -- An event of no time is of now. Its time, as sent, orders it against
+  -- the user's state (a platform's clock ahead of Redis's must not
+  -- reorder two events); what counts from it, a hold's end and the
+  -- renewal recorded, counts from no later than now.
+  if at <= 0 then at = now end
+  local from = math.min(at, now)
+  -- An active or a turn to the user counts the user's silence from its
+  -- time: one whose silence was over before it reached us (a replayed
+  -- backlog, a consumer down for an hour) is stale, and creates nothing.
+  local over = from + ttl <= now
   if seg == '' then seg = redis.call('HGET', KEYS[k.segments], uid) or defaultSeg end
   local was = tonumber(redis.call('GET', KEYS[k.renewed]) or '0')
   local whose, since = nil, 0
@@ -21,29 +29,31 @@ for j = 1, n do
   end
   local applied = 1
   if kind == V.active then
-    if at < was then applied = 0
-    else grant(k, uid, now, ttl, seg, inst, at, keep, clock, maxHold, false, false, was, turn) end
+    if over or at < was or ((whose == V.ended or whose == V.wait) and at < since) then applied = 0
+    else grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, false, was, turn, from) end
   elseif kind == V.turnUser then
-    if at < since then applied = 0
+    if over or at < since then applied = 0
     else
       turn = encodeTurn(V.user, at, 0)
       redis.call('SET', KEYS[k.turn], turn)
       -- The one deadline that may move earlier: a park, which only our
-      -- turn or the turn clock's wait for a first turn gives. Any other
-      -- is kept: another device's longer grant.
-      local parked = whose == V.us or (whose == nil and clock == V.clockTurn)
-      grant(k, uid, now, ttl, seg, inst, at, keep, clock, maxHold, false, parked, was, turn)
+      -- turn or the turn clock's wait for a first turn gives, whatever
+      -- the clock is now. Any other is kept: another device's longer
+      -- grant. (A park of the turn clock from before the wait state was
+      -- recorded has no turn state: the clock says it.)
+      local parked = whose == V.us or whose == V.wait or (whose == nil and clock == V.clockTurn)
+      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, parked, was, turn, from)
     end
   elseif kind == V.turnUs then
     if at < since then applied = 0
     else
-      turn = encodeTurn(V.us, at, at + hold)
+      turn = encodeTurn(V.us, at, from + hold)
       redis.call('SET', KEYS[k.turn], turn)
-      grant(k, uid, now, ttl, seg, inst, at, keep, clock, maxHold, false, false, was, turn)
+      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, false, was, turn)
     end
   elseif kind == V.ending then
     if at < was or at < since then applied = 0
-    else endSession(k, uid, at, keep) end
+    else endSession(k, uid, from, keep, at) end
   else
     return redis.error_reply('unknown activity kind ' .. tostring(kind))
   end

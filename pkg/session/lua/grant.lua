@@ -6,8 +6,8 @@
 
 -- heldUntil is when the user's clock starts to run, if that is after
 -- now: while it is our turn, until the turn's max hold; on the turn
--- clock, until the first turn to the user (at most maxHold from now).
--- nil while the clock runs.
+-- clock, until the first turn to the user (at most maxHold from now),
+-- and then waits is true. nil while the clock runs.
 local function heldUntil(turn, clock, now, maxHold)
   local whose, til = nil, nil
   if turn then
@@ -15,12 +15,12 @@ local function heldUntil(turn, clock, now, maxHold)
     whose, til = w, tonumber(u)
   end
   if whose == V.us then
-    if til > now then return til end
-    return nil
+    if til > now then return til, false end
+    return nil, false
   end
-  if whose == V.user then return nil end
-  if clock == V.clockTurn then return now + maxHold end
-  return nil
+  if whose == V.user then return nil, false end
+  if clock == V.clockTurn then return now + maxHold, true end
+  return nil, false
 end
 
 -- grant renews a session as renewScript says (store.go). While the
@@ -29,9 +29,12 @@ end
 -- not kept: it may be a park, which a turn to the user ends. resync and
 -- at as renewScript's mode and ping time. was and turn are the renewed
 -- and turn keys' values when the caller read them already (turn false
--- when there is none), else nil. Returns {the session's deadline, this
--- grant's own: now+ttl}.
-local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resync, unpark, was, turn)
+-- when there is none), else nil. from is when the ttl counts from, at
+-- most now, nil for now: an activity event's time, so that one that
+-- reaches us late does not start a silence late; the caller makes sure
+-- from+ttl is after now. Returns {the session's deadline, this grant's
+-- own: from+ttl}.
+local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resync, unpark, was, turn, from)
   if was == nil then was = tonumber(redis.call('GET', KEYS[k.renewed]) or '0') end
   if turn == nil then turn = redis.call('GET', KEYS[k.turn]) end
   -- Between stages the index holds when the next stage is due, not a
@@ -46,9 +49,21 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
     -- A renewal or an end Redis knows of since the ping is newer than it.
     if was > at then return {cur or 0, now + ttl} end
   end
-  local deadline = now + ttl
-  local held = heldUntil(turn, clock, now, maxHold)
+  local own = (from or now) + ttl
+  local deadline = own
+  local held, waits = heldUntil(turn, clock, now, maxHold)
   if held then deadline = held + ttl end
+  if waits then
+    -- The park is recorded, for a turn to the user to end whatever the
+    -- clock is by then; it keeps the since of the state it replaces.
+    local since = 0
+    if turn then
+      local _, s = decodeTurn(turn)
+      since = tonumber(s) or 0
+    end
+    turn = encodeTurn(V.wait, since, held)
+    redis.call('SET', KEYS[k.turn], turn)
+  end
   if cur and cur > deadline then
     deadline = cur
     seg = redis.call('HGET', KEYS[k.segments], uid) or seg
@@ -68,15 +83,21 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
     redis.call('SET', KEYS[k.renewed], at, 'PX', deadline - now + keep)
   end
   if turn then redis.call('PEXPIRE', KEYS[k.turn], deadline - now + keep) end
-  return {deadline, now + ttl}
+  return {deadline, own}
 end
 
--- endSession removes a session and its turn state, and records the end,
--- at at, as the user's last renewal.
-local function endSession(k, uid, at, keep)
+-- endSession removes a session and records the end, at at, as the
+-- user's last renewal. ended is the time of the platform's end of the
+-- conversation, or nil: with it, the turn state becomes "ended" since
+-- then, for keep, so that an event older than the end is stale. Without
+-- it (a WebSocket's last close: a chat window closed, not the
+-- conversation) the turn state is kept, to expire on its own.
+local function endSession(k, uid, at, keep, ended)
   redis.call('SET', KEYS[k.renewed], at, 'PX', keep)
   redis.call('DEL', KEYS[k.session])
-  redis.call('DEL', KEYS[k.turn])
+  if ended then
+    redis.call('SET', KEYS[k.turn], encodeTurn(V.ended, ended, 0), 'PX', keep)
+  end
   redis.call('ZREM', KEYS[k.index], uid)
   redis.call('HDEL', KEYS[k.segments], uid)
   redis.call('HDEL', KEYS[k.via], uid)
