@@ -2,8 +2,9 @@
 // and end-to-end tests: a redis-server child (unless STILLTHERE_REDIS_ADDRS
 // names one), an embedded Kafka broker (franz-go's kfake, persisted under
 // the data dir, unless STILLTHERE_KAFKA_BROKERS names a real one), and the
-// gateway, expiry listener and guide consumer. Every STILLTHERE_* setting
-// is honored; the stack fills in only what is unset.
+// gateway, expiry listener and guide consumer, with the demo chat page and
+// its demo bot (bot.go) on the gateway's public listener. Every
+// STILLTHERE_* setting is honored; the stack fills in only what is unset.
 package devstack
 
 import (
@@ -21,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/stillthere/stillthere/pkg/activity"
 	"github.com/stillthere/stillthere/pkg/config"
 	"github.com/stillthere/stillthere/pkg/expiry"
 	"github.com/stillthere/stillthere/pkg/gateway"
@@ -59,6 +61,8 @@ type Stack struct {
 	ListenerConfig expiry.Config
 	ConsumerConfig guide.Config
 
+	// bot answers the demo page's messages; nil without the page.
+	bot   *bot
 	redis *redisserver.Server
 	kafka *kfake.Cluster
 	log   *slog.Logger
@@ -114,19 +118,32 @@ func Start(ctx context.Context, opts Options) (s *Stack, err error) {
 	}
 	s.KafkaBrokers = get("kafka-brokers")
 
-	for _, name := range []string{"token-secret", "push-secret"} {
+	// The activity endpoint is on: the demo bot passes turns through it,
+	// as a platform's servers would.
+	for _, name := range []string{"token-secret", "push-secret", "activity-secret"} {
 		set(name, randomSecret())
 	}
 	// The demo chat page, on the gateway's public listener: a dev stack
 	// is for trying stillthere. Production gateways serve no page.
 	set("demo-page", "true")
+	set("dev-bot-think", DefaultBotThink.String())
 	s.TokenSecret = get("token-secret")
 
 	if s.GatewayConfig, err = gateway.LoadConfig(nil, env); err != nil {
 		return nil, err
 	}
+	if s.GatewayConfig.DemoPage && s.GatewayConfig.ActivitySecret != "" {
+		if s.bot, err = s.newBot(get("dev-bot-think")); err != nil {
+			return nil, err
+		}
+		s.GatewayConfig.DemoBot = s.bot
+	}
 	if s.Gateway, err = gateway.Open(ctx, s.GatewayConfig, s.log.With("service", "gateway")); err != nil {
 		return nil, err
+	}
+	if s.bot != nil {
+		// Before the gateway serves: Run starts that.
+		s.bot.activityURL = "http://" + s.Gateway.PushAddr().String() + activity.Path
 	}
 	// The consumer pushes to this gateway unless told otherwise, which
 	// matters when the gateway's port was picked at random.
@@ -164,6 +181,10 @@ func (s *Stack) Run(ctx context.Context) error {
 	eg.Go(func() error { return wrap("gateway", s.Gateway.Run(ctx)) })
 	eg.Go(func() error { return wrap("expiry listener", s.Listener.Run(ctx)) })
 	eg.Go(func() error { return wrap("guide consumer", s.Consumer.Run(ctx)) })
+	if s.bot != nil {
+		// A bot still thinking would hold up the gateway's shutdown.
+		eg.Go(func() error { <-ctx.Done(); s.bot.Stop(); return nil })
+	}
 	err := eg.Wait()
 	if errors.Is(err, context.Canceled) {
 		return nil
@@ -185,6 +206,9 @@ func wrap(name string, err error) error {
 // opened.
 func (s *Stack) Close() error {
 	var errs []error
+	if s.bot != nil {
+		s.bot.Stop()
+	}
 	if s.Consumer != nil {
 		errs = append(errs, s.Consumer.Close())
 	}
@@ -244,6 +268,15 @@ try it:
 		s.demoLine())
 }
 
+// BotThink is how long the demo bot thinks before it answers; 0 when
+// the stack runs no bot (no demo page).
+func (s *Stack) BotThink() time.Duration {
+	if s.bot == nil {
+		return 0
+	}
+	return s.bot.think
+}
+
 // DemoURL is the demo page's address with the dev token in its fragment,
 // which the browser keeps to itself; empty when the gateway serves no
 // page.
@@ -259,7 +292,29 @@ func (s *Stack) demoLine() string {
 	if u == "" {
 		return ""
 	}
-	return "or open the demo chat in a browser, and stop typing:\n  " + u + "\n"
+	if s.bot == nil {
+		return "or open the demo chat in a browser, and stop typing:\n  " + u + "\n"
+	}
+	return fmt.Sprintf("or open the demo chat in a browser, write to its bot (it thinks %v), and stop typing:\n  %s\n", s.bot.think, u)
+}
+
+// newBot builds the demo bot from the gateway's settings: it verifies
+// tokens as the gateway does, and thinks for think (a duration).
+func (s *Stack) newBot(think string) (*bot, error) {
+	d, err := botThink(config.EnvName("dev-bot-think"), think)
+	if err != nil {
+		return nil, err
+	}
+	g := s.GatewayConfig
+	verifier, err := token.NewVerifier([]byte(g.TokenSecret), token.Rules{
+		Issuer:      g.TokenIssuer,
+		Audience:    g.TokenAudience,
+		MaxLifetime: g.TokenMaxLifetime,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return newBot(verifier, g.ActivitySecret, d, s.log.With("service", "demo-bot")), nil
 }
 
 func randomSecret() string {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 
@@ -62,6 +63,11 @@ type Config struct {
 	// public listener. Default false: it is for trying stillthere, not
 	// for users; the dev stack turns it on.
 	DemoPage bool
+	// DemoBot, with DemoPage on, answers the page's messages at POST
+	// /demo/bot on the public listener. Not a setting: only the dev stack
+	// sets one (its demo bot), so no gateway built from flags serves a
+	// bot. Default nil: none.
+	DemoBot http.Handler
 
 	// SessionTTL is granted on each ping, plus a uniform jitter in
 	// [0, SessionJitter) so expiries don't clump. Defaults 60s and 5s.

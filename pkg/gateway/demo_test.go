@@ -85,3 +85,32 @@ func TestDemoPageSetting(t *testing.T) {
 		}
 	}
 }
+
+// TestDemoBotOnlyBesideThePage: a bot handler (only the dev stack gives
+// one) answers POST /demo/bot when the page is served, and is not reached
+// without the page; without a bot the page is served alone.
+func TestDemoBotOnlyBesideThePage(t *testing.T) {
+	bot := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) })
+	for _, tt := range []struct {
+		name string
+		page bool
+		bot  http.Handler
+		want int
+	}{
+		{"page and bot", true, bot, http.StatusTeapot},
+		{"page without bot", true, nil, http.StatusMethodNotAllowed},
+		{"bot without page", false, bot, http.StatusNotFound},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tg := startGateway(t, func(c *Config) { c.DemoPage, c.DemoBot = tt.page, tt.bot })
+			resp, err := http.Post("http://"+tg.PublicAddr().String()+"/demo/bot", "application/json", strings.NewReader(`{"text":"hi"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tt.want {
+				t.Errorf("POST /demo/bot: %s, want %d", resp.Status, tt.want)
+			}
+		})
+	}
+}

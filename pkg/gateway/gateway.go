@@ -512,6 +512,11 @@ func (g *Gateway) publicMux(ctx context.Context) http.Handler {
 		// Same origin as the WebSocket, so the default Origin policy
 		// lets the page connect.
 		mux.Handle("GET /demo/", http.StripPrefix("/demo/", web.Demo()))
+		if g.cfg.DemoBot != nil {
+			// The page's chat partner, same origin too: the page's
+			// Content-Security-Policy lets it post here and nowhere else.
+			mux.Handle("POST /demo/bot", g.cfg.DemoBot)
+		}
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// Every answer but an upgrade (which writes its own) ends the

@@ -1,13 +1,18 @@
 // The demo chat widget: the smallest page that shows what the client
 // library does. Everything stillthere needs is in the StillThere client;
-// this file only draws it. The token comes from the URL's fragment
-// (#token=...), which the browser never sends to a server.
+// this file only draws it, and talks to the dev stack's demo bot (POST
+// bot, beside this page), which passes the turn through the activity
+// endpoint as a platform's servers would. The token comes from the URL's
+// fragment (#token=...), which the browser never sends to a server but
+// as a bearer: to the WebSocket, and to the bot, which serves only the
+// holders of the stack's tokens.
 import { StillThere } from './stillthere.js';
 
 const $ = (id) => document.getElementById(id);
 const stateEl = $('state');
 const remainingEl = $('remaining');
 const activityEl = $('activity');
+const turnEl = $('turn');
 const messages = $('messages');
 const closedEl = $('closed');
 const input = $('input');
@@ -31,6 +36,17 @@ function run(token) {
 
   let lastActivity = null;
   let pongs = 0;
+  // The bot: whether it is thinking (our turn: the clock is held), when
+  // its last answer came (this clock, ms), and the TTL of the last pong,
+  // which a turn to the user grants as a ping does. botAway: the gateway
+  // runs no bot, and the page is the plain presence demo.
+  let thinking = false;
+  let answeredAt = null;
+  let ttl = 0;
+  let botAway = false;
+  // When the session ran out, by the last guide: the turn's TTL had a
+  // jitter of its own, which the page learns only so.
+  let ranOut = null;
 
   client.on('statechange', ({ detail }) => {
     stateEl.dataset.state = detail.state;
@@ -46,8 +62,10 @@ function run(token) {
     }
   });
 
-  client.on('pong', () => {
+  client.on('pong', ({ detail }) => {
     pongs++;
+    ttl = detail.ttlMs;
+    ranOut = null;
     showActivity();
   });
 
@@ -61,7 +79,10 @@ function run(token) {
       ? `, ${((received - detail.deadline) / 1000).toFixed(2)} s after the session ran out`
       : '');
     li.append(meta);
-    if (detail.deadline !== null) li.dataset.deadlineMs = String(detail.deadline);
+    if (detail.deadline !== null) {
+      li.dataset.deadlineMs = String(detail.deadline);
+      ranOut = detail.deadline;
+    }
     // The frame after the one that draws it: when it is on screen.
     requestAnimationFrame(() => requestAnimationFrame(() => {
       li.dataset.shownMs = String(Date.now());
@@ -91,25 +112,98 @@ function run(token) {
   composer.addEventListener('submit', (e) => {
     e.preventDefault();
     const text = input.value.trim();
-    if (text === '') return;
+    if (text === '' || thinking) return;
     say('me', text);
     input.value = '';
     client.activity();
+    if (!botAway) ask(text);
   });
+
+  // One message at a time: the bot answers it, then the turn is the
+  // user's. It takes the turn (the user waits for us) before it thinks,
+  // and passes it back when it answers: the answer is the response.
+  async function ask(text) {
+    thinking = true;
+    $('send').disabled = true;
+    const li = say('bot thinking', 'The bot is thinking...');
+    const asked = Date.now();
+    showTurn();
+    let res;
+    let body = {};
+    try {
+      res = await fetch(new URL('bot', location.href), {
+        method: 'POST',
+        headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ text }),
+      });
+      body = await res.json().catch(() => ({}));
+    } catch (err) {
+      res = { ok: false, status: 0 };
+      body = { error: err.message };
+    }
+    thinking = false;
+    $('send').disabled = input.disabled;
+    if (res.status === 404 || res.status === 405) {
+      botAway = true;
+      li.remove();
+      say('system', 'This gateway runs no demo bot (make run starts one): your messages stay on this page, and silence counts from your last key press.');
+    } else if (!res.ok) {
+      li.remove();
+      say('system', `The bot did not answer: ${body.error ?? `HTTP ${res.status}`}.`);
+    } else {
+      answeredAt = Date.now();
+      ranOut = null;
+      li.className = 'bot';
+      li.querySelector('p').textContent = body.text;
+      li.dataset.answeredMs = String(answeredAt);
+      li.dataset.askedMs = String(asked);
+      const meta = document.createElement('small');
+      meta.textContent = `the bot, after ${((answeredAt - asked) / 1000).toFixed(1)} s`;
+      li.append(meta);
+    }
+    showTurn();
+  }
+
+  function showTurn() {
+    if (thinking) {
+      turnEl.dataset.turn = 'us';
+      turnEl.textContent = 'ours: the bot is thinking, and no silence counts';
+      return;
+    }
+    turnEl.dataset.turn = 'user';
+    turnEl.textContent = answeredAt === null
+      ? 'yours: write to the bot'
+      : 'yours, since the bot answered';
+  }
 
   $('restart').addEventListener('click', () => {
     closedEl.hidden = true;
     input.disabled = false;
-    $('send').disabled = false;
+    $('send').disabled = thinking;
+    answeredAt = null;
+    showTurn();
     say('system', 'New chat.');
     input.focus();
     client.start();
   });
 
-  // The countdown redraws the screen; it sends nothing.
+  // The countdown redraws the screen; it sends nothing. While the bot
+  // thinks the clock is held. From its answer the session runs a TTL (the
+  // last pong's, within the jitter of the one the turn granted), or to the
+  // last pong's deadline when the user pinged later; once a guide came,
+  // to the deadline it names.
   setInterval(() => {
     showActivity();
-    const deadline = client.deadline;
+    if (thinking) {
+      remainingEl.textContent = 'held while the bot thinks';
+      remainingEl.dataset.held = '';
+      delete remainingEl.dataset.leftMs;
+      return;
+    }
+    delete remainingEl.dataset.held;
+    let deadline = client.deadline;
+    if (answeredAt !== null && ttl > 0) deadline = Math.max(deadline ?? -Infinity, answeredAt + ttl);
+    if (ranOut !== null) deadline = ranOut;
     if (deadline === null) return;
     const left = deadline - Date.now();
     remainingEl.textContent = left > 0

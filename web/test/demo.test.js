@@ -1,6 +1,6 @@
 // The demo page in a real browser: Debian's Chromium, headless, driven by
-// playwright-core, against a test stack with a 2 s TTL and a close stage
-// 3 s after the reminder. Writes a screenshot of the page with a guide on
+// playwright-core, against a test stack with a 2 s TTL, a close stage 3 s
+// after the reminder, and a demo bot that thinks for 5 s. Writes a screenshot of the page with a guide on
 // screen, and the time from the deadline to the guide on screen, to the
 // artifacts directory ($STILLTHERE_ARTIFACTS, default web/test/out).
 import { after, before, describe, it } from 'node:test';
@@ -89,14 +89,35 @@ describe('the demo page in Chromium', () => {
   });
 
   let idle; // the page of the next two tests
-  it('brings the guide on screen once when the user goes idle', async (t) => {
+  it('holds the clock while the bot thinks, past the TTL, and brings the guide once a TTL after its answer', async (t) => {
+    // The bot thinks for longer than any session the TTL grants: a guide
+    // while it thinks would come before its answer.
+    assert.ok(stack.botThinkMs > stack.ttlMs + stack.jitterMs + 1000, `the bot thinks ${stack.botThinkMs} ms, not past the TTL`);
     idle = await open(uid('idle'));
     const { page } = idle;
-    // A question, then nothing: the user went away.
+    // A question, then nothing: the user went away while the bot thought.
     await page.click('#input');
     await page.keyboard.type('Hi! Where is my order #1042?');
-    const lastKey = Date.now();
     await page.keyboard.press('Enter');
+    const asked = Date.now();
+    await page.waitForSelector('#turn[data-turn="us"]', { timeout: 2_000 });
+    await page.waitForSelector('#remaining[data-held]', { timeout: 2_000 });
+    const answer = page.locator('#messages .bot[data-answered-ms]');
+    await answer.waitFor({ timeout: stack.botThinkMs + 10_000 });
+    const answeredMs = Number(await answer.getAttribute('data-answered-ms'));
+    const thought = answeredMs - asked;
+    t.diagnostic(`the bot answered ${thought} ms after the question`);
+    assert.ok(thought >= stack.botThinkMs - 200, `the bot answered after ${thought} ms, not after thinking ${stack.botThinkMs} ms`);
+    // No guide while it thought, though a TTL and more passed since the
+    // last key press.
+    assert.equal(await guides(page).count(), 0, 'a user waiting for the bot was guided');
+    assert.equal(await page.getAttribute('#turn', 'data-turn'), 'user');
+    // The countdown starts again from the answer: about a TTL left.
+    await page.waitForFunction(() => document.querySelector('#remaining').dataset.leftMs !== undefined, null, { timeout: 2_000 });
+    const left = Number(await page.getAttribute('#remaining', 'data-left-ms'));
+    const since = Date.now() - answeredMs;
+    assert.ok(left > stack.ttlMs - since - 300 && left <= stack.ttlMs + stack.jitterMs, `${left} ms left ${since} ms after the answer, want about a TTL (${stack.ttlMs} ms)`);
+
     const guide = guides(page, '.guide[data-shown-ms]');
     await guide.first().waitFor({ timeout: stack.ttlMs + stack.jitterMs + 15_000 });
     const shown = await guide.first().evaluate((el) => ({
@@ -108,14 +129,19 @@ describe('the demo page in Chromium', () => {
     }));
     assert.equal(shown.stage, '1');
     assert.match(shown.text, /still there/i);
-    // A whole TTL from the last key press, not less: the ping it owed
-    // renewed the session.
-    assert.ok(shown.deadlineMs >= lastKey + stack.ttlMs, `deadline ${shown.deadlineMs - lastKey} ms after the last key press`);
+    // A TTL from the bot's answer: not before it (less the way of the
+    // answer to the page), and within a generous bound after it.
+    const slack = 300;
+    const afterAnswer = shown.shownMs - answeredMs;
+    t.diagnostic(`answer to guide on screen: ${afterAnswer} ms (TTL ${stack.ttlMs} ms + jitter < ${stack.jitterMs} ms)`);
+    assert.ok(afterAnswer >= stack.ttlMs - slack, `guide on screen ${afterAnswer} ms after the answer, before a TTL`);
+    assert.ok(afterAnswer <= stack.ttlMs + stack.jitterMs + 5_000, `guide on screen ${afterAnswer} ms after the answer`);
+    assert.ok(shown.deadlineMs >= answeredMs + stack.ttlMs - slack, `deadline ${shown.deadlineMs - answeredMs} ms after the answer`);
     const late = shown.shownMs - shown.deadlineMs;
     t.diagnostic(`deadline to guide on screen: ${late} ms`);
     assert.ok(late >= 0 && late < 5_000, `guide on screen ${late} ms after the deadline`);
     await page.screenshot({ path: `${artifacts}/demo-guide.png` });
-    await writeFile(`${artifacts}/guide-latency.json`, `${JSON.stringify({ deadlineToScreenMs: late, ...shown }, null, 2)}\n`);
+    await writeFile(`${artifacts}/guide-latency.json`, `${JSON.stringify({ deadlineToScreenMs: late, answerToScreenMs: afterAnswer, botThoughtMs: thought, ...shown }, null, 2)}\n`);
     // Once: still one, a second later (before the close stage).
     await sleep(1000);
     assert.equal(await guides(page).count(), 1);

@@ -1,8 +1,9 @@
 // Command teststack runs a dev stack for the JavaScript tests: the client
 // library's, on Node's test runner, and the demo page's, in headless
-// Chromium. The stack has a short session TTL and a close stage a few
-// seconds after the reminder, every port picked by the kernel, and a data
-// directory of its own that it removes on exit. Beside the stack's own
+// Chromium. The stack has a short session TTL, a close stage a few
+// seconds after the reminder, a demo bot that thinks for longer than the
+// TTL (the page shows no guide meanwhile), every port picked by the
+// kernel, and a data directory of its own that it removes on exit. Beside the stack's own
 // gateway it runs a second instance, which it restarts on request as a
 // deploy does: the tests see the page reconnect.
 //
@@ -41,6 +42,7 @@ func main() {
 	ttl := flag.Duration("ttl", 2*time.Second, "session TTL granted on each ping")
 	jitter := flag.Duration("jitter", 500*time.Millisecond, "random extra TTL in [0, jitter)")
 	closeAfter := flag.Duration("close-after", 3*time.Second, "delay from the reminder to the close stage; 0 none")
+	botThink := flag.Duration("bot-think", 5*time.Second, "how long the demo bot thinks before it answers and passes the turn")
 	maxLifetime := flag.Duration("max-lifetime", 10*time.Minute, "stop after this long whatever happens")
 	flag.Parse()
 
@@ -65,6 +67,7 @@ func main() {
 		"STILLTHERE_CONSUMER_ADMIN_ADDR": "127.0.0.1:0",
 		"STILLTHERE_SHUTDOWN_TIMEOUT":    "2s",
 		"STILLTHERE_DEMO_PAGE":           "true",
+		"STILLTHERE_DEV_BOT_THINK":       botThink.String(),
 	}
 	env := func(name string) (string, bool) {
 		if v, ok := settings[name]; ok {
@@ -93,6 +96,8 @@ type info struct {
 	TTLMS      int64  `json:"ttlMs"`
 	JitterMS   int64  `json:"jitterMs"`
 	CloseAfter int64  `json:"closeAfterMs"`
+	// BotThinkMS is how long the demo bot thinks.
+	BotThinkMS int64 `json:"botThinkMs"`
 }
 
 func run(ctx context.Context, env func(string) (string, bool)) error {
@@ -156,6 +161,7 @@ func run(ctx context.Context, env func(string) (string, bool)) error {
 		TTLMS:       g.SessionTTL.Milliseconds(),
 		JitterMS:    g.SessionJitter.Milliseconds(),
 		CloseAfter:  g.Closing.After.Milliseconds(),
+		BotThinkMS:  s.BotThink().Milliseconds(),
 	})
 	fmt.Printf("%s\n", line)
 	return eg.Wait()
