@@ -1,6 +1,7 @@
 package session
 
 import (
+	"strconv"
 	"testing"
 	"time"
 )
@@ -87,4 +88,28 @@ func TestActivityWatermark(t *testing.T) {
 	if _, fed := mark().ActivityWatermark(); fed {
 		t.Fatal("a watermark after the feed was forgotten")
 	}
+}
+
+// FuzzParseActivity: the watermark hash as HGETALL gives it, any fields
+// and values: never a panic, and only a numeric partition with a time
+// from 0 on is read; the topic field is not a partition.
+func FuzzParseActivity(f *testing.F) {
+	f.Add("0", "1795255600123", "topic", "session-activity")
+	f.Add("-1", "5", "3", "-7")
+	f.Add("2147483648", "1", "x", "")
+	f.Fuzz(func(t *testing.T, f1, v1, f2, v2 string) {
+		got := parseActivity([]any{f1, v1, f2, v2})
+		for p, w := range got {
+			if p < 0 || w.UnixMilli() < 0 {
+				t.Fatalf("parseActivity(%q %q %q %q) read partition %d at %v", f1, v1, f2, v2, p, w)
+			}
+		}
+		for p := range got {
+			n1, err1 := strconv.ParseInt(f1, 10, 32)
+			n2, err2 := strconv.ParseInt(f2, 10, 32)
+			if !(err1 == nil && int32(n1) == p) && !(err2 == nil && int32(n2) == p) {
+				t.Fatalf("partition %d read from fields %q and %q", p, f1, f2)
+			}
+		}
+	})
 }
