@@ -122,6 +122,7 @@ func TestAttack23NewPartitionIgnored(t *testing.T) {
 			t.Fatalf("watermark %v past the record's time by %v while the record on the new partition is unapplied: a deadline in between is judged (partitions in the hash: %v)",
 				w, w.Sub(before), r.control().Activity)
 		}
+		// Watched for 10 s of real time: the feed must run meanwhile.
 		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -144,7 +144,7 @@ func waitFor(within time.Duration, cond func() bool) bool {
 		if time.Now().After(deadline) {
 			return false
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // the poll's period
 	}
 }
 
@@ -309,7 +309,10 @@ func TestFeedOpensWithKafkaDown(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); f.Run(ctx) }()
-	time.Sleep(100 * time.Millisecond) // let it try: real time must pass
+	// It tries, and fails, to reach Kafka; then it is asked to stop.
+	if !waitFor(30*time.Second, func() bool { _, failing := f.fetchOutage.Failing(); return failing }) {
+		t.Fatal("the feed never found Kafka out of reach")
+	}
 	cancel()
 	select {
 	case <-done:

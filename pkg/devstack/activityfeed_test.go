@@ -102,7 +102,7 @@ func TestActivityFeedStall(t *testing.T) {
 	stalled := time.Now()
 	time.Sleep(faultLength / 2) // the fault lasts: real time must pass
 	r.startGateway()
-	time.Sleep(faultLength / 2)
+	time.Sleep(faultLength / 2) // the rest of the fault, in real time too
 	fault.Remove()
 	t.Logf("activity fetches refused for %v", time.Since(stalled))
 
@@ -116,9 +116,18 @@ func TestActivityFeedStall(t *testing.T) {
 		}
 		return true
 	})
-	// The active users kept acting for a grace more: a guide sent to any
-	// of them would be at the webhook by then.
-	time.Sleep(faultGrace)
+	// Once nothing is held, every timeout the listener judged is on the
+	// topic; once each has its guide at the webhook, a guide to an active
+	// or waiting user would be there too.
+	r.waitHoldsReleased()
+	waitCond(t, time.Minute, "a guide for every timeout produced", func() bool {
+		for uid, evs := range r.events() {
+			if len(r.hook.Guides(uid)) < len(evs) {
+				return false
+			}
+		}
+		return true
+	})
 	for i := range n {
 		if gs := r.hook.Guides(silent(i)); len(gs) != 1 {
 			t.Errorf("%s, silent through the stall: %d guides, want 1", silent(i), len(gs))
