@@ -40,6 +40,9 @@ func Command(ctx context.Context, args []string, env config.Lookup, out io.Write
 	if err := b.Parse(args[1:]); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q\n%s", fs.Args(), usage)
+	}
 	if err := rc.Validate(); err != nil {
 		return err
 	}
