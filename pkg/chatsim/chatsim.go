@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,6 +84,8 @@ type User struct {
 
 	mu  sync.Mutex
 	rec Record
+	// told is the deadline the answer to the ping sent at toldSent told.
+	told, toldSent time.Time
 }
 
 // Record is what a user did and what the gateway's answers proved.
@@ -97,10 +100,17 @@ type Record struct {
 	High time.Time
 	// LastPing is when the latest ping was sent.
 	LastPing time.Time
-	// LateSelf counts timed pings sent past High: a host that starved the
-	// client itself made it silent for a moment, and a guide for that
-	// silence is no error of the gateway's.
+	// LateSelf counts timed pings sent past the deadline the user had: a
+	// host that starved the client itself made it silent for a moment,
+	// and a guide for that silence is no error of the gateway's. Missed
+	// holds those deadlines, as the pongs told them (Redis's, to the
+	// millisecond), so that a guide can be matched to the one it was for.
+	// The deadline is the one the user's latest ping was answered with;
+	// while that ping is unanswered, no send counts as late (the gateway
+	// owes its answer). Before any pong told a deadline, a send past High
+	// counts, with no entry in Missed.
 	LateSelf int
+	Missed   []time.Time
 	Pings    int
 	Pongs    int
 	// Unavailable counts pings answered "session store unavailable".
@@ -115,7 +125,9 @@ type Record struct {
 func (u *User) Record() Record {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	return u.rec
+	r := u.rec
+	r.Missed = slices.Clone(r.Missed)
+	return r
 }
 
 // Deadlines returns the bounds of the user's deadline.
@@ -334,8 +346,16 @@ func (c *Conn) ping(timed bool) (<-chan Answer, error) {
 	c.mu.Unlock()
 	u := c.u
 	u.mu.Lock()
-	if timed && !u.rec.High.IsZero() && now.After(u.rec.High) {
-		u.rec.LateSelf++
+	if timed {
+		switch {
+		case !u.toldSent.IsZero():
+			if u.toldSent.Equal(u.rec.LastPing) && now.After(u.told) {
+				u.rec.LateSelf++
+				u.rec.Missed = append(u.rec.Missed, u.told)
+			}
+		case !u.rec.High.IsZero() && now.After(u.rec.High):
+			u.rec.LateSelf++
+		}
 	}
 	u.rec.Pings++
 	u.rec.LastPing = now
@@ -536,6 +556,9 @@ func (c *Conn) read() {
 					u.rec.Pongs++
 					u.rec.Low = later(u.rec.Low, a.Low())
 					u.rec.High = later(u.rec.High, a.High())
+					if f.DeadlineMS > 0 && !p.sent.Before(u.toldSent) {
+						u.told, u.toldSent = time.UnixMilli(f.DeadlineMS), p.sent
+					}
 				}
 				u.mu.Unlock()
 				p.answer <- a

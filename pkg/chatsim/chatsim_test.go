@@ -263,3 +263,59 @@ func TestConnEnds(t *testing.T) {
 		})
 	}
 }
+
+// A timed ping sent past the deadline the latest ping was answered with
+// is the user's own lapse, recorded with that deadline; while the latest
+// ping waits for its answer, none is.
+func TestTimedPingPastToldDeadlineIsOwnLapse(t *testing.T) {
+	past1 := time.Now().Add(-time.Second).Truncate(time.Millisecond)
+	past2 := past1.Add(100 * time.Millisecond)
+	release := make(chan struct{})
+	url := serve(t, func(ws *websocket.Conn) {
+		for n := 1; ; n++ {
+			if _, _, err := ws.ReadMessage(); err != nil {
+				return
+			}
+			deadline := time.Now().Add(time.Hour)
+			switch n {
+			case 1:
+				deadline = past1
+			case 2:
+				deadline = past2
+			case 3:
+				<-release // the third ping's answer comes late
+			}
+			answer := fmt.Sprintf(`{"type":"pong","ttl_ms":1000,"deadline_ms":%d}`, deadline.UnixMilli())
+			if ws.WriteMessage(websocket.TextMessage, []byte(answer)) != nil {
+				return
+			}
+		}
+	})
+	u := &User{UID: "u", TTL: time.Second}
+	c := connect(t, u, url)
+	if _, err := c.PingWait(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Ping(true); err != nil {
+		t.Fatal(err)
+	}
+	if r := u.Record(); r.LateSelf != 1 || len(r.Missed) != 1 || !r.Missed[0].Equal(past1) {
+		t.Fatalf("after a timed ping past the told deadline: late %d, missed %v; want 1, [%v]", r.LateSelf, r.Missed, past1)
+	}
+	for deadline := time.Now().Add(5 * time.Second); u.Record().Pongs < 2; {
+		if time.Now().After(deadline) {
+			t.Fatal("the second ping was not answered")
+		}
+		time.Sleep(time.Millisecond) // a poll
+	}
+	if err := c.Ping(false); err != nil { // answered late
+		t.Fatal(err)
+	}
+	if err := c.Ping(true); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if r := u.Record(); r.LateSelf != 1 || len(r.Missed) != 1 {
+		t.Fatalf("a timed ping while the latest waits for its answer: late %d, missed %v; want it not counted", r.LateSelf, r.Missed)
+	}
+}
