@@ -126,7 +126,10 @@ func (r *Report) activityMD(b *strings.Builder, a *Activity) {
 	if l.Baseline != nil {
 		p("WebSocket-fed with the feed on over the same with it off, at p50: %.1f×. ", l.OverBaseline)
 	}
-	p("With the feed on the listener holds every deadline at or past the feed's watermark, whichever way its user is fed (a user with a WebSocket may have server-side activity too), until the watermark has had time to pass it, then checks it again: one stamp and the recheck, by design. The listener held %s", heldList(l.Held))
+	p("With the feed on, the listener holds every deadline at or past the feed's watermark, whichever way its user is fed (a user with a WebSocket may have server-side activity too), for as long as the watermark trails its clock (at least 100 ms, at most the grace), then checks it again, and holds it again while the watermark has not passed it; the watermark moves once a stamp. The listener held %s", heldList(l.Held))
+	if n := l.Topic.Silent + l.WebSocket.Silent; n > 0 && l.Held["activity-lag"] > 0 {
+		p(" (%.2f activity-lag holds per silent user)", float64(l.Held["activity-lag"])/float64(n))
+	}
 	if l.Baseline != nil {
 		p("; with the feed off, %s", heldList(l.Baseline.Held))
 	}
