@@ -1,13 +1,28 @@
-// Command activitybench measures the activity feed on this machine: the
-// events per second one gateway applies from the activity topic, its
-// consumer group's only member. It starts its own redis-server and
-// embedded Kafka, produces the events first (`active` events of distinct
-// users, keyed by uid), then starts one gateway with the feed, and times
-// it from its start until the feed's watermark, in Redis, has passed the
-// last event: every event is then applied, as the listener sees it. It
-// prints its figures as one JSON object on stdout.
+// Command activitybench measures the activity feed on this machine, in two
+// parts, one after the other:
 //
-//	go run ./loadtest/activitybench -events 200000 -users 50000
+//  1. Throughput: the events per second one gateway applies from the
+//     activity topic, its consumer group's only member. It starts its own
+//     redis-server and embedded Kafka, produces the events first (`active`
+//     events of distinct users, keyed by uid), then starts one gateway with
+//     the feed, and times it from its start until the feed's watermark, in
+//     Redis, has passed the last event: every event is then applied, as
+//     the listener sees it. It fails unless every user has a session after.
+//  2. Lateness (lateness.go): the dev stack with the feed on and guides to
+//     a webhook, and two crowds beside each other: users kept alive only by
+//     `active` events on the topic, and users kept alive by WebSocket
+//     pings. Of each, -late-silent go silent at known times and
+//     -late-active stay active; it reports each crowd's guide lateness
+//     past the deadline the guide names (p50, p99, max) and their ratio,
+//     and counts guides lost, doubled, or to users who were there. Then
+//     (-late-baseline) the WebSocket users again, alone in a stack with
+//     the feed off: what the feed's watermark adds to every guide.
+//     -late-silent 0 leaves the lateness part out.
+//
+// It prints its figures as one JSON object on stdout and exits 1 only when
+// it could not measure: judging the counts is the caller's.
+//
+//	go run ./loadtest/activitybench -events 200000 -users 50000 -late-silent 1000 -late-active 500
 package main
 
 import (
@@ -15,24 +30,12 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
-	"strings"
+	"syscall"
 	"time"
-
-	"github.com/redis/go-redis/v9"
-	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/stillthere/stillthere/pkg/activityfeed"
-	"github.com/stillthere/stillthere/pkg/gateway"
-	"github.com/stillthere/stillthere/pkg/kafka/kafkatest"
-	"github.com/stillthere/stillthere/pkg/redisserver"
-	"github.com/stillthere/stillthere/pkg/session"
 )
 
 // Report is what activitybench prints.
@@ -45,6 +48,8 @@ type Report struct {
 	Sessions        int64   `json:"sessions"` // live sessions after: one per user, none lost
 	CPUs            int     `json:"cpus"`
 	Go              string  `json:"go"`
+	// Lateness is part 2; nil with -late-silent 0.
+	Lateness *Lateness `json:"lateness,omitempty"`
 }
 
 func main() {
@@ -52,7 +57,15 @@ func main() {
 	users := flag.Int("users", 50000, "distinct users they are spread over")
 	partitions := flag.Int("partitions", 12, "partitions of the activity topic")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
+	var late lateSettings
+	flag.IntVar(&late.silent, "late-silent", 1000, "lateness: users of each feed (topic, WebSocket) who go silent; 0 skips the lateness part")
+	flag.IntVar(&late.active, "late-active", 500, "lateness: users of each feed who stay active throughout")
+	flag.DurationVar(&late.ttl, "late-ttl", 5*time.Second, "lateness: the session TTL; users act every quarter of it")
+	flag.DurationVar(&late.spread, "late-spread", 10*time.Second, "lateness: the silences begin spread over this")
+	flag.BoolVar(&late.baseline, "late-baseline", true, "lateness: run the WebSocket users again, alone, with the feed off, for the lateness the feed adds")
+	flag.DurationVar(&late.stamp, "late-stamp", 250*time.Millisecond, "lateness: STILLTHERE_ACTIVITY_STAMP, how often the feed stamps its watermark")
 	flag.Parse()
+	late.partitions = *partitions
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {
@@ -63,9 +76,9 @@ func main() {
 		pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	rep, err := run(ctx, *events, *users, *partitions)
+	rep, err := run(ctx, *events, *users, *partitions, late)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "activitybench:", err)
 		pprof.StopCPUProfile()
@@ -76,111 +89,20 @@ func main() {
 	enc.Encode(rep)
 }
 
-func run(ctx context.Context, events, users, partitions int) (Report, error) {
-	rep := Report{Events: events, Users: users, Partitions: partitions, CPUs: runtime.NumCPU(), Go: runtime.Version()}
-	if users < 1 || events < users {
-		return rep, fmt.Errorf("want 1 <= users <= events")
+func run(ctx context.Context, events, users, partitions int, late lateSettings) (Report, error) {
+	rep := Report{CPUs: runtime.NumCPU(), Go: runtime.Version()}
+	if late.silent < 0 || late.active < 0 || late.ttl < time.Second || late.spread <= 0 {
+		return rep, fmt.Errorf("want -late-silent, -late-active >= 0, -late-ttl >= 1s, -late-spread > 0")
 	}
-	rs, err := redisserver.Start(ctx, redisserver.Options{})
-	if err != nil {
+	if err := throughput(ctx, &rep, events, users, partitions); err != nil {
 		return rep, err
 	}
-	defer rs.Close()
-	kc, err := kafkatest.NewFake(kfake.SeedTopics(int32(partitions), activityfeed.DefaultTopic))
-	if err != nil {
-		return rep, fmt.Errorf("embedded kafka: %w", err)
+	if late.silent == 0 {
+		return rep, nil
 	}
-	defer kc.Close()
-	brokers := kc.ListenAddrs()
-
-	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(activityfeed.DefaultTopic),
-		kgo.ProducerLinger(5*time.Millisecond))
-	if err != nil {
-		return rep, err
-	}
-	defer prod.Close()
-	recs := make([]*kgo.Record, 0, events)
-	for i := range events {
-		uid := fmt.Sprintf("u-%07d", i%users)
-		recs = append(recs, &kgo.Record{Key: []byte(uid), Value: fmt.Appendf(nil, `{"uid":%q,"kind":"active"}`, uid)})
-	}
-	if err := prod.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		return rep, fmt.Errorf("produce %d events: %w", events, err)
-	}
-
-	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
-	defer rdb.Close()
-	ks, err := session.NewKeyspace("st")
-	if err != nil {
-		return rep, err
-	}
-	store := session.NewStore(rdb, ks)
-	produced, err := store.ActivityClock(ctx)
-	if err != nil {
-		return rep, err
-	}
-
-	env := map[string]string{
-		"STILLTHERE_REDIS_ADDRS":               rs.Addr,
-		"STILLTHERE_KAFKA_BROKERS":             strings.Join(brokers, ","),
-		"STILLTHERE_GATEWAY_ADDR":              "127.0.0.1:0",
-		"STILLTHERE_PUSH_ADDR":                 "127.0.0.1:0",
-		"STILLTHERE_TOKEN_SECRET":              "activitybench-token-secret-0123456789abcdef",
-		"STILLTHERE_PUSH_SECRET":               "activitybench-push-secret-0123456789abcdef",
-		"STILLTHERE_ACTIVITY_FEED":             "true",
-		"STILLTHERE_ACTIVITY_TOPIC_PARTITIONS": fmt.Sprint(partitions),
-		"STILLTHERE_ACTIVITY_STAMP":            "50ms",
-	}
-	cfg, err := gateway.LoadConfig(nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok })
-	if err != nil {
-		return rep, err
-	}
-	start := time.Now()
-	gw, err := gateway.Open(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		return rep, err
-	}
-	gctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- gw.Run(gctx) }()
-	defer func() {
-		cancel()
-		<-done
-		gw.Close()
-	}()
-	// Every partition's watermark past the last event: all applied.
-	limit := time.After(10 * time.Minute)
-	for {
-		_, parts, err := store.ActivityWatermarks(ctx)
-		if err == nil && len(parts) == partitions && lowest(parts).After(produced) {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return rep, ctx.Err()
-		case <-limit:
-			return rep, fmt.Errorf("the watermark did not pass the last event within 10m: %v", parts)
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	took := time.Since(start)
-	rep.Seconds = took.Seconds()
-	rep.EventsPerSecond = float64(events) / took.Seconds()
-	if rep.Sessions, err = store.Sessions(ctx); err != nil {
-		return rep, err
-	}
-	if rep.Sessions != int64(users) {
-		return rep, fmt.Errorf("%d live sessions after, want one per user, %d", rep.Sessions, users)
-	}
-	return rep, nil
-}
-
-func lowest(parts map[int32]time.Time) time.Time {
-	var low time.Time
-	for _, t := range parts {
-		if low.IsZero() || t.Before(low) {
-			low = t
-		}
-	}
-	return low
+	fmt.Fprintf(os.Stderr, "activitybench: %d events/s; lateness: %d silent and %d active users per feed, TTL %v, stamp %v\n",
+		int(rep.EventsPerSecond), late.silent, late.active, late.ttl, late.stamp)
+	var err error
+	rep.Lateness, err = lateness(ctx, late)
+	return rep, err
 }

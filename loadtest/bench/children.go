@@ -224,19 +224,31 @@ type Activity struct {
 	EventsPerSecond float64 `json:"events_per_second"`
 	Seconds         float64 `json:"seconds"`
 	Sessions        int64   `json:"sessions"`
+	// Lateness is the guide lateness of topic-fed sessions beside
+	// WebSocket-fed ones (report_activity.go).
+	Lateness *ActivityLateness `json:"lateness,omitempty"`
 }
 
 type activityScale struct {
 	Events, Users int
-	Limit         time.Duration // the most activitybench may take
+	// Silent and Active are the lateness run's users per crowd, Spread
+	// the time their silences spread over.
+	Silent, Active int
+	Spread         time.Duration
+	Limit          time.Duration // the most activitybench may take
 }
 
 // activityStep runs activitybench. It fails unless every user has a
-// session after, so a result means no event was lost.
+// session after, so a result means no event was lost; the lateness
+// part's guides are judged by the report.
 func activityStep(ctx context.Context, bin string, sc activityScale) (*Activity, error) {
 	args := []string{"-events", strconv.Itoa(sc.Events), "-users", strconv.Itoa(sc.Users)}
+	if flagsOf(ctx, bin, "activitybench")["late-silent"] {
+		args = append(args, "-late-silent", strconv.Itoa(sc.Silent), "-late-active", strconv.Itoa(sc.Active),
+			"-late-spread", sc.Spread.String())
+	}
 	a := &Activity{}
-	fmt.Printf("activity: %d events of %d users through the topic\n", sc.Events, sc.Users)
+	fmt.Printf("activity: %d events of %d users through the topic; lateness of %d silent users per crowd\n", sc.Events, sc.Users, sc.Silent)
 	err := runJSON(ctx, sc.Limit, a, bin, "activitybench", args...)
 	a.Command = commandLine("activitybench", args...)
 	return a, err

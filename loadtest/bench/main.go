@@ -14,8 +14,10 @@
 //     million live sessions with one and two listener replicas, the
 //     prefetch path against the sweep alone, from detectbench;
 //  5. consumer throughput and backlog drain, from guidebench;
-//     5b. activity events applied per second through the topic, from
-//     activitybench;
+//     5b. activity events applied per second through the topic, and the
+//     guide lateness of users kept alive only through the topic beside
+//     users kept alive by WebSocket pings (and the latter with the feed
+//     off), from activitybench;
 //  6. outage: users guided or not through outages of Redis and of the
 //     gateways, from outagebench;
 //  7. modes: a gateway in each read mode (epoll, goroutine) side by side
@@ -87,7 +89,7 @@ func scaleFor(quick bool) scale {
 			scale: detectScale{Live: 20000, Silent: 200, Window: 3 * time.Second, Wait: 15 * time.Second,
 				Grace: 10 * time.Second, Limit: 3 * time.Minute},
 			consumer: consumerScale{Events: 2000, Queued: 1000, BreakerTimeout: 2 * time.Second, Limit: time.Minute},
-			activity: activityScale{Events: 20000, Users: 5000, Limit: time.Minute},
+			activity: activityScale{Events: 20000, Users: 5000, Silent: 100, Active: 50, Spread: 3 * time.Second, Limit: 2 * time.Minute},
 			// Two faults keep the quick run near 3 minutes: one in which
 			// the listener is as blind as the gateways (Redis frozen), one
 			// in which it sweeps on while every user is cut off and
@@ -111,7 +113,8 @@ func scaleFor(quick bool) scale {
 		// The scale: a million live sessions, one and two replicas.
 		scale:    detectScale{Live: 1000000, Silent: 1000, Grace: 10 * time.Second, Limit: 10 * time.Minute},
 		consumer: consumerScale{Events: 20000, Queued: 10000, BreakerTimeout: 10 * time.Second, Limit: 15 * time.Minute},
-		activity: activityScale{Events: 200000, Users: 50000, Limit: 5 * time.Minute},
+		// Lateness: a few thousand users, two runs of about 30 s.
+		activity: activityScale{Events: 200000, Users: 50000, Silent: 1000, Active: 500, Spread: 10 * time.Second, Limit: 5 * time.Minute},
 		outage: outageScale{Active: 1000, Silent: 200, TTL: 6 * time.Second, Jitter: 500 * time.Millisecond,
 			Grace: 8 * time.Second, Faults: "redis-pause,redis-restart,redis-cut,gateways-down", Limit: 5 * time.Minute},
 	}
