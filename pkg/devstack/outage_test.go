@@ -412,6 +412,14 @@ func checkOutageGuides(t *testing.T, r *faultRig, users []*chatUser, faultAt, re
 			}
 			continue
 		}
+		// A user none of whose pings was answered (the machine held the
+		// only one until the fault cut it) has a silence of unknown
+		// outcome: the renewal may never have been written. No guide is
+		// then no loss; one is still checked against its bounds.
+		if len(gs) == 0 && rec.Pongs == 0 && rec.Unavailable == 0 {
+			t.Logf("%s went silent after pings none of which was answered: indeterminate, no guide; %s", u.uid, stats)
+			continue
+		}
 		if len(gs) != 1 {
 			t.Errorf("%s went silent, got %d guides at %v, want 1 (recovered at %s); %s",
 				u.uid, len(gs), at, rel(recovered), stats)
