@@ -58,10 +58,10 @@ func TestActivityKafkaDown(t *testing.T) {
 
 	// The platform's records of the outage were buffered, and reached
 	// Kafka only after it: the cut was real for the producer too.
-	if n := p.deliveredAfter(down, back); n == 0 {
+	if n, last := p.deliveredAfter(down, back); n == 0 {
 		t.Error("no record produced during the outage was delivered after it: the platform's producer was not cut off")
 	} else {
-		t.Logf("%d records produced during the outage delivered after it", n)
+		t.Logf("%d records produced during the outage delivered after it, the last %v after Kafka was back", n, last.Sub(back).Round(time.Millisecond))
 	}
 }
 
@@ -170,6 +170,24 @@ func newFeedCrowd(t *testing.T, r *faultRig, p *platform, n int) *feedCrowd {
 		}
 		return true
 	})
+	// The feed is running, not starting: it has stamped every partition
+	// past the users' first events, so that a fault from now on is a lag.
+	now, err := r.redisNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitCond(t, 30*time.Second, "the feed's watermark past the users' first events", func() bool {
+		_, parts, err := c.store.ActivityWatermarks(context.Background())
+		if err != nil || len(parts) != 4 {
+			return false
+		}
+		for _, w := range parts {
+			if w.Before(now) {
+				return false
+			}
+		}
+		return true
+	})
 	return c
 }
 
@@ -245,13 +263,17 @@ func (c *feedCrowd) check(r *faultRig, faultAt, back time.Time) {
 	t := c.t
 	t.Helper()
 	var lagEnd time.Time
-	for _, b := range r.outagesAfter(nil, nil, "").blind {
+	blind := r.outagesAfter(nil, nil, "").blind
+	for _, b := range blind {
 		if b.Reason == session.BlindActivityLag && b.End.After(faultAt) && b.End.After(lagEnd) {
 			lagEnd = b.End
 		}
 	}
 	if lagEnd.IsZero() {
-		t.Errorf("no activity-lag blind interval over the fault (ended %v)", back.Format(time.StampMilli))
+		t.Errorf("no activity-lag blind interval over the fault (from %s to %s)", faultAt.Format(time.StampMilli), back.Format(time.StampMilli))
+		for _, b := range blind {
+			t.Logf("blind interval %s: %s to %s", b.Reason, b.Start.Format(time.StampMilli), b.End.Format(time.StampMilli))
+		}
 	} else {
 		t.Logf("the feed's watermark passed the fault at %s, %v after it ended", lagEnd.Format(time.StampMilli), lagEnd.Sub(back).Round(time.Millisecond))
 	}
@@ -340,17 +362,17 @@ func (p *platform) flush() {
 }
 
 // deliveredAfter counts the records produced in [from, to) that Kafka
-// took after to.
-func (p *platform) deliveredAfter(from, to time.Time) int {
+// took after to, and says when it took the last.
+func (p *platform) deliveredAfter(from, to time.Time) (n int, last time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n := 0
 	for _, d := range p.sent {
 		if !d.called.Before(from) && d.called.Before(to) && d.done.After(to) {
 			n++
+			last = later(last, d.done)
 		}
 	}
-	return n
+	return n, last
 }
 
 // newAdmin is a Kafka admin client of the rig's, closed at cleanup.
