@@ -19,6 +19,10 @@ import (
 type platform struct {
 	t  *testing.T
 	cl *kgo.Client
+
+	mu   sync.Mutex // guards what the produce callbacks record
+	sent []delivery
+	errs []error
 }
 
 func newPlatform(t *testing.T, r *faultRig) *platform {
@@ -31,8 +35,9 @@ func newPlatform(t *testing.T, r *faultRig) *platform {
 	return &platform{t: t, cl: cl}
 }
 
-// send produces one event for uid, keyed by it.
-func (p *platform) send(uid, event string) {
+// send produces one event for uid, keyed by it, and returns the
+// partition it went to.
+func (p *platform) send(uid, event string) int32 {
 	p.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -40,6 +45,7 @@ func (p *platform) send(uid, event string) {
 	if err := p.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
 		p.t.Errorf("produce for %s: %v", uid, err)
 	}
+	return rec.Partition
 }
 
 // TestActivityFeedStall: users kept active only through the activity

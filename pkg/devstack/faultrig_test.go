@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -57,6 +58,9 @@ type rigOptions struct {
 	Gateways int
 	// ActivityFeed makes the gateways the activity topic's consumer group.
 	ActivityFeed bool
+	// KafkaPath puts the in-process Kafka behind a proxy that every
+	// client's connection goes through (kafkaPath), to cut it.
+	KafkaPath bool
 }
 
 // faultRig is the pipeline assembled by hand, for faults Start cannot
@@ -77,7 +81,8 @@ type faultRig struct {
 	topic       string
 	hook        *guidetest.Webhook
 	kafka       *kfake.Cluster
-	feed        bool // the gateways consume the activity topic
+	kafkaPath   *tcpproxy.Proxy // nil unless rigOptions.KafkaPath
+	feed        bool            // the gateways consume the activity topic
 
 	mu       sync.Mutex // guards gateways and started
 	gateways []*rigGateway
@@ -108,13 +113,52 @@ func newBareRig(t *testing.T) *faultRig {
 
 // startKafka starts the rig's in-process Kafka and its webhook receiver,
 // both stopped at cleanup.
-func (r *faultRig) startKafka() *kfake.Cluster {
+func (r *faultRig) startKafka(opts ...kfake.Opt) *kfake.Cluster {
 	r.t.Helper()
-	kc := kafkatest.StartFake(r.t)
+	kc := kafkatest.StartFake(r.t, opts...)
 	r.brokers = kc.ListenAddrs()[0]
 	r.hook = guidetest.StartWebhook(r.t)
 	return kc
 }
+
+// startKafkaBehindProxy is startKafka with the broker behind a proxy,
+// kept in r.kafkaPath: the broker listens on a port of its own and
+// names the proxy's address as its own, so that every client reaches
+// it through the proxy, after the seed as well (a metadata answer names
+// the broker to dial next).
+func (r *faultRig) startKafkaBehindProxy() *kfake.Cluster {
+	r.t.Helper()
+	listen := func(network, address string) (net.Listener, error) {
+		ln, err := net.Listen(network, address)
+		if err != nil {
+			return nil, err
+		}
+		p, err := tcpproxy.Start(ln.Addr().String())
+		if err != nil {
+			ln.Close()
+			return nil, err
+		}
+		addr, err := net.ResolveTCPAddr("tcp", p.Addr())
+		if err != nil {
+			p.Close()
+			ln.Close()
+			return nil, err
+		}
+		// One broker: the cleanup closes the proxy after the broker.
+		r.kafkaPath = p
+		r.t.Cleanup(func() { p.Close() })
+		return advertised{Listener: ln, addr: addr}, nil
+	}
+	return r.startKafka(kfake.ListenFn(listen))
+}
+
+// advertised is a listener that gives another address as its own.
+type advertised struct {
+	net.Listener
+	addr net.Addr
+}
+
+func (l advertised) Addr() net.Addr { return l.addr }
 
 // listenerConfig is the rig's listener: quick sweeps, and the rig's
 // outage grace.
@@ -162,7 +206,11 @@ func newFaultRig(t *testing.T, opts rigOptions) *faultRig {
 		t.Cleanup(func() { srv.Close() })
 		r.redis = srv
 	}
-	r.kafka = r.startKafka()
+	if opts.KafkaPath {
+		r.kafka = r.startKafkaBehindProxy()
+	} else {
+		r.kafka = r.startKafka()
+	}
 	r.feed = opts.ActivityFeed
 
 	// The listener creates the topic, so it opens before the consumer.
@@ -193,6 +241,12 @@ func newFaultRig(t *testing.T, opts rigOptions) *faultRig {
 
 // env is the settings every service shares, plus extra.
 func (r *faultRig) env(extra map[string]string) config.Lookup {
+	env := r.envMap(extra)
+	return func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+}
+
+// envMap is env as a map, for a process's environment.
+func (r *faultRig) envMap(extra map[string]string) map[string]string {
 	env := map[string]string{
 		"STILLTHERE_REDIS_ADDRS":      r.redisAddrs(),
 		"STILLTHERE_KEY_PREFIX":       r.prefix,
@@ -204,10 +258,8 @@ func (r *faultRig) env(extra map[string]string) config.Lookup {
 		// One guide per silence: these tests are about the first stage.
 		"STILLTHERE_CLOSE_AFTER": "0",
 	}
-	for k, v := range extra {
-		env[k] = v
-	}
-	return func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	maps.Copy(env, extra)
+	return env
 }
 
 // redisAddrs is how the listener and the consumer reach Redis.
@@ -252,11 +304,29 @@ func (r *faultRig) startGateway() *rigGateway {
 		g.back = startProxy(t, r.redis.Addr)
 		addrs = g.back.Addr()
 	}
+	cfg, err := gateway.LoadConfig(nil, r.env(r.gatewayEnv(g.id, addrs)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The clients' proxy starts before the gateway runs, so that it
+	// closes after the gateway has stopped at cleanup.
+	front := func(gw *gateway.Gateway) { g.front = startProxy(t, gw.PublicAddr().String()) }
+	g.gw, g.svc = lifecycletest.Start(t, gateway.Open, cfg, r.log.With("service", "gateway", "instance", g.id), front)
+	r.mu.Lock()
+	r.gateways = append(r.gateways, g)
+	r.mu.Unlock()
+	r.log.Info("test: gateway up", "instance", g.id)
+	return g
+}
+
+// gatewayEnv is the settings of gateway instance id, which reaches Redis
+// at redisAddrs.
+func (r *faultRig) gatewayEnv(id, redisAddrs string) map[string]string {
 	env := map[string]string{
-		"STILLTHERE_REDIS_ADDRS":        addrs,
+		"STILLTHERE_REDIS_ADDRS":        redisAddrs,
 		"STILLTHERE_GATEWAY_ADDR":       "127.0.0.1:0",
 		"STILLTHERE_PUSH_ADDR":          "127.0.0.1:0",
-		"STILLTHERE_INSTANCE_ID":        g.id,
+		"STILLTHERE_INSTANCE_ID":        id,
 		"STILLTHERE_SESSION_TTL":        faultTTL.String(),
 		"STILLTHERE_SESSION_JITTER":     faultJitter.String(),
 		"STILLTHERE_HEARTBEAT_INTERVAL": heartbeatInterval.String(),
@@ -270,19 +340,7 @@ func (r *faultRig) startGateway() *rigGateway {
 			"STILLTHERE_ACTIVITY_GAP":              "1s",
 		})
 	}
-	cfg, err := gateway.LoadConfig(nil, r.env(env))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The clients' proxy starts before the gateway runs, so that it
-	// closes after the gateway has stopped at cleanup.
-	front := func(gw *gateway.Gateway) { g.front = startProxy(t, gw.PublicAddr().String()) }
-	g.gw, g.svc = lifecycletest.Start(t, gateway.Open, cfg, r.log.With("service", "gateway", "instance", g.id), front)
-	r.mu.Lock()
-	r.gateways = append(r.gateways, g)
-	r.mu.Unlock()
-	r.log.Info("test: gateway up", "instance", g.id)
-	return g
+	return env
 }
 
 // liveGateways are the instances clients may connect to.
