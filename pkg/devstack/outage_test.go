@@ -412,6 +412,19 @@ func checkOutageGuides(t *testing.T, r *faultRig, users []*chatUser, faultAt, re
 			}
 			continue
 		}
+		// Before it went silent, a silent user is an active one: a guide
+		// for a deadline its own timer let lapse is owed, and apart.
+		var owed []string
+		gs = slices.DeleteFunc(slices.Clone(gs), func(g guidetest.Guide) bool {
+			if missedOwn(rec, g.Deadline) {
+				owed = append(owed, rel(g.At))
+				return true
+			}
+			return false
+		})
+		if len(owed) > 0 {
+			t.Logf("%s got guides at %v for deadlines its own timer let lapse before it went silent; %s", u.uid, owed, stats)
+		}
 		// A user none of whose pings was answered (the machine held the
 		// only one until the fault cut it) has a silence of unknown
 		// outcome: the renewal may never have been written. No guide is
