@@ -285,6 +285,6 @@ func TestAttackBeatNoShedWhileRenewalsCannotConnect(t *testing.T) {
 	}
 	t.Errorf("Redis refused every renewal for %v (ShedAfter %v), and the gateway did not shed its client: "+
 		"it counts Redis out of reach only since %v, %v after the cut",
-		time.Since(cut).Round(100*time.Millisecond), shedAfter, tg.reach.failingSince().Format(time.StampMilli),
-		tg.reach.failingSince().Sub(cut).Round(100*time.Millisecond))
+		time.Since(cut).Round(100*time.Millisecond), shedAfter, tg.reach.cutOffSince().Format(time.StampMilli),
+		tg.reach.cutOffSince().Sub(cut).Round(100*time.Millisecond))
 }

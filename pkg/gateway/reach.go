@@ -91,10 +91,15 @@ type reach struct {
 
 	mu         sync.Mutex
 	flushFail  time.Time // start of the current failure of renewal round trips; zero while they succeed
+	answered   time.Time // end of the latest renewal round trip that succeeded, however late
 	lastFail   time.Time // end of the latest failed round trip
 	blindSince time.Time // start of failed round trips not recorded as a blind interval yet
 	beatFail   time.Time // first failed heartbeat of the current failure; zero while they succeed
-	failures   uint64    // failed round trips and heartbeats so far
+	// failures counts what may have left grants unwritten: failed round
+	// trips and heartbeats, a loss of Redis's data. A round trip that was
+	// only late wrote its renewals, and those behind it are still queued:
+	// it owes a record of the outage (blindSince), not a resync.
+	failures uint64
 	// unregSince: since when this instance's users are being registered
 	// again in their routes (others may have dropped them), zero once
 	// done; rounds counts the registrations begun.
@@ -144,13 +149,15 @@ func (r *reach) flushed(took time.Duration, err error) {
 	}
 	healed := !r.flushFail.IsZero()
 	r.flushFail = time.Time{}
+	r.answered = now
 	if took > r.slow {
-		// Written, but late: record it, and resync after.
+		// Written, but late: record it. Nothing was lost, so nothing is
+		// resynced: a resync is a renewal of every connection, and one
+		// after each late round trip of a busy Redis made it busier.
 		if r.blindSince.IsZero() {
 			r.blindSince = now.Add(-took - r.queued)
 		}
 		r.lastFail = now
-		r.failures++
 		healed = true
 	}
 	r.mu.Unlock()
@@ -163,7 +170,8 @@ func (r *reach) flushed(took time.Duration, err error) {
 // for longer than slow, notes that renewals fail since the oldest was
 // queued, as a failed round trip would, and reports true: they fail until
 // it returns, whatever it returns, and the outage so far is to be recorded
-// while it lasts. flushed ends that failure once the round trip returns.
+// while it lasts. flushed ends that failure once the round trip returns,
+// and counts it toward a resync only if it failed.
 func (r *reach) watch() bool {
 	if r.waiting == nil {
 		return false
@@ -181,7 +189,6 @@ func (r *reach) watch() bool {
 	}
 	if r.flushFail.IsZero() {
 		r.flushFail = since
-		r.failures++
 	}
 	if r.blindSince.IsZero() {
 		r.blindSince = since
@@ -190,17 +197,42 @@ func (r *reach) watch() bool {
 	return true
 }
 
-// failingSince is when renewals or heartbeats started to fail, or zero.
-func (r *reach) failingSince() time.Time {
+// cutOffSince is since when Redis has been out of this instance's reach,
+// or zero: see cutOff.
+func (r *reach) cutOffSince() time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	switch {
-	case r.flushFail.IsZero():
-		return r.beatFail
-	case r.beatFail.IsZero() || r.flushFail.Before(r.beatFail):
-		return r.flushFail
+	return cutOff(r.flushFail, r.answered, r.beatFail)
+}
+
+// cutOff decides since when Redis is out of reach, from when renewals
+// started to fail (or to be held up), when a renewal round trip last
+// succeeded, and when heartbeats started to fail; zero while it is at
+// hand. An answer is the evidence: renewals held up behind a busy Redis
+// fail for the listener (it holds their users), but a round trip that
+// succeeded since shows Redis at hand, and the time they waited in this
+// instance's own queue is no outage. Closing every connection for it
+// (shedIfCutOff) sent clients to reconnect all at once, to gateways busy
+// with the same Redis.
+func cutOff(flushFail, answered, beatFail time.Time) time.Time {
+	renew := flushFail
+	if !renew.IsZero() && answered.After(renew) {
+		renew = answered
 	}
-	return r.beatFail
+	switch {
+	case renew.IsZero():
+		return beatFail
+	case beatFail.IsZero() || renew.Before(beatFail):
+		return renew
+	}
+	return beatFail
+}
+
+// shedDue decides whether a gateway that has not shed yet in this outage
+// closes every connection now: Redis out of reach since since, for
+// shedAfter (0: never).
+func shedDue(since, now time.Time, shedAfter time.Duration) bool {
+	return !since.IsZero() && shedAfter > 0 && now.Sub(since) >= shedAfter
 }
 
 // staleFlushFail reports whether renewals failed and none has run for
@@ -417,12 +449,12 @@ func (g *Gateway) beat(ctx context.Context) {
 // can renew them (this one is not ready meanwhile). The heartbeat loop's
 // own.
 func (g *Gateway) shedIfCutOff() {
-	since := g.reach.failingSince()
+	since := g.reach.cutOffSince()
 	if since.IsZero() {
 		g.shed = false
 		return
 	}
-	if g.shed || g.cfg.ShedAfter == 0 || time.Since(since) < g.cfg.ShedAfter {
+	if g.shed || !shedDue(since, time.Now(), g.cfg.ShedAfter) {
 		return
 	}
 	g.shed = true
@@ -452,8 +484,9 @@ func (g *Gateway) leave() {
 }
 
 // resyncLoop resyncs when kicked, if anything failed since the last
-// resync that completed. Kicks during a resync make it run again after;
-// a resync that fails is retried.
+// resync that completed, and otherwise records an outage still owed (a
+// round trip that was late). Kicks during a resync make it run again
+// after; a resync that fails is retried.
 func (g *Gateway) resyncLoop(ctx context.Context) {
 	var synced uint64 // failures that a completed resync followed
 	retry := time.NewTimer(resyncRetry)
@@ -467,10 +500,11 @@ func (g *Gateway) resyncLoop(ctx context.Context) {
 		case <-retry.C:
 		}
 		failures := g.reach.failureCount()
-		if failures == synced {
+		restore := failures != synced
+		if !restore && g.reach.unrecorded().IsZero() {
 			continue
 		}
-		if err := g.resync(ctx); err != nil {
+		if err := g.resync(ctx, restore); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -479,7 +513,9 @@ func (g *Gateway) resyncLoop(ctx context.Context) {
 			continue
 		}
 		g.resyncLog.OK()
-		synced = failures
+		if restore {
+			synced = failures
+		}
 	}
 }
 
@@ -556,12 +592,16 @@ func (g *Gateway) forgetOngoing(ctx context.Context, open *ongoing) {
 
 // resync records the renewal outage it follows, if any, as a blind
 // interval of this instance (replacing its record while it lasted), and
-// only then restores every connection's last grant: the listener that
-// meets a deadline the outage let lapse finds the outage recorded.
-func (g *Gateway) resync(ctx context.Context) error {
+// only then, with restore, restores every connection's last grant: the
+// listener that meets a deadline the outage let lapse finds the outage
+// recorded.
+func (g *Gateway) resync(ctx context.Context, restore bool) error {
 	start := time.Now()
 	if err := g.recordWhole(ctx); err != nil {
 		return err
+	}
+	if !restore {
+		return nil
 	}
 	n, err := g.resyncConns(ctx)
 	if err != nil {
