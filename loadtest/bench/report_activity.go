@@ -126,7 +126,7 @@ func (r *Report) activityMD(b *strings.Builder, a *Activity) {
 	if l.Baseline != nil {
 		p("WebSocket-fed with the feed on over the same with it off, at p50: %.1f×. ", l.OverBaseline)
 	}
-	p("With the feed on, the listener holds every deadline at or past the feed's watermark, whichever way its user is fed (a user with a WebSocket may have server-side activity too), for as long as the watermark trails its clock (at least 100 ms, at most the grace), then checks it again, and holds it again while the watermark has not passed it; the watermark moves once a stamp. The listener held %s", heldList(l.Held))
+	p("With the feed on, the listener holds every deadline at or past the feed's watermark, whichever way its user is fed (a user with a WebSocket may have server-side activity too), until the stamp that can pass it has landed (the stamp interval is written beside the watermark; 50 ms after that stamp's time, a stamp later when the last one did not move the watermark), then checks it again, and holds it again while the watermark has not passed it; a feed more than two stamps behind, as long again as it lags (at least 100 ms, at most the grace). The listener held %s", heldList(l.Held))
 	if n := l.Topic.Silent + l.WebSocket.Silent; n > 0 && l.Held["activity-lag"] > 0 {
 		p(" (%.2f activity-lag holds per silent user)", float64(l.Held["activity-lag"])/float64(n))
 	}

@@ -226,8 +226,15 @@ func (f *Feed) Run(ctx context.Context) {
 	}
 	var stamped time.Time
 	for ctx.Err() == nil {
-		// Poll no longer than a stamp, so that an idle feed still stamps.
-		pctx, cancel := context.WithTimeout(ctx, f.cfg.Stamp)
+		// Stamp once a Stamp, and poll no longer than until the next is
+		// due, so that the stamps keep their cadence whether records flow
+		// or not: the listener times its holds by it (the stamp interval
+		// written with the watermark).
+		if time.Since(stamped) >= f.cfg.Stamp {
+			stamped = time.Now()
+			f.stamp(ctx)
+		}
+		pctx, cancel := context.WithTimeout(ctx, max(f.cfg.Stamp-time.Since(stamped), minPoll))
 		fs := f.cl.PollRecords(pctx, f.cfg.MaxBatch)
 		cancel()
 		if fs.IsClientClosed() {
@@ -241,12 +248,12 @@ func (f *Feed) Run(ctx context.Context) {
 			}
 		}
 		f.cl.AllowRebalance()
-		if time.Since(stamped) >= f.cfg.Stamp {
-			stamped = time.Now()
-			f.stamp(ctx)
-		}
 	}
 }
+
+// minPoll is the shortest poll, for a stamp that took longer than its
+// interval: records buffered by then are still taken between stamps.
+const minPoll = time.Millisecond
 
 // fetchErrors books the errors of a poll that are not its own timeout.
 func (f *Feed) fetchErrors(ctx context.Context, fs kgo.Fetches) {
@@ -359,7 +366,7 @@ func (f *Feed) stampOnce(ctx context.Context) error {
 	// Every so often, and whenever it changes, the topic's partitions as
 	// the brokers list them: one just added holds every deadline until
 	// its owner stamps it, one gone, or another topic's, no longer does.
-	st := session.FeedStamp{Gap: f.cfg.Gap, CaughtUp: caught}
+	st := session.FeedStamp{Gap: f.cfg.Gap, Every: f.cfg.Stamp, CaughtUp: caught}
 	var count int
 	if time.Since(f.looked) >= partitionsLook {
 		// Asked of a broker, not the client's cached metadata, which

@@ -228,8 +228,16 @@ func TestFeedStallHoldsTheWatermark(t *testing.T) {
 			lag = append(lag, b)
 		}
 	}
-	if len(lag) != 1 || lag[0].Start.After(stalled) || lag[0].End.Before(recovered) {
+	// One over the stall; two when the record landed in the midst of a
+	// stamp, which then passed the other partitions but not its own: each
+	// spans the stall.
+	if len(lag) == 0 || len(lag) > 2 {
 		t.Fatalf("activity-lag blind intervals %+v, want one over the stall %v to %v", lag, stalled, recovered)
+	}
+	for _, b := range lag {
+		if b.Start.After(stalled) || b.End.Before(recovered) {
+			t.Fatalf("activity-lag blind interval %+v, want it over the stall %v to %v", b, stalled, recovered)
+		}
 	}
 }
 

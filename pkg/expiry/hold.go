@@ -34,10 +34,10 @@ import (
 //   - Where the platform's servers feed activity through the activity
 //     topic, a deadline at or past the feed's watermark (the time before
 //     which every partition had been applied) may have been renewed by a
-//     record still unread: it is held until the watermark has had time to
-//     pass it (as long again as the feed lags, at least activityRecheck,
-//     at most the grace), then checked again. A feed that lagged longer
-//     than its gap records a blind interval (the first rule).
+//     record still unread: it is held until the stamp that can move the
+//     watermark past it has landed, then checked again (activityRelease).
+//     A feed that lagged longer than its gap records a blind interval (the
+//     first rule).
 
 // outageHold returns the release time of the latest hold an outage rule
 // puts e's timeout on, and that rule; a zero time when no outage rule
@@ -77,14 +77,69 @@ func outageHold(c session.Control, e session.Expired, grace time.Duration) (time
 		holdTo(c.Now.Add(grace), ruleFleetDown)
 	}
 	if w, fed := c.ActivityWatermark(); fed && !d.Before(w) {
-		holdTo(c.Now.Add(min(max(c.Now.Sub(w), activityRecheck), grace)), ruleActivityLag)
+		holdTo(activityRelease(c.Now, w, d, c.ActivityStamp, grace), ruleActivityLag)
 	}
 	return release, why
 }
 
-// activityRecheck is the shortest hold for a deadline past the activity
-// feed's watermark: about the period its consumers stamp it at.
+// activityRelease is when a deadline d at or past the activity feed's
+// watermark w is checked again, at now, the feed's members stamping every
+// stamp (0: not known).
+//
+// On its cadence, the feed's member reads the time T (Redis's clock) and
+// the partitions' ends once a stamp, and writes T as a partition's time
+// once it has applied the partition up to its end then. w is such a T, so
+// the member's next stamps start at w+stamp, w+2*stamp, ...; the one at
+// w+j*stamp moves the watermark to its own time when its partition was
+// caught up by then, or only to the stamp before when records were still
+// arriving (it is written with the next). The hold ends stampSlack after
+// the first stamp that can move the watermark past d, and no sooner than
+// holdFloor from now: one hold per silence, not a recheck every few ms. A
+// stamp that has landed without moving w (now more than a stamp and the
+// slack past it) says the partition trails by a stamp: the one after
+// then.
+//
+// A feed that lags more than two stamps is off its cadence (a member
+// stalled, Kafka down): the deadline is held as long again as the feed
+// lags, at least activityRecheck, so that a stall does not make every
+// held deadline recheck every few ms. So is every deadline while the
+// stamp is not known (members that predate it). Never longer than the
+// grace.
+func activityRelease(now, w, d time.Time, stamp, grace time.Duration) time.Time {
+	lag := now.Sub(w)
+	if stamp <= 0 || lag >= 2*stamp+stampSlack {
+		return now.Add(min(max(lag, activityRecheck), grace))
+	}
+	var behind int64
+	if lag >= stamp+stampSlack {
+		behind = 1
+	}
+	// The first stamp whose time, less a stamp if behind, is past d.
+	j := int64(d.Sub(w)/stamp) + 1 + behind
+	release := w.Add(time.Duration(j)*stamp + stampSlack)
+	if floor := now.Add(holdFloor); release.Before(floor) {
+		release = floor
+	}
+	if limit := now.Add(grace); release.After(limit) {
+		release = limit
+	}
+	return release
+}
+
+// activityRecheck is the shortest hold for a deadline past the watermark
+// of an activity feed off its cadence, or whose stamp is not known.
 const activityRecheck = 100 * time.Millisecond
+
+// stampSlack is how long after its time a stamp of the activity feed is
+// taken to have landed: after reading Redis's clock, its member asks
+// Kafka for the partitions' ends and runs a script in Redis, tens of ms
+// on a busy host.
+const stampSlack = 50 * time.Millisecond
+
+// holdFloor is the shortest hold for a deadline past the watermark of an
+// activity feed on its cadence, for a stamp due to land any moment: one
+// later than that is waited for a stamp longer (activityRelease).
+const holdFloor = 25 * time.Millisecond
 
 // beatSlack is how late a heartbeat may be before it counts as missed.
 const beatSlack = 250 * time.Millisecond

@@ -28,6 +28,7 @@ func TestOutageHold(t *testing.T) {
 		blind    []session.BlindInterval
 		inst     map[string]session.Instance
 		feed     map[int32]float64 // the activity watermark by partition
+		stamp    time.Duration     // how often the feed stamps it; 0 not known
 		until    float64           // 0: produce now
 		rule     holdRule
 	}{
@@ -98,13 +99,21 @@ func TestOutageHold(t *testing.T) {
 			feed: map[int32]float64{0: 99.9, 1: 50}, until: 110, rule: ruleActivityLag},
 		{name: "a feed down, deadline before it", now: 100, deadline: 49,
 			feed: map[int32]float64{0: 99.9, 1: 50}},
+		// With the stamp known: held until the stamp that can pass the
+		// deadline has landed (activityRelease has the cases).
+		{name: "a feed on its cadence: held to the next stamp and its slack", now: 100, deadline: 99.98,
+			feed: map[int32]float64{0: 99.97, 1: 99.99}, stamp: 250 * time.Millisecond, until: 100.27, rule: ruleActivityLag},
+		{name: "a feed on its cadence, applied past the deadline", now: 100, deadline: 99.96,
+			feed: map[int32]float64{0: 99.97, 1: 99.99}, stamp: 250 * time.Millisecond},
+		{name: "a feed stalled: held as long again as it lags, with the stamp known", now: 100, deadline: 99.5,
+			feed: map[int32]float64{0: 99, 1: 99.99}, stamp: 250 * time.Millisecond, until: 101, rule: ruleActivityLag},
 		{name: "a blind interval outlasts the feed's hold", now: 100, deadline: 95,
 			feed:  map[int32]float64{0: 94},
 			blind: []session.BlindInterval{blind(90, 99, "")}, until: 109, rule: ruleBlind},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := session.Control{Now: at(tt.now), Blind: tt.blind, Instances: tt.inst}
+			c := session.Control{Now: at(tt.now), Blind: tt.blind, Instances: tt.inst, ActivityStamp: tt.stamp}
 			for p, w := range tt.feed {
 				if c.Activity == nil {
 					c.Activity = map[int32]time.Time{}
@@ -119,6 +128,59 @@ func TestOutageHold(t *testing.T) {
 			}
 			if !until.Equal(want) || rule != tt.rule {
 				t.Errorf("outageHold = %v %q, want %v %q", until.Sub(t0), rule, want.Sub(t0), tt.rule)
+			}
+		})
+	}
+}
+
+// TestActivityRelease: a deadline past the activity feed's watermark is
+// held until the stamp that can move the watermark past it has landed,
+// once, while the feed keeps its cadence; off it, or with the stamp not
+// known, as long again as the feed lags.
+func TestActivityRelease(t *testing.T) {
+	w := time.UnixMilli(1_800_000_000_000) // the watermark
+	ms := func(n int) time.Time { return w.Add(time.Duration(n) * time.Millisecond) }
+	const stamp, grace = 250 * time.Millisecond, 10 * time.Second
+	tests := []struct {
+		name    string
+		now, d  int // ms past the watermark
+		stamp   time.Duration
+		grace   time.Duration
+		release int // ms past the watermark
+	}{
+		// The next stamp starts at w+250 and lands by w+300.
+		{name: "just stamped", now: 20, d: 10, release: 300},
+		{name: "deadline at the watermark", now: 5, d: 0, release: 300},
+		{name: "a stamp due any moment: the floor", now: 290, d: 240, release: 290 + 25},
+		{name: "deadline past the stamp due: the one after", now: 290, d: 280, release: 550},
+		{name: "the stamp landed within its slack", now: 299, d: 249, release: 299 + 25},
+		// w+250 landed and left w: the partition trails by a stamp, the
+		// watermark moves to w+250 with the stamp at w+500.
+		{name: "trailing by a stamp", now: 320, d: 100, release: 550},
+		{name: "trailing, deadline past the stamp that landed", now: 320, d: 300, release: 800},
+		{name: "trailing at the edge of the cadence", now: 549, d: 540, release: 1050},
+		// More than two stamps and the slack: off the cadence.
+		{name: "a feed stalled", now: 550, d: 500, release: 1100},
+		{name: "a feed stalled long: the grace", now: 60_000, d: 500, release: 70_000},
+		{name: "stamp not known: as long as the feed lags", stamp: -1, now: 400, d: 390, release: 800},
+		{name: "stamp not known, just behind: the recheck", stamp: -1, now: 30, d: 20, release: 130},
+		{name: "a slow stamp: at most the grace", stamp: 5 * time.Second, grace: time.Second, now: 100, d: 50, release: 1100},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, g := stamp, grace
+			if tt.stamp != 0 {
+				s = max(tt.stamp, 0)
+			}
+			if tt.grace != 0 {
+				g = tt.grace
+			}
+			got := activityRelease(ms(tt.now), w, ms(tt.d), s, g)
+			if !got.Equal(ms(tt.release)) {
+				t.Errorf("activityRelease(now w+%dms, d w+%dms) = w+%v, want w+%dms", tt.now, tt.d, got.Sub(w), tt.release)
+			}
+			if !got.After(ms(tt.now)) {
+				t.Errorf("released at w+%v, not after now", got.Sub(w))
 			}
 		})
 	}

@@ -18,12 +18,19 @@ import (
 // activityCaughtUpScript records caught-up partitions, and a blind
 // interval for a partition that lagged, keeps the hash to the topic's
 // partitions, and reads the clock. ARGV: gap max ms, topic, partition
-// count (0: not checked), then partition, Unix ms, ...
+// count (0: not checked), stamp interval ms (0: not said), then
+// partition, Unix ms, ...
 var activityCaughtUpScript = newScript[feedKeys]("activity_caught_up",
-	activityReasons{ActivityLag: BlindActivityLag}, []codec{blindFormat})
+	activityVocab{ActivityLag: BlindActivityLag, StampField: activityStampField}, []codec{blindFormat})
 
-// activityReasons are the blind reasons the activity feed records.
-type activityReasons struct{ ActivityLag string }
+// activityVocab is the words the activity feed's script writes: the blind
+// reason it records and the hash's field for the stamp interval.
+type activityVocab struct{ ActivityLag, StampField string }
+
+// activityStampField is the watermark hash's field for how often its
+// members stamp, in ms. Not a number, so never read as a partition (nor
+// by a listener that predates it).
+const activityStampField = "stamp"
 
 // FeedStamp is what one member of the activity feed stamps.
 type FeedStamp struct {
@@ -36,6 +43,10 @@ type FeedStamp struct {
 	// every deadline until it is.
 	Topic      string
 	Partitions int
+	// Every is how often this member stamps (0: not said). It is written
+	// beside the watermark, so that the listener knows when the next stamp
+	// can move it (Control.ActivityStamp); the last member to say it wins.
+	Every time.Duration
 	// CaughtUp is, for each partition, the time before which every record
 	// appended to it has been applied.
 	CaughtUp map[int32]time.Time
@@ -52,8 +63,8 @@ func (s *Store) ActivityClock(ctx context.Context) (time.Time, error) {
 // moves back; one that steps by more than the gap records a blind
 // interval of everyone over the step. It returns Redis's clock.
 func (s *Store) ActivityCaughtUp(ctx context.Context, st FeedStamp) (time.Time, error) {
-	args := make([]any, 0, 3+2*len(st.CaughtUp))
-	args = append(args, st.Gap.Milliseconds(), st.Topic, st.Partitions)
+	args := make([]any, 0, 4+2*len(st.CaughtUp))
+	args = append(args, st.Gap.Milliseconds(), st.Topic, st.Partitions, st.Every.Milliseconds())
 	for p, t := range st.CaughtUp {
 		args = append(args, strconv.FormatInt(int64(p), 10), t.UnixMilli())
 	}
@@ -88,16 +99,23 @@ func (s *Store) ActivityWatermarks(ctx context.Context) (now time.Time, parts ma
 	for p, v := range all {
 		flat = append(flat, p, v)
 	}
-	return now, parseActivity(flat), nil
+	parts, _ = parseActivity(flat)
+	return now, parts, nil
 }
 
 // parseActivity reads the watermark hash, as HGETALL gives it: a field a
-// partition, a value Unix ms. Nil when empty.
-func parseActivity(flat []any) map[int32]time.Time {
-	var out map[int32]time.Time
+// partition, a value Unix ms (nil when there is none); and the stamp
+// interval its members said, 0 when none did.
+func parseActivity(flat []any) (out map[int32]time.Time, stamp time.Duration) {
 	for i := 0; i+1 < len(flat); i += 2 {
 		p, _ := flat[i].(string)
 		v, _ := flat[i+1].(string)
+		if p == activityStampField {
+			if ms, err := strconv.ParseInt(v, 10, 64); err == nil && ms > 0 && ms <= maxActivityStamp.Milliseconds() {
+				stamp = time.Duration(ms) * time.Millisecond
+			}
+			continue
+		}
 		part, err1 := strconv.ParseInt(p, 10, 32)
 		ms, err2 := strconv.ParseInt(v, 10, 64)
 		if err1 != nil || err2 != nil || part < 0 || ms < 0 {
@@ -108,5 +126,9 @@ func parseActivity(flat []any) map[int32]time.Time {
 		}
 		out[int32(part)] = time.UnixMilli(ms)
 	}
-	return out
+	return out, stamp
 }
+
+// maxActivityStamp bounds the stamp interval read back: a larger value is
+// not a member's (the feed's own bound is 10s), and is read as none said.
+const maxActivityStamp = time.Minute

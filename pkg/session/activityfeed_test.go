@@ -20,7 +20,9 @@ func TestActivityWatermark(t *testing.T) {
 		}
 		return c
 	}
-	if _, fed := mark().ActivityWatermark(); fed {
+	if c := mark(); c.ActivityStamp != 0 {
+		t.Fatalf("stamp interval %v before any activity consumer ran", c.ActivityStamp)
+	} else if _, fed := c.ActivityWatermark(); fed {
 		t.Fatal("a watermark before any activity consumer ran")
 	}
 	now, err := s.ActivityClock(ctx)
@@ -77,10 +79,31 @@ func TestActivityWatermark(t *testing.T) {
 	if c := mark(); len(c.Blind) != 1 {
 		t.Fatalf("blind intervals %+v: a first stamp recorded a lag", c.Blind)
 	}
-	// Another topic's watermark is dropped whole.
+	// The stamp interval a member says is kept beside the partitions, the
+	// last said winning; a stamp that does not say it, or only reads the
+	// clock, leaves it.
+	if c := mark(); c.ActivityStamp != 0 {
+		t.Fatalf("stamp interval %v, none said", c.ActivityStamp)
+	}
+	again := map[int32]time.Time{3: t0.Add(4 * time.Second)} // no step
+	stamp(FeedStamp{Gap: gap, Every: 300 * time.Millisecond, CaughtUp: again})
+	stamp(FeedStamp{Gap: gap, Every: 250 * time.Millisecond, CaughtUp: again})
+	stamp(FeedStamp{Gap: gap, CaughtUp: again})
+	if _, err := s.ActivityClock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c := mark(); c.ActivityStamp != 250*time.Millisecond || len(c.Activity) != 4 {
+		t.Fatalf("stamp interval %v, partitions %v; want 250ms, 4 partitions", c.ActivityStamp, c.Activity)
+	}
+	// Another topic's watermark is dropped whole, its stamp interval too
+	// unless the member says it again.
 	stamp(FeedStamp{Gap: gap, Topic: "acts-v2", Partitions: 2, CaughtUp: map[int32]time.Time{0: t0.Add(5 * time.Second), 1: t0.Add(5 * time.Second)}})
-	if c := mark(); len(c.Activity) != 2 || !c.Activity[0].Equal(t0.Add(5*time.Second)) {
-		t.Fatalf("partitions %v after the move to a topic of 2", c.Activity)
+	if c := mark(); len(c.Activity) != 2 || !c.Activity[0].Equal(t0.Add(5*time.Second)) || c.ActivityStamp != 0 {
+		t.Fatalf("partitions %v, stamp interval %v after the move to a topic of 2", c.Activity, c.ActivityStamp)
+	}
+	stamp(FeedStamp{Gap: gap, Topic: "acts-v2", Partitions: 2, Every: time.Second})
+	if c := mark(); len(c.Activity) != 2 || c.ActivityStamp != time.Second {
+		t.Fatalf("partitions %v, stamp interval %v; want 2, 1s", c.Activity, c.ActivityStamp)
 	}
 	if err := s.ForgetActivity(ctx); err != nil {
 		t.Fatal(err)
@@ -92,13 +115,18 @@ func TestActivityWatermark(t *testing.T) {
 
 // FuzzParseActivity: the watermark hash as HGETALL gives it, any fields
 // and values: never a panic, and only a numeric partition with a time
-// from 0 on is read; the topic field is not a partition.
+// from 0 on is read; the topic and stamp fields are not partitions; a
+// stamp interval is read only from the stamp field, a whole number of ms
+// from 1 to a minute, as written.
 func FuzzParseActivity(f *testing.F) {
 	f.Add("0", "1795255600123", "topic", "session-activity")
 	f.Add("-1", "5", "3", "-7")
 	f.Add("2147483648", "1", "x", "")
+	f.Add("stamp", "250", "0", "1795255600123")
+	f.Add("stamp", "-250", "stamp", "60001")
+	f.Add("1", "0", "stamp", "1e3")
 	f.Fuzz(func(t *testing.T, f1, v1, f2, v2 string) {
-		got := parseActivity([]any{f1, v1, f2, v2})
+		got, stamp := parseActivity([]any{f1, v1, f2, v2})
 		for p, w := range got {
 			if p < 0 || w.UnixMilli() < 0 {
 				t.Fatalf("parseActivity(%q %q %q %q) read partition %d at %v", f1, v1, f2, v2, p, w)
@@ -110,6 +138,19 @@ func FuzzParseActivity(f *testing.F) {
 			if !(err1 == nil && int32(n1) == p) && !(err2 == nil && int32(n2) == p) {
 				t.Fatalf("partition %d read from fields %q and %q", p, f1, f2)
 			}
+		}
+		// The stamp interval: the last stamp field that holds one.
+		var want time.Duration
+		for _, fv := range [][2]string{{f1, v1}, {f2, v2}} {
+			if fv[0] != activityStampField {
+				continue
+			}
+			if ms, err := strconv.ParseInt(fv[1], 10, 64); err == nil && ms >= 1 && ms <= 60_000 {
+				want = time.Duration(ms) * time.Millisecond
+			}
+		}
+		if stamp != want {
+			t.Fatalf("parseActivity(%q %q %q %q) read stamp interval %v, want %v", f1, v1, f2, v2, stamp, want)
 		}
 	})
 }

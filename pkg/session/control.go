@@ -211,6 +211,11 @@ type Control struct {
 	// the activity topic, the time before which every record of it had
 	// been applied. Empty when no activity consumer ever ran.
 	Activity map[int32]time.Time
+	// ActivityStamp is how often the feed's members stamp the watermark,
+	// as the last to stamp said: the next stamp that can move it is due
+	// about one interval after the last. 0 when none said (a member that
+	// predates it).
+	ActivityStamp time.Duration
 }
 
 // ActivityWatermark is the time before which every activity record, of
@@ -315,7 +320,7 @@ func parseControl(cmd *redis.Cmd) (Control, error) {
 		}
 	}
 	activity, _ := vals[6].([]any)
-	c.Activity = parseActivity(activity)
+	c.Activity, c.ActivityStamp = parseActivity(activity)
 	return c, nil
 }
 

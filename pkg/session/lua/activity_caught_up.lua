@@ -1,8 +1,13 @@
 -- Records that the activity feed caught up. ARGV: the longest step of a
 -- partition's time that is not a blind interval (ms); the activity topic
--- and its partition count (0: not checked this time); then pairs of a
--- partition and a time (Unix ms, Redis's clock) before which every record
--- of it had been applied.
+-- and its partition count (0: not checked this time); how often the
+-- member stamps (ms, 0: not said); then pairs of a partition and a time
+-- (Unix ms, Redis's clock) before which every record of it had been
+-- applied.
+--
+-- The stamp interval is kept in the field V.stampField, beside the
+-- partitions, for the listener to time its holds by: the last member to
+-- say it wins (members of one deployment share it).
 --
 -- The topic and its count keep the hash to the partitions there are: a
 -- hash of another topic is dropped whole (the feed moved), a partition
@@ -18,7 +23,8 @@
 -- recorded as a blind interval of everyone, so that the listener holds
 -- the deadlines in it until the grace after it. Returns Redis's now.
 local now = redisNowMS()
-local gapMax, topic, count = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local gapMax, topic, count, every = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local last = #ARGV - 2 -- the pairs end before the two words of V
 if count > 0 then
   if redis.call('HGET', KEYS[K.activity], 'topic') ~= topic then
     redis.call('DEL', KEYS[K.activity])
@@ -34,7 +40,10 @@ if count > 0 then
     redis.call('HSETNX', KEYS[K.activity], p, 0)
   end
 end
-for i = 4, #ARGV - 1, 2 do
+if every > 0 and (count > 0 or last > 4) then
+  redis.call('HSET', KEYS[K.activity], V.stampField, every)
+end
+for i = 5, last - 1, 2 do
   local t = tonumber(ARGV[i + 1])
   local cur = tonumber(redis.call('HGET', KEYS[K.activity], ARGV[i]) or '-1')
   if t and t > cur then
