@@ -22,10 +22,13 @@ import (
 // writer the writes of one user never overtake each other, and a write
 // that failed, or one that Redis lost, is healed by the next.
 //
-// Every routeRefresh, and whenever this instance may have been forgotten
-// (its channel resubscribed, its heartbeat came back, or found a gap in
-// its leases), it marks all its users: that keeps the route keys' TTL
-// ahead while their connections live, and heals counts.
+// Every routeRefresh it marks all its users, a hub shard at a time spread
+// over the period (all at once, on a gateway that took its connections
+// together, would put every user's write in one burst before any new
+// connect's, every period); and whenever this instance may have been
+// forgotten (its channel resubscribed, its heartbeat came back, or found
+// a gap in its leases) it marks them all at once. That keeps the route
+// keys' TTL ahead while their connections live, and heals counts.
 //
 // A mark also carries whether the session is to end if no connection is
 // left: the latest close of the user's connections here decides, as it
@@ -212,6 +215,15 @@ func (b *routeBook) reregister(done func()) {
 	for shard := range hubShards {
 		uids = append(uids, b.g.hub.shardUIDs(shard)...)
 	}
+	b.markUsers(uids, done)
+}
+
+// markShard marks the users of one hub shard.
+func (b *routeBook) markShard(shard int) { b.markUsers(b.g.hub.shardUIDs(shard), nil) }
+
+// markUsers marks uids, and then, once each of them has been written,
+// calls done (as reregister says).
+func (b *routeBook) markUsers(uids []string, done func()) {
 	var round *routeRound
 	if done != nil {
 		if len(uids) == 0 {
@@ -237,8 +249,9 @@ func (b *routeBook) reregister(done func()) {
 // run writes marked users until ctx is done, then writes what is still
 // marked once more, and refuses marks from then on.
 func (b *routeBook) run(ctx context.Context) {
-	refresh := time.NewTicker(b.g.cfg.routeRefresh())
+	refresh := time.NewTicker(max(b.g.cfg.routeRefresh()/hubShards, time.Millisecond))
 	defer refresh.Stop()
+	shard := 0
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	defer retry.Stop()
@@ -262,7 +275,8 @@ func (b *routeBook) run(ctx context.Context) {
 			return
 		case <-b.kick:
 		case <-refresh.C:
-			b.markAll()
+			b.markShard(shard)
+			shard = (shard + 1) % hubShards
 		case <-retry.C:
 		}
 		if !b.flush(ctx) {

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -157,5 +158,59 @@ func TestEndMarkDoesNotOutliveLaterDrop(t *testing.T) {
 	}
 	if !exists() {
 		t.Fatal("ivy's session was ended: a normal close whose write failed stuck past a later reconnect that dropped")
+	}
+}
+
+// The refresh writes every user's route again each period, a hub shard at
+// a time: a route key lost (evicted, say) comes back within a period, and
+// the users of different shards come back at different times, not in one
+// burst ahead of every connect's write.
+func TestRouteRefreshSpreadsOverThePeriod(t *testing.T) {
+	const period = 3200 * time.Millisecond // 50ms a shard
+	g := startGateway(t, func(c *Config) { c.routeRefreshEvery = period })
+	ctx := context.Background()
+	ks := g.store.Keyspace()
+	var uids []string
+	for i := range 32 {
+		uid := fmt.Sprintf("spread-%02d", i)
+		ws := g.dial(t, uid)
+		pingPong(t, ws)
+		uids = append(uids, uid)
+	}
+	waitUntil(t, "every user's route written", func() bool {
+		for _, uid := range uids {
+			if g.rdb.Exists(ctx, ks.RouteKey(uid)).Val() == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, uid := range uids {
+		g.rdb.Del(ctx, ks.RouteKey(uid))
+	}
+	lost := time.Now()
+	back := map[string]time.Time{}
+	waitUntil(t, "every lost route written again by the refresh", func() bool {
+		for _, uid := range uids {
+			if _, ok := back[uid]; !ok && g.rdb.Exists(ctx, ks.RouteKey(uid)).Val() == 1 {
+				back[uid] = time.Now()
+			}
+		}
+		return len(back) == len(uids)
+	})
+	first, last := lost.Add(time.Hour), lost
+	for _, at := range back {
+		if at.Before(first) {
+			first = at
+		}
+		if at.After(last) {
+			last = at
+		}
+	}
+	if took := last.Sub(lost); took > 2*period {
+		t.Errorf("the last route came back %v after the loss, want within about a period (%v)", took, period)
+	}
+	if spread := last.Sub(first); spread < period/4 {
+		t.Errorf("the routes came back within %v of each other, want them spread over the period (%v)", spread, period)
 	}
 }
