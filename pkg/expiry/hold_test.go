@@ -19,6 +19,9 @@ func TestOutageHold(t *testing.T) {
 	drain := func(from, to float64, scope string) session.BlindInterval {
 		return session.BlindInterval{Start: at(from), End: at(to), Scope: scope, Reason: session.BlindDrain}
 	}
+	lag := func(from, to float64) session.BlindInterval {
+		return session.BlindInterval{Start: at(from), End: at(to), Reason: session.BlindActivityLag}
+	}
 	tests := []struct {
 		name     string
 		now      float64
@@ -98,6 +101,23 @@ func TestOutageHold(t *testing.T) {
 			feed: map[int32]float64{0: 99.9, 1: 50}, until: 110, rule: ruleActivityLag},
 		{name: "a feed down, deadline before it", now: 100, deadline: 49,
 			feed: map[int32]float64{0: 99.9, 1: 50}},
+		// The feed's lag, a blind interval: the records the platform
+		// appended within the grace after it must be applied before its
+		// deadlines are judged.
+		{name: "feed's lag, within its grace", now: 65, deadline: 50, feed: map[int32]float64{0: 64},
+			blind: []session.BlindInterval{lag(40, 60)}, until: 70, rule: ruleBlind},
+		{name: "feed's lag, grace over, watermark short of it: held as long as the feed lags", now: 71, deadline: 50,
+			feed: map[int32]float64{0: 69, 1: 65}, blind: []session.BlindInterval{lag(40, 60)}, until: 77, rule: ruleBlind},
+		{name: "feed's lag, grace over, watermark just short of it: the recheck at least", now: 70.05, deadline: 50,
+			feed: map[int32]float64{0: 69.99}, blind: []session.BlindInterval{lag(40, 60)}, until: 70.15, rule: ruleBlind},
+		{name: "feed's lag, grace over, feed down since: the grace at most", now: 100, deadline: 50,
+			feed: map[int32]float64{0: 62}, blind: []session.BlindInterval{lag(40, 60)}, until: 110, rule: ruleBlind},
+		{name: "feed's lag, watermark past its grace", now: 71, deadline: 50,
+			feed: map[int32]float64{0: 70}, blind: []session.BlindInterval{lag(40, 60)}},
+		{name: "feed's lag, feed forgotten: its grace only", now: 71, deadline: 50,
+			blind: []session.BlindInterval{lag(40, 60)}},
+		{name: "another blind interval does not wait for the watermark", now: 71, deadline: 50,
+			feed: map[int32]float64{0: 55}, blind: []session.BlindInterval{blind(40, 60, "")}},
 		{name: "a blind interval outlasts the feed's hold", now: 100, deadline: 95,
 			feed:  map[int32]float64{0: 94},
 			blind: []session.BlindInterval{blind(90, 99, "")}, until: 109, rule: ruleBlind},

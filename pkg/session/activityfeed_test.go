@@ -113,3 +113,37 @@ func FuzzParseActivity(f *testing.F) {
 		}
 	})
 }
+
+// TestActivityLagEndsAtTheStamp: a member reads Redis's clock, then asks
+// Kafka for the partitions' ends, which blocks while Kafka is down; the
+// time it stamps is then inside the outage. The blind interval of the
+// step ends when the stamp is written, not at that time: until then, the
+// feed had read nothing.
+func TestActivityLagEndsAtTheStamp(t *testing.T) {
+	s, ctx := newStore(t)
+	now, err := s.ActivityClock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const gap = time.Second
+	cur := now.Add(-20 * time.Second)
+	if _, err := s.ActivityCaughtUp(ctx, FeedStamp{Gap: gap, CaughtUp: map[int32]time.Time{0: cur}}); err != nil {
+		t.Fatal(err)
+	}
+	// Read at cur+10s, inside the outage; written now.
+	written, err := s.ActivityCaughtUp(ctx, FeedStamp{Gap: gap, CaughtUp: map[int32]time.Time{0: cur.Add(10 * time.Second)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Mark(ctx, SweepMark{Keep: time.Hour, GapMax: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := BlindInterval{Start: cur, End: written, Reason: BlindActivityLag}
+	if len(c.Blind) != 1 || c.Blind[0] != want {
+		t.Fatalf("blind intervals = %+v, want %+v: from the last stamp to when this one was written", c.Blind, want)
+	}
+	if w, _ := c.ActivityWatermark(); !w.Equal(cur.Add(10 * time.Second)) {
+		t.Fatalf("watermark = %v, want the stamped time %v", w, cur.Add(10*time.Second))
+	}
+}
