@@ -219,6 +219,13 @@ func (f *Feed) Close() {
 // and stamps; a batch is applied before the next poll, and its partitions
 // stay this member's until then.
 func (f *Feed) Run(ctx context.Context) {
+	// Before anything is read, and without Kafka, Redis learns that a
+	// feed exists: one that cannot reach Kafka from its start never
+	// stamps, and the listener, which waits only for a feed it knows of,
+	// would judge users whose activity sits unread in the topic.
+	if !retry(ctx, func() error { return track(f.stampOutage, f.store.ActivityFeedStarting(ctx)) }) {
+		return
+	}
 	// Until the topics are known to exist, nothing is read: the watermark
 	// stays where it was, and the listener holds what it must.
 	if !retry(ctx, func() error { return track(f.fetchOutage, f.ensureTopics(ctx)) }) {

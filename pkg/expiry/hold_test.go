@@ -23,16 +23,17 @@ func TestOutageHold(t *testing.T) {
 		return session.BlindInterval{Start: at(from), End: at(to), Reason: session.BlindActivityLag}
 	}
 	tests := []struct {
-		name     string
-		now      float64
-		deadline float64
-		via      string
-		routes   []string
-		blind    []session.BlindInterval
-		inst     map[string]session.Instance
-		feed     map[int32]float64 // the activity watermark by partition
-		until    float64           // 0: produce now
-		rule     holdRule
+		name      string
+		now       float64
+		deadline  float64
+		via       string
+		routes    []string
+		blind     []session.BlindInterval
+		inst      map[string]session.Instance
+		feed      map[int32]float64 // the activity watermark by partition
+		unstamped bool              // a feed member started and nothing is stamped
+		until     float64           // 0: produce now
+		rule      holdRule
 	}{
 		{name: "no outage", now: 100, deadline: 99},
 		{name: "deadline before a blind interval", now: 100, deadline: 39.9,
@@ -118,13 +119,18 @@ func TestOutageHold(t *testing.T) {
 			blind: []session.BlindInterval{lag(40, 60)}},
 		{name: "another blind interval does not wait for the watermark", now: 71, deadline: 50,
 			feed: map[int32]float64{0: 55}, blind: []session.BlindInterval{blind(40, 60, "")}},
+		// A feed that started and never stamped (Kafka down since): every
+		// deadline is held, as by a partition nobody stamped.
+		{name: "a feed that never stamped", now: 100, deadline: 99, unstamped: true, until: 110, rule: ruleActivityLag},
+		{name: "a feed that stamped since it started", now: 100, deadline: 99, unstamped: true,
+			feed: map[int32]float64{0: 99.5}},
 		{name: "a blind interval outlasts the feed's hold", now: 100, deadline: 95,
 			feed:  map[int32]float64{0: 94},
 			blind: []session.BlindInterval{blind(90, 99, "")}, until: 109, rule: ruleBlind},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := session.Control{Now: at(tt.now), Blind: tt.blind, Instances: tt.inst}
+			c := session.Control{Now: at(tt.now), Blind: tt.blind, Instances: tt.inst, ActivityUnstamped: tt.unstamped}
 			for p, w := range tt.feed {
 				if c.Activity == nil {
 					c.Activity = map[int32]time.Time{}

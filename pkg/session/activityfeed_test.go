@@ -147,3 +147,70 @@ func TestActivityLagEndsAtTheStamp(t *testing.T) {
 		t.Fatalf("watermark = %v, want the stamped time %v", w, cur.Add(10*time.Second))
 	}
 }
+
+// TestActivityFeedStarting: a feed member marks, before it has read
+// anything, that a feed exists: until partitions are known and stamped,
+// the watermark is the epoch and holds every deadline, as an unstamped
+// partition does. Forgetting the feed releases that too; once partitions
+// are in the hash, the mark changes nothing.
+func TestActivityFeedStarting(t *testing.T) {
+	s, ctx := newStore(t)
+	watermark := func() (time.Time, bool) {
+		t.Helper()
+		c, err := s.Mark(ctx, SweepMark{Keep: time.Hour, GapMax: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.ActivityWatermark()
+	}
+	starting := func() {
+		t.Helper()
+		if err := s.ActivityFeedStarting(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	starting()
+	if w, fed := watermark(); !fed || w.UnixMilli() != 0 {
+		t.Fatalf("watermark = %v %v of a feed that never stamped, want the epoch: hold everything", w, fed)
+	}
+	c, err := s.ActivityControl(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.ActivityUnstamped || len(c.Activity) != 0 {
+		t.Fatalf("operator's look: unstamped %v, partitions %v; want a feed that never stamped", c.ActivityUnstamped, c.Activity)
+	}
+	if err := s.ForgetActivity(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if w, fed := watermark(); fed {
+		t.Fatalf("watermark %v after the feed was forgotten", w)
+	}
+
+	starting()
+	now, err := s.ActivityClock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := now.Truncate(time.Millisecond)
+	stamp := func(st FeedStamp) {
+		t.Helper()
+		st.Gap = time.Second
+		if _, err := s.ActivityCaughtUp(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stamp(FeedStamp{Topic: "acts", Partitions: 2, CaughtUp: map[int32]time.Time{0: t0}})
+	if w, fed := watermark(); !fed || w.UnixMilli() != 0 {
+		t.Fatalf("watermark = %v %v with partition 1 not stamped, want the epoch", w, fed)
+	}
+	stamp(FeedStamp{CaughtUp: map[int32]time.Time{1: t0}})
+	if w, fed := watermark(); !fed || !w.Equal(t0) {
+		t.Fatalf("watermark = %v %v with both partitions stamped, want %v", w, fed, t0)
+	}
+	// Another member starting changes nothing of a feed that stamped.
+	starting()
+	if w, fed := watermark(); !fed || !w.Equal(t0) {
+		t.Fatalf("watermark = %v %v after another member started, want %v", w, fed, t0)
+	}
+}
