@@ -71,9 +71,11 @@ func TestActivityKafkaDown(t *testing.T) {
 // one is a process of its own, killed with SIGKILL while users are fed
 // through the topic only: it neither leaves the group nor commits. The
 // survivor takes its partitions over once the group's session timeout
-// has passed; until then the dead member's partitions hold every
-// deadline. Nobody active or waiting is guided; each silent user is
-// guided once, within the grace after the blind interval of the lag.
+// (the feed's own setting, short: feedSessionTimeout) has passed, within
+// a few heartbeats after it; until then the dead member's partitions
+// hold every deadline. Nobody active or waiting is guided; each silent
+// user is guided once, within the grace after the blind interval of the
+// lag.
 func TestActivityFeedMemberKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits out the activity group's session timeout")
@@ -122,7 +124,14 @@ func TestActivityFeedMemberKilled(t *testing.T) {
 			dead = ps
 		}
 	}
-	t.Logf("gateway process killed; the survivor took its partitions %v over %v later", dead, took.Sub(killed).Round(time.Millisecond))
+	t.Logf("gateway process killed; the survivor took its partitions %v over %v later (group session timeout %v)", dead, took.Sub(killed).Round(time.Millisecond), feedSessionTimeout)
+	// The session timeout, a heartbeat to learn of the rebalance, the
+	// rejoin, and this test's polls of the group: seconds, not the 45 s
+	// of franz-go's default.
+	if bound := feedSessionTimeout + 5*time.Second; took.Sub(killed) > bound {
+		t.Errorf("the survivor took the partitions over %v after the kill, past the bound %v (group session timeout %v)",
+			took.Sub(killed).Round(time.Millisecond), bound, feedSessionTimeout)
+	}
 	// The test proves something only if users of each kind were on the
 	// killed member's partitions.
 	for _, kind := range []string{"active", "waiting", "silent"} {
