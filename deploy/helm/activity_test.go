@@ -23,19 +23,23 @@ type activityFeed struct {
 	DLQTopic    string `json:"dlqTopic"`
 	Stamp       string `json:"stamp"`
 	Gap         string `json:"gap"`
+	// GroupSessionTimeout bounds the hold of every deadline a gateway
+	// killed in the group causes.
+	GroupSessionTimeout string `json:"groupSessionTimeout"`
 }
 
 // activitySettings are the gateway's activity feed settings besides
 // STILLTHERE_ACTIVITY_FEED, as the values give them ("" for not set).
 func (f activityFeed) settings() map[string]string {
 	return map[string]string{
-		"STILLTHERE_ACTIVITY_TOPIC":             f.Topic,
-		"STILLTHERE_ACTIVITY_TOPIC_PARTITIONS":  strconv.Itoa(f.Partitions),
-		"STILLTHERE_ACTIVITY_TOPIC_REPLICATION": strconv.Itoa(f.Replication),
-		"STILLTHERE_ACTIVITY_GROUP":             f.Group,
-		"STILLTHERE_ACTIVITY_DLQ_TOPIC":         f.DLQTopic,
-		"STILLTHERE_ACTIVITY_STAMP":             f.Stamp,
-		"STILLTHERE_ACTIVITY_GAP":               f.Gap,
+		"STILLTHERE_ACTIVITY_TOPIC":                 f.Topic,
+		"STILLTHERE_ACTIVITY_TOPIC_PARTITIONS":      strconv.Itoa(f.Partitions),
+		"STILLTHERE_ACTIVITY_TOPIC_REPLICATION":     strconv.Itoa(f.Replication),
+		"STILLTHERE_ACTIVITY_GROUP":                 f.Group,
+		"STILLTHERE_ACTIVITY_DLQ_TOPIC":             f.DLQTopic,
+		"STILLTHERE_ACTIVITY_STAMP":                 f.Stamp,
+		"STILLTHERE_ACTIVITY_GAP":                   f.Gap,
+		"STILLTHERE_ACTIVITY_GROUP_SESSION_TIMEOUT": f.GroupSessionTimeout,
 	}
 }
 
@@ -117,12 +121,12 @@ func TestChartActivityFeed(t *testing.T) {
 	}{
 		{"off by default", nil, activityFeed{}},
 		{"on with the defaults", []string{"--set", "gateway.activityFeed.enabled=true"},
-			activityFeed{Enabled: true, Topic: "session-activity", Partitions: 12, Replication: 3, Group: "stillthere-activity", Stamp: "250ms", Gap: "5s"}},
+			activityFeed{Enabled: true, Topic: "session-activity", Partitions: 12, Replication: 3, Group: "stillthere-activity", Stamp: "250ms", Gap: "5s", GroupSessionTimeout: "10s"}},
 		{"on with Kafka secured", append([]string{"--set", "gateway.activityFeed.enabled=true"}, secured...),
-			activityFeed{Enabled: true, Topic: "session-activity", Partitions: 12, Replication: 3, Group: "stillthere-activity", Stamp: "250ms", Gap: "5s"}},
+			activityFeed{Enabled: true, Topic: "session-activity", Partitions: 12, Replication: 3, Group: "stillthere-activity", Stamp: "250ms", Gap: "5s", GroupSessionTimeout: "10s"}},
 		{"off with Kafka secured", secured, activityFeed{}},
 		{"on with a dead-letter topic", []string{"--set", "gateway.activityFeed.enabled=true", "--set", "gateway.activityFeed.dlqTopic=refused-activity"},
-			activityFeed{Enabled: true, Topic: "session-activity", Partitions: 12, Replication: 3, Group: "stillthere-activity", DLQTopic: "refused-activity", Stamp: "250ms", Gap: "5s"}},
+			activityFeed{Enabled: true, Topic: "session-activity", Partitions: 12, Replication: 3, Group: "stillthere-activity", DLQTopic: "refused-activity", Stamp: "250ms", Gap: "5s", GroupSessionTimeout: "10s"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := render(t, append(slices.Clone(base), tc.args...)...)
@@ -232,6 +236,10 @@ func TestChartRefusesBadActivityValues(t *testing.T) {
 		args []string
 		want []string // substrings of the error
 	}{
+		{"group session timeout out of range", []string{"--set", "gateway.activityFeed.groupSessionTimeout=500ms"},
+			[]string{"gateway.activityFeed.groupSessionTimeout: 500ms, want between 1s and 30m"}},
+		{"group session timeout not a duration", []string{"--set-string", "gateway.activityFeed.groupSessionTimeout=10"},
+			[]string{"/gateway/activityFeed/groupSessionTimeout"}},
 		{"stamp out of range", []string{"--set", "gateway.activityFeed.stamp=20s"},
 			[]string{"gateway.activityFeed.stamp: 20s, want between 10ms and 10s"}},
 		{"stamp not a duration", []string{"--set-string", "gateway.activityFeed.stamp=250"},

@@ -21,8 +21,10 @@ applied, and how far it trails now. The listener judges no deadline past
 the earliest.
 
 forget deletes the watermark, for a deployment that turns the feed off
-for good: until then, every deadline past its last stamp stays held. A
-feed still running stamps it again.
+for good: until then, every deadline past its last stamp stays held, and
+every deadline at all if a member started and none ever stamped (Kafka
+out of reach since). A feed still running stamps it again; a gateway
+with the feed on marks it again as it starts.
 `
 
 // Command runs the operator command with args such as ["show"], writing
@@ -59,11 +61,11 @@ func Command(ctx context.Context, args []string, env config.Lookup, out io.Write
 		fmt.Fprintln(out, "activity watermark deleted: the listener no longer waits for the feed")
 		return nil
 	}
-	now, parts, err := store.ActivityWatermarks(ctx)
+	c, err := store.ActivityControl(ctx)
 	if err != nil {
 		return err
 	}
-	return show(out, session.Control{Now: now, Activity: parts})
+	return show(out, c)
 }
 
 // show writes the watermark in c, a partition a line.
@@ -71,6 +73,10 @@ func show(out io.Writer, c session.Control) error {
 	w, fed := c.ActivityWatermark()
 	if !fed {
 		_, err := fmt.Fprintln(out, "no activity feed has run: the listener does not wait for one")
+		return err
+	}
+	if len(c.Activity) == 0 {
+		_, err := fmt.Fprintln(out, "an activity feed started and has not stamped (Kafka out of its reach?): the listener holds every deadline until it does")
 		return err
 	}
 	parts := make([]int32, 0, len(c.Activity))

@@ -38,6 +38,20 @@ func TestCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := session.NewStore(redistest.Client(t, srv), ks)
+	// A member started and never stamped (Kafka down since its start):
+	// every deadline is held; forget releases it.
+	if err := store.ActivityFeedStarting(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run("show"); err != nil || !strings.Contains(out, "has not stamped") {
+		t.Fatalf("show of a feed that never stamped: %q, %v", out, err)
+	}
+	if _, err := run("forget"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run("show"); err != nil || !strings.Contains(out, "no activity feed has run") {
+		t.Fatalf("show after forgetting a feed that never stamped: %q, %v", out, err)
+	}
 	now, err := store.ActivityClock(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -48,6 +48,13 @@ type Config struct {
 	Gap time.Duration
 	// MaxBatch is the most records applied at once. Default 1000.
 	MaxBatch int
+	// GroupSessionTimeout is how long a member that stopped heartbeating
+	// (killed, cut off) keeps its partitions before the group hands them
+	// to the others. Until then its partitions' watermark stands still
+	// and the listener holds every deadline past it, of every user: a
+	// fleet-wide hold, so shorter than franz-go's 45s. Default 10s; the
+	// brokers allow 6s to 30m unless configured otherwise.
+	GroupSessionTimeout time.Duration
 }
 
 // Defaults.
@@ -57,6 +64,9 @@ const (
 	DefaultStamp    = 250 * time.Millisecond
 	DefaultGap      = 5 * time.Second
 	DefaultMaxBatch = 1000
+	// DefaultGroupSessionTimeout bounds the fleet-wide hold a killed
+	// member causes to about ten seconds.
+	DefaultGroupSessionTimeout = 10 * time.Second
 )
 
 // DefaultConfig is the feed's settings by default: off; on, the activity
@@ -64,7 +74,7 @@ const (
 func DefaultConfig() Config {
 	k := kafka.DefaultConfig()
 	k.Topic = DefaultTopic
-	return Config{Kafka: k, Group: DefaultGroup, Stamp: DefaultStamp, Gap: DefaultGap}
+	return Config{Kafka: k, Group: DefaultGroup, Stamp: DefaultStamp, Gap: DefaultGap, GroupSessionTimeout: DefaultGroupSessionTimeout}
 }
 
 // WithDefaults fills what c leaves empty.
@@ -87,6 +97,9 @@ func (c Config) WithDefaults() Config {
 	if c.MaxBatch == 0 {
 		c.MaxBatch = DefaultMaxBatch
 	}
+	if c.GroupSessionTimeout == 0 {
+		c.GroupSessionTimeout = DefaultGroupSessionTimeout
+	}
 	return c
 }
 
@@ -98,6 +111,7 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Int(&c.Kafka.Partitions, "activity-topic-partitions", d.Kafka.Partitions, "partitions of the activity topic, when it is created: the consumer group scales up to this many members")
 	b.Int(&c.Kafka.ReplicationFactor, "activity-topic-replication", d.Kafka.ReplicationFactor, "replication factor of the activity topic and its dead-letter topic, when created")
 	b.String(&c.Group, "activity-group", d.Group, "consumer group of the activity topic")
+	b.Duration(&c.GroupSessionTimeout, "activity-group-session-timeout", d.GroupSessionTimeout, "how long a crashed gateway keeps its activity partitions, and every deadline held, before the group moves them")
 	b.String(&c.DeadLetterTopic, "activity-dlq-topic", "", "topic of refused activity records; default the activity topic with -dlq")
 	b.Duration(&c.Stamp, "activity-stamp", d.Stamp, "how often the activity watermark is stamped in Redis")
 	b.Duration(&c.Gap, "activity-gap", d.Gap, "a partition that lagged longer than this records a blind interval: deadlines in it wait for the listener's grace after it")
@@ -115,6 +129,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("activity-gap: %v, want at least four stamps (%v)", c.Gap, 4*c.Stamp)
 	case c.MaxBatch < 1 || c.MaxBatch > 100_000:
 		return fmt.Errorf("activity-max-batch: %d, want 1 to 100000", c.MaxBatch)
+	case c.GroupSessionTimeout < time.Second || c.GroupSessionTimeout > 30*time.Minute:
+		return fmt.Errorf("activity-group-session-timeout: %v, want between 1s and 30m", c.GroupSessionTimeout)
 	}
 	return c.Kafka.Validate()
 }
@@ -167,6 +183,11 @@ func Open(ctx context.Context, cfg Config, store *session.Store, apply Apply, lo
 	if f.cl, err = kafka.NewClient(cfg.Kafka, logger,
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.ConsumeTopics(cfg.Kafka.Topic),
+		// A member killed holds every deadline until the group moves its
+		// partitions: a session timeout of its own, and a heartbeat that
+		// tells the others of the rebalance well within it.
+		kgo.SessionTimeout(cfg.GroupSessionTimeout),
+		kgo.HeartbeatInterval(heartbeatInterval(cfg.GroupSessionTimeout)),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		// A partition added to the topic holds every deadline until a
 		// member reads it: find it within half a minute, not five.
@@ -194,6 +215,13 @@ func Open(ctx context.Context, cfg Config, store *session.Store, apply Apply, lo
 	return f, nil
 }
 
+// heartbeatInterval is a member's heartbeat for a group session timeout:
+// a tenth of it, so that the survivors of a member killed learn of the
+// rebalance soon after the timeout, at most franz-go's 3s.
+func heartbeatInterval(session time.Duration) time.Duration {
+	return min(session/10, 3*time.Second)
+}
+
 // ensureTopics makes sure the activity topic and its dead-letter topic
 // exist.
 func (f *Feed) ensureTopics(ctx context.Context) error {
@@ -219,6 +247,13 @@ func (f *Feed) Close() {
 // and stamps; a batch is applied before the next poll, and its partitions
 // stay this member's until then.
 func (f *Feed) Run(ctx context.Context) {
+	// Before anything is read, and without Kafka, Redis learns that a
+	// feed exists: one that cannot reach Kafka from its start never
+	// stamps, and the listener, which waits only for a feed it knows of,
+	// would judge users whose activity sits unread in the topic.
+	if !retry(ctx, func() error { return track(f.stampOutage, f.store.ActivityFeedStarting(ctx)) }) {
+		return
+	}
 	// Until the topics are known to exist, nothing is read: the watermark
 	// stays where it was, and the listener holds what it must.
 	if !retry(ctx, func() error { return track(f.fetchOutage, f.ensureTopics(ctx)) }) {

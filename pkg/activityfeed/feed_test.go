@@ -299,7 +299,9 @@ func header(r *kgo.Record, key string) string {
 
 // TestFeedOpensWithKafkaDown: a gateway with the feed starts while Kafka
 // is out of reach (its WebSockets do not wait for Kafka), and its feed
-// stops when asked, having stamped nothing.
+// stops when asked, having stamped nothing. It marked, before it reached
+// Kafka, that a feed exists: the listener holds every deadline, as a
+// record of the topic, unread, may renew any user.
 func TestFeedOpensWithKafkaDown(t *testing.T) {
 	srv := redistest.Start(t)
 	ks, err := session.NewKeyspace(redistest.Prefix(t))
@@ -330,5 +332,12 @@ func TestFeedOpensWithKafkaDown(t *testing.T) {
 	f.Close()
 	if _, parts, err := store.ActivityWatermarks(context.Background()); err != nil || len(parts) != 0 {
 		t.Fatalf("watermark %v, %v; want none stamped", parts, err)
+	}
+	c, err := store.Mark(context.Background(), session.SweepMark{Keep: time.Hour, GapMax: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w, fed := c.ActivityWatermark(); !fed || w.UnixMilli() != 0 {
+		t.Fatalf("the listener's watermark = %v %v, want the epoch: a feed that never stamped holds every deadline", w, fed)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"slices"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/activityfeed"
 	"github.com/stillthere/stillthere/pkg/gateway"
+	"github.com/stillthere/stillthere/pkg/lifecycle/lifecycletest"
 	"github.com/stillthere/stillthere/pkg/session"
 )
 
@@ -69,9 +71,11 @@ func TestActivityKafkaDown(t *testing.T) {
 // one is a process of its own, killed with SIGKILL while users are fed
 // through the topic only: it neither leaves the group nor commits. The
 // survivor takes its partitions over once the group's session timeout
-// has passed; until then the dead member's partitions hold every
-// deadline. Nobody active or waiting is guided; each silent user is
-// guided once, within the grace after the blind interval of the lag.
+// (the feed's own setting, short: feedSessionTimeout) has passed, within
+// a few heartbeats after it; until then the dead member's partitions
+// hold every deadline. Nobody active or waiting is guided; each silent
+// user is guided once, within the grace after the blind interval of the
+// lag.
 func TestActivityFeedMemberKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits out the activity group's session timeout")
@@ -120,7 +124,14 @@ func TestActivityFeedMemberKilled(t *testing.T) {
 			dead = ps
 		}
 	}
-	t.Logf("gateway process killed; the survivor took its partitions %v over %v later", dead, took.Sub(killed).Round(time.Millisecond))
+	t.Logf("gateway process killed; the survivor took its partitions %v over %v later (group session timeout %v)", dead, took.Sub(killed).Round(time.Millisecond), feedSessionTimeout)
+	// The session timeout, a heartbeat to learn of the rebalance, the
+	// rejoin, and this test's polls of the group: seconds, not the 45 s
+	// of franz-go's default.
+	if bound := feedSessionTimeout + 5*time.Second; took.Sub(killed) > bound {
+		t.Errorf("the survivor took the partitions over %v after the kill, past the bound %v (group session timeout %v)",
+			took.Sub(killed).Round(time.Millisecond), bound, feedSessionTimeout)
+	}
 	// The test proves something only if users of each kind were on the
 	// killed member's partitions.
 	for _, kind := range []string{"active", "waiting", "silent"} {
@@ -134,6 +145,115 @@ func TestActivityFeedMemberKilled(t *testing.T) {
 	c.settle(r)
 	stopActive()
 	c.check(r, killed, took)
+}
+
+// TestActivityFeedStartsWithoutKafka: the only member of the activity
+// group starts while Kafka is out of its reach (the rest of the pipeline
+// reaches Kafka), so it stamps nothing. The listener must know that a
+// feed exists all the same: active users' records sit unread in the
+// topic, so no deadline is judged until the feed has stamped. Users whose
+// sessions exist already (a WebSocket or the activity API made them) are
+// fed only through the topic from then on: the active ones are not
+// guided; the silent ones are guided once, after the feed has stamped.
+func TestActivityFeedStartsWithoutKafka(t *testing.T) {
+	if testing.Short() {
+		t.Skip("an outage of three TTLs")
+	}
+	t.Parallel()
+	r := newFaultRig(t, rigOptions{Gateways: 1})
+	// The platform's topic exists: the feed, which would create it, is
+	// out of Kafka's reach.
+	if _, err := newAdmin(t, r).CreateTopic(context.Background(), 4, 1, nil, activityfeed.DefaultTopic); err != nil {
+		t.Fatal(err)
+	}
+	path := startProxy(t, r.brokers)
+	path.Cut()
+	down := time.Now()
+	env := r.gatewayEnv("gw-feed", r.redisAddrs())
+	maps.Copy(env, map[string]string{
+		"STILLTHERE_ACTIVITY_FEED":             "true",
+		"STILLTHERE_ACTIVITY_TOPIC_PARTITIONS": "4",
+		"STILLTHERE_ACTIVITY_STAMP":            "100ms",
+		"STILLTHERE_ACTIVITY_GAP":              "1s",
+		"STILLTHERE_KAFKA_BROKERS":             path.Addr(),
+	})
+	cfg, err := gateway.LoadConfig(nil, r.env(env))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lifecycletest.Start(t, gateway.Open, cfg, r.log.With("service", "gateway", "instance", "gw-feed"))
+	ctx := context.Background()
+	store := session.NewStore(r.client(), r.keyspace())
+	waitCond(t, 30*time.Second, "the feed's mark that it exists", func() bool {
+		c, err := store.ActivityControl(ctx)
+		return err == nil && c.ActivityUnstamped
+	})
+
+	c := &feedCrowd{t: t, n: 4, store: store}
+	var last time.Time // the latest deadline of the users' sessions
+	for i := range c.n {
+		for _, kind := range []string{"active", "silent"} {
+			d, err := store.Renew(ctx, feedUser(kind, i), session.DefaultSegment, faultTTL, session.ClockPresence)
+			if err != nil {
+				t.Fatal(err)
+			}
+			last = later(last, d)
+		}
+	}
+	p := newPlatform(t, r)
+	stopActive := c.keepActive(p)
+
+	// Every deadline of the sessions passes, and the grace after it, while
+	// the feed cannot reach Kafka: nobody is guided.
+	r.waitRedisPast(last.Add(faultGrace))
+	for i := range c.n {
+		for _, kind := range []string{"active", "silent"} {
+			if gs := r.hook.Guides(feedUser(kind, i)); len(gs) != 0 {
+				t.Errorf("%s guided %v after Kafka went out of the feed's reach, before the feed stamped anything", feedUser(kind, i), gs[0].At.Sub(down).Round(time.Millisecond))
+			}
+		}
+	}
+
+	back := time.Now()
+	path.Restore()
+	waitCond(t, time.Minute, "the feed to stamp every partition", func() bool {
+		c, err := store.ActivityControl(ctx)
+		if err != nil || len(c.Activity) != 4 {
+			return false
+		}
+		w, _ := c.ActivityWatermark()
+		return w.After(back)
+	})
+	stamped := time.Now()
+	t.Logf("Kafka out of the feed's reach for %v; every partition stamped %v after it was back", back.Sub(down).Round(time.Millisecond), stamped.Sub(back).Round(time.Millisecond))
+
+	waitCond(t, 2*time.Minute, "a guide for every silent user", func() bool {
+		for i := range c.n {
+			if len(r.hook.Guides(feedUser("silent", i))) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	r.waitDrained(time.Now())
+	stopActive()
+	for i := range c.n {
+		uid := feedUser("silent", i)
+		gs := r.hook.Guides(uid)
+		if len(gs) != 1 {
+			t.Errorf("%s: %d guides, want 1", uid, len(gs))
+			continue
+		}
+		if gs[0].At.Before(back) {
+			t.Errorf("%s guided %v before Kafka was back", uid, back.Sub(gs[0].At).Round(time.Millisecond))
+		}
+		t.Logf("%s guided %v after the feed had stamped every partition", uid, gs[0].At.Sub(stamped).Round(time.Millisecond))
+	}
+	for i := range c.n {
+		if uid := feedUser("active", i); len(r.hook.Guides(uid)) != 0 {
+			t.Errorf("%s, active through the topic all along: %d guides, want 0", uid, len(r.hook.Guides(uid)))
+		}
+	}
 }
 
 // feedCrowd is the users of a feed fault test, each fed through the

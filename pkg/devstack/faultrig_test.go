@@ -338,10 +338,16 @@ func (r *faultRig) gatewayEnv(id, redisAddrs string) map[string]string {
 			"STILLTHERE_ACTIVITY_TOPIC_PARTITIONS": "4",
 			"STILLTHERE_ACTIVITY_STAMP":            "100ms",
 			"STILLTHERE_ACTIVITY_GAP":              "1s",
+			// A member killed holds every deadline this long: the
+			// shortest the brokers allow by default.
+			"STILLTHERE_ACTIVITY_GROUP_SESSION_TIMEOUT": feedSessionTimeout.String(),
 		})
 	}
 	return env
 }
+
+// feedSessionTimeout is the rig's activity group's session timeout.
+const feedSessionTimeout = 6 * time.Second
 
 // liveGateways are the instances clients may connect to.
 func (r *faultRig) liveGateways() []*rigGateway {

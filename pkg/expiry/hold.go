@@ -16,7 +16,12 @@ import (
 //   - A blind interval of everyone (no sweep, Redis data lost, a clock
 //     step, the whole gateway fleet down) or of the user's gateway (its
 //     renewals failed, its heartbeat had a gap) holds a deadline in
-//     [start, end+grace] until end+grace.
+//     [start, end+grace] until end+grace. One of the activity feed's lag
+//     holds it, past end+grace, until the feed's watermark has passed
+//     end+grace as well: the platform's records of the outage, buffered
+//     and appended after it, may reach the topic up to then, and are
+//     judged only once applied. It is held again as the watermark rule
+//     below holds (as long again as the feed lags, within bounds).
 //   - The rules about a gateway apply to every instance of the user: the
 //     one whose grant the deadline is, the one that renewed last, and
 //     every one with a connection of theirs (a route entry another
@@ -62,6 +67,11 @@ func outageHold(c session.Control, e session.Expired, grace time.Duration) (time
 		}
 		if !d.Before(b.Start) && !d.After(b.End.Add(grace)) {
 			holdTo(b.End.Add(grace), ruleBlind)
+			// The feed's lag: the platform's records of it, appended up
+			// to the grace after it, must have been applied too.
+			if w, fed := c.ActivityWatermark(); fed && b.Reason == session.BlindActivityLag && w.Before(b.End.Add(grace)) {
+				holdTo(c.Now.Add(min(max(c.Now.Sub(w), activityRecheck), grace)), ruleBlind)
+			}
 		}
 	}
 	for _, name := range instances {

@@ -19,18 +19,22 @@ func TestOutageHold(t *testing.T) {
 	drain := func(from, to float64, scope string) session.BlindInterval {
 		return session.BlindInterval{Start: at(from), End: at(to), Scope: scope, Reason: session.BlindDrain}
 	}
+	lag := func(from, to float64) session.BlindInterval {
+		return session.BlindInterval{Start: at(from), End: at(to), Reason: session.BlindActivityLag}
+	}
 	tests := []struct {
-		name     string
-		now      float64
-		deadline float64
-		via      string
-		routes   []string
-		blind    []session.BlindInterval
-		inst     map[string]session.Instance
-		feed     map[int32]float64 // the activity watermark by partition
-		stamp    time.Duration     // how often the feed stamps it; 0 not known
-		until    float64           // 0: produce now
-		rule     holdRule
+		name      string
+		now       float64
+		deadline  float64
+		via       string
+		routes    []string
+		blind     []session.BlindInterval
+		inst      map[string]session.Instance
+		feed      map[int32]float64 // the activity watermark by partition
+		stamp     time.Duration     // how often the feed stamps it; 0 not known
+		unstamped bool              // a feed member started and nothing is stamped
+		until     float64           // 0: produce now
+		rule      holdRule
 	}{
 		{name: "no outage", now: 100, deadline: 99},
 		{name: "deadline before a blind interval", now: 100, deadline: 39.9,
@@ -107,13 +111,35 @@ func TestOutageHold(t *testing.T) {
 			feed: map[int32]float64{0: 99.97, 1: 99.99}, stamp: 250 * time.Millisecond},
 		{name: "a feed stalled: held as long again as it lags, with the stamp known", now: 100, deadline: 99.5,
 			feed: map[int32]float64{0: 99, 1: 99.99}, stamp: 250 * time.Millisecond, until: 101, rule: ruleActivityLag},
+		// The feed's lag, a blind interval: the records the platform
+		// appended within the grace after it must be applied before its
+		// deadlines are judged.
+		{name: "feed's lag, within its grace", now: 65, deadline: 50, feed: map[int32]float64{0: 64},
+			blind: []session.BlindInterval{lag(40, 60)}, until: 70, rule: ruleBlind},
+		{name: "feed's lag, grace over, watermark short of it: held as long as the feed lags", now: 71, deadline: 50,
+			feed: map[int32]float64{0: 69, 1: 65}, blind: []session.BlindInterval{lag(40, 60)}, until: 77, rule: ruleBlind},
+		{name: "feed's lag, grace over, watermark just short of it: the recheck at least", now: 70.05, deadline: 50,
+			feed: map[int32]float64{0: 69.99}, blind: []session.BlindInterval{lag(40, 60)}, until: 70.15, rule: ruleBlind},
+		{name: "feed's lag, grace over, feed down since: the grace at most", now: 100, deadline: 50,
+			feed: map[int32]float64{0: 62}, blind: []session.BlindInterval{lag(40, 60)}, until: 110, rule: ruleBlind},
+		{name: "feed's lag, watermark past its grace", now: 71, deadline: 50,
+			feed: map[int32]float64{0: 70}, blind: []session.BlindInterval{lag(40, 60)}},
+		{name: "feed's lag, feed forgotten: its grace only", now: 71, deadline: 50,
+			blind: []session.BlindInterval{lag(40, 60)}},
+		{name: "another blind interval does not wait for the watermark", now: 71, deadline: 50,
+			feed: map[int32]float64{0: 55}, blind: []session.BlindInterval{blind(40, 60, "")}},
+		// A feed that started and never stamped (Kafka down since): every
+		// deadline is held, as by a partition nobody stamped.
+		{name: "a feed that never stamped", now: 100, deadline: 99, unstamped: true, until: 110, rule: ruleActivityLag},
+		{name: "a feed that stamped since it started", now: 100, deadline: 99, unstamped: true,
+			feed: map[int32]float64{0: 99.5}},
 		{name: "a blind interval outlasts the feed's hold", now: 100, deadline: 95,
 			feed:  map[int32]float64{0: 94},
 			blind: []session.BlindInterval{blind(90, 99, "")}, until: 109, rule: ruleBlind},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := session.Control{Now: at(tt.now), Blind: tt.blind, Instances: tt.inst, ActivityStamp: tt.stamp}
+			c := session.Control{Now: at(tt.now), Blind: tt.blind, Instances: tt.inst, ActivityStamp: tt.stamp, ActivityUnstamped: tt.unstamped}
 			for p, w := range tt.feed {
 				if c.Activity == nil {
 					c.Activity = map[int32]time.Time{}

@@ -75,9 +75,29 @@ func (s *Store) ActivityCaughtUp(ctx context.Context, st FeedStamp) (time.Time, 
 	return time.UnixMilli(ms), nil
 }
 
+// activityUnstamped is the field of the watermark hash that a feed member
+// sets as it starts. It counts only while no partition is in the hash:
+// the listener then holds every deadline, as for a partition not yet
+// stamped. The first stamp of a member writes the topic's partitions,
+// and from then on they decide.
+const activityUnstamped = "unstamped"
+
+// ActivityFeedStarting marks that a member of the activity feed is
+// starting, before it reads anything and without Kafka: a feed that
+// cannot reach Kafka from its start, and so never stamps, holds every
+// deadline instead of none. Where partitions were stamped before, it
+// changes nothing. ForgetActivity removes it with the rest.
+func (s *Store) ActivityFeedStarting(ctx context.Context) error {
+	if err := s.rdb.HSetNX(ctx, s.ks.ActivityKey(), activityUnstamped, 1).Err(); err != nil {
+		return fmt.Errorf("mark the activity feed: %w", err)
+	}
+	return nil
+}
+
 // ForgetActivity drops the activity feed's watermark, as an operator does
 // who turns the feed off for good: until then, a consumer that stopped
-// holds every deadline past its partitions' times.
+// (or a member that started and never stamped) holds every deadline past
+// its partitions' times.
 func (s *Store) ForgetActivity(ctx context.Context) error {
 	if err := s.rdb.Del(ctx, s.ks.ActivityKey()).Err(); err != nil {
 		return fmt.Errorf("forget activity watermark: %w", err)
@@ -88,19 +108,38 @@ func (s *Store) ForgetActivity(ctx context.Context) error {
 // ActivityWatermarks reads the feed's watermark, each partition's time,
 // and Redis's clock, without marking a sweep: for an operator's look.
 func (s *Store) ActivityWatermarks(ctx context.Context) (now time.Time, parts map[int32]time.Time, err error) {
-	if now, err = s.ActivityClock(ctx); err != nil {
-		return time.Time{}, nil, err
+	c, err := s.ActivityControl(ctx)
+	return c.Now, c.Activity, err
+}
+
+// ActivityControl is ActivityWatermarks as the control state: Now,
+// Activity and ActivityUnstamped.
+func (s *Store) ActivityControl(ctx context.Context) (Control, error) {
+	now, err := s.ActivityClock(ctx)
+	if err != nil {
+		return Control{}, err
 	}
 	all, err := s.rdb.HGetAll(ctx, s.ks.ActivityKey()).Result()
 	if err != nil {
-		return time.Time{}, nil, fmt.Errorf("read activity watermark: %w", err)
+		return Control{}, fmt.Errorf("read activity watermark: %w", err)
 	}
 	flat := make([]any, 0, 2*len(all))
 	for p, v := range all {
 		flat = append(flat, p, v)
 	}
-	parts, _ = parseActivity(flat)
-	return now, parts, nil
+	c := Control{Now: now, ActivityUnstamped: hasField(flat, activityUnstamped)}
+	c.Activity, c.ActivityStamp = parseActivity(flat)
+	return c, nil
+}
+
+// hasField reports whether a hash, as HGETALL gives it, has the field.
+func hasField(flat []any, field string) bool {
+	for i := 0; i+1 < len(flat); i += 2 {
+		if f, _ := flat[i].(string); f == field {
+			return true
+		}
+	}
+	return false
 }
 
 // parseActivity reads the watermark hash, as HGETALL gives it: a field a

@@ -154,3 +154,104 @@ func FuzzParseActivity(f *testing.F) {
 		}
 	})
 }
+
+// TestActivityLagEndsAtTheStamp: a member reads Redis's clock, then asks
+// Kafka for the partitions' ends, which blocks while Kafka is down; the
+// time it stamps is then inside the outage. The blind interval of the
+// step ends when the stamp is written, not at that time: until then, the
+// feed had read nothing.
+func TestActivityLagEndsAtTheStamp(t *testing.T) {
+	s, ctx := newStore(t)
+	now, err := s.ActivityClock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const gap = time.Second
+	cur := now.Add(-20 * time.Second)
+	if _, err := s.ActivityCaughtUp(ctx, FeedStamp{Gap: gap, CaughtUp: map[int32]time.Time{0: cur}}); err != nil {
+		t.Fatal(err)
+	}
+	// Read at cur+10s, inside the outage; written now.
+	written, err := s.ActivityCaughtUp(ctx, FeedStamp{Gap: gap, CaughtUp: map[int32]time.Time{0: cur.Add(10 * time.Second)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Mark(ctx, SweepMark{Keep: time.Hour, GapMax: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := BlindInterval{Start: cur, End: written, Reason: BlindActivityLag}
+	if len(c.Blind) != 1 || c.Blind[0] != want {
+		t.Fatalf("blind intervals = %+v, want %+v: from the last stamp to when this one was written", c.Blind, want)
+	}
+	if w, _ := c.ActivityWatermark(); !w.Equal(cur.Add(10 * time.Second)) {
+		t.Fatalf("watermark = %v, want the stamped time %v", w, cur.Add(10*time.Second))
+	}
+}
+
+// TestActivityFeedStarting: a feed member marks, before it has read
+// anything, that a feed exists: until partitions are known and stamped,
+// the watermark is the epoch and holds every deadline, as an unstamped
+// partition does. Forgetting the feed releases that too; once partitions
+// are in the hash, the mark changes nothing.
+func TestActivityFeedStarting(t *testing.T) {
+	s, ctx := newStore(t)
+	watermark := func() (time.Time, bool) {
+		t.Helper()
+		c, err := s.Mark(ctx, SweepMark{Keep: time.Hour, GapMax: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.ActivityWatermark()
+	}
+	starting := func() {
+		t.Helper()
+		if err := s.ActivityFeedStarting(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	starting()
+	if w, fed := watermark(); !fed || w.UnixMilli() != 0 {
+		t.Fatalf("watermark = %v %v of a feed that never stamped, want the epoch: hold everything", w, fed)
+	}
+	c, err := s.ActivityControl(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.ActivityUnstamped || len(c.Activity) != 0 {
+		t.Fatalf("operator's look: unstamped %v, partitions %v; want a feed that never stamped", c.ActivityUnstamped, c.Activity)
+	}
+	if err := s.ForgetActivity(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if w, fed := watermark(); fed {
+		t.Fatalf("watermark %v after the feed was forgotten", w)
+	}
+
+	starting()
+	now, err := s.ActivityClock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := now.Truncate(time.Millisecond)
+	stamp := func(st FeedStamp) {
+		t.Helper()
+		st.Gap = time.Second
+		if _, err := s.ActivityCaughtUp(ctx, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stamp(FeedStamp{Topic: "acts", Partitions: 2, CaughtUp: map[int32]time.Time{0: t0}})
+	if w, fed := watermark(); !fed || w.UnixMilli() != 0 {
+		t.Fatalf("watermark = %v %v with partition 1 not stamped, want the epoch", w, fed)
+	}
+	stamp(FeedStamp{CaughtUp: map[int32]time.Time{1: t0}})
+	if w, fed := watermark(); !fed || !w.Equal(t0) {
+		t.Fatalf("watermark = %v %v with both partitions stamped, want %v", w, fed, t0)
+	}
+	// Another member starting changes nothing of a feed that stamped.
+	starting()
+	if w, fed := watermark(); !fed || !w.Equal(t0) {
+		t.Fatalf("watermark = %v %v after another member started, want %v", w, fed, t0)
+	}
+}

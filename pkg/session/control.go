@@ -209,23 +209,32 @@ type Control struct {
 	Listeners map[string]Listener
 	// Activity is the activity feed's watermark: for each partition of
 	// the activity topic, the time before which every record of it had
-	// been applied. Empty when no activity consumer ever ran.
+	// been applied. Empty when no activity consumer ever stamped.
 	Activity map[int32]time.Time
 	// ActivityStamp is how often the feed's members stamp the watermark,
 	// as the last to stamp said: the next stamp that can move it is due
 	// about one interval after the last. 0 when none said (a member that
 	// predates it).
 	ActivityStamp time.Duration
+	// ActivityUnstamped says that a member of the activity feed started
+	// (Store.ActivityFeedStarting) and none has stamped a partition yet:
+	// Kafka may have been out of reach since.
+	ActivityUnstamped bool
 }
 
 // ActivityWatermark is the time before which every activity record, of
-// every partition, had been applied: the earliest partition's. ok is
-// false when no activity consumer ever ran.
+// every partition, had been applied: the earliest partition's. For a feed
+// that started and never stamped, it is the epoch, as for a partition not
+// stamped yet: every deadline waits for the feed. ok is false when no
+// activity feed ever started, or an operator forgot it.
 func (c Control) ActivityWatermark() (w time.Time, ok bool) {
 	for _, t := range c.Activity {
 		if !ok || t.Before(w) {
 			w, ok = t, true
 		}
+	}
+	if !ok && c.ActivityUnstamped {
+		return time.UnixMilli(0), true
 	}
 	return w, ok
 }
@@ -321,6 +330,7 @@ func parseControl(cmd *redis.Cmd) (Control, error) {
 	}
 	activity, _ := vals[6].([]any)
 	c.Activity, c.ActivityStamp = parseActivity(activity)
+	c.ActivityUnstamped = hasField(activity, activityUnstamped)
 	return c, nil
 }
 

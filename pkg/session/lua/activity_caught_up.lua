@@ -21,7 +21,10 @@
 -- from a real stamp is a time in which the feed lagged or Kafka was down,
 -- and records the platform could not produce then may still come: it is
 -- recorded as a blind interval of everyone, so that the listener holds
--- the deadlines in it until the grace after it. Returns Redis's now.
+-- the deadlines in it until the grace after it. It ends now, when the
+-- stamp is written, not at the stamped time: a member reads that time
+-- before it asks Kafka for the partitions' ends, which blocks while Kafka
+-- is down, so the time may be inside the outage. Returns Redis's now.
 local now = redisNowMS()
 local gapMax, topic, count, every = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local last = #ARGV - 2 -- the pairs end before the two words of V
@@ -49,7 +52,7 @@ for i = 5, last - 1, 2 do
   if t and t > cur then
     redis.call('HSET', KEYS[K.activity], ARGV[i], t)
     if cur > 0 and t - cur > gapMax then
-      redis.call('ZADD', KEYS[K.blind], t, encodeBlind(cur, t, V.activityLag, ''))
+      redis.call('ZADD', KEYS[K.blind], math.max(now, t), encodeBlind(cur, math.max(now, t), V.activityLag, ''))
     end
   end
 end

@@ -419,6 +419,7 @@ the feed on without the Kafka credentials and certificates it needs.
 - activity-dlq-topic
 - activity-stamp
 - activity-gap
+- activity-group-session-timeout
 {{- end }}
 
 {{/*
@@ -437,6 +438,7 @@ on, every one, the dead-letter topic when given.
   "activity-dlq-topic" $f.dlqTopic
   "activity-stamp" $f.stamp
   "activity-gap" $f.gap
+  "activity-group-session-timeout" $f.groupSessionTimeout
 ) }}
 {{- end }}
 {{- toYaml $out }}
@@ -452,6 +454,7 @@ consumers' group would rebalance them at every gateway start and stop.
 {{- $f := .Values.gateway.activityFeed }}
 {{- if $f.enabled }}
 {{- include "stillthere.checkDuration" (list "gateway.activityFeed.stamp" $f.stamp "10ms" "10s") }}
+{{- include "stillthere.checkDuration" (list "gateway.activityFeed.groupSessionTimeout" $f.groupSessionTimeout "1s" "30m") }}
 {{- $stampMs := include "stillthere.milliseconds" (list "gateway.activityFeed.stamp" $f.stamp) | float64 }}
 {{- if lt (include "stillthere.milliseconds" (list "gateway.activityFeed.gap" $f.gap) | float64) (mulf 4 $stampMs) }}
 {{- fail (printf "gateway.activityFeed.gap: %v, want at least four stamps (gateway.activityFeed.stamp %v)" $f.gap $f.stamp) }}
