@@ -236,8 +236,8 @@ func TestChartRefusesBadActivityValues(t *testing.T) {
 		args []string
 		want []string // substrings of the error
 	}{
-		{"group session timeout out of range", []string{"--set", "gateway.activityFeed.groupSessionTimeout=500ms"},
-			[]string{"gateway.activityFeed.groupSessionTimeout: 500ms, want between 1s and 30m"}},
+		{"group session timeout out of range", []string{"--set", "gateway.activityFeed.groupSessionTimeout=5s"},
+			[]string{"gateway.activityFeed.groupSessionTimeout: 5s, want between 6s and 30m"}},
 		{"group session timeout not a duration", []string{"--set-string", "gateway.activityFeed.groupSessionTimeout=10"},
 			[]string{"/gateway/activityFeed/groupSessionTimeout"}},
 		{"stamp out of range", []string{"--set", "gateway.activityFeed.stamp=20s"},

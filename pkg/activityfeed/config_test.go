@@ -39,7 +39,7 @@ func TestGroupSessionTimeout(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatalf("6s: %v", err)
 	}
-	for _, bad := range []time.Duration{500 * time.Millisecond, time.Hour} {
+	for _, bad := range []time.Duration{500 * time.Millisecond, 5 * time.Second, time.Hour} {
 		c.GroupSessionTimeout = bad
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "activity-group-session-timeout") {
 			t.Errorf("%v: error %v, want one naming activity-group-session-timeout", bad, err)

@@ -129,8 +129,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("activity-gap: %v, want at least four stamps (%v)", c.Gap, 4*c.Stamp)
 	case c.MaxBatch < 1 || c.MaxBatch > 100_000:
 		return fmt.Errorf("activity-max-batch: %d, want 1 to 100000", c.MaxBatch)
-	case c.GroupSessionTimeout < time.Second || c.GroupSessionTimeout > 30*time.Minute:
-		return fmt.Errorf("activity-group-session-timeout: %v, want between 1s and 30m", c.GroupSessionTimeout)
+	case c.GroupSessionTimeout < 6*time.Second || c.GroupSessionTimeout > 30*time.Minute:
+		// Kafka's brokers refuse a session shorter than 6s unless told
+		// otherwise: a member that never joins never stamps, and the
+		// listener would hold every deadline.
+		return fmt.Errorf("activity-group-session-timeout: %v, want between 6s and 30m (the brokers' default bounds)", c.GroupSessionTimeout)
 	}
 	return c.Kafka.Validate()
 }

@@ -454,7 +454,7 @@ consumers' group would rebalance them at every gateway start and stop.
 {{- $f := .Values.gateway.activityFeed }}
 {{- if $f.enabled }}
 {{- include "stillthere.checkDuration" (list "gateway.activityFeed.stamp" $f.stamp "10ms" "10s") }}
-{{- include "stillthere.checkDuration" (list "gateway.activityFeed.groupSessionTimeout" $f.groupSessionTimeout "1s" "30m") }}
+{{- include "stillthere.checkDuration" (list "gateway.activityFeed.groupSessionTimeout" $f.groupSessionTimeout "6s" "30m") }}
 {{- $stampMs := include "stillthere.milliseconds" (list "gateway.activityFeed.stamp" $f.stamp) | float64 }}
 {{- if lt (include "stillthere.milliseconds" (list "gateway.activityFeed.gap" $f.gap) | float64) (mulf 4 $stampMs) }}
 {{- fail (printf "gateway.activityFeed.gap: %v, want at least four stamps (gateway.activityFeed.stamp %v)" $f.gap $f.stamp) }}
