@@ -384,16 +384,15 @@ func (c *conn) written(ttl time.Duration) {
 
 // lastGrant is what is left, at now (since the gateway started), of the
 // last grant: the deadline the last ping was given, or would have been
-// had Redis been in reach. ok is false when nothing is left, or nothing
-// was granted.
+// had Redis been in reach; Left is zero or less once it ran out. ok is
+// false when nothing was granted.
 func (c *conn) lastGrant(now time.Duration) (g session.Grant, ok bool) {
 	at := time.Duration(c.pingAt.Load())
 	ttl := time.Duration(c.grant.Load())
 	if ttl == 0 {
 		return session.Grant{}, false
 	}
-	left := ttl.Abs() - (now - at)
-	return session.Grant{UID: c.uid, Segment: c.segment, Left: left, Ago: now - at}, left > 0
+	return session.Grant{UID: c.uid, Segment: c.segment, Left: ttl.Abs() - (now - at), Ago: now - at}, true
 }
 
 // endAt is when c closed normally, since the gateway started, or 0.

@@ -17,15 +17,21 @@ import (
 // restored from the live connection too, and resync keeps the later
 // deadline.
 //
-// A resync has no use for a grant that ran out (it would restore
-// nothing), so each is forgotten when it runs out: the sweep loop pops
-// them off a heap ordered by their end, which costs a look at the heap's
-// top on a quiet gateway, and log n per grant forgotten. The map then
-// holds the users whose connection dropped within one TTL, and at most
-// max of them: past that, the grant that runs out first goes first.
+// A resync has no use for a grant that ran out before the outage it
+// follows began (it would restore nothing), so each is forgotten when it
+// runs out (a linger later: an outage is seen up to a heartbeat's timeout
+// after it began), or, while Redis is or was out of reach and no resync
+// has followed yet, when it ran out before that began: one that ran out
+// in the outage is handed over as lapsed. The sweep loop pops them off a
+// heap ordered by their end, which costs a look at the heap's top on a
+// quiet gateway, and log n per grant forgotten. The map then holds the
+// users whose connection dropped within one TTL (or since the outage
+// began), and at most max of them: past that, the grant that runs out
+// first goes first.
 type dropped struct {
-	start time.Time // the gateway's: grants are timed since then
-	max   int
+	start  time.Time // the gateway's: grants are timed since then
+	max    int
+	linger time.Duration
 
 	mu     sync.Mutex
 	grants map[string]*droppedGrant // by uid
@@ -47,8 +53,8 @@ func (g *droppedGrant) end() time.Duration { return g.pingAt + g.ttl }
 // stay up to this long after their end, for a resync to skip.
 const droppedSweepEvery = time.Second
 
-func newDropped(start time.Time, max int) *dropped {
-	return &dropped{start: start, max: max, grants: map[string]*droppedGrant{}}
+func newDropped(start time.Time, max int, linger time.Duration) *dropped {
+	return &dropped{start: start, max: max, linger: linger, grants: map[string]*droppedGrant{}}
 }
 
 // add remembers c's last grant, if it has one.
@@ -80,10 +86,10 @@ func (d *dropped) add(c *conn) {
 	metricDroppedGrants.Set(float64(len(d.grants)))
 }
 
-// forget drops the grants that ran out at now (since the gateway
+// forget drops the grants that ran out before until (since the gateway
 // started). d.mu is held.
-func (d *dropped) forget(now time.Duration) {
-	for len(d.byEnd) > 0 && d.byEnd[0].end() <= now {
+func (d *dropped) forget(until time.Duration) {
+	for len(d.byEnd) > 0 && d.byEnd[0].end() < until {
 		delete(d.grants, heap.Pop(&d.byEnd).(*droppedGrant).uid)
 	}
 	if n := len(d.byEnd); cap(d.byEnd) > droppedCompactFrom && n < cap(d.byEnd)/4 {
@@ -104,8 +110,9 @@ func (d *dropped) forget(now time.Duration) {
 const droppedCompactFrom = 1024
 
 // sweep forgets the grants that ran out, every droppedSweepEvery, until
-// ctx is done.
-func (d *dropped) sweep(ctx context.Context) {
+// ctx is done; while outage reports the start of an outage that no resync
+// has followed yet, it keeps those that ran out since.
+func (d *dropped) sweep(ctx context.Context, outage func() time.Time) {
 	t := time.NewTicker(droppedSweepEvery)
 	defer t.Stop()
 	for {
@@ -114,18 +121,24 @@ func (d *dropped) sweep(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		until := time.Since(d.start) - d.linger
+		if from := outage(); !from.IsZero() {
+			until = min(until, from.Sub(d.start))
+		}
 		d.mu.Lock()
-		d.forget(time.Since(d.start))
+		d.forget(until)
 		d.mu.Unlock()
 	}
 }
 
-// left returns the grants with time left at now (since the gateway
-// started), and forgets those that ran out.
-func (d *dropped) left(now time.Duration) []session.Grant {
+// left returns the grants that run out at or after from, with what is left
+// of them at now (none, for one that ran out: see session.Grant), and
+// forgets those that ran out before from (times since the gateway
+// started).
+func (d *dropped) left(now, from time.Duration) []session.Grant {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.forget(now)
+	d.forget(from)
 	out := make([]session.Grant, 0, len(d.grants))
 	for uid, g := range d.grants {
 		out = append(out, session.Grant{UID: uid, Segment: g.segment, Left: g.end() - now, Ago: now - g.pingAt})

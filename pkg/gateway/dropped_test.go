@@ -99,16 +99,16 @@ func TestDroppedGrants(t *testing.T) {
 		}
 		return out
 	}
-	d := newDropped(time.Now(), 3)
+	d := newDropped(time.Now(), 3, 0)
 	drop(d, "ann", 0, 10*s)  // ends at 10s
 	drop(d, "bob", 0, 5*s)   // ends at 5s
 	drop(d, "ann", 1*s, 5*s) // ends at 6s: earlier, the later stays
 	drop(d, "bob", 2*s, 6*s) // ends at 8s: later, replaces
-	if got := uids(d.left(4 * s)); len(got) != 2 || got["ann"] != 6*s || got["bob"] != 4*s {
+	if got := uids(d.left(4*s, 4*s)); len(got) != 2 || got["ann"] != 6*s || got["bob"] != 4*s {
 		t.Fatalf("left at 4s: %v, want ann 6s and bob 4s", got)
 	}
 	d.mu.Lock()
-	d.forget(8 * s) // bob's ends
+	d.forget(9 * s) // bob's ended at 8s
 	n := len(d.grants)
 	d.mu.Unlock()
 	if n != 1 {
@@ -119,10 +119,23 @@ func TestDroppedGrants(t *testing.T) {
 	drop(d, "eve", 8*s, 20*s)  // ends at 28s: full, ann's (10s) goes
 	drop(d, "fay", 8*s, 1*s)   // ends at 9s: runs out first itself, not kept
 	drop(d, "gus", 8*s, -30*s) // a failed renewal's grant counts as granted: ends at 38s, dee's goes
-	if got := uids(d.left(9 * s)); len(got) != 3 || got["cid"] != 9*s || got["eve"] != 19*s || got["gus"] != 29*s {
+	if got := uids(d.left(9*s, 9*s)); len(got) != 3 || got["cid"] != 9*s || got["eve"] != 19*s || got["gus"] != 29*s {
 		t.Fatalf("left at 9s, full: %v, want cid, eve and gus", got)
 	}
-	if got := d.left(40 * s); len(got) != 0 || len(d.byEnd) != 0 {
+	if got := d.left(40*s, 40*s); len(got) != 0 || len(d.byEnd) != 0 {
 		t.Fatalf("left at 40s: %v, heap %d: every grant ran out", got, len(d.byEnd))
+	}
+
+	// After an outage that began at 4s, those that ran out since are kept,
+	// with nothing left.
+	d = newDropped(time.Now(), 3, 0)
+	drop(d, "hal", 0, 3*s) // ends at 3s, before the outage
+	drop(d, "ivy", 0, 5*s) // ends at 5s, in it
+	drop(d, "jon", 8*s, 4*s)
+	if got := uids(d.left(10*s, 4*s)); len(got) != 2 || got["ivy"] != -5*s || got["jon"] != 2*s {
+		t.Fatalf("left at 10s after an outage from 4s: %v, want ivy lapsed 5s ago and jon 2s", got)
+	}
+	if got := uids(d.left(10*s, 6*s)); len(got) != 1 || got["jon"] != 2*s {
+		t.Fatalf("left at 10s after an outage from 6s: %v, want jon alone", got)
 	}
 }

@@ -94,9 +94,10 @@ type Gateway struct {
 	ongoing ongoingRecord // the renewal outage recorded while it lasts
 	// beatFailed: the last heartbeat failed; beaten: one succeeded; shed:
 	// this outage's connections were closed; echoAt: when to register
-	// every user once more after a heartbeat gap. The heartbeat loop's own.
+	// every user once more after a heartbeat gap; beatSent: when the last
+	// heartbeat that succeeded was sent. The heartbeat loop's own.
 	beatFailed, beaten, shed bool
-	echoAt                   time.Time
+	echoAt, beatSent         time.Time
 	// drainRec is the record of the drain so far, nil before it begins.
 	drainRec *session.BlindInterval
 	// dropped holds the grants of connections that dropped, for a resync.
@@ -241,8 +242,9 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 		g.maxConns = connLimitFromRlimit()
 	}
 	// As many dropped grants as connections: a wave of drops of every
-	// connection fits.
-	g.dropped = newDropped(g.start, int(g.maxConns))
+	// connection fits. Each lingers for a heartbeat's timeout after it
+	// runs out, for an outage not seen yet.
+	g.dropped = newDropped(g.start, int(g.maxConns), g.lease())
 	if g.publicLn, err = net.Listen("tcp", cfg.Addr); err != nil {
 		return nil, fmt.Errorf("listen on gateway-addr: %w", err)
 	}
@@ -324,7 +326,10 @@ func (g *Gateway) Run(ctx context.Context) error {
 	eg.Go(func() error { g.expiries.run(bctx); return nil })
 	eg.Go(func() error { g.policy.Run(ctx); return nil })
 	eg.Go(func() error { g.resyncLoop(ctx); return nil })
-	eg.Go(func() error { g.dropped.sweep(ctx); return nil })
+	eg.Go(func() error {
+		g.dropped.sweep(ctx, func() time.Time { from, _ := g.reach.outage(); return from })
+		return nil
+	})
 	eg.Go(func() error { g.recordLoop(ctx); return nil })
 	if g.feed != nil {
 		eg.Go(func() error { g.feed.Run(ctx); return nil })

@@ -36,7 +36,15 @@ import (
 //   - resyncs: then, and after a heartbeat gap, it writes every
 //     connection's last grant again, as far as it is left: the deadline
 //     its last ping was given, or would have been. A resync never moves a
-//     deadline past that, and never shortens one written since.
+//     deadline past that, and never shortens one written since. A grant
+//     that ran out in the outage (at or after its start: see lapseFrom)
+//     is handed over too, as lapsed: its silence fell in the outage, and
+//     Redis may have lost it, or never had it. Redis restores it due
+//     just past now, held by the listener until the grace is over, only
+//     if that silence cannot have been guided already (see
+//     session.Renewer.Resync). One that ran out before the outage is
+//     not: it was Redis's to guide (a user silent for hours whose
+//     connection stays open), and a restore would guide it again.
 //
 // The expiry listener reads the blind intervals and the instances'
 // heartbeats, and does not count such time toward a user's silence.
@@ -105,6 +113,10 @@ type reach struct {
 	// done; rounds counts the registrations begun.
 	unregSince time.Time
 	rounds     uint64
+	// lapseFrom is the start of the failures no completed resync has
+	// followed yet, zero when there are none: the resync hands over the
+	// grants that ran out since (see resynced).
+	lapseFrom time.Time
 
 	// kick wakes the resync loop: something healed, a resync may be owed.
 	kick chan struct{}
@@ -141,6 +153,7 @@ func (r *reach) flushed(took time.Duration, err error) {
 		if r.blindSince.IsZero() {
 			r.blindSince = start
 		}
+		r.lapsed(start)
 		r.lastFail = now
 		r.failures++
 		r.mu.Unlock()
@@ -157,6 +170,7 @@ func (r *reach) flushed(took time.Duration, err error) {
 		if r.blindSince.IsZero() {
 			r.blindSince = now.Add(-took - r.queued)
 		}
+		r.lapsed(now.Add(-took - r.queued))
 		r.lastFail = now
 		healed = true
 	}
@@ -193,8 +207,44 @@ func (r *reach) watch() bool {
 	if r.blindSince.IsZero() {
 		r.blindSince = since
 	}
+	r.lapsed(since)
 	r.lastFail = now
 	return true
+}
+
+// lapsed notes that Redis may have been out of reach since t. r.mu is held.
+func (r *reach) lapsed(t time.Time) {
+	if r.lapseFrom.IsZero() || t.Before(r.lapseFrom) {
+		r.lapseFrom = t
+	}
+}
+
+// lostSince notes that Redis may have been out of reach, or lost its
+// data, since t: a resync is to hand over the grants that ran out since.
+// A heartbeat's failure or loss reports the last heartbeat that got
+// through, sent at t: Redis was in reach then, and not before its next.
+func (r *reach) lostSince(t time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lapsed(t)
+}
+
+// outage is the start of the failures no completed resync has followed
+// (zero if none), and the failures so far, for resynced.
+func (r *reach) outage() (from time.Time, failures uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lapseFrom, r.failures
+}
+
+// resynced notes that a resync after failures completed: their start is
+// forgotten, unless one failed since it began.
+func (r *reach) resynced(failures uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failures == failures {
+		r.lapseFrom = time.Time{}
+	}
 }
 
 // cutOffSince is since when Redis has been out of this instance's reach,
@@ -375,19 +425,29 @@ func (g *Gateway) heartbeat(ctx context.Context) {
 func (g *Gateway) beat(ctx context.Context) {
 	bctx, cancel := context.WithTimeout(ctx, g.lease())
 	defer cancel()
+	sent := time.Now()
 	b, err := g.ctl.Heartbeat(bctx, g.instance, g.lease())
 	if err != nil && ctx.Err() != nil {
 		return // stopping: not a failure of Redis
 	}
+	// Redis was in reach, with its data, when the last heartbeat that got
+	// through was sent (Open's, before any), and may not have been since.
+	lastSent := g.beatSent
+	if lastSent.IsZero() {
+		lastSent = g.start
+	}
 	forgotten := false
 	switch {
-	case err != nil || !g.beaten:
+	case err != nil:
+		g.reach.lostSince(lastSent)
+	case !g.beaten:
 	case b.First:
 		// Redis held no heartbeat of an instance that beat before: it lost
 		// its data (a restart without it, a failover to a replica that
 		// missed writes), or forgot an instance dead for a day. Every
 		// session and route may be gone: write them back.
 		g.log.Warn("Redis lost this instance's heartbeat, so it lost its data; resyncing every session")
+		g.reach.lostSince(lastSent)
 		forgotten = true
 	case b.Gap:
 		// The last lease ran out before this heartbeat, by Redis's clock:
@@ -399,6 +459,7 @@ func (g *Gateway) beat(ctx context.Context) {
 	}
 	if err == nil {
 		g.beaten = true
+		g.beatSent = sent
 	}
 	sharedOK := true
 	if err == nil && g.reach.staleFlushFail() {
@@ -499,12 +560,12 @@ func (g *Gateway) resyncLoop(ctx context.Context) {
 		case <-g.reach.kick:
 		case <-retry.C:
 		}
-		failures := g.reach.failureCount()
+		from, failures := g.reach.outage()
 		restore := failures != synced
 		if !restore && g.reach.unrecorded().IsZero() {
 			continue
 		}
-		if err := g.resync(ctx, restore); err != nil {
+		if err := g.resync(ctx, restore, from); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -513,9 +574,10 @@ func (g *Gateway) resyncLoop(ctx context.Context) {
 			continue
 		}
 		g.resyncLog.OK()
-		if restore {
-			synced = failures
-		}
+		// The outage's start is forgotten after a record alone too: the
+		// late round trips it followed lost nothing.
+		g.reach.resynced(failures)
+		synced = failures
 	}
 }
 
@@ -592,10 +654,11 @@ func (g *Gateway) forgetOngoing(ctx context.Context, open *ongoing) {
 
 // resync records the renewal outage it follows, if any, as a blind
 // interval of this instance (replacing its record while it lasted), and
-// only then, with restore, restores every connection's last grant: the
-// listener that meets a deadline the outage let lapse finds the outage
-// recorded.
-func (g *Gateway) resync(ctx context.Context, restore bool) error {
+// only then, with restore, restores every connection's last grant, and
+// the lapsed ones that ran out at or after from, the outage's start
+// (zero: none): the listener that meets a deadline the outage let lapse,
+// or one restored just past now, finds the outage recorded.
+func (g *Gateway) resync(ctx context.Context, restore bool, from time.Time) error {
 	start := time.Now()
 	if err := g.recordWhole(ctx); err != nil {
 		return err
@@ -603,7 +666,7 @@ func (g *Gateway) resync(ctx context.Context, restore bool) error {
 	if !restore {
 		return nil
 	}
-	n, err := g.resyncConns(ctx)
+	n, err := g.resyncConns(ctx, from)
 	if err != nil {
 		return fmt.Errorf("resync sessions: %d restored before: %w", n, err)
 	}
@@ -635,10 +698,29 @@ func (g *Gateway) recordWhole(ctx context.Context) error {
 	return nil
 }
 
+// handedOver reports whether a resync at now hands over gr: if it has
+// time left, or if it ran out at or after from, the start of the outage
+// the resync follows (times since the gateway started; from is negative
+// when the resync follows no outage, as after a heartbeat gap). from is
+// the earliest Redis may have been out of reach, or lost its data, as far
+// as this instance can tell (see reach.lapseFrom): when the first failed
+// renewals were queued, or when the last heartbeat that got through
+// before heartbeats failed, or before Redis was found to have lost its
+// data, was sent. A failure is seen late (heartbeats go once an interval,
+// a quiet gateway sends no renewals), so the last heartbeat that got
+// through bounds the start, not the first that failed: a grant that ran
+// out between them ran out in the outage. Nothing earlier is handed
+// over: a grant that ran out while Redis was in reach was Redis's to
+// guide.
+func handedOver(gr session.Grant, now, from time.Duration) bool {
+	return gr.Left > 0 || (from >= 0 && now+gr.Left >= from)
+}
+
 // resyncConns hands every connection's last grant to the renewer, in
-// batches, and returns how many it wrote. It stops at the first error:
+// batches, if it has time left or ran out at or after from (see
+// handedOver), and returns how many it sent. It stops at the first error:
 // Redis is out of reach again, and the next resync starts over.
-func (g *Gateway) resyncConns(ctx context.Context) (int, error) {
+func (g *Gateway) resyncConns(ctx context.Context, from time.Time) (int, error) {
 	grants := make([]session.Grant, 0, resyncBatch)
 	conns := make([]*conn, 0, resyncBatch)
 	total := 0
@@ -662,10 +744,14 @@ func (g *Gateway) resyncConns(ctx context.Context) (int, error) {
 		grants, conns = grants[:0], conns[:0]
 		return err
 	}
+	now, fromAt := time.Since(g.start), time.Duration(-1)
+	if !from.IsZero() {
+		fromAt = max(0, from.Sub(g.start))
+	}
 	for shard := range hubShards {
 		for _, c := range g.hub.shardConns(shard) {
-			gr, ok := c.lastGrant(time.Since(g.start))
-			if !ok {
+			gr, ok := c.lastGrant(now)
+			if !ok || !handedOver(gr, now, fromAt) {
 				continue
 			}
 			grants, conns = append(grants, gr), append(conns, c)
@@ -679,7 +765,14 @@ func (g *Gateway) resyncConns(ctx context.Context) (int, error) {
 	// Connections dropped while their grants run: their sessions may be
 	// gone with Redis's data too. A grant older than a renewal Redis
 	// knows of (the user reconnected, or left) restores nothing.
-	for _, gr := range g.dropped.left(time.Since(g.start)) {
+	keep := now
+	if fromAt >= 0 {
+		keep = min(now, fromAt)
+	}
+	for _, gr := range g.dropped.left(now, keep) {
+		if !handedOver(gr, now, fromAt) {
+			continue
+		}
 		grants = append(grants, gr)
 		if len(grants) == resyncBatch {
 			if err := send(); err != nil {

@@ -77,6 +77,7 @@ type renewal struct {
 	clock        Clock         // the segment's
 	end          bool          // End the session instead
 	resync       bool          // restore a grant; ttl is what is left of it
+	lapsed       bool          // with resync: the grant ran out, ttl is unused
 	ago          time.Duration // with resync: how long ago the ping was
 	queued       time.Time     // when it was handed to Run
 	deadline     time.Time
@@ -203,7 +204,9 @@ func (r *Renewer) End(ctx context.Context, uid string) error {
 type Grant struct {
 	UID, Segment string
 	// Left is what remains of the grant: its deadline is Redis's now plus
-	// Left. Resync never writes a later deadline than that.
+	// Left. Resync never writes a later deadline than that. Zero or less:
+	// the grant ran out, and is restored only as a lapsed one (see
+	// Resync).
 	Left time.Duration
 	// Ago is how long ago the ping was that asked for the grant: the
 	// renewal is recorded then, not at the resync.
@@ -214,18 +217,26 @@ type Grant struct {
 }
 
 // Resync restores grants that could not be written while Redis was out of
-// reach, sharing round trips as renewals do, and returns the first error.
-// A grant never shortens a deadline already written, and one with nothing
-// left is skipped: resync restores the truth, it gives no extra time.
+// reach, or that Redis lost, sharing round trips as renewals do, and
+// returns how many it sent and the first error. A grant never shortens a
+// deadline already written: resync restores the truth, it gives no extra
+// time.
+//
+// A grant with nothing left (Left <= 0) ran out in the outage: the caller
+// hands over only those that ran out after the outage began. Its silence
+// is still owed a guide, once: it is restored due just past now, for the
+// listener to hold until the grace after the outage, only if the silence
+// cannot have been handled already (see renewScript's mode "lapsed"):
+// while the user's timeout is pending, or when Redis knows nothing of the
+// user; never between stages, nor when Redis knows a renewal or end as
+// new as its ping.
 func (r *Renewer) Resync(ctx context.Context, grants []Grant) (int, error) {
 	reqs := make([]*renewal, 0, len(grants))
 	var firstErr error
 	for _, g := range grants {
-		if g.Left <= 0 {
-			continue
-		}
-		req := &renewal{uid: g.UID, segment: g.Segment, ttl: g.Left.Truncate(time.Millisecond), clock: g.Clock,
+		req := &renewal{uid: g.UID, segment: g.Segment, ttl: max(0, g.Left.Truncate(time.Millisecond)), clock: g.Clock,
 			resync: true, ago: g.Ago, done: make(chan struct{})}
+		req.lapsed = req.ttl == 0 // less than a millisecond left counts as none
 		if err := r.enqueue(ctx, req); err != nil {
 			firstErr = err
 			break
@@ -390,7 +401,10 @@ func (r *Renewer) call(batch []*renewal) scriptCall {
 			return endScript.call(keys, req.uid, RenewedKeep.Milliseconds())
 		}
 		mode := modeRenew
-		if req.resync {
+		switch {
+		case req.lapsed:
+			mode = modeLapsed
+		case req.resync:
 			mode = modeResync
 		}
 		return renewScript.call(keys, req.uid, req.ttl.Milliseconds(), req.segment, r.cfg.Instance, mode,

@@ -55,6 +55,19 @@ import (
 // renewal or end Redis knows of, and records the renewal at the ping it
 // restores. Returns {the session's deadline, this grant's own: now+ttl},
 // in ms: a client paces its pings, and reads Redis's clock, by its own.
+//
+// Mode "lapsed" is a resync of a grant that ran out while Redis was out
+// of reach (ttl unused): a silence that fell in the outage. It restores
+// the session due just past now, in the blind interval its gateway
+// recorded first, so that the listener holds it for the grace and then
+// guides it once, but only if that silence cannot have been handled
+// already: while the user's timeout is pending (an index entry that is
+// not a stage, or a held timeout), or when Redis knows nothing of the
+// user (no renewed key: the data was lost, or the renewal never landed).
+// Never between stages, nor when Redis knows a renewal or end as new as
+// the ping; with a renewal recorded and no timeout pending, the silence
+// was guided or ended, and it restores nothing. It returns {the
+// session's deadline or 0, now} when it restores nothing.
 var renewScript = newScript[sessionKeys]("renew", turnVocab, []codec{viaFormat, turnFormat}, "grant")
 
 // endScript removes a session deliberately ended by its user, and
@@ -238,6 +251,7 @@ var holdScript = newScript[entryKeys]("hold", nil, nil)
 const (
 	modeRenew  = "renew"
 	modeResync = "resync"
+	modeLapsed = "lapsed"
 )
 
 // Expired is a session whose deadline passed without a renewal, and the

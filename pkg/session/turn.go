@@ -116,9 +116,9 @@ const (
 
 // turnWords is the vocabulary of renewScript and activityScript, which
 // share the grant (lua/grant.lua).
-type turnWords struct{ Resync, ClockTurn, User, Us, Ended, Wait, Active, TurnUser, TurnUs, Ending string }
+type turnWords struct{ Resync, Lapsed, ClockTurn, User, Us, Ended, Wait, Active, TurnUser, TurnUs, Ending string }
 
-var turnVocab = turnWords{Resync: modeResync, ClockTurn: string(ClockTurn), User: turnUser, Us: turnUs,
+var turnVocab = turnWords{Resync: modeResync, Lapsed: modeLapsed, ClockTurn: string(ClockTurn), User: turnUser, Us: turnUs,
 	Ended: turnEnded, Wait: turnWait, Active: string(ActivityActive), TurnUser: string(ActivityTurnUser),
 	TurnUs: string(ActivityTurnUs), Ending: string(ActivityEnd)}
 

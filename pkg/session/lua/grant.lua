@@ -26,8 +26,8 @@ end
 -- grant renews a session as renewScript says (store.go). While the
 -- clock is held (heldUntil), the deadline is parked: the hold's end plus
 -- ttl, never found due before it. With unpark, the deadline written is
--- not kept: it may be a park, which a turn to the user ends. resync and
--- at as renewScript's mode and ping time. was and turn are the renewed
+-- not kept: it may be a park, which a turn to the user ends. resync is
+-- false, or renewScript's mode V.resync or V.lapsed; at its ping time. was and turn are the renewed
 -- and turn keys' values when the caller read them already (turn false
 -- when there is none), else nil. from is when the ttl counts from, at
 -- most now, nil for now: an activity event's time, so that one that
@@ -39,9 +39,26 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   if turn == nil then turn = redis.call('GET', KEYS[k.turn]) end
   -- Between stages the index holds when the next stage is due, not a
   -- deadline: the silence is past, and a ping ends it.
+  local staged = not unpark and redis.call('HEXISTS', KEYS[k.stage], uid) == 1
   local cur = nil
-  if not unpark and redis.call('HEXISTS', KEYS[k.stage], uid) == 0 then
+  if not unpark and not staged then
     cur = tonumber(redis.call('ZSCORE', KEYS[k.index], uid) or redis.call('HGET', KEYS[k.held], uid))
+  end
+  if resync == V.lapsed then
+    -- A grant that ran out while Redis was out of reach: its silence fell
+    -- in the outage, and is guided once, after the grace, unless it may
+    -- have been handled already. So it is restored, due just past now
+    -- (in the blind interval the gateway recorded first: the listener
+    -- holds it until the grace is over), only while its timeout is still
+    -- pending (cur: an index entry that is not a stage, or a held
+    -- timeout, which the held hash keeps until settled), or when Redis
+    -- knows nothing of the user (no renewed key: the data was lost, or the
+    -- renewal never landed). Never between stages (the silence was
+    -- guided), nor when Redis knows a renewal or end as new as the ping;
+    -- otherwise, with a renewal recorded and no timeout pending, the
+    -- silence was guided or ended already, and nothing is restored.
+    if staged or was >= at or not (cur or was == 0) then return {cur or 0, now} end
+    ttl = 1
   end
   if resync then
     if cur and cur >= now + ttl then return {cur, now + ttl} end
