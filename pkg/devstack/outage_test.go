@@ -308,6 +308,17 @@ func testOutage(t *testing.T, f outageFault, period time.Duration) {
 	// Real time: the fault starts on schedule, or just before the
 	// active users' next pings, to the millisecond a poll would miss.
 	time.Sleep(time.Until(faultAt))
+	// Silent-before users are guided before the fault: a starved listener
+	// may be that far behind, and a fault that loses Redis's data would
+	// then lose their silences, not yet found, with it.
+	waitCond(t, 10*time.Second, "every silent-before user guided before the fault", func() bool {
+		for _, u := range c.users {
+			if u.group == groupSilentBefore && len(r.hook.Guides(u.uid)) == 0 {
+				return false
+			}
+		}
+		return true
+	})
 	if f.atPings {
 		time.Sleep(time.Until(c.nextPings(groupActive).Add(-50 * time.Millisecond)))
 	}
