@@ -218,6 +218,25 @@ func (b *routeBook) reregister(done func()) {
 	b.markUsers(uids, done)
 }
 
+// shardsDue is how many hub shards' slots in a refresh cycle have come
+// by elapsed into it: a shard's slot is its share of the period.
+func shardsDue(elapsed, period time.Duration) int {
+	if period <= 0 || elapsed >= period {
+		return hubShards
+	}
+	return min(int(elapsed*hubShards/period)+1, hubShards)
+}
+
+// nextCycle is when the refresh cycle after the one that began at cycle
+// begins: a period later, or now if that is past already (a writer held
+// for longer than a period starts afresh rather than catch up).
+func nextCycle(cycle, now time.Time, period time.Duration) time.Time {
+	if next := cycle.Add(period); next.After(now) {
+		return next
+	}
+	return now
+}
+
 // markShard marks the users of one hub shard.
 func (b *routeBook) markShard(shard int) { b.markUsers(b.g.hub.shardUIDs(shard), nil) }
 
@@ -249,9 +268,10 @@ func (b *routeBook) markUsers(uids []string, done func()) {
 // run writes marked users until ctx is done, then writes what is still
 // marked once more, and refuses marks from then on.
 func (b *routeBook) run(ctx context.Context) {
-	refresh := time.NewTicker(max(b.g.cfg.routeRefresh()/hubShards, time.Millisecond))
+	period := b.g.cfg.routeRefresh()
+	refresh := time.NewTicker(max(period/hubShards, time.Millisecond))
 	defer refresh.Stop()
-	shard := 0
+	cycle, next := time.Now(), 0 // the refresh cycle's start, and its next shard
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	defer retry.Stop()
@@ -275,8 +295,17 @@ func (b *routeBook) run(ctx context.Context) {
 			return
 		case <-b.kick:
 		case <-refresh.C:
-			b.markShard(shard)
-			shard = (shard + 1) % hubShards
+			// By the time passed, not by ticks taken: a flush that held
+			// the writer past ticks (dropped meanwhile) marks every shard
+			// whose slot has come, so that a cycle never takes longer than
+			// the period and a flush.
+			due := shardsDue(time.Since(cycle), period)
+			for ; next < due; next++ {
+				b.markShard(next)
+			}
+			if next == hubShards {
+				cycle, next = nextCycle(cycle, time.Now(), period), 0
+			}
 		case <-retry.C:
 		}
 		if !b.flush(ctx) {

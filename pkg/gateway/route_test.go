@@ -214,3 +214,33 @@ func TestRouteRefreshSpreadsOverThePeriod(t *testing.T) {
 		t.Errorf("the routes came back within %v of each other, want them spread over the period (%v)", spread, period)
 	}
 }
+
+func TestShardsDue(t *testing.T) {
+	const period = 64 * time.Second // a second a shard
+	for _, tt := range []struct {
+		elapsed time.Duration
+		want    int
+	}{
+		{0, 1},
+		{999 * time.Millisecond, 1},
+		{time.Second, 2},
+		{10500 * time.Millisecond, 11},
+		{63 * time.Second, hubShards},
+		{period, hubShards},
+		{10 * period, hubShards},
+	} {
+		if got := shardsDue(tt.elapsed, period); got != tt.want {
+			t.Errorf("shardsDue(%v) = %d, want %d", tt.elapsed, got, tt.want)
+		}
+	}
+	if got := shardsDue(time.Second, 0); got != hubShards {
+		t.Errorf("no period: %d due, want every shard", got)
+	}
+	start := time.Unix(1000, 0)
+	if got := nextCycle(start, start.Add(30*time.Second), period); !got.Equal(start.Add(period)) {
+		t.Errorf("next cycle %v, want a period after the last", got)
+	}
+	if now := start.Add(2 * period); !nextCycle(start, now, period).Equal(now) {
+		t.Errorf("a writer held past a period starts afresh now")
+	}
+}
