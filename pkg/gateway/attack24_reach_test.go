@@ -40,6 +40,7 @@ func TestAttack24RenewalLostBehindLateRoundTrip(t *testing.T) {
 		QueueWait:     200 * time.Millisecond,
 		Instance:      "gw-a",
 		OnFlush:       func(_ int, took time.Duration, err error) { r.flushed(took, err) },
+		OnDropped:     r.dropped,
 	})
 	r.waiting = renewer.Waiting
 	ctx, cancel := context.WithCancel(context.Background())

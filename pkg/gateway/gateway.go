@@ -211,6 +211,7 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 			metricRenewFlushSeconds.Observe(took.Seconds())
 			g.reach.flushed(took, err)
 		},
+		OnDropped: g.reach.dropped,
 	})
 	g.reach.waiting = g.renewer.Waiting
 	g.routes = newRouteBook(g)

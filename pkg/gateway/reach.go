@@ -180,6 +180,23 @@ func (r *reach) flushed(took time.Duration, err error) {
 	}
 }
 
+// dropped observes a renewal that failed for want of room in the queue,
+// queued at queued: its grant was never written, as a failed round trip's
+// were not, and a resync is owed, as after one (the outage from then on is
+// recorded). Not a cut-off: the round trips go on.
+func (r *reach) dropped(queued time.Time) {
+	r.mu.Lock()
+	if r.blindSince.IsZero() || queued.Before(r.blindSince) {
+		r.blindSince = queued
+	}
+	r.lapsed(queued)
+	r.lastFail = time.Now()
+	r.failures++
+	r.mu.Unlock()
+	wake(r.failed)
+	r.signal()
+}
+
 // watch looks at the round trip in flight, and if it has held its renewals
 // for longer than slow, notes that renewals fail since the oldest was
 // queued, as a failed round trip would, and reports true: they fail until

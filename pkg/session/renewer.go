@@ -30,6 +30,10 @@ type RenewerConfig struct {
 	QueueSize int
 	// OnFlush, when set, observes each round trip: its size and latency.
 	OnFlush func(size int, took time.Duration, err error)
+	// OnDropped, when set, observes a RenewAsync renewal that failed for
+	// want of room in the queue, with when it was queued: it never reached
+	// a round trip, so OnFlush does not see it.
+	OnDropped func(queued time.Time)
 	// Instance names the gateway instance whose connections renew, so the
 	// listener can tell its users' deadlines apart when it dies. Empty
 	// records none.
@@ -185,6 +189,9 @@ func (r *Renewer) feed() {
 		case r.reqs <- req:
 		case <-timer.C:
 			req.err = fmt.Errorf("renew session %q: no room in the renewal queue for %v: %w", req.uid, r.cfg.QueueWait, context.DeadlineExceeded)
+			if r.cfg.OnDropped != nil {
+				r.cfg.OnDropped(req.queued)
+			}
 			req.settle()
 		}
 	}
