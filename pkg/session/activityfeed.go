@@ -87,8 +87,17 @@ const activityUnstamped = "unstamped"
 // cannot reach Kafka from its start, and so never stamps, holds every
 // deadline instead of none. Where partitions were stamped before, it
 // changes nothing. ForgetActivity removes it with the rest.
+//
+// The mark is Redis's time: a partition's first stamp more than the gap
+// after it records an activity-lag blind interval from it, as a step of a
+// stamped partition does (the records the platform could not produce
+// meanwhile come after), and clears it.
 func (s *Store) ActivityFeedStarting(ctx context.Context) error {
-	if err := s.rdb.HSetNX(ctx, s.ks.ActivityKey(), activityUnstamped, 1).Err(); err != nil {
+	now, err := s.ActivityClock(ctx)
+	if err != nil {
+		return fmt.Errorf("mark the activity feed: %w", err)
+	}
+	if err := s.rdb.HSetNX(ctx, s.ks.ActivityKey(), activityUnstamped, now.UnixMilli()).Err(); err != nil {
 		return fmt.Errorf("mark the activity feed: %w", err)
 	}
 	return nil

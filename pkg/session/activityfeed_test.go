@@ -1,6 +1,7 @@
 package session
 
 import (
+	"context"
 	"strconv"
 	"testing"
 	"time"
@@ -254,4 +255,45 @@ func TestActivityFeedStarting(t *testing.T) {
 	if w, fed := watermark(); !fed || !w.Equal(t0) {
 		t.Fatalf("watermark = %v %v after another member started, want %v", w, fed, t0)
 	}
+	if lags := activityLags(t, s, ctx); len(lags) != 0 {
+		t.Fatalf("a first stamp soon after the start recorded lags %v", lags)
+	}
+
+	// A feed whose first stamp comes more than the gap after its start
+	// (Kafka out of reach from then) lagged from the start: the records
+	// the platform could not produce meanwhile come after.
+	if err := s.ForgetActivity(ctx); err != nil {
+		t.Fatal(err)
+	}
+	starting()
+	c, err = s.ActivityControl(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := c.Now.Truncate(time.Millisecond)
+	late := started.Add(3 * time.Second)
+	stamp(FeedStamp{Topic: "acts", Partitions: 1, CaughtUp: map[int32]time.Time{0: late}})
+	lags := activityLags(t, s, ctx)
+	if len(lags) != 1 || lags[0].Start.After(started) || started.Sub(lags[0].Start) > time.Second || lags[0].End.Before(late) {
+		t.Fatalf("a first stamp 3s after the start, gap 1s: lags %v, want one from the start (just before %v) to at least %v", lags, started, late)
+	}
+	if c, err = s.ActivityControl(ctx); err != nil || c.ActivityUnstamped {
+		t.Fatalf("the start's mark after the first stamp: %v %v, want it gone", c.ActivityUnstamped, err)
+	}
+}
+
+// activityLags reads the activity-lag blind intervals recorded.
+func activityLags(t *testing.T, s *Store, ctx context.Context) []BlindInterval {
+	t.Helper()
+	c, err := s.Mark(ctx, SweepMark{Keep: time.Hour, GapMax: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lags []BlindInterval
+	for _, b := range c.Blind {
+		if b.Reason == BlindActivityLag {
+			lags = append(lags, b)
+		}
+	}
+	return lags
 }

@@ -28,6 +28,12 @@
 local now = redisNowMS()
 local gapMax, topic, count, every = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local last = #ARGV - 2 -- the pairs end before the two words of V
+-- A member that started and has not stamped since (Kafka out of its reach
+-- from the start, say) marked when: a partition's first stamp that long
+-- after is a lag too, from that mark. Read before a topic's first stamp
+-- drops the hash.
+local unstampedAt = tonumber(redis.call('HGET', KEYS[K.activity], 'unstamped') or '')
+local stamped = false
 if count > 0 then
   if redis.call('HGET', KEYS[K.activity], 'topic') ~= topic then
     redis.call('DEL', KEYS[K.activity])
@@ -51,9 +57,19 @@ for i = 5, last - 1, 2 do
   local cur = tonumber(redis.call('HGET', KEYS[K.activity], ARGV[i]) or '-1')
   if t and t > cur then
     redis.call('HSET', KEYS[K.activity], ARGV[i], t)
-    if cur > 0 and t - cur > gapMax then
-      redis.call('ZADD', KEYS[K.blind], math.max(now, t), encodeBlind(cur, math.max(now, t), V.activityLag, ''))
+    stamped = true
+    local from = nil
+    if cur > 0 then
+      from = cur
+    elseif unstampedAt and unstampedAt > 0 then
+      from = unstampedAt
+    end
+    if from and t - from > gapMax then
+      redis.call('ZADD', KEYS[K.blind], math.max(now, t), encodeBlind(from, math.max(now, t), V.activityLag, ''))
+      if from == unstampedAt then unstampedAt = nil end
     end
   end
 end
+-- The mark has served once a partition is stamped: partitions decide.
+if stamped then redis.call('HDEL', KEYS[K.activity], 'unstamped') end
 return now
