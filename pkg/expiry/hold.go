@@ -136,6 +136,16 @@ func activityRelease(now, w, d time.Time, stamp, grace time.Duration) time.Time 
 	return release
 }
 
+// activityLag is how far the activity feed's watermark trails Redis's
+// clock in c: 0 without a feed, or one ahead.
+func activityLag(c session.Control) time.Duration {
+	w, fed := c.ActivityWatermark()
+	if !fed {
+		return 0
+	}
+	return max(c.Now.Sub(w), 0)
+}
+
 // activityRecheck is the shortest hold for a deadline past the watermark
 // of an activity feed off its cadence, or whose stamp is not known.
 const activityRecheck = 100 * time.Millisecond

@@ -220,3 +220,21 @@ func TestInfoField(t *testing.T) {
 		}
 	}
 }
+
+func TestActivityLag(t *testing.T) {
+	now := time.Unix(1000, 0)
+	for _, tt := range []struct {
+		name string
+		c    session.Control
+		want time.Duration
+	}{
+		{"no feed", session.Control{Now: now}, 0},
+		{"the earliest partition's", session.Control{Now: now, Activity: map[int32]time.Time{0: now.Add(-time.Second), 1: now.Add(-5 * time.Second)}}, 5 * time.Second},
+		{"ahead of the clock", session.Control{Now: now, Activity: map[int32]time.Time{0: now.Add(time.Second)}}, 0},
+		{"never stamped", session.Control{Now: now, ActivityUnstamped: true}, now.Sub(time.UnixMilli(0))},
+	} {
+		if got := activityLag(tt.c); got != tt.want {
+			t.Errorf("%s: lag %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}

@@ -259,6 +259,7 @@ func (m *marker) report(c session.Control) {
 	}
 	since, down := fleetDown(c)
 	metricFleetDown.Set(b2f(down))
+	metricActivityWatermarkLag.Set(activityLag(c).Seconds())
 	if down {
 		m.fleet.Fail(errFleetDown{since})
 	} else {

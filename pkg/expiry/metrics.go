@@ -109,4 +109,8 @@ var (
 		Name: "stillthere_listener_gateway_fleet_down",
 		Help: "1 while gateway instances are known and none has a live heartbeat, else 0.",
 	})
+	metricActivityWatermarkLag = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "stillthere_listener_activity_watermark_lag_seconds",
+		Help: "How far the activity feed's watermark trails Redis's clock, as the listener last read it; 0 without a feed. The listener judges no deadline past the watermark: a feed turned off without `gateway activity-feed forget` holds every guide.",
+	})
 )
