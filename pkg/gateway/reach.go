@@ -238,8 +238,8 @@ func (r *reach) lapsed(t time.Time) {
 
 // lostSince notes that Redis may have been out of reach, or lost its
 // data, since t: a resync is to hand over the grants that ran out since.
-// A heartbeat's failure or loss reports the last heartbeat that got
-// through, sent at t: Redis was in reach then, and not before its next.
+// A heartbeat's failure or loss reports when that heartbeat was sent (see
+// beat for why not the last one that got through).
 func (r *reach) lostSince(t time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -447,16 +447,17 @@ func (g *Gateway) beat(ctx context.Context) {
 	if err != nil && ctx.Err() != nil {
 		return // stopping: not a failure of Redis
 	}
-	// Redis was in reach, with its data, when the last heartbeat that got
-	// through was sent (Open's, before any), and may not have been since.
-	lastSent := g.beatSent
-	if lastSent.IsZero() {
-		lastSent = g.start
-	}
+	// The grants that ran out since this heartbeat was sent are handed
+	// over by the resync, as ran out in the outage. Not since the last one
+	// that got through: Redis was in reach until some time after that, and
+	// a silence the listener guided meanwhile, then lost with the data,
+	// would be restored and guided twice. One that ran out in between, with
+	// the data lost and no renewal failing to tell, is lost: the gateway
+	// cannot tell it from one guided.
 	forgotten := false
 	switch {
 	case err != nil:
-		g.reach.lostSince(lastSent)
+		g.reach.lostSince(sent)
 	case !g.beaten:
 	case b.First:
 		// Redis held no heartbeat of an instance that beat before: it lost
@@ -464,7 +465,7 @@ func (g *Gateway) beat(ctx context.Context) {
 		// missed writes), or forgot an instance dead for a day. Every
 		// session and route may be gone: write them back.
 		g.log.Warn("Redis lost this instance's heartbeat, so it lost its data; resyncing every session")
-		g.reach.lostSince(lastSent)
+		g.reach.lostSince(sent)
 		forgotten = true
 	case b.Gap:
 		// The last lease ran out before this heartbeat, by Redis's clock:
@@ -721,14 +722,14 @@ func (g *Gateway) recordWhole(ctx context.Context) error {
 // when the resync follows no outage, as after a heartbeat gap). from is
 // the earliest Redis may have been out of reach, or lost its data, as far
 // as this instance can tell (see reach.lapseFrom): when the first failed
-// renewals were queued, or when the last heartbeat that got through
-// before heartbeats failed, or before Redis was found to have lost its
-// data, was sent. A failure is seen late (heartbeats go once an interval,
-// a quiet gateway sends no renewals), so the last heartbeat that got
-// through bounds the start, not the first that failed: a grant that ran
-// out between them ran out in the outage. Nothing earlier is handed
-// over: a grant that ran out while Redis was in reach was Redis's to
-// guide.
+// renewals were queued, or when the heartbeat that failed, or found that
+// Redis had lost its data, was sent. Not the last heartbeat that got
+// through: Redis was in reach for a while after it, and a silence the
+// listener guided then, and lost with the data, would be restored and
+// guided twice. A grant that ran out in between, with the data lost and
+// no renewal failing, is lost: the gateway cannot tell it from one
+// guided, and one guide twice is worse. Nothing earlier is handed over: a
+// grant that ran out while Redis was in reach was Redis's to guide.
 func handedOver(gr session.Grant, now, from time.Duration) bool {
 	return gr.Left > 0 || (from >= 0 && now+gr.Left >= from)
 }
