@@ -90,7 +90,7 @@ func TestAttack24FirstStampAfterUnstampedOutage(t *testing.T) {
 				if time.Now().After(deadline) {
 					t.Fatal("Redis's clock did not move")
 				}
-				time.Sleep(10 * time.Millisecond)
+				time.Sleep(10 * time.Millisecond) // a poll of Redis's clock
 			}
 			// Kafka is back: the member's first stamp since. The buffered
 			// records land in the topic after this stamp's time.

@@ -129,6 +129,8 @@ func testResync(t *testing.T, ttl time.Duration, cutOff func(*tcpproxy.Proxy)) {
 	if code, body := get(t, tg, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "failing") {
 		t.Errorf("readyz during the outage: %d %s, want 503 naming what fails", code, body)
 	}
+	// Real time must pass: lapsing's grant (and stale's, before it) runs out
+	// while Redis is out of reach.
 	time.Sleep(time.Until(lapsingAt.Add(1200 * time.Millisecond)))
 
 	restored := time.Now()
