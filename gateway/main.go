@@ -4,7 +4,8 @@
 //
 // "gateway policy show|set ..." shows or changes the per-segment timeout
 // policy that every gateway follows; "gateway activity-feed show|forget"
-// shows or deletes the activity feed's watermark.
+// shows or deletes the activity feed's watermark; "gateway timeline
+// <uid>" prints what stillthere decided about one user and why.
 package main
 
 import (
@@ -14,6 +15,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/daemon"
 	"github.com/stillthere/stillthere/pkg/gateway"
 	"github.com/stillthere/stillthere/pkg/policy"
+	"github.com/stillthere/stillthere/pkg/timeline"
 )
 
 func main() {
@@ -22,6 +24,9 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == "activity-feed" {
 		daemon.Tool("gateway activity-feed", os.Args[2:], activityfeed.Command)
+	}
+	if len(os.Args) > 1 && os.Args[1] == "timeline" {
+		daemon.Tool("gateway timeline", os.Args[2:], timeline.Command)
 	}
 	daemon.Main("gateway", gateway.LoadConfig, gateway.Open)
 }

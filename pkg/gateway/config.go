@@ -16,6 +16,8 @@ import (
 	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisconn"
+	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeline"
 	"github.com/stillthere/stillthere/pkg/token"
 	"github.com/stillthere/stillthere/pkg/wsread"
 )
@@ -44,6 +46,15 @@ type Config struct {
 	// users' activity and turns. Default empty: the endpoint is off (404).
 	// When set, at least 32 bytes, and not the push secret.
 	ActivitySecret string
+	// OpsSecret is the bearer token of the timeline endpoint, GET
+	// /v1/users/{uid}/timeline, through which a platform's support team
+	// reads what stillthere decided about a user. Default empty: the
+	// endpoint is off (404). When set, at least 32 bytes, and none of the
+	// other secrets.
+	OpsSecret string
+	// Timeline bounds the users' decision timelines, and turns this
+	// gateway's recording off.
+	Timeline timeline.Settings
 	// ActivityFeed is the activity topic's consumer, the Kafka way of the
 	// same activity (docs/protocol.md). Off by default.
 	ActivityFeed activityfeed.Config
@@ -233,6 +244,7 @@ func (c Config) routeTTL() time.Duration     { return cmp.Or(c.routeKeyTTL, defa
 func DefaultConfig() Config {
 	return Config{
 		Redis:              redisconn.DefaultConfig(),
+		Timeline:           timeline.Settings{Bounds: session.TimelineBounds{Entries: timeline.DefaultEntries, Keep: timeline.DefaultKeep}},
 		Addr:               "127.0.0.1:8080",
 		PushAddr:           push.DefaultAddr,
 		TokenMaxLifetime:   24 * time.Hour,
@@ -274,6 +286,8 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Secret(&c.TokenSecret, "token-secret", "HS256 secret of client tokens, at least 32 bytes (required)")
 	b.Secret(&c.PushSecret, "push-secret", "bearer secret of the push endpoint, at least 32 bytes (required)")
 	b.Secret(&c.ActivitySecret, "activity-secret", "bearer secret of the activity endpoint, at least 32 bytes and not the push secret; empty: no activity endpoint")
+	b.Secret(&c.OpsSecret, "ops-secret", "bearer secret of the timeline endpoint, at least 32 bytes and none of the other secrets; empty: no timeline endpoint")
+	c.Timeline.Bind(b)
 	c.ActivityFeed.Bind(b)
 	b.String(&c.TokenIssuer, "token-issuer", d.TokenIssuer, "required iss of client tokens; empty: not checked")
 	b.String(&c.TokenAudience, "token-audience", d.TokenAudience, "required aud of client tokens; empty: not checked")
@@ -338,6 +352,10 @@ func (c Config) Validate() error {
 		return push.CheckSecret(c.PushSecret)
 	case activity.CheckSecret(c.ActivitySecret, c.PushSecret) != nil:
 		return activity.CheckSecret(c.ActivitySecret, c.PushSecret)
+	case timeline.CheckSecret(c.OpsSecret, c.PushSecret, c.ActivitySecret, c.TokenSecret) != nil:
+		return timeline.CheckSecret(c.OpsSecret, c.PushSecret, c.ActivitySecret, c.TokenSecret)
+	case c.Timeline.Validate() != nil:
+		return c.Timeline.Validate()
 	case c.ActivityFeed.Enabled && c.ActivityFeed.WithDefaults().Validate() != nil:
 		return c.ActivityFeed.WithDefaults().Validate()
 	case c.TokenMaxLifetime < 0:

@@ -41,6 +41,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeline"
 	"github.com/stillthere/stillthere/pkg/token"
 	"github.com/stillthere/stillthere/pkg/wsread"
 	"github.com/stillthere/stillthere/web"
@@ -57,6 +58,9 @@ type Gateway struct {
 	ctlRdb   redis.UniversalClient
 	ctl      *session.Store
 	renewer  *session.Renewer
+	// timeline records this gateway's decisions in users' timelines; nil
+	// records nothing.
+	timeline *timeline.Recorder
 	policy   *policy.Watcher
 	verifier *token.Verifier
 	hub      *hub
@@ -193,6 +197,7 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 		return nil, err
 	}
 	g.store = session.NewStore(g.rdb, cfg.Redis.Keyspace())
+	g.timeline = cfg.Timeline.Recorder(g.store, timeline.Config{Service: "gateway", Instance: g.instance, Log: logger})
 	g.ctl = session.NewStore(g.ctlRdb, cfg.Redis.Keyspace())
 	g.renewer = session.NewRenewer(g.store, session.RenewerConfig{
 		FlushInterval: cfg.RenewFlushInterval,
@@ -320,6 +325,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 	defer stopBackground()
 	eg, ctx := errgroup.WithContext(ctx)
 	eg.Go(func() error { g.renewer.Run(bctx); return nil })
+	if g.timeline != nil {
+		eg.Go(func() error { g.timeline.Run(bctx); return nil })
+	}
 	// The reader outlives the drain too: the connections it reads end in it.
 	eg.Go(func() error { return g.reader.Run(bctx) })
 	eg.Go(func() error { g.heartbeat(bctx); return nil })
@@ -766,5 +774,8 @@ func (g *Gateway) pushMux() http.Handler {
 	// Every method: the handler answers 404 while off, and 405 to methods
 	// but POST while on.
 	mux.Handle(activity.Path, g.activity)
+	if g.cfg.OpsSecret != "" {
+		mux.Handle(timeline.Path, timeline.Handler(g.store, g.cfg.OpsSecret, g.cfg.Timeline.Bounds.Keep))
+	}
 	return mux
 }

@@ -157,3 +157,14 @@ func (k inboxTakeKeys) list() []string { return []string{k.Inbox, k.Renewed, k.L
 type checkKeys struct{ Entries []string }
 
 func (k checkKeys) list() []string { return k.Entries }
+
+// timelineAddKeys: timeline_add.lua: per entry, its user's timeline, all
+// of one bucket.
+type timelineAddKeys struct{ Entries []string }
+
+func (k timelineAddKeys) list() []string { return k.Entries }
+
+// timelineKeys: timeline_read.lua.
+type timelineKeys struct{ Timeline string }
+
+func (k timelineKeys) list() []string { return []string{k.Timeline} }

@@ -262,6 +262,11 @@ func (k Keyspace) RouteStampKey(uid string) string { return k.bucketPrefix(Bucke
 // RouteKeyPrefix is what every route key of bucket b starts with.
 func (k Keyspace) RouteKeyPrefix(b int) string { return k.bucketPrefix(b) + "rt:" }
 
+// TimelineKey holds uid's decision timeline: a list of entries, oldest
+// first, each stamped with Redis's clock (see Store.AppendTimeline). In
+// the user's bucket, like the user's other keys.
+func (k Keyspace) TimelineKey(uid string) string { return k.bucketPrefix(Bucket(uid)) + "tl:" + uid }
+
 // InboxKey holds guides for uid while it has no connection: a capped LIST.
 func (k Keyspace) InboxKey(uid string) string { return k.bucketPrefix(Bucket(uid)) + "in:" + uid }
 

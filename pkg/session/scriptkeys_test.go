@@ -34,7 +34,7 @@ var firstKey = map[string]bool{
 	"HGET": true, "HSET": true, "HSETNX": true, "HDEL": true, "HEXISTS": true, "HKEYS": true, "HVALS": true, "HGETALL": true,
 	"ZADD": true, "ZREM": true, "ZSCORE": true, "ZRANGE": true, "ZRANGEBYSCORE": true,
 	"ZREMRANGEBYSCORE": true, "ZCARD": true,
-	"LPUSH": true, "LTRIM": true, "LRANGE": true, "LREM": true,
+	"LPUSH": true, "RPUSH": true, "LTRIM": true, "LRANGE": true, "LREM": true,
 }
 
 var declaredKey = regexp.MustCompile(`^KEYS\[[^\[\]]+\]$`)

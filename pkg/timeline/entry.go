@@ -1,0 +1,96 @@
+// Package timeline records, for each user, what stillthere decided about
+// them and why, and reads it back for the platform's support team: "why
+// was I asked whether I was still there while I was typing?", "why did
+// nobody nudge this user?". Every service appends the decisions it makes
+// (a Recorder); Redis stamps each entry with its clock, the clock every
+// deadline is on; a timeline keeps the last Bounds.Entries entries of the
+// last Bounds.Keep. Entries are diagnostics: recording one never holds
+// up the decision, and under overload one may be dropped (counted), never
+// a guide.
+package timeline
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/stillthere/stillthere/pkg/session"
+)
+
+// Kind is what happened.
+type Kind string
+
+// The kinds, in the order a silence meets them.
+const (
+	KindStart     Kind = "start"     // a device connected: session started or joined
+	KindEnd       Kind = "end"       // a device's connection ended (Code), or the platform ended the conversation
+	KindTurn      Kind = "turn"      // whose turn it is changed (Rule: user, us, ended)
+	KindLapse     Kind = "lapse"     // a deadline passed and the listener found it
+	KindHeld      Kind = "held"      // a lapse held (Rule), until Until, with the blind interval when one holds it
+	KindRechecked Kind = "rechecked" // a held lapse judged again at its release
+	KindStale     Kind = "stale"     // a lapse a renewal or an end had overtaken (Detail says which)
+	KindDeduped   Kind = "deduped"   // a lapse already produced, spooled or claimed elsewhere: nothing sent again
+	KindDeferred  Kind = "deferred"  // a second silence in a minute window: held to the window's end
+	KindProduced  Kind = "produced"  // its timeout event went to Kafka (Event, Stage)
+	KindSpooled   Kind = "spooled"   // its timeout event went to the listener's spool while Kafka was out of reach
+	KindReplayed  Kind = "replayed"  // a spooled event went to Kafka
+	KindSent      Kind = "sent"      // the guide was handed over (Rule: delivered to Conns connections, inbox, webhook)
+	KindSkipped   Kind = "skipped"   // the consumer sent nothing (Rule: the user came back, too old)
+	KindDead      Kind = "dead-lettered"
+	KindAcked     Kind = "acked" // a device acknowledged the guide
+	KindClosed    Kind = "closed"
+
+	KindUnreadable Kind = "unreadable" // a stored entry that does not decode (read only)
+)
+
+// Entry is one decision about one user.
+type Entry struct {
+	// At is when it was recorded, by Redis's clock; set on reading.
+	At       time.Time `json:"-"`
+	Service  string    `json:"service"`
+	Instance string    `json:"instance,omitempty"`
+	Kind     Kind      `json:"kind"`
+	// Rule is the rule or outcome, from a small fixed set per kind (a
+	// hold rule, a delivery route): metrics count entries by kind and rule.
+	Rule string `json:"rule,omitempty"`
+	// Detail says the rest, for a person.
+	Detail   string `json:"detail,omitempty"`
+	Segment  string `json:"segment,omitempty"`
+	Stage    int    `json:"stage,omitempty"`
+	Event    string `json:"event,omitempty"`       // the timeout event's id
+	Deadline int64  `json:"deadline_ms,omitempty"` // the deadline the silence ran from, Redis ms
+	Until    int64  `json:"until_ms,omitempty"`    // held until, Redis ms
+	BlindMS  [2]int64 `json:"blind_ms,omitzero"`   // the blind interval that held it, Redis ms
+	Conns    int    `json:"conns,omitempty"`
+	Code     int    `json:"code,omitempty"` // a close code, or the webhook's status
+}
+
+// MarshalJSON writes the entry with its time, as the API answers it.
+func (e Entry) MarshalJSON() ([]byte, error) {
+	type plain Entry
+	return json.Marshal(struct {
+		AtMS int64  `json:"at_ms"`
+		At   string `json:"at"`
+		plain
+	}{e.At.UnixMilli(), e.At.UTC().Format(time.RFC3339Nano), plain(e)})
+}
+
+// encode is the entry as stored, without its time (Redis stamps it).
+func (e Entry) encode() (string, error) {
+	type plain Entry
+	b, err := json.Marshal(plain(e))
+	return string(b), err
+}
+
+// decode reads a stored entry.
+func decode(s session.TimelineEntry) (Entry, error) {
+	var e Entry
+	if err := json.Unmarshal([]byte(s.Entry), &e); err != nil {
+		return Entry{}, fmt.Errorf("timeline entry %q: %w", s.Entry, err)
+	}
+	if e.Kind == "" {
+		return Entry{}, fmt.Errorf("timeline entry %q: no kind", s.Entry)
+	}
+	e.At = s.At
+	return e, nil
+}

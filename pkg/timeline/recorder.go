@@ -1,0 +1,158 @@
+package timeline
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/stillthere/stillthere/pkg/session"
+)
+
+var (
+	metricEntries = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "stillthere_timeline_entries_total",
+		Help: "Decisions recorded in users' timelines, by service, kind and rule.",
+	}, []string{"service", "kind", "rule"})
+	metricDropped = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "stillthere_timeline_dropped_total",
+		Help: "Timeline entries not recorded: the queue was full, or Redis refused them. The decisions themselves were made.",
+	}, []string{"service"})
+)
+
+// Defaults of Config.
+const (
+	DefaultEntries = 100
+	DefaultKeep    = 24 * time.Hour
+	defaultQueue   = 16384
+	defaultBatch   = 512
+	defaultFlush   = 50 * time.Millisecond
+)
+
+// Config sets up a Recorder.
+type Config struct {
+	Service  string // gateway, listener, consumer
+	Instance string
+	Bounds   session.TimelineBounds // zero fields: DefaultEntries, DefaultKeep
+	Log      *slog.Logger
+}
+
+// Recorder appends entries to users' timelines in batches, off the
+// caller's goroutine. A nil Recorder records nothing.
+type Recorder struct {
+	store *session.Store
+	cfg   Config
+	q     chan record
+}
+
+type record struct {
+	uid string
+	e   Entry
+}
+
+// NewRecorder returns a Recorder over store; Run sends what it records.
+func NewRecorder(store *session.Store, cfg Config) *Recorder {
+	cfg.Bounds = cfg.Bounds.OrDefault()
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	return &Recorder{store: store, cfg: cfg, q: make(chan record, defaultQueue)}
+}
+
+// Record queues e for uid's timeline. It never blocks: with the queue
+// full (Redis slow or out of reach) the entry is dropped and counted.
+func (r *Recorder) Record(uid string, e Entry) {
+	if r == nil {
+		return
+	}
+	e.Service, e.Instance = r.cfg.Service, r.cfg.Instance
+	select {
+	case r.q <- record{uid, e}:
+		metricEntries.WithLabelValues(r.cfg.Service, string(e.Kind), e.Rule).Inc()
+	default:
+		metricDropped.WithLabelValues(r.cfg.Service).Inc()
+	}
+}
+
+// Run sends queued entries until ctx is done, then what is still queued,
+// for up to a second.
+func (r *Recorder) Run(ctx context.Context) {
+	tick := time.NewTicker(defaultFlush)
+	defer tick.Stop()
+	batch := make([]session.TimelineRecord, 0, defaultBatch)
+	send := func(ctx context.Context) {
+		if len(batch) == 0 {
+			return
+		}
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		n, err := r.store.AppendTimeline(sctx, batch, r.cfg.Bounds)
+		cancel()
+		if err != nil {
+			metricDropped.WithLabelValues(r.cfg.Service).Add(float64(len(batch) - n))
+			r.cfg.Log.Warn("timeline entries not recorded", "entries", len(batch)-n, "err", err)
+		}
+		batch = batch[:0]
+	}
+	take := func(rec record) {
+		s, err := rec.e.encode()
+		if err != nil {
+			metricDropped.WithLabelValues(r.cfg.Service).Inc()
+			return
+		}
+		batch = append(batch, session.TimelineRecord{UID: rec.uid, Entry: s})
+	}
+	for {
+		select {
+		case rec := <-r.q:
+			take(rec)
+			if len(batch) >= defaultBatch {
+				send(ctx)
+			}
+		case <-tick.C:
+			send(ctx)
+		case <-ctx.Done():
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			for {
+				select {
+				case rec := <-r.q:
+					take(rec)
+					if len(batch) >= defaultBatch {
+						send(dctx)
+					}
+					continue
+				default:
+				}
+				send(dctx)
+				return
+			}
+		}
+	}
+}
+
+// Read returns uid's timeline, oldest first, without entries older than
+// keep by Redis's clock (0: DefaultKeep). An unknown user's is empty.
+func Read(ctx context.Context, store *session.Store, uid string, keep time.Duration) ([]Entry, error) {
+	if keep <= 0 {
+		keep = DefaultKeep
+	}
+	now, raw, err := store.Timeline(ctx, uid)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Entry, 0, len(raw))
+	for _, s := range raw {
+		if now.Sub(s.At) > keep {
+			continue
+		}
+		e, err := decode(s)
+		if err != nil {
+			// Shown, not hidden, and the rest still read.
+			e = Entry{At: s.At, Kind: KindUnreadable, Detail: err.Error()}
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}

@@ -1,0 +1,256 @@
+package timeline
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
+	"github.com/stillthere/stillthere/pkg/session"
+)
+
+func newStore(t *testing.T) (*session.Store, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := redistest.Client(t, srv)
+	ks, err := session.NewKeyspace(redistest.Prefix(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return session.NewStore(rdb, ks), rdb
+}
+
+// record runs a Recorder over entries and stops it, which sends them all.
+func recordAll(t *testing.T, store *session.Store, b session.TimelineBounds, recs ...record) {
+	t.Helper()
+	r := NewRecorder(store, Config{Service: "listener", Instance: "l-1", Bounds: b})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	for _, x := range recs {
+		r.Record(x.uid, x.e)
+	}
+	cancel()
+	<-done
+}
+
+func TestRecordAndRead(t *testing.T) {
+	store, _ := newStore(t)
+	ctx := context.Background()
+	before := time.Now().Add(-time.Second)
+	recordAll(t, store, session.TimelineBounds{},
+		record{"ann", Entry{Kind: KindLapse, Deadline: 1000, Stage: 1}},
+		record{"bob", Entry{Kind: KindLapse}},
+		record{"ann", Entry{Kind: KindHeld, Rule: "blind", BlindMS: [2]int64{900, 1100}, Until: 11100}},
+		record{"ann", Entry{Kind: KindProduced, Event: "e-1", Stage: 1}},
+	)
+	got, err := Read(ctx, store, "ann", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := make([]Kind, len(got))
+	for i, e := range got {
+		kinds[i] = e.Kind
+		if e.Service != "listener" || e.Instance != "l-1" {
+			t.Errorf("entry %d recorded by %s/%s, want listener/l-1", i, e.Service, e.Instance)
+		}
+		if e.At.Before(before) || e.At.After(time.Now().Add(time.Second)) {
+			t.Errorf("entry %d at %v: not Redis's now", i, e.At)
+		}
+	}
+	if fmt.Sprint(kinds) != "[lapse held produced]" {
+		t.Fatalf("ann's timeline %v, want lapse, held, produced in order", kinds)
+	}
+	if got[1].Rule != "blind" || got[1].BlindMS != [2]int64{900, 1100} || got[1].Until != 11100 || got[2].Event != "e-1" {
+		t.Fatalf("fields lost: %+v", got)
+	}
+	none, err := Read(ctx, store, "nobody", 0)
+	if err != nil || none == nil || len(none) != 0 {
+		t.Fatalf("unknown user: %v, %v; want an empty timeline", none, err)
+	}
+}
+
+// TestBounds: a timeline keeps its last Entries, and the key goes Keep
+// after the last entry.
+func TestBounds(t *testing.T) {
+	store, rdb := newStore(t)
+	ctx := context.Background()
+	var recs []record
+	for i := range 25 {
+		recs = append(recs, record{"cat", Entry{Kind: KindSent, Conns: i + 1}})
+	}
+	recordAll(t, store, session.TimelineBounds{Entries: 10, Keep: time.Minute}, recs...)
+	got, err := Read(ctx, store, "cat", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 10 || got[0].Conns != 16 || got[9].Conns != 25 {
+		t.Fatalf("kept %d entries (first %+v), want the last 10", len(got), got[0])
+	}
+	ks := store.Keyspace()
+	ttl, err := rdb.PTTL(ctx, ks.TimelineKey("cat")).Result()
+	if err != nil || ttl <= 0 || ttl > time.Minute {
+		t.Fatalf("timeline's TTL %v, %v: want at most the keep of 1m", ttl, err)
+	}
+}
+
+// TestReadSkipsOld: entries older than keep by Redis's clock are not
+// read, though the list still holds them.
+func TestReadSkipsOld(t *testing.T) {
+	store, rdb := newStore(t)
+	ctx := context.Background()
+	key := store.Keyspace().TimelineKey("dan")
+	old := time.Now().Add(-2 * time.Hour).UnixMilli()
+	rdb.RPush(ctx, key, fmt.Sprintf(`%d {"service":"gateway","kind":"start"}`, old), "garbage")
+	recordAll(t, store, session.TimelineBounds{}, record{"dan", Entry{Kind: KindEnd, Code: 1000}})
+	_, err := Read(ctx, store, "dan", time.Hour)
+	if err == nil {
+		t.Fatal("a stored entry without a time read without error")
+	}
+	rdb.LRem(ctx, key, 0, "garbage")
+	rdb.RPush(ctx, key, fmt.Sprintf(`%d {not json`, time.Now().UnixMilli()))
+	got, err := Read(ctx, store, "dan", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Kind != KindEnd || got[1].Kind != KindUnreadable {
+		t.Fatalf("read %+v, want the end (the 2h old start skipped) and the unreadable entry shown", got)
+	}
+}
+
+// TestRecordNeverBlocks: with Redis gone, Record returns at once and the
+// entries are counted as dropped, never waited for.
+func TestRecordNeverBlocks(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	t.Cleanup(func() { rdb.Close() })
+	ks, _ := session.NewKeyspace(redistest.Prefix(t))
+	srv.Close()
+	r := NewRecorder(session.NewStore(rdb, ks), Config{Service: "gateway"})
+	done := make(chan struct{})
+	go func() {
+		for i := range 3 * defaultQueue {
+			r.Record(fmt.Sprintf("u%d", i), Entry{Kind: KindStart})
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second): // a bound on a hang, not a pace
+		t.Fatal("Record blocked while Redis was gone")
+	}
+	var nilRec *Recorder
+	nilRec.Record("u", Entry{Kind: KindStart}) // records nothing, does not panic
+}
+
+func TestHandler(t *testing.T) {
+	store, _ := newStore(t)
+	recordAll(t, store, session.TimelineBounds{}, record{"eve", Entry{Kind: KindLapse, Stage: 1}})
+	const secret = "ops-secret-ops-secret-ops-secret-0123"
+	mux := http.NewServeMux()
+	mux.Handle(Path, Handler(store, secret, 0))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	get := func(uid, token string) (int, Answer) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", srv.URL+"/v1/users/"+uid+"/timeline", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var a Answer
+		json.NewDecoder(resp.Body).Decode(&a)
+		return resp.StatusCode, a
+	}
+	for _, c := range []struct {
+		name, uid, token string
+		code, entries    int
+	}{
+		{"ok", "eve", secret, 200, 1},
+		{"unknown uid: empty", "nobody", secret, 200, 0},
+		{"bad uid", "bad%20uid", secret, 400, 0},
+		{"no token", "eve", "", 401, 0},
+		{"wrong token", "eve", strings.Repeat("x", len(secret)), 401, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			code, a := get(c.uid, c.token)
+			if code != c.code || len(a.Entries) != c.entries {
+				t.Fatalf("%d with %d entries, want %d with %d", code, len(a.Entries), c.code, c.entries)
+			}
+		})
+	}
+	// The JSON carries each entry's time.
+	req, _ := http.NewRequest("GET", srv.URL+"/v1/users/eve/timeline", nil)
+	req.Header.Set("Authorization", "Bearer "+secret)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw struct {
+		Entries []map[string]any `json:"entries"`
+	}
+	json.NewDecoder(resp.Body).Decode(&raw)
+	resp.Body.Close()
+	if len(raw.Entries) != 1 || raw.Entries[0]["at_ms"] == nil || raw.Entries[0]["at"] == nil || raw.Entries[0]["kind"] != "lapse" {
+		t.Fatalf("answer %v: want at_ms, at and kind", raw.Entries)
+	}
+}
+
+func TestDescribe(t *testing.T) {
+	ms := func(s string) int64 {
+		tm, err := time.Parse("2006-01-02 15:04:05.000", "2026-11-28 "+s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tm.UnixMilli()
+	}
+	for _, c := range []struct {
+		e    Entry
+		want string
+	}{
+		{Entry{Kind: KindHeld, Rule: "blind", Detail: "Redis restarted", BlindMS: [2]int64{ms("12:02:40.000"), ms("12:02:58.000")}, Until: ms("12:04:13.000")},
+			"held: blind (blind interval 12:02:40.000-12:02:58.000, Redis restarted), recheck at 12:04:13.000"},
+		{Entry{Kind: KindSent, Rule: "delivered", Conns: 2, Stage: 1, Event: "e-9"}, "sent: delivered (stage 1, 2 connections, event e-9)"},
+		{Entry{Kind: KindEnd, Code: 1000}, "end (code 1000)"},
+		{Entry{Kind: KindLapse}, "lapse"},
+	} {
+		if got := Describe(c.e, time.UTC); got != c.want {
+			t.Errorf("Describe(%+v)\n got %q\nwant %q", c.e, got, c.want)
+		}
+	}
+	var b bytes.Buffer
+	Format(&b, []Entry{{At: time.UnixMilli(ms("12:03:01.200")), Service: "listener", Instance: "l-1", Kind: KindLapse}}, time.UTC)
+	if !strings.Contains(b.String(), "12:03:01.200  listener/l-1  lapse") {
+		t.Fatalf("table:\n%s", b.String())
+	}
+}
+
+func TestCheckSecret(t *testing.T) {
+	long := strings.Repeat("s", 40)
+	for _, c := range []struct {
+		secret string
+		others []string
+		ok     bool
+	}{
+		{"", nil, true},
+		{"short", nil, false},
+		{long, []string{"push-" + long}, true},
+		{long, []string{long}, false},
+	} {
+		if err := CheckSecret(c.secret, c.others...); (err == nil) != c.ok {
+			t.Errorf("CheckSecret(%q, %q) = %v", c.secret, c.others, err)
+		}
+	}
+}
