@@ -55,9 +55,9 @@ type Gateway struct {
 	store *session.Store
 	// ctlRdb and ctl are the control connection: the heartbeat, the
 	// instances' heartbeats, blind intervals and leave. See Open.
-	ctlRdb   redis.UniversalClient
-	ctl      *session.Store
-	renewer  *session.Renewer
+	ctlRdb  redis.UniversalClient
+	ctl     *session.Store
+	renewer *session.Renewer
 	// timeline records this gateway's decisions in users' timelines; nil
 	// records nothing.
 	timeline *timeline.Recorder

@@ -54,15 +54,15 @@ type Entry struct {
 	// hold rule, a delivery route): metrics count entries by kind and rule.
 	Rule string `json:"rule,omitempty"`
 	// Detail says the rest, for a person.
-	Detail   string `json:"detail,omitempty"`
-	Segment  string `json:"segment,omitempty"`
-	Stage    int    `json:"stage,omitempty"`
-	Event    string `json:"event,omitempty"`       // the timeout event's id
-	Deadline int64  `json:"deadline_ms,omitempty"` // the deadline the silence ran from, Redis ms
-	Until    int64  `json:"until_ms,omitempty"`    // held until, Redis ms
-	BlindMS  [2]int64 `json:"blind_ms,omitzero"`   // the blind interval that held it, Redis ms
-	Conns    int    `json:"conns,omitempty"`
-	Code     int    `json:"code,omitempty"` // a close code, or the webhook's status
+	Detail   string   `json:"detail,omitempty"`
+	Segment  string   `json:"segment,omitempty"`
+	Stage    int      `json:"stage,omitempty"`
+	Event    string   `json:"event,omitempty"`       // the timeout event's id
+	Deadline int64    `json:"deadline_ms,omitempty"` // the deadline the silence ran from, Redis ms
+	Until    int64    `json:"until_ms,omitempty"`    // held until, Redis ms
+	BlindMS  [2]int64 `json:"blind_ms,omitzero"`     // the blind interval that held it, Redis ms
+	Conns    int      `json:"conns,omitempty"`
+	Code     int      `json:"code,omitempty"` // a close code, or the webhook's status
 }
 
 // MarshalJSON writes the entry with its time, as the API answers it.
