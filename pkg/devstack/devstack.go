@@ -119,8 +119,9 @@ func Start(ctx context.Context, opts Options) (s *Stack, err error) {
 	s.KafkaBrokers = get("kafka-brokers")
 
 	// The activity endpoint is on: the demo bot passes turns through it,
-	// as a platform's servers would.
-	for _, name := range []string{"token-secret", "push-secret", "activity-secret"} {
+	// as a platform's servers would. So is the timeline endpoint, for
+	// seeing why a user was asked (or not).
+	for _, name := range []string{"token-secret", "push-secret", "activity-secret", "ops-secret"} {
 		set(name, randomSecret())
 	}
 	// The demo chat page, on the gateway's public listener: a dev stack
@@ -256,6 +257,9 @@ dev token for user "dev-user", valid 24h:
 
 try it:
   go run ./dev/client -url ws://%s/v1/ws -token %s
+
+why was a user asked (or not)? their timeline:
+  curl -H "Authorization: Bearer %s" http://%s/v1/users/dev-user/timeline
 %s`,
 		s.RedisAddr, redisNote,
 		s.KafkaBrokers, kafkaNote, l.Kafka.Topic, l.Kafka.Partitions,
@@ -265,6 +269,7 @@ try it:
 		g.SessionTTL, g.SessionJitter,
 		s.DevToken,
 		s.Gateway.PublicAddr(), s.DevToken,
+		g.OpsSecret, s.Gateway.PushAddr(),
 		s.demoLine())
 }
 
