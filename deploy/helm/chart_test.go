@@ -35,8 +35,10 @@ type values struct {
 	Secrets struct {
 		ExistingSecret string `json:"existingSecret"`
 		ActivitySecret string `json:"activitySecret"`
+		OpsSecret      string `json:"opsSecret"`
 	} `json:"secrets"`
-	Kafka struct {
+	Timeline timelineValues `json:"timeline"`
+	Kafka    struct {
 		Partitions int `json:"partitions"`
 	} `json:"kafka"`
 	Consumer struct {
@@ -149,6 +151,7 @@ func checkChart(t *testing.T, m *manifests, v values) {
 	t.Run("prometheus rule", func(t *testing.T) { checkPrometheusRule(t, m, v) })
 	t.Run("secrets", func(t *testing.T) { checkSecrets(t, m, pods, v) })
 	t.Run("activity feed", func(t *testing.T) { checkActivityFeed(t, m, pods, v.Gateway.ActivityFeed) })
+	t.Run("timeline", func(t *testing.T) { checkTimeline(t, m, pods, v.Timeline) })
 	t.Run("pprof", func(t *testing.T) {
 		for c, on := range map[string]bool{"gateway": v.Gateway.Pprof, "expiry-listener": v.Listener.Pprof, "guide-consumer": v.Consumer.Pprof} {
 			if got, want := setting(t, env(t, m, &pods[c].Spec.Containers[0]), "STILLTHERE_PPROF"), strconv.FormatBool(on); got != want {

@@ -19,7 +19,7 @@ var secretValues = []string{
 }
 
 // secretKeys are the keys of secrets.existingSecret values.yaml documents.
-var secretKeys = []string{"token-secret", "push-secret", "webhook-secret", "activity-secret", "redis-password", "kafka-sasl-password"}
+var secretKeys = []string{"token-secret", "push-secret", "webhook-secret", "activity-secret", "ops-secret", "redis-password", "kafka-sasl-password"}
 
 // checkSecrets: the pods read their secrets from secrets.existingSecret,
 // by the documented keys, and the chart renders no Secret of its own; or,
@@ -54,21 +54,69 @@ func checkSecrets(t *testing.T, m *manifests, pods map[string]*corev1.PodTemplat
 			t.Errorf("gateway: %s = %q, want it from Secret %s key %s", name, got, want, key)
 		}
 	}
-	// The activity secret is optional: read from an existing Secret, which
-	// may lack the key (the endpoint is off then), or from the chart's
-	// when given.
-	activity := gw["STILLTHERE_ACTIVITY_SECRET"]
-	if v.Secrets.ExistingSecret != "" || v.Secrets.ActivitySecret != "" {
-		if activity != "secret:"+want+"/activity-secret" {
-			t.Errorf("gateway: STILLTHERE_ACTIVITY_SECRET = %q, want it from Secret %s key activity-secret", activity, want)
+	// The activity and ops secrets are optional: read from an existing
+	// Secret, which may lack the key (the endpoint is off then), or from
+	// the chart's when given.
+	for _, o := range []struct {
+		env, key, value string
+	}{
+		{"STILLTHERE_ACTIVITY_SECRET", "activity-secret", v.Secrets.ActivitySecret},
+		{"STILLTHERE_OPS_SECRET", "ops-secret", v.Secrets.OpsSecret},
+	} {
+		got := gw[o.env]
+		if v.Secrets.ExistingSecret == "" && o.value == "" {
+			if got != "" {
+				t.Errorf("gateway: %s = %q with no %s given", o.env, got, o.key)
+			}
+			continue
+		}
+		if got != "secret:"+want+"/"+o.key {
+			t.Errorf("gateway: %s = %q, want it from Secret %s key %s", o.env, got, want, o.key)
 		}
 		for _, e := range pods["gateway"].Spec.Containers[0].Env {
-			if e.Name == "STILLTHERE_ACTIVITY_SECRET" && (e.ValueFrom.SecretKeyRef.Optional == nil || !*e.ValueFrom.SecretKeyRef.Optional) {
-				t.Errorf("gateway: STILLTHERE_ACTIVITY_SECRET's key is not optional")
+			if e.Name == o.env && (e.ValueFrom.SecretKeyRef.Optional == nil || !*e.ValueFrom.SecretKeyRef.Optional) {
+				t.Errorf("gateway: %s's key is not optional", o.env)
 			}
 		}
-	} else if activity != "" {
-		t.Errorf("gateway: STILLTHERE_ACTIVITY_SECRET = %q with no activity secret given", activity)
+	}
+	// Only the gateway serves the endpoints the two open.
+	for c, pod := range pods {
+		if c == "gateway" {
+			continue
+		}
+		for name := range env(t, m, &pod.Spec.Containers[0]) {
+			if name == "STILLTHERE_ACTIVITY_SECRET" || name == "STILLTHERE_OPS_SECRET" {
+				t.Errorf("%s: %s, which only the gateway needs", c, name)
+			}
+		}
+	}
+}
+
+// TestChartOptionalSecretsOff: with only the required secrets as values,
+// the gateway gets neither the activity nor the ops secret (both
+// endpoints off), and the chart's Secret holds neither key.
+func TestChartOptionalSecretsOff(t *testing.T) {
+	out, err := render(t, secretValues...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := decode(out)
+	if err != nil {
+		t.Fatalf("decoding the rendered chart strictly:\n%v", err)
+	}
+	pods := map[string]*corev1.PodTemplateSpec{}
+	for _, c := range components {
+		d := m.deployments[fullname+"-"+c]
+		if d == nil {
+			t.Fatalf("no Deployment %s-%s", fullname, c)
+		}
+		pods[c] = &d.Spec.Template
+	}
+	checkSecrets(t, m, pods, loadValues(t))
+	for _, key := range []string{"activity-secret", "ops-secret"} {
+		if _, ok := m.secrets[fullname].Data[key]; ok {
+			t.Errorf("Secret %s holds %s, which no value gave", fullname, key)
+		}
 	}
 }
 
@@ -176,6 +224,22 @@ func TestChartRequiresSecrets(t *testing.T) {
 			[]string{"secrets.activitySecret: the same as secrets.pushSecret"}},
 		{"an existing secret and an activity secret", []string{"--set=secrets.existingSecret=chat-secrets", "--set=secrets.activitySecret=activity-secret-for-tests-0123456789"},
 			[]string{"secrets.activitySecret: set together with secrets.existingSecret (chat-secrets)"}},
+		{"an ops secret", []string{token, push, "--set=secrets.opsSecret=ops-secret-for-tests-0123456789abcdef"}, nil},
+		{"an ops secret beside an activity secret", []string{token, push, "--set=secrets.activitySecret=activity-secret-for-tests-0123456789", "--set=secrets.opsSecret=ops-secret-for-tests-0123456789abcdef"}, nil},
+		{"a short ops secret", []string{token, push, "--set=secrets.opsSecret=ops-secret-too-short"},
+			[]string{"/secrets/opsSecret", "minLength"}},
+		{"the push secret as the ops secret", []string{token, push, "--set=secrets.opsSecret=push-secret-for-tests-0123456789abcdef"},
+			[]string{"secrets.opsSecret: the same as secrets.pushSecret"}},
+		{"the token secret as the ops secret", []string{token, push, "--set=secrets.opsSecret=token-secret-for-tests-0123456789abcdef"},
+			[]string{"secrets.opsSecret: the same as secrets.tokenSecret"}},
+		{"the activity secret as the ops secret", []string{token, push, "--set=secrets.activitySecret=activity-secret-for-tests-0123456789", "--set=secrets.opsSecret=activity-secret-for-tests-0123456789"},
+			[]string{"secrets.opsSecret: the same as secrets.activitySecret"}},
+		{"an existing secret and an ops secret", []string{"--set=secrets.existingSecret=chat-secrets", "--set=secrets.opsSecret=ops-secret-for-tests-0123456789abcdef"},
+			[]string{"secrets.opsSecret: set together with secrets.existingSecret (chat-secrets)"}},
+		{"the ops secret through the gateway's map", []string{token, push, "--set=gateway.config.ops-secret=ops-secret-for-tests-0123456789abcdef"},
+			[]string{"gateway.config.ops-secret: a secret does not belong in a ConfigMap"}},
+		{"the ops secret through the common map", []string{token, push, "--set=config.STILLTHERE_OPS_SECRET=ops-secret-for-tests-0123456789abcdef"},
+			[]string{"config.STILLTHERE_OPS_SECRET: a secret does not belong in a ConfigMap"}},
 		{"webhook without its secret", []string{token, push, "--set=consumer.sender=webhook", "--set=consumer.webhookURL=https://im.example.com/hook"},
 			[]string{"secrets.webhookSecret: required with consumer.sender=webhook"}},
 	} {

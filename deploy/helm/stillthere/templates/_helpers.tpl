@@ -91,7 +91,7 @@ spool directory) or a secret.
 {{- $_ := set $out (include "stillthere.envName" $k) (include "stillthere.settingValue" $v) }}
 {{- end }}
 {{- end }}
-{{- $secrets := list "STILLTHERE_TOKEN_SECRET" "STILLTHERE_PUSH_SECRET" "STILLTHERE_WEBHOOK_SECRET" "STILLTHERE_ACTIVITY_SECRET" "STILLTHERE_REDIS_PASSWORD" "STILLTHERE_KAFKA_SASL_PASSWORD" }}
+{{- $secrets := list "STILLTHERE_TOKEN_SECRET" "STILLTHERE_PUSH_SECRET" "STILLTHERE_WEBHOOK_SECRET" "STILLTHERE_ACTIVITY_SECRET" "STILLTHERE_OPS_SECRET" "STILLTHERE_REDIS_PASSWORD" "STILLTHERE_KAFKA_SASL_PASSWORD" }}
 {{- $reserved := list }}
 {{- range .reserved }}{{ $reserved = append $reserved (include "stillthere.envName" .) }}{{ end }}
 {{- $seen := dict }}
@@ -354,6 +354,28 @@ cannot differ.
 {{- define "stillthere.policySettings" -}}
 - close-after
 - close-text
+{{- end }}
+
+{{/*
+The timeline settings every service reads: only from timeline.*, so that
+no service trims the timelines shorter, or keeps them longer, than the
+others.
+*/}}
+{{- define "stillthere.timelineSettings" -}}
+- timeline-off
+- timeline-entries
+- timeline-keep
+{{- end }}
+
+{{/* timeline.* as ConfigMap data, checked as the services would at start. */}}
+{{- define "stillthere.timelineData" -}}
+{{- $t := .Values.timeline }}
+{{- $entries := int64 $t.entries }}
+{{- if or (lt $entries 1) (gt $entries 10000) }}
+{{- fail (printf "timeline.entries: %v, want 1 to 10000" $t.entries) }}
+{{- end }}
+{{- include "stillthere.checkDuration" (list "timeline.keep" $t.keep "1m" "720h") }}
+{{- toYaml (dict "timeline-off" (toString (not $t.enabled)) "timeline-entries" (toString $entries) "timeline-keep" $t.keep) }}
 {{- end }}
 
 {{/* Checks policy.* as the services would at start. */}}
