@@ -129,6 +129,24 @@ type Detection struct {
 	Silent        int          `json:"silent"`
 	Modes         []DetectMode `json:"modes"`
 	Storm         *Storm       `json:"storm"`
+	// Timeline is what users' timelines held after the modes' silences,
+	// StormTimeline after the storm's too.
+	Timeline      *TimelineCost `json:"timeline"`
+	StormTimeline *TimelineCost `json:"storm_timeline"`
+	// TimelineOff is the hybrid mode again, with timeline-off, in the
+	// same run: the guide latency the timeline must not slow.
+	TimelineOff *Detection `json:"timeline_off,omitempty"`
+}
+
+// TimelineCost is detectbench's measure of the users' timelines in Redis.
+type TimelineCost struct {
+	Users       int     `json:"users"`
+	Entries     int64   `json:"entries"`
+	MaxEntries  int64   `json:"max_entries"`
+	MemoryBytes int64   `json:"memory_bytes"`
+	Silences    int     `json:"silences"`
+	PerSilenceB float64 `json:"memory_per_silence_bytes"`
+	EntriesPer  float64 `json:"entries_per_silence"`
 }
 
 type detectScale struct {
@@ -164,6 +182,17 @@ func detection(ctx context.Context, bin string, sc detectScale) (*Detection, err
 	err := runJSON(ctx, sc.Limit, d, bin, "detectbench", args...)
 	// The command that reproduces it is ours, from the repository root.
 	d.Command = commandLine("detectbench", args...)
+	if err != nil || !has["timeline-off"] || ctx.Err() != nil {
+		return d, err
+	}
+	// The timeline's cost on guide latency: hybrid again, recording
+	// nothing, beside the run above.
+	off := []string{"-live", strconv.Itoa(sc.Live), "-silent", strconv.Itoa(sc.Silent), "-modes", "hybrid", "-storm", "0", "-timeline-off"}
+	off = append(off, args[8:]...) // -window, -wait, -grace as above
+	d.TimelineOff = &Detection{}
+	fmt.Printf("detection, timeline off: %d live, %d silent\n", sc.Live, sc.Silent)
+	err = runJSON(ctx, sc.Limit, d.TimelineOff, bin, "detectbench", off...)
+	d.TimelineOff.Command = commandLine("detectbench", off...)
 	return d, err
 }
 

@@ -205,6 +205,9 @@ func (r *Report) markdown() string {
 				r.status(s.Lost == 0 && s.Doubled == 0 && s.Delivered >= s.Sessions && s.AllDeliveredMs <= within, false), d.Command)
 		}
 	}
+	if d := r.Detection; d != nil {
+		timelineRows(d, row)
+	}
 	if d := r.DetectionAtScale; d != nil {
 		r.scaleRows(d, row)
 	}

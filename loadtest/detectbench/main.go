@@ -158,7 +158,11 @@ type Report struct {
 	RedisMemoryMB float64      `json:"redis_memory_mb"`
 	Silent        int          `json:"silent"`
 	Modes         []ModeResult `json:"modes"`
-	Storm         *StormResult `json:"storm,omitempty"`
+	// Timeline is what users' timelines hold after the modes' silences;
+	// StormTimeline after the storm's too. Nil with -timeline-off.
+	Timeline      *TimelineCost `json:"timeline,omitempty"`
+	StormTimeline *TimelineCost `json:"storm_timeline,omitempty"`
+	Storm         *StormResult  `json:"storm,omitempty"`
 }
 
 // prefix0 is the bench's Redis key prefix.
@@ -174,6 +178,7 @@ func main() {
 	storm := flag.Int("storm", 50000, "sessions running out within one second in the storm; 0 skips it")
 	grace := flag.Duration("grace", 10*time.Second, "the listeners' outage grace; silences are awaited at least this plus 5s past their deadline")
 	closeAfter := flag.Duration("close-after", 5*time.Second, "each silence's close stage follows its reminder this much later (the lateness of a later stage); 0: one stage only")
+	flag.BoolVar(&timelineOff, "timeline-off", false, "listeners and consumers record no decisions in users' timelines (the figure the timeline's cost is read against)")
 	flag.StringVar(&stormProfile, "storm-cpuprofile", "", "write a CPU profile of this process over the storm's window and release to this file")
 	flag.Parse()
 
@@ -297,6 +302,13 @@ func run(ctx context.Context, log *slog.Logger, rep *Report, grace, closeAfter, 
 			rep.Modes = append(rep.Modes, res)
 		}
 	}
+	silences := 0
+	for _, m := range rep.Modes {
+		silences += m.Silent
+	}
+	if silences > 0 {
+		rep.Timeline = timelineCost(ctx, b.rdb, silences)
+	}
 	if storm > 0 {
 		res, err := b.storm(ctx, storm, wait)
 		if err != nil {
@@ -305,6 +317,7 @@ func run(ctx context.Context, log *slog.Logger, rep *Report, grace, closeAfter, 
 		fmt.Fprintf(os.Stderr, "detectbench: storm: %d of %d delivered, the last %.0f ms after the window; %d at once, %d held by the brake; %d lost, %d doubled\n",
 			res.Delivered, res.Sessions, res.AllDeliveredMS, res.AtOnce, res.Held, res.Lost, res.Doubled)
 		rep.Storm = res
+		rep.StormTimeline = timelineCost(ctx, b.rdb, silences+storm)
 	}
 	return ctx.Err()
 }
@@ -359,6 +372,7 @@ func (b *bench) listenerConfig(mode, topic string, closeAfter time.Duration) (ex
 		"detect-mode":         listenerMode(mode),
 		"spool-dir":           b.dataDir + "/spool-" + topic + "-" + randomSuffix(),
 		"outage-grace":        b.grace.String(),
+		"timeline-off":        strconv.FormatBool(timelineOff),
 	}))
 }
 
@@ -557,6 +571,7 @@ func (b *bench) startGuides(ctx context.Context, mode string, replicas int, topi
 		"sender":              guide.SenderWebhook,
 		"webhook-url":         "http://" + ln.Addr().String() + "/guide",
 		"webhook-secret":      "detectbench-webhook-secret-0123456789abcdef",
+		"timeline-off":        strconv.FormatBool(timelineOff),
 	}))
 	if err != nil {
 		stop()
