@@ -80,7 +80,7 @@ func TestAttack24FirstStampAfterUnstampedOutage(t *testing.T) {
 			// The user's last activity, in a record the platform buffers,
 			// and their deadline, both inside the outage.
 			due := start.Add(gap / 2)
-			if rel, _ := outageHold(mark(), session.Expired{UID: "u", Stage: 1, Due: due, Deadline: due}, grace); rel.IsZero() {
+			if rel := outageHold(mark(), session.Expired{UID: "u", Stage: 1, Due: due, Deadline: due}, grace).release; rel.IsZero() {
 				t.Fatal("while the feed has not stamped, a deadline is not held")
 			}
 			// The outage lasts longer than the gap: real time must pass,
@@ -96,7 +96,8 @@ func TestAttack24FirstStampAfterUnstampedOutage(t *testing.T) {
 			// records land in the topic after this stamp's time.
 			stamp(clock())
 			c := mark()
-			rel, rule := outageHold(c, session.Expired{UID: "u", Stage: 1, Due: due, Deadline: due}, grace)
+			o := outageHold(c, session.Expired{UID: "u", Stage: 1, Due: due, Deadline: due}, grace)
+			rel, rule := o.release, o.rule
 			if rel.IsZero() {
 				w, _ := c.ActivityWatermark()
 				t.Errorf("a deadline %v into a %v Kafka outage is judged at the feed's first stamp (watermark %v, blind intervals %+v): "+

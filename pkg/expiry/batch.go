@@ -129,6 +129,7 @@ func (l *Listener) judgeFound(c session.Control, found []session.Expired, source
 		}
 		if it.verdict.act != actLeave {
 			b.items = append(b.items, it)
+			l.noteFound(e)
 		}
 	}
 	return b
@@ -163,8 +164,14 @@ func (l *Listener) hold(ctx context.Context, b *batch) {
 			release[entry{it.UID, it.Stage, it.Due.UnixMilli()}] = it.verdict.release
 		}
 		releaseOf := func(e session.Expired) time.Time { return release[entry{e.UID, e.Stage, e.Due.UnixMilli()}] }
-		if err := l.holdEach(ctx, rule, timeoutsOf(items), releaseOf); err != nil {
+		held, err := l.holdEach(ctx, rule, timeoutsOf(items), releaseOf)
+		if err != nil {
 			l.log.Debug("hold timeouts; the next sweep retries", "rule", rule, "count", len(items), "err", err)
+		}
+		for i, it := range items {
+			if held[i] {
+				l.noteHeld(it.Expired, it.verdict)
+			}
 		}
 	}
 	if err := l.resolveClaims(ctx, nil, nil, claims); err != nil {
@@ -174,14 +181,21 @@ func (l *Listener) hold(ctx context.Context, b *batch) {
 
 // holdEach moves timeouts from the index to the hold set until each one's
 // release time, counting the holds by rule (and the brake's for its log).
-func (l *Listener) holdEach(ctx context.Context, rule holdRule, es []session.Expired, release func(session.Expired) time.Time) error {
-	n, err := l.store.HoldEach(ctx, es, release)
+// It says of each whether it was held (see Store.HoldEach).
+func (l *Listener) holdEach(ctx context.Context, rule holdRule, es []session.Expired, release func(session.Expired) time.Time) ([]bool, error) {
+	held, err := l.store.HoldEach(ctx, es, release)
 	l.armWritten(es, release, true)
+	n := 0
+	for _, ok := range held {
+		if ok {
+			n++
+		}
+	}
 	metricHeld.WithLabelValues(string(rule)).Add(float64(n))
 	if rule == ruleBrake {
 		l.brake.holds += n
 	}
-	return err
+	return held, err
 }
 
 // claimKeys claims the dedup keys of the items judged claim, in one
@@ -342,12 +356,25 @@ func (l *Listener) record(ctx context.Context, b *batch) (int, error) {
 	}
 	if len(settled) > 0 {
 		if err := l.store.Settle(ctx, settled); err != nil {
+			l.noteOutcomes(b, false)
 			return 0, err
 		}
 		l.armWritten(settled, func(e session.Expired) time.Time { return e.NextDue }, false)
 	}
+	l.noteOutcomes(b, true)
 	if len(unsent) > 0 {
 		return b.outageHolds + len(settled), fmt.Errorf("%d of %d timeouts neither produced nor spooled", len(unsent), b.claims)
 	}
 	return b.outageHolds + len(settled), nil
+}
+
+// noteOutcomes records in the users' timelines what became of the batch's
+// timeouts (noteOutcome); settled says whether the settle went through.
+func (l *Listener) noteOutcomes(b *batch, settled bool) {
+	if l.timeline == nil {
+		return
+	}
+	for _, it := range b.items {
+		l.noteOutcome(it, settled)
+	}
 }

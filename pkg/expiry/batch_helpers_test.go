@@ -11,7 +11,8 @@ import (
 // (brakeRelease), through the hold the batch's steps use.
 func (l *Listener) holdBraked(ctx context.Context, found []session.Expired, now time.Time) error {
 	f := facts{control: session.Control{Now: now}, grace: l.cfg.OutageGrace, sweepEvery: l.cfg.SweepInterval}
-	return l.holdEach(ctx, ruleBrake, found, func(e session.Expired) time.Time {
+	_, err := l.holdEach(ctx, ruleBrake, found, func(e session.Expired) time.Time {
 		return brakeRelease(f, timeout{Expired: e})
 	})
+	return err
 }

@@ -10,6 +10,8 @@ import (
 	"github.com/stillthere/stillthere/pkg/kafka"
 	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/redisconn"
+	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeline"
 )
 
 // Detection modes.
@@ -115,6 +117,11 @@ type Config struct {
 	// the listener schedules, is re-read. Default (and zero) 2s, as the
 	// gateways'.
 	PolicyRefresh time.Duration
+
+	// Timeline bounds the users' decision timelines this listener appends
+	// to (lapses, holds, events), or turns recording off. Default 100
+	// entries, 24h, on; give it the gateways' values.
+	Timeline timeline.Settings
 }
 
 // FallbackPolicy is the timeout policy in force while none is stored. The
@@ -152,6 +159,7 @@ func DefaultConfig() Config {
 		MassExpiryReleaseRate: 0,
 		Closing:               policy.DefaultClosing(),
 		PolicyRefresh:         policy.DefaultRefresh,
+		Timeline:              timeline.Settings{Bounds: session.TimelineBounds{Entries: timeline.DefaultEntries, Keep: timeline.DefaultKeep}},
 	}
 }
 
@@ -183,6 +191,7 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Int(&c.MassExpiryReleaseRate, "mass-expiry-release-rate", d.MassExpiryReleaseRate, "mass-expiry brake: most held timeouts released per second by this replica, in the order they fall due (0: each at the grace after its deadline, unpaced)")
 	c.Closing.Bind(b)
 	b.Duration(&c.PolicyRefresh, "policy-refresh", d.PolicyRefresh, "how often the timeout policy in Redis is re-read")
+	c.Timeline.Bind(b)
 }
 
 // LoadConfig reads the listener's settings from args and env.
@@ -206,6 +215,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.Closing.Validate(); err != nil {
+		return err
+	}
+	if err := c.Timeline.Validate(); err != nil {
 		return err
 	}
 	switch {

@@ -143,3 +143,21 @@ func TestValidate(t *testing.T) {
 		})
 	}
 }
+
+// TestTimelineConfig: the listener records in users' timelines by
+// default, with the gateways' default bounds, and refuses bad ones.
+func TestTimelineConfig(t *testing.T) {
+	c, err := LoadConfig(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Timeline.Off || c.Timeline.Bounds.Entries != 100 || c.Timeline.Bounds.Keep != 24*time.Hour {
+		t.Fatalf("timeline defaults = %+v, want on, 100 entries, 24h", c.Timeline)
+	}
+	if _, err := LoadConfig([]string{"-timeline-entries", "0"}, nil); err == nil || !strings.HasPrefix(err.Error(), "timeline-entries:") {
+		t.Fatalf("timeline-entries 0: %v, want a timeline-entries error", err)
+	}
+	if c, err := LoadConfig([]string{"-timeline-off"}, nil); err != nil || !c.Timeline.Off {
+		t.Fatalf("timeline-off: %+v, %v", c.Timeline, err)
+	}
+}

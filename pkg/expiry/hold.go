@@ -44,17 +44,25 @@ import (
 //     A feed that lagged longer than its gap records a blind interval (the
 //     first rule).
 
-// outageHold returns the release time of the latest hold an outage rule
-// puts e's timeout on, and that rule; a zero time when no outage rule
-// holds it. Every gateway instance of the user counts: the one that
-// renewed last, and every one with a connection of theirs, since a user
-// is present while any of their devices pings.
-func outageHold(c session.Control, e session.Expired, grace time.Duration) (time.Time, holdRule) {
-	var release time.Time
-	var why holdRule
-	holdTo := func(t time.Time, rule holdRule) {
-		if t.After(c.Now) && t.After(release) {
-			release, why = t, rule
+// outageFinding is the latest hold an outage rule puts a timeout on: its release
+// time (zero: no outage rule holds it), its rule, and what the rule found.
+type outageFinding struct {
+	release time.Time
+	rule    holdRule
+	blind   session.BlindInterval // ruleBlind: the blind interval that holds it
+	via     string                // ruleGatewayDead: the gateway instance that missed a heartbeat
+}
+
+// outageHold returns the latest hold an outage rule puts e's timeout on;
+// a zero release when no outage rule holds it. Every gateway instance of
+// the user counts: the one that renewed last, and every one with a
+// connection of theirs, since a user is present while any of their
+// devices pings.
+func outageHold(c session.Control, e session.Expired, grace time.Duration) outageFinding {
+	var o outageFinding
+	holdTo := func(t time.Time, rule holdRule, blind session.BlindInterval, via string) {
+		if t.After(c.Now) && t.After(o.release) {
+			o = outageFinding{release: t, rule: rule, blind: blind, via: via}
 		}
 	}
 	// The stage's due time: for stage 1 the deadline; for a later stage,
@@ -66,11 +74,11 @@ func outageHold(c session.Control, e session.Expired, grace time.Duration) (time
 			continue
 		}
 		if !d.Before(b.Start) && !d.After(b.End.Add(grace)) {
-			holdTo(b.End.Add(grace), ruleBlind)
+			holdTo(b.End.Add(grace), ruleBlind, b, "")
 			// The feed's lag: the platform's records of it, appended up
 			// to the grace after it, must have been applied too.
 			if w, fed := c.ActivityWatermark(); fed && b.Reason == session.BlindActivityLag && w.Before(b.End.Add(grace)) {
-				holdTo(c.Now.Add(min(max(c.Now.Sub(w), activityRecheck), grace)), ruleBlind)
+				holdTo(c.Now.Add(min(max(c.Now.Sub(w), activityRecheck), grace)), ruleBlind, b, "")
 			}
 		}
 	}
@@ -80,16 +88,16 @@ func outageHold(c session.Control, e session.Expired, grace time.Duration) (time
 			continue
 		}
 		if !d.Before(inst.Last.Add(-inst.Lease)) && !d.After(inst.Last.Add(grace)) {
-			holdTo(inst.Last.Add(grace), ruleGatewayDead)
+			holdTo(inst.Last.Add(grace), ruleGatewayDead, session.BlindInterval{}, name)
 		}
 	}
 	if since, down := fleetDown(c); down && !d.Before(since) {
-		holdTo(c.Now.Add(grace), ruleFleetDown)
+		holdTo(c.Now.Add(grace), ruleFleetDown, session.BlindInterval{}, "")
 	}
 	if w, fed := c.ActivityWatermark(); fed && !d.Before(w) {
-		holdTo(activityRelease(c.Now, w, d, c.ActivityStamp, grace), ruleActivityLag)
+		holdTo(activityRelease(c.Now, w, d, c.ActivityStamp, grace), ruleActivityLag, session.BlindInterval{}, "")
 	}
-	return release, why
+	return o
 }
 
 // activityRelease is when a deadline d at or past the activity feed's

@@ -147,7 +147,8 @@ func TestOutageHold(t *testing.T) {
 				c.Activity[p] = at(w)
 			}
 			e := session.Expired{UID: "u", Deadline: at(tt.deadline), Stage: 1, Due: at(tt.deadline), Via: tt.via, Routes: tt.routes}
-			until, rule := outageHold(c, e, grace)
+			o := outageHold(c, e, grace)
+			until, rule := o.release, o.rule
 			var want time.Time
 			if tt.until != 0 {
 				want = at(tt.until)

@@ -39,6 +39,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/spool"
+	"github.com/stillthere/stillthere/pkg/timeline"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
@@ -65,6 +66,9 @@ type Listener struct {
 	// policy keeps the timeout policy in force, for the stages of each
 	// silence (see stages.go).
 	policy *policy.Watcher
+	// timeline records this replica's decisions in users' timelines
+	// (timeline.go); nil when off, which records nothing.
+	timeline *timeline.Recorder
 	// produceDown logs a Kafka outage once, not once per event; the others
 	// likewise for Redis (sweeps, event lookups), the topic and the replay.
 	produceDown, sweepDown, topicDown, replayDown *outage.Log
@@ -119,6 +123,7 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Listener, er
 		return nil, err
 	}
 	l.store = session.NewStore(l.rdb, cfg.Redis.Keyspace())
+	l.timeline = cfg.Timeline.Recorder(l.store, timeline.Config{Service: "listener", Instance: id, Log: logger})
 	l.policy = cfg.NewPolicyWatcher(l.rdb, logger)
 	// A first read, so that the stages of a stored policy apply from the
 	// first sweep; while Redis does not answer, the configured ones do.
@@ -198,6 +203,14 @@ func (l *Listener) Run(ctx context.Context) error {
 	defer end()
 	l.log.Info("expiry listener running", "mode", l.cfg.Mode, "admin", l.AdminAddr().String(),
 		"topic", l.cfg.Kafka.Topic, "sweep_interval", l.sweepEvery(), "prefetch_interval", l.cfg.PrefetchInterval, "spool", l.cfg.SpoolDir)
+	// The timeline's recorder outlives every goroutine that decides, so
+	// that stopping flushes the last decisions: it stops after them.
+	if l.timeline != nil {
+		tctx, stopTimeline := context.WithCancel(context.WithoutCancel(ctx))
+		recorded := make(chan struct{})
+		go func() { defer close(recorded); l.timeline.Run(tctx) }()
+		defer func() { stopTimeline(); <-recorded }()
+	}
 	eg, ctx := errgroup.WithContext(ctx)
 	srv := &http.Server{Handler: admin.NewMux(l.ready, l.cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
 	eg.Go(func() error {
@@ -427,8 +440,14 @@ func (l *Listener) recheckReleased(ctx context.Context) {
 		// Released to the index, where no expired event finds them
 		// again: hold them once more, to retry at the next tick.
 		release := found[0].Detected.Add(l.cfg.SweepInterval)
-		if err := l.holdEach(ctx, ruleRetry, found, func(session.Expired) time.Time { return release }); err != nil {
+		held, err := l.holdEach(ctx, ruleRetry, found, func(session.Expired) time.Time { return release })
+		if err != nil {
 			l.log.Debug("hold released timeouts again", "count", len(found), "err", err)
+		}
+		for i, e := range found {
+			if held[i] {
+				l.noteHeld(e, verdict{act: actHold, rule: ruleRetry, release: release})
+			}
 		}
 		return
 	}

@@ -80,7 +80,7 @@ func (l *Listener) replay(ctx context.Context) error {
 func (l *Listener) produceSpooled(ctx context.Context, values [][]byte) bool {
 	records := make([]*kgo.Record, 0, len(values))
 	deadlines := make(map[*kgo.Record]time.Time, len(values))
-	events := make(map[*kgo.Record]timeoutevent.Event, len(values)) // stages that others follow
+	events := make(map[*kgo.Record]timeoutevent.Event, len(values))
 	var follow []session.Replayed
 	for _, v := range values {
 		ev, err := timeoutevent.Parse(v)
@@ -102,9 +102,7 @@ func (l *Listener) produceSpooled(ctx context.Context, values [][]byte) bool {
 		}
 		r := &kgo.Record{Key: []byte(ev.UID), Value: v}
 		records = append(records, r)
-		if ev.ID != "" && !ev.Final {
-			events[r] = ev
-		}
+		events[r] = ev
 		if ev.DueMS > 0 {
 			deadlines[r] = time.UnixMilli(ev.DueMS) // the stage's; for stage 1 the deadline
 		}
@@ -139,7 +137,10 @@ func (l *Listener) produceSpooled(ctx context.Context, values [][]byte) bool {
 				metricLag.WithLabelValues(pathSpool).Observe(time.Since(d).Seconds())
 			}
 			if ev, ok := events[r.Record]; ok {
-				follow = append(follow, l.replayed(ev))
+				if ev.ID != "" && !ev.Final { // a stage that others follow
+					follow = append(follow, l.replayed(ev))
+				}
+				l.noteReplayed(ev)
 			}
 		}
 		// The stages after those on the topic now are due from now on;

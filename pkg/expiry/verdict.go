@@ -139,7 +139,12 @@ type verdict struct {
 	act     act
 	rule    holdRule  // actHold: the rule that holds it
 	release time.Time // actHold: when the hold set releases it to the sweep, to be judged again
-	reason  reason    // actSettle, actLeave: why
+	// blind and via are what an outage rule found, for the user's
+	// timeline: the blind interval that holds it (ruleBlind), the gateway
+	// instance that missed a heartbeat (ruleGatewayDead).
+	blind  session.BlindInterval
+	via    string
+	reason reason // actSettle, actLeave: why
 	// stage is what the timeout's stage says: its event's action and text.
 	stage policy.Stage
 	// next is when the stage after it is due once it is settled: zero
@@ -193,8 +198,8 @@ type facts struct {
 // decide is the verdict on t, by the rules above.
 func decide(f facts, t timeout) verdict {
 	if t.claim.outcome == "" {
-		if release, rule := outageHold(f.control, t.Expired, f.grace); !release.IsZero() {
-			return verdict{act: actHold, rule: rule, release: release}
+		if o := outageHold(f.control, t.Expired, f.grace); !o.release.IsZero() {
+			return verdict{act: actHold, rule: o.rule, release: o.release, blind: o.blind, via: o.via}
 		}
 		if f.spooling && t.Stage > 1 {
 			return verdict{act: actLeave, reason: whyAwaitsReplay}

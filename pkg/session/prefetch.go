@@ -138,6 +138,9 @@ type NotDue struct {
 	InIndex bool
 	Release int64
 	Held    bool
+	// Staged: its index entry is a stage past the first. An entry in
+	// the index that is not staged is a deadline a renewal wrote.
+	Staged bool
 }
 
 // Confirmed is Confirm's answer.

@@ -104,9 +104,10 @@ var stagedCandidatesScript = newScript[stagedKeys]("staged_candidates", nil, nil
 // each candidate not listed is now (see Confirm). Its keys name each
 // candidate's session key and route key, in the order of the uids. ARGV:
 // limit, held count, later-only flag, report flag, then the candidates'
-// uids. Returns {now, {uid, index score or "", hold score or "", ...},
-// uid, due, segment, via, held, routes, stage, ...}: the nested list is
-// empty without the report flag; held is 1 when this due time was held
+// uids. Returns {now, {uid, index score or "", hold score or "", staged,
+// ...}, uid, due, segment, via, held, routes, stage, ...}: the nested list
+// is empty without the report flag, its staged 1 when the index entry is a
+// stage past the first (0: a deadline, as a renewal writes); held is 1 when this due time was held
 // once already, routes the gateway instances holding the user's
 // connections, stage a stageFormat value or "" for stage 1.
 var dueScript = newScript[dueKeys]("due", nil, nil)
@@ -244,7 +245,7 @@ var followScript = newScript[entryKeys]("follow", nil, []codec{stageFormat})
 // between (renewScript cancels the hold). An entry is moved only if its
 // due time is still the one decided on and its session is still gone.
 // Its keys name each entry's session key, in the order of the entries.
-// ARGV: uid, due, release triples. Returns how many were held.
+// ARGV: uid, due, release triples. Returns the uids it held.
 var holdScript = newScript[entryKeys]("hold", nil, nil)
 
 // Modes of renewScript.
@@ -500,28 +501,48 @@ var errReply = errors.New("unexpected script reply")
 // rechecks them. One whose user renewed since, or whose deadline changed,
 // is left alone. It returns how many it held.
 func (s *Store) Hold(ctx context.Context, found []Expired, release time.Time) (int, error) {
-	return s.HoldEach(ctx, found, func(Expired) time.Time { return release })
+	held, err := s.HoldEach(ctx, found, func(Expired) time.Time { return release })
+	return countTrue(held), err
 }
 
-// HoldEach is Hold with a release time of each timeout's own.
-func (s *Store) HoldEach(ctx context.Context, found []Expired, release func(Expired) time.Time) (int, error) {
+// HoldEach is Hold with a release time of each timeout's own. It says of
+// each of found whether it was held: one whose user renewed since, whose
+// deadline changed, or whose bucket's call failed was not.
+func (s *Store) HoldEach(ctx context.Context, found []Expired, release func(Expired) time.Time) ([]bool, error) {
 	cmds := s.perBucket(ctx, holdScript, found, func(e Expired) []any {
 		return []any{e.UID, e.Due.UnixMilli(), release(e).UnixMilli()}
 	})
-	n := 0
+	// A uid has one index entry at a time: the uids held say which.
+	done := map[string]bool{}
 	var firstErr error
 	for _, c := range cmds {
-		k, err := c.Int()
+		uids, err := c.StringSlice()
 		if err != nil {
 			firstErr = cmp.Or(firstErr, err)
 			continue
 		}
-		n += k
+		for _, uid := range uids {
+			done[uid] = true
+		}
+	}
+	held := make([]bool, len(found))
+	for i, e := range found {
+		held[i] = done[e.UID]
 	}
 	if firstErr != nil {
-		return n, fmt.Errorf("hold %d timeouts: %w", len(found), firstErr)
+		return held, fmt.Errorf("hold %d timeouts: %w", len(found), firstErr)
 	}
-	return n, nil
+	return held, nil
+}
+
+func countTrue(bs []bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
 }
 
 // parseStage reads a stage hash value (stageFormat).
@@ -562,11 +583,11 @@ func parseDue(cmd *redis.Cmd) ([]Expired, []NotDue, time.Time, error) {
 		return nil, nil, time.Time{}, fmt.Errorf("%w: %d values", errReply, len(vals))
 	}
 	report, ok := vals[1].([]any)
-	if !ok || len(report)%3 != 0 {
+	if !ok || len(report)%4 != 0 {
 		return nil, nil, time.Time{}, fmt.Errorf("%w: not due %v", errReply, vals[1])
 	}
 	var notDue []NotDue
-	for i := 0; i < len(report); i += 3 {
+	for i := 0; i < len(report); i += 4 {
 		uid, _ := report[i].(string)
 		if uid == "" {
 			return nil, nil, time.Time{}, fmt.Errorf("%w: not due %v", errReply, report[i])
@@ -574,6 +595,8 @@ func parseDue(cmd *redis.Cmd) ([]Expired, []NotDue, time.Time, error) {
 		nd := NotDue{UID: uid}
 		nd.Index, nd.InIndex = scoreOf(report[i+1])
 		nd.Release, nd.Held = scoreOf(report[i+2])
+		staged, _ := report[i+3].(int64)
+		nd.Staged = staged == 1
 		notDue = append(notDue, nd)
 	}
 	found, now, err := parseEntries(append([]any{vals[0]}, vals[2:]...))

@@ -34,6 +34,7 @@ for j = 1, #ARGV - 4 do
     notDue[#notDue+1] = uid
     notDue[#notDue+1] = score or ''
     notDue[#notDue+1] = redis.call('ZSCORE', KEYS[K.hold], uid) or ''
+    notDue[#notDue+1] = stage ~= '' and 1 or 0
   end
 end
 return out

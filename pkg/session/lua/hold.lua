@@ -1,4 +1,4 @@
-local n = 0
+local held = {}
 for j = 1, #ARGV / 3 do
   local uid = ARGV[3 * j - 2]
   local score = redis.call('ZSCORE', KEYS[K.index], uid)
@@ -6,7 +6,7 @@ for j = 1, #ARGV / 3 do
     redis.call('ZREM', KEYS[K.index], uid)
     redis.call('ZADD', KEYS[K.hold], ARGV[3 * j], uid)
     redis.call('HSET', KEYS[K.held], uid, ARGV[3 * j - 1])
-    n = n + 1
+    held[#held+1] = uid
   end
 end
-return n
+return held

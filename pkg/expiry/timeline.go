@@ -1,0 +1,153 @@
+package expiry
+
+import (
+	"fmt"
+
+	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeline"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
+)
+
+// What the listener decided about a user goes to their timeline
+// (package timeline), for the platform's support team: each entry is
+// recorded by the step of emit (batch.go) that carried the decision out,
+// after it took effect, from the facts the verdict had. Recording never
+// changes a verdict, adds no round trip, and never blocks (Record queues).
+// A timeout's entries, in the order a silence meets them:
+//
+//   - lapse: found due (step 1), each time it is judged from the index;
+//     rechecked instead when it was held and its release came.
+//   - held (step 2 or 4b, once the hold set has it): the hold rule, until
+//     when, and what the rule found (a blind interval and its reason, a
+//     gateway instance). The minute rule's hold is the "deferred".
+//   - deduped (step 6): produced or spooled already, or claimed by another
+//     replica; stale (step 6) with rule stage-gone: the policy in force has
+//     no such stage, and the silence ends without an event.
+//   - produced or spooled (step 6), with the event's id; replayed when the
+//     spool's replay put it on the topic.
+//   - stale with rule renewed: a hold a renewal cancelled, found by the
+//     prefetch path's timer of the hold (fire).
+
+// Rules of the listener's entries besides the hold rules: a metric label
+// each, so a small fixed set.
+const (
+	tlStageGone = "stage-gone" // stale: the policy in force has no such stage
+	tlRenewed   = "renewed"    // stale: a renewal cancelled the hold
+	// deduped: the dedup key's answer.
+	tlProduced         = "produced"
+	tlSpooled          = "spooled"
+	tlClaimedElsewhere = "claimed-elsewhere"
+)
+
+// blindReasons says each blind interval's reason for a person.
+var blindReasons = map[string]string{
+	session.BlindSweepGap:    "no listener swept the deadlines",
+	session.BlindDataLost:    "Redis lost its data",
+	session.BlindClockJump:   "Redis's clock stepped forward",
+	session.BlindGateway:     "a gateway could not reach Redis",
+	session.BlindFleetDown:   "no gateway was alive",
+	session.BlindRenewals:    "a gateway's renewals failed",
+	session.BlindRestart:     "Redis restarted",
+	session.BlindFailover:    "Redis failed over",
+	session.BlindDrain:       "a gateway drained its clients",
+	session.BlindActivityLag: "the activity feed lagged",
+}
+
+// blindDetail says why users could not reach us in b.
+func blindDetail(b session.BlindInterval) string {
+	why, ok := blindReasons[b.Reason]
+	if !ok {
+		why = b.Reason
+	}
+	if b.Scope != "" {
+		why += " (gateway " + b.Scope + ")"
+	}
+	return why
+}
+
+// silence is the entry of e's timeout, before its kind.
+func silence(e session.Expired) timeline.Entry {
+	return timeline.Entry{Stage: e.Stage, Segment: e.Segment, Deadline: e.Deadline.UnixMilli()}
+}
+
+// eventID is the id of the event of e's timeout.
+func eventID(e session.Expired) string {
+	return timeoutevent.StageID(e.UID, e.Deadline.UnixMilli(), e.Stage)
+}
+
+// noteFound records that e was found due: a lapse, or a held one's
+// recheck.
+func (l *Listener) noteFound(e session.Expired) {
+	en := silence(e)
+	en.Kind = timeline.KindLapse
+	if e.Rechecked {
+		en.Kind = timeline.KindRechecked
+	}
+	l.timeline.Record(e.UID, en)
+}
+
+// noteHeld records that the hold set holds e by v (a hold verdict).
+func (l *Listener) noteHeld(e session.Expired, v verdict) {
+	en := silence(e)
+	en.Kind, en.Rule, en.Until = timeline.KindHeld, string(v.rule), v.release.UnixMilli()
+	switch v.rule {
+	case ruleBlind:
+		en.BlindMS = [2]int64{v.blind.Start.UnixMilli(), v.blind.End.UnixMilli()}
+		en.Detail = blindDetail(v.blind)
+	case ruleGatewayDead:
+		en.Detail = "gateway " + v.via + " missed a heartbeat"
+	case ruleFleetDown:
+		en.Detail = "no gateway alive"
+	case ruleActivityLag:
+		en.Detail = "the activity feed had not passed the deadline"
+	case ruleBrake:
+		en.Detail = "mass-expiry brake engaged"
+	case ruleMinute:
+		en.Detail = "second silence in the minute window"
+	case ruleRetry:
+		en.Detail = "released, but the recheck could not run"
+	}
+	l.timeline.Record(e.UID, en)
+}
+
+// noteOutcome records what became of it at the end of emit, if anything
+// the timeline shows. settled says whether its settle went through.
+func (l *Listener) noteOutcome(it *item, settled bool) {
+	en := silence(it.Expired)
+	switch it.verdict.reason {
+	case whyProduced:
+		en.Kind, en.Event = timeline.KindProduced, eventID(it.Expired)
+	case whySpooled:
+		en.Kind, en.Event = timeline.KindSpooled, eventID(it.Expired)
+	case whyProducedBefore:
+		en.Kind, en.Rule, en.Event = timeline.KindDeduped, tlProduced, eventID(it.Expired)
+	case whySpooledBefore:
+		en.Kind, en.Rule, en.Event = timeline.KindDeduped, tlSpooled, eventID(it.Expired)
+	case whyClaimedElsewhere:
+		en.Kind, en.Rule = timeline.KindDeduped, tlClaimedElsewhere
+	case whyStageGone:
+		en.Kind, en.Rule = timeline.KindStale, tlStageGone
+		en.Detail = fmt.Sprintf("the policy in force has no stage %d: the silence ends without an event", it.Stage)
+	default:
+		return
+	}
+	// One whose settle failed is found again and recorded then; an event
+	// Kafka or the spool took is recorded all the same.
+	if !settled && en.Kind != timeline.KindProduced && en.Kind != timeline.KindSpooled {
+		return
+	}
+	l.timeline.Record(it.UID, en)
+}
+
+// noteReplayed records that the replay put a spooled event on the topic.
+func (l *Listener) noteReplayed(ev timeoutevent.Event) {
+	en := timeline.Entry{Kind: timeline.KindReplayed, Event: ev.ID, Stage: ev.Stage, Segment: ev.Segment, Deadline: ev.DeadlineMS}
+	l.timeline.Record(ev.UID, en)
+}
+
+// noteCancelledHold records that uid's held timeout was judged again and
+// found overtaken: a renewal cancelled its hold.
+func (l *Listener) noteCancelledHold(uid string) {
+	l.timeline.Record(uid, timeline.Entry{Kind: timeline.KindRechecked, Detail: "its hold was cancelled"})
+	l.timeline.Record(uid, timeline.Entry{Kind: timeline.KindStale, Rule: tlRenewed, Detail: "a renewal came while it was held"})
+}
