@@ -18,6 +18,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeline"
 	"github.com/stillthere/stillthere/pkg/userid"
 )
 
@@ -93,7 +94,15 @@ type activityHandler struct {
 	instance string
 	now      func() time.Time
 	log      *outage.Log
+	// timeline records the turns the events changed; nil records none.
+	timeline *timeline.Recorder
 }
+
+// Where activity events come from, as the timeline says.
+const (
+	viaEndpoint = "endpoint"
+	viaTopic    = "topic"
+)
 
 func (h *activityHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if h.secret == "" || h.store == nil {
@@ -126,7 +135,7 @@ func (h *activityHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// applied whole or not at all, and the platform's retry is stale.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), activityTimeout)
 	defer cancel()
-	res, err := h.apply(ctx, events)
+	res, err := h.apply(ctx, events, viaEndpoint)
 	kind := batchKind(events)
 	if err != nil {
 		metricActivityEvents.WithLabelValues(kind, "failed").Add(float64(len(events)))
@@ -171,8 +180,10 @@ func (h *activityHandler) read(w http.ResponseWriter, r *http.Request) ([]activi
 	return events, http.StatusOK, activity.ErrorResponse{}
 }
 
-// apply resolves the events' segments and applies them, in one call.
-func (h *activityHandler) apply(ctx context.Context, events []activity.Event) (activityResult, error) {
+// apply resolves the events' segments and applies them, in one call, and
+// records the turns they changed (via says where they came from): also
+// when some buckets failed, whose events did not apply.
+func (h *activityHandler) apply(ctx context.Context, events []activity.Event, via string) (activityResult, error) {
 	var unsure []string
 	for _, e := range events {
 		if e.Seg == "" {
@@ -199,6 +210,13 @@ func (h *activityHandler) apply(ctx context.Context, events []activity.Event) (a
 		out[i] = storeEvent(e, seg, p)
 	}
 	res, err := h.store.ApplyActivity(ctx, h.instance, out)
+	if h.timeline != nil {
+		for _, i := range res.Turned {
+			if e, ok := turnEntry(out[i].Kind, out[i].Segment, via); ok {
+				h.timeline.Record(out[i].UID, e)
+			}
+		}
+	}
 	if err != nil {
 		return activityResult{}, fmt.Errorf("apply: %w", err)
 	}
@@ -232,7 +250,7 @@ func (h *activityHandler) applyRecords(ctx context.Context, recs []*kgo.Record) 
 		return refused, nil
 	}
 	kind := batchKind(events)
-	res, err := h.apply(ctx, events)
+	res, err := h.apply(ctx, events, viaTopic)
 	if err != nil {
 		metricActivityEvents.WithLabelValues(kind, "failed").Add(float64(len(events)))
 		return nil, err

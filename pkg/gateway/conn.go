@@ -134,6 +134,9 @@ type extra struct {
 	// guide (see inactive.go). release ends the session if this was their
 	// last connection anywhere, as of then.
 	closedAt time.Duration
+	// closeCode is the code of the gateway's close of the connection,
+	// once it closes it (flagCloseSet): for the user's timeline.
+	closeCode int
 	// presentUntilMS is when, by its client's word, its user's session
 	// would have run out had they reached us (Unix ms, Redis's clock; 0:
 	// no word): a guide of a silence that ran out before it is dropped.
@@ -285,7 +288,9 @@ func (c *conn) answer(f frame.Client) {
 		// Proof of receipt only: an ack must not renew the session, or a
 		// client that acks automatically would be guided every TTL.
 		c.g.log.Debug("guide acknowledged", "uid", c.uid, "guide_id", f.ID)
-		c.ackProof(f.ID)
+		if c.ackProof(f.ID) {
+			c.g.timeline.Record(c.uid, ackedEntry(f.ID))
+		}
 	case frame.TypeAuth:
 		// Not activity either: a tab that refreshes its token while
 		// nobody is at it is a silent user.
@@ -412,6 +417,7 @@ func (c *conn) endAt() time.Duration {
 // the drain waits for it, and its slot in g.open.
 func (c *conn) Closed(err error) {
 	c.ended(err)
+	code, ours := c.endCode(err)
 	c.stop()
 	go func() {
 		defer c.g.conns.Done()
@@ -423,8 +429,31 @@ func (c *conn) Closed(err error) {
 		if c.normalClose() {
 			c.leaveAfterRenewals()
 		}
-		c.g.release(ctx, c)
+		c.g.release(ctx, c, code, ours)
 	}()
+}
+
+// endCode is the close code c ended with, for the user's timeline: the
+// gateway's, when it closed c (ours), else the client's (err is the
+// reader's), 1009 for a frame past the read limit, or 1006 (abnormal)
+// when no close frame came.
+func (c *conn) endCode(err error) (code int, ours bool) {
+	c.mu.Lock()
+	if c.is(flagCloseSet) && c.x != nil && c.x.closeCode != 0 {
+		code = c.x.closeCode
+	}
+	c.mu.Unlock()
+	if code != 0 {
+		return code, true
+	}
+	var ce *websocket.CloseError
+	switch {
+	case errors.As(err, &ce):
+		return ce.Code, false
+	case errors.Is(err, websocket.ErrReadLimit):
+		return websocket.CloseMessageTooBig, true
+	}
+	return websocket.CloseAbnormalClosure, false
 }
 
 // leaveAfterRenewals dates a normal close no earlier than the renewals of
@@ -586,6 +615,7 @@ func (c *conn) closeFrame(code int, reason string, here bool) {
 		c.mu.Unlock()
 		return
 	}
+	c.more().closeCode = code
 	metricCloses.WithLabelValues(strconv.Itoa(code)).Inc()
 	if c.is(flagClosed) {
 		c.mu.Unlock()

@@ -227,6 +227,7 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 		instance: g.instance,
 		now:      time.Now,
 		log:      g.activityLog,
+		timeline: g.timeline,
 	}
 	g.policy = policy.NewWatcher(policy.NewStore(g.rdb, cfg.Redis.Keyspace()),
 		cfg.FallbackPolicy(), cfg.PolicyRefresh, cfg.RenewGranularity, logger)
@@ -621,12 +622,19 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	g.hub.add(c, g.start)
 	metricConnections.Inc()
 	wctx, cancel := context.WithTimeout(rctx, routeWriteTimeout)
-	if err := g.routes.write(wctx, c.uid, closeNone); err != nil {
+	res := g.routes.writeResult(wctx, c.uid, closeNone)
+	if res.Err != nil {
 		// Guides reach this connection through this instance until the
 		// writer's retry gets through.
-		g.routeLog.Fail(err)
+		g.routeLog.Fail(res.Err)
 	}
 	cancel()
+	if g.timeline != nil {
+		// After the write, which says whether the user is connected
+		// elsewhere too. A guide pushed while it was under way reached
+		// this connection already, and may be recorded first.
+		g.timeline.Record(c.uid, startEntry(c.segment, g.hub.count(c.uid), res, held))
+	}
 	var rest func()
 	if !held {
 		rest = g.handOverInbox(rctx, c, noPresence)
@@ -661,7 +669,7 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 			rest()
 		}
 		g.open.Add(-1)
-		g.release(rctx, c)
+		g.release(rctx, c, websocket.CloseGoingAway, true)
 		return
 	}
 	c.armExpiry()
@@ -694,8 +702,10 @@ func (g *Gateway) track(n int) bool {
 // release forgets an ended connection: it counts it out of the user's
 // route and, after a normal close, ends the session if that was the
 // user's last connection on any instance; then it hands on the guides the
-// client never proved it got (see proof.go).
-func (g *Gateway) release(ctx context.Context, c *conn) {
+// client never proved it got (see proof.go). code is the connection's
+// close code, ours whether the gateway closed it (see endCode): the
+// user's timeline records the end with them.
+func (g *Gateway) release(ctx context.Context, c *conn, code int, ours bool) {
 	g.hub.remove(c)
 	if !c.normalClose() {
 		g.dropped.add(c)
@@ -703,9 +713,13 @@ func (g *Gateway) release(ctx context.Context, c *conn) {
 	metricConnections.Dec()
 	wctx, cancel := context.WithTimeout(ctx, routeWriteTimeout)
 	defer cancel()
-	if err := g.routes.write(wctx, c.uid, c.routeClose()); err != nil {
+	res := g.routes.writeResult(wctx, c.uid, c.routeClose())
+	if res.Err != nil {
 		// The writer keeps the user marked, and retries.
-		g.routeLog.Fail(err)
+		g.routeLog.Fail(res.Err)
+	}
+	if g.timeline != nil {
+		g.timeline.Record(c.uid, endEntry(c.segment, code, ours, c.normalClose(), res))
 	}
 	g.handOn(ctx, c) // after the route write: a normal close makes them stale
 }

@@ -60,7 +60,11 @@ func (c *conn) takeGuide(req push.Request) guideTake {
 	b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)
 	var closing func()
 	if req.Final {
-		closing = c.closeInactive
+		closing = func() {
+			if c.closeInactive() {
+				c.g.timeline.Record(c.uid, closedEntry(req))
+			}
+		}
 	}
 	if !c.enqueueProven(b, &guideProof{id: req.ID, req: &req}, closing) {
 		return guideRefused
@@ -68,14 +72,15 @@ func (c *conn) takeGuide(req push.Request) guideTake {
 	return guideTaken
 }
 
-// closeInactive ends c after its close stage's guide, once. It runs on
+// closeInactive ends c after its close stage's guide, once, and reports
+// whether it did so here. It runs on
 // the flusher, which stops after it; the reader ends on the client's
 // close frame, on any other frame once the guide is proven (Message checks
 // inactive), or at the deadline set here (closingLinger), whichever is
 // first.
-func (c *conn) closeInactive() {
+func (c *conn) closeInactive() bool {
 	if !c.set(flagInactive) {
-		return
+		return false
 	}
 	// As ended does for a 1000 (see closeNormally).
 	c.closeNormally()
@@ -87,6 +92,7 @@ func (c *conn) closeInactive() {
 	// it: a close is the last frame queued, and the guide came first.)
 	c.mu.Lock()
 	c.set(flagClosed | flagCloseSet)
+	c.more().closeCode = frame.CloseInactive
 	c.dropQueue() // nothing may follow the close frame
 	c.mu.Unlock()
 	c.g.log.Debug("closing for inactivity after the close stage's guide", "uid", c.uid)
@@ -94,4 +100,5 @@ func (c *conn) closeInactive() {
 	msg := websocket.FormatCloseMessage(frame.CloseInactive, "inactive")
 	c.ws.WriteControl(websocket.CloseMessage, msg, time.Now().Add(c.g.cfg.WriteTimeout))
 	c.ws.NetConn().SetReadDeadline(time.Now().Add(c.closingLinger()))
+	return true
 }

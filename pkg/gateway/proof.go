@@ -160,8 +160,10 @@ func (c *conn) awaitingProof() bool {
 }
 
 // ackProof takes an ack frame's id: it proves that guide, and the ones
-// written before it.
-func (c *conn) ackProof(id string) {
+// written before it. It reports whether id is one of the guides last
+// queued on c: only those go to the user's timeline, so that a client
+// cannot fill it with acks of ids it made up.
+func (c *conn) ackProof(id string) (known bool) {
 	c.mu.Lock()
 	var seq uint64
 	for _, p := range c.unproven() {
@@ -169,10 +171,12 @@ func (c *conn) ackProof(id string) {
 			seq = p.seq
 		}
 	}
+	known = seq > 0 || (c.x != nil && slices.Contains(c.x.guideIDs, id))
 	c.mu.Unlock()
 	if seq > 0 {
 		c.proved(seq)
 	}
+	return known
 }
 
 // ackProofOf is ackProof for a raw frame that Message does not parse
@@ -182,7 +186,9 @@ func (c *conn) ackProofOf(typ int, data []byte) {
 		return
 	}
 	if f, err := frame.Parse(data); err == nil && f.Type == frame.TypeAck && f.ID != "" {
-		c.ackProof(f.ID)
+		if c.ackProof(f.ID) {
+			c.g.timeline.Record(c.uid, ackedEntry(f.ID))
+		}
 	}
 }
 
@@ -300,6 +306,9 @@ func (g *Gateway) handOn(ctx context.Context, c *conn) {
 			continue
 		}
 		metricPushes.WithLabelValues("handed_on").Inc()
+		if e, ok := sentEntry(req, res.Status, res.Connections, "handed on: its connection ended before proving it got it"); ok {
+			g.timeline.Record(req.UID, e)
+		}
 		g.log.Debug("guide not proven received: handed on", "uid", c.uid, "guide_id", req.ID, "status", res.Status)
 	}
 }

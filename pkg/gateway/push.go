@@ -320,8 +320,15 @@ func (g *Gateway) routedIn(ctx context.Context, payload string) {
 	}
 	kctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
 	defer cancel()
-	if _, err := g.keep(kctx, req, []byte(payload), nil, false, false); err != nil {
+	status, err := g.keep(kctx, req, []byte(payload), nil, false, false)
+	if err != nil {
 		g.pushLog.Fail(err)
+		return
+	}
+	// The push counted this instance as delivered: the user's
+	// connections here ended as it was routed.
+	if e, ok := sentEntry(req, status, 0, "routed here after the user's connections ended: kept for the next connect"); ok {
+		g.timeline.Record(req.UID, e)
 	}
 }
 
@@ -432,6 +439,7 @@ func (h *handover) run(ctx context.Context, taken int) {
 			return
 		}
 		metricPushes.WithLabelValues("from_inbox").Add(float64(len(done)))
+		h.recordHandedOver(done)
 		if len(unsent) > 0 || taken < chunk {
 			return
 		}
@@ -446,6 +454,24 @@ func (h *handover) run(ctx context.Context, taken int) {
 		}
 		taken = len(items)
 		h.queue(ctx, items)
+	}
+}
+
+// recordHandedOver records the inbox guides the connection proved it got
+// in their user's timeline: the push kept them, and this is where they
+// reached the user.
+func (h *handover) recordHandedOver(done []string) {
+	if h.g.timeline == nil {
+		return
+	}
+	for _, raw := range done {
+		req, ok := parseEntry(raw)
+		if !ok {
+			continue
+		}
+		if e, ok := sentEntry(req, push.Delivered, 1, "handed over from the inbox on a connect"); ok {
+			h.g.timeline.Record(h.c.uid, e)
+		}
 	}
 }
 

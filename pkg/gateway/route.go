@@ -85,7 +85,7 @@ type routeMark struct {
 	// last write: a normal close ends the session if no connection of
 	// theirs is left anywhere, and Redis knows of no renewal since it.
 	close   routeClose
-	waiters []chan error
+	waiters []chan session.RouteResult
 	// rounds are the re-registrations waiting for this write.
 	rounds []*routeRound
 }
@@ -157,12 +157,12 @@ func newRouteBook(g *Gateway) *routeBook {
 
 // mark queues uid's count to be written, after close. done, if not nil,
 // receives the write's result.
-func (b *routeBook) mark(uid string, close routeClose, done chan error) {
+func (b *routeBook) mark(uid string, close routeClose, done chan session.RouteResult) {
 	b.mu.Lock()
 	if b.stopped {
 		b.mu.Unlock()
 		if done != nil {
-			done <- errRoutesStopped
+			done <- session.RouteResult{Err: errRoutesStopped}
 		}
 		return
 	}
@@ -194,13 +194,20 @@ func (b *routeBook) signal() {
 
 // write marks uid and waits for its count to be written.
 func (b *routeBook) write(ctx context.Context, uid string, close routeClose) error {
-	done := make(chan error, 1)
+	return b.writeResult(ctx, uid, close).Err
+}
+
+// writeResult is write, with what the write found: the user's
+// connections on every instance after it, and whether it ended the
+// session.
+func (b *routeBook) writeResult(ctx context.Context, uid string, close routeClose) session.RouteResult {
+	done := make(chan session.RouteResult, 1)
 	b.mark(uid, close, done)
 	select {
-	case err := <-done:
-		return err
+	case r := <-done:
+		return r
 	case <-ctx.Done():
-		return ctx.Err()
+		return session.RouteResult{Err: ctx.Err()}
 	}
 }
 
@@ -287,7 +294,7 @@ func (b *routeBook) run(ctx context.Context) {
 			b.mu.Lock()
 			for _, m := range b.pending {
 				for _, w := range m.waiters {
-					w <- errRoutesStopped
+					w <- session.RouteResult{Err: errRoutesStopped}
 				}
 			}
 			b.pending = nil
@@ -371,7 +378,7 @@ func (b *routeBook) flush(ctx context.Context) bool {
 				}
 			}
 			for _, w := range marks[i].waiters {
-				w <- r.Err
+				w <- r
 			}
 		}
 		if failed {

@@ -14,6 +14,8 @@ import (
 	"github.com/stillthere/stillthere/pkg/kafka"
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisconn"
+	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeline"
 	"github.com/stillthere/stillthere/pkg/userid"
 )
 
@@ -30,6 +32,10 @@ const maxGuideText = 1024
 type Config struct {
 	Redis redisconn.Config
 	Kafka kafka.Config
+	// Timeline bounds the users' decision timelines, and turns this
+	// consumer's recording in them off (Off). Default on, 100 entries,
+	// 24h, as the gateway's.
+	Timeline timeline.Settings
 
 	// AdminAddr serves /healthz, /readyz and /metrics. Default 127.0.0.1:8083.
 	AdminAddr string
@@ -94,6 +100,7 @@ func DefaultConfig() Config {
 	return Config{
 		Redis:               redisconn.DefaultConfig(),
 		Kafka:               kafka.DefaultConfig(),
+		Timeline:            timeline.Settings{Bounds: session.TimelineBounds{Entries: timeline.DefaultEntries, Keep: timeline.DefaultKeep}},
 		AdminAddr:           "127.0.0.1:8083",
 		Group:               "stillthere-guide",
 		GroupSessionTimeout: 45 * time.Second,
@@ -115,6 +122,7 @@ func (c *Config) Bind(b *config.Binder) {
 	d := DefaultConfig()
 	c.Redis.Bind(b)
 	c.Kafka.Bind(b)
+	c.Timeline.Bind(b)
 	b.String(&c.AdminAddr, "consumer-admin-addr", d.AdminAddr, "listen address of health and metrics")
 	b.Bool(&c.Pprof, "pprof", d.Pprof, "serve /debug/pprof/ on the admin listener (unauthenticated)")
 	b.String(&c.Group, "consumer-group", d.Group, "Kafka consumer group")
@@ -152,6 +160,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.Kafka.Validate(); err != nil {
+		return err
+	}
+	if err := c.Timeline.Validate(); err != nil {
 		return err
 	}
 	switch c.Sender {

@@ -13,6 +13,8 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/kafka"
 	"github.com/stillthere/stillthere/pkg/redisconn"
+	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeline"
 	"github.com/stillthere/stillthere/pkg/userid"
 )
 
@@ -20,6 +22,7 @@ func validConfig() Config {
 	return Config{
 		Redis:               redisconn.Config{Addrs: []string{"127.0.0.1:6379"}, KeyPrefix: "st"},
 		Kafka:               kafka.Config{Brokers: []string{"127.0.0.1:9092"}, Topic: "session-timeouts", Partitions: 12, ReplicationFactor: 1},
+		Timeline:            timeline.Settings{Bounds: session.TimelineBounds{Entries: 100, Keep: 24 * time.Hour}},
 		AdminAddr:           "127.0.0.1:0",
 		Group:               "stillthere-guide",
 		GroupSessionTimeout: 10 * time.Second,
@@ -56,6 +59,8 @@ func TestValidate(t *testing.T) {
 		{"bad key prefix", "key-prefix", func(c *Config) { c.Redis.KeyPrefix = "a:{b}" }},
 		{"no brokers", "kafka-brokers", func(c *Config) { c.Kafka.Brokers = nil }},
 		{"no topic", "topic", func(c *Config) { c.Kafka.Topic = "" }},
+		{"timeline without entries", "timeline-entries", func(c *Config) { c.Timeline.Bounds.Entries = 0 }},
+		{"timeline keep too short", "timeline-keep", func(c *Config) { c.Timeline.Bounds.Keep = time.Second }},
 		{"empty push url", "push-url", func(c *Config) { c.PushURL = "" }},
 		{"push url not http", "push-url", func(c *Config) { c.PushURL = "ftp://127.0.0.1/v1/push" }},
 		{"push url without host", "push-url", func(c *Config) { c.PushURL = "http:///v1/push" }},
@@ -188,6 +193,7 @@ func TestLoadConfig(t *testing.T) {
 		want := Config{
 			Redis:               got.Redis,
 			Kafka:               got.Kafka,
+			Timeline:            timeline.Settings{Bounds: session.TimelineBounds{Entries: 100, Keep: 24 * time.Hour}},
 			AdminAddr:           "127.0.0.1:8083",
 			Group:               "stillthere-guide",
 			GroupSessionTimeout: 45 * time.Second,

@@ -38,7 +38,9 @@ import (
 	"github.com/stillthere/stillthere/pkg/outage"
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeline"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
+	"github.com/stillthere/stillthere/pkg/userid"
 )
 
 // Dead-letter record headers, as package kafka writes them.
@@ -65,9 +67,13 @@ type Consumer struct {
 	// one round trip; the dispatch loop runs it.
 	checks *checkBatcher
 
+	// timeline records each settlement in its user's timeline; nil when
+	// recording is off. Run runs it, and stops it after the last send.
+	timeline *timeline.Recorder
+
 	// breaker guards the sender, named for it; redisBreaker the session
 	// check.
-	breaker      *gobreaker.CircuitBreaker[Outcome]
+	breaker      *gobreaker.CircuitBreaker[Sent]
 	redisBreaker *gobreaker.CircuitBreaker[sessionCheck]
 
 	// One log per condition that fails for many records at once, so that
@@ -114,6 +120,8 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Consumer, er
 	if err := redisconn.CheckEviction(ctx, c.rdb); err != nil {
 		logger.Warn("Redis may evict session keys; give it maxmemory-policy noeviction", "err", err)
 	}
+	c.timeline = cfg.Timeline.Recorder(session.NewStore(c.rdb, c.keyspace),
+		timeline.Config{Service: "consumer", Instance: newInstanceName(), Log: logger})
 	httpc := &http.Client{
 		Timeout: cfg.SendTimeout,
 		// A redirect is not an answer: the status says what happened.
@@ -131,7 +139,7 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Consumer, er
 		c.sender = &gatewaySender{url: cfg.PushURL, secret: cfg.PushSecret, client: httpc}
 	}
 	c.checks = newCheckBatcher(c.checkSessions, cfg.SendTimeout, cfg.MaxInFlight)
-	c.breaker = newBreaker[Outcome](cfg.Sender, cfg, logger)
+	c.breaker = newBreaker[Sent](cfg.Sender, cfg, logger)
 	c.redisBreaker = newBreaker[sessionCheck](downstreamRedis, cfg, logger)
 	c.checkOutage = outage.NewLog(logger.With("downstream", downstreamRedis), "check sessions", 0)
 	c.sendOutage = outage.NewLog(logger.With("downstream", cfg.Sender), "send guides", 0)
@@ -205,6 +213,21 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return err
 	}
 	defer end()
+	// The timeline's recorder outlives the loop: it stops once the last
+	// send has settled (and been recorded), and sends what it still
+	// holds before Run returns.
+	if c.timeline != nil {
+		tctx, stopTimeline := context.WithCancel(context.WithoutCancel(ctx))
+		timelineDone := make(chan struct{})
+		go func() {
+			defer close(timelineDone)
+			c.timeline.Run(tctx)
+		}()
+		defer func() {
+			stopTimeline()
+			<-timelineDone
+		}()
+	}
 	c.log.Info("guide consumer running", "group", c.cfg.Group, "topic", c.cfg.Kafka.Topic,
 		"sender", c.cfg.Sender, "dlq_topic", c.cfg.DLQTopic, "admin", c.AdminAddr().String())
 	eg, ctx := errgroup.WithContext(ctx)
@@ -249,7 +272,8 @@ func (c *Consumer) ready(ctx context.Context) error {
 
 // process takes one record as far as it goes: to a settled outcome, or to
 // an error meaning "try again later". It runs on its own goroutine, one
-// per record in flight, started and awaited by the loop.
+// per record in flight, started and awaited by the loop. Each settlement
+// goes to its user's timeline once it has taken effect.
 func (c *Consumer) process(ctx context.Context, r *kgo.Record) (Outcome, error) {
 	ev, err := timeoutevent.Parse(r.Value)
 	if err != nil {
@@ -257,6 +281,11 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (Outcome, error) 
 			return "", err
 		}
 		c.log.Error("dead-lettered a record that is not a timeout event", "partition", r.Partition, "offset", r.Offset, "err", err)
+		// The listener keys each record by its uid: the user's timeline
+		// shows the poison record too, when its key names one.
+		if uid := string(r.Key); userid.Valid(uid) {
+			c.record(uid, settlement{outcome: OutcomeInvalid, reason: err.Error()})
+		}
 		return OutcomeInvalid, nil
 	}
 	// Even a too old event waits for Redis: only its clock says so.
@@ -285,11 +314,12 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (Outcome, error) 
 			}
 			cancel()
 		}
+		c.record(ev.UID, settlement{ev: ev, outcome: outcome, needless: true, check: check, maxAge: c.cfg.GuideMaxAge})
 		return outcome, nil
 	}
 	g := Guide{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: c.text(ev), DeadlineMS: ev.DeadlineMS, DueMS: ev.DueMS,
 		Stage: ev.Stage, Action: ev.Action, Final: ev.Final}
-	outcome, err := c.breaker.Execute(func() (Outcome, error) {
+	sent, err := c.breaker.Execute(func() (Sent, error) {
 		start := time.Now()
 		defer func() { metricSendSeconds.Observe(time.Since(start).Seconds()) }()
 		return c.sender.Send(ctx, g)
@@ -300,12 +330,25 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (Outcome, error) 
 			return "", err
 		}
 		c.log.Error("guide refused by downstream, dead-lettered", "uid", ev.UID, "guide_id", ev.ID, "err", err)
+		c.record(ev.UID, settlement{ev: ev, outcome: OutcomeRejected, reason: err.Error(), code: permanentCode(err)})
 		return OutcomeRejected, nil
 	}
-	if err == nil {
-		observeSent(ev, outcome)
+	if err != nil {
+		return "", err
 	}
-	return outcome, err
+	observeSent(ev, sent.Outcome)
+	c.record(ev.UID, settlement{ev: ev, sender: c.cfg.Sender, outcome: sent.Outcome, sent: sent})
+	return sent.Outcome, nil
+}
+
+// record adds a settlement's entries to uid's timeline, without waiting.
+func (c *Consumer) record(uid string, s settlement) {
+	if c.timeline == nil {
+		return
+	}
+	for _, e := range s.entries() {
+		c.timeline.Record(uid, e)
+	}
 }
 
 // text is what the guide of ev says: its stage's text from the timeout

@@ -16,7 +16,16 @@ type Guide = push.Request
 // sender delivers one guide and says how it was settled. An error is the
 // downstream failing, to be retried, unless it is a permanentError.
 type sender interface {
-	Send(ctx context.Context, g Guide) (Outcome, error)
+	Send(ctx context.Context, g Guide) (Sent, error)
+}
+
+// Sent is how a downstream settled a guide: its outcome and, for the
+// user's timeline, how many connections the gateway handed it to, or the
+// webhook's HTTP status.
+type Sent struct {
+	Outcome Outcome
+	Conns   int // the gateway's: connections that took it
+	Code    int // the webhook's: its 2xx
 }
 
 var (
@@ -30,8 +39,11 @@ var (
 // endpoint's 400; the webhook's 400, 404, 410, 422), never a refusal of
 // our credentials (401, 403): that one every guide gets, and as a success
 // it would dead-letter them all at full speed instead of opening the
-// breaker.
-type permanentError struct{ err error }
+// breaker. code is the downstream's HTTP status, 0 when it never answered.
+type permanentError struct {
+	err  error
+	code int
+}
 
 func (e permanentError) Error() string { return e.err.Error() }
 func (e permanentError) Unwrap() error { return e.err }
@@ -39,6 +51,15 @@ func (e permanentError) Unwrap() error { return e.err }
 func isPermanent(err error) bool {
 	var p permanentError
 	return errors.As(err, &p)
+}
+
+// permanentCode is the HTTP status of a permanentError, or 0.
+func permanentCode(err error) int {
+	var p permanentError
+	if errors.As(err, &p) {
+		return p.code
+	}
+	return 0
 }
 
 // gatewaySender delivers guides through the gateway's push endpoint, which
@@ -54,13 +75,15 @@ type gatewaySender struct {
 // (409 while another push of it is under way, 5xx, 401/403, an older
 // gateway refusing a field, timeouts, connection errors) is the
 // downstream failing, to be retried.
-func (s *gatewaySender) Send(ctx context.Context, g Guide) (Outcome, error) {
+func (s *gatewaySender) Send(ctx context.Context, g Guide) (Sent, error) {
 	res, err := push.NewClient(s.url, s.secret, s.client).Push(ctx, g)
 	if push.IsRejected(err) {
-		return "", permanentError{err}
+		var pe *push.Error
+		errors.As(err, &pe)
+		return Sent{}, permanentError{err, pe.Code}
 	}
 	if err != nil {
-		return "", err
+		return Sent{}, err
 	}
-	return Outcome(res.Status), nil
+	return Sent{Outcome: Outcome(res.Status), Conns: res.Connections}, nil
 }

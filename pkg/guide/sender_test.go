@@ -60,13 +60,13 @@ func TestSenderOutcomes(t *testing.T) {
 
 			got, err := s.Send(context.Background(), Guide{ID: "g1", UID: "u1", Text: testText})
 			if tt.want != "" {
-				if err != nil || got != tt.want {
-					t.Fatalf("Send = %q, %v; want %q", got, err, tt.want)
+				if err != nil || got.Outcome != tt.want {
+					t.Fatalf("Send = %q, %v; want %q", got.Outcome, err, tt.want)
 				}
 				return
 			}
 			if err == nil {
-				t.Fatalf("Send = %q, nil; want an error", got)
+				t.Fatalf("Send = %q, nil; want an error", got.Outcome)
 			}
 			if isPermanent(err) != tt.perm {
 				t.Errorf("Send error %v: permanent %v, want %v", err, isPermanent(err), tt.perm)
@@ -197,13 +197,13 @@ func TestWebhookSender(t *testing.T) {
 			}}
 			got, err := s.Send(context.Background(), Guide{ID: "g1", UID: "u1", Text: testText})
 			if tt.want != "" {
-				if err != nil || got != tt.want {
-					t.Fatalf("Send = %q, %v; want %q", got, err, tt.want)
+				if err != nil || got.Outcome != tt.want {
+					t.Fatalf("Send = %q, %v; want %q", got.Outcome, err, tt.want)
 				}
 				return
 			}
 			if err == nil {
-				t.Fatalf("Send = %q, nil; want an error", got)
+				t.Fatalf("Send = %q, nil; want an error", got.Outcome)
 			}
 			if isPermanent(err) != tt.perm {
 				t.Errorf("Send error %v: permanent %v, want %v", err, isPermanent(err), tt.perm)
@@ -282,7 +282,7 @@ func TestBreaker(t *testing.T) {
 		{"timeouts open it", context.DeadlineExceeded, true},
 		{"cancellation is not counted", context.Canceled, false},
 		{"wrapped cancellation is not counted", fmt.Errorf("push: %w", context.Canceled), false},
-		{"a permanent no is the downstream answering", permanentError{fail}, false},
+		{"a permanent no is the downstream answering", permanentError{err: fail}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

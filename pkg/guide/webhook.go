@@ -28,34 +28,34 @@ type webhookSender struct {
 // Everything else is the receiver failing, to be retried: 401 and 403,
 // which a rotated secret gets for every guide, as much as 5xx, timeouts
 // and connection errors.
-func (s *webhookSender) Send(ctx context.Context, g Guide) (Outcome, error) {
+func (s *webhookSender) Send(ctx context.Context, g Guide) (Sent, error) {
 	// A guide without a stage (0, "") is stage 1's reminder, as on the
 	// push endpoint: the webhook's receiver always gets all three.
 	body, err := json.Marshal(webhook.Body{ID: g.ID, UID: g.UID, Segment: g.Segment, Text: g.Text, DeadlineMS: g.DeadlineMS, DueMS: cmp.Or(g.DueMS, g.DeadlineMS),
 		Stage: max(g.Stage, 1), Action: cmp.Or(g.Action, timeoutevent.ActionRemind), Final: g.Final})
 	if err != nil {
-		return "", permanentError{err}
+		return Sent{}, permanentError{err, 0}
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
 	if err != nil {
-		return "", permanentError{err}
+		return Sent{}, permanentError{err, 0}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(webhook.HeaderIdempotencyKey, g.ID)
 	req.Header.Set(webhook.HeaderSignature, webhook.Sign(body, time.Now(), s.secret))
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return "", fmt.Errorf("webhook guide %s: %w", g.ID, err)
+		return Sent{}, fmt.Errorf("webhook guide %s: %w", g.ID, err)
 	}
 	defer resp.Body.Close()
 	// Drain a little so the connection can be reused.
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	switch code := resp.StatusCode; {
 	case code >= 200 && code < 300:
-		return OutcomeDelivered, nil
+		return Sent{Outcome: OutcomeDelivered, Code: code}, nil
 	case webhook.Final(code):
-		return "", permanentError{fmt.Errorf("webhook guide %s: %s", g.ID, resp.Status)}
+		return Sent{}, permanentError{fmt.Errorf("webhook guide %s: %s", g.ID, resp.Status), code}
 	default:
-		return "", fmt.Errorf("webhook guide %s: %s", g.ID, resp.Status)
+		return Sent{}, fmt.Errorf("webhook guide %s: %s", g.ID, resp.Status)
 	}
 }

@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -103,6 +104,10 @@ type Activity struct {
 type ActivityResult struct {
 	Applied int // events applied
 	Stale   int // events older than the state they would change: nothing changed
+	// Turned are the events, by their index in the batch (in order), that changed
+	// whose turn it is: a turn to the user or to us over another (or
+	// none), an end over a turn. Applied events all the same.
+	Turned []int
 }
 
 // Words of the turn state and the activity script, passed to the scripts
@@ -148,7 +153,8 @@ var turnFormat = newFormat("Turn", ":", false, field{"whose", false}, field{"sin
 // session, renewed and turn keys (activityKeys). ARGV: event count,
 // instance, keep ms, MaxTurnHold ms, DefaultSegment, then per event uid,
 // kind, segment, ttl ms, clock, at ms (0: now), max hold ms. Returns 1
-// (applied) or 0 (stale) per event.
+// (applied), 2 (applied, and it changed whose turn it is) or 0 (stale)
+// per event.
 var activityScript = newScript[activityKeys]("activity", turnVocab, []codec{viaFormat, turnFormat}, "grant")
 
 // activityArgs is the number of ARGV of one event of activityScript.
@@ -214,14 +220,18 @@ func (s *Store) ApplyActivity(ctx context.Context, instance string, events []Act
 			}
 			continue
 		}
-		for _, v := range got {
-			if v == 1 {
+		for j, v := range got {
+			if v >= 1 {
 				res.Applied++
 			} else {
 				res.Stale++
 			}
+			if v == 2 {
+				res.Turned = append(res.Turned, byBucket[buckets[i]][j])
+			}
 		}
 	}
+	slices.Sort(res.Turned)
 	if firstErr != nil {
 		return res, fmt.Errorf("apply activity: %d of %d buckets (%d events) failed, the others applied: %w",
 			failed, len(buckets), lost, firstErr)

@@ -403,6 +403,9 @@ func TestActivityOnCluster(t *testing.T) {
 	if err != nil || res.Applied != len(events) || res.Stale != 0 {
 		t.Fatalf("%+v, %v; want %d applied", res, err, len(events))
 	}
+	if len(res.Turned) != len(events) {
+		t.Fatalf("%d events changed the turn, want all %d: each turns it", len(res.Turned), len(events))
+	}
 	for i := range 200 {
 		uid := fmt.Sprintf("c%03d", i)
 		st, ok, err := s.Turn(ctx, uid)
@@ -450,5 +453,27 @@ func BenchmarkApplyActivity(b *testing.B) {
 				b.ReportMetric(float64(usec)/float64(int64(b.N)*batch), "redis-µs/event")
 			}
 		}
+	}
+}
+
+// TestActivityTurned: the result names the events that changed whose
+// turn it is, by their place in the batch, and not those that only
+// repeated it or were stale.
+func TestActivityTurned(t *testing.T) {
+	s, _ := newStore(t)
+	res := apply(t, s,
+		ev("tt", ActivityTurnUser, time.Minute),
+		ev("tt", ActivityTurnUser, time.Minute),
+		ev("other", ActivityActive, time.Minute),
+		ev("tt", ActivityTurnUs, time.Minute),
+		ev("tt", ActivityTurnUs, time.Minute),
+		ev("tt", ActivityEnd, time.Minute),
+	)
+	if fmt.Sprint(res.Turned) != "[0 3 5]" || res.Applied != 6 {
+		t.Fatalf("%+v; want events 0, 3 and 5 turned, all 6 applied", res)
+	}
+	stale := apply(t, s, ev("tt", ActivityTurnUser, time.Minute).at(time.Now().Add(-time.Hour)))
+	if stale.Stale != 1 || len(stale.Turned) != 0 {
+		t.Fatalf("a stale turn: %+v, want stale and no turn", stale)
 	}
 }

@@ -36,6 +36,7 @@ for j = 1, n do
     else
       turn = encodeTurn(V.user, at, 0)
       redis.call('SET', KEYS[k.turn], turn)
+      if whose ~= V.user then applied = 2 end
       -- The one deadline that may move earlier: a park, which only our
       -- turn or the turn clock's wait for a first turn gives, whatever
       -- the clock is now. Any other is kept: another device's longer
@@ -49,11 +50,15 @@ for j = 1, n do
     else
       turn = encodeTurn(V.us, at, from + hold)
       redis.call('SET', KEYS[k.turn], turn)
+      if whose ~= V.us then applied = 2 end
       grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, false, was, turn)
     end
   elseif kind == V.ending then
     if at < was or at < since then applied = 0
-    else endSession(k, uid, from, keep, at) end
+    else
+      endSession(k, uid, from, keep, at)
+      if whose ~= V.ended then applied = 2 end
+    end
   else
     return redis.error_reply('unknown activity kind ' .. tostring(kind))
   end

@@ -1,0 +1,159 @@
+package gateway
+
+import (
+	"fmt"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/stillthere/stillthere/pkg/frame"
+	"github.com/stillthere/stillthere/pkg/push"
+	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeline"
+)
+
+// What the gateway adds to users' timelines (package timeline): its
+// decisions about a user's connections and turns, recorded where each
+// took effect, off the caller's goroutine (Recorder.Record never waits).
+// The entries are decided here, from the facts; the call sites only
+// record them. Nothing is recorded on the renewal path.
+//
+// One owner per fact. The consumer records how each push was answered
+// (sent delivered to N connections, kept in the inbox, skipped): the
+// gateway does not record its push answers again. It records what only
+// it sees: a guide handed over from the inbox on a connect, a guide
+// routed here whose connections had gone (kept), one handed on because
+// its connection ended before proving it, and each connection it closes
+// with 4000 after a close stage's guide (closed). The consumer records a
+// close stage's close only where no gateway applies it (kept in the
+// inbox, or the webhook's).
+
+// Rules of the gateway's entries: a small fixed set, the metric's rule
+// label.
+const (
+	ruleStarted = "started" // start: the user's first connection on any gateway
+	ruleJoined  = "joined"  // start: the user was connected elsewhere too
+	// ruleConnected: start, the route not written (Redis out of reach):
+	// how many others the user has is not known.
+	ruleConnected = "connected"
+
+	ruleSessionEnded = "session-ended" // end: the last normal close ended the session
+	ruleNormal       = "normal"        // end: a normal close (1000), the user connected elsewhere still
+	ruleByGateway    = "gateway"       // end: the gateway closed it (Code)
+	ruleDropped      = "dropped"       // end: the connection dropped, or the client closed with another code
+
+	ruleTurnUser  = "user"  // turn: the user's
+	ruleTurnUs    = "us"    // turn: ours
+	ruleTurnEnded = "ended" // turn: the platform ended the conversation
+
+	ruleInactive = "inactive" // closed: a connection closed with 4000 after a close stage's guide
+
+	ruleDelivered = "delivered" // sent: handed to a connection
+	ruleInbox     = "inbox"     // sent: kept in the inbox
+)
+
+// startEntry is a connection's start: here is how many connections the
+// user has on this gateway with it, res what the route write found.
+func startEntry(segment string, here int, res session.RouteResult, held bool) timeline.Entry {
+	e := timeline.Entry{Kind: timeline.KindStart, Segment: segment}
+	switch {
+	case res.Err != nil:
+		e.Rule = ruleConnected
+		e.Detail = fmt.Sprintf("connection %d of the user on this gateway; route not written yet", here)
+	case res.Left <= 1:
+		e.Rule = ruleStarted
+		e.Detail = "the user's only connection"
+	default:
+		e.Rule = ruleJoined
+		e.Detail = fmt.Sprintf("connection %d of the user on this gateway, %d on all", here, res.Left)
+	}
+	if held {
+		e.Detail += "; guides held until its first ping"
+	}
+	return e
+}
+
+// endEntry is a connection's end: code is its close code (see endCode),
+// ours whether the gateway closed it, normal whether it counts as the
+// user leaving (1000, 4000), res what the route write that counted it
+// out found.
+func endEntry(segment string, code int, ours, normal bool, res session.RouteResult) timeline.Entry {
+	e := timeline.Entry{Kind: timeline.KindEnd, Segment: segment, Code: code}
+	switch {
+	case res.Ended:
+		e.Rule, e.Detail = ruleSessionEnded, "the last close: session ended, no guide follows"
+	case normal && res.Err != nil:
+		e.Rule, e.Detail = ruleNormal, "normal close; route not written yet, the session ends once it is if this was the last"
+	case normal:
+		e.Rule, e.Detail = ruleNormal, fmt.Sprintf("normal close; %d connections of the user left", res.Left)
+	case ours:
+		e.Rule, e.Detail = ruleByGateway, closeReason(code)
+	default:
+		e.Rule, e.Detail = ruleDropped, "dropped: the session runs out unless the user pings again"
+	}
+	return e
+}
+
+// closeReason says why the gateway closes with code.
+func closeReason(code int) string {
+	switch code {
+	case websocket.CloseGoingAway:
+		return "gateway shutting down: reconnect elsewhere"
+	case websocket.CloseTryAgainLater:
+		return "Redis out of reach: reconnect elsewhere"
+	case websocket.ClosePolicyViolation:
+		return "rate limit exceeded"
+	case websocket.CloseUnsupportedData:
+		return "a binary frame"
+	case websocket.CloseInvalidFramePayloadData:
+		return "a frame that is not a JSON object"
+	case frame.CloseTokenExpired:
+		return "token expired"
+	case frame.CloseInactive:
+		return "closed for inactivity"
+	}
+	return "closed by the gateway"
+}
+
+// turnEntry is a turn change an activity event made, via the endpoint or
+// the topic; false for an event that changes no turn.
+func turnEntry(kind activityKind, segment, via string) (timeline.Entry, bool) {
+	e := timeline.Entry{Kind: timeline.KindTurn, Segment: segment}
+	switch kind {
+	case activityTurnUser:
+		e.Rule, e.Detail = ruleTurnUser, "the user's turn, from the activity "+via
+	case activityTurnUs:
+		e.Rule, e.Detail = ruleTurnUs, "our turn, from the activity "+via
+	case activityEnd:
+		e.Rule, e.Detail = ruleTurnEnded, "the platform ended the conversation, from the activity "+via
+	default:
+		return timeline.Entry{}, false
+	}
+	return e, true
+}
+
+// closedEntry is a connection closed with 4000 after req, a close
+// stage's guide.
+func closedEntry(req push.Request) timeline.Entry {
+	return timeline.Entry{Kind: timeline.KindClosed, Rule: ruleInactive, Code: frame.CloseInactive, Stage: req.Stage, Event: req.ID,
+		Deadline: req.DeadlineMS, Segment: req.Segment, Detail: "close stage: the connection closed after its guide"}
+}
+
+// sentEntry is a guide the gateway handed on by itself, after the push
+// that the consumer recorded: status is where it went, how says why.
+func sentEntry(req push.Request, status push.Status, conns int, how string) (timeline.Entry, bool) {
+	e := timeline.Entry{Kind: timeline.KindSent, Stage: req.Stage, Event: req.ID, Deadline: req.DeadlineMS, Segment: req.Segment, Detail: how}
+	switch status {
+	case push.Delivered:
+		e.Rule, e.Conns = ruleDelivered, conns
+	case push.Queued:
+		e.Rule = ruleInbox
+	default:
+		return timeline.Entry{}, false
+	}
+	return e, true
+}
+
+// ackedEntry is a device's ack of guide id.
+func ackedEntry(id string) timeline.Entry {
+	return timeline.Entry{Kind: timeline.KindAcked, Event: id}
+}
