@@ -26,6 +26,9 @@ var (
 type TimelineRecord struct {
 	UID   string
 	Entry string
+	// Ago is how long before the append the decision was made (its time
+	// in the recorder's queue): the entry is stamped Redis's now less Ago.
+	Ago time.Duration
 }
 
 // TimelineBounds bound every user's timeline.
@@ -51,7 +54,7 @@ func (b TimelineBounds) OrDefault() TimelineBounds {
 // AppendTimeline appends records to their users' timelines, in order per
 // user, in one pipelined round trip (one script call per bucket), and
 // returns how many Redis took and the first error. Each is stamped with
-// Redis's clock.
+// its decision's time by Redis's clock: Redis's now less its Ago.
 func (s *Store) AppendTimeline(ctx context.Context, recs []TimelineRecord, b TimelineBounds) (int, error) {
 	if b.Entries < 1 || b.Keep < time.Millisecond {
 		return 0, fmt.Errorf("timeline bounds %d entries, keep %v: want at least 1 and 1ms", b.Entries, b.Keep)
@@ -62,7 +65,7 @@ func (s *Store) AppendTimeline(ctx context.Context, recs []TimelineRecord, b Tim
 		args := []any{b.Entries, b.Keep.Milliseconds()}
 		for _, j := range groups[i] {
 			keys.Entries = append(keys.Entries, s.ks.TimelineKey(recs[j].UID))
-			args = append(args, recs[j].Entry)
+			args = append(args, max(0, recs[j].Ago.Milliseconds()), recs[j].Entry)
 		}
 		return timelineAddScript.call(keys, args...)
 	}, DefaultSlotRetry)
@@ -86,8 +89,10 @@ type TimelineEntry struct {
 	Entry string
 }
 
-// Timeline reads uid's timeline, oldest first, and Redis's clock when it
-// read it. An unknown user has an empty timeline.
+// Timeline reads uid's timeline in the order appended, and Redis's clock
+// when it read it. Services append in batches, so an entry may follow
+// one it is older than (see TimelineEntry.At). An unknown user has an
+// empty timeline.
 func (s *Store) Timeline(ctx context.Context, uid string) (time.Time, []TimelineEntry, error) {
 	res, err := timelineReadScript.Run(ctx, s.rdb, timelineKeys{Timeline: s.ks.TimelineKey(uid)}).Slice()
 	if err != nil {

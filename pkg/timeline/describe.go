@@ -32,7 +32,7 @@ func Describe(e Entry, loc *time.Location) string {
 		parts = append(parts, "blind interval "+clock(e.BlindMS[0])+"-"+clock(e.BlindMS[1]))
 	}
 	if e.Conns > 0 {
-		parts = append(parts, fmt.Sprintf("%d connections", e.Conns))
+		parts = append(parts, fmt.Sprintf("%d connection%s", e.Conns, map[bool]string{true: "s"}[e.Conns != 1]))
 	}
 	if e.Code != 0 {
 		parts = append(parts, fmt.Sprintf("code %d", e.Code))

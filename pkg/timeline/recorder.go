@@ -3,6 +3,7 @@ package timeline
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/stillthere/stillthere/pkg/session"
@@ -36,6 +37,7 @@ type Recorder struct {
 type record struct {
 	uid string
 	e   Entry
+	at  time.Time // when the decision was recorded: Redis stamps it so
 }
 
 // NewRecorder returns a Recorder over store; Run sends what it records.
@@ -55,7 +57,7 @@ func (r *Recorder) Record(uid string, e Entry) {
 	}
 	e.Service, e.Instance = r.cfg.Service, r.cfg.Instance
 	select {
-	case r.q <- record{uid, e}:
+	case r.q <- record{uid, e, time.Now()}:
 		metricEntries.WithLabelValues(r.cfg.Service, string(e.Kind), e.Rule).Inc()
 	default:
 		metricDropped.WithLabelValues(r.cfg.Service).Inc()
@@ -68,9 +70,13 @@ func (r *Recorder) Run(ctx context.Context) {
 	tick := time.NewTicker(defaultFlush)
 	defer tick.Stop()
 	batch := make([]session.TimelineRecord, 0, defaultBatch)
+	ats := make([]time.Time, 0, defaultBatch) // each record's decision time
 	send := func(ctx context.Context) {
 		if len(batch) == 0 {
 			return
+		}
+		for i := range batch {
+			batch[i].Ago = time.Since(ats[i])
 		}
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		n, err := r.store.AppendTimeline(sctx, batch, r.cfg.Bounds)
@@ -79,7 +85,7 @@ func (r *Recorder) Run(ctx context.Context) {
 			metricDropped.WithLabelValues(r.cfg.Service).Add(float64(len(batch) - n))
 			r.cfg.Log.Warn("timeline entries not recorded", "entries", len(batch)-n, "err", err)
 		}
-		batch = batch[:0]
+		batch, ats = batch[:0], ats[:0]
 	}
 	take := func(rec record) {
 		s, err := rec.e.encode()
@@ -88,6 +94,7 @@ func (r *Recorder) Run(ctx context.Context) {
 			return
 		}
 		batch = append(batch, session.TimelineRecord{UID: rec.uid, Entry: s})
+		ats = append(ats, rec.at)
 	}
 	for {
 		select {
@@ -118,8 +125,10 @@ func (r *Recorder) Run(ctx context.Context) {
 	}
 }
 
-// Read returns uid's timeline, oldest first, without entries older than
-// keep by Redis's clock (0: DefaultKeep). An unknown user's is empty.
+// Read returns uid's timeline, oldest first by when each decision was
+// made (services append in batches, so not in the order appended),
+// without entries older than keep by Redis's clock (0: DefaultKeep). An
+// unknown user's is empty.
 func Read(ctx context.Context, store *session.Store, uid string, keep time.Duration) ([]Entry, error) {
 	if keep <= 0 {
 		keep = DefaultKeep
@@ -140,5 +149,6 @@ func Read(ctx context.Context, store *session.Store, uid string, keep time.Durat
 		}
 		out = append(out, e)
 	}
+	slices.SortStableFunc(out, func(a, b Entry) int { return a.At.Compare(b.At) })
 	return out, nil
 }

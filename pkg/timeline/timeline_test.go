@@ -47,10 +47,10 @@ func TestRecordAndRead(t *testing.T) {
 	ctx := context.Background()
 	before := time.Now().Add(-time.Second)
 	recordAll(t, store, session.TimelineBounds{},
-		record{"ann", Entry{Kind: KindLapse, Deadline: 1000, Stage: 1}},
-		record{"bob", Entry{Kind: KindLapse}},
-		record{"ann", Entry{Kind: KindHeld, Rule: "blind", BlindMS: [2]int64{900, 1100}, Until: 11100}},
-		record{"ann", Entry{Kind: KindProduced, Event: "e-1", Stage: 1}},
+		record{uid: "ann", e: Entry{Kind: KindLapse, Deadline: 1000, Stage: 1}},
+		record{uid: "bob", e: Entry{Kind: KindLapse}},
+		record{uid: "ann", e: Entry{Kind: KindHeld, Rule: "blind", BlindMS: [2]int64{900, 1100}, Until: 11100}},
+		record{uid: "ann", e: Entry{Kind: KindProduced, Event: "e-1", Stage: 1}},
 	)
 	got, err := Read(ctx, store, "ann", 0)
 	if err != nil {
@@ -78,6 +78,36 @@ func TestRecordAndRead(t *testing.T) {
 	}
 }
 
+// TestOrderAcrossServices: an entry is stamped with when its decision
+// was made, not when its service's batch reached Redis, and read in that
+// order: a lapse whose listener appends late still reads before the
+// guide the consumer sent for it.
+func TestOrderAcrossServices(t *testing.T) {
+	store, _ := newStore(t)
+	ctx := context.Background()
+	listener := NewRecorder(store, Config{Service: "listener"})
+	consumer := NewRecorder(store, Config{Service: "consumer"})
+	listener.Record("ord", Entry{Kind: KindLapse})
+	for start := time.Now(); time.Since(start) < 30*time.Millisecond; {
+		time.Sleep(time.Millisecond) // a gap between the two decisions, at least this long
+	}
+	consumer.Record("ord", Entry{Kind: KindSent, Rule: "delivered"})
+	run := func(r *Recorder) {
+		rctx, cancel := context.WithCancel(ctx)
+		cancel() // Run sends what is queued, then returns
+		r.Run(rctx)
+	}
+	run(consumer) // the later decision reaches Redis first
+	run(listener)
+	got, err := Read(ctx, store, "ord", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Kind != KindLapse || got[1].Kind != KindSent || !got[0].At.Before(got[1].At) {
+		t.Fatalf("read %+v, want the lapse before the guide sent for it", got)
+	}
+}
+
 // TestBounds: a timeline keeps its last Entries, and the key goes Keep
 // after the last entry.
 func TestBounds(t *testing.T) {
@@ -85,7 +115,7 @@ func TestBounds(t *testing.T) {
 	ctx := context.Background()
 	var recs []record
 	for i := range 25 {
-		recs = append(recs, record{"cat", Entry{Kind: KindSent, Conns: i + 1}})
+		recs = append(recs, record{uid: "cat", e: Entry{Kind: KindSent, Conns: i + 1}})
 	}
 	recordAll(t, store, session.TimelineBounds{Entries: 10, Keep: time.Minute}, recs...)
 	got, err := Read(ctx, store, "cat", 0)
@@ -110,7 +140,7 @@ func TestReadSkipsOld(t *testing.T) {
 	key := store.Keyspace().TimelineKey("dan")
 	old := time.Now().Add(-2 * time.Hour).UnixMilli()
 	rdb.RPush(ctx, key, fmt.Sprintf(`%d {"service":"gateway","kind":"start"}`, old), "garbage")
-	recordAll(t, store, session.TimelineBounds{}, record{"dan", Entry{Kind: KindEnd, Code: 1000}})
+	recordAll(t, store, session.TimelineBounds{}, record{uid: "dan", e: Entry{Kind: KindEnd, Code: 1000}})
 	_, err := Read(ctx, store, "dan", time.Hour)
 	if err == nil {
 		t.Fatal("a stored entry without a time read without error")
@@ -153,7 +183,7 @@ func TestRecordNeverBlocks(t *testing.T) {
 
 func TestHandler(t *testing.T) {
 	store, _ := newStore(t)
-	recordAll(t, store, session.TimelineBounds{}, record{"eve", Entry{Kind: KindLapse, Stage: 1}})
+	recordAll(t, store, session.TimelineBounds{}, record{uid: "eve", e: Entry{Kind: KindLapse, Stage: 1}})
 	const secret = "ops-secret-ops-secret-ops-secret-0123"
 	mux := http.NewServeMux()
 	mux.Handle(Path, Handler(store, secret, 0))
