@@ -74,6 +74,7 @@ type item struct {
 	// the last step that judged it (emit says what each step adds).
 	verdict verdict
 	rec     *kgo.Record // its event, once encoded (step 5)
+	sentAt  time.Time   // when its event went to Kafka (step 5), for its timeline
 }
 
 // judge judges it again, by the batch's facts and its own as they are now.
@@ -269,6 +270,10 @@ func (l *Listener) produce(ctx context.Context, b *batch) error {
 	}
 	if len(records) == 0 {
 		return nil
+	}
+	sentAt := time.Now()
+	for _, r := range records {
+		byRecord[r].sentAt = sentAt
 	}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.ProduceTimeout)
 	// ProduceSync lists results in the order records completed, not the

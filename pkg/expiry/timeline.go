@@ -136,6 +136,12 @@ func (l *Listener) noteOutcome(it *item, settled bool) {
 	if !settled && en.Kind != timeline.KindProduced && en.Kind != timeline.KindSpooled {
 		return
 	}
+	if en.Kind == timeline.KindProduced && !it.sentAt.IsZero() {
+		// At when it was sent: the consumer may send the guide before
+		// Kafka's answer reaches this listener.
+		l.timeline.RecordAt(it.UID, en, it.sentAt)
+		return
+	}
 	l.timeline.Record(it.UID, en)
 }
 

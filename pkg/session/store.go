@@ -512,8 +512,10 @@ func (s *Store) HoldEach(ctx context.Context, found []Expired, release func(Expi
 	cmds := s.perBucket(ctx, holdScript, found, func(e Expired) []any {
 		return []any{e.UID, e.Due.UnixMilli(), release(e).UnixMilli()}
 	})
-	// A uid has one index entry at a time: the uids held say which.
-	done := map[string]bool{}
+	// A uid has one index entry at a time: the uids held say which. A
+	// uid listed twice is held once, by its first listing (the script
+	// takes them in order, and the second finds the entry moved).
+	done := map[string]int{}
 	var firstErr error
 	for _, c := range cmds {
 		uids, err := c.StringSlice()
@@ -522,12 +524,13 @@ func (s *Store) HoldEach(ctx context.Context, found []Expired, release func(Expi
 			continue
 		}
 		for _, uid := range uids {
-			done[uid] = true
+			done[uid]++
 		}
 	}
 	held := make([]bool, len(found))
 	for i, e := range found {
-		held[i] = done[e.UID]
+		held[i] = done[e.UID] > 0
+		done[e.UID]--
 	}
 	if firstErr != nil {
 		return held, fmt.Errorf("hold %d timeouts: %w", len(found), firstErr)

@@ -85,8 +85,11 @@ func (s *Store) AppendTimeline(ctx context.Context, recs []TimelineRecord, b Tim
 
 // TimelineEntry is one stored entry of a timeline.
 type TimelineEntry struct {
-	At    time.Time // by Redis's clock, when it was appended
+	At    time.Time // by Redis's clock, when its decision was made
 	Entry string
+	// Err says why the stored entry did not parse: Entry is all of it,
+	// and At the time of the entry appended before it (zero if none).
+	Err error
 }
 
 // Timeline reads uid's timeline in the order appended, and Redis's clock
@@ -123,7 +126,12 @@ func parseTimeline(res []any) (time.Time, []TimelineEntry, error) {
 		raw, _ := v.(string)
 		e, err := ParseTimelineEntry(raw)
 		if err != nil {
-			return time.Time{}, nil, err
+			// Shown to the reader as it is, not hiding the rest, where it
+			// was appended: at the time of the entry before it.
+			e = TimelineEntry{Entry: raw, Err: err}
+			if len(out) > 0 {
+				e.At = out[len(out)-1].At
+			}
 		}
 		out = append(out, e)
 	}

@@ -84,6 +84,9 @@ func (e Entry) encode() (string, error) {
 
 // decode reads a stored entry.
 func decode(s session.TimelineEntry) (Entry, error) {
+	if s.Err != nil {
+		return Entry{}, s.Err
+	}
 	var e Entry
 	if err := json.Unmarshal([]byte(s.Entry), &e); err != nil {
 		return Entry{}, fmt.Errorf("timeline entry %q: %w", s.Entry, err)

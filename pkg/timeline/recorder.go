@@ -49,15 +49,21 @@ func NewRecorder(store *session.Store, cfg Config) *Recorder {
 	return &Recorder{store: store, cfg: cfg, q: make(chan record, defaultQueue)}
 }
 
-// Record queues e for uid's timeline. It never blocks: with the queue
-// full (Redis slow or out of reach) the entry is dropped and counted.
-func (r *Recorder) Record(uid string, e Entry) {
+// Record queues e for uid's timeline, made now. It never blocks: with
+// the queue full (Redis slow or out of reach) the entry is dropped and
+// counted.
+func (r *Recorder) Record(uid string, e Entry) { r.RecordAt(uid, e, time.Now()) }
+
+// RecordAt is Record for a decision made at at, by this host's clock:
+// one recorded once it took effect, which reads better at when it was
+// made (an event produced when it was sent, not once Kafka answered).
+func (r *Recorder) RecordAt(uid string, e Entry, at time.Time) {
 	if r == nil {
 		return
 	}
 	e.Service, e.Instance = r.cfg.Service, r.cfg.Instance
 	select {
-	case r.q <- record{uid, e, time.Now()}:
+	case r.q <- record{uid, e, at}:
 		metricEntries.WithLabelValues(r.cfg.Service, string(e.Kind), e.Rule).Inc()
 	default:
 		metricDropped.WithLabelValues(r.cfg.Service).Inc()
@@ -139,7 +145,7 @@ func Read(ctx context.Context, store *session.Store, uid string, keep time.Durat
 	}
 	out := make([]Entry, 0, len(raw))
 	for _, s := range raw {
-		if now.Sub(s.At) > keep {
+		if now.Sub(s.At) > keep && (s.Err == nil || !s.At.IsZero()) {
 			continue
 		}
 		e, err := decode(s)
