@@ -89,10 +89,27 @@ func (h *harness) nextStage(uid string) (stage int, due time.Time, ok bool) {
 	return stage, time.UnixMilli(int64(at)), true
 }
 
+// blindRelease is when a stage due at due may go out at the earliest by
+// the blind intervals of everyone in blind: the grace after the latest
+// that holds it (due falls in it, or in the grace after it), else due. A
+// listener starved on a busy machine records such intervals itself (a
+// sweep gap, a clock step), and rightly holds what falls due in them.
+func blindRelease(due time.Time, blind []session.BlindInterval) time.Time {
+	release := due
+	for _, b := range blind {
+		end := b.End.Add(testGrace)
+		if b.Scope == "" && !due.Before(b.Start) && !due.After(end) && end.After(release) {
+			release = end
+		}
+	}
+	return release
+}
+
 // wantStages checks uid's events: one per stage, in order, each due its
 // delay after the one before, with its action, text and id, all of the
-// silence that ran out at g.deadline.
-func wantStages(t *testing.T, evs []timeoutevent.Event, uid string, g grant, actions []string, afters []time.Duration) {
+// silence that ran out at g.deadline, each on time but for the holds of
+// the blind intervals recorded, blind.
+func wantStages(t *testing.T, evs []timeoutevent.Event, uid string, g grant, actions []string, afters []time.Duration, blind []session.BlindInterval) {
 	t.Helper()
 	if len(evs) != len(actions) {
 		t.Fatalf("%s: %d events %+v, want %d stages", uid, len(evs), evs, len(actions))
@@ -111,10 +128,13 @@ func wantStages(t *testing.T, evs []timeoutevent.Event, uid string, g grant, act
 			t.Fatalf("%s stage %d: %+v; want due %d, action %s", uid, i+1, ev, due.UnixMilli(), actions[i])
 		}
 		seen[ev.ID] = true
-		// Produced on time: within a second of being due (detection
-		// is by Redis's clock; the listener sweeps every 50ms).
-		if late := time.UnixMilli(ev.DetectedMS).Sub(due); late < 0 || late > time.Second {
-			t.Fatalf("%s stage %d detected %v after due", uid, i+1, late)
+		// Produced on time: within a second of being due, or of its
+		// release when a blind interval held it (detection is by Redis's
+		// clock; the listener reads ahead every 100ms).
+		detected, release := time.UnixMilli(ev.DetectedMS), blindRelease(due, blind)
+		if late := detected.Sub(release); detected.Before(due) || late > time.Second {
+			t.Fatalf("%s stage %d detected %v after due, %v after its release by blind intervals %+v",
+				uid, i+1, detected.Sub(due), late, blind)
 		}
 	}
 }
@@ -160,17 +180,17 @@ func TestStagesOfASilence(t *testing.T) {
 	})
 	// Nothing more comes: not the silent users', nor back's close.
 	h.sweptPast(closeDue)
-	by := byUID(h.events())
+	by, blind := byUID(h.events()), h.blindList(context.Background())
 	if evs := by["back"]; len(evs) > 1 && evs[1].DetectedMS < renewed.UnixMilli() {
 		t.Fatalf("back's close was found due at %d, before the test renewed at %d (%v after the close was due): "+
 			"the test came back too late to test the case", evs[1].DetectedMS, renewed.UnixMilli(), renewed.Sub(closeDue))
 	}
-	wantStages(t, by["silent"], "silent", silent, []string{"remind", "remind", "close"}, []time.Duration{0, time.Second, time.Second})
-	wantStages(t, by["vip"], "vip", vip, []string{"remind", "remind"}, []time.Duration{0, time.Second})
+	wantStages(t, by["silent"], "silent", silent, []string{"remind", "remind", "close"}, []time.Duration{0, time.Second, time.Second}, blind)
+	wantStages(t, by["vip"], "vip", vip, []string{"remind", "remind"}, []time.Duration{0, time.Second}, blind)
 	if by["vip"][0].Text != "Anything else?" || by["silent"][0].Text != "" || by["silent"][2].Text != "We closed this chat." {
 		t.Fatalf("texts: %q %q %q", by["vip"][0].Text, by["silent"][0].Text, by["silent"][2].Text)
 	}
-	wantStages(t, by["back"], "back", back, []string{"remind"}, []time.Duration{0})
+	wantStages(t, by["back"], "back", back, []string{"remind"}, []time.Duration{0}, blind)
 	ks := h.store.Keyspace()
 	if _, err := h.rdb.ZScore(context.Background(), ks.HoldKey(session.Bucket("back")), "back").Result(); err != nil && !h.inIndex("back") {
 		t.Fatal("back's second silence is neither in the index nor held to its window's end")
