@@ -123,6 +123,9 @@ type extra struct {
 	unproven []*guideProof
 	proofSeq uint64
 	guideIDs []string
+	// acked has bit i set once a device acknowledged guideIDs[i]: a
+	// repeated ack is not recorded in the user's timeline again.
+	acked uint8
 	// fin is closed once the connection has finished (see finish), for
 	// whoever waits for that (an inbox handover); flushed once the
 	// flusher running has stopped (for finish). Each is made by its

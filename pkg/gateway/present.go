@@ -252,6 +252,10 @@ func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, cl
 // goroutine of its own: a mark lost only makes that silence's guide wait
 // for the window's end.
 func (g *Gateway) markSuperseded(ctx context.Context, uid string, reqs []push.Request) {
+	for _, req := range reqs {
+		// After a consumer's "sent" for it: not shown after all.
+		g.timeline.Record(uid, supersededEntry(req))
+	}
 	if len(reqs) == 0 || !g.track(1) {
 		return
 	}

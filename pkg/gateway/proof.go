@@ -83,6 +83,7 @@ func (c *conn) awaitingFrom(p *guideProof) {
 	x.unproven = append(x.unproven, p)
 	if len(x.guideIDs) == recentGuides {
 		x.guideIDs = slices.Delete(x.guideIDs, 0, 1)
+		x.acked >>= 1
 	}
 	x.guideIDs = append(x.guideIDs, p.id)
 }
@@ -101,7 +102,7 @@ func (c *conn) enqueueProven(b []byte, p *guideProof, written func()) bool {
 }
 
 // recentGuides is how many guide ids a connection remembers having been
-// sent: a few silences' stages.
+// sent: a few silences' stages. At most 8: the bits of connExtra.acked.
 const recentGuides = 8
 
 // hasGuide reports whether c was sent p's guide already, for a pushed
@@ -160,9 +161,10 @@ func (c *conn) awaitingProof() bool {
 }
 
 // ackProof takes an ack frame's id: it proves that guide, and the ones
-// written before it. It reports whether id is one of the guides last
-// queued on c: only those go to the user's timeline, so that a client
-// cannot fill it with acks of ids it made up.
+// written before it. It reports whether the ack is news for the user's
+// timeline: the first ack of one of the guides last queued on c, so that
+// a client can fill it neither with acks of ids it made up nor with one
+// guide's ack repeated.
 func (c *conn) ackProof(id string) (known bool) {
 	c.mu.Lock()
 	var seq uint64
@@ -171,7 +173,14 @@ func (c *conn) ackProof(id string) (known bool) {
 			seq = p.seq
 		}
 	}
-	known = seq > 0 || (c.x != nil && slices.Contains(c.x.guideIDs, id))
+	known = seq > 0
+	if c.x != nil {
+		if i := slices.Index(c.x.guideIDs, id); i >= 0 {
+			// Known, but news for the timeline only the first time.
+			known = c.x.acked&(1<<i) == 0
+			c.x.acked |= 1 << i
+		}
+	}
 	c.mu.Unlock()
 	if seq > 0 {
 		c.proved(seq)

@@ -47,8 +47,9 @@ const (
 
 	ruleInactive = "inactive" // closed: a connection closed with 4000 after a close stage's guide
 
-	ruleDelivered = "delivered" // sent: handed to a connection
-	ruleInbox     = "inbox"     // sent: kept in the inbox
+	ruleDelivered  = "delivered"  // sent: handed to a connection
+	ruleInbox      = "inbox"      // sent: kept in the inbox
+	ruleSuperseded = "superseded" // skipped: held for a first ping that said the user was there
 )
 
 // startEntry is a connection's start: here is how many connections the
@@ -156,4 +157,11 @@ func sentEntry(req push.Request, status push.Status, conns int, how string) (tim
 // ackedEntry is a device's ack of guide id.
 func ackedEntry(id string) timeline.Entry {
 	return timeline.Entry{Kind: timeline.KindAcked, Event: id}
+}
+
+// supersededEntry is a guide dropped, not shown: the user's first ping
+// after it said they were there after its deadline.
+func supersededEntry(req push.Request) timeline.Entry {
+	return timeline.Entry{Kind: timeline.KindSkipped, Rule: ruleSuperseded, Event: req.ID, Stage: max(req.Stage, 1),
+		Deadline: req.DeadlineMS, Detail: "not shown: the user's first ping said they were there after the deadline"}
 }

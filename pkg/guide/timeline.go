@@ -30,14 +30,15 @@ import (
 // Rules of the consumer's entries: a small fixed set, as the metric's
 // rule label.
 const (
-	RuleDelivered = "delivered" // sent: handed to Conns connections
-	RuleInbox     = "inbox"     // sent: kept in the user's inbox for their next connect; closed: the same, for a close stage
-	RuleWebhook   = "webhook"   // sent: the platform's webhook took it (Code); closed: the platform closes the chat
-	RuleCameBack  = "came-back" // skipped: the user renewed (or ended the session) after the deadline
-	RuleTooOld    = "too-old"   // skipped: confirmed longer ago than guide-max-age
-	RuleDuplicate = "duplicate" // skipped: the gateway had delivered or kept this guide before
-	RuleRejected  = "rejected"  // dead-lettered: the downstream refused the guide for good (Code)
-	RuleInvalid   = "invalid"   // dead-lettered: not a timeout event this build reads
+	RuleDelivered = "delivered"        // sent: handed to Conns connections
+	RuleInbox     = "inbox"            // sent: kept in the user's inbox for their next connect; closed: the same, for a close stage
+	RuleWebhook   = "webhook"          // sent: the platform's webhook took it (Code); closed: the platform closes the chat
+	RuleCameBack  = "came-back"        // skipped: the user's session is live again
+	RuleEnded     = "renewed-or-ended" // skipped: the session was renewed or ended after the deadline, and is over now
+	RuleTooOld    = "too-old"          // skipped: confirmed longer ago than guide-max-age
+	RuleDuplicate = "duplicate"        // sent: the gateway had delivered or kept this guide from an earlier send
+	RuleRejected  = "rejected"         // dead-lettered: the downstream refused the guide for good (Code)
+	RuleInvalid   = "invalid"          // dead-lettered: not a timeout event this build reads
 )
 
 // settlement is how one timeout event was settled, with the facts its
@@ -88,11 +89,11 @@ func (s settlement) entries() []timeline.Entry {
 		}
 		return out
 	case OutcomeStale:
-		detail := "the gateway found a renewal after the deadline"
+		rule, detail := RuleCameBack, "the gateway found a renewal after the deadline"
 		if s.needless {
-			detail = cameBack(s.check)
+			rule, detail = cameBack(s.check)
 		}
-		return []timeline.Entry{with(timeline.KindSkipped, RuleCameBack, detail)}
+		return []timeline.Entry{with(timeline.KindSkipped, rule, detail)}
 	case OutcomeTooOld:
 		detail := "the gateway: connected nowhere, and too old for the inbox"
 		if s.needless {
@@ -101,7 +102,9 @@ func (s settlement) entries() []timeline.Entry {
 		}
 		return []timeline.Entry{with(timeline.KindSkipped, RuleTooOld, detail)}
 	case OutcomeDuplicate:
-		return []timeline.Entry{with(timeline.KindSkipped, RuleDuplicate, "the gateway had delivered or kept it before (an earlier send)")}
+		// An earlier send of it went through, though its answer did not
+		// reach the consumer (it timed out here): sent, then.
+		return []timeline.Entry{with(timeline.KindSent, RuleDuplicate, "the gateway had delivered or kept it from an earlier send, whose answer did not reach the consumer")}
 	case OutcomeRejected:
 		e := with(timeline.KindDead, RuleRejected, clip(s.reason))
 		e.Code = s.code
@@ -112,12 +115,15 @@ func (s settlement) entries() []timeline.Entry {
 	return nil
 }
 
-// cameBack says how the session check found the user back.
-func cameBack(c sessionCheck) string {
+// cameBack says how the session check found the silence over: the user
+// back, or a renewal or an end after the deadline (the check cannot tell
+// a user who came back and left from a conversation the platform ended).
+func cameBack(c sessionCheck) (rule, detail string) {
 	if c.live {
-		return "the session is live: the user came back"
+		return RuleCameBack, "the session is live: the user came back"
 	}
-	return "renewed after the deadline, at " + c.renewed.UTC().Format("15:04:05.000") + " UTC (Redis's clock)"
+	return RuleEnded, "renewed or ended after the deadline, at " + c.renewed.UTC().Format("15:04:05.000") +
+		" UTC (Redis's clock): the user came back and left, or the conversation ended"
 }
 
 // maxDetail bounds a reason copied into an entry: an error from a
