@@ -142,7 +142,8 @@ func TestSettlementEntries(t *testing.T) {
 		{"came back, by the gateway", settlement{ev: ev, sender: SenderGateway, outcome: OutcomeStale}, "skipped:came-back", 0},
 		{"too old", settlement{ev: ev, outcome: OutcomeTooOld, needless: true, check: sessionCheck{now: now}, maxAge: time.Second}, "skipped:too-old", 0},
 		{"too old at the gateway", settlement{ev: ev, sender: SenderGateway, outcome: OutcomeTooOld}, "skipped:too-old", 0},
-		{"duplicate", settlement{ev: ev, sender: SenderGateway, outcome: OutcomeDuplicate}, "skipped:duplicate", 0},
+		{"renewed or ended, over now", settlement{ev: ev, outcome: OutcomeStale, needless: true, check: sessionCheck{renewed: now, now: now}}, "skipped:renewed-or-ended", 0},
+		{"duplicate: an earlier send delivered it", settlement{ev: ev, sender: SenderGateway, outcome: OutcomeDuplicate}, "sent:duplicate", 0},
 		{"rejected", settlement{ev: ev, outcome: OutcomeRejected, reason: "410 Gone", code: 410}, "dead-lettered:rejected", 410},
 		{"invalid", settlement{outcome: OutcomeInvalid, reason: strings.Repeat("x", 1000)}, "dead-lettered:invalid", 0},
 	}
