@@ -223,7 +223,11 @@ describe('the demo page in Chromium', () => {
     await page.click('#input');
     await page.keyboard.type('back');
     await page.waitForFunction((n) => Number(document.querySelector('#activity').textContent.match(/(\d+) pings? answered/)?.[1] ?? 0) > n, before, { timeout: 5_000 });
-    assert.deepEqual(problems, []);
+    // A reconnect that lands between the old instance's close and the new
+    // one's listen is refused, as in any deploy, and the browser logs
+    // that itself; the client tries again. On a busy machine the gap is
+    // long enough for it. Any other problem still fails.
+    assert.deepEqual(problems.filter((p) => !/WebSocket connection to .* failed: .*ERR_CONNECTION_REFUSED/.test(p)), []);
     await context.close();
   });
 });
