@@ -71,7 +71,7 @@ func TestAttack26bRepeatedAckFloodsTimeline(t *testing.T) {
 	}
 	if n != 1 {
 		t.Errorf("%d acks of one guide left %d acked entries in the timeline (%s), want 1: a client floods its user's timeline with a real id",
-			acks, n, kindRules(got))
+			acks, n, timeline.Kinds(got))
 	}
 }
 

@@ -31,8 +31,8 @@ func (tg *testGateway) waitTimeline(t *testing.T, uid string, want ...string) []
 			t.Fatal(err)
 		}
 		return len(got) >= len(want)
-	}) || kindRules(got) != strings.Join(want, " ") {
-		t.Fatalf("%s's timeline: %s, want %s", uid, kindRules(got), strings.Join(want, " "))
+	}) || timeline.Kinds(got) != strings.Join(want, " ") {
+		t.Fatalf("%s's timeline: %s, want %s", uid, timeline.Kinds(got), strings.Join(want, " "))
 	}
 	for i, e := range got {
 		if e.Service != "gateway" || e.Instance != tg.instance {
@@ -40,14 +40,6 @@ func (tg *testGateway) waitTimeline(t *testing.T, uid string, want ...string) []
 		}
 	}
 	return got
-}
-
-func kindRules(es []timeline.Entry) string {
-	out := make([]string, len(es))
-	for i, e := range es {
-		out[i] = string(e.Kind) + ":" + e.Rule
-	}
-	return strings.Join(out, " ")
 }
 
 // TestTimelineConnectAndNormalClose: a device's connect starts the

@@ -27,17 +27,9 @@ func (e *testEnv) waitTimeline(uid string, n int) []timeline.Entry {
 		return len(got) >= n
 	})
 	if len(got) != n {
-		e.t.Fatalf("%s's timeline: %v, want %d entries", uid, kindsOf(got), n)
+		e.t.Fatalf("%s's timeline: %v, want %d entries", uid, timeline.Kinds(got), n)
 	}
 	return got
-}
-
-func kindsOf(es []timeline.Entry) string {
-	out := make([]string, len(es))
-	for i, e := range es {
-		out[i] = string(e.Kind) + ":" + e.Rule
-	}
-	return strings.Join(out, " ")
 }
 
 // checkEntry fails unless e is kind:rule about p's event, recorded by a
@@ -116,7 +108,7 @@ func TestTimelineOff(t *testing.T) {
 	r.stop() // the recorder, were there one, would have sent its entries
 	got, err := timeline.Read(context.Background(), e.store, "tl-off", 0)
 	if err != nil || len(got) != 0 {
-		t.Fatalf("timeline with recording off: %v, %v; want none", kindsOf(got), err)
+		t.Fatalf("timeline with recording off: %v, %v; want none", timeline.Kinds(got), err)
 	}
 }
 
@@ -150,7 +142,7 @@ func TestSettlementEntries(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := tt.s.entries()
-			if k := kindsOf(got); k != tt.want {
+			if k := timeline.Kinds(got); k != tt.want {
 				t.Fatalf("entries %s, want %s", k, tt.want)
 			}
 			e := got[0]

@@ -66,3 +66,13 @@ func Format(w io.Writer, entries []Entry, loc *time.Location) error {
 	}
 	return tw.Flush()
 }
+
+// Kinds is entries' kinds and rules in order, "lapse: held:blind
+// produced:": a timeline at a glance, for logs and tests.
+func Kinds(entries []Entry) string {
+	out := make([]string, len(entries))
+	for i, e := range entries {
+		out[i] = string(e.Kind) + ":" + e.Rule
+	}
+	return strings.Join(out, " ")
+}
