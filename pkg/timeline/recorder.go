@@ -135,6 +135,12 @@ func (r *Recorder) Run(ctx context.Context) {
 // made (services append in batches, so not in the order appended),
 // without entries older than keep by Redis's clock (0: DefaultKeep). An
 // unknown user's is empty.
+//
+// One instance's entries keep the order it made them in, which is the
+// order they were appended (inOrder): a stamp is Redis's now less the
+// entry's age when its batch left, so a batch that took longer to reach
+// Redis stamps its entries later by the difference, and a decision could
+// read after the one its instance made next.
 func Read(ctx context.Context, store *session.Store, uid string, keep time.Duration) ([]Entry, error) {
 	if keep <= 0 {
 		keep = DefaultKeep
@@ -155,6 +161,25 @@ func Read(ctx context.Context, store *session.Store, uid string, keep time.Durat
 		}
 		out = append(out, e)
 	}
+	inOrder(out)
 	slices.SortStableFunc(out, func(a, b Entry) int { return a.At.Compare(b.At) })
 	return out, nil
+}
+
+// inOrder moves each entry of es (in the order appended) that is stamped
+// before an earlier entry of its instance to that entry's time, so that
+// a stable sort by time keeps each instance's order. The move is at most
+// the difference between two batches' trips to Redis.
+func inOrder(es []Entry) {
+	last := make(map[[2]string]time.Time)
+	for i := range es {
+		if es[i].Kind == KindUnreadable {
+			continue // whose it was is unknown
+		}
+		who := [2]string{es[i].Service, es[i].Instance}
+		if prev, ok := last[who]; ok && es[i].At.Before(prev) {
+			es[i].At = prev
+		}
+		last[who] = es[i].At
+	}
 }

@@ -289,3 +289,44 @@ func TestCheckSecret(t *testing.T) {
 		}
 	}
 }
+
+// TestOrderWithinInstance: an instance's decisions read in the order it
+// made them, though its later batch reached Redis sooner than its earlier
+// one and so was stamped earlier (a busy run showed a listener's
+// "produced" before its "rechecked"); another instance's still reads by
+// its stamp.
+func TestOrderWithinInstance(t *testing.T) {
+	store, _ := newStore(t)
+	ctx := context.Background()
+	enc := func(e Entry) string {
+		t.Helper()
+		s, err := e.encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	l1 := func(k Kind) Entry { return Entry{Kind: k, Service: "listener", Instance: "l-1"} }
+	bounds := session.TimelineBounds{}.OrDefault()
+	// The first batch took 40 ms longer to reach Redis than the second:
+	// its entry's age was read 40 ms before it ran.
+	if _, err := store.AppendTimeline(ctx, []session.TimelineRecord{{UID: "u", Entry: enc(l1(KindRechecked)), Ago: 0}}, bounds); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.AppendTimeline(ctx, []session.TimelineRecord{
+		{UID: "u", Entry: enc(l1(KindProduced)), Ago: 40 * time.Millisecond},
+		{UID: "u", Entry: enc(Entry{Kind: KindSent, Service: "consumer", Instance: "c-1"}), Ago: 0},
+	}, bounds); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Read(ctx, store, "u", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := Kinds(got); k != "rechecked: produced: sent:" {
+		t.Fatalf("read %v, want the listener's own order, rechecked then produced, then the consumer's by its stamp", k)
+	}
+	if got[1].At != got[0].At {
+		t.Errorf("produced at %v, want moved to its predecessor's %v", got[1].At, got[0].At)
+	}
+}
