@@ -22,6 +22,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/guide/guidetest"
 	"github.com/stillthere/stillthere/pkg/kafka/kafkatest"
 	"github.com/stillthere/stillthere/pkg/lifecycle/lifecycletest"
+	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 	"github.com/stillthere/stillthere/pkg/session"
@@ -61,6 +62,9 @@ type rigOptions struct {
 	// KafkaPath puts the in-process Kafka behind a proxy that every
 	// client's connection goes through (kafkaPath), to cut it.
 	KafkaPath bool
+	// Policy, when set, is the timeout policy stored before any service
+	// starts.
+	Policy *policy.Policy
 }
 
 // faultRig is the pipeline assembled by hand, for faults Start cannot
@@ -212,6 +216,11 @@ func newFaultRig(t *testing.T, opts rigOptions) *faultRig {
 		r.kafka = r.startKafka()
 	}
 	r.feed = opts.ActivityFeed
+	if opts.Policy != nil {
+		if err := policy.NewStore(r.client(), r.keyspace()).Save(ctx, *opts.Policy); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	// The listener creates the topic, so it opens before the consumer.
 	lcfg, err := r.listenerConfig()

@@ -272,7 +272,7 @@ const (
 	groupBack         = "back"          // loses its connection to the fault, comes back within the grace
 )
 
-func testOutage(t *testing.T, f outageFault, period time.Duration) {
+func testOutage(t *testing.T, f outageFault, period time.Duration) *faultRig {
 	if f.needs != "" {
 		if _, err := exec.LookPath(f.needs); err != nil {
 			t.Skipf("%s is not installed, and this fault runs it (Debian: apt-get install %s)", f.needs, f.needs)
@@ -336,6 +336,7 @@ func testOutage(t *testing.T, f outageFault, period time.Duration) {
 	// out, or are ended.
 	checkOutageGuides(t, r, c.users, faultAt, recovered)
 	c.stop()
+	return r
 }
 
 // nextPings is when the users of group ping next: a period after the

@@ -258,7 +258,7 @@ func (l *Listener) produce(ctx context.Context, b *batch) error {
 		}
 		// New fact: spooling, read again. Produce and spool may swap.
 		b.judge(it)
-		v, err := event(it.Expired, it.verdict.stage.Action, it.verdict.stage.Text, b.source).Marshal()
+		v, err := event(it.Expired, it.verdict.stage, it.verdict.last, b.source).Marshal()
 		if err != nil {
 			return fmt.Errorf("encode timeout for %q: %w", it.UID, err)
 		}

@@ -108,7 +108,7 @@ func TestSpooledReminderCrashBeforeSettle(t *testing.T) {
 		}
 		return false
 	})
-	value, err := event(found, timeoutevent.ActionRemind, "", timeoutevent.SourceSweep).Marshal()
+	value, err := event(found, policy.Stage{Action: timeoutevent.ActionRemind}, false, timeoutevent.SourceSweep).Marshal()
 	if err != nil {
 		t.Fatal(err)
 	}

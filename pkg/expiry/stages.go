@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/stillthere/stillthere/pkg/policy"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
@@ -37,9 +38,9 @@ import (
 // at a stage its segment no longer has, the silence ends there, without
 // an event.
 
-// event is the timeout event of e's stage.
-func event(e session.Expired, action, text, source string) timeoutevent.Event {
-	return timeoutevent.New(e.UID, e.Segment, e.Deadline, e.Detected, source).AtStage(e.Stage, e.Due, action, text)
+// event is the timeout event of e's stage; last says that none follows.
+func event(e session.Expired, stage policy.Stage, last bool, source string) timeoutevent.Event {
+	return timeoutevent.New(e.UID, e.Segment, e.Deadline, e.Detected, source).AtStage(e.Stage, e.Due, stage.Action, stage.Text, last)
 }
 
 // replayed is what followReplayed needs of a replayed stage ev, with the

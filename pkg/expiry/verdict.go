@@ -150,6 +150,8 @@ type verdict struct {
 	// next is when the stage after it is due once it is settled: zero
 	// when none follows, session.AfterReplay when it waits for a replay.
 	next time.Time
+	// last says that no stage follows it: its event is final.
+	last bool
 }
 
 // write is what became of a timeout's event.
@@ -209,7 +211,7 @@ func decide(f facts, t timeout) verdict {
 	if !ok {
 		return verdict{act: actSettle, reason: whyStageGone}
 	}
-	v := verdict{stage: stage, next: next}
+	v := verdict{stage: stage, next: next, last: next.IsZero()}
 	settle := func(why reason) verdict { v.act, v.reason = actSettle, why; return v }
 	switch t.claim.outcome {
 	case "":

@@ -59,7 +59,7 @@ func TestAttackStagesOfASilenceInOrder(t *testing.T) {
 	}
 	d := now.Add(-4 * time.Second).Truncate(time.Millisecond)
 	reminder := timeoutevent.New("olga", session.DefaultSegment, d, d.Add(50*time.Millisecond), timeoutevent.SourceSweep)
-	closing := reminder.AtStage(2, d.Add(3*time.Second), timeoutevent.ActionClose, "We closed this chat.")
+	closing := reminder.AtStage(2, d.Add(3*time.Second), timeoutevent.ActionClose, "We closed this chat.", true)
 	e.produceEvent(reminder)
 	e.produceEvent(closing)
 	e.start(cfg)

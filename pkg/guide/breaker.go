@@ -8,8 +8,12 @@ import (
 	"github.com/sony/gobreaker/v2"
 )
 
-// Downstream names, the label of the breaker metrics.
-const downstreamRedis = "redis"
+// Downstream names, the label of the breaker metrics, besides the
+// sender's own (SenderGateway, SenderWebhook).
+const (
+	downstreamRedis  = "redis"
+	downstreamNotify = "notify" // the platform's notify webhook
+)
 
 // newBreaker returns the circuit breaker around one downstream. It opens
 // after cfg.BreakerFailures failures in a row (timeouts are failures) and
@@ -50,4 +54,9 @@ func newBreaker[T any](name string, cfg Config, log *slog.Logger) *gobreaker.Cir
 // rather than the downstream failing it.
 func isBreakerRefusal(err error) bool {
 	return errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests)
+}
+
+// breakerStates is the state of each of c's breakers.
+func (c *Consumer) breakerStates() []gobreaker.State {
+	return []gobreaker.State{c.breaker.State(), c.notifyBreaker.State(), c.redisBreaker.State()}
 }

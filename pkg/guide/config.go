@@ -1,6 +1,7 @@
 package guide
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -66,6 +67,15 @@ type Config struct {
 	// WebhookSecret signs webhook bodies (HMAC-SHA256). Required, at least
 	// 32 bytes, with the webhook sender.
 	WebhookSecret string
+	// NotifyURL receives notify stages (timeoutevent.ActionNotify), the
+	// platform's "this user went away", whichever sender guides go
+	// through. Default: WebhookURL with the webhook sender, else none,
+	// and a notify stage is dead-lettered, naming this setting.
+	NotifyURL string
+	// NotifySecret signs notify bodies as WebhookSecret does the guides'.
+	// Required with NotifyURL, at least 32 bytes; default WebhookSecret
+	// with the webhook sender.
+	NotifySecret string
 	// GuideText is the message sent to a segment without a template.
 	// Default "Are you still there?".
 	GuideText string
@@ -133,6 +143,8 @@ func (c *Config) Bind(b *config.Binder) {
 	b.Secret(&c.PushSecret, "push-secret", "bearer secret of the push endpoint (required with sender=gateway)")
 	b.String(&c.WebhookURL, "webhook-url", d.WebhookURL, "URL the webhook sender POSTs guides to (required with sender=webhook)")
 	b.Secret(&c.WebhookSecret, "webhook-secret", "HMAC-SHA256 key of the webhook signature (required with sender=webhook)")
+	b.String(&c.NotifyURL, "notify-url", d.NotifyURL, "URL notify stages are POSTed to, signed (default: webhook-url with sender=webhook)")
+	b.Secret(&c.NotifySecret, "notify-secret", "HMAC-SHA256 key of the notify webhook's signature (default: webhook-secret with sender=webhook)")
 	b.String(&c.GuideText, "guide-text", d.GuideText, "text of the guide message, for segments without a template")
 	b.String(&c.GuideTemplates, "guide-templates", d.GuideTemplates, `guide text per segment: "new=Still with us?,vip=..." or "@file" with a JSON object`)
 	b.Duration(&c.GuideMaxAge, "guide-max-age", d.GuideMaxAge, "drop events confirmed (detected) longer ago than this")
@@ -182,6 +194,15 @@ func (c Config) Validate() error {
 		}
 	default:
 		return fmt.Errorf("sender: %q, want %s or %s", c.Sender, SenderGateway, SenderWebhook)
+	}
+	switch url, secret := c.notifyTarget(); {
+	case url == "" && c.NotifySecret != "":
+		return errors.New("notify-secret: set without notify-url")
+	case url == "":
+	case checkURL(url) != nil:
+		return fmt.Errorf("notify-url: %w", checkURL(url))
+	case len(secret) < 32:
+		return fmt.Errorf("notify-secret: %d bytes, want at least 32 (required with notify-url)", len(secret))
 	}
 	if _, err := c.templates(); err != nil {
 		return err
@@ -273,4 +294,20 @@ func checkTemplates(m map[string]string) error {
 		}
 	}
 	return nil
+}
+
+// notifyTarget is where notify stages go and the key they are signed
+// with: NotifyURL, else the guide webhook's with the webhook sender; ""
+// when nowhere.
+func (c Config) notifyTarget() (url, secret string) {
+	webhook := c.Sender == SenderWebhook
+	switch {
+	case c.NotifyURL != "" && webhook:
+		return c.NotifyURL, cmp.Or(c.NotifySecret, c.WebhookSecret)
+	case c.NotifyURL != "":
+		return c.NotifyURL, c.NotifySecret
+	case webhook:
+		return c.WebhookURL, c.WebhookSecret
+	}
+	return "", ""
 }

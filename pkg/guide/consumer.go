@@ -71,14 +71,19 @@ type Consumer struct {
 	// recording is off. Run runs it, and stops it after the last send.
 	timeline *timeline.Recorder
 
-	// breaker guards the sender, named for it; redisBreaker the session
-	// check.
-	breaker      *gobreaker.CircuitBreaker[Sent]
-	redisBreaker *gobreaker.CircuitBreaker[sessionCheck]
+	// notifier posts notify stages to the platform's notify webhook; nil
+	// when none is set, and a notify stage is dead-lettered.
+	notifier *webhookSender
+
+	// breaker guards the sender, named for it; notifyBreaker the
+	// notifier; redisBreaker the session check.
+	breaker       *gobreaker.CircuitBreaker[Sent]
+	notifyBreaker *gobreaker.CircuitBreaker[Sent]
+	redisBreaker  *gobreaker.CircuitBreaker[sessionCheck]
 
 	// One log per condition that fails for many records at once, so that
 	// an outage logs a few lines, not one per record.
-	checkOutage, sendOutage, dlqOutage, fetchOutage *outage.Log
+	checkOutage, sendOutage, notifyOutage, dlqOutage, fetchOutage *outage.Log
 
 	// The rebalance callbacks, on the client's goroutine, hand their
 	// partitions to the dispatch loop, which owns all record state.
@@ -138,11 +143,16 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Consumer, er
 	default:
 		c.sender = &gatewaySender{url: cfg.PushURL, secret: cfg.PushSecret, client: httpc}
 	}
+	if url, secret := cfg.notifyTarget(); url != "" {
+		c.notifier = &webhookSender{url: url, secret: []byte(secret), client: httpc}
+	}
 	c.checks = newCheckBatcher(c.checkSessions, cfg.SendTimeout, cfg.MaxInFlight)
 	c.breaker = newBreaker[Sent](cfg.Sender, cfg, logger)
+	c.notifyBreaker = newBreaker[Sent](downstreamNotify, cfg, logger)
 	c.redisBreaker = newBreaker[sessionCheck](downstreamRedis, cfg, logger)
 	c.checkOutage = outage.NewLog(logger.With("downstream", downstreamRedis), "check sessions", 0)
 	c.sendOutage = outage.NewLog(logger.With("downstream", cfg.Sender), "send guides", 0)
+	c.notifyOutage = outage.NewLog(logger.With("downstream", downstreamNotify), "notify the platform", 0)
 	c.dlqOutage = outage.NewLog(logger.With("topic", cfg.DLQTopic), "dead-letter records", 0)
 	c.fetchOutage = outage.NewLog(logger.With("topic", cfg.Kafka.Topic), "fetch records", 0)
 
@@ -318,13 +328,17 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (Outcome, error) 
 		return outcome, nil
 	}
 	g := Guide{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: c.text(ev), DeadlineMS: ev.DeadlineMS, DueMS: ev.DueMS,
-		Stage: ev.Stage, Action: ev.Action, Final: ev.Final}
-	sent, err := c.breaker.Execute(func() (Sent, error) {
+		Stage: ev.Stage, Action: ev.Action, Final: ev.Final, Reason: ev.Reason}
+	breaker, send, outage := c.breaker, c.sender.Send, c.sendOutage
+	if ev.Action == timeoutevent.ActionNotify {
+		breaker, send, outage = c.notifyBreaker, c.notify, c.notifyOutage
+	}
+	sent, err := breaker.Execute(func() (Sent, error) {
 		start := time.Now()
 		defer func() { metricSendSeconds.Observe(time.Since(start).Seconds()) }()
-		return c.sender.Send(ctx, g)
+		return send(ctx, g)
 	})
-	track(c.sendOutage, err)
+	track(outage, err)
 	if isPermanent(err) {
 		if err := c.deadLetter(ctx, r, err.Error()); err != nil {
 			return "", err
@@ -341,6 +355,19 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (Outcome, error) 
 	return sent.Outcome, nil
 }
 
+// errNoNotifier refuses a notify stage where no notify webhook is set.
+var errNoNotifier = errors.New("a notify stage, and no notify webhook: set notify-url (the platform's endpoint for notify stages)")
+
+// notify posts a notify stage to the platform's notify webhook. With none
+// set it is refused for good: dead-lettered, so that it is kept, and
+// named, rather than retried forever or dropped.
+func (c *Consumer) notify(ctx context.Context, g Guide) (Sent, error) {
+	if c.notifier == nil {
+		return Sent{}, permanentError{fmt.Errorf("notify stage %s: %w", g.ID, errNoNotifier), 0}
+	}
+	return c.notifier.Send(ctx, g)
+}
+
 // record adds a settlement's entries to uid's timeline, without waiting.
 func (c *Consumer) record(uid string, s settlement) {
 	if c.timeline == nil {
@@ -355,7 +382,7 @@ func (c *Consumer) record(uid string, s settlement) {
 // policy, or, when the policy gives none, the segment's template or the
 // default guide text.
 func (c *Consumer) text(ev timeoutevent.Event) string {
-	if ev.Text != "" {
+	if ev.Text != "" || ev.Action == timeoutevent.ActionNotify {
 		return ev.Text
 	}
 	if text, ok := c.templates[ev.Segment]; ok {

@@ -386,11 +386,11 @@ func (l *loop) probed() {
 }
 
 func (l *loop) anyOpen() bool {
-	return l.c.breaker.State() == gobreaker.StateOpen || l.c.redisBreaker.State() == gobreaker.StateOpen
+	return slices.Contains(l.c.breakerStates(), gobreaker.StateOpen)
 }
 
 func (l *loop) allClosed() bool {
-	return l.c.breaker.State() == gobreaker.StateClosed && l.c.redisBreaker.State() == gobreaker.StateClosed
+	return !slices.ContainsFunc(l.c.breakerStates(), func(s gobreaker.State) bool { return s != gobreaker.StateClosed })
 }
 
 // wake is when the loop next has a retry or probe to start; zero if none.

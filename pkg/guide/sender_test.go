@@ -246,7 +246,7 @@ func TestWebhookSender(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := map[string]any{"id": "id-1", "uid": "user-1", "segment": "vip", "text": "Still with us?", "deadline_ms": float64(1795255600123),
-			"due_ms": float64(1795255600123), "stage": float64(2), "action": "close", "final": true}
+			"due_ms": float64(1795255600123), "stage": float64(2), "action": "close", "final": true, "reason": "ended"}
 		if !maps.Equal(body, want) {
 			t.Errorf("body %v, want %v", body, want)
 		}

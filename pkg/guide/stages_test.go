@@ -53,12 +53,12 @@ func TestStagesSent(t *testing.T) {
 	// silent: reminded at the deadline, closed 3 minutes later, due now.
 	d := now.Add(-3*time.Minute - time.Second)
 	first := timeoutevent.New("silent", session.DefaultSegment, d, d.Add(50*time.Millisecond), timeoutevent.SourceSweep)
-	closing := first.AtStage(2, d.Add(3*time.Minute), timeoutevent.ActionClose, closeText)
+	closing := first.AtStage(2, d.Add(3*time.Minute), timeoutevent.ActionClose, closeText, true)
 	// slow: the third reminder of a policy with long delays, due now, its
 	// deadline older than the guide max age.
 	ds := now.Add(-e.cfg.GuideMaxAge - 5*time.Minute)
 	third := timeoutevent.New("slow", "vip", ds, ds, timeoutevent.SourceSweep).
-		AtStage(3, now.Add(-time.Second), timeoutevent.ActionRemind, "")
+		AtStage(3, now.Add(-time.Second), timeoutevent.ActionRemind, "", false)
 	// back: renewed after the deadline and went silent again; the second
 	// stage of the silence that is over is stale.
 	db := now.Add(-2 * time.Second)
@@ -67,7 +67,7 @@ func TestStagesSent(t *testing.T) {
 	}
 	waitFor(t, "back's new session to run out", func() bool { return e.rdb.Exists(ctx, e.store.Keyspace().SessionKey("back")).Val() == 0 })
 	over := timeoutevent.New("back", session.DefaultSegment, db, db, timeoutevent.SourceSweep).
-		AtStage(2, now, timeoutevent.ActionRemind, "")
+		AtStage(2, now, timeoutevent.ActionRemind, "", false)
 
 	remind1, remind3, close2 := stageGuides(t, "1", "remind"), stageGuides(t, "3", "remind"), stageGuides(t, "2", "close")
 	stale0, tooOld0 := guidesSettled(t, OutcomeStale), guidesSettled(t, OutcomeTooOld)
@@ -80,7 +80,7 @@ func TestStagesSent(t *testing.T) {
 
 	want := map[string]push.Request{
 		first.ID:   {ID: first.ID, UID: "silent", Segment: session.DefaultSegment, Text: testText, DeadlineMS: d.UnixMilli(), DueMS: first.DueMS, Stage: 1, Action: "remind"},
-		closing.ID: {ID: closing.ID, UID: "silent", Segment: session.DefaultSegment, Text: closeText, DeadlineMS: d.UnixMilli(), DueMS: closing.DueMS, Stage: 2, Action: "close", Final: true},
+		closing.ID: {ID: closing.ID, UID: "silent", Segment: session.DefaultSegment, Text: closeText, DeadlineMS: d.UnixMilli(), DueMS: closing.DueMS, Stage: 2, Action: "close", Final: true, Reason: "ended"},
 		third.ID:   {ID: third.ID, UID: "slow", Segment: "vip", Text: "Still with us?", DeadlineMS: ds.UnixMilli(), DueMS: third.DueMS, Stage: 3, Action: "remind"},
 	}
 	for id, w := range want {
@@ -135,7 +135,7 @@ func TestNeedlessStages(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			d := now.Add(-tt.deadline)
 			ev := timeoutevent.New("u", session.DefaultSegment, d, d, timeoutevent.SourceSweep).
-				AtStage(2, now.Add(-tt.due), timeoutevent.ActionRemind, "")
+				AtStage(2, now.Add(-tt.due), timeoutevent.ActionRemind, "", false)
 			s := sessionCheck{now: now}
 			if tt.renewed > 0 {
 				s.renewed = now.Add(-tt.renewed)

@@ -33,6 +33,7 @@ const (
 	RuleDelivered = "delivered"        // sent: handed to Conns connections
 	RuleInbox     = "inbox"            // sent: kept in the user's inbox for their next connect; closed: the same, for a close stage
 	RuleWebhook   = "webhook"          // sent: the platform's webhook took it (Code); closed: the platform closes the chat
+	RuleNotify    = "notify"           // sent: a notify stage, which the platform's notify webhook took (Code); the user was sent nothing
 	RuleCameBack  = "came-back"        // skipped: the user's session is live again
 	RuleEnded     = "renewed-or-ended" // skipped: the session was renewed or ended after the deadline, and is over now
 	RuleTooOld    = "too-old"          // skipped: confirmed longer ago than guide-max-age
@@ -69,6 +70,11 @@ func (s settlement) entries() []timeline.Entry {
 	case OutcomeDelivered, OutcomeQueued:
 		e := with(timeline.KindSent, RuleDelivered, "")
 		switch {
+		case s.ev.Action == timeoutevent.ActionNotify:
+			e.Rule, e.Code, e.Detail = RuleNotify, s.sent.Code, "the platform was told; the user was sent nothing"
+			if s.ev.Last() {
+				e.Detail += "; the last stage (reason " + s.ev.Reason + ")"
+			}
 		case s.sender == SenderWebhook:
 			e.Rule, e.Code = RuleWebhook, s.sent.Code
 		case s.outcome == OutcomeQueued:

@@ -15,7 +15,8 @@ import (
 )
 
 // webhookSender POSTs guides to a platform whose IM API lives elsewhere,
-// as package webhook describes.
+// or notify stages to the platform's notify webhook, as package webhook
+// describes.
 type webhookSender struct {
 	url    string
 	secret []byte
@@ -31,8 +32,13 @@ type webhookSender struct {
 func (s *webhookSender) Send(ctx context.Context, g Guide) (Sent, error) {
 	// A guide without a stage (0, "") is stage 1's reminder, as on the
 	// push endpoint: the webhook's receiver always gets all three.
+	// A close stage is always the last, with its reason.
+	reason := g.Reason
+	if g.Final && reason == "" {
+		reason = timeoutevent.ReasonEnded
+	}
 	body, err := json.Marshal(webhook.Body{ID: g.ID, UID: g.UID, Segment: g.Segment, Text: g.Text, DeadlineMS: g.DeadlineMS, DueMS: cmp.Or(g.DueMS, g.DeadlineMS),
-		Stage: max(g.Stage, 1), Action: cmp.Or(g.Action, timeoutevent.ActionRemind), Final: g.Final})
+		Stage: max(g.Stage, 1), Action: cmp.Or(g.Action, timeoutevent.ActionRemind), Final: reason != "", Reason: reason})
 	if err != nil {
 		return Sent{}, permanentError{err, 0}
 	}

@@ -21,15 +21,16 @@ type Stage struct {
 	// After is the delay from the stage before: 0 on stage 1, between
 	// MinStageAfter and MaxStageAfter on the others.
 	After time.Duration
-	// Action is timeoutevent.ActionRemind (also when empty) or
+	// Action is timeoutevent.ActionRemind (also when empty),
 	// timeoutevent.ActionClose, which ends the chat and is always the
-	// last stage.
+	// last stage, or timeoutevent.ActionNotify, which sends the user
+	// nothing and tells the platform's notify webhook.
 	Action string
 	// Text is the guide's text, at most timeoutevent.MaxTextLen bytes.
 	// Stage 1's may be empty: the guide consumer's text for the segment,
 	// as before stages. Every other stage needs its own, and so does a
 	// close stage: the consumer's text asks whether the user is still
-	// there.
+	// there. A notify stage has none.
 	Text string
 }
 
@@ -84,8 +85,8 @@ func checkStages(segment string, stages []Stage) error {
 			return fmt.Errorf("%s: after %v, want between %v and %v", what, s.After, MinStageAfter, MaxStageAfter)
 		case s.After%time.Millisecond != 0:
 			return fmt.Errorf("%s: after %v, want whole milliseconds", what, s.After)
-		case s.action() != timeoutevent.ActionRemind && s.action() != timeoutevent.ActionClose:
-			return fmt.Errorf("%s: action %q, want %q or %q", what, s.Action, timeoutevent.ActionRemind, timeoutevent.ActionClose)
+		case !timeoutevent.ValidAction(s.action()):
+			return fmt.Errorf("%s: action %q, want %q, %q or %q", what, s.Action, timeoutevent.ActionRemind, timeoutevent.ActionClose, timeoutevent.ActionNotify)
 		case s.action() == timeoutevent.ActionClose && n < len(stages):
 			return fmt.Errorf("%s: close, but %d more stages follow: a close stage ends the chat, so it is the last", what, len(stages)-n)
 		}
@@ -93,6 +94,9 @@ func checkStages(segment string, stages []Stage) error {
 			return fmt.Errorf("%s: %w", what, err)
 		}
 		switch {
+		case s.Text != "" && s.action() == timeoutevent.ActionNotify:
+			return fmt.Errorf("%s: notify with a text: a notify stage sends the user nothing, only the platform's notify webhook hears of it", what)
+		case s.action() == timeoutevent.ActionNotify:
 		case s.Text == "" && s.action() == timeoutevent.ActionClose:
 			return fmt.Errorf("%s: close with no text: the consumer's text asks whether the user is still there, not that the chat is closed", what)
 		case s.Text == "" && n > 1:
@@ -176,7 +180,7 @@ func ParseStages(segment, list string) ([]Stage, error) {
 	return stages, nil
 }
 
-const stagesExample = `[{"text": "Still there?"}, {"after": "3m", "action": "close", "text": "Closed."}]`
+const stagesExample = `[{"text": "Still there?"}, {"after": "2m", "action": "notify"}, {"after": "3m", "action": "close", "text": "Closed."}]`
 
 // decodeStages decodes segment's list from valid JSON, naming the stage
 // that does not decode. Where each may stand in the list is checked by

@@ -13,6 +13,7 @@ import (
 const (
 	remindAction = timeoutevent.ActionRemind
 	closeAction  = timeoutevent.ActionClose
+	notifyAction = timeoutevent.ActionNotify
 )
 
 // withStages is a valid policy with segment's stages.
@@ -36,6 +37,8 @@ func TestValidateStages(t *testing.T) {
 		{"reminder then close", withStages("default", Stage{Action: remindAction}, Stage{After: 3 * time.Minute, Action: closeAction, Text: "Closed."}), nil},
 		{"close at the deadline", withStages("vip", Stage{Action: closeAction, Text: "Closed."}), nil},
 		{"two reminders, no close", withStages("vip", Stage{Text: "Still there?"}, Stage{After: 5 * time.Minute, Text: "Still with us?"}), nil},
+		{"reminder, notify, close", withStages("vip", Stage{Text: "Still there?"}, Stage{After: time.Minute, Action: notifyAction}, Stage{After: 5 * time.Minute, Action: closeAction, Text: "Closed."}), nil},
+		{"notify alone", withStages("vip", Stage{Action: notifyAction}), nil},
 		{"shortest and longest delays", withStages("x", Stage{}, Stage{After: time.Second, Text: "a"}, Stage{After: 24 * time.Hour, Text: "b"}), nil},
 		{"text at the limit", withStages("x", Stage{Text: long[1:]}), nil},
 		{"the most stages", withStages("x", ten...), nil},
@@ -47,13 +50,14 @@ func TestValidateStages(t *testing.T) {
 		{"later stage too soon", withStages("vip", Stage{}, Stage{After: 999 * time.Millisecond, Text: "t"}), []string{"segment vip stage 2: after 999ms"}},
 		{"later stage too late", withStages("vip", Stage{}, Stage{After: 25 * time.Hour, Text: "t"}), []string{"segment vip stage 2: after 25h0m0s"}},
 		{"sub-millisecond delay", withStages("vip", Stage{}, Stage{After: time.Second + time.Microsecond, Text: "t"}), []string{"segment vip stage 2: after 1.000001s, want whole milliseconds"}},
-		{"unknown action", withStages("vip", Stage{Action: "nudge"}), []string{`segment vip stage 1: action "nudge", want "remind" or "close"`}},
+		{"unknown action", withStages("vip", Stage{Action: "nudge"}), []string{`segment vip stage 1: action "nudge", want "remind", "close" or "notify"`}},
 		{"close before the last", withStages("vip", Stage{Action: closeAction, Text: "c"}, Stage{After: time.Minute, Text: "r"}), []string{"segment vip stage 1: close, but 1 more stages follow", "the last"}},
 		{"two closes", withStages("vip", Stage{}, Stage{After: time.Minute, Action: closeAction, Text: "c"}, Stage{After: time.Minute, Action: closeAction, Text: "c"}), []string{"segment vip stage 2: close, but 1 more"}},
 		{"text too long", withStages("vip", Stage{Text: long}), []string{"segment vip stage 1: text of 1025 bytes, want at most 1024"}},
 		{"text not UTF-8", withStages("vip", Stage{Text: "\xff"}), []string{"segment vip stage 1", "not valid UTF-8"}},
 		{"later stage without text", withStages("vip", Stage{}, Stage{After: time.Minute}), []string{"segment vip stage 2: no text"}},
 		{"close without text", withStages("vip", Stage{Action: closeAction}), []string{"segment vip stage 1: close with no text"}},
+		{"notify with text", withStages("vip", Stage{}, Stage{After: time.Minute, Action: notifyAction, Text: "away"}), []string{"segment vip stage 2: notify with a text"}},
 		{"bad segment name", withStages("v i p", Stage{}), []string{`stages of segment "v i p"`}},
 		{"first bad segment in name order", Policy{DefaultTTL: time.Minute, SegmentStages: map[string][]Stage{"b": nil, "a": nil}}, []string{"segment a: 0 stages"}},
 	}
@@ -189,6 +193,7 @@ func FuzzParseStages(f *testing.F) {
 	f.Add(`[{"text": "Still there?"}, {"after": "3m", "action": "close", "text": "Closed."}]`)
 	f.Add(`[{}, {"after": "1s", "text": "a"}, {"after": "24h", "action": "remind", "text": "b"}]`)
 	f.Add(`[{"action": "close", "text": "closed"}]`)
+	f.Add(`[{"action": "notify"}, {"after": "1m", "action": "notify"}]`)
 	f.Add(`[{"after": "0s", "action": "", "text": ""}]`)
 	f.Fuzz(func(t *testing.T, list string) {
 		stages, err := ParseStages("vip", list)

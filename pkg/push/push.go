@@ -17,6 +17,7 @@
 package push
 
 import (
+	"cmp"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -86,6 +87,10 @@ type Request struct {
 	// gateway closes the user's connections with 4000 ("inactive") and
 	// ends the session.
 	Final bool `json:"final,omitempty"`
+	// Reason is set on the silence's last stage only (see timeoutevent):
+	// "inactive" on a reminder, "ended" on a close stage. The gateway
+	// needs nothing of it; a webhook receiver gets it.
+	Reason string `json:"reason,omitempty"`
 }
 
 // Validate checks the limits, naming the first bad field.
@@ -109,6 +114,8 @@ func (r Request) Validate() error {
 		return fmt.Errorf("action: %q, want %q or %q", r.Action, timeoutevent.ActionRemind, timeoutevent.ActionClose)
 	case r.Final != (r.Action == timeoutevent.ActionClose):
 		return fmt.Errorf("final: %v with action %q, want true exactly on a close stage", r.Final, r.Action)
+	case r.Reason != "" && r.Reason != timeoutevent.ReasonOf(cmp.Or(r.Action, timeoutevent.ActionRemind)):
+		return fmt.Errorf("reason: %q with action %q, want %q on the last stage, else none", r.Reason, r.Action, timeoutevent.ReasonOf(cmp.Or(r.Action, timeoutevent.ActionRemind)))
 	}
 	return nil
 }

@@ -315,3 +315,33 @@ func FuzzParseResponse(f *testing.F) {
 		}
 	})
 }
+
+// TestValidateStage: action, final and reason agree: final exactly on a
+// close stage, a reason only the last stage's own, and a notify stage is
+// never a push (it goes to the platform's notify webhook).
+func TestValidateStage(t *testing.T) {
+	base := Request{ID: "g1", UID: "alice", Text: "t", DeadlineMS: 1, Stage: 2}
+	for _, tt := range []struct {
+		action, reason string
+		final, ok      bool
+	}{
+		{"", "", false, true},
+		{"remind", "", false, true},
+		{"remind", "inactive", false, true},
+		{"", "inactive", false, true},
+		{"close", "ended", true, true},
+		{"close", "", true, true},
+		{"remind", "ended", false, false},
+		{"close", "inactive", true, false},
+		{"remind", "inactive", true, false},
+		{"close", "ended", false, false},
+		{"notify", "notify", false, false},
+		{"remind", "gone", false, false},
+	} {
+		r := base
+		r.Action, r.Reason, r.Final = tt.action, tt.reason, tt.final
+		if err := r.Validate(); (err == nil) != tt.ok {
+			t.Errorf("action %q reason %q final %v: %v, want ok %v", tt.action, tt.reason, tt.final, err, tt.ok)
+		}
+	}
+}

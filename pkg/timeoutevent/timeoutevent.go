@@ -39,7 +39,41 @@ const (
 	// gateway closes their connections (4000) and the session ends. A
 	// close stage is always the last.
 	ActionClose = "close"
+	// ActionNotify sends the user nothing: the guide consumer tells the
+	// platform's notify webhook that the user went away (to send a
+	// mobile push, mark them away, free an agent), with every guarantee
+	// of a guide.
+	ActionNotify = "notify"
 )
+
+// Reasons of a final stage: why the silence ends there, so that the
+// platform can act.
+const (
+	// ReasonInactive: the last stage was a reminder; the user was asked
+	// and stayed silent, and nothing more comes. The chat stays open.
+	ReasonInactive = "inactive"
+	// ReasonEnded: a close stage ended the chat.
+	ReasonEnded = "ended"
+	// ReasonNotify: the last stage was a notify; the user was told
+	// nothing by it. The chat stays open.
+	ReasonNotify = "notify"
+)
+
+// ReasonOf is the reason of a final stage of action.
+func ReasonOf(action string) string {
+	switch action {
+	case ActionClose:
+		return ReasonEnded
+	case ActionNotify:
+		return ReasonNotify
+	}
+	return ReasonInactive
+}
+
+// ValidAction reports whether action is one of a stage's actions.
+func ValidAction(action string) bool {
+	return action == ActionRemind || action == ActionClose || action == ActionNotify
+}
 
 // MaxStages bounds the stages of a silence.
 const MaxStages = 10
@@ -63,10 +97,16 @@ type Event struct {
 	// DueMS is when the stage was due: the deadline for stage 1, then
 	// each stage's delay after the one before. Unix ms, Redis clock.
 	DueMS int64 `json:"due_ms"`
-	// Action is ActionRemind or ActionClose.
+	// Action is ActionRemind, ActionClose or ActionNotify.
 	Action string `json:"action"`
 	// Final is true on a close stage: the chat ends with it.
 	Final bool `json:"final"`
+	// Reason is set on the silence's last stage, none following it, and
+	// only there: ReasonOf its action, why the silence ends there. (A
+	// close stage is always the last; events of listeners before reasons
+	// have none, and Parse gives a close stage its own.) The platform's
+	// webhooks carry it, with final true.
+	Reason string `json:"reason,omitempty"`
 	// Text is the stage's text from the policy; empty means the
 	// consumer's text for the segment.
 	Text string `json:"text,omitempty"`
@@ -89,12 +129,17 @@ func New(uid, segment string, deadline, detected time.Time, source string) Event
 	}
 }
 
-// AtStage makes e the event of stage, due at due, with action and text.
-func (e Event) AtStage(stage int, due time.Time, action, text string) Event {
+// AtStage makes e the event of stage, due at due, with action and text;
+// last says that no stage follows it (a close stage never has one).
+func (e Event) AtStage(stage int, due time.Time, action, text string, last bool) Event {
 	e.Stage = stage
 	e.DueMS = due.UnixMilli()
 	e.Action = action
 	e.Final = action == ActionClose
+	e.Reason = ""
+	if last || e.Final {
+		e.Reason = ReasonOf(action)
+	}
 	e.Text = text
 	e.ID = StageID(e.UID, e.DeadlineMS, stage)
 	return e
@@ -118,6 +163,9 @@ func StageID(uid string, deadlineMS int64, stage int) string {
 	}
 	return hex.EncodeToString(h.Sum(nil)[:16])
 }
+
+// Last reports whether no stage follows e in its silence.
+func (e Event) Last() bool { return e.Reason != "" }
 
 // Deadline is the event's deadline as a time.
 func (e Event) Deadline() time.Time { return time.UnixMilli(e.DeadlineMS) }
@@ -154,6 +202,10 @@ func Parse(b []byte) (Event, error) {
 	if e.DueMS == 0 && e.Stage == 1 {
 		e.DueMS = e.DeadlineMS
 	}
+	// A close stage's event from before reasons has none.
+	if e.Final && e.Action == ActionClose && e.Reason == "" {
+		e.Reason = ReasonEnded
+	}
 	switch {
 	case e.UID == "":
 		return Event{}, errors.New("timeout event has no uid")
@@ -161,10 +213,14 @@ func Parse(b []byte) (Event, error) {
 		return Event{}, fmt.Errorf("timeout event for %q has no deadline", e.UID)
 	case e.Stage < 1 || e.Stage > MaxStages:
 		return Event{}, fmt.Errorf("timeout event for %q: stage %d, want 1-%d", e.UID, e.Stage, MaxStages)
-	case e.Action != ActionRemind && e.Action != ActionClose:
-		return Event{}, fmt.Errorf("timeout event for %q: action %q, want %q or %q", e.UID, e.Action, ActionRemind, ActionClose)
+	case !ValidAction(e.Action):
+		return Event{}, fmt.Errorf("timeout event for %q: action %q, want %q, %q or %q", e.UID, e.Action, ActionRemind, ActionClose, ActionNotify)
 	case e.Final != (e.Action == ActionClose):
 		return Event{}, fmt.Errorf("timeout event for %q: final %v with action %q (final is true on a close stage only)", e.UID, e.Final, e.Action)
+	case e.Reason != "" && e.Reason != ReasonOf(e.Action):
+		return Event{}, fmt.Errorf("timeout event for %q: %s stage with reason %q, want %q (on the last stage) or none", e.UID, e.Action, e.Reason, ReasonOf(e.Action))
+	case e.Action == ActionNotify && e.Text != "":
+		return Event{}, fmt.Errorf("timeout event for %q: a notify stage with a text (it sends the user nothing)", e.UID)
 	case e.DueMS < e.DeadlineMS:
 		return Event{}, fmt.Errorf("timeout event for %q: due_ms %d before deadline_ms %d", e.UID, e.DueMS, e.DeadlineMS)
 	case len(e.Text) > MaxTextLen:

@@ -49,17 +49,49 @@ func TestStages(t *testing.T) {
 	if first.ID != "39a1182abddf6ed9cf9e569d908c7b37" || first.Stage != 1 || first.Action != ActionRemind || first.Final || first.DueMS != d.UnixMilli() {
 		t.Fatalf("stage 1: %+v", first)
 	}
-	closing := first.AtStage(2, d.Add(3*time.Minute), ActionClose, "We closed this chat.")
+	closing := first.AtStage(2, d.Add(3*time.Minute), ActionClose, "We closed this chat.", true)
 	if closing.ID == first.ID || closing.ID != StageID("alice", d.UnixMilli(), 2) || !closing.Final || closing.DeadlineMS != first.DeadlineMS {
 		t.Fatalf("stage 2: %+v", closing)
 	}
-	if again := first.AtStage(1, d, ActionRemind, ""); again.ID != first.ID {
+	if again := first.AtStage(1, d, ActionRemind, "", false); again.ID != first.ID {
 		t.Fatal("AtStage(1) changed the id")
 	}
 	b, _ := closing.Marshal()
 	got, err := Parse(b)
 	if err != nil || got != closing {
 		t.Fatalf("round trip: %+v, %v; want %+v", got, err, closing)
+	}
+	// The last stage carries its reason, whatever its action; only a
+	// close stage is final (the chat ends).
+	for _, tt := range []struct {
+		action string
+		last   bool
+		reason string
+	}{
+		{ActionRemind, false, ""},
+		{ActionRemind, true, ReasonInactive},
+		{ActionNotify, false, ""},
+		{ActionNotify, true, ReasonNotify},
+		{ActionClose, true, ReasonEnded},
+		{ActionClose, false, ReasonEnded}, // a close stage is always the last
+	} {
+		text := "text"
+		if tt.action == ActionNotify {
+			text = ""
+		}
+		e := first.AtStage(2, d.Add(time.Minute), tt.action, text, tt.last)
+		if e.Final != (tt.action == ActionClose) || e.Reason != tt.reason || e.Last() != (tt.reason != "") {
+			t.Errorf("%s, last %v: final %v reason %q, want reason %q", tt.action, tt.last, e.Final, e.Reason, tt.reason)
+		}
+		b, _ := e.Marshal()
+		if got, err := Parse(b); err != nil || got != e {
+			t.Errorf("%s, last %v: round trip %+v, %v", tt.action, tt.last, got, err)
+		}
+	}
+	// A close stage's event from before reasons reads with its reason.
+	closeBefore := `{"v":1,"id":"` + StageID("alice", d.UnixMilli(), 2) + `","uid":"alice","deadline_ms":1763720000123,"stage":2,"due_ms":1763720180123,"action":"close","final":true,"text":"Closed."}`
+	if got, err := Parse([]byte(closeBefore)); err != nil || got.Reason != ReasonEnded {
+		t.Fatalf("close event before reasons: %+v, %v", got, err)
 	}
 	// An event of a listener before stages reads as stage 1's reminder.
 	old := `{"v":1,"id":"39a1182abddf6ed9cf9e569d908c7b37","uid":"alice","segment":"vip","deadline_ms":1763720000123,"detected_ms":1763720000200,"source":"sweep"}`
@@ -85,7 +117,11 @@ func TestParseRejects(t *testing.T) {
 		{"stage 0 with an action", `{"v":1,"id":"39a1182abddf6ed9cf9e569d908c7b37","uid":"alice","deadline_ms":1763720000123,"action":"remind"}`, false},
 		{"stage too high", `{"v":1,"id":"x","uid":"alice","deadline_ms":1763720000123,"stage":11,"due_ms":1763720000123,"action":"remind"}`, false},
 		{"unknown action", `{"v":1,"id":"39a1182abddf6ed9cf9e569d908c7b37","uid":"alice","deadline_ms":1763720000123,"stage":1,"due_ms":1763720000123,"action":"nag"}`, false},
-		{"final reminder", `{"v":1,"id":"39a1182abddf6ed9cf9e569d908c7b37","uid":"alice","deadline_ms":1763720000123,"stage":1,"due_ms":1763720000123,"action":"remind","final":true}`, false},
+		{"final reminder", `{"v":1,"id":"39a1182abddf6ed9cf9e569d908c7b37","uid":"alice","deadline_ms":1763720000123,"stage":1,"due_ms":1763720000123,"action":"remind","final":true,"reason":"inactive"}`, false},
+		{"last reminder with another's reason", `{"v":1,"id":"39a1182abddf6ed9cf9e569d908c7b37","uid":"alice","deadline_ms":1763720000123,"stage":1,"due_ms":1763720000123,"action":"remind","reason":"ended"}`, false},
+		{"close with notify's reason", `{"v":1,"id":"39a1182abddf6ed9cf9e569d908c7b37","uid":"alice","deadline_ms":1763720000123,"stage":1,"due_ms":1763720000123,"action":"close","final":true,"reason":"notify"}`, false},
+		{"unknown reason", `{"v":1,"id":"39a1182abddf6ed9cf9e569d908c7b37","uid":"alice","deadline_ms":1763720000123,"stage":1,"due_ms":1763720000123,"action":"notify","reason":"gone"}`, false},
+		{"notify with a text", `{"v":1,"id":"39a1182abddf6ed9cf9e569d908c7b37","uid":"alice","deadline_ms":1763720000123,"stage":1,"due_ms":1763720000123,"action":"notify","text":"hi"}`, false},
 		{"close not final", `{"v":1,"id":"39a1182abddf6ed9cf9e569d908c7b37","uid":"alice","deadline_ms":1763720000123,"stage":1,"due_ms":1763720000123,"action":"close"}`, false},
 		{"due before deadline", `{"v":1,"id":"39a1182abddf6ed9cf9e569d908c7b37","uid":"alice","deadline_ms":1763720000123,"stage":1,"due_ms":5,"action":"remind"}`, false},
 		{"stage 1 id on stage 2", `{"v":1,"id":"39a1182abddf6ed9cf9e569d908c7b37","uid":"alice","deadline_ms":1763720000123,"stage":2,"due_ms":1763720000123,"action":"remind"}`, false},
@@ -109,8 +145,11 @@ func FuzzParse(f *testing.F) {
 	f.Add(b)
 	f.Add([]byte(`{"v":2}`))
 	f.Add([]byte(`{"v":1,"uid":"","deadline_ms":-1}`))
-	c := e.AtStage(3, time.UnixMilli(1e12+60_000), ActionClose, "closed")
+	c := e.AtStage(3, time.UnixMilli(1e12+60_000), ActionClose, "closed", true)
 	b, _ = c.Marshal()
+	f.Add(b)
+	n := e.AtStage(2, time.UnixMilli(1e12+30_000), ActionNotify, "", true)
+	b, _ = n.Marshal()
 	f.Add(b)
 	f.Fuzz(func(t *testing.T, in []byte) {
 		e, err := Parse(in)

@@ -1,5 +1,6 @@
 // Package webhook is the contract between the guide consumer and a
-// platform's guide webhook (sender=webhook): the body the consumer POSTs,
+// platform's webhooks, the guide webhook (sender=webhook) and the notify
+// webhook (notify stages): the body the consumer POSTs,
 // its headers, which answers settle a guide, and the signature, with the
 // function a Go receiver verifies it with. The consumer's sender and the
 // test receiver both use this package; docs/protocol.md describes the
@@ -43,12 +44,19 @@ type Body struct {
 	// DueMS is when this stage was due, Unix ms by Redis's clock: the
 	// deadline for stage 1, then each stage's delay after the one before.
 	DueMS int64 `json:"due_ms"`
-	// Stage is the stage of the silence, from 1; Action is "remind" or
-	// "close"; Final is true on a close stage, after which the chat is
-	// over: a chat backend closes the conversation.
+	// Stage is the stage of the silence, from 1. Action is "remind",
+	// "close" (the chat is over: a chat backend closes the
+	// conversation), or "notify" (the user was sent nothing, and Text is
+	// empty: the user went away, for the platform to act on).
 	Stage  int    `json:"stage"`
 	Action string `json:"action"`
+	// Final is true on the silence's last stage: no further stage of it
+	// follows. Reason, set exactly then, says how it ended: "inactive"
+	// (a last reminder: asked, and still silent; the chat stays open),
+	// "ended" (a close stage ended the chat), "notify" (a last notify
+	// stage; the chat stays open).
 	Final  bool   `json:"final"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // Final reports whether code, a receiver's answer, refuses the guide for

@@ -25,11 +25,12 @@ import (
 type Guide struct {
 	ID, UID, Segment, Text string
 	Deadline               time.Time
-	// Stage, Action and Final say which stage of the silence it was:
-	// Final is a close stage's, after which the chat is over.
+	// Stage, Action, Final and Reason say which stage of the silence it
+	// was: Final is its last's, and Reason why it ended there.
 	Stage  int
 	Action string
 	Final  bool
+	Reason string
 	// At is when its first send arrived; Sends counts them all, repeats
 	// included.
 	At    time.Time
@@ -122,17 +123,21 @@ func (w *Webhook) serve(rw http.ResponseWriter, r *http.Request) {
 		return // 200: shown once already
 	}
 	shown := &Guide{ID: g.ID, UID: g.UID, Segment: g.Segment, Text: g.Text,
-		Deadline: time.UnixMilli(g.DeadlineMS), Stage: g.Stage, Action: g.Action, Final: g.Final, At: at, Sends: 1}
+		Deadline: time.UnixMilli(g.DeadlineMS), Stage: g.Stage, Action: g.Action, Final: g.Final, Reason: g.Reason, At: at, Sends: 1}
 	w.byID[g.ID] = shown
 	w.byUID[g.UID] = append(w.byUID[g.UID], shown)
 }
 
-// stageValid checks a body's stage as the contract has it: from 1, an
-// action of remind or close, and final exactly on a close.
+// stageValid checks a body's stage as the contract has it: from 1, a
+// known action, a text exactly when the action sends the user one, final
+// on every close, and a reason exactly on a final stage, its action's.
 func stageValid(g webhook.Body) bool {
 	return g.Stage >= 1 && g.Stage <= timeoutevent.MaxStages &&
-		(g.Action == timeoutevent.ActionRemind || g.Action == timeoutevent.ActionClose) &&
-		g.Final == (g.Action == timeoutevent.ActionClose)
+		timeoutevent.ValidAction(g.Action) &&
+		(g.Text == "") == (g.Action == timeoutevent.ActionNotify) &&
+		(g.Final || g.Action != timeoutevent.ActionClose) &&
+		g.Final == (g.Reason != "") &&
+		(g.Reason == "" || g.Reason == timeoutevent.ReasonOf(g.Action))
 }
 
 // SetSecrets replaces the secrets a signature may be made with, as a
