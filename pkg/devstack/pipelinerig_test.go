@@ -109,6 +109,9 @@ func newPipelineRig(t *testing.T, opts pipelineOptions) *pipelineRig {
 	default:
 		p.push = startProxy(t, r.liveGateways()[0].gw.PushAddr().String())
 		cenv["STILLTHERE_PUSH_URL"] = "http://" + p.push.Addr() + "/v1/push"
+		// Notify stages go to the rig's webhook.
+		cenv["STILLTHERE_NOTIFY_URL"] = r.hook.URL
+		cenv["STILLTHERE_NOTIFY_SECRET"] = r.hook.Secret
 	}
 	if p.ccfg, err = r.consumerConfig(cenv); err != nil {
 		t.Fatal(err)

@@ -40,6 +40,12 @@ func stagePolicy() *policy.Policy {
 				{Action: timeoutevent.ActionRemind, Text: "Anything else?"},
 				{After: stageVIP, Action: timeoutevent.ActionRemind, Text: "We are here when you need us."},
 			},
+			// app: remind, tell the platform, then close.
+			"app": {
+				{Action: timeoutevent.ActionRemind, Text: "Still there?"},
+				{After: stageVIP, Action: timeoutevent.ActionNotify},
+				{After: stageVIP, Action: timeoutevent.ActionClose, Text: closeText},
+			},
 		},
 	}
 }
@@ -137,6 +143,31 @@ func TestStagesEndToEnd(t *testing.T) {
 		stagesOf(t, "vip", s, []string{"Anything else?", "We are here when you need us."}, []time.Duration{0, stageVIP})
 		if s.close != 0 || s.guides[1].Final {
 			t.Fatalf("vip: close %d, final %v; want the connection open, no final stage", s.close, s.guides[1].Final)
+		}
+	})
+	// A notify stage between a reminder and a close: the user sees the
+	// reminder and the close, nothing of the notify; the platform hears of
+	// it once, in order between them, not final (a stage follows).
+	run("notify", func(t *testing.T) {
+		c := p.dialSegment("nora", "app", 0)
+		pingConn(t, c)
+		s := watchConn(c, time.Now().Add(faultTTL+faultJitter+2*stageVIP+4*time.Second))
+		if len(s.guides) != 2 || s.guides[0].Stage != 1 || s.guides[1].Stage != 3 || !s.guides[1].Final || s.close != frame.CloseInactive {
+			t.Fatalf("nora saw %+v, close %d; want stage 1, then the close stage 3, then %d", s.guides, s.close, frame.CloseInactive)
+		}
+		hooked := p.hook.Guides("nora")
+		if len(hooked) != 1 {
+			t.Fatalf("the platform got %+v, want the notify stage once", hooked)
+		}
+		n := hooked[0]
+		if n.Stage != 2 || n.Action != timeoutevent.ActionNotify || n.Final || n.Reason != "" || n.Text != "" || n.Deadline.UnixMilli() != s.guides[0].DeadlineMS {
+			t.Errorf("notify %+v, want stage 2 of the same silence, not final", n)
+		}
+		if gap := n.At.Sub(s.guides[0].At); gap < stageVIP-300*time.Millisecond || gap > stageVIP+time.Second {
+			t.Errorf("notify %v after the reminder, want %v", gap, stageVIP)
+		}
+		if !n.At.Before(s.guides[1].At) {
+			t.Errorf("notify at %v, after the close at %v", n.At, s.guides[1].At)
 		}
 	})
 	// A user who pings between the stages gets no close; their next

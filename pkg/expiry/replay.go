@@ -137,7 +137,7 @@ func (l *Listener) produceSpooled(ctx context.Context, values [][]byte) bool {
 				metricLag.WithLabelValues(pathSpool).Observe(time.Since(d).Seconds())
 			}
 			if ev, ok := events[r.Record]; ok {
-				if ev.ID != "" && !ev.Final { // a stage that others follow
+				if ev.ID != "" && !ev.Last() { // a stage that others follow
 					follow = append(follow, l.replayed(ev))
 				}
 				l.noteReplayed(ev)
