@@ -36,14 +36,17 @@ type values struct {
 		ExistingSecret string `json:"existingSecret"`
 		ActivitySecret string `json:"activitySecret"`
 		OpsSecret      string `json:"opsSecret"`
+		NotifySecret   string `json:"notifySecret"`
 	} `json:"secrets"`
 	Timeline timelineValues `json:"timeline"`
 	Kafka    struct {
 		Partitions int `json:"partitions"`
 	} `json:"kafka"`
 	Consumer struct {
-		Pprof bool `json:"pprof"`
-		Keda  struct {
+		Pprof     bool   `json:"pprof"`
+		Sender    string `json:"sender"`
+		NotifyURL string `json:"notifyURL"`
+		Keda      struct {
 			LagThreshold int `json:"lagThreshold"`
 		} `json:"keda"`
 	} `json:"consumer"`
@@ -152,6 +155,7 @@ func checkChart(t *testing.T, m *manifests, v values) {
 	t.Run("secrets", func(t *testing.T) { checkSecrets(t, m, pods, v) })
 	t.Run("activity feed", func(t *testing.T) { checkActivityFeed(t, m, pods, v.Gateway.ActivityFeed) })
 	t.Run("timeline", func(t *testing.T) { checkTimeline(t, m, pods, v.Timeline) })
+	t.Run("notify webhook", func(t *testing.T) { checkNotify(t, m, pods, notifyWant(v)) })
 	t.Run("pprof", func(t *testing.T) {
 		for c, on := range map[string]bool{"gateway": v.Gateway.Pprof, "expiry-listener": v.Listener.Pprof, "guide-consumer": v.Consumer.Pprof} {
 			if got, want := setting(t, env(t, m, &pods[c].Spec.Containers[0]), "STILLTHERE_PPROF"), strconv.FormatBool(on); got != want {
@@ -720,6 +724,18 @@ func TestChartRefusesBadValues(t *testing.T) {
 			[]string{"kafka.sasl.password"}},
 		{"webhook without a URL", []string{"--set", "consumer.sender=webhook", "--set", "secrets.webhookSecret=webhook-secret-for-tests-0123456789"},
 			[]string{"consumer.webhookURL"}},
+		{"notify URL not http(s)", []string{"--set", "consumer.notifyURL=ftp://platform.example.com/notify", "--set", "secrets.notifySecret=notify-secret-for-tests-0123456789ab"},
+			[]string{"/consumer/notifyURL"}},
+		{"notify URL without a host", []string{"--set", "consumer.notifyURL=https:///notify", "--set", "secrets.notifySecret=notify-secret-for-tests-0123456789ab"},
+			[]string{"/consumer/notifyURL"}},
+		{"notify URL through the consumer's map", []string{"--set", "consumer.config.notify-url=https://platform.example.com/notify"},
+			[]string{"consumer.config.notify-url", "STILLTHERE_NOTIFY_URL"}},
+		{"notify URL through the common map", []string{"--set", "config.STILLTHERE_NOTIFY_URL=https://platform.example.com/notify"},
+			[]string{"config.STILLTHERE_NOTIFY_URL", "STILLTHERE_NOTIFY_URL"}},
+		{"notify URL through extraEnv", []string{"--set", "consumer.extraEnv[0].name=STILLTHERE_NOTIFY_URL", "--set", "consumer.extraEnv[0].value=https://platform.example.com/notify"},
+			[]string{"consumer.extraEnv", "STILLTHERE_NOTIFY_URL"}},
+		{"notify secret in a ConfigMap", []string{"--set", "consumer.config.notify-secret=notify-secret-for-tests-0123456789ab"},
+			[]string{"consumer.config.notify-secret: a secret does not belong in a ConfigMap"}},
 		{"heartbeat interval out of range", []string{"--set", "gateway.heartbeatInterval=20s"},
 			[]string{"gateway.heartbeatInterval: 20s, want between 100ms and 10s"}},
 		{"shed-after out of range", []string{"--set", "gateway.shedAfter=11m", "--set", "listener.outageGrace=1h"},

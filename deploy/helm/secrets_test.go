@@ -19,7 +19,7 @@ var secretValues = []string{
 }
 
 // secretKeys are the keys of secrets.existingSecret values.yaml documents.
-var secretKeys = []string{"token-secret", "push-secret", "webhook-secret", "activity-secret", "ops-secret", "redis-password", "kafka-sasl-password"}
+var secretKeys = []string{"token-secret", "push-secret", "webhook-secret", "notify-secret", "activity-secret", "ops-secret", "redis-password", "kafka-sasl-password"}
 
 // checkSecrets: the pods read their secrets from secrets.existingSecret,
 // by the documented keys, and the chart renders no Secret of its own; or,
@@ -198,6 +198,8 @@ func TestChartGeneratesNoSecrets(t *testing.T) {
 // secret value it would ignore fails too.
 func TestChartRequiresSecrets(t *testing.T) {
 	const token, push = "--set=secrets.tokenSecret=token-secret-for-tests-0123456789abcdef", "--set=secrets.pushSecret=push-secret-for-tests-0123456789abcdef"
+	const webhook, webhookSecret = "--set=consumer.sender=webhook,consumer.webhookURL=https://im.example.com/hook", "--set=secrets.webhookSecret=webhook-secret-for-tests-0123456789"
+	const notifyURL, notifySecret = "--set=consumer.notifyURL=https://platform.example.com/notify", "--set=secrets.notifySecret=notify-secret-for-tests-0123456789ab"
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -242,6 +244,20 @@ func TestChartRequiresSecrets(t *testing.T) {
 			[]string{"config.STILLTHERE_OPS_SECRET: a secret does not belong in a ConfigMap"}},
 		{"webhook without its secret", []string{token, push, "--set=consumer.sender=webhook", "--set=consumer.webhookURL=https://im.example.com/hook"},
 			[]string{"secrets.webhookSecret: required with consumer.sender=webhook"}},
+		{"a notify URL and its secret", []string{token, push, notifyURL, notifySecret}, nil},
+		{"a notify URL without its secret", []string{token, push, notifyURL},
+			[]string{"secrets.notifySecret: required with consumer.notifyURL and consumer.sender=gateway", "at least 32 bytes", "secrets.existingSecret, key notify-secret"}},
+		{"a short notify secret", []string{token, push, notifyURL, "--set=secrets.notifySecret=notify-secret-too-short"},
+			[]string{"/secrets/notifySecret", "minLength"}},
+		{"a notify secret without a URL", []string{token, push, notifySecret},
+			[]string{"secrets.notifySecret: set without consumer.notifyURL", "notify-secret: set without notify-url", "Set consumer.notifyURL"}},
+		{"webhook and a notify URL without a notify secret", []string{token, push, webhook, webhookSecret, notifyURL}, nil},
+		{"webhook and a notify URL and secret", []string{token, push, webhook, webhookSecret, notifyURL, notifySecret}, nil},
+		{"webhook and a notify secret without a URL", []string{token, push, webhook, webhookSecret, notifySecret},
+			[]string{"secrets.notifySecret: set without consumer.notifyURL, so it would be unused", "consumer.webhookURL, signed with secrets.webhookSecret"}},
+		{"an existing secret and a notify URL", []string{"--set=secrets.existingSecret=chat-secrets", notifyURL}, nil},
+		{"an existing secret and a notify secret", []string{"--set=secrets.existingSecret=chat-secrets", notifyURL, notifySecret},
+			[]string{"secrets.notifySecret: set together with secrets.existingSecret (chat-secrets)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := render(t, tc.args...)

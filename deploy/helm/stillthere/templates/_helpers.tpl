@@ -91,7 +91,7 @@ spool directory) or a secret.
 {{- $_ := set $out (include "stillthere.envName" $k) (include "stillthere.settingValue" $v) }}
 {{- end }}
 {{- end }}
-{{- $secrets := list "STILLTHERE_TOKEN_SECRET" "STILLTHERE_PUSH_SECRET" "STILLTHERE_WEBHOOK_SECRET" "STILLTHERE_ACTIVITY_SECRET" "STILLTHERE_OPS_SECRET" "STILLTHERE_REDIS_PASSWORD" "STILLTHERE_KAFKA_SASL_PASSWORD" }}
+{{- $secrets := list "STILLTHERE_TOKEN_SECRET" "STILLTHERE_PUSH_SECRET" "STILLTHERE_WEBHOOK_SECRET" "STILLTHERE_NOTIFY_SECRET" "STILLTHERE_ACTIVITY_SECRET" "STILLTHERE_OPS_SECRET" "STILLTHERE_REDIS_PASSWORD" "STILLTHERE_KAFKA_SASL_PASSWORD" }}
 {{- $reserved := list }}
 {{- range .reserved }}{{ $reserved = append $reserved (include "stillthere.envName" .) }}{{ end }}
 {{- $seen := dict }}
