@@ -56,7 +56,13 @@ func isBreakerRefusal(err error) bool {
 	return errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests)
 }
 
-// breakerStates is the state of each of c's breakers.
-func (c *Consumer) breakerStates() []gobreaker.State {
-	return []gobreaker.State{c.breaker.State(), c.notifyBreaker.State(), c.redisBreaker.State()}
+// pausingStates is the state of the breakers whose opening pauses
+// fetching: the sender's and Redis's, which every guide needs. Not the
+// notify webhook's, which only notify stages need: a notify stage that
+// finds it open is retried on its own, after its backoff (the breaker
+// lets one through as a probe after BreakerTimeout), its user's later
+// stages wait behind it (one key's records go in order), and other users'
+// guides flow on, until the records held reach MaxInFlight.
+func (c *Consumer) pausingStates() []gobreaker.State {
+	return []gobreaker.State{c.breaker.State(), c.redisBreaker.State()}
 }

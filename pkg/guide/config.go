@@ -196,8 +196,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("sender: %q, want %s or %s", c.Sender, SenderGateway, SenderWebhook)
 	}
 	switch url, secret := c.notifyTarget(); {
-	case url == "" && c.NotifySecret != "":
-		return errors.New("notify-secret: set without notify-url")
+	case c.NotifyURL == "" && c.NotifySecret != "":
+		// With the webhook sender notify stages go to webhook-url, signed
+		// with webhook-secret: this one would sign nothing.
+		return errors.New("notify-secret: set without notify-url, so nothing would be signed with it")
 	case url == "":
 	case checkURL(url) != nil:
 		return fmt.Errorf("notify-url: %w", checkURL(url))

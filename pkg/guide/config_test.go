@@ -86,6 +86,27 @@ func TestValidate(t *testing.T) {
 		{"webhook short secret", "webhook-secret", func(c *Config) {
 			c.Sender, c.WebhookURL, c.WebhookSecret = SenderWebhook, "http://im.internal/guide", strings.Repeat("w", 31)
 		}},
+		{"notify webhook", "", func(c *Config) {
+			c.NotifyURL, c.NotifySecret = "https://app.example.com/hooks/away", strings.Repeat("n", 32)
+		}},
+		{"notify url without secret", "notify-secret", func(c *Config) { c.NotifyURL = "https://app.example.com/hooks/away" }},
+		{"notify short secret", "notify-secret", func(c *Config) {
+			c.NotifyURL, c.NotifySecret = "https://app.example.com/hooks/away", strings.Repeat("n", 31)
+		}},
+		{"notify url not http", "notify-url", func(c *Config) {
+			c.NotifyURL, c.NotifySecret = "app.example.com/hooks/away", strings.Repeat("n", 32)
+		}},
+		{"notify secret without url", "notify-secret", func(c *Config) { c.NotifySecret = strings.Repeat("n", 32) }},
+		{"notify secret without url, webhook sender", "notify-secret", func(c *Config) {
+			c.Sender, c.PushSecret = SenderWebhook, ""
+			c.WebhookURL, c.WebhookSecret = "https://im.example.com/hooks/guide", strings.Repeat("w", 32)
+			c.NotifySecret = strings.Repeat("n", 32)
+		}},
+		{"notify url with the webhook's secret", "", func(c *Config) {
+			c.Sender, c.PushSecret = SenderWebhook, ""
+			c.WebhookURL, c.WebhookSecret = "https://im.example.com/hooks/guide", strings.Repeat("w", 32)
+			c.NotifyURL = "https://app.example.com/hooks/away"
+		}},
 		{"no dlq topic", "dlq-topic", func(c *Config) { c.DLQTopic = "" }},
 		{"dlq topic is the topic", "dlq-topic", func(c *Config) { c.DLQTopic = c.Kafka.Topic }},
 		{"max age too small", "guide-max-age", func(c *Config) { c.GuideMaxAge = 999 * time.Millisecond }},

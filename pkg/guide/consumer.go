@@ -9,6 +9,8 @@
 // the first record not yet settled. The session check and the send go
 // through a circuit breaker each; while one is open, fetching pauses,
 // unsent records are held, and one probe goes out per breaker timeout.
+// A notify stage goes to the platform's notify webhook, through a breaker
+// of its own that holds only notify stages (see pausingStates).
 // Every send carries the event id as its idempotency key, so a crash
 // between send and commit shows the user nothing twice.
 //

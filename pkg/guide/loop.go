@@ -386,11 +386,11 @@ func (l *loop) probed() {
 }
 
 func (l *loop) anyOpen() bool {
-	return slices.Contains(l.c.breakerStates(), gobreaker.StateOpen)
+	return slices.Contains(l.c.pausingStates(), gobreaker.StateOpen)
 }
 
 func (l *loop) allClosed() bool {
-	return !slices.ContainsFunc(l.c.breakerStates(), func(s gobreaker.State) bool { return s != gobreaker.StateClosed })
+	return !slices.ContainsFunc(l.c.pausingStates(), func(s gobreaker.State) bool { return s != gobreaker.StateClosed })
 }
 
 // wake is when the loop next has a retry or probe to start; zero if none.

@@ -3,7 +3,6 @@ package guide
 import (
 	"context"
 	"net/http"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -137,24 +136,41 @@ func TestNotifyThroughGuideWebhook(t *testing.T) {
 }
 
 // TestNotifyWebhookDown: a notify webhook that fails opens its own
-// breaker: fetching pauses and nothing is dead-lettered or committed past
-// it; once it answers again, the platform hears once.
+// breaker, which holds notify stages and not the guides: other users'
+// guides are delivered meanwhile and fetching goes on, while each notify
+// user's close stage waits behind their notify. Nothing is dead-lettered;
+// once the webhook answers again, the platform hears each notify once,
+// and only then is the close pushed.
 func TestNotifyWebhookDown(t *testing.T) {
 	e := newEnv(t)
 	hook := guidetest.StartWebhook(t)
 	cfg := e.cfg
 	cfg.NotifyURL, cfg.NotifySecret = hook.URL, hook.Secret
 	hook.Refuse(http.StatusServiceUnavailable)
-	var evs []timeoutevent.Event
-	for _, uid := range uids("down", 6) {
+	type silence struct{ notify, close timeoutevent.Event }
+	var notified []silence
+	for _, uid := range uids("down", 4) {
 		_, n := e.notifySilence(uid)
+		n = n.AtStage(2, time.UnixMilli(n.DueMS), timeoutevent.ActionNotify, "", false)
+		c := n.AtStage(3, time.UnixMilli(n.DueMS+1), timeoutevent.ActionClose, "Closed.", true)
 		e.produceEvent(n)
-		evs = append(evs, n)
+		e.produceEvent(c)
+		notified = append(notified, silence{n, c})
 	}
 	r := e.start(cfg)
-	waitFor(t, "the notify breaker to open and every partition to pause", func() bool {
-		return r.c.notifyBreaker.State() != gobreaker.StateClosed && slices.Equal(r.paused(), []int32{0, 1, 2, 3})
-	})
+	waitFor(t, "the notify breaker to open", func() bool { return r.c.notifyBreaker.State() != gobreaker.StateClosed })
+	// Guides of users without a notify go out meanwhile, fetched after
+	// the breaker opened.
+	others := e.produce(uids("other", 6)...)
+	e.waitShown(others)
+	if p := r.paused(); len(p) != 0 {
+		t.Errorf("partitions %v paused while only the notify webhook failed", p)
+	}
+	for _, s := range notified {
+		if n := e.gw.Attempts(s.close.ID); n != 0 {
+			t.Errorf("%s: close stage pushed %d times before its notify went out", s.close.UID, n)
+		}
+	}
 	if n := e.deadLettered(); n != 0 {
 		t.Errorf("%d dead-lettered while the notify webhook was down", n)
 	}
@@ -163,9 +179,14 @@ func TestNotifyWebhookDown(t *testing.T) {
 	}
 	hook.Refuse(0)
 	e.waitCommittedToEnd(cfg.Group)
-	for _, ev := range evs {
-		if g := hook.Guides(ev.UID); len(g) != 1 || g[0].ID != ev.ID {
-			t.Errorf("%s: notified %+v, want once", ev.UID, g)
+	for _, s := range notified {
+		g := hook.Guides(s.notify.UID)
+		if len(g) != 1 || g[0].ID != s.notify.ID {
+			t.Errorf("%s: notified %+v, want once", s.notify.UID, g)
+			continue
+		}
+		if p, ok := e.gw.Get(s.close.ID); !ok || p.At.Before(g[0].At) {
+			t.Errorf("%s: close stage pushed %v at %v, want after its notify at %v", s.close.UID, ok, p.At, g[0].At)
 		}
 	}
 	if n := e.deadLettered(); n != 0 {
