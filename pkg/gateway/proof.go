@@ -295,6 +295,7 @@ func (g *Gateway) handOn(ctx context.Context, c *conn) {
 			if err == nil && renewed.UnixMilli() > req.DeadlineMS {
 				cancel()
 				metricPushes.WithLabelValues("handed_on_stale").Inc()
+				g.timeline.Record(req.UID, skippedEntry(req, ruleCameBack, "its connection ended before proving it got it, and the user renewed after its deadline: not handed on"))
 				continue
 			}
 		}
@@ -312,7 +313,11 @@ func (g *Gateway) handOn(ctx context.Context, c *conn) {
 		if err != nil {
 			g.pushLog.Fail(err)
 			g.log.Warn("a guide the connection never proved it got is lost", "uid", req.UID, "guide_id", req.ID, "err", err)
+			g.timeline.Record(req.UID, lostEntry(req, "its connection ended before proving it got it, and it could not be handed on: "+err.Error()))
 			continue
+		}
+		if res.Status == push.TooOld {
+			g.timeline.Record(req.UID, skippedEntry(req, ruleTooOld, "its connection ended before proving it got it: too old for the inbox"))
 		}
 		metricPushes.WithLabelValues("handed_on").Inc()
 		if e, ok := sentEntry(req, res.Status, res.Connections, "handed on: its connection ended before proving it got it"); ok {

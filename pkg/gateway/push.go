@@ -323,6 +323,11 @@ func (g *Gateway) routedIn(ctx context.Context, payload string) {
 	status, err := g.keep(kctx, req, []byte(payload), nil, false, false)
 	if err != nil {
 		g.pushLog.Fail(err)
+		g.timeline.Record(req.UID, lostEntry(req, "routed here after the user's connections ended, and not kept: "+err.Error()))
+		return
+	}
+	if status == push.TooOld {
+		g.timeline.Record(req.UID, skippedEntry(req, ruleTooOld, "routed here after the user's connections ended: too old for the inbox"))
 		return
 	}
 	// The push counted this instance as delivered: the user's
@@ -354,9 +359,15 @@ func (g *Gateway) takeInbox(ctx context.Context, uid string, p presence, known i
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("take %q's inbox: %w", uid, err)
 	}
-	metricPushes.WithLabelValues("inbox_stale").Add(float64(t.Stale))
-	metricPushes.WithLabelValues("inbox_expired").Add(float64(t.Expired))
+	metricPushes.WithLabelValues("inbox_stale").Add(float64(len(t.Stale)))
+	metricPushes.WithLabelValues("inbox_expired").Add(float64(len(t.Expired)))
 	metricPushes.WithLabelValues("inbox_superseded").Add(float64(len(t.Superseded)))
+	for _, raw := range t.Stale {
+		g.recordDropped(uid, raw, ruleCameBack, "dropped from the inbox: the user renewed after its deadline")
+	}
+	for _, raw := range t.Expired {
+		g.recordDropped(uid, raw, ruleTooOld, "dropped from the inbox: it expired before the user connected")
+	}
 	return t.Items, t.Superseded, t.PresentUntil, nil
 }
 

@@ -50,6 +50,9 @@ const (
 	ruleDelivered  = "delivered"  // sent: handed to a connection
 	ruleInbox      = "inbox"      // sent: kept in the inbox
 	ruleSuperseded = "superseded" // skipped: held for a first ping that said the user was there
+	ruleCameBack   = "came-back"  // skipped: the user renewed after the deadline (the consumer's rule too)
+	ruleTooOld     = "too-old"    // skipped: past guide-max-age (the consumer's rule too)
+	ruleLost       = "lost"       // skipped: Redis refused to keep it (the gateway logs it as lost)
 )
 
 // startEntry is a connection's start: here is how many connections the
@@ -152,6 +155,25 @@ func sentEntry(req push.Request, status push.Status, conns int, how string) (tim
 		return timeline.Entry{}, false
 	}
 	return e, true
+}
+
+// skippedEntry is a guide the gateway dropped after the consumer's
+// "sent": rule and how say why.
+func skippedEntry(req push.Request, rule, how string) timeline.Entry {
+	return timeline.Entry{Kind: timeline.KindSkipped, Rule: rule, Event: req.ID, Stage: max(req.Stage, 1),
+		Deadline: req.DeadlineMS, Segment: req.Segment, Detail: how}
+}
+
+// lostEntry is a guide the gateway could neither show nor keep.
+func lostEntry(req push.Request, how string) timeline.Entry {
+	return skippedEntry(req, ruleLost, how)
+}
+
+// recordDropped records raw, an inbox entry dropped, as skipped by rule.
+func (g *Gateway) recordDropped(uid, raw, rule, how string) {
+	if req, ok := parseEntry(raw); ok {
+		g.timeline.Record(uid, skippedEntry(req, rule, how))
+	}
 }
 
 // ackedEntry is a device's ack of guide id.

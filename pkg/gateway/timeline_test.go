@@ -183,3 +183,63 @@ func TestTimelineEntries(t *testing.T) {
 		t.Error("a stale guide recorded as sent")
 	}
 }
+
+// waitEntry waits until uid's timeline holds a kind:rule entry about
+// guide id, and returns it.
+func (tg *testGateway) waitEntry(t *testing.T, uid, kindRule, id string) timeline.Entry {
+	t.Helper()
+	var got []timeline.Entry
+	var found timeline.Entry
+	if !waitFor(15*time.Second, func() bool {
+		var err error
+		if got, err = timeline.Read(context.Background(), tg.store, uid, 0); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range got {
+			if string(e.Kind)+":"+e.Rule == kindRule && e.Event == id {
+				found = e
+				return true
+			}
+		}
+		return false
+	}) {
+		t.Fatalf("%s's timeline: %s, want %s of %s", uid, timeline.Kinds(got), kindRule, id)
+	}
+	if found.Service != "gateway" {
+		t.Errorf("%s recorded by %s, want the gateway", kindRule, found.Service)
+	}
+	return found
+}
+
+// TestTimelineInboxDrops: a guide kept in the inbox that is dropped at
+// the user's connect, because they renewed after its deadline meanwhile,
+// or because it expired before they came, is in their timeline as
+// skipped, with why: the consumer's "sent: inbox" is not the end of it.
+func TestTimelineInboxDrops(t *testing.T) {
+	tg := startGateway(t, func(c *Config) { c.GuideMaxAge = 2 * time.Second })
+	ctx := context.Background()
+
+	deadline := redisNowMS(t, tg.rdb) - 500
+	tg.mustPush(t, push.Request{ID: "g-back", UID: "tl-gus", Text: "Still there?", DeadlineMS: deadline, Stage: 1}, push.Queued)
+	waitUntil(t, "Redis's clock past the keep", func() bool { return redisNowMS(t, tg.rdb) > deadline+500 })
+	if _, err := tg.store.Renew(ctx, "tl-gus", "default", time.Minute, session.ClockPresence); err != nil {
+		t.Fatal(err)
+	}
+	tg.dial(t, "tl-gus")
+	if e := tg.waitEntry(t, "tl-gus", "skipped:came-back", "g-back"); !strings.Contains(e.Detail, "inbox") || e.Deadline != deadline {
+		t.Errorf("came back: %+v, want the inbox named and the deadline", e)
+	}
+
+	old := redisNowMS(t, tg.rdb) - 1500
+	tg.mustPush(t, push.Request{ID: "g-old", UID: "tl-hal", Text: "Still there?", DeadlineMS: old, Stage: 1}, push.Queued)
+	fresh := redisNowMS(t, tg.rdb)
+	tg.mustPush(t, push.Request{ID: "g-new", UID: "tl-hal", Text: "Still there?", DeadlineMS: fresh, Stage: 1}, push.Queued)
+	// Real time must pass: the old guide's max age runs out by Redis's
+	// clock, while the new one keeps the inbox.
+	waitUntil(t, "the old guide's max age to run out", func() bool { return redisNowMS(t, tg.rdb) > old+2100 })
+	ws := tg.dial(t, "tl-hal")
+	readGuide(t, ws, "g-new")
+	if e := tg.waitEntry(t, "tl-hal", "skipped:too-old", "g-old"); !strings.Contains(e.Detail, "expired") {
+		t.Errorf("too old: %+v, want it said to have expired in the inbox", e)
+	}
+}

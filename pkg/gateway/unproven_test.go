@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -157,6 +158,10 @@ func TestGuideToHalfOpenConnectionNotLost(t *testing.T) {
 		pingPong(t, ws) // the next frame is the pong: no guide
 		if n := tg.rdb.LLen(ctx, ks.InboxKey("kai")).Val(); n != 0 {
 			t.Fatalf("inbox holds %d guides of a user who came back", n)
+		}
+		// Their timeline says why the guide went no further.
+		if e := tg.waitEntry(t, "kai", "skipped:came-back", "k1"); !strings.Contains(e.Detail, "not handed on") {
+			t.Errorf("came back: %+v, want it said that it was not handed on", e)
 		}
 	})
 }

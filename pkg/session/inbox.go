@@ -124,16 +124,17 @@ func (s *Store) KeepGuide(ctx context.Context, uid string, k Keep) (int, error) 
 // ms, then the client's word: how long before now the user was last
 // active (ms; -1: not said), the TTL a renewal then would have granted
 // (ms), and a present-until time already known (Unix ms; 0: none).
-// Returns {stale removed, expired removed, present until (0: none),
-// superseded count n, n superseded entries, entry...}.
+// Returns {stale count s, expired count e, present until (0: none),
+// superseded count n, s stale entries, e expired entries, n superseded
+// entries, entry...}: the entries dropped, for the user's timeline.
 var inboxTakeScript = newScript[inboxTakeKeys]("inbox_take", nil, []codec{inboxFormat})
 
 // Taken is what a take of an inbox found.
 type Taken struct {
 	Items      []string // entries leased to the caller, oldest first
 	Superseded []string // entries dropped: the user was present at their deadline
-	Stale      int64    // entries dropped: the user renewed after their deadline
-	Expired    int64    // entries dropped: past their expiry
+	Stale      []string // entries dropped: the user renewed after their deadline
+	Expired    []string // entries dropped: past their expiry
 	// PresentUntil is the present-until time now known, Unix ms; 0: none.
 	PresentUntil int64
 }
@@ -152,20 +153,25 @@ func (s *Store) TakeInbox(ctx context.Context, uid string, limit int, lease time
 		return Taken{}, fmt.Errorf("%d values", len(vals))
 	}
 	var t Taken
-	t.Stale, _ = vals[0].(int64)
-	t.Expired, _ = vals[1].(int64)
 	t.PresentUntil, _ = vals[2].(int64)
-	n, _ := vals[3].(int64)
-	if n < 0 || int(n) > len(vals)-4 {
-		return Taken{}, fmt.Errorf("%d superseded of %d values", n, len(vals))
-	}
-	for i, v := range vals[4:] {
-		if s, ok := v.(string); ok {
-			if i < int(n) {
-				t.Superseded = append(t.Superseded, s)
-			} else {
-				t.Items = append(t.Items, s)
+	rest := vals[4:]
+	var lists [3][]string // stale, expired, superseded
+	for i, at := range []int{0, 1, 3} {
+		n, _ := vals[at].(int64)
+		if n < 0 || int(n) > len(rest) {
+			return Taken{}, fmt.Errorf("%d dropped entries of %d values", n, len(vals))
+		}
+		for _, v := range rest[:n] {
+			if s, ok := v.(string); ok {
+				lists[i] = append(lists[i], s)
 			}
+		}
+		rest = rest[n:]
+	}
+	t.Stale, t.Expired, t.Superseded = lists[0], lists[1], lists[2]
+	for _, v := range rest {
+		if s, ok := v.(string); ok {
+			t.Items = append(t.Items, s)
 		}
 	}
 	return t, nil

@@ -5,7 +5,7 @@ local ago, ttl = tonumber(ARGV[3]) or -1, tonumber(ARGV[4]) or 0
 local present = tonumber(ARGV[5]) or 0
 if ago >= 0 then present = math.max(present, now - ago + ttl) end
 local items = redis.call('LRANGE', KEYS[K.inbox], 0, -1)
-local out, superseded = {0, 0, present}, {}
+local out, dropped = {present}, {{}, {}, {}} -- dropped: stale, expired, superseded
 for i = #items, 1, -1 do
   -- An entry of a gateway before kept_ms has no times: it is handed
   -- over; one that is no JSON object has no id either.
@@ -19,8 +19,9 @@ for i = #items, 1, -1 do
   if drop > 0 then
     redis.call('LREM', KEYS[K.inbox], 1, items[i])
     if id then redis.call('HDEL', KEYS[K.leases], id) end
-    if drop == 3 then superseded[#superseded + 1] = items[i] else out[drop] = out[drop] + 1 end
-  elseif #out - 3 < limit then
+    local d = dropped[drop]
+    d[#d + 1] = items[i]
+  elseif #out - 1 < limit then
     local held = 0
     if id then held = tonumber(redis.call('HGET', KEYS[K.leases], id) or '0') or 0 end
     if held <= now then
@@ -29,8 +30,10 @@ for i = #items, 1, -1 do
     end
   end
 end
-if #out > 3 and redis.call('PTTL', KEYS[K.leases]) < lease then redis.call('PEXPIRE', KEYS[K.leases], lease) end
-local res = {out[1], out[2], out[3], #superseded}
-for _, v in ipairs(superseded) do res[#res + 1] = v end
-for i = 4, #out do res[#res + 1] = out[i] end
+if #out > 1 and redis.call('PTTL', KEYS[K.leases]) < lease then redis.call('PEXPIRE', KEYS[K.leases], lease) end
+local res = {#dropped[1], #dropped[2], out[1], #dropped[3]}
+for _, d in ipairs(dropped) do
+  for _, v in ipairs(d) do res[#res + 1] = v end
+end
+for i = 2, #out do res[#res + 1] = out[i] end
 return res
