@@ -117,3 +117,64 @@ func TestAttackNotifyOutageDropsNotify(t *testing.T) {
 			g, guidesSettled(t, OutcomeTooOld)-tooOld0)
 	}
 }
+
+// TestAttackNotifyOutageCloseOvertakes breaks "ordered with the user's
+// other stages" (the issue; docs/protocol.md, "Notify webhook": "in order
+// with the user's other stages ... nothing is lost or reordered"). A
+// policy of [remind, notify, close]: the notify tells the platform the
+// user went away (free the agent, send a mobile push), the close then
+// ends the chat. The notify webhook is down, the gateway up. The consumer
+// holds the close behind the notify (per key), but only until the notify
+// has aged past guide-max-age: the probe then settles it too_old, fetching
+// resumes, and the close, younger, goes to the user. The user's chat is
+// closed while the platform was never told they went away, and the
+// notify webhook still has not answered once. guide-max-age is 4s here,
+// to fit a test.
+func TestAttackNotifyOutageCloseOvertakes(t *testing.T) {
+	e := newEnv(t)
+	hook := guidetest.StartWebhook(t)
+	cfg := e.cfg
+	cfg.NotifyURL, cfg.NotifySecret = hook.URL, hook.Secret
+	cfg.GuideMaxAge = 4 * time.Second
+	hook.Refuse(http.StatusServiceUnavailable)
+
+	now := e.redisNow()
+	d := now.Add(-time.Second)
+	first := timeoutevent.New("gone", session.DefaultSegment, d, d, timeoutevent.SourceSweep)
+	notify := first.AtStage(2, now, timeoutevent.ActionNotify, "", false)
+	var overtaken []string // what the platform had heard of gone when the close was shown
+	closedAt := make(chan struct{})
+	e.gw.OnShown(func(id string) {
+		if id != first.ID && id != notify.ID {
+			for _, g := range hook.Guides("gone") {
+				overtaken = append(overtaken, g.ID)
+			}
+			close(closedAt)
+		}
+	})
+	e.produceEvent(notify)
+	r := e.start(cfg)
+	waitFor(t, "the notify breaker to open", func() bool { return r.c.notifyBreaker.State() != gobreaker.StateClosed })
+
+	// The close is due (and found due) 2s after the notify, as a listener
+	// produces it: its delay after the notify went out, whether or not the
+	// platform has heard it.
+	e.untilRedis(now.Add(2 * time.Second))
+	at := e.redisNow()
+	closing := first.AtStage(3, at, timeoutevent.ActionClose, "We closed this chat.", true)
+	closing.DetectedMS = at.UnixMilli()
+	e.produceEvent(closing)
+
+	// The notify webhook stays down a while longer than guide-max-age.
+	closed := holdsWithin(2*cfg.GuideMaxAge, func() bool { return e.gw.Shown(closing.ID) })
+	hook.Refuse(0)
+	e.waitCommittedToEnd(cfg.Group)
+	if !closed {
+		return // the close waited for the notify: in order
+	}
+	<-closedAt
+	if !slices.Contains(overtaken, notify.ID) {
+		t.Errorf("gone's close was shown while the notify before it had not reached the platform (it had heard %v); "+
+			"after the outage it heard %+v", overtaken, hook.Guides("gone"))
+	}
+}
