@@ -35,3 +35,21 @@ func TestAttackNotifySecretSetButIgnored(t *testing.T) {
 		t.Errorf("notify-secret given and accepted, but notify stages to %s are signed with neither it nor webhook-secret", url)
 	}
 }
+
+// TestAttackNotifySecretMayBePushSecret breaks the secret rule the
+// project applies to every key a platform holds (activity.CheckSecret:
+// "not the push secret, so that a platform holding one cannot push
+// guides"; the ops secret likewise). The notify secret is handed to the
+// platform's notify endpoint, to verify what the consumer signs; with
+// guides through the gateway the consumer also holds the push secret.
+// Validate accepts the two being the same, and the platform's notify
+// receiver, or whoever reads its config, can then push any guide to any
+// user, a close stage included.
+func TestAttackNotifySecretMayBePushSecret(t *testing.T) {
+	c := validConfig() // guides through the gateway
+	c.NotifyURL = "https://im.example.com/notify"
+	c.NotifySecret = c.PushSecret
+	if err := c.Validate(); err == nil {
+		t.Error("notify-secret the same as push-secret accepted: the platform holding it can push guides")
+	}
+}
