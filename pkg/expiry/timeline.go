@@ -1,6 +1,7 @@
 package expiry
 
 import (
+	"cmp"
 	"fmt"
 
 	"github.com/stillthere/stillthere/pkg/session"
@@ -116,9 +117,9 @@ func (l *Listener) noteOutcome(it *item, settled bool) {
 	en := silence(it.Expired)
 	switch it.verdict.reason {
 	case whyProduced:
-		en.Kind, en.Event = timeline.KindProduced, eventID(it.Expired)
+		en.Kind, en.Event, en.Detail = timeline.KindProduced, eventID(it.Expired), stageDetail(it.verdict)
 	case whySpooled:
-		en.Kind, en.Event = timeline.KindSpooled, eventID(it.Expired)
+		en.Kind, en.Event, en.Detail = timeline.KindSpooled, eventID(it.Expired), stageDetail(it.verdict)
 	case whyProducedBefore:
 		en.Kind, en.Rule, en.Event = timeline.KindDeduped, tlProduced, eventID(it.Expired)
 	case whySpooledBefore:
@@ -143,6 +144,16 @@ func (l *Listener) noteOutcome(it *item, settled bool) {
 		return
 	}
 	l.timeline.Record(it.UID, en)
+}
+
+// stageDetail says what the stage of v's event does, and whether it is
+// the silence's last: "a notify stage, the last".
+func stageDetail(v verdict) string {
+	d := "a " + cmp.Or(v.stage.Action, timeoutevent.ActionRemind) + " stage"
+	if v.last {
+		d += ", the last"
+	}
+	return d
 }
 
 // noteReplayed records that the replay put a spooled event on the topic.

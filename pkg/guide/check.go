@@ -42,11 +42,14 @@ func checkOf(s session.Check) sessionCheck {
 // the listener held through an outage, when the hold ended, so that a
 // long outage does not age out the guides it only delayed. A later stage
 // is confirmed no earlier than it was due: its age counts from then, not
-// from a deadline that stage delays may have put minutes back.
+// from a deadline that stage delays may have put minutes back. A notify
+// stage is never too old: it tells the platform's servers, not the user,
+// and stays true while the user stays away (its due_ms says since when);
+// dropped, it would be lost, and the stages after it would overtake it.
 func needless(ev timeoutevent.Event, s sessionCheck, maxAge time.Duration) Outcome {
 	confirmed := time.UnixMilli(max(ev.DeadlineMS, ev.DetectedMS, ev.DueMS))
 	switch {
-	case s.now.Sub(confirmed) > maxAge:
+	case s.now.Sub(confirmed) > maxAge && ev.Action != timeoutevent.ActionNotify:
 		return OutcomeTooOld
 	case s.live, s.renewed.After(ev.Deadline()):
 		return OutcomeStale // they came back: no "are you still there?"

@@ -189,3 +189,29 @@ func TestRedisClockDecidesAge(t *testing.T) {
 		t.Errorf("too_old outcomes: %v, want 1", d)
 	}
 }
+
+// TestNeedlessNotify: a notify stage is never too old, however late: the
+// platform's servers are told that the user went away, which stays true
+// while they stay away; one whose user came back is stale as any.
+func TestNeedlessNotify(t *testing.T) {
+	now := time.UnixMilli(1_795_255_600_123)
+	d := now.Add(-time.Hour)
+	notify := timeoutevent.New("u", session.DefaultSegment, d, d, timeoutevent.SourceSweep).AtStage(2, d.Add(time.Minute), timeoutevent.ActionNotify, "", true)
+	remind := notify.AtStage(2, d.Add(time.Minute), timeoutevent.ActionRemind, "Still there?", true)
+	away := sessionCheck{now: now}
+	back := sessionCheck{now: now, live: true}
+	for _, tt := range []struct {
+		name string
+		ev   timeoutevent.Event
+		s    sessionCheck
+		want Outcome
+	}{
+		{"notify an hour late", notify, away, ""},
+		{"reminder an hour late", remind, away, OutcomeTooOld},
+		{"notify of a user who came back", notify, back, OutcomeStale},
+	} {
+		if got := needless(tt.ev, tt.s, 5*time.Minute); got != tt.want {
+			t.Errorf("%s: %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}

@@ -205,6 +205,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("notify-url: %w", checkURL(url))
 	case len(secret) < 32:
 		return fmt.Errorf("notify-secret: %d bytes, want at least 32 (required with notify-url)", len(secret))
+	case c.PushSecret != "" && secret == c.PushSecret:
+		return errors.New("notify-secret: the same as push-secret; the platform's notify receiver holds it, and with it could push guides")
 	}
 	if _, err := c.templates(); err != nil {
 		return err

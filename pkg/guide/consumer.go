@@ -146,7 +146,7 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Consumer, er
 		c.sender = &gatewaySender{url: cfg.PushURL, secret: cfg.PushSecret, client: httpc}
 	}
 	if url, secret := cfg.notifyTarget(); url != "" {
-		c.notifier = &webhookSender{url: url, secret: []byte(secret), client: httpc}
+		c.notifier = &webhookSender{url: url, secret: []byte(secret), client: httpc, what: "notify stage"}
 	}
 	c.checks = newCheckBatcher(c.checkSessions, cfg.SendTimeout, cfg.MaxInFlight)
 	c.breaker = newBreaker[Sent](cfg.Sender, cfg, logger)

@@ -312,7 +312,7 @@ func TestPoisonRecordsAreDeadLettered(t *testing.T) {
 		reason string // in the reason header
 	}{
 		{"\x00\xffnot json", "decode timeout event"},
-		{`{"v":2,"id":"0123456789abcdef0123456789abcdef","uid":"future","deadline_ms":1}`, "unknown timeout event version"},
+		{`{"v":3,"id":"0123456789abcdef0123456789abcdef","uid":"future","deadline_ms":1}`, "unknown timeout event version"},
 		{`{"v":1,"id":"forged","uid":"someone","deadline_ms":1700000000000}`, "does not match"},
 	}
 	var offsets []int64

@@ -58,7 +58,8 @@ var (
 	metricStageGuides = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_consumer_stage_guides_total",
 		Help: "Guides sent (delivered, or queued for the user's next connect), by stage of the silence (1-10) " +
-			"and action (remind, close): action=\"close\" counts the chats closed for inactivity.",
+			"and action (remind, close, notify): action=\"close\" counts the chats closed for inactivity, " +
+			"action=\"notify\" the notify stages the platform's notify webhook took.",
 	}, []string{"stage", "action"})
 )
 

@@ -21,6 +21,7 @@ type webhookSender struct {
 	url    string
 	secret []byte
 	client *http.Client
+	what   string // what it sends, for errors: "webhook guide" when empty
 }
 
 // Send posts g, signed as it goes out: a retry is a new request with a
@@ -51,7 +52,7 @@ func (s *webhookSender) Send(ctx context.Context, g Guide) (Sent, error) {
 	req.Header.Set(webhook.HeaderSignature, webhook.Sign(body, time.Now(), s.secret))
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return Sent{}, fmt.Errorf("webhook guide %s: %w", g.ID, err)
+		return Sent{}, fmt.Errorf("%s %s: %w", cmp.Or(s.what, "webhook guide"), g.ID, err)
 	}
 	defer resp.Body.Close()
 	// Drain a little so the connection can be reused.
@@ -60,8 +61,8 @@ func (s *webhookSender) Send(ctx context.Context, g Guide) (Sent, error) {
 	case code >= 200 && code < 300:
 		return Sent{Outcome: OutcomeDelivered, Code: code}, nil
 	case webhook.Final(code):
-		return Sent{}, permanentError{fmt.Errorf("webhook guide %s: %s", g.ID, resp.Status), code}
+		return Sent{}, permanentError{fmt.Errorf("%s %s: %s", cmp.Or(s.what, "webhook guide"), g.ID, resp.Status), code}
 	default:
-		return Sent{}, fmt.Errorf("webhook guide %s: %s", g.ID, resp.Status)
+		return Sent{}, fmt.Errorf("%s %s: %s", cmp.Or(s.what, "webhook guide"), g.ID, resp.Status)
 	}
 }

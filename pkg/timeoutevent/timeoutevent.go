@@ -22,8 +22,16 @@ import (
 	"time"
 )
 
-// Version is the schema version this package writes.
-const Version = 1
+// Version is the schema version this package writes, but for notify
+// stages: VersionNotify. Builds before notify stages read v1 events with
+// the actions remind and close only, and take any other version for a
+// newer build's (ErrUnknownVersion): a listener rolled back produces its
+// spooled notify stages as they are, rather than dropping them as
+// corrupt, and an older consumer dead-letters them, where they are kept.
+const (
+	Version       = 1
+	VersionNotify = 2
+)
 
 // Sources of a detection.
 const (
@@ -135,6 +143,10 @@ func (e Event) AtStage(stage int, due time.Time, action, text string, last bool)
 	e.Stage = stage
 	e.DueMS = due.UnixMilli()
 	e.Action = action
+	e.Version = Version
+	if action == ActionNotify {
+		e.Version = VersionNotify
+	}
 	e.Final = action == ActionClose
 	e.Reason = ""
 	if last || e.Final {
@@ -188,7 +200,7 @@ func Parse(b []byte) (Event, error) {
 	if head.Version == nil {
 		return Event{}, errors.New("decode timeout event: no version field \"v\"")
 	}
-	if *head.Version != Version {
+	if *head.Version != Version && *head.Version != VersionNotify {
 		return Event{}, fmt.Errorf("%w: %d", ErrUnknownVersion, *head.Version)
 	}
 	var e Event
@@ -213,6 +225,8 @@ func Parse(b []byte) (Event, error) {
 		return Event{}, fmt.Errorf("timeout event for %q has no deadline", e.UID)
 	case e.Stage < 1 || e.Stage > MaxStages:
 		return Event{}, fmt.Errorf("timeout event for %q: stage %d, want 1-%d", e.UID, e.Stage, MaxStages)
+	case (e.Version == VersionNotify) != (e.Action == ActionNotify):
+		return Event{}, fmt.Errorf("timeout event for %q: v %d with action %q (v %d is a notify stage's, and only its)", e.UID, e.Version, e.Action, VersionNotify)
 	case !ValidAction(e.Action):
 		return Event{}, fmt.Errorf("timeout event for %q: action %q, want %q, %q or %q", e.UID, e.Action, ActionRemind, ActionClose, ActionNotify)
 	case e.Final != (e.Action == ActionClose):

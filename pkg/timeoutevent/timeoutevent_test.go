@@ -109,7 +109,9 @@ func TestParseRejects(t *testing.T) {
 	}{
 		{"not json", `{`, false},
 		{"no version", `{"id":"x","uid":"u","deadline_ms":1}`, false},
-		{"future version", `{"v":2,"id":"x"}`, true},
+		{"future version", `{"v":3,"id":"x"}`, true},
+		{"notify stage as v1", `{"v":1,"id":"5148c52370d968954e002f42270bc924","uid":"gone","deadline_ms":1795255600123,"stage":2,"due_ms":1795255720123,"action":"notify"}`, false},
+		{"reminder as v2", `{"v":2,"id":"39a1182abddf6ed9cf9e569d908c7b37","uid":"alice","deadline_ms":1763720000123,"stage":1,"due_ms":1763720000123,"action":"remind"}`, false},
 		{"no uid", `{"v":1,"id":"x","deadline_ms":1}`, false},
 		{"no deadline", `{"v":1,"id":"x","uid":"u"}`, false},
 		{"forged id", `{"v":1,"id":"00","uid":"u","deadline_ms":1}`, false},
@@ -143,7 +145,7 @@ func FuzzParse(f *testing.F) {
 	e := New("alice", "vip", time.UnixMilli(1e12), time.UnixMilli(1e12+5), SourceEvent)
 	b, _ := e.Marshal()
 	f.Add(b)
-	f.Add([]byte(`{"v":2}`))
+	f.Add([]byte(`{"v":3}`))
 	f.Add([]byte(`{"v":1,"uid":"","deadline_ms":-1}`))
 	c := e.AtStage(3, time.UnixMilli(1e12+60_000), ActionClose, "closed", true)
 	b, _ = c.Marshal()

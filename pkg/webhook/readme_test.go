@@ -31,7 +31,9 @@ func handleGuide(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad signature", http.StatusUnauthorized)
 		return
 	}
-	// Parse body; show the user the guide unless its id was shown; 200.
+	// Parse body; show the user the guide unless its id was shown, but
+	// action "notify" (no text) is for your servers: the user went away,
+	// show them nothing. Then 200.
 }
 
 // verifyGuide reports whether sig, the X-Stillthere-Signature header,
