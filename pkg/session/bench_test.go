@@ -1,0 +1,77 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// BenchmarkRenewerBatch renews in the gateway's shape: batches of 256
+// renewals of distinct users through a Renewer, one pipeline each. It
+// reports renewals/s, and Redis's own time per renewal (redis-µs/renewal),
+// which the machine's other load touches least: what bounds one Redis.
+func BenchmarkRenewerBatch(b *testing.B) {
+	s, ctx := newStoreTB(b)
+	const batch = 256
+	r := NewRenewer(s, RenewerConfig{MaxBatch: batch, FlushInterval: time.Second})
+	rctx, cancel := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() { r.Run(rctx); close(ran) }()
+	defer func() { cancel(); <-ran }()
+	renew := func(n int) {
+		var wg sync.WaitGroup
+		wg.Add(batch)
+		for i := range batch {
+			r.RenewAsync(fmt.Sprintf("u%06d", (n*batch+i)%200000), "default", time.Minute, ClockPresence,
+				func(_ time.Time, err error) {
+					if err != nil {
+						b.Error(err)
+					}
+					wg.Done()
+				})
+		}
+		wg.Wait()
+	}
+	renew(0) // the script cached
+	if err := s.rdb.ConfigResetStat(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for n := 0; b.Loop(); n++ {
+		renew(n)
+	}
+	b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "renewals/s")
+	reportRedisMicros(b, s.rdb, int64(b.N)*batch, "redis-µs/renewal")
+}
+
+// reportRedisMicros reports Redis's time in scripts (EVALSHA) per one of
+// n operations, as unit.
+func reportRedisMicros(b *testing.B, rdb redis.UniversalClient, n int64, unit string) {
+	b.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:"); ok {
+			var calls, usec int64
+			for _, kv := range strings.Split(strings.TrimSpace(rest), ",") {
+				k, v, _ := strings.Cut(kv, "=")
+				switch k {
+				case "calls":
+					fmt.Sscan(v, &calls)
+				case "usec":
+					fmt.Sscan(v, &usec)
+				}
+			}
+			if calls > 0 && n > 0 {
+				b.ReportMetric(float64(usec)/float64(n), unit)
+			}
+		}
+	}
+}
