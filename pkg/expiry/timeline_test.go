@@ -232,6 +232,9 @@ func TestTimelineBounded(t *testing.T) {
 	cfg := h.config(ModeHybrid)
 	const bound = 5
 	cfg.Timeline.Bounds.Entries = bound
+	// The renewals, a gateway's, record with the same bounds: one setting
+	// for every service.
+	h.store = h.store.WithHoldNotes(cfg.Timeline.HoldNotes("gateway", ""))
 	stop := h.start(cfg)
 	defer stop()
 	h.waitSecondOfMinute(0, 30)
