@@ -63,6 +63,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeline"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
@@ -268,8 +269,10 @@ func run(ctx context.Context, log *slog.Logger, rep *Report, grace, closeAfter, 
 	rctx, stopRenewers := context.WithCancel(ctx)
 	var renewing sync.WaitGroup
 	defer func() { stopRenewers(); renewing.Wait() }()
+	// Their renewals record a hold they cancel, as a gateway's do.
+	notes := timeline.Settings{Off: timelineOff}.HoldNotes("gateway", "detectbench")
 	for range 4 {
-		r := session.NewRenewer(b.store, session.RenewerConfig{MaxBatch: 512})
+		r := session.NewRenewer(b.store.WithHoldNotes(notes), session.RenewerConfig{MaxBatch: 512})
 		b.renewers = append(b.renewers, r)
 		renewing.Go(func() { r.Run(rctx) })
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeline"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 	"github.com/stillthere/stillthere/pkg/timeoutevent/topictest"
 )
@@ -35,7 +36,9 @@ const (
 )
 
 // harness is one test's own redis-server and embedded Kafka, with the
-// session store the gateway would write through.
+// session store the gateway would write through: its renewals record a
+// hold they cancel in the user's timeline, as a gateway's do with the
+// timeline on (the default).
 type harness struct {
 	t       *testing.T
 	srv     *redisserver.Server  // nil on a cluster
@@ -88,7 +91,7 @@ func newHarnessOn(t *testing.T, rdb redis.UniversalClient) *harness {
 	return &harness{
 		t:      t,
 		rdb:    rdb,
-		store:  session.NewStore(rdb, ks),
+		store:  session.NewStore(rdb, ks).WithHoldNotes(timeline.Settings{}.HoldNotes("gateway", "")),
 		kafka:  cluster,
 		prefix: prefix,
 		admin:  kadm.NewClient(cl),

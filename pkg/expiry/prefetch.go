@@ -149,40 +149,13 @@ func ceilMS(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / t
 
 // due takes the timers due at local time t, as candidates to confirm.
 func (d *detector) due(t time.Time) []session.Candidate {
-	cands, _ := d.dueHolds(t)
-	return cands
-}
-
-// dueHolds is due, and the uids among them whose timer was a hold's
-// release, now or before it moved (timer.wasHeld).
-func (d *detector) dueHolds(t time.Time) ([]session.Candidate, map[string]bool) {
 	if !d.synced {
-		return nil, nil
+		return nil
 	}
 	tms := d.timers.popDue(d.redisNow(t), d.fireMax)
 	out := make([]session.Candidate, len(tms))
-	var holds map[string]bool
 	for i, tm := range tms {
 		out[i] = session.Candidate{UID: tm.uid, Held: tm.held}
-		if tm.held || tm.wasHeld {
-			if holds == nil {
-				holds = map[string]bool{}
-			}
-			holds[tm.uid] = true
-		}
-	}
-	return out, holds
-}
-
-// cancelledHolds are the uids of holds whose timers fired and that a
-// renewal cancelled: Redis found each not due, in the index at a deadline
-// (a renewal's, not a later stage's) and no longer held.
-func cancelledHolds(holds map[string]bool, nd []session.NotDue) []string {
-	var out []string
-	for _, n := range nd {
-		if holds[n.UID] && n.InIndex && !n.Staged && !n.Held {
-			out = append(out, n.UID)
-		}
 	}
 	return out
 }
@@ -228,14 +201,6 @@ func (d *detector) arm(uid string, at int64, held bool) {
 	}
 	if d.owned[b] && at <= end {
 		d.timers.set(uid, at, held)
-	}
-}
-
-// armHold sets the timer of uid's hold, released at at (Redis ms), if
-// its bucket is owned, however far at is.
-func (d *detector) armHold(uid string, at int64) {
-	if d.owned[session.Bucket(uid)] {
-		d.timers.set(uid, at, true)
 	}
 }
 
@@ -313,7 +278,7 @@ func (l *Listener) fire(ctx context.Context) {
 		d.own([session.Buckets]bool{})
 		return
 	}
-	cands, holds := d.dueHolds(d.lastFire)
+	cands := d.due(d.lastFire)
 	if len(cands) == 0 {
 		return
 	}
@@ -334,9 +299,6 @@ func (l *Listener) fire(ctx context.Context) {
 		return
 	}
 	d.sync(conf.Now, at)
-	for _, uid := range cancelledHolds(holds, conf.NotDue) {
-		l.noteCancelledHold(uid)
-	}
 	metricNotDue.Add(float64(len(conf.NotDue)))
 	d.rearm(conf.NotDue, conf.Now)
 	metricTimers.Set(float64(d.timers.len()))
@@ -380,11 +342,11 @@ func (l *Listener) withMark(ctx context.Context, reads func(context.Context, *se
 }
 
 // armWritten sets timers for what this listener wrote itself: the next
-// stages of settled timeouts, and holds. Beyond what was read of the
-// index, the window reads find a next stage. A hold's timer is set however
-// far its release is, so that its release is judged even when a renewal
-// cancels the hold before a window read gets there: Redis then answers
-// "not due", and the user's timeline says the lapse was stale.
+// stages of settled timeouts, and holds. Beyond what was read of their
+// sets, the window reads find them. (A hold a renewal or an end cancels
+// is recorded in the user's timeline by the script that cancels it, see
+// session.HoldNotes: not by this replica, which may have restarted by
+// then, or whose read-ahead path may be off.)
 func (l *Listener) armWritten(es []session.Expired, at func(session.Expired) time.Time, held bool) {
 	if l.detect == nil {
 		return
@@ -394,10 +356,6 @@ func (l *Listener) armWritten(es []session.Expired, at func(session.Expired) tim
 		if t.IsZero() || !t.Before(session.AfterReplay) {
 			continue
 		}
-		if held {
-			l.detect.armHold(e.UID, t.UnixMilli())
-		} else {
-			l.detect.arm(e.UID, t.UnixMilli(), false)
-		}
+		l.detect.arm(e.UID, t.UnixMilli(), held)
 	}
 }

@@ -26,14 +26,16 @@ import (
 //     no such stage, and the silence ends without an event.
 //   - produced or spooled (step 6), with the event's id; replayed when the
 //     spool's replay put it on the topic.
-//   - stale with rule renewed: a hold a renewal cancelled, found by the
-//     prefetch path's timer of the hold (fire).
+//
+// A hold a renewal or an end cancels is not the listener's to record:
+// the script that cancels it appends its rechecked and stale entries
+// (session.HoldNotes), whether or not the replica that held it is still
+// there to see its release.
 
 // Rules of the listener's entries besides the hold rules: a metric label
 // each, so a small fixed set.
 const (
 	tlStageGone = "stage-gone" // stale: the policy in force has no such stage
-	tlRenewed   = "renewed"    // stale: a renewal cancelled the hold
 	// deduped: the dedup key's answer.
 	tlProduced         = "produced"
 	tlSpooled          = "spooled"
@@ -160,11 +162,4 @@ func stageDetail(v verdict) string {
 func (l *Listener) noteReplayed(ev timeoutevent.Event) {
 	en := timeline.Entry{Kind: timeline.KindReplayed, Event: ev.ID, Stage: ev.Stage, Segment: ev.Segment, Deadline: ev.DeadlineMS}
 	l.timeline.Record(ev.UID, en)
-}
-
-// noteCancelledHold records that uid's held timeout was judged again and
-// found overtaken: a renewal cancelled its hold.
-func (l *Listener) noteCancelledHold(uid string) {
-	l.timeline.Record(uid, timeline.Entry{Kind: timeline.KindRechecked, Detail: "its hold was cancelled"})
-	l.timeline.Record(uid, timeline.Entry{Kind: timeline.KindStale, Rule: tlRenewed, Detail: "a renewal came while it was held"})
 }

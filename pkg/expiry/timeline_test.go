@@ -232,6 +232,9 @@ func TestTimelineBounded(t *testing.T) {
 	cfg := h.config(ModeHybrid)
 	const bound = 5
 	cfg.Timeline.Bounds.Entries = bound
+	// The renewals, a gateway's, record with the same bounds: one setting
+	// for every service.
+	h.store = h.store.WithHoldNotes(cfg.Timeline.HoldNotes("gateway", ""))
 	stop := h.start(cfg)
 	defer stop()
 	h.waitSecondOfMinute(0, 30)
@@ -268,31 +271,4 @@ func (h *harness) waitTimelineEnd(uid, last string) []timeline.Entry {
 		h.t.Fatalf("timeline of %s: %q, want it to end with %q", uid, steps(got), last)
 	}
 	return got
-}
-
-// TestCancelledHolds: a hold's timer that fires on a deadline in the index
-// (a renewal's) is a cancelled hold; one on a later stage, one held
-// again, one gone, or a timer that was never a hold's is not.
-func TestCancelledHolds(t *testing.T) {
-	var tm timers
-	tm.set("renewed", 10, true)
-	tm.set("renewed", 5, false) // a window read found the renewal's deadline
-	tm.set("plain", 5, false)
-	holds := map[string]bool{}
-	for _, x := range tm.popDue(100, 10) {
-		if x.held || x.wasHeld {
-			holds[x.uid] = true
-		}
-	}
-	holds["staged"], holds["again"], holds["gone"] = true, true, true
-	nd := []session.NotDue{
-		{UID: "renewed", Index: 60_000, InIndex: true},
-		{UID: "plain", Index: 60_000, InIndex: true},
-		{UID: "staged", Index: 60_000, InIndex: true, Staged: true},
-		{UID: "again", Release: 60_000, Held: true},
-		{UID: "gone"},
-	}
-	if got := cancelledHolds(holds, nd); !slices.Equal(got, []string{"renewed"}) {
-		t.Fatalf("cancelledHolds = %q, want [renewed]", got)
-	}
 }

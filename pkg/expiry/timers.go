@@ -16,11 +16,7 @@ type timer struct {
 	uid  string
 	at   int64 // Redis ms
 	held bool  // a release from the hold set, else a due time in the index
-	// wasHeld: it was a release before it was moved to a due time in the
-	// index (a renewal cancels a hold, and a window read then finds the
-	// new deadline): the hold is not known to be judged yet.
-	wasHeld bool
-	i       int // its place in the heap
+	i    int   // its place in the heap
 }
 
 // set arms uid's timer at at, moving the one it had.
@@ -29,7 +25,6 @@ func (t *timers) set(uid string, at int64, held bool) {
 		t.by = map[string]*timer{}
 	}
 	if tm, ok := t.by[uid]; ok {
-		tm.wasHeld = tm.wasHeld || tm.held
 		tm.at, tm.held = at, held
 		heap.Fix(&t.h, tm.i)
 		return

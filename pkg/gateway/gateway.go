@@ -196,7 +196,9 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 	if g.ctlRdb, err = redisconn.Open(ctx, bc); err != nil {
 		return nil, err
 	}
-	g.store = session.NewStore(g.rdb, cfg.Redis.Keyspace())
+	// Its renewals and ends record, in their own scripts, a hold they
+	// cancel on a user's timeout (see session.HoldNotes).
+	g.store = session.NewStore(g.rdb, cfg.Redis.Keyspace()).WithHoldNotes(cfg.Timeline.HoldNotes("gateway", g.instance))
 	g.timeline = cfg.Timeline.Recorder(g.store, timeline.Config{Service: "gateway", Instance: g.instance, Log: logger})
 	g.ctl = session.NewStore(g.ctlRdb, cfg.Redis.Keyspace())
 	g.renewer = session.NewRenewer(g.store, session.RenewerConfig{

@@ -15,7 +15,10 @@ import (
 // decisions about a user's connections and turns, recorded where each
 // took effect, off the caller's goroutine (Recorder.Record never waits).
 // The entries are decided here, from the facts; the call sites only
-// record them. Nothing is recorded on the renewal path.
+// record them. Nothing is recorded on the renewal path but what its
+// scripts record themselves, in the rare step that cancels a hold on a
+// user's timeout: the hold's recheck, and the lapse stale (the store's
+// HoldNotes; renewals, ends, activity and the last close alike).
 //
 // One owner per fact. The consumer records how each push was answered
 // (sent delivered to N connections, kept in the inbox, skipped): the

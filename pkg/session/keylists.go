@@ -14,7 +14,7 @@ func (k bucketKeys) list() []string {
 	return []string{k.Index, k.Segments, k.Via, k.Hold, k.Held, k.Stage}
 }
 
-// sessionKeys are the keys of one user's session: renew.lua, end.lua.
+// sessionKeys are the keys of one user's session.
 type sessionKeys struct {
 	Session string
 	bucketKeys
@@ -25,9 +25,23 @@ func (k sessionKeys) list() []string {
 	return append(append([]string{k.Session}, k.bucketKeys.list()...), k.Renewed, k.Turn)
 }
 
+// grantKeys are the keys of one user's session and the user's timeline,
+// which a grant or an end that cancels a hold appends to: renew.lua,
+// end.lua.
+type grantKeys struct {
+	sessionKeys
+	Timeline string
+}
+
+// list is in one allocation: every renewal builds one.
+func (k grantKeys) list() []string {
+	b := k.bucketKeys
+	return []string{k.Session, b.Index, b.Segments, b.Via, b.Hold, b.Held, b.Stage, k.Renewed, k.Turn, k.Timeline}
+}
+
 // activityKeys are a bucket's keys and, for each activity event, its
-// user's session, renewed and turn keys, in the order of the events:
-// activity.lua.
+// user's session, renewed, turn and timeline keys, in the order of the
+// events: activity.lua.
 type activityKeys struct {
 	bucketKeys
 	Users []string
@@ -109,11 +123,11 @@ func (k aliveKeys) list() []string { return []string{k.Alive} }
 type routeKeys struct {
 	Route string
 	sessionKeys
-	Stamps string
+	Stamps, Timeline string
 }
 
 func (k routeKeys) list() []string {
-	return append(append([]string{k.Route}, k.sessionKeys.list()...), k.Stamps)
+	return append(append([]string{k.Route}, k.sessionKeys.list()...), k.Stamps, k.Timeline)
 }
 
 // routeStampKeys: drop_routes.lua.

@@ -159,6 +159,11 @@ func (k Keyspace) sessionKeys(uid string) sessionKeys {
 		Turn: k.TurnKey(uid)}
 }
 
+// grantKeys are the keys of uid's renewals and ends.
+func (k Keyspace) grantKeys(uid string) grantKeys {
+	return grantKeys{sessionKeys: k.sessionKeys(uid), Timeline: k.TimelineKey(uid)}
+}
+
 func (k Keyspace) controlKey(name string) string { return k.prefix + ":{ctl}:" + name }
 
 // AliveKey holds the gateway instances' heartbeats.

@@ -353,8 +353,8 @@ func TestPipelineOfMixedRefusals(t *testing.T) {
 	}
 	call := func(i int) (*redis.Script, []string, []any) {
 		uid := []string{split, moved}[i]
-		return renewScript.call(ks.sessionKeys(uid), uid, time.Minute.Milliseconds(), "default", "", modeRenew,
-			RenewedKeep.Milliseconds(), 0, "", MaxTurnHold.Milliseconds())
+		return renewScript.call(ks.grantKeys(uid), HoldNotes{}.args([]any{uid, time.Minute.Milliseconds(), "default", "", modeRenew,
+			RenewedKeep.Milliseconds(), 0, "", MaxTurnHold.Milliseconds()})...)
 	}
 	for i, cmd := range s.runScripts(ctx, 2, call, 50*time.Millisecond) {
 		if err := cmd.Err(); !slotMoving(err) {

@@ -42,10 +42,12 @@ import (
 // view of the heartbeats is older than the instance's return (a stall
 // past its lease, then a heartbeat that finds the gap) cannot drop what
 // it wrote since. An entry without a stamp is dropped as dead.
-// ARGV: instance, count, ttl ms, end (1/0), uid, keep ms, ms since the
-// close, then pairs of a dead instance and its cut ms.
+// An end that cancels a hold on the user's timeout says so in their
+// timeline (see HoldNotes). ARGV: instance, count, ttl ms, end (1/0),
+// uid, keep ms, ms since the close, the note block (4), then pairs of a
+// dead instance and its cut ms.
 // Returns {connections left, 1 if the session was ended}.
-var routeScript = newScript[routeKeys]("route", nil, nil)
+var routeScript = newScript[routeKeys]("route", nil, []codec{holdNoteCodec{}}, "holdnote")
 
 // RouteCount is one gateway instance's connections of one user.
 type RouteCount struct {
@@ -98,8 +100,9 @@ func (s *Store) WriteRoutes(ctx context.Context, instance string, counts []Route
 		if c.End {
 			end = 1
 		}
-		argv = deadArgs([]any{instance, c.Count, ttl.Milliseconds(), end, c.UID, RenewedKeep.Milliseconds(), max(c.EndAgo, 0).Milliseconds()}, instance, dead)
-		return routeKeys{Route: s.ks.RouteKey(c.UID), sessionKeys: s.ks.sessionKeys(c.UID), Stamps: s.ks.RouteStampKey(c.UID)}, argv
+		argv = deadArgs(s.withNotes(instance, c.Count, ttl.Milliseconds(), end, c.UID, RenewedKeep.Milliseconds(), max(c.EndAgo, 0).Milliseconds()), instance, dead)
+		return routeKeys{Route: s.ks.RouteKey(c.UID), sessionKeys: s.ks.sessionKeys(c.UID), Stamps: s.ks.RouteStampKey(c.UID),
+			Timeline: s.ks.TimelineKey(c.UID)}, argv
 	}
 	cmds := s.runScripts(ctx, len(counts), func(i int) (*redis.Script, []string, []any) {
 		keys, argv := args(counts[i])

@@ -403,9 +403,9 @@ func (r *Renewer) call(batch []*renewal) scriptCall {
 	ks := r.store.ks
 	return func(i int) (*redis.Script, []string, []any) {
 		req := batch[i]
-		keys := ks.sessionKeys(req.uid)
+		keys := ks.grantKeys(req.uid)
 		if req.end {
-			return endScript.call(keys, req.uid, RenewedKeep.Milliseconds())
+			return endScript.call(keys, r.store.withNotes(req.uid, RenewedKeep.Milliseconds())...)
 		}
 		mode := modeRenew
 		switch {
@@ -414,7 +414,7 @@ func (r *Renewer) call(batch []*renewal) scriptCall {
 		case req.resync:
 			mode = modeResync
 		}
-		return renewScript.call(keys, req.uid, req.ttl.Milliseconds(), req.segment, r.cfg.Instance, mode,
-			RenewedKeep.Milliseconds(), max(0, req.ago.Milliseconds()), string(req.clock), MaxTurnHold.Milliseconds())
+		return renewScript.call(keys, r.store.withNotes(req.uid, req.ttl.Milliseconds(), req.segment, r.cfg.Instance, mode,
+			RenewedKeep.Milliseconds(), max(0, req.ago.Milliseconds()), string(req.clock), MaxTurnHold.Milliseconds())...)
 	}
 }

@@ -12,7 +12,7 @@ import (
 
 // keyListTypes are the key lists of every script.
 var keyListTypes = []keyList{
-	bucketKeys{}, sessionKeys{}, lookupKeys{}, entryKeys{}, dueKeys{}, setKeys{}, stagedKeys{},
+	bucketKeys{}, sessionKeys{}, grantKeys{}, lookupKeys{}, entryKeys{}, dueKeys{}, setKeys{}, stagedKeys{},
 	heartbeatKeys{}, blindKeys{}, markKeys{}, lapseKeys{}, aliveKeys{}, routeKeys{}, routeStampKeys{},
 	dedupKeys{}, pushClaimKeys{}, deliveredKeys{}, inboxKeepKeys{}, inboxTakeKeys{}, checkKeys{},
 	dedupEachKeys{}, activityKeys{}, feedKeys{},

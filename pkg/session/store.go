@@ -23,8 +23,9 @@ import (
 // renewScript grants a session a TTL and writes its deadline-index entry
 // in one step, records the gateway instance that granted it and when,
 // and cancels a hold on its last timeout and the stages left of it: the
-// user is back. ARGV: uid, ttl ms, segment, instance, mode, keep ms,
-// pinged ms ago, the segment's clock, MaxTurnHold ms.
+// user is back, and says so in their timeline (see HoldNotes). ARGV:
+// uid, ttl ms, segment, instance, mode, keep ms, pinged ms ago, the
+// segment's clock, MaxTurnHold ms, the note block (4).
 //
 // While the user's clock is held (our turn, or the turn clock before the
 // first turn to the user: see turn.go), the deadline it writes is parked
@@ -68,15 +69,17 @@ import (
 // the ping; with a renewal recorded and no timeout pending, the silence
 // was guided or ended, and it restores nothing. It returns {the
 // session's deadline or 0, now} when it restores nothing.
-var renewScript = newScript[sessionKeys]("renew", turnVocab, []codec{viaFormat, turnFormat}, "grant")
+var renewScript = newScript[grantKeys]("renew", turnVocab, []codec{viaFormat, turnFormat, holdNoteCodec{}}, "holdnote", "grant")
 
 // endScript removes a session deliberately ended by its user, and
-// records the end as their last renewal: they were there until then.
-// ARGV: uid, keep ms. It keeps the turn state, which expires on its own
-// (the deadline it was last refreshed to plus the keep): the user closed
-// a chat window, not the conversation, and one waiting for us who opens
-// it again is still held. Only the platform's end ends the turn state.
-var endScript = newScript[sessionKeys]("end", turnVocab, []codec{viaFormat, turnFormat}, "grant")
+// records the end as their last renewal: they were there until then. A
+// hold it cancels on the user's timeout is said in their timeline (see
+// HoldNotes). ARGV: uid, keep ms, the note block (4). It keeps the turn
+// state, which expires on its own (the deadline it was last refreshed to
+// plus the keep): the user closed a chat window, not the conversation,
+// and one waiting for us who opens it again is still held. Only the
+// platform's end ends the turn state.
+var endScript = newScript[grantKeys]("end", turnVocab, []codec{viaFormat, turnFormat, holdNoteCodec{}}, "holdnote", "grant")
 
 // candidatesScript lists, by Redis's clock, up to ARGV[1] members of one
 // sorted set whose score has come: the index entries whose deadline
@@ -308,6 +311,9 @@ var AfterReplay = time.UnixMilli(1 << 52)
 type Store struct {
 	rdb redis.UniversalClient
 	ks  Keyspace
+	// notes is the note block of its renewals and ends (HoldNotes.args),
+	// boxed once; nil records nothing.
+	notes []any
 }
 
 // NewStore returns a Store over rdb.
@@ -318,13 +324,22 @@ func NewStore(rdb redis.UniversalClient, ks Keyspace) *Store {
 // Keyspace is the store's key layout.
 func (s *Store) Keyspace() Keyspace { return s.ks }
 
+// WithHoldNotes returns a Store over the same Redis whose renewals and
+// ends (Renew, End, a Renewer's, ApplyActivity, WriteRoutes) append n to
+// the timeline of a user whose held timeout they cancel (see HoldNotes).
+func (s *Store) WithHoldNotes(n HoldNotes) *Store {
+	c := *s
+	c.notes = n.args(nil)
+	return &c
+}
+
 // Renew grants uid's session ttl from now, by Redis's clock, in one round
 // trip, and returns the session's deadline: the later of that and the one
 // it had, or a park while the segment's clock is held (see renewScript).
 func (s *Store) Renew(ctx context.Context, uid, segment string, ttl time.Duration, clock Clock) (time.Time, error) {
-	ms, err := renewScript.Run(ctx, s.rdb, s.ks.sessionKeys(uid),
+	ms, err := renewScript.Run(ctx, s.rdb, s.ks.grantKeys(uid), s.withNotes(
 		uid, ttl.Milliseconds(), segment, "", modeRenew, RenewedKeep.Milliseconds(), 0,
-		string(clock), MaxTurnHold.Milliseconds()).Int64Slice()
+		string(clock), MaxTurnHold.Milliseconds())...).Int64Slice()
 	if err != nil {
 		return time.Time{}, fmt.Errorf("renew session %q: %w", uid, err)
 	}
@@ -334,7 +349,7 @@ func (s *Store) Renew(ctx context.Context, uid, segment string, ttl time.Duratio
 // End deletes uid's session and its index entry, so no timeout follows.
 // The turn state stays (see endScript).
 func (s *Store) End(ctx context.Context, uid string) error {
-	err := endScript.Run(ctx, s.rdb, s.ks.sessionKeys(uid), uid, RenewedKeep.Milliseconds()).Err()
+	err := endScript.Run(ctx, s.rdb, s.ks.grantKeys(uid), s.withNotes(uid, RenewedKeep.Milliseconds())...).Err()
 	if err != nil {
 		return fmt.Errorf("end session %q: %w", uid, err)
 	}

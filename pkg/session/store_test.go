@@ -212,8 +212,8 @@ func TestRenewNeverMovesDeadlineEarlier(t *testing.T) {
 	b := Bucket("multi")
 	renew := func(segment, instance string, ttl time.Duration) time.Time {
 		t.Helper()
-		ms, err := renewScript.Run(ctx, s.rdb, s.ks.sessionKeys("multi"), "multi", ttl.Milliseconds(), segment,
-			instance, modeRenew, RenewedKeep.Milliseconds(), 0, "", MaxTurnHold.Milliseconds()).Int64Slice()
+		ms, err := renewScript.Run(ctx, s.rdb, s.ks.grantKeys("multi"), HoldNotes{}.args([]any{"multi", ttl.Milliseconds(), segment,
+			instance, modeRenew, RenewedKeep.Milliseconds(), 0, "", MaxTurnHold.Milliseconds()})...).Int64Slice()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,7 +2,9 @@ package session
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -49,6 +51,117 @@ func (b TimelineBounds) OrDefault() TimelineBounds {
 		b.Keep = 24 * time.Hour
 	}
 	return b
+}
+
+// HoldNotes say who records, and within what bounds, what a Store's
+// renewals and ends append to a user's timeline when they cancel the
+// user's held timeout: in the script that cancels it, stamped by Redis's
+// clock as it runs, so that the timeline says what became of the hold
+// whatever became of the listener replica that held it (a restart, the
+// read-ahead path off). Two entries (holdNotes): the hold's recheck, and
+// the lapse stale, by rule renewed when a grant cancelled the hold (a
+// renewal, an activity event), ended when an end did (a last close, End,
+// the platform's end of the conversation). Only that rare branch writes:
+// a renewal that finds nothing held touches no timeline. A renewal of
+// mode "lapsed" (see renewScript) records nothing: the silence it
+// restores is due again, and the listener records what becomes of it.
+// The timeline package gives a service's (Settings.HoldNotes); the zero
+// value records nothing, as a service whose timeline recording is off.
+type HoldNotes struct {
+	// Bounds of the timelines written, as AppendTimeline takes them.
+	Bounds TimelineBounds
+	// Service and Instance record the entries: the gateway, and its
+	// instance.
+	Service, Instance string
+}
+
+// on says whether n records anything.
+func (n HoldNotes) on() bool {
+	return n.Bounds.Entries >= 1 && n.Bounds.Keep >= time.Millisecond && n.Service != ""
+}
+
+// args appends to argv a script's note block: the most entries, the keep
+// in ms (0, 0 when off: nothing is recorded), the service and the
+// instance. Only these travel with each call; the entries' words are in
+// the scripts' source (holdNoteCodec).
+func (n HoldNotes) args(argv []any) []any {
+	if !n.on() {
+		return append(argv, 0, 0, "", "")
+	}
+	return append(argv, n.Bounds.Entries, n.Bounds.Keep.Milliseconds(), n.Service, n.Instance)
+}
+
+// offNotes is the note block of a Store that records nothing.
+var offNotes = HoldNotes{}.args(nil)
+
+// noteBlock is the note block of the store's renewals and ends.
+func (s *Store) noteBlock() []any {
+	if s.notes == nil {
+		return offNotes
+	}
+	return s.notes
+}
+
+// withNotes is argv with the store's note block after it, in one
+// allocation: every renewal builds one.
+func (s *Store) withNotes(argv ...any) []any {
+	notes := s.noteBlock()
+	return append(append(make([]any, 0, len(argv)+len(notes)), argv...), notes...)
+}
+
+// holdNote is an entry the scripts append when they cancel a hold, as
+// package timeline stores its Entry (JSON, stamped as timeline_add.lua
+// stamps one), less the service and instance each call gives: the kind
+// and rule are timeline's (its tests read the entries back as its own).
+type holdNote struct {
+	Kind     string `json:"kind"`
+	Rule     string `json:"rule,omitempty"`
+	Detail   string `json:"detail"`
+	InScript bool   `json:"in_script"` // not of a Recorder's batch: At is exact
+}
+
+// holdNotes are the entries, in the order appended: Rechecked, then one
+// of the others.
+var holdNotes = struct{ Rechecked, Renewed, Ended holdNote }{
+	Rechecked: holdNote{Kind: "rechecked", Detail: "its hold was cancelled before its release", InScript: true},
+	Renewed:   holdNote{Kind: "stale", Rule: "renewed", Detail: "the user renewed while it was held", InScript: true},
+	Ended:     holdNote{Kind: "stale", Rule: "ended", Detail: "the session ended while it was held", InScript: true},
+}
+
+// holdNoteCodec writes, into a script's source, each of holdNotes as
+// the Lua string of its JSON fields, holdNote<Name>, and
+// encodeHoldNote(note, service, instance), which makes the stored entry
+// of one: the words are in the source, not in each call's ARGV, as every
+// renewal would carry them and nearly none uses them.
+type holdNoteCodec struct{}
+
+func (holdNoteCodec) lua() string {
+	var b strings.Builder
+	v := reflect.ValueOf(holdNotes)
+	for i := range v.NumField() {
+		js, err := json.Marshal(v.Field(i).Interface())
+		if err != nil {
+			panic(err)
+		}
+		fmt.Fprintf(&b, "local holdNote%s = %s\n", v.Type().Field(i).Name, luaString(string(js[1:len(js)-1])))
+	}
+	b.WriteString(`local function encodeHoldNote(note, service, instance)
+  return '{"service":' .. cjson.encode(service) .. ',"instance":' .. cjson.encode(instance) .. ',' .. note .. '}'
+end
+`)
+	return b.String()
+}
+
+// luaString is s as a Lua string literal: printable ASCII only, which
+// Lua 5.1 reads back the same once its backslashes and quotes are
+// escaped.
+func luaString(s string) string {
+	for _, c := range []byte(s) {
+		if c < 0x20 || c > 0x7e {
+			panic(fmt.Sprintf("%q: not printable ASCII, which a Lua literal would not keep", s))
+		}
+	}
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
 }
 
 // AppendTimeline appends records to their users' timelines, in order per

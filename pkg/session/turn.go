@@ -149,13 +149,14 @@ var turnFormat = newFormat("Turn", ":", false, field{"whose", false}, field{"sin
 // user whose time plus its TTL is past (its silence was over before it
 // reached us: a replayed backlog must not start fresh ones). A turn event records the turn as
 // the user's or ours, since its time; a turn to us holds until its time
-// plus its max hold. Keys: the bucket's, then each event's user's
-// session, renewed and turn keys (activityKeys). ARGV: event count,
-// instance, keep ms, MaxTurnHold ms, DefaultSegment, then per event uid,
-// kind, segment, ttl ms, clock, at ms (0: now), max hold ms. Returns 1
-// (applied), 2 (applied, and it changed whose turn it is) or 0 (stale)
-// per event.
-var activityScript = newScript[activityKeys]("activity", turnVocab, []codec{viaFormat, turnFormat}, "grant")
+// plus its max hold. An event that cancels a hold on the user's timeout
+// says so in their timeline (see HoldNotes). Keys: the bucket's, then
+// each event's user's session, renewed, turn and timeline keys
+// (activityKeys). ARGV: event count, instance, keep ms, MaxTurnHold ms,
+// DefaultSegment, the note block (4), then per event uid, kind, segment,
+// ttl ms, clock, at ms (0: now), max hold ms. Returns 1 (applied), 2
+// (applied, and it changed whose turn it is) or 0 (stale) per event.
+var activityScript = newScript[activityKeys]("activity", turnVocab, []codec{viaFormat, turnFormat, holdNoteCodec{}}, "holdnote", "grant")
 
 // activityArgs is the number of ARGV of one event of activityScript.
 const activityArgs = 7
@@ -185,12 +186,15 @@ func (s *Store) ApplyActivity(ctx context.Context, instance string, events []Act
 	}
 	cmds := s.runScripts(ctx, len(buckets), func(i int) (*redis.Script, []string, []any) {
 		idx := byBucket[buckets[i]]
-		keys := activityKeys{bucketKeys: s.ks.bucketKeys(buckets[i]), Users: make([]string, 0, 3*len(idx))}
-		argv := make([]any, 0, 5+activityArgs*len(idx))
+		keys := activityKeys{bucketKeys: s.ks.bucketKeys(buckets[i]), Users: make([]string, 0, 4*len(idx))}
+		notes := s.noteBlock()
+		argv := make([]any, 0, 5+len(notes)+activityArgs*len(idx))
 		argv = append(argv, len(idx), instance, RenewedKeep.Milliseconds(), MaxTurnHold.Milliseconds(), DefaultSegment)
+		argv = append(argv, notes...)
 		for _, j := range idx {
 			e := events[j]
-			keys.Users = append(keys.Users, s.ks.SessionKey(e.UID), s.ks.RenewedKey(e.UID), s.ks.TurnKey(e.UID))
+			keys.Users = append(keys.Users, s.ks.SessionKey(e.UID), s.ks.RenewedKey(e.UID), s.ks.TurnKey(e.UID),
+				s.ks.TimelineKey(e.UID))
 			at := int64(0)
 			if !e.At.IsZero() {
 				at = max(e.At.UnixMilli(), 1)

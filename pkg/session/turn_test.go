@@ -433,27 +433,7 @@ func BenchmarkApplyActivity(b *testing.B) {
 	b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "events/s")
 	// Redis's own time per event, apart from the client's and the
 	// machine's other load: what bounds one Redis (or one master).
-	info, err := s.rdb.Info(ctx, "commandstats").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:"); ok {
-			var calls, usec int64
-			for _, kv := range strings.Split(strings.TrimSpace(rest), ",") {
-				k, v, _ := strings.Cut(kv, "=")
-				switch k {
-				case "calls":
-					fmt.Sscan(v, &calls)
-				case "usec":
-					fmt.Sscan(v, &usec)
-				}
-			}
-			if calls > 0 {
-				b.ReportMetric(float64(usec)/float64(int64(b.N)*batch), "redis-µs/event")
-			}
-		}
-	}
+	reportRedisMicros(b, s.rdb, int64(b.N)*batch, "redis-µs/event")
 }
 
 // TestActivityTurned: the result names the events that changed whose

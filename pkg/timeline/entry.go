@@ -27,8 +27,8 @@ const (
 	KindTurn      Kind = "turn"      // whose turn it is changed (Rule: user, us, ended)
 	KindLapse     Kind = "lapse"     // a deadline passed and the listener found it
 	KindHeld      Kind = "held"      // a lapse held (Rule), until Until, with the blind interval when one holds it
-	KindRechecked Kind = "rechecked" // a held lapse judged again at its release
-	KindStale     Kind = "stale"     // a lapse a renewal or an end had overtaken (Detail says which)
+	KindRechecked Kind = "rechecked" // a held lapse judged again at its release, or its hold cancelled before it (InScript)
+	KindStale     Kind = "stale"     // a lapse a renewal or an end had overtaken (Rule and Detail say which)
 	KindDeduped   Kind = "deduped"   // a lapse already produced, spooled or claimed elsewhere: nothing sent again
 	KindDeferred  Kind = "deferred"  // a second silence in a minute window: held to the window's end
 	KindProduced  Kind = "produced"  // its timeout event went to Kafka (Event, Stage)
@@ -63,7 +63,20 @@ type Entry struct {
 	BlindMS  [2]int64 `json:"blind_ms,omitzero"`     // the blind interval that held it, Redis ms
 	Conns    int      `json:"conns,omitempty"`
 	Code     int      `json:"code,omitempty"` // a close code, or the webhook's status
+	// InScript: recorded by the Redis script that carried the decision
+	// out, in the same step (session.HoldNotes), not queued by a
+	// Recorder: At is when the script ran.
+	InScript bool `json:"in_script,omitempty"`
 }
+
+// Rules of the stale entries a renewal or an end records when it cancels
+// a held timeout (Settings.HoldNotes). The session package's scripts
+// write them, and their kinds, from words of its own: TestHoldNotesRead
+// reads them back as these.
+const (
+	RuleRenewed = "renewed" // a grant: a renewal, an activity event
+	RuleEnded   = "ended"   // an end: a last close, the platform's end of the conversation
+)
 
 // MarshalJSON writes the entry with its time, as the API answers it.
 func (e Entry) MarshalJSON() ([]byte, error) {

@@ -169,12 +169,14 @@ func Read(ctx context.Context, store *session.Store, uid string, keep time.Durat
 // inOrder moves each entry of es (in the order appended) that is stamped
 // before an earlier entry of its instance to that entry's time, so that
 // a stable sort by time keeps each instance's order. The move is at most
-// the difference between two batches' trips to Redis.
+// the difference between two batches' trips to Redis. An entry recorded
+// in a script (InScript) is stamped when its decision took effect, not
+// in a batch of its instance's: it neither moves nor moves the others.
 func inOrder(es []Entry) {
 	last := make(map[[2]string]time.Time)
 	for i := range es {
-		if es[i].Kind == KindUnreadable {
-			continue // whose it was is unknown
+		if es[i].Kind == KindUnreadable || es[i].InScript {
+			continue // whose it was is unknown, or its time exact
 		}
 		who := [2]string{es[i].Service, es[i].Instance}
 		if prev, ok := last[who]; ok && es[i].At.Before(prev) {

@@ -45,3 +45,15 @@ func (s Settings) Recorder(store *session.Store, cfg Config) *Recorder {
 	cfg.Bounds = s.Bounds
 	return NewRecorder(store, cfg)
 }
+
+// HoldNotes say that a service's renewals and ends record, in their own
+// scripts, a hold they cancel on a user's timeout, within these bounds
+// (see session.HoldNotes): the hold's recheck (KindRechecked), then the
+// lapse stale by RuleRenewed or RuleEnded, each InScript. None when
+// recording is off.
+func (s Settings) HoldNotes(service, instance string) session.HoldNotes {
+	if s.Off {
+		return session.HoldNotes{}
+	}
+	return session.HoldNotes{Bounds: s.Bounds.OrDefault(), Service: service, Instance: instance}
+}

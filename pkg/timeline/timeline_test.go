@@ -330,3 +330,80 @@ func TestOrderWithinInstance(t *testing.T) {
 		t.Errorf("produced at %v, want moved to its predecessor's %v", got[1].At, got[0].At)
 	}
 }
+
+// hold holds uid's timeout for an hour, as a listener's hold rule would:
+// a 10ms grant, found due, held.
+func hold(t *testing.T, store *session.Store, uid string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := store.Renew(ctx, uid, "default", 10*time.Millisecond, session.ClockPresence); err != nil {
+		t.Fatal(err)
+	}
+	var due []session.Expired
+	for deadline := time.Now().Add(10 * time.Second); len(due) == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's 10ms grant never fell due", uid)
+		}
+		var err error
+		if due, _, err = store.Due(ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := store.Hold(ctx, due, time.Now().Add(time.Hour)); err != nil || n != 1 {
+		t.Fatalf("Hold = %d, %v; want 1", n, err)
+	}
+}
+
+// TestHoldNotesRead: the entries a renewal's or an end's script appends
+// when it cancels a held timeout read as the gateway's, the hold's
+// recheck then the lapse stale by RuleRenewed or RuleEnded, and at when
+// the script ran: a decision of the same gateway instance made before
+// the renewal, whose batch reached Redis after it, still reads before
+// them (the script's entries are not of a batch). With recording off
+// there are no notes.
+func TestHoldNotesRead(t *testing.T) {
+	base, _ := newStore(t)
+	ctx := context.Background()
+	if n := (Settings{Off: true}).HoldNotes("gateway", "gw-1"); n != (session.HoldNotes{}) {
+		t.Fatalf("notes with recording off: %+v, want none", n)
+	}
+	store := base.WithHoldNotes(Settings{}.HoldNotes("gateway", "gw-1"))
+	hold(t, store, "hn")
+	gw := NewRecorder(store, Config{Service: "gateway", Instance: "gw-1"})
+	gw.Record("hn", Entry{Kind: KindStart, Rule: "started"})
+	for start := time.Now(); time.Since(start) < 20*time.Millisecond; {
+		// Real time must pass between the start and the renewal: the
+		// stamps are Redis's clock, which no fake clock moves.
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := store.Renew(ctx, "hn", "default", time.Minute, session.ClockPresence); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	cancel()
+	gw.Run(rctx) // the start's batch reaches Redis after the renewal
+	got, err := Read(ctx, store, "hn", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || got[0].Kind != KindStart || got[1].Kind != KindRechecked || got[2].Kind != KindStale || got[2].Rule != RuleRenewed {
+		t.Fatalf("read %v, want the start, then the hold's recheck and the lapse stale by %s", Kinds(got), RuleRenewed)
+	}
+	for _, e := range got[1:] {
+		if e.Service != "gateway" || e.Instance != "gw-1" || !e.InScript || e.Detail == "" {
+			t.Errorf("%+v: want the gateway's gw-1, recorded in its script, with a detail", e)
+		}
+	}
+	if !got[0].At.Before(got[1].At) || got[1].At != got[2].At {
+		t.Errorf("at %v, %v, %v: want the start before the renewal's two entries, stamped as it ran", got[0].At, got[1].At, got[2].At)
+	}
+
+	hold(t, store, "hn-end")
+	if err := store.End(ctx, "hn-end"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err = Read(ctx, store, "hn-end", 0); err != nil || len(got) != 2 || got[0].Kind != KindRechecked ||
+		got[1].Kind != KindStale || got[1].Rule != RuleEnded {
+		t.Fatalf("read %v, %v; want the hold's recheck and the lapse stale by %s", Kinds(got), err, RuleEnded)
+	}
+}

@@ -1,14 +1,16 @@
 local now = redisNowMS()
 local n, inst, keep, maxHold, defaultSeg = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 local out = {}
+-- The note block (see HoldNotes) of a hold an event cancels.
+local note = 6
 -- One user's keys at a time: the bucket's, and the event's user's below.
 local k = {index = K.index, segments = K.segments, via = K.via, hold = K.hold, held = K.held, stage = K.stage}
 for j = 1, n do
-  local a = 5 + 7 * (j - 1)
+  local a = 9 + 7 * (j - 1)
   local uid, kind, seg, ttl, clock = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], tonumber(ARGV[a + 4]), ARGV[a + 5]
   local at, hold = tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
-  local u = K.users + 3 * (j - 1)
-  k.session, k.renewed, k.turn = u, u + 1, u + 2
+  local u = K.users + 4 * (j - 1)
+  k.session, k.renewed, k.turn, k.timeline = u, u + 1, u + 2, u + 3
   -- An event of no time is of now. Its time, as sent, orders it against
   -- the user's state (a platform's clock ahead of Redis's must not
   -- reorder two events); what counts from it, a hold's end and the
@@ -30,7 +32,7 @@ for j = 1, n do
   local applied = 1
   if kind == V.active then
     if over or at < was or ((whose == V.ended or whose == V.wait) and at < since) then applied = 0
-    else grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, false, was, turn, from) end
+    else grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, false, was, turn, from, note) end
   elseif kind == V.turnUser then
     if over or at < since then applied = 0
     else
@@ -43,7 +45,7 @@ for j = 1, n do
       -- grant. (A park of the turn clock from before the wait state was
       -- recorded has no turn state: the clock says it.)
       local parked = whose == V.us or whose == V.wait or (whose == nil and clock == V.clockTurn)
-      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, parked, was, turn, from)
+      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, parked, was, turn, from, note)
     end
   elseif kind == V.turnUs then
     if at < since then applied = 0
@@ -51,12 +53,12 @@ for j = 1, n do
       turn = encodeTurn(V.us, at, from + hold)
       redis.call('SET', KEYS[k.turn], turn)
       if whose ~= V.us then applied = 2 end
-      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, false, was, turn)
+      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, false, was, turn, nil, note)
     end
   elseif kind == V.ending then
     if at < was or at < since then applied = 0
     else
-      endSession(k, uid, from, keep, at)
+      endSession(k, uid, from, keep, at, note)
       if whose ~= V.ended then applied = 2 end
     end
   else

@@ -1,8 +1,11 @@
 -- The grant of a session, with the turn state that may park it, shared
 -- by renew.lua and activity.lua; and the end of a session, shared by
 -- end.lua and activity.lua. k names the KEYS index of each of one user's
--- keys: session, renewed, turn, and the bucket's index, segments, via,
--- hold, held and stage (K itself, for a script of one user).
+-- keys: session, renewed, turn, timeline, and the bucket's index,
+-- segments, via, hold, held and stage (K itself, for a script of one
+-- user). Both cancel a hold on the user's timeout, and note is the ARGV
+-- index of the note block that says so in the user's timeline
+-- (holdCancelled, lua/holdnote.lua), or nil to record nothing.
 
 -- heldUntil is when the user's clock starts to run, if that is after
 -- now: while it is our turn, until the turn's max hold; on the turn
@@ -34,7 +37,7 @@ end
 -- reaches us late does not start a silence late; the caller makes sure
 -- from+ttl is after now. Returns {the session's deadline, this grant's
 -- own: from+ttl}.
-local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resync, unpark, was, turn, from)
+local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resync, unpark, was, turn, from, note)
   if was == nil then was = tonumber(redis.call('GET', KEYS[k.renewed]) or '0') end
   if turn == nil then turn = redis.call('GET', KEYS[k.turn]) end
   -- Between stages the index holds when the next stage is due, not a
@@ -93,7 +96,7 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   redis.call('ZADD', KEYS[k.index], deadline, uid)
   redis.call('HSET', KEYS[k.segments], uid, seg)
   if via ~= '' then redis.call('HSET', KEYS[k.via], uid, via) end
-  redis.call('ZREM', KEYS[k.hold], uid)
+  if redis.call('ZREM', KEYS[k.hold], uid) == 1 and note then holdCancelled(k, note, holdNoteRenewed) end
   redis.call('HDEL', KEYS[k.held], uid)
   redis.call('HDEL', KEYS[k.stage], uid)
   if at > was then
@@ -109,7 +112,7 @@ end
 -- then, for keep, so that an event older than the end is stale. Without
 -- it (a WebSocket's last close: a chat window closed, not the
 -- conversation) the turn state is kept, to expire on its own.
-local function endSession(k, uid, at, keep, ended)
+local function endSession(k, uid, at, keep, ended, note)
   redis.call('SET', KEYS[k.renewed], at, 'PX', keep)
   redis.call('DEL', KEYS[k.session])
   if ended then
@@ -118,7 +121,7 @@ local function endSession(k, uid, at, keep, ended)
   redis.call('ZREM', KEYS[k.index], uid)
   redis.call('HDEL', KEYS[k.segments], uid)
   redis.call('HDEL', KEYS[k.via], uid)
-  redis.call('ZREM', KEYS[k.hold], uid)
+  if redis.call('ZREM', KEYS[k.hold], uid) == 1 and note then holdCancelled(k, note, holdNoteEnded) end
   redis.call('HDEL', KEYS[k.held], uid)
   redis.call('HDEL', KEYS[k.stage], uid)
 end

@@ -7,7 +7,7 @@ else
   redis.call('HDEL', KEYS[K.route], ARGV[1])
   redis.call('HDEL', KEYS[K.stamps], ARGV[1])
 end
-for i = 8, #ARGV - 1, 2 do
+for i = 12, #ARGV - 1, 2 do
   local at = tonumber(redis.call('HGET', KEYS[K.stamps], ARGV[i])) or 0
   if at <= tonumber(ARGV[i + 1]) then
     redis.call('HDEL', KEYS[K.route], ARGV[i])
@@ -29,7 +29,7 @@ redis.call('DEL', KEYS[K.session])
 redis.call('ZREM', KEYS[K.index], uid)
 redis.call('HDEL', KEYS[K.segments], uid)
 redis.call('HDEL', KEYS[K.via], uid)
-redis.call('ZREM', KEYS[K.hold], uid)
+if redis.call('ZREM', KEYS[K.hold], uid) == 1 then holdCancelled(K, 8, holdNoteEnded) end
 redis.call('HDEL', KEYS[K.held], uid)
 redis.call('HDEL', KEYS[K.stage], uid)
 return {total, 1}
