@@ -87,7 +87,7 @@ func TestRotation(t *testing.T) {
 // with its stage, action and final.
 func TestStagesRecorded(t *testing.T) {
 	w := StartWebhook(t)
-	closing := []byte(`{"id":"g2","uid":"alice","segment":"default","text":"We closed this chat.","deadline_ms":1795255600123,"stage":2,"action":"close","final":true}`)
+	closing := []byte(`{"id":"g2","uid":"alice","segment":"default","text":"We closed this chat.","deadline_ms":1795255600123,"stage":2,"action":"close","final":true,"reason":"ended"}`)
 	for _, b := range [][]byte{body, closing} {
 		if code := post(t, w, b, webhook.Sign(b, time.Now(), []byte(w.Secret))); code != http.StatusOK {
 			t.Fatalf("signed request: %d, want 200", code)
@@ -100,7 +100,30 @@ func TestStagesRecorded(t *testing.T) {
 	if g[0].Stage != 1 || g[0].Action != "remind" || g[0].Final {
 		t.Errorf("first guide %+v, want stage 1, remind, not final", g[0])
 	}
-	if g[1].Stage != 2 || g[1].Action != "close" || !g[1].Final || g[1].Text != "We closed this chat." {
-		t.Errorf("second guide %+v, want stage 2, close, final", g[1])
+	if g[1].Stage != 2 || g[1].Action != "close" || !g[1].Final || g[1].Reason != "ended" || g[1].Text != "We closed this chat." {
+		t.Errorf("second guide %+v, want stage 2, close, final, reason ended", g[1])
 	}
+	// A close without its reason, or a final reminder without one, breaks
+	// the contract: the consumer sends the last stage's reason.
+	for _, b := range [][]byte{
+		[]byte(`{"id":"g3","uid":"bob","text":"Closed.","deadline_ms":1795255600123,"stage":2,"action":"close","final":true}`),
+		[]byte(`{"id":"g4","uid":"bob","text":"Still there?","deadline_ms":1795255600123,"stage":1,"action":"remind","final":true}`),
+		[]byte(`{"id":"g5","uid":"bob","text":"Away","deadline_ms":1795255600123,"stage":1,"action":"notify","final":true,"reason":"notify"}`),
+	} {
+		if stageValid(decodeBody(t, b)) {
+			t.Errorf("%s: valid, want refused", b)
+		}
+	}
+	if !stageValid(decodeBody(t, []byte(`{"id":"g6","uid":"bob","text":"","deadline_ms":1795255600123,"stage":1,"action":"notify","final":true,"reason":"notify"}`))) {
+		t.Error("a final notify without text refused")
+	}
+}
+
+func decodeBody(t *testing.T, b []byte) webhook.Body {
+	t.Helper()
+	var g webhook.Body
+	if err := json.Unmarshal(b, &g); err != nil {
+		t.Fatal(err)
+	}
+	return g
 }
