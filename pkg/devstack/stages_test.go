@@ -97,14 +97,7 @@ func stagesOf(t *testing.T, who string, s seen, texts []string, afters []time.Du
 // the in-process Kafka, two gateways, the consumer pushing to them.
 func TestStagesEndToEnd(t *testing.T) {
 	p := newPipelineRig(t, pipelineOptions{Gateways: 2, Sender: guide.SenderGateway, Policy: stagePolicy()})
-	var wg sync.WaitGroup
-	run := func(name string, f func(t *testing.T)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			t.Run(name, f)
-		}()
-	}
+	run, wait := concurrently(t)
 	horizon := func() time.Time { return time.Now().Add(faultTTL + faultJitter + stageClose + 4*time.Second) }
 
 	// A silent user gets the reminder, then the close stage, then 4000.
@@ -192,7 +185,7 @@ func TestStagesEndToEnd(t *testing.T) {
 			t.Fatalf("next silence: %+v, close %d; want a new silence from stage 1, closed", s.guides, s.close)
 		}
 	})
-	wg.Wait()
+	wait()
 }
 
 // TestStagesAcrossRestartAndKafkaOutage: a listener restart between
@@ -238,4 +231,17 @@ func TestStagesAcrossRestartAndKafkaOutage(t *testing.T) {
 			t.Errorf("%s: guides %+v, close %d; want stage 1, then the close stage once, then %d", who, s.guides, s.close, frame.CloseInactive)
 		}
 	}
+}
+
+// concurrently runs t's subtests side by side: run starts one, wait waits
+// for all. Unlike t.Parallel, they share the parent's rig while it lives.
+func concurrently(t *testing.T) (run func(name string, f func(t *testing.T)), wait func()) {
+	var wg sync.WaitGroup
+	return func(name string, f func(t *testing.T)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t.Run(name, f)
+		}()
+	}, wg.Wait
 }

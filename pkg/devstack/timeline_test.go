@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -70,7 +69,7 @@ func inOrder(got, want []string) bool {
 func (p *pipelineRig) waitSteps(t *testing.T, uid string, want ...string) []timeline.Entry {
 	t.Helper()
 	var es []timeline.Entry
-	ok := waitCondOK(20*time.Second, func() bool {
+	ok := waitFor(20*time.Second, func() bool {
 		es = p.timelineOf(t, uid)
 		return inOrder(steps(es), want)
 	})
@@ -80,19 +79,6 @@ func (p *pipelineRig) waitSteps(t *testing.T, uid string, want ...string) []time
 	return es
 }
 
-// waitCondOK polls cond until it holds or d has passed.
-func waitCondOK(d time.Duration, cond func() bool) bool {
-	for end := time.Now().Add(d); ; {
-		if cond() {
-			return true
-		}
-		if time.Now().After(end) {
-			return false
-		}
-		time.Sleep(100 * time.Millisecond) // a poll's pace, not a wait for an event
-	}
-}
-
 // TestTimelineEndToEnd: the whole pipeline writes one user's timeline,
 // each service its own decisions, and "gateway timeline" prints it in
 // order: a user reminded and then closed for inactivity, and a user
@@ -100,14 +86,7 @@ func waitCondOK(d time.Duration, cond func() bool) bool {
 // release, and so was never guided.
 func TestTimelineEndToEnd(t *testing.T) {
 	p := newPipelineRig(t, pipelineOptions{Gateways: 1, Sender: guide.SenderGateway, Policy: stagePolicy()})
-	var wg sync.WaitGroup
-	run := func(name string, f func(t *testing.T)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			t.Run(name, f)
-		}()
-	}
+	run, wait := concurrently(t)
 	run("reminded, then closed", func(t *testing.T) {
 		c := p.dialUser("tl-ed", 0)
 		pingConn(t, c)
@@ -167,5 +146,5 @@ func TestTimelineEndToEnd(t *testing.T) {
 			}
 		}
 	})
-	wg.Wait()
+	wait()
 }

@@ -88,11 +88,7 @@ func TestOrderAcrossServices(t *testing.T) {
 	listener := NewRecorder(store, Config{Service: "listener"})
 	consumer := NewRecorder(store, Config{Service: "consumer"})
 	listener.Record("ord", Entry{Kind: KindLapse})
-	for start := time.Now(); time.Since(start) < 30*time.Millisecond; {
-		// Real time must pass: the stamps are Redis's clock, which no
-		// fake clock moves. A busy machine only widens the gap.
-		time.Sleep(time.Millisecond)
-	}
+	passRealTime(30 * time.Millisecond)
 	consumer.Record("ord", Entry{Kind: KindSent, Rule: "delivered"})
 	run := func(r *Recorder) {
 		rctx, cancel := context.WithCancel(ctx)
@@ -340,15 +336,13 @@ func hold(t *testing.T, store *session.Store, uid string) {
 		t.Fatal(err)
 	}
 	var due []session.Expired
-	for deadline := time.Now().Add(10 * time.Second); len(due) == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s's 10ms grant never fell due", uid)
-		}
+	pollUntil(t, uid+"'s 10ms grant to fall due", func() bool {
 		var err error
 		if due, _, err = store.Due(ctx, 10); err != nil {
 			t.Fatal(err)
 		}
-	}
+		return len(due) > 0
+	})
 	if n, err := store.Hold(ctx, due, time.Now().Add(time.Hour)); err != nil || n != 1 {
 		t.Fatalf("Hold = %d, %v; want 1", n, err)
 	}
@@ -371,11 +365,7 @@ func TestHoldNotesRead(t *testing.T) {
 	hold(t, store, "hn")
 	gw := NewRecorder(store, Config{Service: "gateway", Instance: "gw-1"})
 	gw.Record("hn", Entry{Kind: KindStart, Rule: "started"})
-	for start := time.Now(); time.Since(start) < 20*time.Millisecond; {
-		// Real time must pass between the start and the renewal: the
-		// stamps are Redis's clock, which no fake clock moves.
-		time.Sleep(time.Millisecond)
-	}
+	passRealTime(20 * time.Millisecond) // between the start and the renewal
 	if _, err := store.Renew(ctx, "hn", "default", time.Minute, session.ClockPresence); err != nil {
 		t.Fatal(err)
 	}
@@ -405,5 +395,24 @@ func TestHoldNotesRead(t *testing.T) {
 	if got, err = Read(ctx, store, "hn-end", 0); err != nil || len(got) != 2 || got[0].Kind != KindRechecked ||
 		got[1].Kind != KindStale || got[1].Rule != RuleEnded {
 		t.Fatalf("read %v, %v; want the hold's recheck and the lapse stale by %s", Kinds(got), err, RuleEnded)
+	}
+}
+
+// passRealTime lets at least d of real time pass. It must be real time:
+// the entries' stamps are Redis's clock, which no fake clock moves; a
+// busy machine only widens the gap.
+func passRealTime(d time.Duration) {
+	time.Sleep(d) // real time, see above
+}
+
+// pollUntil polls cond, which reads Redis, until it holds, for at most
+// 10s, failing the test after.
+func pollUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 10s for %s", what)
+		}
+		time.Sleep(time.Millisecond) // a poll's pace: cond waits on Redis's clock, not on an event
 	}
 }
