@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -46,7 +47,7 @@ func steps(es []timeline.Entry) []string {
 	for i, e := range es {
 		out[i] = string(e.Kind) + ":" + e.Rule
 		if e.Stage > 0 {
-			out[i] += "@" + string(rune('0'+e.Stage))
+			out[i] += "@" + strconv.Itoa(e.Stage)
 		}
 	}
 	return out
