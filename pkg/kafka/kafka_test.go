@@ -125,3 +125,29 @@ func pingWith(t *testing.T, c Config, logger *slog.Logger) error {
 	defer cancel()
 	return cl.Ping(ctx)
 }
+
+func TestRetryBackoff(t *testing.T) {
+	for _, tc := range []struct {
+		fails int
+		r     float64
+		want  time.Duration
+	}{
+		{0, 0.5, 100 * time.Millisecond},
+		{1, 0.5, 100 * time.Millisecond},
+		{1, 0, 80 * time.Millisecond},
+		{1, 0.999999, 119999960 * time.Nanosecond},
+		{2, 0.5, 200 * time.Millisecond},
+		{3, 0.5, 400 * time.Millisecond},
+		{4, 0.5, 800 * time.Millisecond},
+		{4, 0.999999, 959999680 * time.Nanosecond},
+		{6, 0.999999, time.Second}, // never past the cap
+		{5, 0, 800 * time.Millisecond},
+		{5, 0.5, time.Second},
+		{5, 0.999999, time.Second},
+		{1000, 0.5, time.Second}, // no overflow
+	} {
+		if got := RetryBackoff(tc.fails, tc.r); got != tc.want {
+			t.Errorf("RetryBackoff(%d, %v) = %v, want %v", tc.fails, tc.r, got, tc.want)
+		}
+	}
+}
