@@ -165,14 +165,33 @@ func TestResyncLapsed(t *testing.T) {
 		skipped(t, "ended", redisNow(t, s.rdb).Add(-10*time.Millisecond))
 	})
 	t.Run("skipped between stages", func(t *testing.T) {
-		renewed(t, "staged")
+		// The grant handed over is the one the guided silence ran from
+		// (its ping before that silence's deadline): guided already.
+		at := renewed(t, "staged")
 		guided(t, "staged", time.Hour)
-		skipped(t, "staged", redisNow(t, s.rdb).Add(-10*time.Millisecond))
+		skipped(t, "staged", at.Add(10*time.Millisecond))
 		// Also once the renewal is forgotten (a close stage due later
 		// than RenewedKeep): the silence was guided all the same.
 		if err := s.rdb.Del(ctx, s.ks.RenewedKey("staged")).Err(); err != nil {
 			t.Fatal(err)
 		}
-		skipped(t, "staged", redisNow(t, s.rdb).Add(-10*time.Millisecond))
+		skipped(t, "staged", at.Add(10*time.Millisecond))
+	})
+	t.Run("restored between stages of a silence the ping came after", func(t *testing.T) {
+		// The user was reminded, then pinged while Redis was out of
+		// reach, and went quiet again: that ping ended the guided silence,
+		// and began one that fell in the outage. It is owed its own
+		// reminder; the old silence's close is not.
+		deadline := renewed(t, "came-back").Add(short)
+		guided(t, "came-back", time.Hour)
+		// Real time must pass: the ping comes after the silence's deadline.
+		redisPast(t, s.rdb, deadline.Add(50*time.Millisecond))
+		at := redisNow(t, s.rdb).Add(-10 * time.Millisecond)
+		before := redisNow(t, s.rdb)
+		resync(t, "came-back", at)
+		e := restored(t, "came-back", at, before)
+		if e.Stage != 1 {
+			t.Errorf("restored as stage %d, want the first stage of a new silence", e.Stage)
+		}
 	})
 }

@@ -234,9 +234,11 @@ type Grant struct {
 // is still owed a guide, once: it is restored due just past now, for the
 // listener to hold until the grace after the outage, only if the silence
 // cannot have been handled already (see renewScript's mode "lapsed"):
-// while the user's timeout is pending, or when Redis knows nothing of the
-// user; never between stages, nor when Redis knows a renewal or end as
-// new as its ping.
+// while the user's timeout is pending, when Redis knows nothing of the
+// user, or between the stages of a silence its ping came after (the user
+// came back after the guide); never between the stages of a silence its
+// ping is older than, nor when Redis knows a renewal or end as new as
+// its ping.
 func (r *Renewer) Resync(ctx context.Context, grants []Grant) (int, error) {
 	reqs := make([]*renewal, 0, len(grants))
 	var firstErr error

@@ -64,10 +64,14 @@ import (
 // guides it once, but only if that silence cannot have been handled
 // already: while the user's timeout is pending (an index entry that is
 // not a stage, or a held timeout), or when Redis knows nothing of the
-// user (no renewed key: the data was lost, or the renewal never landed).
-// Never between stages, nor when Redis knows a renewal or end as new as
-// the ping; with a renewal recorded and no timeout pending, the silence
-// was guided or ended, and it restores nothing. It returns {the
+// user (no renewed key: the data was lost, or the renewal never landed),
+// or between the stages of a silence whose deadline the ping came after:
+// the user came back after the guide, and the silence their ping began
+// fell in the outage (the stages left of the old one are dropped). Never
+// between the stages of a silence the ping is older than (this grant's,
+// or a later one: guided), nor when Redis knows a renewal or end as new
+// as the ping; with a renewal recorded and no timeout pending, the
+// silence was guided or ended, and it restores nothing. It returns {the
 // session's deadline or 0, now} when it restores nothing.
 var renewScript = newScript[grantKeys]("renew", turnVocab, []codec{viaFormat, turnFormat, holdNoteCodec{}}, "holdnote", "grant")
 
@@ -105,15 +109,17 @@ var stagedCandidatesScript = newScript[stagedKeys]("staged_candidates", nil, nil
 // is due for a stage past the first (a listener of keyspace events, which
 // do not come again for a later stage). With ARGV[4] 1 it also says where
 // each candidate not listed is now (see Confirm). Its keys name each
-// candidate's session key and route key, in the order of the uids. ARGV:
+// candidate's session key, route key and route stamps key, in the order
+// of the uids. ARGV:
 // limit, held count, later-only flag, report flag, then the candidates'
 // uids. Returns {now, {uid, index score or "", hold score or "", staged,
 // ...}, uid, due, segment, via, held, routes, stage, ...}: the nested list
 // is empty without the report flag, its staged 1 when the index entry is a
 // stage past the first (0: a deadline, as a renewal writes); held is 1 when this due time was held
 // once already, routes the gateway instances holding the user's
-// connections, stage a stageFormat value or "" for stage 1.
-var dueScript = newScript[dueKeys]("due", nil, nil)
+// connections and those whose entries were dropped as dead lately (see
+// routedrop.lua), stage a stageFormat value or "" for stage 1.
+var dueScript = newScript[dueKeys]("due", nil, nil, "routesof")
 
 // Released returns held timeouts whose release time came to the index,
 // as Due does, and the entries due for a stage past the first, but no
@@ -195,7 +201,7 @@ func (s *Store) sweep(ctx context.Context, limit int, index bool) ([]Expired, ti
 		keys := dueKeys{bucketKeys: s.ks.bucketKeys(b)}
 		args := []any{limit, len(c.held), laterOnly, 0}
 		for _, uid := range slices.Concat(c.held, c.due) {
-			keys.Entries = append(keys.Entries, s.ks.SessionKey(uid), s.ks.RouteKey(uid))
+			keys.Entries = append(keys.Entries, s.ks.SessionKey(uid), s.ks.RouteKey(uid), s.ks.RouteStampKey(uid))
 			args = append(args, uid)
 		}
 		return dueScript.call(keys, args...)

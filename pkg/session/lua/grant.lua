@@ -56,11 +56,20 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
     -- pending (cur: an index entry that is not a stage, or a held
     -- timeout, which the held hash keeps until settled), or when Redis
     -- knows nothing of the user (no renewed key: the data was lost, or the
-    -- renewal never landed). Never between stages (the silence was
-    -- guided), nor when Redis knows a renewal or end as new as the ping;
-    -- otherwise, with a renewal recorded and no timeout pending, the
-    -- silence was guided or ended already, and nothing is restored.
-    if staged or was >= at or not (cur or was == 0) then return {cur or 0, now} end
+    -- renewal never landed), or between the stages of a silence whose
+    -- deadline the ping came after (ended: the user came back after it
+    -- was guided, and their ping's own silence fell in the outage). Never
+    -- between the stages of a silence the ping is older than (it is this
+    -- grant's silence, or a later one: guided), nor when Redis knows a
+    -- renewal or end as new as the ping; otherwise, with a renewal
+    -- recorded and no timeout pending, the silence was guided or ended
+    -- already, and nothing is restored.
+    local after = false
+    if staged then
+      local silence = tonumber(string.match(redis.call('HGET', KEYS[k.stage], uid) or '', ':(%d+)$'))
+      after = silence ~= nil and at > silence
+    end
+    if (staged and not after) or was >= at or not (cur or after or was == 0) then return {cur or 0, now} end
     ttl = 1
   end
   if resync then
