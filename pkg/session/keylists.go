@@ -67,8 +67,8 @@ type entryKeys struct {
 
 func (k entryKeys) list() []string { return append(k.bucketKeys.list(), k.Sessions...) }
 
-// dueKeys are a bucket's keys and, for each candidate, its session key
-// and its route key: due.lua.
+// dueKeys are a bucket's keys and, for each candidate, its session key,
+// its route key and its route stamps key: due.lua.
 type dueKeys struct {
 	bucketKeys
 	Entries []string

@@ -193,7 +193,7 @@ func (s *Store) Confirm(ctx context.Context, cands []Candidate, m *SweepMark) (C
 			if c.Held {
 				held++
 			}
-			keys.Entries = append(keys.Entries, s.ks.SessionKey(c.UID), s.ks.RouteKey(c.UID))
+			keys.Entries = append(keys.Entries, s.ks.SessionKey(c.UID), s.ks.RouteKey(c.UID), s.ks.RouteStampKey(c.UID))
 			args = append(args, c.UID)
 		}
 		args[1] = held

@@ -41,13 +41,16 @@ import (
 // entries it wrote before the judge's cut (DeadInstance): a judge whose
 // view of the heartbeats is older than the instance's return (a stall
 // past its lease, then a heartbeat that finds the gap) cannot drop what
-// it wrote since. An entry without a stamp is dropped as dead.
+// it wrote since. An entry without a stamp is dropped as dead. A dropped
+// entry is remembered in the stamps for the listener's hold rules (see
+// routedrop.lua): the instance's clients may still be pinging it, cut off
+// from Redis.
 // An end that cancels a hold on the user's timeout says so in their
 // timeline (see HoldNotes). ARGV: instance, count, ttl ms, end (1/0),
 // uid, keep ms, ms since the close, the note block (4), then pairs of a
 // dead instance and its cut ms.
 // Returns {connections left, 1 if the session was ended}.
-var routeScript = newScript[routeKeys]("route", nil, []codec{holdNoteCodec{}}, "holdnote")
+var routeScript = newScript[routeKeys]("route", nil, []codec{holdNoteCodec{}}, "holdnote", "routedrop")
 
 // RouteCount is one gateway instance's connections of one user.
 type RouteCount struct {
@@ -126,7 +129,7 @@ func (s *Store) WriteRoutes(ctx context.Context, instance string, counts []Route
 // dropRoutesScript drops dead instances' entries from one route key, as
 // routeScript does. ARGV: pairs of a dead instance and its cut ms.
 // Returns {dropped, kept}: kept entries were written after their cut.
-var dropRoutesScript = newScript[routeStampKeys]("drop_routes", nil, nil)
+var dropRoutesScript = newScript[routeStampKeys]("drop_routes", nil, nil, "routedrop")
 
 // DropDeadRoutes drops the entries of dead instances from uid's route,
 // each only if written up to its cut. It returns how many it dropped, and

@@ -17,14 +17,14 @@ for j = 1, #ARGV - 4 do
   local score = redis.call('ZSCORE', KEYS[K.index], uid)
   local stage = redis.call('HGET', KEYS[K.stage], uid) or ''
   if n < limit and score and tonumber(score) <= now and (j <= nheld or not laterOnly or stage ~= '')
-      and redis.call('EXISTS', KEYS[K.entries + 2 * j - 2]) == 0 then
+      and redis.call('EXISTS', KEYS[K.entries + 3 * j - 3]) == 0 then
     local held = redis.call('HGET', KEYS[K.held], uid)
     out[#out+1] = uid
     out[#out+1] = score
     out[#out+1] = redis.call('HGET', KEYS[K.segments], uid) or ''
     out[#out+1] = redis.call('HGET', KEYS[K.via], uid) or ''
     out[#out+1] = (held and tonumber(held) == tonumber(score)) and 1 or 0
-    out[#out+1] = redis.call('HKEYS', KEYS[K.entries + 2 * j - 1])
+    out[#out+1] = routesOf(K.entries + 3 * j - 2, K.entries + 3 * j - 1)
     out[#out+1] = stage
     n = n + 1
   elseif report then

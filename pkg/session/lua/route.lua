@@ -7,12 +7,11 @@ else
   redis.call('HDEL', KEYS[K.route], ARGV[1])
   redis.call('HDEL', KEYS[K.stamps], ARGV[1])
 end
+-- Dropped entries are remembered for twice the route's TTL, as long as
+-- gateways pass an instance dead that long in their writes.
+forgetDropped(K.stamps, ARGV[1], now, 2 * tonumber(ARGV[3]))
 for i = 12, #ARGV - 1, 2 do
-  local at = tonumber(redis.call('HGET', KEYS[K.stamps], ARGV[i])) or 0
-  if at <= tonumber(ARGV[i + 1]) then
-    redis.call('HDEL', KEYS[K.route], ARGV[i])
-    redis.call('HDEL', KEYS[K.stamps], ARGV[i])
-  end
+  dropDeadRoute(K.route, K.stamps, ARGV[i], tonumber(ARGV[i + 1]), now)
 end
 local total = 0
 for _, v in ipairs(redis.call('HVALS', KEYS[K.route])) do total = total + (tonumber(v) or 0) end
