@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -49,7 +47,7 @@ func (h *harness) startAttackGateway(addr string, ttl time.Duration, mutate func
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	g, run := lifecycletest.Start(t, gateway.Open, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	g, run := lifecycletest.Start(t, gateway.Open, cfg, h.logger("gateway"))
 	run.Tolerate()
 	return &attackGateway{Gateway: g}
 }

@@ -48,6 +48,9 @@ type harness struct {
 	kafka   *kfake.Cluster
 	prefix  string
 	admin   *kadm.Client
+	// logs are the logs of the services the test runs (listeners,
+	// gateways): printed if the test fails, or as they come with -v.
+	logs *syncBuffer
 }
 
 func newHarness(t *testing.T) *harness {
@@ -77,6 +80,13 @@ func newClusterHarness(t *testing.T, replicas bool) *harness {
 
 func newHarnessOn(t *testing.T, rdb redis.UniversalClient) *harness {
 	t.Helper()
+	// Registered first, so run last: after every service has stopped.
+	logs := &syncBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() && logs.String() != "" {
+			t.Logf("service logs:\n%s", logs.String())
+		}
+	})
 	prefix := redistest.Prefix(t)
 	ks, err := session.NewKeyspace(prefix)
 	if err != nil {
@@ -95,6 +105,7 @@ func newHarnessOn(t *testing.T, rdb redis.UniversalClient) *harness {
 		kafka:  cluster,
 		prefix: prefix,
 		admin:  kadm.NewClient(cl),
+		logs:   logs,
 	}
 }
 
@@ -130,6 +141,16 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
+// logger is a logger of the test's services, named by service: into
+// h.logs, printed if the test fails (see newHarnessOn), or to stderr
+// with -v.
+func (h *harness) logger(service string) *slog.Logger {
+	if testing.Verbose() {
+		return testLogger().With("service", service)
+	}
+	return slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelInfo})).With("service", service)
+}
+
 // start opens a listener and runs it. The returned stop closes it: Close
 // stops Run and waits for it; cleanup calls it too.
 func (h *harness) start(cfg Config) (stop func()) {
@@ -141,7 +162,7 @@ func (h *harness) start(cfg Config) (stop func()) {
 // startListener is start, returning the listener for a test to look into.
 func (h *harness) startListener(cfg Config) (l *Listener, stop func()) {
 	h.t.Helper()
-	return h.startListenerLogging(cfg, testLogger())
+	return h.startListenerLogging(cfg, h.logger("expiry-listener"))
 }
 
 // startListenerLogging is startListener with the logger given: the one
