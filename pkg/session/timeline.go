@@ -121,11 +121,14 @@ type holdNote struct {
 }
 
 // holdNotes are the entries, in the order appended: Rechecked, then one
-// of the others.
-var holdNotes = struct{ Rechecked, Renewed, Ended holdNote }{
+// of Renewed and Ended. CameBack stands alone: a grant that ended a
+// silence between its stages, after its guide (the script adds the
+// stage that was due next and the silence's deadline).
+var holdNotes = struct{ Rechecked, Renewed, Ended, CameBack holdNote }{
 	Rechecked: holdNote{Kind: "rechecked", Detail: "its hold was cancelled before its release", InScript: true},
 	Renewed:   holdNote{Kind: "stale", Rule: "renewed", Detail: "the user renewed while it was held", InScript: true},
 	Ended:     holdNote{Kind: "stale", Rule: "ended", Detail: "the session ended while it was held", InScript: true},
+	CameBack:  holdNote{Kind: "granted", Rule: "came-back", Detail: "the user renewed after the guide: this stage and the rest of the silence's cancelled", InScript: true},
 }
 
 // holdNoteCodec writes, into a script's source, each of holdNotes as

@@ -365,7 +365,7 @@ func TestHoldNotesRead(t *testing.T) {
 	hold(t, store, "hn")
 	gw := NewRecorder(store, Config{Service: "gateway", Instance: "gw-1"})
 	gw.Record("hn", Entry{Kind: KindStart, Rule: "started"})
-	passRealTime(20 * time.Millisecond) // between the start and the renewal
+	passRealTime(200 * time.Millisecond) // between the start and the renewal: more than the start batch's trip to Redis on a busy host, which its stamp does not count
 	if _, err := store.Renew(ctx, "hn", "default", time.Minute, session.ClockPresence); err != nil {
 		t.Fatal(err)
 	}
@@ -386,6 +386,39 @@ func TestHoldNotesRead(t *testing.T) {
 	}
 	if !got[0].At.Before(got[1].At) || got[1].At != got[2].At {
 		t.Errorf("at %v, %v, %v: want the start before the renewal's two entries, stamped as it ran", got[0].At, got[1].At, got[2].At)
+	}
+
+	// A renewal between stages, after the guide: the stages left are
+	// cancelled, and the entry says which was due next, of what silence.
+	if _, err := store.Renew(ctx, "hn-back", "default", 10*time.Millisecond, session.ClockPresence); err != nil {
+		t.Fatal(err)
+	}
+	var due []session.Expired
+	pollUntil(t, "hn-back's 10ms grant to fall due", func() bool {
+		if due, _, err = store.Due(ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+		return len(due) > 0
+	})
+	due[0].NextDue = due[0].Due.Add(time.Hour)
+	if err := store.Settle(ctx, due); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Renew(ctx, "hn-back", "default", time.Minute, session.ClockPresence); err != nil {
+		t.Fatal(err)
+	}
+	got, err = Read(ctx, store, "hn-back", 0)
+	if err != nil || len(got) != 1 || got[0].Kind != KindGranted || got[0].Rule != RuleCameBack ||
+		got[0].Stage != 2 || got[0].Deadline != due[0].Deadline.UnixMilli() || !got[0].InScript || got[0].Instance != "gw-1" {
+		t.Fatalf("read %+v, %v; want one entry, granted:%s, of stage 2 and the silence's deadline %d, by gw-1's script",
+			got, err, RuleCameBack, due[0].Deadline.UnixMilli())
+	}
+	// Another renewal finds no stage left: nothing more.
+	if _, err := store.Renew(ctx, "hn-back", "default", time.Minute, session.ClockPresence); err != nil {
+		t.Fatal(err)
+	}
+	if got, err = Read(ctx, store, "hn-back", 0); err != nil || len(got) != 1 {
+		t.Fatalf("after a second renewal: read %v, %v; want the one entry", Kinds(got), err)
 	}
 
 	hold(t, store, "hn-end")
