@@ -266,3 +266,52 @@ func ParseTimelineEntry(raw string) (TimelineEntry, error) {
 	}
 	return TimelineEntry{At: time.UnixMilli(at), Entry: entry}, nil
 }
+
+// lastGrantScript reads what Redis knows of one user's last grant
+// (LastGrant). ARGV: uid.
+var lastGrantScript = newScript[sessionKeys]("last_grant", nil, nil)
+
+// LastGrant is what Redis knows of a user's last grant, read beside their
+// timeline: routine renewals are not recorded there (a timeline grows
+// with silences, not with pings), and the last one is all a reader needs
+// to see how a deadline came about.
+type LastGrant struct {
+	// At is the user's last renewal, or their session's end, by Redis's
+	// clock (the ping's time for a resync); zero when Redis remembers
+	// none (RenewedKeep after the session).
+	At time.Time
+	// Deadline is the session's deadline while one is pending, or the
+	// deadline of the silence whose stage Stage is due next (Due).
+	Deadline time.Time
+	Stage    int
+	Due      time.Time
+	// Vias are the gateway instances of the grant the deadline is, then
+	// the one that renewed last (Expired.Vias).
+	Vias []string
+}
+
+// LastGrant reads what Redis knows of uid's last grant.
+func (s *Store) LastGrant(ctx context.Context, uid string) (LastGrant, error) {
+	res, err := lastGrantScript.Run(ctx, s.rdb, s.ks.sessionKeys(uid), uid).StringSlice()
+	if err == nil && len(res) != 4 {
+		err = fmt.Errorf("%w: %d values, want 4", errReply, len(res))
+	}
+	if err != nil {
+		return LastGrant{}, fmt.Errorf("read the last grant of %q: %w", uid, err)
+	}
+	var g LastGrant
+	if ms, err := strconv.ParseInt(res[0], 10, 64); err == nil {
+		g.At = time.UnixMilli(ms)
+	}
+	score, err := strconv.ParseFloat(res[1], 64)
+	if err == nil {
+		g.Deadline = time.UnixMilli(int64(score))
+		if stage, deadline, ok := parseStage(res[2]); ok {
+			g.Stage, g.Due, g.Deadline = stage, g.Deadline, deadline
+		}
+	}
+	if res[3] != "" {
+		g.Vias = Expired{Via: res[3]}.Vias()
+	}
+	return g, nil
+}

@@ -51,7 +51,7 @@ func Command(ctx context.Context, args []string, env config.Lookup, out io.Write
 		return err
 	}
 	defer rdb.Close()
-	entries, err := Read(ctx, session.NewStore(rdb, rc.Keyspace()), uid, keep)
+	entries, err := View(ctx, session.NewStore(rdb, rc.Keyspace()), uid, keep)
 	if err != nil {
 		return err
 	}

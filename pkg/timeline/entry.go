@@ -29,7 +29,7 @@ const (
 	KindHeld      Kind = "held"      // a lapse held (Rule), until Until, with the blind interval when one holds it
 	KindRechecked Kind = "rechecked" // a held lapse judged again at its release, or its hold cancelled before it (InScript)
 	KindStale     Kind = "stale"     // a lapse a renewal or an end had overtaken (Rule and Detail say which)
-	KindGranted   Kind = "granted"   // a renewal that ended a silence between its stages (Rule came-back; InScript)
+	KindGranted   Kind = "granted"   // a renewal that ended a silence between its stages (Rule came-back; InScript), or the last one, read with the timeline (Rule last; Current)
 	KindDeduped   Kind = "deduped"   // a lapse already produced, spooled or claimed elsewhere: nothing sent again
 	KindDeferred  Kind = "deferred"  // a second silence in a minute window: held to the window's end
 	KindProduced  Kind = "produced"  // its timeout event went to Kafka (Event, Stage)
@@ -68,6 +68,9 @@ type Entry struct {
 	// out, in the same step (session.HoldNotes), not queued by a
 	// Recorder: At is when the script ran.
 	InScript bool `json:"in_script,omitempty"`
+	// Current: not recorded, but read with the timeline from the user's
+	// session as it is now (RuleLast).
+	Current bool `json:"current,omitempty"`
 }
 
 // Rules of the stale entries a renewal or an end records when it cancels
@@ -81,6 +84,9 @@ const (
 	// a silence, after its guide: Stage (due next) and the rest of the
 	// silence's stages are cancelled; Deadline is the silence's.
 	RuleCameBack = "came-back"
+	// RuleLast: a KindGranted entry read with the timeline (Current), not
+	// recorded: the user's last renewal or end, and the deadline pending.
+	RuleLast = "last"
 )
 
 // MarshalJSON writes the entry with its time, as the API answers it.

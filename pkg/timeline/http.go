@@ -58,7 +58,7 @@ func Handler(store *session.Store, secret string, keep time.Duration) http.Handl
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 		defer cancel()
-		entries, err := Read(ctx, store, uid, keep)
+		entries, err := View(ctx, store, uid, keep)
 		if err != nil {
 			admin.WriteError(w, http.StatusServiceUnavailable, err.Error())
 			return

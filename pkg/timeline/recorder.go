@@ -166,6 +166,51 @@ func Read(ctx context.Context, store *session.Store, uid string, keep time.Durat
 	return out, nil
 }
 
+// View is what a person reads of uid's timeline (the endpoint, the
+// command): the entries Read returns, and among them, at its time, what
+// Redis knows of the user's last grant (lastGrantEntry), oldest first.
+func View(ctx context.Context, store *session.Store, uid string, keep time.Duration) ([]Entry, error) {
+	if keep <= 0 {
+		keep = DefaultKeep
+	}
+	out, err := Read(ctx, store, uid, keep)
+	if err != nil {
+		return nil, err
+	}
+	g, err := store.LastGrant(ctx, uid)
+	if err != nil {
+		return nil, err
+	}
+	if e, ok := lastGrantEntry(g); ok && time.Since(e.At) <= keep {
+		out = append(out, e)
+		slices.SortStableFunc(out, func(a, b Entry) int { return a.At.Compare(b.At) })
+	}
+	return out, nil
+}
+
+// lastGrantEntry is the entry that shows what Redis knows of a user's
+// last grant, read with their timeline (Current), at the time of that
+// renewal or end; false when Redis remembers none. Routine renewals are
+// not recorded: the last one, and the deadline it set, is what a reader
+// needs beside the decisions.
+func lastGrantEntry(g session.LastGrant) (Entry, bool) {
+	if g.At.IsZero() {
+		return Entry{}, false
+	}
+	e := Entry{At: g.At, Service: "gateway", Kind: KindGranted, Rule: RuleLast, Current: true,
+		Stage: g.Stage, Detail: "the last renewal or end Redis knows of; earlier renewals are not recorded"}
+	if len(g.Vias) > 0 {
+		e.Instance = g.Vias[len(g.Vias)-1]
+	}
+	if !g.Deadline.IsZero() {
+		e.Deadline = g.Deadline.UnixMilli()
+	}
+	if g.Stage > 0 {
+		e.Detail += "; its silence was guided, and this stage is due next"
+	}
+	return e, true
+}
+
 // inOrder moves each entry of es (in the order appended) that is stamped
 // before an earlier entry of its instance to that entry's time, so that
 // a stable sort by time keeps each instance's order. The move is at most

@@ -449,3 +449,64 @@ func pollUntil(t *testing.T, what string, cond func() bool) {
 		time.Sleep(time.Millisecond) // a poll's pace: cond waits on Redis's clock, not on an event
 	}
 }
+
+// TestViewShowsLastGrant: routine renewals are not recorded, but what a
+// person reads (View: the endpoint, the command) shows, at its time, the
+// user's last renewal Redis knows of, by which gateway, and the deadline
+// it set; between stages, the stage due next and its silence's deadline.
+// Read, the recorded decisions alone, does not.
+func TestViewShowsLastGrant(t *testing.T) {
+	store, _ := newStore(t)
+	ctx := context.Background()
+	r := session.NewRenewer(store, session.RenewerConfig{Instance: "gw-7"})
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(rctx) }()
+	defer func() { cancel(); <-done }()
+
+	if got, err := View(ctx, store, "nobody", 0); err != nil || len(got) != 0 {
+		t.Fatalf("View of an unknown user: %v, %v; want nothing", got, err)
+	}
+	deadline, err := r.Renew(ctx, "vi", "default", time.Minute, session.ClockPresence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recordAll(t, store, session.TimelineBounds{}, record{uid: "vi", e: Entry{Kind: KindStart, Rule: "started"}})
+	got, err := View(ctx, store, "vi", 0)
+	if err != nil || len(got) != 2 {
+		t.Fatalf("View: %v, %v; want the last grant and the start", Kinds(got), err)
+	}
+	g := got[0]
+	if g.Kind != KindGranted || g.Rule != RuleLast || !g.Current || g.Instance != "gw-7" || g.Deadline != deadline.UnixMilli() || g.Stage != 0 {
+		t.Errorf("the last grant: %+v; want granted:%s by gw-7, current, deadline %d", g, RuleLast, deadline.UnixMilli())
+	}
+	if d := deadline.Add(-time.Minute).Sub(g.At); d < -time.Millisecond || d > time.Millisecond {
+		t.Errorf("the last grant at %v, want the renewal's time, a TTL before its deadline %v", g.At, deadline)
+	}
+	if got[1].Kind != KindStart {
+		t.Errorf("after the grant: %v, want the start recorded after it", Kinds(got))
+	}
+	if read, err := Read(ctx, store, "vi", 0); err != nil || len(read) != 1 {
+		t.Errorf("Read: %v, %v; want the recorded start alone", Kinds(read), err)
+	}
+
+	// Between stages: guided, the close due in an hour.
+	if _, err := r.Renew(ctx, "vs", "default", 10*time.Millisecond, session.ClockPresence); err != nil {
+		t.Fatal(err)
+	}
+	var due []session.Expired
+	pollUntil(t, "vs's 10ms grant to fall due", func() bool {
+		if due, _, err = store.Due(ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+		return len(due) > 0
+	})
+	due[0].NextDue = due[0].Due.Add(time.Hour)
+	if err := store.Settle(ctx, due); err != nil {
+		t.Fatal(err)
+	}
+	got, err = View(ctx, store, "vs", 0)
+	if err != nil || len(got) != 1 || got[0].Stage != 2 || got[0].Deadline != due[0].Deadline.UnixMilli() {
+		t.Fatalf("View between stages: %+v, %v; want the last grant, stage 2 due next, its silence's deadline %d", got, err, due[0].Deadline.UnixMilli())
+	}
+}
