@@ -188,23 +188,24 @@ func View(ctx context.Context, store *session.Store, uid string, keep time.Durat
 	return out, nil
 }
 
-// lastGrantEntry is the entry that shows what Redis knows of a user's
-// last grant, read with their timeline (Current), at the time of that
-// renewal or end; false when Redis remembers none. Routine renewals are
-// not recorded: the last one, and the deadline it set, is what a reader
-// needs beside the decisions.
+// lastGrantEntry is the entry that shows a user's pending deadline and
+// the last renewal that set it, read with their timeline (Current), at
+// the time of that renewal; false when no deadline is pending (no
+// session, or its silence guided to the last stage) or Redis remembers no
+// renewal: then the last renewal or end Redis knows of may be an end, and
+// the lapse's deadline says when the last ping before it reached us.
+// Routine renewals are not recorded: the last one, and the deadline it
+// set, is what a reader needs beside the decisions.
 func lastGrantEntry(g session.LastGrant) (Entry, bool) {
-	if g.At.IsZero() {
+	if g.At.IsZero() || g.Deadline.IsZero() {
 		return Entry{}, false
 	}
 	e := Entry{At: g.At, Service: "gateway", Kind: KindGranted, Rule: RuleLast, Current: true,
-		Stage: g.Stage, Detail: "the last renewal or end Redis knows of; earlier renewals are not recorded"}
+		Stage: g.Stage, Detail: "the last renewal, and the deadline pending; earlier renewals are not recorded"}
 	if len(g.Vias) > 0 {
 		e.Instance = g.Vias[len(g.Vias)-1]
 	}
-	if !g.Deadline.IsZero() {
-		e.Deadline = g.Deadline.UnixMilli()
-	}
+	e.Deadline = g.Deadline.UnixMilli()
 	if g.Stage > 0 {
 		e.Detail += "; its silence was guided, and this stage is due next"
 	}

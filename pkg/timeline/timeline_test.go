@@ -489,6 +489,14 @@ func TestViewShowsLastGrant(t *testing.T) {
 	if read, err := Read(ctx, store, "vi", 0); err != nil || len(read) != 1 {
 		t.Errorf("Read: %v, %v; want the recorded start alone", Kinds(read), err)
 	}
+	// Ended: the last renewal Redis knows of is the end, and no deadline
+	// is pending: nothing to show.
+	if err := store.End(ctx, "vi"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := View(ctx, store, "vi", 0); err != nil || len(got) != 1 {
+		t.Errorf("View after the end: %v, %v; want the start alone", Kinds(got), err)
+	}
 
 	// Between stages: guided, the close due in an hour.
 	if _, err := r.Renew(ctx, "vs", "default", 10*time.Millisecond, session.ClockPresence); err != nil {
