@@ -105,3 +105,43 @@ func TestAttack27DroppedMemoryExpires(t *testing.T) {
 		expires("kept")
 	})
 }
+
+// TestAttack27RememberedDropLetsTheLastCloseEnd: the memory of a dropped
+// entry lives in the stamps, not in the route's counts, so it neither
+// delivers to the dead instance nor keeps the session alive: the last
+// normal close on the live instance still ends the session, and the
+// dead instance's own return (a write of count 0) forgets the memory.
+func TestAttack27RememberedDropLetsTheLastCloseEnd(t *testing.T) {
+	s, ctx := newStore(t)
+	const ttl = time.Hour
+	const uid = "closes"
+	write := func(inst string, c RouteCount, dead ...DeadInstance) RouteResult {
+		t.Helper()
+		c.UID = uid
+		res := s.WriteRoutes(ctx, inst, []RouteCount{c}, ttl, dead)[0]
+		if res.Err != nil {
+			t.Fatal(res.Err)
+		}
+		return res
+	}
+	if _, err := s.Renew(ctx, uid, DefaultSegment, time.Minute, ClockPresence); err != nil {
+		t.Fatal(err)
+	}
+	write("gw-a", RouteCount{Count: 1})
+	write("gw-b", RouteCount{Count: 1})
+	if res := write("gw-b", RouteCount{Count: 1}, DeadInstance{Name: "gw-a", Cut: redisNow(t, s.rdb)}); res.Left != 1 {
+		t.Fatalf("after dropping dead gw-a: %d connections left, want gw-b's 1", res.Left)
+	}
+	redisPast(t, s.rdb, redisNow(t, s.rdb).Add(5*time.Millisecond)) // the close comes after the renewal
+	res := write("gw-b", RouteCount{Count: 0, End: true})
+	if res.Left != 0 || !res.Ended {
+		t.Errorf("gw-b's last normal close: left %d, ended %v; want 0, ended (the remembered drop is no connection)", res.Left, res.Ended)
+	}
+	if live, err := s.Live(ctx, uid); err != nil || live {
+		t.Errorf("session live %v after the last close, %v", live, err)
+	}
+	write("gw-a", RouteCount{Count: 0})
+	if kept, err := s.rdb.HExists(ctx, s.ks.RouteStampKey(uid), "!gw-a").Result(); err != nil || kept {
+		t.Errorf("gw-a wrote again: its drop still remembered %v, %v", kept, err)
+	}
+}
