@@ -52,10 +52,10 @@ func (k activityKeys) list() []string { return append(k.bucketKeys.list(), k.Use
 // lookupKeys: lookup.lua.
 type lookupKeys struct {
 	sessionKeys
-	Route string
+	Route, Stamps string
 }
 
-func (k lookupKeys) list() []string { return append(k.sessionKeys.list(), k.Route) }
+func (k lookupKeys) list() []string { return append(k.sessionKeys.list(), k.Route, k.Stamps) }
 
 // entryKeys are a bucket's keys and the session key of each entry a
 // script decides on, in the order of its arguments: settle.lua,

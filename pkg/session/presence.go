@@ -50,7 +50,7 @@ import (
 // uid, keep ms, ms since the close, the note block (4), then pairs of a
 // dead instance and its cut ms.
 // Returns {connections left, 1 if the session was ended}.
-var routeScript = newScript[routeKeys]("route", nil, []codec{holdNoteCodec{}}, "holdnote", "routedrop")
+var routeScript = newScript[routeKeys]("route", nil, []codec{holdNoteCodec{}, droppedKeep{}}, "holdnote", "routedrop")
 
 // RouteCount is one gateway instance's connections of one user.
 type RouteCount struct {
@@ -129,7 +129,22 @@ func (s *Store) WriteRoutes(ctx context.Context, instance string, counts []Route
 // dropRoutesScript drops dead instances' entries from one route key, as
 // routeScript does. ARGV: pairs of a dead instance and its cut ms.
 // Returns {dropped, kept}: kept entries were written after their cut.
-var dropRoutesScript = newScript[routeStampKeys]("drop_routes", nil, nil, "routedrop")
+var dropRoutesScript = newScript[routeStampKeys]("drop_routes", nil, []codec{droppedKeep{}}, "routedrop")
+
+// DroppedRouteKeep is how long a route entry dropped as dead is
+// remembered (routedrop.lua) where no route key gives a TTL: the drop took
+// the user's last entry. Twice the gateways' route TTL by default, as a
+// route write keeps it: far past any outage grace, within which alone it
+// holds anything.
+const DroppedRouteKeep = 20 * time.Minute
+
+// droppedKeep writes DroppedRouteKeep into a script's source, as
+// keepDropped (ms).
+type droppedKeep struct{}
+
+func (droppedKeep) lua() string {
+	return fmt.Sprintf("local keepDropped = %d\n", DroppedRouteKeep.Milliseconds())
+}
 
 // DropDeadRoutes drops the entries of dead instances from uid's route,
 // each only if written up to its cut. It returns how many it dropped, and

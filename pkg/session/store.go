@@ -222,7 +222,7 @@ func (s *Store) sweep(ctx context.Context, limit int, index bool) ([]Expired, ti
 // ARGV: uid.
 // Returns {now} when the session is live again, held, already settled or
 // not due yet, else {now, uid, due, segment, via, held, routes, stage}.
-var lookupScript = newScript[lookupKeys]("lookup", nil, nil)
+var lookupScript = newScript[lookupKeys]("lookup", nil, nil, "routesof")
 
 // settleScript settles index entries whose timeouts are safely produced,
 // but only when the due time is still the one produced: a renewal in
@@ -400,7 +400,7 @@ func (s *Store) Due(ctx context.Context, limit int) ([]Expired, time.Time, error
 // Lookup checks a session reported expired. It returns ok false when the
 // session is live again or its timeout was already settled.
 func (s *Store) Lookup(ctx context.Context, uid string) (Expired, bool, error) {
-	cmd := lookupScript.Run(ctx, s.rdb, lookupKeys{sessionKeys: s.ks.sessionKeys(uid), Route: s.ks.RouteKey(uid)}, uid)
+	cmd := lookupScript.Run(ctx, s.rdb, lookupKeys{sessionKeys: s.ks.sessionKeys(uid), Route: s.ks.RouteKey(uid), Stamps: s.ks.RouteStampKey(uid)}, uid)
 	got, _, err := parseExpired(cmd)
 	if err != nil {
 		return Expired{}, false, fmt.Errorf("look up expired session %q: %w", uid, err)
@@ -420,7 +420,7 @@ func (s *Store) LookupMany(ctx context.Context, uids []string) (found []Expired,
 	// partly missing is refused until the slot has moved: sent again, as
 	// a check is.
 	cmds := s.runScripts(ctx, len(uids), func(i int) (*redis.Script, []string, []any) {
-		return lookupScript.call(lookupKeys{sessionKeys: s.ks.sessionKeys(uids[i]), Route: s.ks.RouteKey(uids[i])}, uids[i])
+		return lookupScript.call(lookupKeys{sessionKeys: s.ks.sessionKeys(uids[i]), Route: s.ks.RouteKey(uids[i]), Stamps: s.ks.RouteStampKey(uids[i])}, uids[i])
 	}, DefaultSlotRetry)
 	found, ok, errs = make([]Expired, len(uids)), make([]bool, len(uids)), make([]error, len(uids))
 	for i, cmd := range cmds {

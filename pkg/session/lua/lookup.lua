@@ -8,4 +8,4 @@ local held = redis.call('HGET', KEYS[K.held], ARGV[1])
 return {now, ARGV[1], score, redis.call('HGET', KEYS[K.segments], ARGV[1]) or '',
   redis.call('HGET', KEYS[K.via], ARGV[1]) or '',
   (held and tonumber(held) == tonumber(score)) and 1 or 0,
-  redis.call('HKEYS', KEYS[K.route]), redis.call('HGET', KEYS[K.stage], ARGV[1]) or ''}
+  routesOf(K.route, K.stamps), redis.call('HGET', KEYS[K.stage], ARGV[1]) or ''}

@@ -12,7 +12,17 @@ local function dropDeadRoute(r, s, inst, cut, now)
   if at > cut then return 0 end
   local n = redis.call('HDEL', KEYS[r], inst)
   redis.call('HDEL', KEYS[s], inst)
-  if n == 1 then redis.call('HSET', KEYS[s], '!' .. inst, now) end
+  if n == 1 then
+    redis.call('HSET', KEYS[s], '!' .. inst, now)
+    -- The stamps may have been created again by this very field (the
+    -- drop took its last stamp): never a key without a TTL. The route
+    -- key's TTL, at least, as a route write gives both.
+    if redis.call('PTTL', KEYS[s]) < 0 then
+      local ttl = redis.call('PTTL', KEYS[r])
+      if ttl < 0 then ttl = keepDropped end
+      redis.call('PEXPIRE', KEYS[s], ttl)
+    end
+  end
   return n
 end
 
