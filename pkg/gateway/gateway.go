@@ -573,6 +573,12 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		admin.WriteError(w, http.StatusUnauthorized, err.Error())
 		return
 	}
+	device, err := deviceOf(r)
+	if err != nil {
+		metricRejected.WithLabelValues("device").Inc()
+		admin.WriteError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	// The user's cap first: a user at it is told so (429), also when the
 	// instance is full, and takes no slot of the instance's meanwhile.
 	if !g.hub.reserve(claims.UID, g.cfg.maxUserConns()) {
@@ -635,7 +641,9 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		// After the write, which says whether the user is connected
 		// elsewhere too. A guide pushed while it was under way reached
 		// this connection already, and may be recorded first.
-		g.timeline.Record(c.uid, startEntry(c.segment, g.hub.count(c.uid), res, held))
+		e := startEntry(c.segment, g.hub.count(c.uid), res, held)
+		e.Device = device
+		g.timeline.Record(c.uid, e)
 	}
 	var rest func()
 	if !held {

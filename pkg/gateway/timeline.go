@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"fmt"
+	"net/http"
+	"strings"
 
 	"github.com/gorilla/websocket"
 
@@ -56,6 +58,41 @@ const (
 	ruleCameBack   = "came-back"  // skipped: the user renewed after the deadline (the consumer's rule too)
 	ruleTooOld     = "too-old"    // skipped: past guide-max-age (the consumer's rule too)
 	ruleLost       = "lost"       // skipped: Redis refused to keep it (the gateway logs it as lost)
+)
+
+// deviceOf is what the timeline says a connection's device is: the
+// client's device query parameter (the platform's name for the device,
+// up to 64 letters, digits and ".:_-"; anything else refused), else its
+// User-Agent, the first 80 of its printable ASCII characters; "" when
+// neither says.
+func deviceOf(r *http.Request) (string, error) {
+	if d := r.URL.Query().Get("device"); d != "" {
+		if len(d) > maxDevice {
+			return "", fmt.Errorf("device: %d characters, want at most %d", len(d), maxDevice)
+		}
+		for _, c := range []byte(d) {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte(".:_-", c) >= 0) {
+				return "", fmt.Errorf("device: %q, want letters, digits and \".:_-\" only", d)
+			}
+		}
+		return d, nil
+	}
+	ua := make([]byte, 0, maxUserAgent)
+	for _, c := range []byte(r.UserAgent()) {
+		if len(ua) == maxUserAgent {
+			break
+		}
+		if c >= 0x20 && c <= 0x7e {
+			ua = append(ua, c)
+		}
+	}
+	return string(ua), nil
+}
+
+// The longest device parameter taken, and the most of a User-Agent kept.
+const (
+	maxDevice    = 64
+	maxUserAgent = 80
 )
 
 // startEntry is a connection's start: here is how many connections the

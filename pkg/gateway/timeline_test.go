@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeline"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
+	"github.com/stillthere/stillthere/pkg/token"
 )
 
 // waitTimeline waits until uid's timeline holds the kind:rule entries
@@ -241,5 +243,62 @@ func TestTimelineInboxDrops(t *testing.T) {
 	readGuide(t, ws, "g-new")
 	if e := tg.waitEntry(t, "tl-hal", "skipped:too-old", "g-old"); !strings.Contains(e.Detail, "expired") {
 		t.Errorf("too old: %+v, want it said to have expired in the inbox", e)
+	}
+}
+
+func TestDeviceOf(t *testing.T) {
+	for _, tc := range []struct {
+		name, query, ua, want, err string
+	}{
+		{name: "the device parameter", query: "device=phone-7.a:b_c", ua: "Mozilla/5.0", want: "phone-7.a:b_c"},
+		{name: "else the User-Agent", ua: "Mozilla/5.0 (X11; Linux x86_64)", want: "Mozilla/5.0 (X11; Linux x86_64)"},
+		{name: "a User-Agent's printable ASCII only", ua: "app\x01/1\u00e9.0", want: "app/1.0"},
+		{name: "a long User-Agent cut", ua: strings.Repeat("x", 200), want: strings.Repeat("x", maxUserAgent)},
+		{name: "neither", want: ""},
+		{name: "a device too long", query: "device=" + strings.Repeat("d", maxDevice+1), err: "device: 65 characters"},
+		{name: "a device with a space", query: "device=my+phone", err: "device: \"my phone\""},
+		{name: "a device at the limit", query: "device=" + strings.Repeat("d", maxDevice), want: strings.Repeat("d", maxDevice)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodGet, "/v1/ws?"+tc.query, nil)
+			if tc.ua != "" {
+				r.Header.Set("User-Agent", tc.ua)
+			}
+			got, err := deviceOf(r)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("deviceOf = %q, %v; want an error with %q", got, err, tc.err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("deviceOf = %q, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestTimelineStartSaysDevice: a start says which device connected, and
+// a malformed device parameter is refused before the upgrade, with 400.
+func TestTimelineStartSaysDevice(t *testing.T) {
+	tg := startGateway(t, nil)
+	tok, err := token.Mint([]byte(tokenSecret), "tl-dev", "", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "ws://" + tg.PublicAddr().String() + "/v1/ws"
+	hdr := http.Header{"Authorization": {"Bearer " + tok}}
+	ws, _, err := websocket.DefaultDialer.Dial(url+"?device=laptop-2", hdr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	got := tg.waitTimeline(t, "tl-dev", "start:started")
+	if got[0].Device != "laptop-2" {
+		t.Errorf("start of device %q, want laptop-2", got[0].Device)
+	}
+	_, resp, err := websocket.DefaultDialer.Dial(url+"?device=a%20b", hdr)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("a malformed device: %v, %v; want 400 before the upgrade", resp, err)
 	}
 }

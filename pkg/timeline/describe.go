@@ -25,6 +25,9 @@ func Describe(e Entry, loc *time.Location) string {
 	if e.Segment != "" {
 		parts = append(parts, "segment "+e.Segment)
 	}
+	if e.Device != "" {
+		parts = append(parts, "device "+e.Device)
+	}
 	if e.Deadline > 0 {
 		parts = append(parts, "deadline "+clock(e.Deadline))
 	}
