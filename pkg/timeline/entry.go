@@ -64,7 +64,7 @@ type Entry struct {
 	BlindMS  [2]int64 `json:"blind_ms,omitzero"`     // the blind interval that held it, Redis ms
 	Conns    int      `json:"conns,omitempty"`
 	Device   string   `json:"device,omitempty"` // a start's device: the client's device parameter, else its User-Agent
-	Code     int      `json:"code,omitempty"` // a close code, or the webhook's status
+	Code     int      `json:"code,omitempty"`   // a close code, or the webhook's status
 	// InScript: recorded by the Redis script that carried the decision
 	// out, in the same step (session.HoldNotes), not queued by a
 	// Recorder: At is when the script ran.
