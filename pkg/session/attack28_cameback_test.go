@@ -122,9 +122,9 @@ func TestAttack28CameBackEveryPath(t *testing.T) {
 				t.Fatalf("stage entry after the act: %v; want it dropped (the premise: the stages left cancelled)", err)
 			}
 			got := notesOf(t, s, uid)
-			if len(got) != 1 || got[0].Kind != holdNotes.CameBack.Kind || got[0].Rule != holdNotes.CameBack.Rule ||
+			if len(got) != 1 || got[0].Kind != holdNotes.StagesCancelled.Kind || got[0].Rule != holdNotes.StagesCancelled.Rule ||
 				got[0].Stage != 2 || got[0].Deadline != e.Deadline.UnixMilli() {
-				t.Fatalf("timeline %+v; want one granted:came-back of stage 2, deadline %d: the silence's close was cancelled and nothing says why",
+				t.Fatalf("timeline %+v; want one granted:stages-cancelled of stage 2, deadline %d: the silence's close was cancelled and nothing says why",
 					got, e.Deadline.UnixMilli())
 			}
 			if c.notRenewed && strings.Contains(got[0].Detail, "the user renewed") {

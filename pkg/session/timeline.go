@@ -121,14 +121,18 @@ type holdNote struct {
 }
 
 // holdNotes are the entries, in the order appended: Rechecked, then one
-// of Renewed and Ended. CameBack stands alone: a grant that ended a
-// silence between its stages, after its guide (the script adds the
-// stage that was due next and the silence's deadline).
-var holdNotes = struct{ Rechecked, Renewed, Ended, CameBack holdNote }{
+// of Renewed and Ended. StagesCancelled stands alone: a grant (a renewal,
+// an activity event, a turn) that ended a silence between its stages
+// (the script adds the stage that was due next and the silence's
+// deadline). Whether the stage before reached the user the script cannot
+// know: it was produced, or went to a spool, and the consumer may have
+// found the user back since.
+var holdNotes = struct{ Rechecked, Renewed, Ended, StagesCancelled holdNote }{
 	Rechecked: holdNote{Kind: "rechecked", Detail: "its hold was cancelled before its release", InScript: true},
 	Renewed:   holdNote{Kind: "stale", Rule: "renewed", Detail: "the user renewed while it was held", InScript: true},
 	Ended:     holdNote{Kind: "stale", Rule: "ended", Detail: "the session ended while it was held", InScript: true},
-	CameBack:  holdNote{Kind: "granted", Rule: "came-back", Detail: "the user renewed after the guide: this stage and the rest of the silence's cancelled", InScript: true},
+	StagesCancelled: holdNote{Kind: "granted", Rule: "stages-cancelled",
+		Detail: "a grant (a renewal, activity, a turn) between the silence's stages: this stage and the rest cancelled", InScript: true},
 }
 
 // holdNoteCodec writes, into a script's source, each of holdNotes as

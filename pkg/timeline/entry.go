@@ -29,7 +29,7 @@ const (
 	KindHeld      Kind = "held"      // a lapse held (Rule), until Until, with the blind interval when one holds it
 	KindRechecked Kind = "rechecked" // a held lapse judged again at its release, or its hold cancelled before it (InScript)
 	KindStale     Kind = "stale"     // a lapse a renewal or an end had overtaken (Rule and Detail say which)
-	KindGranted   Kind = "granted"   // a renewal that ended a silence between its stages (Rule came-back; InScript), or the last one, read with the timeline (Rule last; Current)
+	KindGranted   Kind = "granted"   // a renewal that ended a silence between its stages (Rule stages-cancelled; InScript), or the last one, read with the timeline (Rule last; Current)
 	KindDeduped   Kind = "deduped"   // a lapse already produced, spooled or claimed elsewhere: nothing sent again
 	KindDeferred  Kind = "deferred"  // a second silence in a minute window: held to the window's end
 	KindProduced  Kind = "produced"  // its timeout event went to Kafka (Event, Stage)
@@ -81,10 +81,11 @@ type Entry struct {
 const (
 	RuleRenewed = "renewed" // a grant: a renewal, an activity event
 	RuleEnded   = "ended"   // an end: a last close, the platform's end of the conversation
-	// RuleCameBack: a KindGranted entry, a renewal between the stages of
-	// a silence, after its guide: Stage (due next) and the rest of the
-	// silence's stages are cancelled; Deadline is the silence's.
-	RuleCameBack = "came-back"
+	// RuleStagesCancelled: a KindGranted entry, a grant (a renewal, an
+	// activity event, a turn) between the stages of a silence: Stage (due
+	// next) and the rest of the silence's stages are cancelled; Deadline
+	// is the silence's.
+	RuleStagesCancelled = "stages-cancelled"
 	// RuleLast: a KindGranted entry read with the timeline (Current), not
 	// recorded: the user's last renewal or end, and the deadline pending.
 	RuleLast = "last"

@@ -202,12 +202,17 @@ func lastGrantEntry(g session.LastGrant) (Entry, bool) {
 	}
 	e := Entry{At: g.At, Service: "gateway", Kind: KindGranted, Rule: RuleLast, Current: true,
 		Stage: g.Stage, Detail: "the last renewal, and the deadline pending; earlier renewals are not recorded"}
+	// The instance of the grant the deadline is; one that renewed later
+	// with an earlier deadline of its own (another device) is named too.
 	if len(g.Vias) > 0 {
-		e.Instance = g.Vias[len(g.Vias)-1]
+		e.Instance = g.Vias[0]
+	}
+	if len(g.Vias) > 1 {
+		e.Detail += "; renewed last by " + g.Vias[len(g.Vias)-1] + ", whose own deadline was earlier"
 	}
 	e.Deadline = g.Deadline.UnixMilli()
 	if g.Stage > 0 {
-		e.Detail += "; its silence was guided, and this stage is due next"
+		e.Detail += "; between the silence's stages: this stage is due next"
 	}
 	return e, true
 }

@@ -408,10 +408,10 @@ func TestHoldNotesRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err = Read(ctx, store, "hn-back", 0)
-	if err != nil || len(got) != 1 || got[0].Kind != KindGranted || got[0].Rule != RuleCameBack ||
+	if err != nil || len(got) != 1 || got[0].Kind != KindGranted || got[0].Rule != RuleStagesCancelled ||
 		got[0].Stage != 2 || got[0].Deadline != due[0].Deadline.UnixMilli() || !got[0].InScript || got[0].Instance != "gw-1" {
 		t.Fatalf("read %+v, %v; want one entry, granted:%s, of stage 2 and the silence's deadline %d, by gw-1's script",
-			got, err, RuleCameBack, due[0].Deadline.UnixMilli())
+			got, err, RuleStagesCancelled, due[0].Deadline.UnixMilli())
 	}
 	// Another renewal finds no stage left: nothing more.
 	if _, err := store.Renew(ctx, "hn-back", "default", time.Minute, session.ClockPresence); err != nil {

@@ -105,12 +105,12 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   redis.call('ZADD', KEYS[k.index], deadline, uid)
   redis.call('HSET', KEYS[k.segments], uid, seg)
   if via ~= '' then redis.call('HSET', KEYS[k.via], uid, via) end
-  if redis.call('ZREM', KEYS[k.hold], uid) == 1 and note then holdCancelled(k, note, holdNoteRenewed) end
+  if redis.call('ZREM', KEYS[k.hold], uid) == 1 and note and resync ~= V.lapsed then holdCancelled(k, note, holdNoteRenewed) end
   redis.call('HDEL', KEYS[k.held], uid)
-  -- Between stages: the user came back after the guide, and the stages
-  -- left are cancelled. Said in their timeline when there is a note block.
+  -- Between stages: the stages left of the silence are cancelled. Said
+  -- in the user's timeline when there is a note block.
   local st = note and redis.call('HGET', KEYS[k.stage], uid)
-  if st then cameBack(k, note, st) end
+  if st then stagesCancelled(k, note, st) end
   if st or not note then redis.call('HDEL', KEYS[k.stage], uid) end
   if at > was then
     redis.call('SET', KEYS[k.renewed], at, 'PX', deadline - now + keep)

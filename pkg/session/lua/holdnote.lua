@@ -16,15 +16,15 @@ local function holdCancelled(k, n, stale)
   redis.call('PEXPIRE', KEYS[k.timeline], ARGV[n + 1])
 end
 
--- cameBack appends to a user's timeline that a grant ended their silence
--- between its stages, after its guide: holdNoteCameBack, with the stage
+-- stagesCancelled appends to a user's timeline that a grant ended their
+-- silence between its stages: holdNoteStagesCancelled, with the stage
 -- that was due next and the silence's deadline from the stage hash's
 -- value stage ("<stage>:<deadline ms>"), by the note block at n.
-local function cameBack(k, n, stage)
+local function stagesCancelled(k, n, stage)
   local max = tonumber(ARGV[n]) or 0
   if max < 1 then return end
   local st, d = string.match(stage, '^(%d+):(%d+)$')
-  local fields = holdNoteCameBack
+  local fields = holdNoteStagesCancelled
   if st then fields = '"stage":' .. st .. ',"deadline_ms":' .. d .. ',' .. fields end
   redis.call('RPUSH', KEYS[k.timeline], redisNowMS() .. ' ' .. encodeHoldNote(fields, ARGV[n + 2], ARGV[n + 3]))
   redis.call('LTRIM', KEYS[k.timeline], -max, -1)
