@@ -69,17 +69,7 @@ func TestAttack28LastGrantSpooled(t *testing.T) {
 	store, _ := newStore(t)
 	ctx := context.Background()
 	const uid = "a28-spooled"
-	if _, err := store.Renew(ctx, uid, "default", 10*time.Millisecond, session.ClockPresence); err != nil {
-		t.Fatal(err)
-	}
-	var due []session.Expired
-	pollUntil(t, uid+"'s 10ms grant to fall due", func() bool {
-		var err error
-		if due, _, err = store.Due(ctx, 10); err != nil {
-			t.Fatal(err)
-		}
-		return len(due) > 0
-	})
+	due := lapsed(t, store, uid)
 	due[0].NextDue = session.AfterReplay // spooled: its next stage waits for the replay
 	if err := store.Settle(ctx, due); err != nil {
 		t.Fatal(err)

@@ -327,9 +327,9 @@ func TestOrderWithinInstance(t *testing.T) {
 	}
 }
 
-// hold holds uid's timeout for an hour, as a listener's hold rule would:
-// a 10ms grant, found due, held.
-func hold(t *testing.T, store *session.Store, uid string) {
+// lapsed gives uid a 10ms grant and returns its timeout once the sweep
+// finds it due, as a listener would.
+func lapsed(t *testing.T, store *session.Store, uid string) []session.Expired {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := store.Renew(ctx, uid, "default", 10*time.Millisecond, session.ClockPresence); err != nil {
@@ -343,6 +343,15 @@ func hold(t *testing.T, store *session.Store, uid string) {
 		}
 		return len(due) > 0
 	})
+	return due
+}
+
+// hold holds uid's timeout for an hour, as a listener's hold rule would:
+// a 10ms grant, found due, held.
+func hold(t *testing.T, store *session.Store, uid string) {
+	t.Helper()
+	ctx := context.Background()
+	due := lapsed(t, store, uid)
 	if n, err := store.Hold(ctx, due, time.Now().Add(time.Hour)); err != nil || n != 1 {
 		t.Fatalf("Hold = %d, %v; want 1", n, err)
 	}
@@ -390,16 +399,7 @@ func TestHoldNotesRead(t *testing.T) {
 
 	// A renewal between stages, after the guide: the stages left are
 	// cancelled, and the entry says which was due next, of what silence.
-	if _, err := store.Renew(ctx, "hn-back", "default", 10*time.Millisecond, session.ClockPresence); err != nil {
-		t.Fatal(err)
-	}
-	var due []session.Expired
-	pollUntil(t, "hn-back's 10ms grant to fall due", func() bool {
-		if due, _, err = store.Due(ctx, 10); err != nil {
-			t.Fatal(err)
-		}
-		return len(due) > 0
-	})
+	due := lapsed(t, store, "hn-back")
 	due[0].NextDue = due[0].Due.Add(time.Hour)
 	if err := store.Settle(ctx, due); err != nil {
 		t.Fatal(err)
@@ -499,16 +499,7 @@ func TestViewShowsLastGrant(t *testing.T) {
 	}
 
 	// Between stages: guided, the close due in an hour.
-	if _, err := r.Renew(ctx, "vs", "default", 10*time.Millisecond, session.ClockPresence); err != nil {
-		t.Fatal(err)
-	}
-	var due []session.Expired
-	pollUntil(t, "vs's 10ms grant to fall due", func() bool {
-		if due, _, err = store.Due(ctx, 10); err != nil {
-			t.Fatal(err)
-		}
-		return len(due) > 0
-	})
+	due := lapsed(t, store, "vs")
 	due[0].NextDue = due[0].Due.Add(time.Hour)
 	if err := store.Settle(ctx, due); err != nil {
 		t.Fatal(err)
