@@ -123,11 +123,11 @@ func (k aliveKeys) list() []string { return []string{k.Alive} }
 type routeKeys struct {
 	Route string
 	sessionKeys
-	Stamps, Timeline string
+	Stamps, Timeline, Inbox string
 }
 
 func (k routeKeys) list() []string {
-	return append(append([]string{k.Route}, k.sessionKeys.list()...), k.Stamps, k.Timeline)
+	return append(append([]string{k.Route}, k.sessionKeys.list()...), k.Stamps, k.Timeline, k.Inbox)
 }
 
 // routeStampKeys: drop_routes.lua.

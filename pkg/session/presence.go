@@ -68,6 +68,10 @@ type RouteCount struct {
 type RouteResult struct {
 	Left  int  // the user's connections on every instance, after the write
 	Ended bool // the session was ended
+	// Inbox: the user's inbox held guides after the write. A connect that
+	// finds it empty need not take it: a guide kept later saw the count
+	// just written, and is routed to the connection instead.
+	Inbox bool
 	Err   error
 }
 
@@ -105,7 +109,7 @@ func (s *Store) WriteRoutes(ctx context.Context, instance string, counts []Route
 		}
 		argv = deadArgs(s.withNotes(instance, c.Count, ttl.Milliseconds(), end, c.UID, RenewedKeep.Milliseconds(), max(c.EndAgo, 0).Milliseconds()), instance, dead)
 		return routeKeys{Route: s.ks.RouteKey(c.UID), sessionKeys: s.ks.sessionKeys(c.UID), Stamps: s.ks.RouteStampKey(c.UID),
-			Timeline: s.ks.TimelineKey(c.UID)}, argv
+			Timeline: s.ks.TimelineKey(c.UID), Inbox: s.ks.InboxKey(c.UID)}, argv
 	}
 	cmds := s.runScripts(ctx, len(counts), func(i int) (*redis.Script, []string, []any) {
 		keys, argv := args(counts[i])
@@ -114,14 +118,14 @@ func (s *Store) WriteRoutes(ctx context.Context, instance string, counts []Route
 	out := make([]RouteResult, len(counts))
 	for i, cmd := range cmds {
 		v, err := cmd.Int64Slice()
-		if err == nil && len(v) != 2 {
+		if err == nil && len(v) != 3 {
 			err = fmt.Errorf("%w: %d values", errReply, len(v))
 		}
 		if err != nil {
 			out[i].Err = fmt.Errorf("write route of %q: %w", counts[i].UID, err)
 			continue
 		}
-		out[i] = RouteResult{Left: int(v[0]), Ended: v[1] == 1}
+		out[i] = RouteResult{Left: int(v[0]), Ended: v[1] == 1, Inbox: v[2] == 1}
 	}
 	return out
 }

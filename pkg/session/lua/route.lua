@@ -19,10 +19,15 @@ if total > 0 then
   redis.call('PEXPIRE', KEYS[K.route], ARGV[3])
   redis.call('PEXPIRE', KEYS[K.stamps], ARGV[3])
 end
-if ARGV[4] ~= '1' or total > 0 then return {total, 0} end
+-- Whether the user's inbox holds anything, read after the write: a guide
+-- kept before it is there, and one kept after it saw this count and was
+-- routed here instead (inbox_keep.lua). A connect with an empty inbox
+-- needs no take.
+local inbox = redis.call('EXISTS', KEYS[K.inbox])
+if ARGV[4] ~= '1' or total > 0 then return {total, 0, inbox} end
 local uid = ARGV[5]
 local at = now - tonumber(ARGV[7])
-if tonumber(redis.call('GET', KEYS[K.renewed]) or '0') > at then return {total, 0} end
+if tonumber(redis.call('GET', KEYS[K.renewed]) or '0') > at then return {total, 0, inbox} end
 redis.call('SET', KEYS[K.renewed], at, 'PX', tonumber(ARGV[6]))
 redis.call('DEL', KEYS[K.session])
 redis.call('ZREM', KEYS[K.index], uid)
@@ -31,4 +36,4 @@ redis.call('HDEL', KEYS[K.via], uid)
 if redis.call('ZREM', KEYS[K.hold], uid) == 1 then holdCancelled(K, 8, holdNoteEnded) end
 redis.call('HDEL', KEYS[K.held], uid)
 redis.call('HDEL', KEYS[K.stage], uid)
-return {total, 1}
+return {total, 1, inbox}
