@@ -10,6 +10,7 @@ package main
 
 import (
 	"os"
+	"runtime/debug"
 
 	"github.com/stillthere/stillthere/pkg/activityfeed"
 	"github.com/stillthere/stillthere/pkg/daemon"
@@ -27,6 +28,9 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == "timeline" {
 		daemon.Tool("gateway timeline", os.Args[2:], timeline.Command)
+	}
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(gateway.GCPercent)
 	}
 	daemon.Main("gateway", gateway.LoadConfig, gateway.Open)
 }

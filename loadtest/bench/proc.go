@@ -96,6 +96,25 @@ type Machine struct {
 	Go            string  `json:"go"`
 	OpenFileLimit uint64  `json:"open_file_limit"`
 	PortRange     string  `json:"ephemeral_port_range"`
+	// RedisNice is the priority of steps 1, 2 and 7's redis-server
+	// (redisNice, if it could take it).
+	RedisNice int `json:"redis_nice"`
+}
+
+// processNice is the nice value of process pid, from /proc; 0 when
+// unknown.
+func processNice(pid string) int {
+	stat, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(stat)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(fields) < 17 {
+		return 0
+	}
+	n, _ := strconv.Atoi(fields[16])
+	return n
 }
 
 func machine() Machine {

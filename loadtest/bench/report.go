@@ -158,7 +158,11 @@ func (r *Report) markdown() string {
 	p("## Machine\n\n| | |\n|---|---|\n")
 	p("| CPU | %d cores, %s |\n| memory | %.1f GiB |\n| kernel | %s (%s) |\n| Go | %s |\n| open-file limit per process | %d |\n| ephemeral ports | %s |\n\n",
 		m.Cores, m.CPUModel, m.MemoryGiB, m.Kernel, m.OS, m.Go, m.OpenFileLimit, m.PortRange)
-	p("Everything runs on this one machine (load generators, gateways, redis-server, embedded Kafka), so the processes share its cores; figures from one run are best compared as ratios.\n\n")
+	p("Everything runs on this one machine (load generators, gateways, redis-server, embedded Kafka), so the processes share its cores; figures from one run are best compared as ratios.")
+	if m.RedisNice != 0 {
+		p(" The redis-server of steps 1, 2 and 7, which a dozen gateway and load generator processes share, runs at nice %d, above them, as a production Redis has cores of its own: at the same priority its one thread got a dozenth of the CPU, and renewals queued behind the others' time slices.", m.RedisNice)
+	}
+	p("\n\n")
 
 	p("## Summary\n\n| step | figure | measured | goal | | reproduce |\n|---|---|---|---|---|---|\n")
 	row := func(step, fig, val, goal, st, cmd string) {

@@ -69,13 +69,16 @@ func run(ctx context.Context, bin, out string, quick bool, stepList string) (fai
 			return false, err
 		}
 		defer os.RemoveAll(dir)
-		rds, err := redisserver.Start(ctx, redisserver.Options{Dir: dir, Args: []string{"--maxclients", "50000"}})
+		// Above the many gateways and load generators beside it, as a
+		// production Redis has cores of its own (see redisNice).
+		rds, err := redisserver.Start(ctx, redisserver.Options{Dir: dir, Args: []string{"--maxclients", "50000"}, Nice: redisNice})
 		if err != nil {
 			return false, fmt.Errorf("redis-server: %w", err)
 		}
 		defer rds.Close()
 		rdb := redis.NewClient(&redis.Options{Addr: rds.Addr})
 		defer rdb.Close()
+		rep.Machine.RedisNice = redisProcessNice(ctx, rdb)
 		s := secrets{token: secret(), push: secret()}
 		if slices.Contains(steps, "connections") && ctx.Err() == nil {
 			rep.Connections, err = connections(ctx, bin, rds.Addr, rdb, s, sc.conns, stepCmd("connections"))
