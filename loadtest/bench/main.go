@@ -49,10 +49,16 @@ func main() {
 	out := flag.String("out", "bench", "directory for report.md and report.json")
 	quick := flag.Bool("quick", false, "every step at small scale (about 3 minutes), for CI")
 	steps := flag.String("steps", strings.Join(allSteps, ","), "comma-separated steps to run")
+	var over connOverride
+	flag.IntVar(&over.conns, "conns", 0, "step 1: connections to hold (0: the step's scale)")
+	flag.IntVar(&over.gateways, "gateways", 0, "step 1: gateway processes (0: the step's scale); each holds conns/gateways, under the open-file limit")
+	flag.IntVar(&over.loaders, "wsloads", 0, "step 1: wsload processes (0: the step's scale)")
+	flag.DurationVar(&over.every, "ping-every", 0, "step 1: each connection's ping interval (0: the step's scale)")
+	flag.IntVar(&over.ramp, "ramp", 0, "step 1: new connections per second, all wsloads together (0: the step's scale)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	failed, err := run(ctx, *bin, *out, *quick, *steps)
+	failed, err := run(ctx, *bin, *out, *quick, *steps, over)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -61,6 +67,34 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench: a step failed, a guide was lost or doubled, or a user who was there was guided; see the report")
 		os.Exit(1)
 	}
+}
+
+// connOverride sets step 1's scale from flags; zero fields keep it.
+type connOverride struct {
+	conns, gateways, loaders, ramp int
+	every                          time.Duration
+}
+
+// apply sets sc's fields from o, and returns the flags that say so, for
+// the step's command.
+func (o connOverride) apply(sc *connScale) (flags string) {
+	set := func(name string, v int, field *int) {
+		if v > 0 {
+			*field = v
+			flags += fmt.Sprintf(" -%s %d", name, v)
+		}
+	}
+	set("conns", o.conns, &sc.Conns)
+	set("gateways", o.gateways, &sc.Gateways)
+	set("wsloads", o.loaders, &sc.Loaders)
+	set("ramp", o.ramp, &sc.Ramp)
+	if o.every > 0 {
+		sc.Every = o.every
+		// Every connection pings once before the window.
+		sc.Settle = o.every + time.Second
+		flags += " -ping-every " + o.every.String()
+	}
+	return flags
 }
 
 var allSteps = []string{"connections", "renewals", "modes", "detection", "consumer", "activity", "outage"}

@@ -24,7 +24,7 @@ func secret() string {
 
 // run runs the chosen steps and writes the report. failed means a step
 // failed or a guide was lost or doubled; err that no report was written.
-func run(ctx context.Context, bin, out string, quick bool, stepList string) (failed bool, err error) {
+func run(ctx context.Context, bin, out string, quick bool, stepList string, over connOverride) (failed bool, err error) {
 	steps := config.SplitList(stepList)
 	for _, s := range steps {
 		if !slices.Contains(allSteps, s) {
@@ -32,6 +32,7 @@ func run(ctx context.Context, bin, out string, quick bool, stepList string) (fai
 		}
 	}
 	sc := scaleFor(quick)
+	connFlags := over.apply(&sc.conns)
 	rep := &Report{Quick: quick, Started: time.Now().UTC().Truncate(time.Second), Machine: machine(),
 		Command: "make bench", Steps: steps, Errors: map[string]string{}}
 	if quick {
@@ -81,7 +82,7 @@ func run(ctx context.Context, bin, out string, quick bool, stepList string) (fai
 		rep.Machine.RedisNice = redisProcessNice(ctx, rdb)
 		s := secrets{token: secret(), push: secret()}
 		if slices.Contains(steps, "connections") && ctx.Err() == nil {
-			rep.Connections, err = connections(ctx, bin, rds.Addr, rdb, s, sc.conns, stepCmd("connections"))
+			rep.Connections, err = connections(ctx, bin, rds.Addr, rdb, s, sc.conns, stepCmd("connections")+connFlags)
 			fail("connections", err)
 		}
 		if slices.Contains(steps, "renewals") && ctx.Err() == nil {

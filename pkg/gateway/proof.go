@@ -304,10 +304,9 @@ func (g *Gateway) handOn(ctx context.Context, c *conn) {
 		if way == handOnRoute {
 			res, err = g.route(pctx, req)
 		} else {
+			// A connection of the user here that reconnected meanwhile is
+			// offered the inbox by the keep.
 			res.Status, err = g.keepReq(pctx, req, way == handOnKeepClosed)
-			if err == nil && res.Status == push.Queued {
-				g.offerInbox(ctx, req.UID)
-			}
 		}
 		cancel()
 		if err != nil {
@@ -328,9 +327,10 @@ func (g *Gateway) handOn(ctx context.Context, c *conn) {
 }
 
 // offerInbox hands uid's inbox over to their connections on this
-// instance, as their connect did: a close stage's guide kept there by
-// handOn, whose user reconnected meanwhile, would otherwise wait for
-// their next connect. (A connection on another instance gets it then.)
+// instance, as their connect did: a guide kept after a connection's route
+// write (see keep), such as a close stage's guide kept by handOn whose
+// user reconnected meanwhile, would otherwise wait for their next
+// connect. (A connection on another instance gets it then.)
 // A connection still holding its guides takes its inbox when its hold
 // ends; one ending it is waited for, so the inbox is judged by its
 // client's word first. A connection already being handed its inbox gets

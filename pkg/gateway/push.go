@@ -295,6 +295,13 @@ func (g *Gateway) keep(ctx context.Context, req push.Request, payload []byte, ro
 	}
 	switch n {
 	case session.KeptQueued:
+		// A connection of the user here may have registered since the
+		// caller found none: its connect took the inbox as it was at its
+		// route write, before this. Without a route check (a hold's
+		// guides given back, a guide routed in, one handed on), or with
+		// one that a drop and a reconnect here leave at the same count,
+		// nothing else hands it this guide until its next connect.
+		g.offerInbox(context.WithoutCancel(ctx), req.UID)
 		return push.Queued, nil
 	case session.KeptTooOld:
 		return push.TooOld, nil
