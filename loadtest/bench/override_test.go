@@ -24,7 +24,9 @@ func TestConnOverride(t *testing.T) {
 					sc.Every == 30*time.Second && sc.Settle > sc.Every && sc.Window == base.Window && sc.Procs == base.Procs
 			}},
 		{"conns alone", connOverride{conns: 5000}, " -conns 5000",
-			func(sc connScale) bool { return sc.Conns == 5000 && sc.Gateways == base.Gateways && sc.Every == base.Every }},
+			func(sc connScale) bool {
+				return sc.Conns == 5000 && sc.Gateways == base.Gateways && sc.Every == base.Every
+			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sc := base
