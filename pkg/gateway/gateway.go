@@ -650,10 +650,11 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	// it empty, and skip a script and a round trip each. (A burst of
 	// connects, each waiting on its take, once held 2,500 goroutines and
 	// the whole shared pool, and its load on Redis delayed every pong by
-	// seconds.) A guide kept after the write saw this connection's count
-	// and was routed here. A connection that holds its guides takes its
-	// inbox when its hold ends, whatever the write found: late keeps may
-	// land meanwhile.
+	// seconds.) A guide kept here after the write is offered to this
+	// connection by the keep (see keep); one kept by another instance's
+	// push with a route check saw this connection's count rise and was
+	// routed here. A connection that holds its guides takes its inbox
+	// when its hold ends, whatever the write found.
 	if !held && (res.Err != nil || res.Inbox) {
 		rest = g.handOverInbox(rctx, c, noPresence)
 	}

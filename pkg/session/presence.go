@@ -69,8 +69,8 @@ type RouteResult struct {
 	Left  int  // the user's connections on every instance, after the write
 	Ended bool // the session was ended
 	// Inbox: the user's inbox held guides after the write. A connect that
-	// finds it empty need not take it: a guide kept later saw the count
-	// just written, and is routed to the connection instead.
+	// finds it empty need not take it; a guide kept later is for its
+	// keeper to hand over (see route.lua).
 	Inbox bool
 	Err   error
 }

@@ -6,10 +6,10 @@ import (
 )
 
 // TestRouteWriteSaysInbox: a route write says whether the user's inbox
-// holds guides, so that a connect that finds it empty skips its take. The
-// flag is safe only because a guide kept after the write is not kept at
-// all: its keeper read the route before the write, and the keep, which
-// checks the route again, answers "route again" instead.
+// holds guides, so that a connect that finds it empty skips its take. A
+// keep with a route check read before a connect that raised the count is
+// refused ("route again"); keeps the check cannot see are offered to the
+// connection by the gateway that keeps (pkg/gateway, TestAttack29*).
 func TestRouteWriteSaysInbox(t *testing.T) {
 	s, ctx := newStore(t)
 	write := func(uid string, n int) RouteResult {

@@ -20,9 +20,10 @@ if total > 0 then
   redis.call('PEXPIRE', KEYS[K.stamps], ARGV[3])
 end
 -- Whether the user's inbox holds anything, read after the write: a guide
--- kept before it is there, and one kept after it saw this count and was
--- routed here instead (inbox_keep.lua). A connect with an empty inbox
--- needs no take.
+-- kept before it is there. A connect with an empty inbox skips its take;
+-- a guide kept after it is offered to the connection by its keeper (the
+-- gateway's keep), or refused by a route check that sees the count rise
+-- (inbox_keep.lua).
 local inbox = redis.call('EXISTS', KEYS[K.inbox])
 if ARGV[4] ~= '1' or total > 0 then return {total, 0, inbox} end
 local uid = ARGV[5]
