@@ -18,7 +18,7 @@ import (
 
 // timelineOf runs "gateway timeline -json uid" against the rig's Redis
 // and returns the entries it printed; also its table, which must name
-// each entry's kind.
+// each recorded entry's kind.
 func (p *pipelineRig) timelineOf(t *testing.T, uid string) []timeline.Entry {
 	t.Helper()
 	ctx := context.Background()
@@ -34,7 +34,10 @@ func (p *pipelineRig) timelineOf(t *testing.T, uid string) []timeline.Entry {
 		t.Fatalf("gateway timeline %s: %v", uid, err)
 	}
 	for _, e := range a.Entries {
-		if !strings.Contains(table.String(), string(e.Kind)) {
+		// A Current entry is read from the user's state, which may have
+		// moved on between the two reads (the deadline it names found
+		// due, on a busy host): only recorded ones are in both.
+		if !e.Current && !strings.Contains(table.String(), string(e.Kind)) {
 			t.Errorf("the table of %s does not name %s:\n%s", uid, e.Kind, table.String())
 		}
 	}

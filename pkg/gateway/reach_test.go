@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -260,14 +261,31 @@ func TestResyncAfterHeartbeatGap(t *testing.T) {
 	}
 	// The restored deadline is the one granted, counted from when the
 	// gateway took the ping rather than when Redis ran the renewal: up to
-	// the ping's round trip earlier (a busy host's milliseconds), never
-	// later.
-	if d := after - before; d < -float64(rtt.Milliseconds())-2 || d > 50 {
-		t.Errorf("deadline restored as %v, was %v (the ping's round trip took %v)", after, before, rtt)
+	// the ping's round trip earlier (a busy host's milliseconds). It is
+	// later by no more than the resync took: what is left of the grant is
+	// counted when the resync reads it, and from Redis's now when its
+	// script runs (a busy host queued it for 63 ms once).
+	took := resyncTook(t, logs.String())
+	if d := after - before; d < -float64(rtt.Milliseconds())-2 || d > float64(took.Milliseconds())+2 {
+		t.Errorf("deadline restored as %v, was %v (the ping's round trip took %v, the resync %v)", after, before, rtt, took)
 	}
 	if blind, _ := direct.ZRange(ctx, ks.BlindKey(), 0, -1).Result(); strings.Contains(strings.Join(blind, " "), session.BlindRenewals) {
 		t.Errorf("no renewal failed, yet a renewal outage was recorded: %q", blind)
 	}
+}
+
+// resyncTook is how long the first resync in a gateway's text log took.
+func resyncTook(t *testing.T, log string) time.Duration {
+	t.Helper()
+	m := regexp.MustCompile(`msg="resynced sessions" sessions=\d+ took=(\S+)`).FindStringSubmatch(log)
+	if m == nil {
+		t.Fatalf("no resync with its duration in the log:\n%s", log)
+	}
+	d, err := time.ParseDuration(m[1])
+	if err != nil {
+		t.Fatalf("resync took %q: %v", m[1], err)
+	}
+	return d
 }
 
 // TestHeartbeat: an instance is alive in Redis before it takes
