@@ -190,7 +190,7 @@ func brakeStages(t *testing.T, h *harness, slack time.Duration, start func()) {
 			t.Fatalf("silent stage %d: %+v, want stage %d due %d (up to %v later)", i+1, ev, i+1, due.UnixMilli(), slack)
 		}
 		late := time.UnixMilli(ev.DetectedMS).Sub(due)
-		if late < testGrace-250*time.Millisecond || late > testGrace+2*time.Second {
+		if late < testGrace-250*time.Millisecond || late > testGrace+releaseSlack {
 			t.Fatalf("silent stage %d produced %v after due, want a grace (%v) later: held by the brake", i+1, late, testGrace)
 		}
 	}

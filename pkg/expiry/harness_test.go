@@ -134,6 +134,14 @@ func (h *harness) config(mode string) Config {
 // testGrace is the outage grace of the tests: short, as their TTLs are.
 const testGrace = TestGrace
 
+// releaseSlack is how long past its grace a held timeout may be produced
+// in these tests: enough to tell a brake or hold that lets go from one
+// that does not, on a host whose cores others starve (a storm of
+// thousands released together took 3.4 s past grace + 2 s beside two CPU
+// hogs). How soon it lets go is measured where timing is, in the
+// benchmark (bench/report.md, step 4: the storm).
+const releaseSlack = 10 * time.Second
+
 func testLogger() *slog.Logger {
 	if testing.Verbose() {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))

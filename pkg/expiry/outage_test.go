@@ -262,8 +262,9 @@ func TestFleetDownHolds(t *testing.T) {
 
 // TestMassExpiryBrake: 5,000 of 10,000 live sessions lapse at once, with
 // no outage anyone measured. Past the threshold the brake holds them for
-// the grace; each is still produced exactly once, within grace + 2s of its
-// deadline, and one who pings in the grace is not.
+// the grace; each is still produced exactly once, soon after the grace
+// (releaseSlack; how soon is the benchmark's), and one who pings in the
+// grace is not.
 func TestMassExpiryBrake(t *testing.T) {
 	if testing.Short() {
 		t.Skip("10,000 sessions")
@@ -333,8 +334,8 @@ func TestMassExpiryBrake(t *testing.T) {
 	late := 0
 	for _, ev := range evs {
 		lag := time.Duration(ev.DetectedMS-ev.DeadlineMS) * time.Millisecond
-		if lag > testGrace+2*time.Second {
-			t.Errorf("%s produced %v after its deadline, want at most grace + 2s", ev.UID, lag)
+		if lag > testGrace+releaseSlack {
+			t.Errorf("%s produced %v after its deadline, want at most the grace and %v (the brake let go)", ev.UID, lag, releaseSlack)
 		}
 		if lag > testGrace/2 {
 			late++
