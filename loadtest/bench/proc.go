@@ -50,13 +50,7 @@ const clockTicks = 100
 
 // cpuSeconds is the user plus system CPU time pid has used so far.
 func cpuSeconds(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// Fields after the command name, which may hold spaces, in parens.
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	f := statFields(pid)
 	if len(f) < 13 {
 		return 0
 	}
@@ -104,17 +98,27 @@ type Machine struct {
 // processNice is the nice value of process pid, from /proc; 0 when
 // unknown.
 func processNice(pid string) int {
-	stat, err := os.ReadFile("/proc/" + pid + "/stat")
+	id, err := strconv.Atoi(pid)
 	if err != nil {
 		return 0
 	}
-	s := string(stat)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(fields) < 17 {
+	f := statFields(id)
+	if len(f) < 17 {
 		return 0
 	}
-	n, _ := strconv.Atoi(fields[16])
+	n, _ := strconv.Atoi(f[16])
 	return n
+}
+
+// statFields are the fields of /proc/<pid>/stat after the command name,
+// which may hold spaces, in parens; nil when unreadable.
+func statFields(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil
+	}
+	s := string(b)
+	return strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
 }
 
 func machine() Machine {
