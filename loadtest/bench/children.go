@@ -118,6 +118,14 @@ type Storm struct {
 	BrakeWindow    string  `json:"brake_window"`
 	AllDeliveredMs float64 `json:"all_delivered_ms"`
 	WaitedMs       float64 `json:"waited_ms"`
+	// From the first release to the last guide: its time, the CPU of
+	// detectbench's process (listener, Kafka, consumer, webhook) and of
+	// Redis, and how busy the machine's cores were (-1: unknown).
+	ReleaseMs          float64 `json:"release_ms"`
+	ReleaseSelfCPUS    float64 `json:"release_self_cpu_s"`
+	RedisReleaseCPUS   float64 `json:"redis_release_cpu_s"`
+	ReleaseMachineBusy float64 `json:"release_machine_busy"`
+	Cores              int     `json:"cores"`
 }
 
 // Detection is steps 3 and 4, as detectbench prints them.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -54,7 +55,23 @@ type ModeResult struct {
 	Load    loadResult  `json:"wsload"`
 	Pong    pongFigures `json:"ping_pong_window"`
 	HeapTop string      `json:"heap_profile_top"`
+
+	// Parts are the same figures over consecutive parts of the window,
+	// taken at the same moments for both modes: the goals that compare
+	// the modes are judged part by part too, so that one part's hiccup
+	// on this shared machine is told from a mode that is worse.
+	Parts []modePart `json:"parts"`
 }
+
+// modePart is one part of the window's figures of one mode.
+type modePart struct {
+	Pong        pongFigures `json:"ping_pong"`
+	Renewals    float64     `json:"renewals"`
+	TripsPerRen float64     `json:"round_trips_per_renewal"`
+}
+
+// modeParts is how many parts the window is measured in.
+const modeParts = 5
 
 // Modes is the side-by-side step's result.
 type Modes struct {
@@ -82,6 +99,12 @@ func (m *Modes) mode(name string) *ModeResult {
 	}
 	return nil
 }
+
+// The gateway's renewal counters, as its metrics name them.
+const (
+	renewalsMetric = "stillthere_gateway_renewals_total"
+	tripsMetric    = "stillthere_gateway_renewal_round_trips_total"
+)
 
 // modes runs one gateway per read mode side by side, each held by a
 // wsload of its own with the same number of connections and pings, so
@@ -187,15 +210,26 @@ func modes(ctx context.Context, bin, redisAddr string, s secrets, sc modesScale,
 		cpu0[i], m0[i] = cpuSeconds(g.pid()), g.metrics()
 	}
 	t0 := time.Now()
-	sleep(ctx, sc.Window)
-	window := time.Since(t0).Seconds()
-	r.WindowSec = window
-	for i, f := range fleets {
-		var err error
-		if r.Modes[i].Pong, err = f.mark(ctx); err != nil {
-			return r, err
+	mPart := slices.Clone(m0)
+	for range modeParts {
+		sleep(ctx, sc.Window/modeParts)
+		for i, f := range fleets {
+			pong, err := f.mark(ctx)
+			if err != nil {
+				return r, err
+			}
+			r.Modes[i].Pong.add(pong)
+			m := gws[i].metrics()
+			part := modePart{Pong: pong, Renewals: m[renewalsMetric] - mPart[i][renewalsMetric]}
+			if part.Renewals > 0 {
+				part.TripsPerRen = (m[tripsMetric] - mPart[i][tripsMetric]) / part.Renewals
+			}
+			r.Modes[i].Parts = append(r.Modes[i].Parts, part)
+			mPart[i] = m
 		}
 	}
+	window := time.Since(t0).Seconds()
+	r.WindowSec = window
 	const ping = `stillthere_gateway_frames_total{type="ping"}`
 	for i, g := range gws {
 		m, rss, cpu := g.metrics(), rssKB(g.pid()), cpuSeconds(g.pid())
@@ -213,8 +247,8 @@ func modes(ctx context.Context, bin, redisAddr string, s secrets, sc modesScale,
 		if res.Pings > 0 {
 			res.CPUmsPer1000 = (cpu - cpu0[i]) * 1000 / (res.Pings / 1000)
 		}
-		res.Renewals = m["stillthere_gateway_renewals_total"] - m0[i]["stillthere_gateway_renewals_total"]
-		res.RoundTrips = m["stillthere_gateway_renewal_round_trips_total"] - m0[i]["stillthere_gateway_renewal_round_trips_total"]
+		res.Renewals = m[renewalsMetric] - m0[i][renewalsMetric]
+		res.RoundTrips = m[tripsMetric] - m0[i][tripsMetric]
 		if res.RoundTrips > 0 {
 			res.RenPerTrip = res.Renewals / res.RoundTrips
 		}

@@ -283,6 +283,9 @@ func (r *Report) markdown() string {
 			p("\nStorm: %d sessions expiring within %.0f ms, far past the mass-expiry brake (it holds the lapses past max(%d, %.2f × live sessions) within %s until the grace after their deadlines, %.0f s here, and checks each again before it is produced). %d were produced at once and %d held by the brake (%d by another rule); %d delivered, %d lost, %d doubled (%d ids posted again and collapsed by the idempotency key); every guide delivered %.0f ms after the window, against grace + 2 s = %.0f ms; the bench waited up to %.0f ms.\n",
 				s.Sessions, s.WindowMs, s.BrakeFloor, s.BrakeShare, s.BrakeWindow, s.GraceMs/1000, s.AtOnce, s.Held, s.HeldOther,
 				s.Delivered, s.Lost, s.Doubled, s.Resent, s.AllDeliveredMs, s.GraceMs+goalStormPastGraceMs, s.WaitedMs)
+			if line := stormCPU(s); line != "" {
+				p("\n%s\n", line)
+			}
 		}
 	}
 	if d := r.DetectionAtScale; d != nil {
@@ -307,4 +310,25 @@ func (r *Report) markdown() string {
 		r.modesMD(&b, m)
 	}
 	return b.String()
+}
+
+// stormCPU says whether the storm's release was bound by the machine's
+// cores: the CPU every part spent on it, per held timeout, and what that
+// cost allows within the goal's 2 s. "" when the storm did not measure it.
+func stormCPU(s *Storm) string {
+	if s.ReleaseMs <= 0 || s.Held <= 0 || s.Cores <= 0 || s.ReleaseMachineBusy < 0 {
+		return ""
+	}
+	cpu := s.ReleaseSelfCPUS + s.RedisReleaseCPUS
+	perHeld := cpu / float64(s.Held) * 1e6
+	line := fmt.Sprintf("From the first release (the window's start plus the grace) to the last guide, %.0f ms: detectbench's process (listener, in-process Kafka, consumer, webhook) used %.2f CPU s and Redis %.2f, %.0f µs per held timeout, and the machine's %d cores were %.0f%% busy.",
+		s.ReleaseMs, s.ReleaseSelfCPUS, s.RedisReleaseCPUS, perHeld, s.Cores, 100*s.ReleaseMachineBusy)
+	goal := goalStormPastGraceMs / 1000 * float64(s.Cores) / float64(s.Held) * 1e6
+	if s.ReleaseMachineBusy >= 0.9 {
+		line += fmt.Sprintf(" The release was bound by the cores: at this cost %d held timeouts take %.1f s of %d cores; within the goal's 2 s they would have to cost at most %.0f µs each, everything on this machine included.",
+			s.Held, cpu/float64(s.Cores), s.Cores, goal)
+	} else {
+		line += fmt.Sprintf(" The cores were not saturated: the release waited on something besides CPU (%.0f%% of the cores idle).", 100*(1-s.ReleaseMachineBusy))
+	}
+	return line
 }

@@ -46,6 +46,46 @@ func TestModesGoals(t *testing.T) {
 	}
 }
 
+func TestModesGoalsByParts(t *testing.T) {
+	// Over the whole window epoll mode is a little worse on both
+	// figures; its parts decide.
+	withParts := func(e, g []float64) *Modes {
+		m := &Modes{Supported: true, Modes: []ModeResult{
+			{Mode: "epoll", CPUmsPer1000: 100, Renewals: 1000, TripsPerRen: 0.21, Pong: pongFigures{PongN: 100, PongP99ms: 21}},
+			{Mode: "goroutine", CPUmsPer1000: 100, Renewals: 1000, TripsPerRen: 0.2, Pong: pongFigures{PongN: 100, PongP99ms: 20}},
+		}}
+		for i, v := range e {
+			m.Modes[0].Parts = append(m.Modes[0].Parts, modePart{Pong: pongFigures{PongP99ms: v}, TripsPerRen: v / 100})
+			m.Modes[1].Parts = append(m.Modes[1].Parts, modePart{Pong: pongFigures{PongP99ms: g[i]}, TripsPerRen: g[i] / 100})
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		name string
+		e, g []float64
+		want string
+		says string
+	}{
+		{"one part's hiccup", []float64{10, 10, 40, 10, 10}, []float64{11, 11, 11, 11, 11}, "met", "no worse in 4 of 5 parts"},
+		{"worse in most parts", []float64{12, 12, 12, 10, 10}, []float64{11, 11, 11, 11, 11}, "**missed**", "no worse in 2 of 5 parts"},
+		{"a tie counts as no worse", []float64{11, 11, 11, 12, 12}, []float64{11, 11, 11, 11, 11}, "met", "no worse in 3 of 5 parts"},
+		{"half is not most", []float64{10, 12}, []float64{11, 11}, "**missed**", "no worse in 1 of 2 parts"},
+		{"no parts: the whole decides", nil, nil, "**missed**", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			goals := (&Report{}).modesGoals(withParts(tc.e, tc.g))
+			for _, row := range goals[2:] {
+				if !strings.HasPrefix(row.status, tc.want) {
+					t.Errorf("%s: %q, want %q", row.figure, row.status, tc.want)
+				}
+				if tc.says != "" && !strings.Contains(row.measured, tc.says) {
+					t.Errorf("%s: %q, want it to say %q", row.figure, row.measured, tc.says)
+				}
+			}
+		})
+	}
+}
+
 func TestConnectionsSummary(t *testing.T) {
 	for _, tc := range []struct {
 		name      string

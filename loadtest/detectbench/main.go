@@ -147,6 +147,15 @@ type StormResult struct {
 	RedisCallsPerTimeout        float64 `json:"redis_calls_per_timeout"`
 	RedisReleaseCPUS            float64 `json:"redis_release_cpu_s"`
 	RedisReleaseCallsPerTimeout float64 `json:"redis_release_calls_per_held"`
+	// From the first release to the last guide: how long it took, the
+	// CPU this process spent (listener, Kafka broker, consumer, webhook),
+	// and the share of the machine's cores that were busy (-1: unknown).
+	// With Redis's CPU they say whether the release was bound by the
+	// machine's cores or waited on something.
+	ReleaseMS          float64 `json:"release_ms"`
+	ReleaseSelfCPUS    float64 `json:"release_self_cpu_s"`
+	ReleaseMachineBusy float64 `json:"release_machine_busy"`
+	Cores              int     `json:"cores"`
 }
 
 // Report is what detectbench prints.
@@ -335,7 +344,12 @@ func (b *bench) renewMany(ctx context.Context, name string, n int, ttl func(int)
 		r := b.renewers[w%len(b.renewers)]
 		wg.Go(func() {
 			for i := w; i < n; i += workers {
-				if _, err := r.Renew(ctx, fmt.Sprintf("%s-%07d", name, i), "default", ttl(i), session.ClockPresence); err != nil {
+				d := ttl(i)
+				if d <= 0 {
+					errs <- fmt.Errorf("%s: session %d of %d would be written with a TTL of %v: writing them took too long on this machine", name, i, n, d)
+					return
+				}
+				if _, err := r.Renew(ctx, fmt.Sprintf("%s-%07d", name, i), "default", d, session.ClockPresence); err != nil {
 					errs <- err
 					return
 				}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"time"
 
@@ -57,6 +58,7 @@ func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormRes
 	// Redis's cost from the window's start, and from when the brake's
 	// holds fall due (the window's start plus the grace).
 	var atWindow, atRelease redisCost
+	var cpuAtRelease cpuUse
 	costs := make(chan struct{})
 	cctx, cancelCosts := context.WithCancel(ctx)
 	go func() {
@@ -65,6 +67,7 @@ func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormRes
 			atWindow = readRedisCost(cctx, b.rdb)
 		}
 		if sleepCtx(cctx, time.Until(windowStart.Add(b.grace))) {
+			cpuAtRelease = readCPUUse()
 			atRelease = readRedisCost(cctx, b.rdb)
 		}
 	}()
@@ -75,6 +78,7 @@ func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormRes
 		time.Sleep(10 * time.Millisecond)
 	}
 	atEnd := readRedisCost(ctx, b.rdb)
+	cpuAtEnd := readCPUUse()
 	cancelCosts()
 	<-costs
 	distinct, resent, doubled, lastAt := hook.summary()
@@ -108,6 +112,11 @@ func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormRes
 		calls, _ := rel.total()
 		res.RedisReleaseCallsPerTimeout = float64(calls) / float64(max(res.Held, 1))
 		rel.print(os.Stderr, "storm, from the first release (per held timeout)", res.Held)
+		res.ReleaseMS = float64(lastAt.Sub(windowStart.Add(b.grace)).Milliseconds())
+		self, busy := cpuAtEnd.since(cpuAtRelease)
+		res.ReleaseSelfCPUS, res.ReleaseMachineBusy, res.Cores = self.Seconds(), busy, runtime.NumCPU()
+		fmt.Fprintf(os.Stderr, "detectbench: storm, from the first release to the last guide (%.0f ms): this process %.2f CPU s, Redis %.2f CPU s, the machine's %d cores %.0f%% busy\n",
+			res.ReleaseMS, res.ReleaseSelfCPUS, res.RedisReleaseCPUS, res.Cores, 100*busy)
 	}
 	b.timeline(ctx, topic, windowEnd, hook.firstArrivals())
 	return res, nil
