@@ -1,0 +1,427 @@
+package promise
+
+import (
+	"cmp"
+	"slices"
+	"time"
+)
+
+// Class is what became of one stage of one silence, or of a delivery
+// that belongs to none.
+type Class string
+
+const (
+	OK            Class = "ok"            // delivered once, in order, within its bound; or rightly not at all
+	Late          Class = "late"          // delivered once, past its bound
+	Lost          Class = "lost"          // due, and never delivered though the run went on past its bound
+	False         Class = "false"         // delivered to a user whose answered signals had superseded it, or before its deadline
+	Duplicated    Class = "duplicated"    // two guides for it, or one id twice on a device
+	Disordered    Class = "disordered"    // a later stage before the one before it, or sooner than its delay
+	Indeterminate Class = "indeterminate" // depends on a signal whose outcome is unknown
+	Spam          Class = "spam"          // delivered to a user who kept trying to reach us through a fault
+	Pending       Class = "pending"       // its bound is past the history's end
+)
+
+// Failure reports whether c breaks the promise.
+func (c Class) Failure() bool {
+	switch c {
+	case Lost, False, Duplicated, Disordered, Spam:
+		return true
+	}
+	return false
+}
+
+// Verdict is the class of one stage of one silence (or of a delivery
+// that matches none), and why.
+type Verdict struct {
+	UID      string
+	Deadline time.Time // the silence's (stage 1's) deadline; a stray delivery's named one
+	Stage    int
+	Due      time.Time // the earliest this stage could fall due
+	Bound    time.Time // the latest it may be delivered and be on time
+	Class    Class
+	// Delivered: a sink saw it; Lateness is its first delivery past Due.
+	Delivered bool
+	Lateness  time.Duration
+	// Faults are the kinds of fault windows the stage met.
+	Faults []string
+	Why    string
+}
+
+// Check classifies every stage of every silence in h.
+func Check(cfg Config, h History) []Verdict {
+	signals := map[string][]Signal{}
+	for _, s := range h.Signals {
+		signals[s.UID] = append(signals[s.UID], s)
+	}
+	deliveries := map[string][]Delivery{}
+	for _, d := range h.Deliveries {
+		deliveries[d.UID] = append(deliveries[d.UID], d)
+	}
+	uids := make([]string, 0, len(signals)+len(deliveries))
+	for uid := range signals {
+		uids = append(uids, uid)
+	}
+	for uid := range deliveries {
+		if _, ok := signals[uid]; !ok {
+			uids = append(uids, uid)
+		}
+	}
+	slices.Sort(uids)
+	var out []Verdict
+	for _, uid := range uids {
+		u := user{cfg: cfg, h: h, uid: uid, signals: signals[uid], deliveries: deliveries[uid]}
+		out = append(out, u.check()...)
+	}
+	return out
+}
+
+// user checks one user's history.
+type user struct {
+	cfg        Config
+	h          History
+	uid        string
+	signals    []Signal // by Sent
+	deliveries []Delivery
+}
+
+// silence is a deadline the user's answered signals let pass: prev set
+// it, next (nil at the history's end) came after.
+type silence struct {
+	deadline time.Time
+	// moved is the deadline unanswered signals would have moved it to
+	// (zero: none): a delivery may name either.
+	moved      time.Time
+	prev, next *Signal
+	matched    map[int][]Delivery
+}
+
+func (u *user) check() []Verdict {
+	slices.SortStableFunc(u.signals, func(a, b Signal) int { return a.Sent.Compare(b.Sent) })
+	silences := u.silences()
+	for _, s := range silences {
+		after := time.Time{}
+		if s.prev != nil {
+			after = s.prev.Sent
+		}
+		s.moved = u.doubtOf(after, s.deadline).until
+	}
+	var stray []Delivery
+	for _, d := range u.deliveries {
+		if s := u.match(silences, d.Deadline); s != nil {
+			s.matched[d.Stage] = append(s.matched[d.Stage], d)
+		} else {
+			stray = append(stray, d)
+		}
+	}
+	var out []Verdict
+	windows := map[[2]int64]bool{} // (stage, window) taken by an earlier silence
+	for _, s := range silences {
+		out = append(out, u.stages(s, windows)...)
+	}
+	for _, d := range stray {
+		out = append(out, u.stray(d))
+	}
+	return out
+}
+
+// silences walks the answered signals in the order sent and returns each
+// deadline that passed before the next.
+func (u *user) silences() []*silence {
+	var out []*silence
+	var (
+		active, held bool // a session runs; a turn to us holds its clock
+		deadline     time.Time
+		setBy        *Signal
+	)
+	for i := range u.signals {
+		s := &u.signals[i]
+		if s.Outcome != Answered {
+			continue
+		}
+		if active && !held && s.Sent.After(deadline.Add(-u.cfg.InFlight)) {
+			out = append(out, &silence{deadline: deadline, prev: setBy, next: s, matched: map[int][]Delivery{}})
+			active = false
+		}
+		switch s.Kind {
+		case Ping:
+			if !active || (!held && s.Deadline.After(deadline)) {
+				deadline, setBy = s.Deadline, s
+			}
+			if !active {
+				held = false
+			}
+			active = true
+		case TurnToUser:
+			active, held, deadline, setBy = true, false, s.Deadline, s
+		case TurnToUs:
+			active, held, deadline, setBy = true, s.Deadline.IsZero(), s.Deadline, s
+		case End:
+			active = false
+		}
+	}
+	if active && !held && deadline.Before(u.h.End) {
+		out = append(out, &silence{deadline: deadline, prev: setBy, matched: map[int][]Delivery{}})
+	}
+	return out
+}
+
+// match is the silence whose deadline is nearest to named, within Match.
+func (u *user) match(silences []*silence, named time.Time) *silence {
+	var best *silence
+	var bestGap time.Duration
+	for _, s := range silences {
+		for _, d := range []time.Time{s.deadline, s.moved} {
+			if d.IsZero() {
+				continue
+			}
+			gap := d.Sub(named).Abs()
+			if gap <= u.cfg.Match && (best == nil || gap < bestGap) {
+				best, bestGap = s, gap
+			}
+		}
+	}
+	return best
+}
+
+// doubt is what the unanswered signals say of a stage falling due at
+// due: the latest deadline they would have set, and whether they show a
+// user who kept trying (a refusal, or two or more without an answer)
+// rather than one signal in doubt.
+type doubt struct {
+	until  time.Time // zero: no unanswered signal bears on it
+	kept   bool
+	ending bool // an unanswered End: the conversation may be over
+	count  int
+}
+
+// doubtOf follows the unanswered signals sent after `after` and before
+// due (less InFlight), each extending due to the deadline it would have
+// set, until none more does.
+func (u *user) doubtOf(after, due time.Time) doubt {
+	var d doubt
+	refused := false
+	for _, s := range u.signals {
+		if s.Outcome == Answered || !s.Sent.After(after) {
+			continue
+		}
+		if !s.Sent.Before(due.Add(-u.cfg.InFlight)) {
+			break // sorted by Sent
+		}
+		d.count++
+		refused = refused || s.Outcome == Refused
+		switch {
+		case s.Kind == End:
+			d.ending = true
+		case s.Deadline.IsZero(): // a turn to us without max_ms: held for good
+			d.until = u.h.End.Add(time.Hour)
+		case s.Deadline.After(due):
+			due = s.Deadline
+		}
+		d.until = later(d.until, due)
+	}
+	d.kept = refused || d.count >= 2
+	return d
+}
+
+// stages judges each stage of s. Stage 1 falls due at the deadline (or
+// later, when unanswered signals would have moved it); stage k+1 its
+// delay after stage k, counted from when stage k was detected, which lies
+// between its due time and its first delivery. A stage is due only once
+// the one before it was delivered: the service schedules the next on
+// producing one.
+func (u *user) stages(s *silence, windows map[[2]int64]bool) []Verdict {
+	var out []Verdict
+	judged := map[int]bool{}
+	after := time.Time{}
+	if s.prev != nil {
+		after = s.prev.Sent
+	}
+	base := s.deadline // stage 1's due time, moved by doubt
+	var prevDue, prevFirst time.Time
+	var lastJudged int
+	inDoubt := false // a stage before was indeterminate
+	for stage := 1; stage <= len(u.cfg.Delays)+1; stage++ {
+		got := s.matched[stage]
+		slices.SortStableFunc(got, func(a, b Delivery) int { return a.At.Compare(b.At) })
+		due, latest := base, base
+		if stage > 1 {
+			delay := u.cfg.Delays[stage-2]
+			due, latest = earlier(prevDue, prevFirst).Add(delay), later(prevDue, prevFirst).Add(delay)
+			after = s.deadline
+		}
+		dbt := u.doubtOf(after, due)
+		if !dbt.until.IsZero() {
+			due, latest = later(due, dbt.until), later(latest, dbt.until)
+		}
+		if stage == 1 {
+			base, latest = due, due
+		}
+		v := Verdict{UID: u.uid, Deadline: s.deadline, Stage: stage, Due: due, Delivered: len(got) > 0}
+		v.Bound, v.Faults = u.bound(stage, due, latest, windows)
+		judged[stage] = true
+		cancelled := s.next != nil && s.next.Sent.Before(latest.Add(u.cfg.InFlight))
+		switch {
+		case cancelled && !s.next.Sent.Before(due.Add(-u.cfg.InFlight)):
+			v.Class, v.Why = OK, "raced by a signal sent within the in-flight slack of its due time: either way is right"
+		case cancelled && len(got) == 0:
+			v.Class, v.Why = OK, "the user came back before it fell due"
+		case cancelled && dbt.count > 0:
+			v.Class, v.Why = u.doubtful(dbt, "delivered though the user came back")
+		case cancelled:
+			v.Class, v.Why = False, "delivered though the user came back before it fell due"
+		case inDoubt && len(got) == 0:
+			v.Class, v.Why = Indeterminate, "not delivered, after a stage whose silence was in doubt"
+		default:
+			v.Class, v.Lateness, v.Why = u.judge(stage, got, due, v.Bound, prevFirst, dbt)
+		}
+		inDoubt = inDoubt || v.Class == Indeterminate
+		out = append(out, v)
+		if cancelled || len(got) == 0 {
+			lastJudged = stage
+			break
+		}
+		prevDue, prevFirst = due, got[0].At
+	}
+	// Deliveries of stages that were not due: after the user came back,
+	// or after a stage that was never delivered.
+	for stage, got := range s.matched {
+		if judged[stage] || len(got) == 0 {
+			continue
+		}
+		v := Verdict{UID: u.uid, Deadline: s.deadline, Stage: stage, Due: got[0].At, Bound: got[0].At, Delivered: true,
+			Class: Disordered, Why: "delivered though the stage before it was not"}
+		if s.next != nil && s.next.Sent.Before(got[0].At) && stage > lastJudged {
+			v.Class, v.Why = False, "delivered though the user came back before it fell due"
+		}
+		if stage < 1 || stage > len(u.cfg.Delays)+1 {
+			v.Class, v.Why = False, "a stage the service does not have"
+		}
+		out = append(out, v)
+	}
+	slices.SortStableFunc(out, func(a, b Verdict) int { return cmp.Compare(a.Stage, b.Stage) })
+	return out
+}
+
+// doubtful classifies a stage delivered while unanswered signals said the
+// user may have been there: spam when they kept trying, else
+// indeterminate.
+func (u *user) doubtful(d doubt, what string) (Class, string) {
+	if d.kept {
+		return Spam, what + " while the user kept trying to reach us (refused, or unanswered more than once)"
+	}
+	return Indeterminate, what + " while a signal without an answer may have renewed the session"
+}
+
+// judge classifies a stage that fell due, from its deliveries.
+func (u *user) judge(stage int, got []Delivery, due, bound, prevFirst time.Time, dbt doubt) (Class, time.Duration, string) {
+	if len(got) == 0 {
+		switch {
+		case dbt.ending:
+			return Indeterminate, 0, "not delivered; an End without an answer may have ended the conversation"
+		case bound.After(u.h.End):
+			return Pending, 0, "not delivered yet; its bound is past the history's end"
+		}
+		return Lost, 0, "never delivered"
+	}
+	first := got[0]
+	lateness := first.At.Sub(due)
+	switch {
+	case first.At.Before(due.Add(-u.cfg.InFlight)):
+		if dbt.count > 0 {
+			c, why := u.doubtful(dbt, "delivered before the deadline its unanswered signals would have set")
+			return c, lateness, why
+		}
+		if stage > 1 {
+			return Disordered, lateness, "delivered sooner than its delay after the stage before it"
+		}
+		return False, lateness, "delivered before its deadline, while the user was there"
+	case dbt.ending:
+		return Indeterminate, lateness, "delivered; an End without an answer may have ended the conversation"
+	case duplicated(got):
+		return Duplicated, lateness, "delivered more than once"
+	case stage > 1 && (prevFirst.IsZero() || first.At.Before(prevFirst)):
+		return Disordered, lateness, "delivered before the stage before it"
+	case first.At.After(bound):
+		return Late, lateness, "delivered past its bound"
+	}
+	return OK, lateness, "delivered once, within its bound"
+}
+
+// duplicated: two ids, or one id twice on a sink that shows each.
+func duplicated(got []Delivery) bool {
+	seen := map[[2]string]bool{}
+	for _, d := range got {
+		if d.ID != got[0].ID {
+			return true
+		}
+		k := [2]string{d.Sink, d.ID}
+		if seen[k] && !d.Idempotent {
+			return true
+		}
+		seen[k] = true
+	}
+	return false
+}
+
+// bound is the latest a stage due at due (at the latest at latest) may be
+// delivered: Slack past latest; for one that met a fault (from Slack
+// before its start to the grace after its end), the grace after the later
+// of its due time and the fault's end; under the minute rule, for a
+// second silence of the stage within one window, the window's end.
+func (u *user) bound(stage int, due, latest time.Time, windows map[[2]int64]bool) (time.Time, []string) {
+	b := latest.Add(u.cfg.Slack)
+	var kinds []string
+	for _, f := range u.h.Faults {
+		if due.Before(f.Start.Add(-u.cfg.Slack)) || due.After(f.End.Add(u.cfg.Grace)) {
+			continue
+		}
+		b = later(b, later(latest, f.End).Add(u.cfg.Grace+u.cfg.Slack))
+		if !slices.Contains(kinds, f.Kind) {
+			kinds = append(kinds, f.Kind)
+		}
+	}
+	if w := u.cfg.Window; w > 0 {
+		k := [2]int64{int64(stage), due.UnixNano() / int64(w)}
+		if windows[k] {
+			b = later(b, time.Unix(0, (k[1]+1)*int64(w)).Add(u.cfg.Slack))
+		}
+		windows[k] = true
+	}
+	slices.Sort(kinds)
+	return b, kinds
+}
+
+// stray classifies a delivery that matches no silence: false, unless an
+// unanswered signal may have set the deadline it names.
+func (u *user) stray(d Delivery) Verdict {
+	v := Verdict{UID: u.uid, Deadline: d.Deadline, Stage: d.Stage, Due: d.Deadline, Bound: d.Deadline, Delivered: true,
+		Class: False, Lateness: d.At.Sub(d.Deadline), Why: "delivered for no silence: the user's answered signals had moved its deadline"}
+	for _, s := range u.signals {
+		if s.Outcome == Answered || s.Deadline.IsZero() {
+			continue
+		}
+		gap := s.Deadline.Sub(d.Deadline)
+		if gap <= u.cfg.Match && gap >= -u.cfg.Match {
+			v.Class, v.Why = Indeterminate, "names a deadline a signal without an answer may have set"
+		}
+	}
+	if d.Stage > len(u.cfg.Delays)+1 || d.Stage < 1 {
+		v.Class, v.Why = False, "a stage the service does not have"
+	}
+	return v
+}
+
+func earlier(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}

@@ -1,0 +1,174 @@
+package promise
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The histories below are made by hand: one user, a 10 s TTL, times in
+// seconds from t0.
+var t0 = time.Unix(1_800_000_000, 0)
+
+const ttl = 10 * time.Second
+
+func at(sec float64) time.Time { return t0.Add(time.Duration(sec * float64(time.Second))) }
+
+var cfg = Config{Slack: time.Second, InFlight: 100 * time.Millisecond, Grace: 5 * time.Second, Match: 50 * time.Millisecond, Delays: []time.Duration{5 * time.Second}}
+
+// ping is a ping sent at sec with the outcome o, setting (or, unanswered,
+// would set) a deadline a TTL later.
+func ping(sec float64, o Outcome) Signal {
+	return Signal{UID: "u", Kind: Ping, Sent: at(sec), Outcome: o, Deadline: at(sec).Add(ttl)}
+}
+
+func turn(k Kind, sec float64, deadline float64) Signal {
+	s := Signal{UID: "u", Kind: k, Sent: at(sec), Outcome: Answered}
+	if deadline > 0 {
+		s.Deadline = at(deadline)
+	}
+	return s
+}
+
+// guide is stage's delivery for the silence with deadline dl, seen at sec
+// on the user's phone.
+func guide(id string, stage int, dl, sec float64) Delivery {
+	return Delivery{UID: "u", ID: id, Stage: stage, Deadline: at(dl), At: at(sec), Sink: "phone"}
+}
+
+// classes renders verdicts as "stage:class" in order, for comparison.
+func render(vs []Verdict) string {
+	var parts []string
+	for _, v := range vs {
+		parts = append(parts, fmt.Sprintf("%d:%s", v.Stage, v.Class))
+	}
+	return strings.Join(parts, " ")
+}
+
+func TestCheck(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		cfg     *Config // nil: cfg
+		signals []Signal
+		got     []Delivery
+		faults  []Fault
+		end     float64 // the history's end; 0: 60 s
+		want    string
+	}{
+		// The happy path and its failures.
+		{name: "guided on time, both stages", signals: []Signal{ping(0, Answered)},
+			got: []Delivery{guide("a", 1, 10, 10.2), guide("b", 2, 10, 15.3)}, want: "1:ok 2:ok"},
+		{name: "late", signals: []Signal{ping(0, Answered)},
+			got: []Delivery{guide("a", 1, 10, 12), guide("b", 2, 10, 17.1)}, want: "1:late 2:ok"},
+		{name: "lost: stage 2 is not due after a lost stage 1", signals: []Signal{ping(0, Answered)}, want: "1:lost"},
+		{name: "stage 2 lost", signals: []Signal{ping(0, Answered)}, got: []Delivery{guide("a", 1, 10, 10.2)}, want: "1:ok 2:lost"},
+		{name: "pending: its bound is past the end", signals: []Signal{ping(0, Answered)}, end: 10.5, want: "1:pending"},
+		{name: "no silence before the end", signals: []Signal{ping(0, Answered)}, end: 9, want: ""},
+
+		// Guides to someone present.
+		{name: "false: the deadline it names was renewed", signals: []Signal{ping(0, Answered), ping(5, Answered)},
+			got: []Delivery{guide("a", 1, 10, 10.1)}, end: 14, want: "1:false"},
+		{name: "false: before its deadline", signals: []Signal{ping(0, Answered)},
+			got: []Delivery{guide("a", 1, 10, 8), guide("b", 2, 10, 13.1)}, want: "1:false 2:ok"},
+		{name: "false: a later stage after the user came back", signals: []Signal{ping(0, Answered), ping(12, Answered)},
+			got: []Delivery{guide("a", 1, 10, 10.2), guide("b", 2, 10, 15.2)}, end: 20, want: "1:ok 2:false"},
+		{name: "came back before stage 2: nothing more is due", signals: []Signal{ping(0, Answered), ping(12, Answered)},
+			got: []Delivery{guide("a", 1, 10, 10.2)}, end: 20, want: "1:ok 2:ok"},
+		{name: "false: after the conversation ended", signals: []Signal{ping(0, Answered), turn(End, 5, 0)},
+			got: []Delivery{guide("a", 1, 10, 10.2)}, want: "1:false"},
+		{name: "false: a stage the service does not have", signals: []Signal{ping(0, Answered)},
+			got: []Delivery{guide("a", 1, 10, 10.2), guide("b", 2, 10, 15.2), guide("c", 3, 10, 20.2)}, want: "1:ok 2:ok 3:false"},
+
+		// Doubles and order.
+		{name: "duplicated: two ids", signals: []Signal{ping(0, Answered)},
+			got: []Delivery{guide("a", 1, 10, 10.2), guide("a2", 1, 10, 10.3), guide("b", 2, 10, 15.3)}, want: "1:duplicated 2:ok"},
+		{name: "duplicated: one id twice on a device", signals: []Signal{ping(0, Answered)},
+			got: []Delivery{guide("a", 1, 10, 10.2), guide("a", 1, 10, 10.3), guide("b", 2, 10, 15.3)}, want: "1:duplicated 2:ok"},
+		{name: "one id on each of two devices is one guide", signals: []Signal{ping(0, Answered)},
+			got:  []Delivery{guide("a", 1, 10, 10.2), {UID: "u", ID: "a", Stage: 1, Deadline: at(10), At: at(10.2), Sink: "laptop"}, guide("b", 2, 10, 15.3)},
+			want: "1:ok 2:ok"},
+		{name: "an idempotent webhook may see an id again", signals: []Signal{ping(0, Answered)},
+			got: []Delivery{
+				{UID: "u", ID: "a", Stage: 1, Deadline: at(10), At: at(10.2), Sink: "hook", Idempotent: true},
+				{UID: "u", ID: "a", Stage: 1, Deadline: at(10), At: at(10.4), Sink: "hook", Idempotent: true},
+				guide("b", 2, 10, 15.3)},
+			want: "1:ok 2:ok"},
+		{name: "disordered: the close before its reminder", signals: []Signal{ping(0, Answered)},
+			got: []Delivery{guide("a", 1, 10, 16), guide("b", 2, 10, 15.5)}, want: "1:late 2:disordered"},
+		{name: "disordered: sooner than its delay", signals: []Signal{ping(0, Answered)},
+			got: []Delivery{guide("a", 1, 10, 10.2), guide("b", 2, 10, 12)}, want: "1:ok 2:disordered"},
+		{name: "disordered: a close without its reminder", signals: []Signal{ping(0, Answered)},
+			got: []Delivery{guide("b", 2, 10, 15.2)}, want: "1:lost 2:disordered"},
+
+		// Signals whose outcome is unknown.
+		{name: "indeterminate: an unanswered ping may have renewed", signals: []Signal{ping(0, Answered), ping(5, NoAnswer)},
+			got: []Delivery{guide("a", 1, 10, 10.2)}, want: "1:indeterminate 2:indeterminate"},
+		{name: "the guide the unanswered ping's deadline calls for is on time", signals: []Signal{ping(0, Answered), ping(5, NoAnswer)},
+			got: []Delivery{guide("a", 1, 15, 15.2), guide("b", 2, 15, 20.3)}, want: "1:ok 2:ok"},
+		{name: "lost either way: silent after the unanswered ping too", signals: []Signal{ping(0, Answered), ping(5, NoAnswer)},
+			want: "1:lost"},
+		{name: "indeterminate: an unanswered end", signals: []Signal{ping(0, Answered), {UID: "u", Kind: End, Sent: at(5), Outcome: NoAnswer}},
+			want: "1:indeterminate"},
+
+		// A silence we caused is not a silence.
+		{name: "spam: guided while the user's pings were refused", signals: []Signal{ping(0, Answered), ping(4, Refused), ping(8, Refused), ping(12, Refused), ping(16, Refused), ping(20, Answered)},
+			faults: []Fault{{"redis-down", at(3), at(17)}}, got: []Delivery{guide("a", 1, 10, 10.2)}, end: 28, want: "1:spam"},
+		{name: "spam: guided while the user's pings went unanswered, twice", signals: []Signal{ping(0, Answered), ping(4, NoAnswer), ping(8, NoAnswer), ping(12, Answered)},
+			faults: []Fault{{"cut", at(3), at(11)}}, got: []Delivery{guide("a", 1, 10, 10.2)}, end: 20, want: "1:spam"},
+		{name: "not guided while the user's pings were refused", signals: []Signal{ping(0, Answered), ping(4, Refused), ping(8, Refused), ping(12, Refused), ping(16, Refused), ping(20, Answered)},
+			faults: []Fault{{"redis-down", at(3), at(17)}}, end: 28, want: "1:ok"},
+		{name: "guided after the refused pings' deadline: they left", signals: []Signal{ping(0, Answered), ping(4, Refused), ping(8, Refused)},
+			faults: []Fault{{"redis-down", at(3), at(9)}}, got: []Delivery{guide("a", 1, 10, 18.3), guide("b", 2, 10, 23.5)}, want: "1:ok 2:ok"},
+		{name: "lost after the refused pings: they left", signals: []Signal{ping(0, Answered), ping(4, Refused), ping(8, Refused)},
+			faults: []Fault{{"redis-down", at(3), at(9)}}, want: "1:lost"},
+
+		// Bounds.
+		{name: "a fault gives its grace", signals: []Signal{ping(0, Answered)}, faults: []Fault{{"redis-pause", at(8), at(20)}},
+			got: []Delivery{guide("a", 1, 10, 25.5), guide("b", 2, 10, 30.6)}, want: "1:ok 2:ok"},
+		{name: "no fault, no grace", signals: []Signal{ping(0, Answered)},
+			got: []Delivery{guide("a", 1, 10, 25.5), guide("b", 2, 10, 30.6)}, want: "1:late 2:ok"},
+		{name: "past the grace", signals: []Signal{ping(0, Answered)}, faults: []Fault{{"redis-pause", at(8), at(20)}},
+			got: []Delivery{guide("a", 1, 10, 26.5), guide("b", 2, 10, 31.6)}, want: "1:late 2:ok"},
+		{name: "minute rule: the second silence in a window waits for its end", cfg: &Config{Slack: time.Second, InFlight: 100 * time.Millisecond, Match: 50 * time.Millisecond, Window: time.Minute},
+			signals: []Signal{ping(0, Answered), ping(20, Answered)}, got: []Delivery{guide("a", 1, 10, 10.2), guide("b", 1, 30, 60.5)}, end: 70, want: "1:ok 1:ok"},
+		{name: "no minute rule: the same is late", cfg: &Config{Slack: time.Second, InFlight: 100 * time.Millisecond, Match: 50 * time.Millisecond},
+			signals: []Signal{ping(0, Answered), ping(20, Answered)}, got: []Delivery{guide("a", 1, 10, 10.2), guide("b", 1, 30, 60.5)}, end: 70, want: "1:ok 1:late"},
+
+		// Races with the deadline.
+		{name: "a ping within the in-flight slack: guided is right", signals: []Signal{ping(0, Answered), ping(9.95, Answered)},
+			got: []Delivery{guide("a", 1, 10, 10.05)}, end: 15, want: "1:ok"},
+		{name: "a ping within the in-flight slack: not guided is right", signals: []Signal{ping(0, Answered), ping(9.95, Answered)},
+			end: 15, want: "1:ok"},
+		{name: "came back after the deadline: the guide was right", signals: []Signal{ping(0, Answered), ping(11, Answered)},
+			got: []Delivery{guide("a", 1, 10, 10.2)}, end: 20, want: "1:ok 2:ok"},
+
+		// Turns.
+		{name: "a turn to us holds the clock", signals: []Signal{ping(0, Answered), turn(TurnToUs, 5, 0)}, want: ""},
+		{name: "false: guided while the user waited for us", signals: []Signal{ping(0, Answered), turn(TurnToUs, 5, 0)},
+			got: []Delivery{guide("a", 1, 10, 10.2)}, want: "1:false"},
+		{name: "a turn to us with max_ms runs out", signals: []Signal{ping(0, Answered), turn(TurnToUs, 5, 45)},
+			got: []Delivery{guide("a", 1, 45, 45.2), guide("b", 2, 45, 50.3)}, want: "1:ok 2:ok"},
+		{name: "pings do not end a turn to us", signals: []Signal{ping(0, Answered), turn(TurnToUs, 5, 0), ping(20, Answered)}, want: ""},
+		{name: "a turn to the user restarts the clock, shorter too", signals: []Signal{{UID: "u", Kind: Ping, Sent: at(0), Outcome: Answered, Deadline: at(30)}, turn(TurnToUser, 3, 13)},
+			got: []Delivery{guide("a", 1, 13, 13.2), guide("b", 2, 13, 18.3)}, want: "1:ok 2:ok"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := cfg
+			if tc.cfg != nil {
+				c = *tc.cfg
+			}
+			end := at(60)
+			if tc.end != 0 {
+				end = at(tc.end)
+			}
+			vs := Check(c, History{Signals: tc.signals, Deliveries: tc.got, Faults: tc.faults, End: end})
+			if got := render(vs); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+				for _, v := range vs {
+					t.Logf("stage %d: %s: %s (due %v, bound %v)", v.Stage, v.Class, v.Why, v.Due.Sub(t0), v.Bound.Sub(t0))
+				}
+			}
+		})
+	}
+}
