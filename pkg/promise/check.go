@@ -365,22 +365,30 @@ func duplicated(got []Delivery) bool {
 }
 
 // bound is the latest a stage due at due (at the latest at latest) may be
-// delivered: Slack past latest; for one that met a fault (from Slack
-// before its start to the grace after its end), the grace after the later
-// of its due time and the fault's end; under the minute rule, for a
-// second silence of the stage within one window, the window's end.
+// delivered: Slack past latest; for one that met a fault (it fell due
+// before the fault's grace ran out, and its bound had not passed when the
+// fault began), the grace after the later of the two, again until no
+// fault moves it; under the minute rule, for a second silence of the
+// stage within one window, the window's end.
 func (u *user) bound(stage int, due, latest time.Time, windows map[[2]int64]bool) (time.Time, []string) {
-	b := latest.Add(u.cfg.Slack)
+	b := latest
 	var kinds []string
-	for _, f := range u.h.Faults {
-		if due.Before(f.Start.Add(-u.cfg.Slack)) || due.After(f.End.Add(u.cfg.Grace)) {
-			continue
-		}
-		b = later(b, later(latest, f.End).Add(u.cfg.Grace+u.cfg.Slack))
-		if !slices.Contains(kinds, f.Kind) {
-			kinds = append(kinds, f.Kind)
+	for moved := true; moved; {
+		moved = false
+		for _, f := range u.h.Faults {
+			grace := cmp.Or(f.Grace, u.cfg.Grace)
+			if f.Start.After(b.Add(u.cfg.Slack)) || due.After(f.End.Add(grace)) {
+				continue
+			}
+			if !slices.Contains(kinds, f.Kind) {
+				kinds = append(kinds, f.Kind)
+			}
+			if nb := later(latest, f.End).Add(grace); nb.After(b) {
+				b, moved = nb, true
+			}
 		}
 	}
+	b = b.Add(u.cfg.Slack)
 	if w := u.cfg.Window; w > 0 {
 		k := [2]int64{int64(stage), due.UnixNano() / int64(w)}
 		if windows[k] {

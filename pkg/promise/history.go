@@ -92,10 +92,12 @@ type Delivery struct {
 }
 
 // Fault is one fault window of the run, by its kind ("redis-pause",
-// "cut gateway-redis", ...).
+// "cut gateway-redis", ...). Grace is how long past its end the stages it
+// met may wait more; zero: Config.Grace.
 type Fault struct {
 	Kind       string
 	Start, End time.Time
+	Grace      time.Duration
 }
 
 // History is what a run recorded. End is when it stopped recording: a
