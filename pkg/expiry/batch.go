@@ -335,7 +335,11 @@ func (l *Listener) spoolEvents(b *batch) {
 // count this one's failure: one pipeline), and then the settled entries are settled
 // (Store.Settle). It returns emit's count.
 func (l *Listener) record(ctx context.Context, b *batch) (int, error) {
-	var produced, spooled, unsent, elsewhere, settled []session.Expired
+	// In a storm a batch is thousands: the two that take most of it
+	// are sized once.
+	produced := make([]session.Expired, 0, len(b.items))
+	settled := make([]session.Expired, 0, len(b.items))
+	var spooled, unsent, elsewhere []session.Expired
 	for _, it := range b.items {
 		e := it.Expired
 		switch it.verdict.reason {

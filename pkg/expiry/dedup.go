@@ -37,7 +37,7 @@ func (l *Listener) claimTTL() time.Duration { return max(30*time.Second, 3*l.cfg
 func (l *Listener) dedupe(ctx context.Context, found []session.Expired) ([]claimed, error) {
 	got, errs := l.store.ClaimTimeouts(ctx, found, l.claim, l.claimTTL())
 	replies := make([]claimed, len(found))
-	var taken []session.Expired
+	taken := make([]session.Expired, 0, len(found))
 	var firstErr error
 	for i, reply := range got {
 		if err := errs[i]; err != nil {

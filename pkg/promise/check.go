@@ -260,16 +260,28 @@ func (u *user) stages(s *silence, windows map[[2]int64]bool) []Verdict {
 		v := Verdict{UID: u.uid, Deadline: s.deadline, Stage: stage, Due: due, Delivered: len(got) > 0}
 		v.Bound, v.Faults = u.bound(stage, due, latest, windows)
 		judged[stage] = true
-		cancelled := s.next != nil && s.next.Sent.Before(latest.Add(u.cfg.InFlight))
+		// The user's next answered signal, if any, decides whether the
+		// stage was due: back before it could fall due, it was not;
+		// back while it fell due, either way is right; back after, it
+		// was, and a guide delivered after the user was known back is
+		// one to someone present.
+		inFlight := u.cfg.InFlight
+		before := s.next != nil && s.next.Sent.Before(due.Add(-inFlight))
+		raced := s.next != nil && !before && s.next.Sent.Before(latest.Add(inFlight))
+		stale := s.next != nil && !before && !raced && len(got) > 0 && got[0].At.After(s.next.known().Add(inFlight))
 		switch {
-		case cancelled && !s.next.Sent.Before(due.Add(-u.cfg.InFlight)):
+		case raced:
 			v.Class, v.Why = OK, "raced by a signal sent within the in-flight slack of its due time: either way is right"
-		case cancelled && len(got) == 0:
+		case before && len(got) == 0:
 			v.Class, v.Why = OK, "the user came back before it fell due"
-		case cancelled && dbt.count > 0:
+		case (before || stale) && dbt.count > 0:
 			v.Class, v.Why = u.doubtful(dbt, "delivered though the user came back")
-		case cancelled:
+		case before:
 			v.Class, v.Why = False, "delivered though the user came back before it fell due"
+		case stale:
+			v.Class, v.Lateness, v.Why = False, got[0].At.Sub(due), "delivered after the user came back"
+		case s.next != nil && len(got) == 0 && !s.next.Sent.After(v.Bound):
+			v.Class, v.Why = OK, "the user came back before its bound: not delivered is right"
 		case inDoubt && len(got) == 0:
 			v.Class, v.Why = Indeterminate, "not delivered, after a stage whose silence was in doubt"
 		default:
@@ -277,7 +289,7 @@ func (u *user) stages(s *silence, windows map[[2]int64]bool) []Verdict {
 		}
 		inDoubt = inDoubt || v.Class == Indeterminate
 		out = append(out, v)
-		if cancelled || len(got) == 0 {
+		if before || raced || len(got) == 0 {
 			lastJudged = stage
 			break
 		}

@@ -153,6 +153,15 @@ func TestCheck(t *testing.T) {
 		{name: "came back after the deadline: the guide was right", signals: []Signal{ping(0, Answered), ping(11, Answered)},
 			got: []Delivery{guide("a", 1, 10, 10.2)}, end: 20, want: "1:ok 2:ok"},
 
+		{name: "false: delivered after the user came back", signals: []Signal{ping(0, Answered), ping(10.5, Answered)},
+			got: []Delivery{guide("a", 1, 10, 10.8)}, end: 20, want: "1:false 2:ok"},
+		{name: "came back before the guide: not delivered is right", signals: []Signal{ping(0, Answered), ping(10.5, Answered)},
+			end: 20, want: "1:ok"},
+		{name: "came back past the bound, never guided: lost", signals: []Signal{ping(0, Answered), ping(13, Answered)},
+			end: 20, want: "1:lost"},
+		{name: "a guide on its way as the user comes back is right", signals: []Signal{ping(0, Answered), ping(10.5, Answered)},
+			got: []Delivery{guide("a", 1, 10, 10.55)}, end: 20, want: "1:ok 2:ok"},
+
 		// Turns.
 		{name: "a turn to us holds the clock", signals: []Signal{ping(0, Answered), turn(TurnToUs, 5, 0)}, want: ""},
 		{name: "false: guided while the user waited for us", signals: []Signal{ping(0, Answered), turn(TurnToUs, 5, 0)},

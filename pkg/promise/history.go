@@ -73,6 +73,19 @@ type Signal struct {
 	// for one without an answer, the one it would have earned. Zero for
 	// a TurnToUs without max_ms (it holds the clock) and for an End.
 	Deadline time.Time
+	// Answered is when its answer came (answered signals); zero:
+	// unknown, taken as Sent. A guide delivered after it (and the
+	// in-flight slack) went to a user known to be back.
+	Answered time.Time
+}
+
+// known is when the service's answer told the sender the signal had
+// landed.
+func (s *Signal) known() time.Time {
+	if s.Answered.IsZero() {
+		return s.Sent
+	}
+	return s.Answered
 }
 
 // Delivery is one guide, notify or close that a sink saw.

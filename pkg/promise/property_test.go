@@ -29,13 +29,17 @@ func perfect(r *rand.Rand) (History, int) {
 			// A silence: the deadline passed well before the next ping.
 			if d := s.Deadline; next.After(d.Add(cfg.InFlight)) && d.Before(end) {
 				g := d.Add(time.Duration(r.IntN(900)) * time.Millisecond)
+				// Back well after the guide (a guide after a return
+				// is one to someone present), so that a guide dropped
+				// or delayed by the mutations below is missed.
+				next = later(next, g.Add(3*time.Second))
 				h.Deliveries = append(h.Deliveries, Delivery{UID: uid, ID: uid + d.String(), Stage: 1, Deadline: d, At: g, Sink: "phone"})
 				stages++
 				g2 := g.Add(cfg.Delays[0]).Add(time.Duration(r.IntN(900)) * time.Millisecond)
 				// Back before stage 2 could fall due, or well after it
 				// came: a return while it falls due may go either way.
 				if !next.Before(d.Add(cfg.Delays[0] - 200*time.Millisecond)) {
-					next = later(next, g2.Add(time.Second))
+					next = later(next, g2.Add(3*time.Second))
 					if g2.Before(end) {
 						h.Deliveries = append(h.Deliveries, Delivery{UID: uid, ID: uid + d.String() + "/2", Stage: 2, Deadline: d, At: g2, Sink: "phone"})
 						stages++
