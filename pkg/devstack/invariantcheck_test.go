@@ -159,6 +159,7 @@ func (r *invRun) check() {
 		c.checkUser(u)
 	}
 	c.logSummary()
+	r.checkPromise()
 	if len(c.violations) > 0 {
 		const show = 25
 		t.Errorf("seed %d: %d violations; the first:\n  %s", r.seed, len(c.violations),

@@ -268,7 +268,7 @@ func (u *user) stages(s *silence, windows map[[2]int64]bool) []Verdict {
 		inFlight := u.cfg.InFlight
 		before := s.next != nil && s.next.Sent.Before(due.Add(-inFlight))
 		raced := s.next != nil && !before && s.next.Sent.Before(latest.Add(inFlight))
-		stale := s.next != nil && !before && !raced && len(got) > 0 && got[0].At.After(s.next.known().Add(inFlight))
+		stale := s.next != nil && !before && !raced && len(got) > 0 && got[0].tried().After(s.next.known().Add(cmp.Or(u.cfg.Stale, inFlight)))
 		switch {
 		case raced:
 			v.Class, v.Why = OK, "raced by a signal sent within the in-flight slack of its due time: either way is right"
@@ -360,6 +360,14 @@ func (u *user) judge(stage int, got []Delivery, due, bound, prevFirst time.Time,
 	return OK, lateness, "delivered once, within its bound"
 }
 
+// tried is when the sender first tried d.
+func (d Delivery) tried() time.Time {
+	if d.Sent.IsZero() {
+		return d.At
+	}
+	return d.Sent
+}
+
 // duplicated: two ids, or one id twice on a sink that shows each.
 func duplicated(got []Delivery) bool {
 	seen := map[[2]string]bool{}
@@ -377,39 +385,39 @@ func duplicated(got []Delivery) bool {
 }
 
 // bound is the latest a stage due at due (at the latest at latest) may be
-// delivered: Slack past latest; for one that met a fault (it fell due
-// before the fault's grace ran out, and its bound had not passed when the
-// fault began), the grace after the later of the two, again until no
-// fault moves it; under the minute rule, for a second silence of the
-// stage within one window, the window's end.
+// delivered. Under the minute rule a second silence of the stage within
+// one window may wait for the window's end. From then, a fault it met (it
+// fell due before the fault's grace ran out, and its bound had not passed
+// when the fault began) moves it to the grace after the later of the two,
+// again until no fault moves it; then Slack.
 func (u *user) bound(stage int, due, latest time.Time, windows map[[2]int64]bool) (time.Time, []string) {
-	b := latest
+	start := latest
+	if w := u.cfg.Window; w > 0 {
+		k := [2]int64{int64(stage), due.UnixNano() / int64(w)}
+		if windows[k] {
+			start = later(start, time.Unix(0, (k[1]+1)*int64(w)))
+		}
+		windows[k] = true
+	}
+	b := start
 	var kinds []string
 	for moved := true; moved; {
 		moved = false
 		for _, f := range u.h.Faults {
 			grace := cmp.Or(f.Grace, u.cfg.Grace)
-			if f.Start.After(b.Add(u.cfg.Slack)) || due.After(f.End.Add(grace)) {
+			if f.Start.After(b.Add(u.cfg.Slack)) || start.After(f.End.Add(grace)) {
 				continue
 			}
 			if !slices.Contains(kinds, f.Kind) {
 				kinds = append(kinds, f.Kind)
 			}
-			if nb := later(latest, f.End).Add(grace); nb.After(b) {
+			if nb := later(start, f.End).Add(grace); nb.After(b) {
 				b, moved = nb, true
 			}
 		}
 	}
-	b = b.Add(u.cfg.Slack)
-	if w := u.cfg.Window; w > 0 {
-		k := [2]int64{int64(stage), due.UnixNano() / int64(w)}
-		if windows[k] {
-			b = later(b, time.Unix(0, (k[1]+1)*int64(w)).Add(u.cfg.Slack))
-		}
-		windows[k] = true
-	}
 	slices.Sort(kinds)
-	return b, kinds
+	return b.Add(u.cfg.Slack), kinds
 }
 
 // stray classifies a delivery that matches no silence: false, unless an

@@ -142,6 +142,9 @@ func TestCheck(t *testing.T) {
 			got: []Delivery{guide("a", 1, 10, 26.5), guide("b", 2, 10, 31.6)}, want: "1:late 2:ok"},
 		{name: "minute rule: the second silence in a window waits for its end", cfg: &Config{Slack: time.Second, InFlight: 100 * time.Millisecond, Match: 50 * time.Millisecond, Window: time.Minute},
 			signals: []Signal{ping(0, Answered), ping(20, Answered)}, got: []Delivery{guide("a", 1, 10, 10.2), guide("b", 1, 30, 60.5)}, end: 70, want: "1:ok 1:ok"},
+		{name: "minute rule: a fault after the window's end moves it on", cfg: &Config{Slack: time.Second, InFlight: 100 * time.Millisecond, Match: 50 * time.Millisecond, Window: time.Minute, Grace: 5 * time.Second},
+			signals: []Signal{ping(0, Answered), ping(20, Answered)}, faults: []Fault{{"downstream", at(59), at(68), 1500 * time.Millisecond}},
+			got: []Delivery{guide("a", 1, 10, 10.2), guide("b", 1, 30, 70)}, end: 80, want: "1:ok 1:ok"},
 		{name: "no minute rule: the same is late", cfg: &Config{Slack: time.Second, InFlight: 100 * time.Millisecond, Match: 50 * time.Millisecond},
 			signals: []Signal{ping(0, Answered), ping(20, Answered)}, got: []Delivery{guide("a", 1, 10, 10.2), guide("b", 1, 30, 60.5)}, end: 70, want: "1:ok 1:late"},
 
@@ -155,6 +158,8 @@ func TestCheck(t *testing.T) {
 
 		{name: "false: delivered after the user came back", signals: []Signal{ping(0, Answered), ping(10.5, Answered)},
 			got: []Delivery{guide("a", 1, 10, 10.8)}, end: 20, want: "1:false 2:ok"},
+		{name: "a guide first tried before the user came back is no mistake", signals: []Signal{ping(0, Answered), ping(10.5, Answered)},
+			got: []Delivery{{UID: "u", ID: "a", Stage: 1, Deadline: at(10), Sent: at(10.2), At: at(10.8), Sink: "hook", Idempotent: true}}, end: 20, want: "1:ok 2:ok"},
 		{name: "came back before the guide: not delivered is right", signals: []Signal{ping(0, Answered), ping(10.5, Answered)},
 			end: 20, want: "1:ok"},
 		{name: "came back past the bound, never guided: lost", signals: []Signal{ping(0, Answered), ping(13, Answered)},

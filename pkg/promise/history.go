@@ -97,6 +97,10 @@ type Delivery struct {
 	Stage    int
 	Deadline time.Time
 	At       time.Time
+	// Sent is when the sender first tried it (a webhook that failed
+	// takes a later try); zero: At. A guide first tried before its user
+	// was known back was no mistake, however late it arrived.
+	Sent time.Time
 	// Sink is the device or webhook that saw it. Idempotent sinks (a
 	// webhook that collapses repeats by their Idempotency-Key) may see
 	// an id again without the user seeing it twice.
@@ -131,6 +135,10 @@ type Config struct {
 	// land on either side of it: a silence it races is judged neither
 	// way.
 	InFlight time.Duration
+	// Stale is how long after its user was known back a guide already on
+	// its way (its session checked just before the return landed) may
+	// still arrive; zero: InFlight.
+	Stale time.Duration
 	// Grace is how long past a blind interval (a fault) the silences that
 	// met it may wait more.
 	Grace time.Duration
