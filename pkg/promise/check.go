@@ -119,8 +119,22 @@ func (u *user) check() []Verdict {
 	for _, s := range silences {
 		out = append(out, u.stages(s, windows)...)
 	}
+	// A stray guide seen on several sinks, or repeated, is one verdict:
+	// the deliveries of one stage naming one deadline (within Match).
+	var groups [][]Delivery
 	for _, d := range stray {
-		out = append(out, u.stray(d))
+		i := slices.IndexFunc(groups, func(g []Delivery) bool {
+			return g[0].Stage == d.Stage && g[0].Deadline.Sub(d.Deadline).Abs() <= u.cfg.Match
+		})
+		if i < 0 {
+			groups = append(groups, []Delivery{d})
+		} else {
+			groups[i] = append(groups[i], d)
+		}
+	}
+	for _, g := range groups {
+		slices.SortStableFunc(g, func(a, b Delivery) int { return a.At.Compare(b.At) })
+		out = append(out, u.stray(g[0]))
 	}
 	return out
 }
@@ -186,21 +200,28 @@ func (u *user) match(silences []*silence, named time.Time) *silence {
 
 // doubt is what the unanswered signals say of a stage falling due at
 // due: the latest deadline they would have set, and whether they show a
-// user who kept trying (a refusal, or two or more without an answer)
-// rather than one signal in doubt.
+// user who kept trying (a refusal, or two or more tries without an
+// answer) rather than one try in doubt.
 type doubt struct {
-	until  time.Time // zero: no unanswered signal bears on it
-	kept   bool
-	ending bool // an unanswered End: the conversation may be over
+	until time.Time // zero: no unanswered signal bears on it
+	kept  bool
+	// ending: an unanswered End (the conversation may be over), or an
+	// unanswered turn that would have set an earlier deadline (the
+	// silence may have been that one, not this).
+	ending bool
 	count  int
 }
 
 // doubtOf follows the unanswered signals sent after `after` and before
 // due (less InFlight), each extending due to the deadline it would have
-// set, until none more does.
+// set, until none more does. Signals sent within InFlight of each other
+// are one try: two devices cut by one gateway's fault did not keep
+// trying.
 func (u *user) doubtOf(after, due time.Time) doubt {
 	var d doubt
 	refused := false
+	tries := 0
+	var lastTry time.Time
 	for _, s := range u.signals {
 		if s.Outcome == Answered || !s.Sent.After(after) {
 			continue
@@ -209,6 +230,9 @@ func (u *user) doubtOf(after, due time.Time) doubt {
 			break // sorted by Sent
 		}
 		d.count++
+		if tries == 0 || s.Sent.Sub(lastTry) > u.cfg.InFlight {
+			tries, lastTry = tries+1, s.Sent
+		}
 		refused = refused || s.Outcome == Refused
 		switch {
 		case s.Kind == End:
@@ -217,10 +241,12 @@ func (u *user) doubtOf(after, due time.Time) doubt {
 			d.until = u.h.End.Add(time.Hour)
 		case s.Deadline.After(due):
 			due = s.Deadline
+		case s.Kind != Ping && s.Deadline.Before(due.Add(-u.cfg.Match)):
+			d.ending = true // a turn replaces the deadline, shorter too
 		}
 		d.until = later(d.until, due)
 	}
-	d.kept = refused || d.count >= 2
+	d.kept = refused || tries >= 2
 	return d
 }
 
@@ -250,6 +276,7 @@ func (u *user) stages(s *silence, windows map[[2]int64]bool) []Verdict {
 			due, latest = earlier(prevDue, prevFirst).Add(delay), later(prevDue, prevFirst).Add(delay)
 			after = s.deadline
 		}
+		clear, clearLatest := due, latest // the stage as if no unanswered signal landed
 		dbt := u.doubtOf(after, due)
 		if !dbt.until.IsZero() {
 			due, latest = later(due, dbt.until), later(latest, dbt.until)
@@ -263,29 +290,38 @@ func (u *user) stages(s *silence, windows map[[2]int64]bool) []Verdict {
 		// The user's next answered signal, if any, decides whether the
 		// stage was due: back before it could fall due, it was not;
 		// back while it fell due, either way is right; back after, it
-		// was, and a guide delivered after the user was known back is
-		// one to someone present.
+		// was. Whichever, a guide first tried after the user was known
+		// back is one to someone present, and two guides are two.
 		inFlight := u.cfg.InFlight
 		before := s.next != nil && s.next.Sent.Before(due.Add(-inFlight))
 		raced := s.next != nil && !before && s.next.Sent.Before(latest.Add(inFlight))
-		stale := s.next != nil && !before && !raced && len(got) > 0 && got[0].tried().After(s.next.known().Add(cmp.Or(u.cfg.Stale, inFlight)))
+		stale := s.next != nil && len(got) > 0 && got[0].tried().After(s.next.known().Add(cmp.Or(u.cfg.Stale, inFlight)))
 		switch {
-		case raced:
-			v.Class, v.Why = OK, "raced by a signal sent within the in-flight slack of its due time: either way is right"
+		case stale:
+			v.Class, v.Lateness, v.Why = False, got[0].At.Sub(due), "delivered after the user came back"
+		case before && len(got) == 0 && dbt.count > 0 && s.next.Sent.After(u.clearBound(stage, clear, clearLatest)):
+			v.Class, v.Why = Indeterminate, "not delivered; the user came back before it fell due if a signal without an answer landed, past its bound if none did"
 		case before && len(got) == 0:
 			v.Class, v.Why = OK, "the user came back before it fell due"
-		case (before || stale) && dbt.count > 0:
+		case (raced || dbt.count > 0) && duplicated(got):
+			v.Class, v.Lateness, v.Why = Duplicated, got[0].At.Sub(due), "delivered more than once, whichever way its doubt goes"
+		case raced:
+			v.Class, v.Why = OK, "raced by a signal sent within the in-flight slack of its due time: either way is right"
+		case before && dbt.count > 0:
 			v.Class, v.Why = u.doubtful(dbt, "delivered though the user came back")
 		case before:
 			v.Class, v.Why = False, "delivered though the user came back before it fell due"
-		case stale:
-			v.Class, v.Lateness, v.Why = False, got[0].At.Sub(due), "delivered after the user came back"
 		case s.next != nil && len(got) == 0 && !s.next.Sent.After(v.Bound):
 			v.Class, v.Why = OK, "the user came back before its bound: not delivered is right"
 		case inDoubt && len(got) == 0:
 			v.Class, v.Why = Indeterminate, "not delivered, after a stage whose silence was in doubt"
 		default:
 			v.Class, v.Lateness, v.Why = u.judge(stage, got, due, v.Bound, prevFirst, dbt)
+		}
+		// The minute rule defers a later silence only behind a guide that
+		// may have gone out: not behind a stage rightly left undelivered.
+		if u.cfg.Window > 0 && !(v.Class == OK && len(got) == 0) {
+			windows[u.windowKey(stage, due)] = true
 		}
 		inDoubt = inDoubt || v.Class == Indeterminate
 		out = append(out, v)
@@ -330,7 +366,7 @@ func (u *user) judge(stage int, got []Delivery, due, bound, prevFirst time.Time,
 	if len(got) == 0 {
 		switch {
 		case dbt.ending:
-			return Indeterminate, 0, "not delivered; an End without an answer may have ended the conversation"
+			return Indeterminate, 0, "not delivered; an End or a turn without an answer may have ended the conversation or moved its deadline"
 		case bound.After(u.h.End):
 			return Pending, 0, "not delivered yet; its bound is past the history's end"
 		}
@@ -349,11 +385,20 @@ func (u *user) judge(stage int, got []Delivery, due, bound, prevFirst time.Time,
 		}
 		return False, lateness, "delivered before its deadline, while the user was there"
 	case dbt.ending:
-		return Indeterminate, lateness, "delivered; an End without an answer may have ended the conversation"
+		return Indeterminate, lateness, "delivered; an End or a turn without an answer may have ended the conversation or moved its deadline"
 	case duplicated(got):
 		return Duplicated, lateness, "delivered more than once"
 	case stage > 1 && (prevFirst.IsZero() || first.At.Before(prevFirst)):
 		return Disordered, lateness, "delivered before the stage before it"
+	}
+	// Signals without an answer sent after it fell due and before the
+	// guide was tried (a return through a fault): if they would have kept
+	// the user until past the guide, it went to someone who was there.
+	if back := u.doubtOf(due, first.tried()); back.until.After(first.tried()) {
+		c, why := u.doubtful(back, "first tried after the user came back")
+		return c, lateness, why
+	}
+	switch {
 	case first.At.After(bound):
 		return Late, lateness, "delivered past its bound"
 	}
@@ -392,12 +437,8 @@ func duplicated(got []Delivery) bool {
 // again until no fault moves it; then Slack.
 func (u *user) bound(stage int, due, latest time.Time, windows map[[2]int64]bool) (time.Time, []string) {
 	start := latest
-	if w := u.cfg.Window; w > 0 {
-		k := [2]int64{int64(stage), due.UnixNano() / int64(w)}
-		if windows[k] {
-			start = later(start, time.Unix(0, (k[1]+1)*int64(w)))
-		}
-		windows[k] = true
+	if k := u.windowKey(stage, due); u.cfg.Window > 0 && windows[k] {
+		start = later(start, time.Unix(0, (k[1]+1)*int64(u.cfg.Window)))
 	}
 	b := start
 	var kinds []string
@@ -420,8 +461,24 @@ func (u *user) bound(stage int, due, latest time.Time, windows map[[2]int64]bool
 	return b.Add(u.cfg.Slack), kinds
 }
 
-// stray classifies a delivery that matches no silence: false, unless an
-// unanswered signal may have set the deadline it names.
+// windowKey is the minute rule's window of a stage due at due.
+func (u *user) windowKey(stage int, due time.Time) [2]int64 {
+	if u.cfg.Window <= 0 {
+		return [2]int64{int64(stage), 0}
+	}
+	return [2]int64{int64(stage), due.UnixNano() / int64(u.cfg.Window)}
+}
+
+// clearBound is the bound of a stage due at due (at the latest at
+// latest) had no unanswered signal landed, without the minute rule.
+func (u *user) clearBound(stage int, due, latest time.Time) time.Time {
+	b, _ := u.bound(stage, due, latest, nil)
+	return b
+}
+
+// stray classifies a delivery that matches no silence (the first of its
+// group): false, unless an unanswered signal may have set the deadline it
+// names.
 func (u *user) stray(d Delivery) Verdict {
 	v := Verdict{UID: u.uid, Deadline: d.Deadline, Stage: d.Stage, Due: d.Deadline, Bound: d.Deadline, Delivered: true,
 		Class: False, Lateness: d.At.Sub(d.Deadline), Why: "delivered for no silence: the user's answered signals had moved its deadline"}
