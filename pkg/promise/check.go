@@ -153,7 +153,9 @@ func (u *user) silences() []*silence {
 		if s.Outcome != Answered {
 			continue
 		}
-		if active && !held && s.Sent.After(deadline.Add(-u.cfg.InFlight)) {
+		// It landed between its send and its answer: a silence, when it
+		// may have landed after the deadline.
+		if active && !held && s.known().After(deadline.Add(-u.cfg.InFlight)) {
 			out = append(out, &silence{deadline: deadline, prev: setBy, next: s, matched: map[int][]Delivery{}})
 			active = false
 		}
@@ -293,7 +295,7 @@ func (u *user) stages(s *silence, windows map[[2]int64]bool) []Verdict {
 		// was. Whichever, a guide first tried after the user was known
 		// back is one to someone present, and two guides are two.
 		inFlight := u.cfg.InFlight
-		before := s.next != nil && s.next.Sent.Before(due.Add(-inFlight))
+		before := s.next != nil && s.next.known().Before(due.Add(-inFlight))
 		raced := s.next != nil && !before && s.next.Sent.Before(latest.Add(inFlight))
 		stale := s.next != nil && len(got) > 0 && got[0].tried().After(s.next.known().Add(cmp.Or(u.cfg.Stale, inFlight)))
 		switch {

@@ -167,6 +167,13 @@ func TestCheck(t *testing.T) {
 		{name: "a guide on its way as the user comes back is right", signals: []Signal{ping(0, Answered), ping(10.5, Answered)},
 			got: []Delivery{guide("a", 1, 10, 10.55)}, end: 20, want: "1:ok 2:ok"},
 
+		{name: "a slow answer races the deadline: guided is right", signals: []Signal{ping(0, Answered), {UID: "u", Kind: Ping, Sent: at(9.5), Answered: at(10.4), Outcome: Answered, Deadline: at(20.3)}},
+			got: []Delivery{guide("a", 1, 10, 10.2)}, end: 18, want: "1:ok"},
+		{name: "a slow answer races the deadline: not guided is right", signals: []Signal{ping(0, Answered), {UID: "u", Kind: Ping, Sent: at(9.5), Answered: at(10.4), Outcome: Answered, Deadline: at(20.3)}},
+			end: 18, want: "1:ok"},
+		{name: "a slow answer that landed before the deadline: no silence", signals: []Signal{ping(0, Answered), {UID: "u", Kind: Ping, Sent: at(8), Answered: at(9), Outcome: Answered, Deadline: at(18.9)}},
+			got: []Delivery{guide("a", 1, 10, 10.2)}, end: 18, want: "1:false"},
+
 		// Turns.
 		{name: "a turn to us holds the clock", signals: []Signal{ping(0, Answered), turn(TurnToUs, 5, 0)}, want: ""},
 		{name: "false: guided while the user waited for us", signals: []Signal{ping(0, Answered), turn(TurnToUs, 5, 0)},
