@@ -46,8 +46,10 @@ type Report struct {
 	EventsPerSecond float64 `json:"events_per_second"` // one gateway, from its start to the watermark past the last event
 	Seconds         float64 `json:"seconds"`
 	Sessions        int64   `json:"sessions"` // live sessions after: one per user, none lost
-	CPUs            int     `json:"cpus"`
-	Go              string  `json:"go"`
+	// Redis is what Redis did per event in the throughput part.
+	Redis *RedisCost `json:"redis_per_event,omitempty"`
+	CPUs  int        `json:"cpus"`
+	Go    string     `json:"go"`
 	// Lateness is part 2; nil with -late-silent 0.
 	Lateness *Lateness `json:"lateness,omitempty"`
 }
