@@ -82,7 +82,7 @@ func TestHoldNotes(t *testing.T) {
 	}
 	activity := func(kind ActivityKind) func(*Store, string) error {
 		return func(s *Store, uid string) error {
-			_, err := s.ApplyActivity(ctx, "gw-a", []Activity{{UID: uid, Kind: kind, TTL: time.Minute}})
+			_, err := s.ApplyActivity(ctx, "gw-a", SegmentRules{}, []Activity{{UID: uid, Kind: kind, TTL: time.Minute}})
 			return err
 		}
 	}
