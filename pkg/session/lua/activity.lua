@@ -22,6 +22,12 @@ local function rule(seg)
 end
 -- One user's keys at a time: the bucket's, and the event's user's below.
 local k = {index = K.index, segments = K.segments, via = K.via, hold = K.hold, held = K.held, stage = K.stage}
+-- The bucket's holds, held timeouts and stages, which these events only
+-- remove from: one empty now stays empty, and no event reads or removes
+-- its user there (the grant's k.empty). A bucket has none of them but
+-- while the listener holds or stages someone of it.
+k.empty = {hold = redis.call('EXISTS', KEYS[K.hold]) == 0, held = redis.call('EXISTS', KEYS[K.held]) == 0,
+  stage = redis.call('EXISTS', KEYS[K.stage]) == 0}
 for j = 1, n do
   local a = 9 + 8 * (j - 1)
   local uid, kind, seg, ttl, clock = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], tonumber(ARGV[a + 4]), ARGV[a + 5]
@@ -39,7 +45,11 @@ for j = 1, n do
   -- timeline of an end that turns, below). Of no TTL, its TTL and clock
   -- are its segment's by the rules, the TTL with the event's jitter, in
   -- whole ms, as a ping's grant.
-  if seg == '' and kind ~= V.ending then seg = redis.call('HGET', KEYS[k.segments], uid) or defaultSeg end
+  local stored = nil
+  if seg == '' and kind ~= V.ending then
+    stored = redis.call('HGET', KEYS[k.segments], uid)
+    seg = stored or defaultSeg
+  end
   if ttl == 0 and kind ~= V.ending then
     local r = rule(seg ~= '' and seg or defaultSeg)
     local ns = r[1] + jitter
@@ -49,9 +59,10 @@ for j = 1, n do
   -- time: one whose silence was over before it reached us (a replayed
   -- backlog, a consumer down for an hour) is stale, and creates nothing.
   local over = from + ttl <= now
-  local was = tonumber(redis.call('GET', KEYS[k.renewed]) or '0')
+  local state = redis.call('MGET', KEYS[k.renewed], KEYS[k.turn])
+  local was = tonumber(state[1] or '0')
   local whose, since = nil, 0
-  local turn = redis.call('GET', KEYS[k.turn])
+  local turn = state[2]
   if turn then
     local w, s = decodeTurn(turn)
     if w then whose, since = w, tonumber(s) end
@@ -59,7 +70,7 @@ for j = 1, n do
   local applied = 1
   if kind == V.active then
     if over or at < was or ((whose == V.ended or whose == V.wait) and at < since) then applied = 0
-    else grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, false, was, turn, from, note) end
+    else grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, false, was, turn, from, note, stored) end
   elseif kind == V.turnUser then
     if over or at < since then applied = 0
     else
@@ -72,7 +83,7 @@ for j = 1, n do
       -- grant. (A park of the turn clock from before the wait state was
       -- recorded has no turn state: the clock says it.)
       local parked = whose == V.us or whose == V.wait or (whose == nil and clock == V.clockTurn)
-      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, parked, was, turn, from, note)
+      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, parked, was, turn, from, note, stored)
     end
   elseif kind == V.turnUs then
     if at < since then applied = 0
@@ -80,7 +91,7 @@ for j = 1, n do
       turn = encodeTurn(V.us, at, from + hold)
       redis.call('SET', KEYS[k.turn], turn)
       if whose ~= V.us then applied = 2 end
-      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, false, was, turn, nil, note)
+      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, false, was, turn, nil, note, stored)
     end
   elseif kind == V.ending then
     if at < was or at < since then applied = 0
