@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -86,7 +87,7 @@ func throughput(ctx context.Context, rep *Report, events, users, partitions int)
 	if err != nil {
 		return err
 	}
-	start := time.Now()
+	start, self0 := time.Now(), selfCPU()
 	gw, err := gateway.Open(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		return err
@@ -120,6 +121,7 @@ func throughput(ctx context.Context, rep *Report, events, users, partitions int)
 	if rep.Redis, err = redisCost(ctx, rdb, cpu0, events); err != nil {
 		return err
 	}
+	rep.ProcessCPUMicros = round(float64((selfCPU() - self0).Microseconds()) / float64(events))
 	if rep.Sessions, err = store.Sessions(ctx); err != nil {
 		return err
 	}
@@ -205,3 +207,13 @@ func redisCost(ctx context.Context, rdb *redis.Client, cpu0 time.Duration, event
 }
 
 func round(f float64) float64 { return math.Round(f*1000) / 1000 }
+
+// selfCPU is the CPU time this process used so far: the gateway's, the
+// in-process Kafka's and the watermark's polling.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
