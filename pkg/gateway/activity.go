@@ -193,11 +193,21 @@ func (h *activityHandler) read(w http.ResponseWriter, r *http.Request) ([]activi
 // resolved: also when some buckets failed, whose events did not apply.
 func (h *activityHandler) apply(ctx context.Context, events []activity.Event, via string) (activityResult, error) {
 	p := h.policy()
+	return h.applyEvents(ctx, p.Rules(), storeEvents(events, p), via)
+}
+
+// storeEvents is events as the store applies them under p.
+func storeEvents(events []activity.Event, p policy.Policy) []activityEvent {
 	out := make([]activityEvent, len(events))
 	for i, e := range events {
 		out[i] = storeEvent(e, p)
 	}
-	res, err := h.store.ApplyActivity(ctx, h.instance, p.Rules(), out)
+	return out
+}
+
+// applyEvents is apply of events made store events already, under rules.
+func (h *activityHandler) applyEvents(ctx context.Context, rules session.SegmentRules, out []activityEvent, via string) (activityResult, error) {
+	res, err := h.store.ApplyActivity(ctx, h.instance, rules, out)
 	if h.timeline != nil {
 		for _, i := range res.Turned {
 			seg := cmp.Or(res.Segments[i], out[i].Segment, userid.DefaultSegment)
@@ -212,12 +222,20 @@ func (h *activityHandler) apply(ctx context.Context, events []activity.Event, vi
 	return res, nil
 }
 
-// applyRecords applies records of the activity topic (activityfeed.Apply):
-// each is one event, keyed by its uid so that a user's events keep their
-// order in one partition. A record that does not parse, or whose key is
-// not its uid, is refused with the reason, for the dead-letter topic; the
-// rest are applied in one call, as a batch of the endpoint is.
+// applyRecords applies records of the activity topic (activityfeed.Apply),
+// as prepareRecords and what it returns do.
 func (h *activityHandler) applyRecords(ctx context.Context, recs []*kgo.Record) (map[int]string, error) {
+	return h.prepareRecords(recs)(ctx)
+}
+
+// prepareRecords readies records of the activity topic for applying
+// (activityfeed.Prepare): each is one event, keyed by its uid so that a
+// user's events keep their order in one partition. A record that does
+// not parse, or whose key is not its uid, is refused with the reason, for
+// the dead-letter topic; the rest become the store's events, under the
+// policy in force now, which the function returned applies in one call,
+// as a batch of the endpoint is (and again, if the feed retries it).
+func (h *activityHandler) prepareRecords(recs []*kgo.Record) func(context.Context) (map[int]string, error) {
 	refused := map[int]string{}
 	events := make([]activity.Event, 0, len(recs))
 	now := h.now()
@@ -235,18 +253,22 @@ func (h *activityHandler) applyRecords(ctx context.Context, recs []*kgo.Record) 
 	if len(refused) > 0 {
 		metricActivityEvents.WithLabelValues("unknown", "refused").Add(float64(len(refused)))
 	}
-	if len(events) == 0 {
+	kind := batchKind(events)
+	p := h.policy()
+	rules, out := p.Rules(), storeEvents(events, p)
+	return func(ctx context.Context) (map[int]string, error) {
+		if len(out) == 0 {
+			return refused, nil
+		}
+		res, err := h.applyEvents(ctx, rules, out, viaTopic)
+		if err != nil {
+			metricActivityEvents.WithLabelValues(kind, "failed").Add(float64(len(out)))
+			return nil, err
+		}
+		metricActivityEvents.WithLabelValues(kind, "applied").Add(float64(res.Applied))
+		metricActivityEvents.WithLabelValues(kind, "stale").Add(float64(res.Stale))
 		return refused, nil
 	}
-	kind := batchKind(events)
-	res, err := h.apply(ctx, events, viaTopic)
-	if err != nil {
-		metricActivityEvents.WithLabelValues(kind, "failed").Add(float64(len(events)))
-		return nil, err
-	}
-	metricActivityEvents.WithLabelValues(kind, "applied").Add(float64(res.Applied))
-	metricActivityEvents.WithLabelValues(kind, "stale").Add(float64(res.Stale))
-	return refused, nil
 }
 
 // batchKind is the kind label of a batch's counts: the store counts
