@@ -46,8 +46,13 @@ type Report struct {
 	EventsPerSecond float64 `json:"events_per_second"` // one gateway, from its start to the watermark past the last event
 	Seconds         float64 `json:"seconds"`
 	Sessions        int64   `json:"sessions"` // live sessions after: one per user, none lost
-	CPUs            int     `json:"cpus"`
-	Go              string  `json:"go"`
+	// Redis is what Redis did per event in the throughput part, and
+	// ProcessCPUMicros the CPU this process used per event meanwhile: the
+	// gateway's, with the in-process Kafka's.
+	Redis            *RedisCost `json:"redis_per_event,omitempty"`
+	ProcessCPUMicros float64    `json:"process_cpu_micros_per_event,omitempty"`
+	CPUs             int        `json:"cpus"`
+	Go               string     `json:"go"`
 	// Lateness is part 2; nil with -late-silent 0.
 	Lateness *Lateness `json:"lateness,omitempty"`
 }

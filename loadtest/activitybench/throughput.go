@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -81,7 +83,11 @@ func throughput(ctx context.Context, rep *Report, events, users, partitions int)
 	if err != nil {
 		return err
 	}
-	start := time.Now()
+	cpu0, err := redisCPU(ctx, rdb)
+	if err != nil {
+		return err
+	}
+	start, self0 := time.Now(), selfCPU()
 	gw, err := gateway.Open(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		return err
@@ -112,6 +118,10 @@ func throughput(ctx context.Context, rep *Report, events, users, partitions int)
 	took := time.Since(start)
 	rep.Seconds = took.Seconds()
 	rep.EventsPerSecond = float64(events) / took.Seconds()
+	if rep.Redis, err = redisCost(ctx, rdb, cpu0, events); err != nil {
+		return err
+	}
+	rep.ProcessCPUMicros = round(float64((selfCPU() - self0).Microseconds()) / float64(events))
 	if rep.Sessions, err = store.Sessions(ctx); err != nil {
 		return err
 	}
@@ -129,4 +139,81 @@ func lowest(parts map[int32]time.Time) time.Time {
 		}
 	}
 	return low
+}
+
+// RedisCost is what Redis did per event over the run (the gateway's
+// start and stamps included): the CPU time of its main thread, which
+// bounds one Redis, and by INFO commandstats the calls of each command
+// and the time spent in it, those the scripts call counted inside
+// EVALSHA's as well as on their own line.
+type RedisCost struct {
+	CPUMicros float64            `json:"cpu_micros"`
+	Calls     map[string]float64 `json:"calls"`
+	Micros    map[string]float64 `json:"micros"`
+}
+
+// redisCPU is the CPU time Redis's main thread used so far.
+func redisCPU(ctx context.Context, rdb *redis.Client) (time.Duration, error) {
+	info, err := rdb.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, fmt.Errorf("info cpu: %w", err)
+	}
+	var sec float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		if k == "used_cpu_sys_main_thread" || k == "used_cpu_user_main_thread" {
+			var f float64
+			fmt.Sscan(v, &f)
+			sec += f
+		}
+	}
+	return time.Duration(sec * float64(time.Second)), nil
+}
+
+// redisCost reads Redis's CPU since cpu0 and its INFO commandstats, per
+// event.
+func redisCost(ctx context.Context, rdb *redis.Client, cpu0 time.Duration, events int) (*RedisCost, error) {
+	cpu, err := redisCPU(ctx, rdb)
+	if err != nil {
+		return nil, err
+	}
+	info, err := rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, fmt.Errorf("info commandstats: %w", err)
+	}
+	n := float64(events)
+	c := &RedisCost{CPUMicros: float64((cpu - cpu0).Microseconds()) / n, Calls: map[string]float64{}, Micros: map[string]float64{}}
+	for _, line := range strings.Split(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_")
+		if !ok {
+			continue
+		}
+		name, stats, _ := strings.Cut(rest, ":")
+		var calls, usec float64
+		for _, kv := range strings.Split(stats, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			switch k {
+			case "calls":
+				fmt.Sscan(v, &calls)
+			case "usec":
+				fmt.Sscan(v, &usec)
+			}
+		}
+		c.Calls[name] = round(calls / n)
+		c.Micros[name] = round(usec / n)
+	}
+	c.CPUMicros = round(c.CPUMicros)
+	return c, nil
+}
+
+func round(f float64) float64 { return math.Round(f*1000) / 1000 }
+
+// selfCPU is the CPU time this process used so far: the gateway's, the
+// in-process Kafka's and the watermark's polling.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

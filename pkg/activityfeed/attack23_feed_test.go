@@ -24,7 +24,7 @@ func (r *rig) startMember(cfg Config) (*Feed, func()) {
 		}
 		return refused, err
 	}
-	f, err := Open(context.Background(), cfg, r.store, apply, slog.New(slog.NewTextHandler(attack23Log, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	f, err := Open(context.Background(), cfg, r.store, Unprepared(apply), slog.New(slog.NewTextHandler(attack23Log, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		r.t.Fatal(err)
 	}

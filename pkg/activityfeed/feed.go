@@ -5,7 +5,8 @@
 // stamps the feed's watermark in Redis (session.Store.ActivityCaughtUp), so
 // that the listener judges no deadline the feed has not been applied past.
 // What a record means is the caller's: the feed hands batches of records
-// to an Apply function and does the Kafka and the watermark.
+// to a Prepare function, applies what it returns, and does the Kafka and
+// the watermark.
 package activityfeed
 
 import (
@@ -145,14 +146,27 @@ func (c Config) Validate() error {
 // must change nothing the first did not.
 type Apply func(ctx context.Context, recs []*kgo.Record) (refused map[int]string, err error)
 
+// Prepare readies a batch of records for applying, without I/O (parsing
+// them, say), and returns what applies them, as an Apply of those
+// records does. The feed prepares a batch while the one before it
+// applies; the batches apply one at a time, in order.
+type Prepare func(recs []*kgo.Record) func(ctx context.Context) (refused map[int]string, err error)
+
+// Unprepared is the Prepare of apply: nothing ahead, all as it applies.
+func Unprepared(apply Apply) Prepare {
+	return func(recs []*kgo.Record) func(context.Context) (map[int]string, error) {
+		return func(ctx context.Context) (map[int]string, error) { return apply(ctx, recs) }
+	}
+}
+
 // Feed is one member of the activity consumer group.
 type Feed struct {
-	cfg   Config
-	log   *slog.Logger
-	store *session.Store
-	apply Apply
-	cl    *kgo.Client
-	adm   *kadm.Client
+	cfg     Config
+	log     *slog.Logger
+	store   *session.Store
+	prepare Prepare
+	cl      *kgo.Client
+	adm     *kadm.Client
 
 	mu    sync.Mutex // guards tr and marks: the rebalance callbacks run on the client's goroutine
 	tr    *tracker
@@ -170,14 +184,14 @@ type Feed struct {
 
 // Open makes the group's client. It reaches Kafka only in Run: a gateway
 // starts, and serves its WebSockets, while Kafka is down.
-func Open(ctx context.Context, cfg Config, store *session.Store, apply Apply, logger *slog.Logger) (_ *Feed, err error) {
+func Open(ctx context.Context, cfg Config, store *session.Store, prepare Prepare, logger *slog.Logger) (_ *Feed, err error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	log := logger.With("topic", cfg.Kafka.Topic)
 	f := &Feed{
-		cfg: cfg, log: log, store: store, apply: apply, tr: newTracker(), marks: map[int32]time.Time{}, started: time.Now(),
+		cfg: cfg, log: log, store: store, prepare: prepare, tr: newTracker(), marks: map[int32]time.Time{}, started: time.Now(),
 		applyOutage: outage.NewLog(log, "apply activity", 0),
 		stampOutage: outage.NewLog(log, "stamp the activity watermark", 0),
 		dlqOutage:   outage.NewLog(log.With("dlq_topic", cfg.DeadLetterTopic), "dead-letter activity records", 0),
@@ -199,7 +213,7 @@ func Open(ctx context.Context, cfg Config, store *session.Store, apply Apply, lo
 		kgo.AutoCommitMarks(),
 		kgo.AutoCommitInterval(time.Second),
 		// A polled batch is applied and marked before its partitions can
-		// be revoked; the loop allows the rebalance right after.
+		// be revoked; the loop allows the rebalance between batches.
 		kgo.BlockRebalanceOnPoll(),
 		kgo.OnPartitionsAssigned(f.onAssigned),
 		kgo.OnPartitionsRevoked(f.onRevoked),
@@ -246,9 +260,13 @@ func (f *Feed) Close() {
 	f.cl.Close()
 }
 
-// Run consumes until ctx is done. One goroutine, this one, polls, applies
-// and stamps; a batch is applied before the next poll, and its partitions
-// stay this member's until then.
+// Run consumes until ctx is done. This goroutine polls, prepares and
+// stamps; one at a time, a goroutine it starts and waits for applies a
+// batch (applying), while this one polls and prepares the next. The
+// batches apply in the order polled, each after the one before it is
+// applied and marked, so a user's records keep their order. A rebalance
+// is let in only with no batch applying: a polled batch's partitions
+// stay this member's until it is applied.
 func (f *Feed) Run(ctx context.Context) {
 	// Before anything is read, and without Kafka, Redis learns that a
 	// feed exists: one that cannot reach Kafka from its start never
@@ -262,12 +280,25 @@ func (f *Feed) Run(ctx context.Context) {
 	if !retry(ctx, func() error { return track(f.fetchOutage, f.ensureTopics(ctx)) }) {
 		return
 	}
-	var stamped time.Time
+	var stamped, allowed time.Time
+	var cur *applying
+	// wait waits for the batch applying, if any: false if ctx ended first
+	// (it is not marked, and its partitions' next owner applies it).
+	wait := func() bool {
+		ok := cur.wait()
+		cur = nil
+		return ok
+	}
+	defer func() {
+		wait()
+		f.cl.AllowRebalance()
+	}()
 	for ctx.Err() == nil {
 		// Stamp once a Stamp, and poll no longer than until the next is
 		// due, so that the stamps keep their cadence whether records flow
 		// or not: the listener times its holds by it (the stamp interval
-		// written with the watermark).
+		// written with the watermark). A batch applying counts as not
+		// applied yet.
 		if time.Since(stamped) >= f.cfg.Stamp {
 			stamped = time.Now()
 			f.stamp(ctx)
@@ -279,14 +310,50 @@ func (f *Feed) Run(ctx context.Context) {
 			return
 		}
 		f.fetchErrors(ctx, fs)
-		if recs := fs.Records(); len(recs) > 0 {
-			if !f.applyBatch(ctx, recs) {
-				f.cl.AllowRebalance()
+		recs := fs.Records()
+		if len(recs) > 0 {
+			apply := f.prepare(recs)
+			if !wait() {
 				return
 			}
+			cur = f.startApply(ctx, recs, apply)
 		}
-		f.cl.AllowRebalance()
+		// Between batches, a rebalance may come in: when a poll brings
+		// none, and at least once a rebalanceEvery while they flow, after
+		// the batch applying.
+		if len(recs) == 0 || time.Since(allowed) >= rebalanceEvery {
+			if !wait() {
+				return
+			}
+			f.cl.AllowRebalance()
+			allowed = time.Now()
+		}
 	}
+}
+
+// rebalanceEvery is how long, at most, a member whose records keep
+// flowing keeps a rebalance out, between the batches it applies one
+// after the other: the other members' partitions wait for it, and so
+// does their watermark.
+const rebalanceEvery = time.Second
+
+// applying is a batch being applied by a goroutine of its own.
+type applying struct{ done chan bool }
+
+// startApply applies recs with apply on a goroutine of its own, as
+// applyBatch does; wait waits for it.
+func (f *Feed) startApply(ctx context.Context, recs []*kgo.Record, apply func(context.Context) (map[int]string, error)) *applying {
+	a := &applying{done: make(chan bool, 1)}
+	go func() { a.done <- f.applyBatch(ctx, recs, apply) }()
+	return a
+}
+
+// wait reports whether the batch applied; a nil batch did.
+func (a *applying) wait() bool {
+	if a == nil {
+		return true
+	}
+	return <-a.done
 }
 
 // minPoll is the shortest poll, for a stamp that took longer than its
@@ -312,11 +379,11 @@ func (f *Feed) fetchErrors(ctx context.Context, fs kgo.Fetches) {
 // applyBatch applies recs until it succeeds, dead-letters those refused,
 // and marks them all for commit. It returns false if ctx ended first:
 // nothing of the batch is then marked, and its next owner applies it.
-func (f *Feed) applyBatch(ctx context.Context, recs []*kgo.Record) bool {
+func (f *Feed) applyBatch(ctx context.Context, recs []*kgo.Record, apply func(context.Context) (map[int]string, error)) bool {
 	var refused map[int]string
 	if !retry(ctx, func() error {
 		var err error
-		refused, err = f.apply(ctx, recs)
+		refused, err = apply(ctx)
 		return track(f.applyOutage, err)
 	}) {
 		return false

@@ -82,7 +82,7 @@ func (r *rig) appliedValues() []string {
 // start runs a feed member until the test ends or stop is called.
 func (r *rig) start() (stop func()) {
 	r.t.Helper()
-	f, err := Open(context.Background(), r.config(), r.store, r.apply, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	f, err := Open(context.Background(), r.config(), r.store, Unprepared(r.apply), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -312,7 +312,7 @@ func TestFeedOpensWithKafkaDown(t *testing.T) {
 	k := kafka.DefaultConfig()
 	k.Brokers, k.Topic = []string{"127.0.0.1:1"}, DefaultTopic
 	apply := func(context.Context, []*kgo.Record) (map[int]string, error) { return nil, nil }
-	f, err := Open(context.Background(), Config{Kafka: k}, store, apply, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	f, err := Open(context.Background(), Config{Kafka: k}, store, Unprepared(apply), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatalf("open with Kafka down: %v", err)
 	}
@@ -339,5 +339,82 @@ func TestFeedOpensWithKafkaDown(t *testing.T) {
 	}
 	if w, fed := c.ActivityWatermark(); !fed || w.UnixMilli() != 0 {
 		t.Fatalf("the listener's watermark = %v %v, want the epoch: a feed that never stamped holds every deadline", w, fed)
+	}
+}
+
+// TestFeedPreparesWhileApplying: the feed prepares the next batch while
+// the one before it applies, yet applies them one at a time, in order,
+// and marks them all: the first batch's apply waits for the second's
+// prepare, which a feed that prepared only after applying never gives.
+func TestFeedPreparesWhileApplying(t *testing.T) {
+	r := newRig(t)
+	var want []string
+	for i := range 60 {
+		want = append(want, fmt.Sprintf("u-%03d", i))
+	}
+
+	var (
+		mu       sync.Mutex
+		prepared int
+		applied  []string
+		busy     bool
+		problems []string
+	)
+	second := make(chan struct{})
+	prepare := func(recs []*kgo.Record) func(context.Context) (map[int]string, error) {
+		mu.Lock()
+		prepared++
+		if prepared == 2 {
+			close(second)
+		}
+		n := prepared
+		mu.Unlock()
+		return func(ctx context.Context) (map[int]string, error) {
+			mu.Lock()
+			if busy {
+				problems = append(problems, "two batches applied at once")
+			}
+			busy = true
+			mu.Unlock()
+			if n == 1 {
+				select {
+				case <-second:
+				case <-time.After(20 * time.Second):
+					mu.Lock()
+					problems = append(problems, "the second batch was not prepared while the first applied")
+					mu.Unlock()
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			busy = false
+			for _, rec := range recs {
+				applied = append(applied, string(rec.Value))
+			}
+			return nil, nil
+		}
+	}
+	cfg := r.config()
+	cfg.MaxBatch = 10
+	f, err := Open(context.Background(), cfg, r.store, prepare, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); f.Run(ctx) }()
+	defer func() { cancel(); <-done; f.Close() }()
+	r.produce("u", want...)
+	produced := r.control().Now
+	if !r.watermarkPast(produced, 60*time.Second) {
+		t.Fatalf("watermark never passed the records' time: %v", r.control().Activity)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(problems) > 0 {
+		t.Fatal(problems)
+	}
+	if !slices.Equal(applied, want) {
+		t.Fatalf("applied %v, want %v, in order", applied, want)
 	}
 }

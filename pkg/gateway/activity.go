@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -28,11 +29,13 @@ import (
 //  1. serveActivity: off (no activity-secret) answers 404; then the
 //     method, the secret, the content type and the body cap; then the
 //     batch is parsed, and one bad event refuses all of it (400).
-//  2. An event without a segment takes its user's current one
-//     (activityStore.Segments), else the default segment.
-//  3. storeEvent turns each into the store's event, with the TTL a ping
-//     in its segment grants (grantTTL) and the segment's clock.
-//  4. One ApplyActivity call applies the batch, in order, or fails
+//  2. storeEvent turns each into the store's event, with the TTL a ping
+//     in its segment grants (grantTTL) and the segment's clock. An event
+//     without a segment is of its user's current one, else the default
+//     segment, which only the store knows as it applies the event: it
+//     carries its jitter, and the store takes the segment's TTL and clock
+//     from the policy's rules (policy.Policy.Rules), in the same script.
+//  3. One ApplyActivity call applies the batch, in order, or fails
 //     (503): some events may have applied (a cluster node out), none is
 //     promised, and the platform sends the batch again.
 //     Applying twice is harmless: each event applies only if it is newer
@@ -51,10 +54,9 @@ const activityRetryAfter = time.Second
 // activityStore is what the endpoint needs of the Redis model
 // (session.Store). Its types mirror the store's field for field.
 type activityStore interface {
-	// ApplyActivity applies events in order, as instance.
-	ApplyActivity(ctx context.Context, instance string, events []activityEvent) (activityResult, error)
-	// Segments is each user's current segment, "" when none.
-	Segments(ctx context.Context, uids []string) (map[string]string, error)
+	// ApplyActivity applies events in order, as instance; an event of no
+	// TTL takes its segment's from rules.
+	ApplyActivity(ctx context.Context, instance string, rules session.SegmentRules, events []activityEvent) (activityResult, error)
 }
 
 // The store's words for an event, a clock and a batch's counts.
@@ -71,17 +73,23 @@ const (
 	activityEnd      = session.ActivityEnd
 )
 
-// storeEvent is e as the store applies it, in segment (resolved) under p.
-func storeEvent(e activity.Event, segment string, p policy.Policy) activityEvent {
-	return activityEvent{
+// storeEvent is e as the store applies it under p. Of no segment, its
+// TTL and clock are left to the store, which resolves the segment and
+// takes them from p's rules, with the jitter drawn here: grantTTL's.
+func storeEvent(e activity.Event, p policy.Policy) activityEvent {
+	out := activityEvent{
 		UID:     e.UID,
-		Segment: segment,
+		Segment: e.Seg,
 		Kind:    storeKind(e),
 		At:      e.At(),
 		MaxHold: e.MaxHoldFor(),
-		TTL:     grantTTL(p, segment),
-		Clock:   p.Clock(segment),
 	}
+	if e.Seg == "" {
+		out.Jitter = grantJitter(p)
+		return out
+	}
+	out.TTL, out.Clock = grantTTL(p, e.Seg), p.Clock(e.Seg)
+	return out
 }
 
 // activityHandler serves POST /v1/activity.
@@ -180,39 +188,30 @@ func (h *activityHandler) read(w http.ResponseWriter, r *http.Request) ([]activi
 	return events, http.StatusOK, activity.ErrorResponse{}
 }
 
-// apply resolves the events' segments and applies them, in one call, and
-// records the turns they changed (via says where they came from): also
-// when some buckets failed, whose events did not apply.
+// apply applies the events, in one call, and records the turns they
+// changed (via says where they came from), in the segments the store
+// resolved: also when some buckets failed, whose events did not apply.
 func (h *activityHandler) apply(ctx context.Context, events []activity.Event, via string) (activityResult, error) {
-	var unsure []string
-	for _, e := range events {
-		if e.Seg == "" {
-			unsure = append(unsure, e.UID)
-		}
-	}
-	var current map[string]string
-	if len(unsure) > 0 {
-		var err error
-		if current, err = h.store.Segments(ctx, dedupe(unsure)); err != nil {
-			return activityResult{}, fmt.Errorf("look up segments: %w", err)
-		}
-	}
 	p := h.policy()
+	return h.applyEvents(ctx, p.Rules(), storeEvents(events, p), via)
+}
+
+// storeEvents is events as the store applies them under p.
+func storeEvents(events []activity.Event, p policy.Policy) []activityEvent {
 	out := make([]activityEvent, len(events))
 	for i, e := range events {
-		seg := e.Seg
-		if seg == "" {
-			seg = current[e.UID]
-		}
-		if seg == "" {
-			seg = userid.DefaultSegment
-		}
-		out[i] = storeEvent(e, seg, p)
+		out[i] = storeEvent(e, p)
 	}
-	res, err := h.store.ApplyActivity(ctx, h.instance, out)
+	return out
+}
+
+// applyEvents is apply of events made store events already, under rules.
+func (h *activityHandler) applyEvents(ctx context.Context, rules session.SegmentRules, out []activityEvent, via string) (activityResult, error) {
+	res, err := h.store.ApplyActivity(ctx, h.instance, rules, out)
 	if h.timeline != nil {
 		for _, i := range res.Turned {
-			if e, ok := turnEntry(out[i].Kind, out[i].Segment, via); ok {
+			seg := cmp.Or(res.Segments[i], out[i].Segment, userid.DefaultSegment)
+			if e, ok := turnEntry(out[i].Kind, seg, via); ok {
 				h.timeline.Record(out[i].UID, e)
 			}
 		}
@@ -223,12 +222,20 @@ func (h *activityHandler) apply(ctx context.Context, events []activity.Event, vi
 	return res, nil
 }
 
-// applyRecords applies records of the activity topic (activityfeed.Apply):
-// each is one event, keyed by its uid so that a user's events keep their
-// order in one partition. A record that does not parse, or whose key is
-// not its uid, is refused with the reason, for the dead-letter topic; the
-// rest are applied in one call, as a batch of the endpoint is.
+// applyRecords applies records of the activity topic (activityfeed.Apply),
+// as prepareRecords and what it returns do.
 func (h *activityHandler) applyRecords(ctx context.Context, recs []*kgo.Record) (map[int]string, error) {
+	return h.prepareRecords(recs)(ctx)
+}
+
+// prepareRecords readies records of the activity topic for applying
+// (activityfeed.Prepare): each is one event, keyed by its uid so that a
+// user's events keep their order in one partition. A record that does
+// not parse, or whose key is not its uid, is refused with the reason, for
+// the dead-letter topic; the rest become the store's events, under the
+// policy in force now, which the function returned applies in one call,
+// as a batch of the endpoint is (and again, if the feed retries it).
+func (h *activityHandler) prepareRecords(recs []*kgo.Record) func(context.Context) (map[int]string, error) {
 	refused := map[int]string{}
 	events := make([]activity.Event, 0, len(recs))
 	now := h.now()
@@ -246,31 +253,22 @@ func (h *activityHandler) applyRecords(ctx context.Context, recs []*kgo.Record) 
 	if len(refused) > 0 {
 		metricActivityEvents.WithLabelValues("unknown", "refused").Add(float64(len(refused)))
 	}
-	if len(events) == 0 {
+	kind := batchKind(events)
+	p := h.policy()
+	rules, out := p.Rules(), storeEvents(events, p)
+	return func(ctx context.Context) (map[int]string, error) {
+		if len(out) == 0 {
+			return refused, nil
+		}
+		res, err := h.applyEvents(ctx, rules, out, viaTopic)
+		if err != nil {
+			metricActivityEvents.WithLabelValues(kind, "failed").Add(float64(len(out)))
+			return nil, err
+		}
+		metricActivityEvents.WithLabelValues(kind, "applied").Add(float64(res.Applied))
+		metricActivityEvents.WithLabelValues(kind, "stale").Add(float64(res.Stale))
 		return refused, nil
 	}
-	kind := batchKind(events)
-	res, err := h.apply(ctx, events, viaTopic)
-	if err != nil {
-		metricActivityEvents.WithLabelValues(kind, "failed").Add(float64(len(events)))
-		return nil, err
-	}
-	metricActivityEvents.WithLabelValues(kind, "applied").Add(float64(res.Applied))
-	metricActivityEvents.WithLabelValues(kind, "stale").Add(float64(res.Stale))
-	return refused, nil
-}
-
-// dedupe is s without repeats, in first-seen order.
-func dedupe(s []string) []string {
-	seen := make(map[string]bool, len(s))
-	out := s[:0:0]
-	for _, v := range s {
-		if !seen[v] {
-			seen[v] = true
-			out = append(out, v)
-		}
-	}
-	return out
 }
 
 // batchKind is the kind label of a batch's counts: the store counts

@@ -28,39 +28,28 @@ import (
 const activitySecret = "activity-secret-activity-secret-0"
 
 // fakeActivity is a store that records what it is asked; its function
-// fields, when set, answer instead of the defaults (every event applied,
-// no user with a segment).
+// field, when set, answers instead of the default (every event applied).
 type fakeActivity struct {
-	apply    func(events []activityEvent) (activityResult, error)
-	segments func(uids []string) (map[string]string, error)
+	apply func(events []activityEvent) (activityResult, error)
 
 	mu        sync.Mutex
 	applied   [][]activityEvent
 	instances []string
-	looked    [][]string
+	rules     []session.SegmentRules
 }
 
 var _ activityStore = (*fakeActivity)(nil)
 
-func (f *fakeActivity) ApplyActivity(ctx context.Context, instance string, events []activityEvent) (activityResult, error) {
+func (f *fakeActivity) ApplyActivity(ctx context.Context, instance string, rules session.SegmentRules, events []activityEvent) (activityResult, error) {
 	f.mu.Lock()
 	f.applied = append(f.applied, slices.Clone(events))
 	f.instances = append(f.instances, instance)
+	f.rules = append(f.rules, rules)
 	f.mu.Unlock()
 	if f.apply != nil {
 		return f.apply(events)
 	}
 	return activityResult{Applied: len(events)}, nil
-}
-
-func (f *fakeActivity) Segments(ctx context.Context, uids []string) (map[string]string, error) {
-	f.mu.Lock()
-	f.looked = append(f.looked, slices.Clone(uids))
-	f.mu.Unlock()
-	if f.segments != nil {
-		return f.segments(uids)
-	}
-	return map[string]string{}, nil
 }
 
 func (f *fakeActivity) calls() [][]activityEvent {
@@ -311,7 +300,7 @@ func TestActivityBadEvent(t *testing.T) {
 			if (e.Index == nil) != (tt.index == nil) || (e.Index != nil && *e.Index != *tt.index) || e.Field != tt.field || e.Error == "" {
 				t.Fatalf("answer %s, want index %v and field %q", w.Body, deref(tt.index), tt.field)
 			}
-			if len(f.calls()) != 0 || len(f.looked) != 0 {
+			if len(f.calls()) != 0 {
 				t.Fatal("the store was called")
 			}
 		})
@@ -338,13 +327,13 @@ func deref(p *int) any {
 
 // TestActivityApplied: a batch becomes the store's events, in order, in
 // one call as this instance: kinds, times, holds, the segments (given,
-// the user's current one, else the default, with one look-up for the
-// users without one), and the answer is the store's count.
+// else left to the store, with the policy's rules and no TTL: the store
+// resolves the user's current one, else the default), and the answer is
+// the store's count.
 func TestActivityApplied(t *testing.T) {
 	at := activityNow.Add(-time.Minute)
 	f := &fakeActivity{
-		segments: func(uids []string) (map[string]string, error) { return map[string]string{"b": "vip", "c": ""}, nil },
-		apply:    func(events []activityEvent) (activityResult, error) { return activityResult{Applied: 4, Stale: 1}, nil },
+		apply: func(events []activityEvent) (activityResult, error) { return activityResult{Applied: 4, Stale: 1}, nil },
 	}
 	before := counter(t, "mixed", "applied")
 	beforeStale := counter(t, "mixed", "stale")
@@ -364,8 +353,8 @@ func TestActivityApplied(t *testing.T) {
 	if !slices.Equal(f.instances, []string{"gw-test"}) {
 		t.Fatalf("applied as %v", f.instances)
 	}
-	if len(f.looked) != 1 || !slices.Equal(f.looked[0], []string{"b", "c"}) {
-		t.Fatalf("segments looked up %v, want once, for b and c", f.looked)
+	if len(f.rules) != 1 || fmt.Sprint(f.rules[0]) != fmt.Sprint(activityPolicy.Rules()) {
+		t.Fatalf("rules %v, want the policy's %v", f.rules, activityPolicy.Rules())
 	}
 	calls := f.calls()
 	if len(calls) != 1 {
@@ -380,14 +369,18 @@ func TestActivityApplied(t *testing.T) {
 	}
 	for i, w := range []want{
 		{"a", "vip", activityTurnUs, session.ClockTurn, at, 90 * time.Second},
-		{"b", "vip", activityTurnUser, session.ClockTurn, time.Time{}, 0},
-		{"c", "default", activityActive, session.ClockPresence, time.Time{}, 0},
-		{"b", "vip", activityActive, session.ClockTurn, time.Time{}, 0},
+		{"b", "", activityTurnUser, "", time.Time{}, 0},
+		{"c", "", activityActive, "", time.Time{}, 0},
+		{"b", "", activityActive, "", time.Time{}, 0},
 		{"d", "other", activityEnd, session.ClockPresence, time.Time{}, 0},
 	} {
 		e := calls[0][i]
 		if e.UID != w.uid || e.Segment != w.seg || e.Kind != w.kind || !e.At.Equal(w.at) || e.MaxHold != w.hold || e.Clock != w.clock {
 			t.Errorf("event %d: %+v, want %+v", i, e, w)
+		}
+		// Of no segment: no TTL, the store's to resolve, and a jitter.
+		if unsure := w.seg == ""; unsure != (e.TTL == 0) || e.Jitter < 0 || e.Jitter >= activityPolicy.Jitter {
+			t.Errorf("event %d: TTL %v, jitter %v; want a TTL only with a segment, a jitter under %v", i, e.TTL, e.Jitter, activityPolicy.Jitter)
 		}
 	}
 	if got := counter(t, "mixed", "applied") - before; got != 4 {
@@ -397,15 +390,12 @@ func TestActivityApplied(t *testing.T) {
 		t.Errorf("stale counted %v, want 1", got)
 	}
 
-	// Every event with its segment: no look-up. One kind: counted as it.
+	// One kind: counted as it.
 	f = &fakeActivity{}
 	before = counter(t, "turn_user", "applied")
 	w = postActivity(newActivityHandler(f, activityPolicy), events(`{"uid":"a","kind":"turn","to":"user","seg":"s"}`, `{"uid":"b","kind":"turn","to":"user","seg":"s"}`), nil)
 	if res, _ := answer(t, w); w.Code != http.StatusOK || res != (activity.Response{Applied: 2}) {
 		t.Fatalf("%d %s", w.Code, w.Body)
-	}
-	if len(f.looked) != 0 {
-		t.Fatalf("looked up %v", f.looked)
 	}
 	if got := counter(t, "turn_user", "applied") - before; got != 2 {
 		t.Errorf("turn_user applied counted %v, want 2", got)
@@ -456,8 +446,7 @@ func TestActivityTTL(t *testing.T) {
 func TestActivityUnavailable(t *testing.T) {
 	down := errors.New("redis: connection refused")
 	for name, f := range map[string]*fakeActivity{
-		"apply":    {apply: func([]activityEvent) (activityResult, error) { return activityResult{}, down }},
-		"segments": {segments: func([]string) (map[string]string, error) { return nil, down }},
+		"apply": {apply: func([]activityEvent) (activityResult, error) { return activityResult{}, down }},
 	} {
 		t.Run(name, func(t *testing.T) {
 			before := counter(t, "end", "failed")
@@ -467,9 +456,6 @@ func TestActivityUnavailable(t *testing.T) {
 			}
 			if _, e := answer(t, w); !strings.Contains(e.Error, "retry") || strings.Contains(e.Error, "refused") {
 				t.Fatalf("error %q: want a retry, without Redis's words", e.Error)
-			}
-			if name == "segments" && len(f.calls()) != 0 {
-				t.Fatal("applied after the segments' look-up failed")
 			}
 			if got := counter(t, "end", "failed") - before; got != 2 {
 				t.Fatalf("failed counted %v, want 2", got)

@@ -376,11 +376,15 @@ func (c *conn) renew() {
 // don't clump, in whole milliseconds. A ping's renewal and the platform's
 // activity (see activity.go) grant the same.
 func grantTTL(p policy.Policy, segment string) time.Duration {
-	ttl := p.TTL(segment)
+	return (p.TTL(segment) + grantJitter(p)).Truncate(time.Millisecond)
+}
+
+// grantJitter is a grant's jitter under p, uniform in [0, p.Jitter).
+func grantJitter(p policy.Policy) time.Duration {
 	if p.Jitter > 0 {
-		ttl += rand.N(p.Jitter)
+		return rand.N(p.Jitter)
 	}
-	return ttl.Truncate(time.Millisecond)
+	return 0
 }
 
 // written records that the renewal granting ttl was written, if it is

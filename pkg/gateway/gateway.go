@@ -261,7 +261,7 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 		return nil, fmt.Errorf("listen on push-addr: %w", err)
 	}
 	if cfg.ActivityFeed.Enabled {
-		if g.feed, err = activityfeed.Open(ctx, cfg.ActivityFeed, g.store, g.activity.applyRecords, logger.With("component", "activity-feed")); err != nil {
+		if g.feed, err = activityfeed.Open(ctx, cfg.ActivityFeed, g.store, g.activity.prepareRecords, logger.With("component", "activity-feed")); err != nil {
 			return nil, fmt.Errorf("activity feed: %w", err)
 		}
 	}

@@ -57,7 +57,7 @@ func TestAttack26bPlatformEndRecordedAsCameBack(t *testing.T) {
 	// After the deadline, the platform ends the conversation.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	res, err := e.store.ApplyActivity(ctx, "platform-test", []session.Activity{{UID: uid, Kind: session.ActivityEnd}})
+	res, err := e.store.ApplyActivity(ctx, "platform-test", session.SegmentRules{}, []session.Activity{{UID: uid, Kind: session.ActivityEnd}})
 	if err != nil || res.Applied != 1 {
 		t.Fatalf("apply the end: %+v, %v", res, err)
 	}

@@ -70,6 +70,26 @@ func (p Policy) TTL(segment string) time.Duration {
 	return p.DefaultTTL
 }
 
+// Rules is the policy's TTL and clock by segment as the store resolves
+// them for an activity event of no segment (session.SegmentRules): each
+// segment with a TTL or a clock of its own, and for every other segment
+// the default TTL and the default segment's clock. Rules().Of(s) is
+// TTL(s) and Clock(s), for every s.
+func (p Policy) Rules() session.SegmentRules {
+	r := session.SegmentRules{Unlisted: session.SegmentRule{TTL: p.DefaultTTL, Clock: p.Clock(userid.DefaultSegment)}}
+	if len(p.Segments)+len(p.Clocks) == 0 {
+		return r
+	}
+	r.Segments = make(map[string]session.SegmentRule, len(p.Segments)+len(p.Clocks))
+	for name := range p.Segments {
+		r.Segments[name] = session.SegmentRule{TTL: p.TTL(name), Clock: p.Clock(name)}
+	}
+	for name := range p.Clocks {
+		r.Segments[name] = session.SegmentRule{TTL: p.TTL(name), Clock: p.Clock(name)}
+	}
+	return r
+}
+
 // Validate names the first bad part of the policy.
 func (p Policy) Validate() error {
 	if err := checkTTL("default", p.DefaultTTL); err != nil {

@@ -411,3 +411,31 @@ func TestCommand(t *testing.T) {
 		t.Fatalf("show of a policy too short for 1s: %q, %v", out, err)
 	}
 }
+
+// TestRules: the rules the store resolves an activity event's segment
+// by give every segment the TTL and clock the policy does: listed by TTL,
+// by clock, by both, the default segment listed or not, and one unknown.
+func TestRules(t *testing.T) {
+	names := []string{"vip", "slow", "both", "default", "unknown", ""}
+	for name, p := range map[string]Policy{
+		"ttls and clocks": {DefaultTTL: 10 * time.Second, Segments: map[string]time.Duration{"vip": 30 * time.Second, "both": 40 * time.Second},
+			Clocks: map[string]session.Clock{"slow": session.ClockTurn, "both": session.ClockPresence}},
+		"default listed": {DefaultTTL: 10 * time.Second, Segments: map[string]time.Duration{"default": 20 * time.Second},
+			Clocks: map[string]session.Clock{"default": session.ClockTurn, "vip": session.ClockPresence}},
+		"nothing listed": {DefaultTTL: 10 * time.Second},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := p.Rules()
+			for _, seg := range names {
+				want := session.SegmentRule{TTL: p.TTL(seg), Clock: p.Clock(seg)}
+				if seg == "" {
+					// The store reads no segment as the default segment.
+					want = session.SegmentRule{TTL: p.TTL("default"), Clock: p.Clock("default")}
+				}
+				if got := r.Of(seg); got != want {
+					t.Errorf("segment %q: rule %+v, want %+v", seg, got, want)
+				}
+			}
+		})
+	}
+}

@@ -72,7 +72,7 @@ func TestAttack28CameBackEveryPath(t *testing.T) {
 	s := base.WithHoldNotes(testNotes)
 	activity := func(kind ActivityKind) func(string) error {
 		return func(uid string) error {
-			_, err := s.ApplyActivity(ctx, "gw-a", []Activity{{UID: uid, Kind: kind, TTL: time.Minute}})
+			_, err := s.ApplyActivity(ctx, "gw-a", SegmentRules{}, []Activity{{UID: uid, Kind: kind, TTL: time.Minute}})
 			return err
 		}
 	}

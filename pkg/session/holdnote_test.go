@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -82,7 +83,7 @@ func TestHoldNotes(t *testing.T) {
 	}
 	activity := func(kind ActivityKind) func(*Store, string) error {
 		return func(s *Store, uid string) error {
-			_, err := s.ApplyActivity(ctx, "gw-a", []Activity{{UID: uid, Kind: kind, TTL: time.Minute}})
+			_, err := s.ApplyActivity(ctx, "gw-a", SegmentRules{}, []Activity{{UID: uid, Kind: kind, TTL: time.Minute}})
 			return err
 		}
 	}
@@ -236,5 +237,44 @@ func TestHoldNoteCodec(t *testing.T) {
 	}
 	if !strings.Contains(luaString(`a'b\c`), `a\'b\\c`) {
 		t.Errorf("luaString(a'b\\c) = %s", luaString(`a'b\c`))
+	}
+}
+
+// TestActivityHoldOfABucketMate: the activity script skips the bucket's
+// hold, held and stage keys when it finds them empty as it starts; one
+// user's hold makes them not empty, and an event of that user, after one
+// of a bucket mate in the same call, cancels it with its notes, while the
+// mate's applies as usual and records nothing.
+func TestActivityHoldOfABucketMate(t *testing.T) {
+	t.Parallel()
+	base, ctx := newStore(t)
+	s := base.WithHoldNotes(testNotes)
+	mate, held := "mate-0", ""
+	for i := 1; held == ""; i++ {
+		if uid := fmt.Sprintf("held-%d", i); Bucket(uid) == Bucket(mate) {
+			held = uid
+		}
+	}
+	holdOne(t, s, held)
+	res, err := s.ApplyActivity(ctx, "gw-a", SegmentRules{}, []Activity{
+		{UID: mate, Kind: ActivityActive, TTL: time.Minute},
+		{UID: held, Kind: ActivityActive, TTL: time.Minute},
+	})
+	if err != nil || res.Applied != 2 {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	if n := s.rdb.ZCard(ctx, s.ks.HoldKey(Bucket(held))).Val(); n != 0 {
+		t.Fatalf("hold set holds %d, want the hold cancelled", n)
+	}
+	if got, _ := timelineOf(t, s, held); !slices.Equal(got, []string{note(holdNotes.Rechecked), note(holdNotes.Renewed)}) {
+		t.Fatalf("held user's timeline %q", got)
+	}
+	if got, _ := timelineOf(t, s, mate); len(got) != 0 {
+		t.Fatalf("mate's timeline %q, want nothing", got)
+	}
+	for _, uid := range []string{mate, held} {
+		if live, err := s.Live(ctx, uid); err != nil || !live {
+			t.Fatalf("%s live %v, %v", uid, live, err)
+		}
 	}
 }

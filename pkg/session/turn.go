@@ -1,6 +1,7 @@
 package session
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -79,9 +80,8 @@ const MaxTurnHold = 24 * time.Hour
 type Activity struct {
 	UID string
 	// Segment is the user's segment. "" is the segment of the user's
-	// session, else DefaultSegment; the caller that fills TTL and Clock
-	// from the policy resolves it first (Segments), and the script
-	// resolves it again, in case the session changed in between.
+	// session, else DefaultSegment, as the script finds it when it
+	// applies the event.
 	Segment string
 	Kind    ActivityKind
 	// At is when it happened. An event older than the state it would
@@ -95,9 +95,78 @@ type Activity struct {
 	// MaxTurnHold, more is refused. ActivityTurnUs only.
 	MaxHold time.Duration
 	// TTL is the segment's session TTL with its jitter, and Clock its
-	// clock, from the policy in force. Not read for ActivityEnd.
+	// clock, from the policy in force. Not read for ActivityEnd. A TTL of
+	// 0 is the segment's by the rules ApplyActivity is given, resolved by
+	// the script with the segment: the rule's TTL plus Jitter, truncated
+	// to whole ms as a ping's grant is, and the rule's clock.
 	TTL   time.Duration
 	Clock Clock
+	// Jitter is added to the rule's TTL when TTL is 0: a draw in [0, the
+	// policy's jitter), as each ping's grant has its own.
+	Jitter time.Duration
+}
+
+// SegmentRule is what a segment's events are granted: its session TTL,
+// before jitter, and its clock.
+type SegmentRule struct {
+	TTL   time.Duration
+	Clock Clock
+}
+
+// SegmentRules are the policy's rules by segment, for the events whose
+// TTL the script resolves (Activity.TTL 0): Segments by name, Unlisted
+// for every other segment.
+type SegmentRules struct {
+	Segments map[string]SegmentRule
+	Unlisted SegmentRule
+}
+
+// Of is the rule of segment, as the script looks it up ("" is
+// DefaultSegment).
+func (r SegmentRules) Of(segment string) SegmentRule {
+	if segment == "" {
+		segment = DefaultSegment
+	}
+	if rule, ok := r.Segments[segment]; ok {
+		return rule
+	}
+	return r.Unlisted
+}
+
+// check names what is wrong with the rules.
+func (r SegmentRules) check() error {
+	for name, rule := range r.Segments {
+		if !userid.ValidSegment(name) {
+			return fmt.Errorf("rule of segment %q: not a valid segment name", name)
+		}
+		if err := rule.check(); err != nil {
+			return fmt.Errorf("rule of segment %s: %w", name, err)
+		}
+	}
+	if err := r.Unlisted.check(); err != nil {
+		return fmt.Errorf("rule of the segments not listed: %w", err)
+	}
+	return nil
+}
+
+func (r SegmentRule) check() error {
+	if r.TTL < time.Millisecond || r.TTL > MaxTurnHold {
+		return fmt.Errorf("ttl %v: want 1ms to %v", r.TTL, MaxTurnHold)
+	}
+	if !r.Clock.Valid() {
+		return fmt.Errorf("clock %q: want %s or %s", r.Clock, ClockPresence, ClockTurn)
+	}
+	return nil
+}
+
+// args is the rules as the activity script reads them, after the events.
+func (r SegmentRules) args() []any {
+	out := make([]any, 0, 3+3*len(r.Segments))
+	out = append(out, len(r.Segments))
+	for name, rule := range r.Segments {
+		out = append(out, name, rule.TTL.Nanoseconds(), string(rule.Clock))
+	}
+	return append(out, r.Unlisted.TTL.Nanoseconds(), string(r.Unlisted.Clock))
 }
 
 // ActivityResult is what a batch of activity events did.
@@ -108,6 +177,9 @@ type ActivityResult struct {
 	// whose turn it is: a turn to the user or to us over another (or
 	// none), an end over a turn. Applied events all the same.
 	Turned []int
+	// Segments are the segments of the Turned events, by index, as the
+	// script resolved them.
+	Segments map[int]string
 }
 
 // Words of the turn state and the activity script, passed to the scripts
@@ -153,28 +225,41 @@ var turnFormat = newFormat("Turn", ":", false, field{"whose", false}, field{"sin
 // says so in their timeline (see HoldNotes). Keys: the bucket's, then
 // each event's user's session, renewed, turn and timeline keys
 // (activityKeys). ARGV: event count, instance, keep ms, MaxTurnHold ms,
-// DefaultSegment, the note block (4), then per event uid, kind, segment,
-// ttl ms, clock, at ms (0: now), max hold ms. Returns 1 (applied), 2
-// (applied, and it changed whose turn it is) or 0 (stale) per event.
+// DefaultSegment, the note block (4), then per event uid, kind, segment
+// ("": the user's, else DefaultSegment), ttl ms (0: the segment's by the
+// rules), clock, at ms (0: now), max hold ms, jitter ns; then the rules
+// (SegmentRules.args). Returns 1 (applied), 2 (applied, and it changed
+// whose turn it is) or 0 (stale) per event, and the segment of each that
+// changed whose turn it is, in order.
 var activityScript = newScript[activityKeys]("activity", turnVocab, []codec{viaFormat, turnFormat, holdNoteCodec{}}, "holdnote", "grant")
 
 // activityArgs is the number of ARGV of one event of activityScript.
-const activityArgs = 7
+const activityArgs = 8
 
 // ApplyActivity applies activity events, as the user's gateway instance
 // instance would (its name is recorded as a renewing gateway's: an outage
-// of it holds the deadlines it wrote). It makes one script call per
+// of it holds the deadlines it wrote). An event of no TTL takes its
+// segment's from rules, in the script, with the segment it resolves: no
+// round trip first to learn a user's segment. It makes one script call per
 // bucket the events touch, all in one pipeline, so that a user's events,
 // all of one bucket, apply in the order given. A batch with an invalid
 // event is refused whole, naming it, before anything is sent. When a
 // bucket's call fails, the others' events may have applied: the error
 // says so, and the result counts them.
-func (s *Store) ApplyActivity(ctx context.Context, instance string, events []Activity) (ActivityResult, error) {
+func (s *Store) ApplyActivity(ctx context.Context, instance string, rules SegmentRules, events []Activity) (ActivityResult, error) {
+	ruled := false
 	for i, e := range events {
 		if err := e.check(); err != nil {
 			return ActivityResult{}, fmt.Errorf("activity event %d: %w", i, err)
 		}
+		ruled = ruled || (e.TTL == 0 && e.Kind != ActivityEnd)
 	}
+	if ruled {
+		if err := rules.check(); err != nil {
+			return ActivityResult{}, fmt.Errorf("activity rules: %w", err)
+		}
+	}
+	ruleArgs := rules.args()
 	byBucket := make(map[int][]int)
 	var buckets []int
 	for i, e := range events {
@@ -188,7 +273,7 @@ func (s *Store) ApplyActivity(ctx context.Context, instance string, events []Act
 		idx := byBucket[buckets[i]]
 		keys := activityKeys{bucketKeys: s.ks.bucketKeys(buckets[i]), Users: make([]string, 0, 4*len(idx))}
 		notes := s.noteBlock()
-		argv := make([]any, 0, 5+len(notes)+activityArgs*len(idx))
+		argv := make([]any, 0, 5+len(notes)+activityArgs*len(idx)+len(ruleArgs))
 		argv = append(argv, len(idx), instance, RenewedKeep.Milliseconds(), MaxTurnHold.Milliseconds(), DefaultSegment)
 		argv = append(argv, notes...)
 		for _, j := range idx {
@@ -203,8 +288,10 @@ func (s *Store) ApplyActivity(ctx context.Context, instance string, events []Act
 			if hold == 0 {
 				hold = MaxTurnHold
 			}
-			argv = append(argv, e.UID, string(e.Kind), e.Segment, e.TTL.Milliseconds(), string(e.Clock), at, hold.Milliseconds())
+			argv = append(argv, e.UID, string(e.Kind), e.Segment, e.TTL.Milliseconds(), string(e.Clock), at, hold.Milliseconds(),
+				e.Jitter.Nanoseconds())
 		}
+		argv = append(argv, ruleArgs...)
 		return activityScript.call(keys, argv...)
 	}, DefaultSlotRetry)
 	var res ActivityResult
@@ -212,7 +299,7 @@ func (s *Store) ApplyActivity(ctx context.Context, instance string, events []Act
 	var firstErr error
 	for i, cmd := range cmds {
 		n := len(byBucket[buckets[i]])
-		got, err := cmd.Int64Slice()
+		got, segs, err := activityReply(cmd)
 		if err == nil && len(got) != n {
 			err = fmt.Errorf("%w: %d outcomes for %d events", errReply, len(got), n)
 		}
@@ -231,7 +318,16 @@ func (s *Store) ApplyActivity(ctx context.Context, instance string, events []Act
 				res.Stale++
 			}
 			if v == 2 {
-				res.Turned = append(res.Turned, byBucket[buckets[i]][j])
+				at := byBucket[buckets[i]][j]
+				res.Turned = append(res.Turned, at)
+				seg := DefaultSegment
+				if len(segs) > 0 {
+					seg, segs = cmp.Or(segs[0], DefaultSegment), segs[1:]
+				}
+				if res.Segments == nil {
+					res.Segments = map[int]string{}
+				}
+				res.Segments[at] = seg
 			}
 		}
 	}
@@ -241,6 +337,34 @@ func (s *Store) ApplyActivity(ctx context.Context, instance string, events []Act
 			failed, len(buckets), lost, firstErr)
 	}
 	return res, nil
+}
+
+// activityReply reads the activity script's reply: an outcome per event,
+// and the segments of those that turned.
+func activityReply(cmd *redis.Cmd) (outcomes []int64, segs []string, err error) {
+	v, err := cmd.Slice()
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(v) != 2 {
+		return nil, nil, fmt.Errorf("%w: activity reply of %d parts, want 2", errReply, len(v))
+	}
+	codes, ok1 := v[0].([]any)
+	names, ok2 := v[1].([]any)
+	if !ok1 || !ok2 {
+		return nil, nil, fmt.Errorf("%w: activity reply %v", errReply, v)
+	}
+	outcomes = make([]int64, len(codes))
+	for i, c := range codes {
+		if outcomes[i], ok1 = c.(int64); !ok1 {
+			return nil, nil, fmt.Errorf("%w: activity outcome %v", errReply, c)
+		}
+	}
+	segs = make([]string, len(names))
+	for i, s := range names {
+		segs[i], _ = s.(string)
+	}
+	return outcomes, segs, nil
 }
 
 // check names what is wrong with an event.
@@ -258,8 +382,12 @@ func (e Activity) check() error {
 	default:
 		return fmt.Errorf("kind %q: want %s, %s, %s or %s", e.Kind, ActivityActive, ActivityTurnUser, ActivityTurnUs, ActivityEnd)
 	}
-	if e.TTL < time.Millisecond {
-		return fmt.Errorf("ttl %v: want at least 1ms", e.TTL)
+	if e.TTL == 0 {
+		if e.Jitter < 0 || e.Jitter > MaxTurnHold {
+			return fmt.Errorf("jitter %v: want 0 to %v", e.Jitter, MaxTurnHold)
+		}
+	} else if e.TTL < time.Millisecond {
+		return fmt.Errorf("ttl %v: want at least 1ms, or 0 for the rules'", e.TTL)
 	}
 	if !e.Clock.Valid() {
 		return fmt.Errorf("clock %q: want %s or %s", e.Clock, ClockPresence, ClockTurn)
@@ -268,36 +396,6 @@ func (e Activity) check() error {
 		return fmt.Errorf("max hold %v: want 0 to %v, on %s only", e.MaxHold, MaxTurnHold, ActivityTurnUs)
 	}
 	return nil
-}
-
-// Segments reads the segment of each uid's session, in one pipelined
-// round trip: what an event without a segment is of. A uid without a
-// session is of DefaultSegment. A caller of ApplyActivity resolves its
-// events' empty segments with it first, to fill their TTL and clock from
-// the policy.
-func (s *Store) Segments(ctx context.Context, uids []string) (map[string]string, error) {
-	cmds := make([]*redis.StringCmd, len(uids))
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, uid := range uids {
-			cmds[i] = p.HGet(ctx, s.ks.SegmentsKey(Bucket(uid)), uid)
-		}
-		return nil
-	})
-	if err != nil && err != redis.Nil {
-		return nil, fmt.Errorf("read segments of %d users: %w", len(uids), err)
-	}
-	out := make(map[string]string, len(uids))
-	for i, uid := range uids {
-		seg, err := cmds[i].Result()
-		switch {
-		case err == redis.Nil || seg == "":
-			seg = DefaultSegment
-		case err != nil:
-			return nil, fmt.Errorf("read segment of %q: %w", uid, err)
-		}
-		out[uid] = seg
-	}
-	return out, nil
 }
 
 // TurnState is whose turn it is in a user's conversation.

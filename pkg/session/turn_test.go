@@ -27,7 +27,7 @@ func score(t testing.TB, s *Store, uid string) time.Time {
 // apply applies events and fails the test on an error.
 func apply(t testing.TB, s *Store, events ...Activity) ActivityResult {
 	t.Helper()
-	res, err := s.ApplyActivity(context.Background(), "gw-a", events)
+	res, err := s.ApplyActivity(context.Background(), "gw-a", SegmentRules{}, events)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,6 +42,7 @@ func (a Activity) at(at time.Time) Activity              { a.At = at; return a }
 func (a Activity) clock(c Clock) Activity                { a.Clock = c; return a }
 func (a Activity) hold(d time.Duration) Activity         { a.MaxHold = d; return a }
 func (a Activity) segment(seg string) Activity           { a.Segment = seg; return a }
+func (a Activity) jitterOf(d time.Duration) Activity     { a.Jitter = d; return a }
 func near(got, want time.Time, slack time.Duration) bool { return got.Sub(want).Abs() <= slack }
 
 // TestActivityOutcomes: what each kind of event, and a renewal after it,
@@ -202,20 +203,25 @@ func TestActivityRefusesBadBatches(t *testing.T) {
 		{ev("", ActivityActive, time.Minute), "uid"},
 		{ev("a b", ActivityActive, time.Minute), "uid"},
 		{ev("x", "typing", time.Minute), "kind"},
-		{ev("x", ActivityActive, 0), "ttl"},
+		{ev("x", ActivityActive, -time.Second), "ttl"},
+		{ev("x", ActivityActive, 0).jitterOf(-time.Second), "jitter"},
 		{ev("x", ActivityActive, time.Minute).clock("sundial"), "clock"},
 		{ev("x", ActivityTurnUs, time.Minute).hold(MaxTurnHold + time.Millisecond), "max hold"},
 		{ev("x", ActivityTurnUs, time.Minute).hold(-time.Second), "max hold"},
 		{ev("x", ActivityActive, time.Minute).hold(time.Second), "max hold"},
 		{ev("x", ActivityActive, time.Minute).segment("a b"), "segment"},
 	} {
-		_, err := s.ApplyActivity(ctx, "gw", []Activity{good, tc.bad})
+		_, err := s.ApplyActivity(ctx, "gw", SegmentRules{}, []Activity{good, tc.bad})
 		if err == nil || !strings.Contains(err.Error(), "event 1") || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want a refusal of event 1 naming %s", tc.bad, err, tc.want)
 		}
 	}
 	if live, err := s.Live(ctx, "good"); err != nil || live {
 		t.Fatalf("a refused batch applied its good event: live %v, %v", live, err)
+	}
+	// An event of no TTL needs rules that give one.
+	if _, err := s.ApplyActivity(ctx, "gw", SegmentRules{}, []Activity{ev("x", ActivityActive, 0)}); err == nil || !strings.Contains(err.Error(), "rules") {
+		t.Errorf("an event of no TTL without rules: %v, want a refusal naming the rules", err)
 	}
 	// An end needs no TTL.
 	if res := apply(t, s, Activity{UID: "good", Kind: ActivityEnd}); res.Applied != 1 {
@@ -224,23 +230,95 @@ func TestActivityRefusesBadBatches(t *testing.T) {
 }
 
 // TestActivitySegment: an event without a segment is of the user's
-// session's, else of the default; Segments reads the same.
+// session's, else of the default; one of no TTL is granted its
+// segment's by the rules, as the script resolves the segment, plus its
+// jitter: what SegmentRules.Of says for the segment the session is in.
+// The segments of the events that turned come back for their timeline.
 func TestActivitySegment(t *testing.T) {
 	s, ctx := newStore(t)
-	if _, err := s.Renew(ctx, "vipper", "vip", time.Minute, ClockPresence); err != nil {
-		t.Fatal(err)
+	rules := SegmentRules{
+		Segments: map[string]SegmentRule{
+			"vip":          {TTL: 3 * time.Hour, Clock: ClockPresence},
+			DefaultSegment: {TTL: 2 * time.Hour, Clock: ClockPresence},
+			"slow":         {TTL: 4 * time.Hour, Clock: ClockTurn},
+		},
+		Unlisted: SegmentRule{TTL: time.Hour, Clock: ClockPresence},
 	}
-	apply(t, s, ev("vipper", ActivityActive, time.Minute), ev("newbie", ActivityActive, time.Minute))
-	segs, err := s.Segments(ctx, []string{"vipper", "newbie", "nobody"})
-	if err != nil {
-		t.Fatal(err)
+	for uid, seg := range map[string]string{"vipper": "vip", "other": "other", "turner": "slow"} {
+		if _, err := s.Renew(ctx, uid, seg, time.Minute, ClockPresence); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if segs["vipper"] != "vip" || segs["newbie"] != DefaultSegment || segs["nobody"] != DefaultSegment {
-		t.Fatalf("segments %v", segs)
+	const jitter = 7*time.Minute + 1500*time.Microsecond
+	const slack = 2 * time.Second
+	for _, tc := range []struct {
+		name, uid, given string
+		want             string        // the segment after
+		offset           time.Duration // the deadline's, from now
+	}{
+		{"listed", "vipper", "", "vip", 3*time.Hour + jitter},
+		{"not listed: the unlisted rule", "other", "", "other", time.Hour + jitter},
+		{"no session: the default segment's rule, not the unlisted", "nobody", "", DefaultSegment, 2*time.Hour + jitter},
+		{"the rule's clock: the turn clock parks", "turner", "", "slow", MaxTurnHold + 4*time.Hour + jitter},
+		{"a segment given", "named", "vip", "vip", 3*time.Hour + jitter},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			now := redisNow(t, s.rdb)
+			if res, err := s.ApplyActivity(ctx, "gw", rules, []Activity{ev(tc.uid, ActivityActive, 0).segment(tc.given).jitterOf(jitter)}); err != nil || res.Applied != 1 {
+				t.Fatalf("%+v, %v", res, err)
+			}
+			seg, err := s.rdb.HGet(ctx, s.ks.SegmentsKey(Bucket(tc.uid)), tc.uid).Result()
+			if err != nil || seg != tc.want {
+				t.Fatalf("segment %q, %v; want %q", seg, err, tc.want)
+			}
+			got := score(t, s, tc.uid)
+			if !near(got, now.Add(tc.offset), slack) {
+				t.Fatalf("deadline %v from now, want %v", got.Sub(now), tc.offset)
+			}
+			// What the Go side resolves for the same segment.
+			r := rules.Of(seg)
+			want := r.TTL + jitter
+			if r.Clock == ClockTurn {
+				want += MaxTurnHold
+			}
+			if !near(got, now.Add(want), slack) {
+				t.Fatalf("deadline %v from now, the Go rule of %q says %v", got.Sub(now), seg, want)
+			}
+		})
 	}
-	apply(t, s, ev("newbie", ActivityActive, time.Minute).segment("sales"))
-	if segs, _ := s.Segments(ctx, []string{"newbie"}); segs["newbie"] != "sales" {
-		t.Fatalf("after an event naming its segment: %v", segs)
+
+	// The turns' segments, as resolved, for the timeline: an end reads
+	// the segment it removes.
+	res, err := s.ApplyActivity(ctx, "gw", rules, []Activity{
+		ev("vipper", ActivityTurnUser, 0),
+		ev("other", ActivityActive, 0),
+		{UID: "other", Kind: ActivityEnd},
+		{UID: "gone", Kind: ActivityEnd},
+		ev("named", ActivityTurnUs, 0).segment("sales"),
+	})
+	if err != nil || res.Applied != 5 {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	if fmt.Sprint(res.Turned) != "[0 2 3 4]" {
+		t.Fatalf("turned %v", res.Turned)
+	}
+	want := map[int]string{0: "vip", 2: "other", 3: DefaultSegment, 4: "sales"}
+	if fmt.Sprint(res.Segments) != fmt.Sprint(want) {
+		t.Fatalf("segments of the turns %v, want %v", res.Segments, want)
+	}
+}
+
+// TestSegmentRulesOf: the Go lookup of a segment's rule, which the
+// script mirrors: listed, else the unlisted rule; "" is DefaultSegment.
+func TestSegmentRulesOf(t *testing.T) {
+	r := SegmentRules{
+		Segments: map[string]SegmentRule{"vip": {TTL: 3 * time.Second}, DefaultSegment: {TTL: 2 * time.Second}},
+		Unlisted: SegmentRule{TTL: time.Second, Clock: ClockTurn},
+	}
+	for seg, want := range map[string]time.Duration{"vip": 3 * time.Second, DefaultSegment: 2 * time.Second, "": 2 * time.Second, "other": time.Second} {
+		if got := r.Of(seg).TTL; got != want {
+			t.Errorf("Of(%q) = %v, want %v", seg, got, want)
+		}
 	}
 }
 
@@ -399,7 +477,7 @@ func TestActivityOnCluster(t *testing.T) {
 			events = append(events, ev(uid, ActivityTurnUser, time.Minute))
 		}
 	}
-	res, err := s.ApplyActivity(ctx, "gw", events)
+	res, err := s.ApplyActivity(ctx, "gw", SegmentRules{}, events)
 	if err != nil || res.Applied != len(events) || res.Stale != 0 {
 		t.Fatalf("%+v, %v; want %d applied", res, err, len(events))
 	}
@@ -426,7 +504,7 @@ func BenchmarkApplyActivity(b *testing.B) {
 		for i := range events {
 			events[i] = ev(fmt.Sprintf("u%06d", (n*batch+i)%200000), ActivityActive, time.Minute)
 		}
-		if _, err := s.ApplyActivity(ctx, "gw", events); err != nil {
+		if _, err := s.ApplyActivity(ctx, "gw", SegmentRules{}, events); err != nil {
 			b.Fatal(err)
 		}
 	}

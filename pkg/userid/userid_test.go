@@ -1,6 +1,7 @@
 package userid
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -43,4 +44,27 @@ func TestValidSegment(t *testing.T) {
 			t.Errorf("ValidSegment(%q) = %v, want %v", tc.seg, got, tc.want)
 		}
 	}
+}
+
+// The rules as the regexps they were written as: Valid and ValidSegment
+// must say what these say.
+var (
+	uidRE     = regexp.MustCompile(`^[A-Za-z0-9._:@-]{1,128}$`)
+	segmentRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+)
+
+// FuzzValid: Valid and ValidSegment agree with the regexps, on any input.
+func FuzzValid(f *testing.F) {
+	for _, s := range []string{"", "alice", "a:b@c", "vip.eu-1", "a b", "é", "a\x00", "a\n", strings.Repeat("u", 64), strings.Repeat("u", 65),
+		strings.Repeat("u", 128), strings.Repeat("u", 129), "ü" + strings.Repeat("u", 127), "\xff"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := Valid(s), uidRE.MatchString(s); got != want {
+			t.Errorf("Valid(%q) = %v, the regexp says %v", s, got, want)
+		}
+		if got, want := ValidSegment(s), segmentRE.MatchString(s); got != want {
+			t.Errorf("ValidSegment(%q) = %v, the regexp says %v", s, got, want)
+		}
+	})
 }

@@ -5,7 +5,13 @@
 -- segments, via, hold, held and stage (K itself, for a script of one
 -- user). Both cancel a hold on the user's timeout, and note is the ARGV
 -- index of the note block that says so in the user's timeline
--- (holdCancelled, lua/holdnote.lua), or nil to record nothing.
+-- (holdCancelled, lua/holdnote.lua), or nil to record nothing. k.empty,
+-- when set, says which of the bucket's hold, held and stage keys the
+-- caller found empty: neither adds to them, so one empty stays so for
+-- the caller's whole call, and its reads and removals are skipped.
+
+-- none is k.empty for a caller that did not look.
+local none = {}
 
 -- heldUntil is when the user's clock starts to run, if that is after
 -- now: while it is our turn, until the turn's max hold; on the turn
@@ -35,17 +41,28 @@ end
 -- when there is none), else nil. from is when the ttl counts from, at
 -- most now, nil for now: an activity event's time, so that one that
 -- reaches us late does not start a silence late; the caller makes sure
--- from+ttl is after now. Returns {the session's deadline, this grant's
--- own: from+ttl}.
-local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resync, unpark, was, turn, from, note)
+-- from+ttl is after now. stored is the user's segment in the segments
+-- hash when the caller read it already (false when there is none), else
+-- nil: a segment written unchanged is not written again. Returns {the
+-- session's deadline, this grant's own: from+ttl}.
+local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resync, unpark, was, turn, from, note, stored)
+  if was == nil and turn == nil then
+    local state = redis.call('MGET', KEYS[k.renewed], KEYS[k.turn])
+    was, turn = tonumber(state[1] or '0'), state[2]
+  end
   if was == nil then was = tonumber(redis.call('GET', KEYS[k.renewed]) or '0') end
   if turn == nil then turn = redis.call('GET', KEYS[k.turn]) end
+  local empty = k.empty or none
+  -- The user's stage entry, read once: whether they are between stages
+  -- (below), and the stages a note says were cancelled (at the end).
+  local stv = false
+  if (not unpark or note) and not empty.stage then stv = redis.call('HGET', KEYS[k.stage], uid) end
   -- Between stages the index holds when the next stage is due, not a
   -- deadline: the silence is past, and a ping ends it.
-  local staged = not unpark and redis.call('HEXISTS', KEYS[k.stage], uid) == 1
+  local staged = not unpark and stv ~= false
   local cur = nil
   if not unpark and not staged then
-    cur = tonumber(redis.call('ZSCORE', KEYS[k.index], uid) or redis.call('HGET', KEYS[k.held], uid))
+    cur = tonumber(redis.call('ZSCORE', KEYS[k.index], uid) or (not empty.held and redis.call('HGET', KEYS[k.held], uid)))
   end
   if resync == V.lapsed then
     -- A grant that ran out while Redis was out of reach: its silence fell
@@ -66,7 +83,7 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
     -- already, and nothing is restored.
     local after = false
     if staged then
-      local silence = tonumber(string.match(redis.call('HGET', KEYS[k.stage], uid) or '', ':(%d+)$'))
+      local silence = tonumber(string.match(stv or '', ':(%d+)$'))
       after = silence ~= nil and at > silence
     end
     if (staged and not after) or was >= at or not (cur or after or was == 0) then return {cur or 0, now} end
@@ -95,7 +112,8 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   end
   if cur and cur > deadline then
     deadline = cur
-    seg = redis.call('HGET', KEYS[k.segments], uid) or seg
+    if stored == nil then stored = redis.call('HGET', KEYS[k.segments], uid) end
+    seg = stored or seg
     -- The via names the instance of the grant the deadline is, then this
     -- one, the last to renew: an outage of either may hold the deadline.
     local granter = decodeVia(redis.call('HGET', KEYS[k.via], uid) or '')
@@ -103,15 +121,15 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   end
   redis.call('SET', KEYS[k.session], seg, 'PX', deadline - now)
   redis.call('ZADD', KEYS[k.index], deadline, uid)
-  redis.call('HSET', KEYS[k.segments], uid, seg)
+  if seg ~= stored then redis.call('HSET', KEYS[k.segments], uid, seg) end
   if via ~= '' then redis.call('HSET', KEYS[k.via], uid, via) end
-  if redis.call('ZREM', KEYS[k.hold], uid) == 1 and note and resync ~= V.lapsed then holdCancelled(k, note, holdNoteRenewed) end
-  redis.call('HDEL', KEYS[k.held], uid)
+  if not empty.hold and redis.call('ZREM', KEYS[k.hold], uid) == 1 and note and resync ~= V.lapsed then holdCancelled(k, note, holdNoteRenewed) end
+  if not empty.held then redis.call('HDEL', KEYS[k.held], uid) end
   -- Between stages: the stages left of the silence are cancelled. Said
   -- in the user's timeline when there is a note block.
-  local st = note and redis.call('HGET', KEYS[k.stage], uid)
+  local st = note and stv
   if st then stagesCancelled(k, note, st) end
-  if st or not note then redis.call('HDEL', KEYS[k.stage], uid) end
+  if (st or not note) and not empty.stage then redis.call('HDEL', KEYS[k.stage], uid) end
   if at > was then
     redis.call('SET', KEYS[k.renewed], at, 'PX', deadline - now + keep)
   end
@@ -134,7 +152,8 @@ local function endSession(k, uid, at, keep, ended, note)
   redis.call('ZREM', KEYS[k.index], uid)
   redis.call('HDEL', KEYS[k.segments], uid)
   redis.call('HDEL', KEYS[k.via], uid)
-  if redis.call('ZREM', KEYS[k.hold], uid) == 1 and note then holdCancelled(k, note, holdNoteEnded) end
-  redis.call('HDEL', KEYS[k.held], uid)
-  redis.call('HDEL', KEYS[k.stage], uid)
+  local empty = k.empty or none
+  if not empty.hold and redis.call('ZREM', KEYS[k.hold], uid) == 1 and note then holdCancelled(k, note, holdNoteEnded) end
+  if not empty.held then redis.call('HDEL', KEYS[k.held], uid) end
+  if not empty.stage then redis.call('HDEL', KEYS[k.stage], uid) end
 end
