@@ -62,6 +62,7 @@ func main() {
 	users := flag.Int("users", 50000, "distinct users they are spread over")
 	partitions := flag.Int("partitions", 12, "partitions of the activity topic")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
+	flag.IntVar(&maxBatch, "max-batch", 0, "throughput: STILLTHERE_ACTIVITY_MAX_BATCH, the most records the feed applies at once (0: the gateway's default)")
 	var late lateSettings
 	flag.IntVar(&late.silent, "late-silent", 1000, "lateness: users of each feed (topic, WebSocket) who go silent; 0 skips the lateness part")
 	flag.IntVar(&late.active, "late-active", 500, "lateness: users of each feed who stay active throughout")

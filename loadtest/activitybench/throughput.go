@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -24,6 +25,10 @@ import (
 // throughput fills rep's throughput figures: events already on the
 // topic, one gateway started, timed until the feed's watermark has passed
 // the last of them.
+// maxBatch is the feed's batch setting for the throughput part; 0: the
+// gateway's default.
+var maxBatch int
+
 func throughput(ctx context.Context, rep *Report, events, users, partitions int) error {
 	rep.Events, rep.Users, rep.Partitions = events, users, partitions
 	if users < 1 || events < users {
@@ -78,6 +83,9 @@ func throughput(ctx context.Context, rep *Report, events, users, partitions int)
 		"STILLTHERE_ACTIVITY_FEED":             "true",
 		"STILLTHERE_ACTIVITY_TOPIC_PARTITIONS": fmt.Sprint(partitions),
 		"STILLTHERE_ACTIVITY_STAMP":            "50ms",
+	}
+	if maxBatch > 0 {
+		env["STILLTHERE_ACTIVITY_MAX_BATCH"] = strconv.Itoa(maxBatch)
 	}
 	cfg, err := gateway.LoadConfig(nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 	if err != nil {

@@ -75,7 +75,7 @@ const (
 func DefaultConfig() Config {
 	k := kafka.DefaultConfig()
 	k.Topic = DefaultTopic
-	return Config{Kafka: k, Group: DefaultGroup, Stamp: DefaultStamp, Gap: DefaultGap, GroupSessionTimeout: DefaultGroupSessionTimeout}
+	return Config{Kafka: k, Group: DefaultGroup, Stamp: DefaultStamp, Gap: DefaultGap, GroupSessionTimeout: DefaultGroupSessionTimeout, MaxBatch: DefaultMaxBatch}
 }
 
 // WithDefaults fills what c leaves empty.
@@ -114,6 +114,7 @@ func (c *Config) Bind(b *config.Binder) {
 	b.String(&c.Group, "activity-group", d.Group, "consumer group of the activity topic")
 	b.Duration(&c.GroupSessionTimeout, "activity-group-session-timeout", d.GroupSessionTimeout, "how long a crashed gateway keeps its activity partitions, and every deadline held, before the group moves them")
 	b.String(&c.DeadLetterTopic, "activity-dlq-topic", "", "topic of refused activity records; default the activity topic with -dlq")
+	b.Int(&c.MaxBatch, "activity-max-batch", d.MaxBatch, "most activity records applied at once: a larger batch spreads each Redis script call's cost over more events, and holds a rebalance a little longer")
 	b.Duration(&c.Stamp, "activity-stamp", d.Stamp, "how often the activity watermark is stamped in Redis")
 	b.Duration(&c.Gap, "activity-gap", d.Gap, "a partition that lagged longer than this records a blind interval: deadlines in it wait for the listener's grace after it")
 	c.Kafka.BindClient(b)
