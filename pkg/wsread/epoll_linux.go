@@ -3,6 +3,7 @@
 package wsread
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -28,7 +29,10 @@ type poller struct {
 	// is never used once file is closed (it may name another file by then).
 	rc   syscall.RawConn
 	work chan *Conn
-	bufs sync.Pool // *[]byte batch buffers of 2×ReadLimit+512
+	bufs sync.Pool // *readBuf, of 2×ReadLimit+512 bytes
+	// idle is the read buffer of every connection between batches: empty,
+	// and never filled (see Conn.br).
+	idle bufio.Reader
 
 	mu      sync.Mutex
 	conns   map[int32]*Conn // by fd; removed before the socket closes
@@ -58,7 +62,10 @@ func newPoller(s *Server) (*poller, error) {
 		conns: make(map[int32]*Conn),
 		stop:  make(chan struct{}),
 	}
-	p.bufs.New = func() any { b := make([]byte, 0, size); return &b }
+	p.bufs.New = func() any {
+		return &readBuf{buf: make([]byte, 0, size), br: *bufio.NewReaderSize(nil, batchReadSize)}
+	}
+	p.idle = *bufio.NewReaderSize(nil, 16)
 	if p.rc, err = p.file.SyscallConn(); err != nil {
 		p.file.Close()
 		return nil, fmt.Errorf("wsread: epoll fd: %w", err)
@@ -390,6 +397,20 @@ func (p *poller) shutdown() {
 		c.mu.Unlock()
 		p.closed(c, net.ErrClosed)
 	}
+}
+
+// borrow lends c a worker's read buffer, for Upgrade: gorilla keeps the
+// reader it is handed only if it has more than 256 bytes.
+func (p *poller) borrow(c *Conn) *readBuf {
+	rb := p.bufs.Get().(*readBuf)
+	c.lend(rb)
+	return rb
+}
+
+// giveBack ends a borrow: c's reader holds the idle buffer again.
+func (p *poller) giveBack(c *Conn, rb *readBuf) {
+	c.unlend(&p.idle)
+	p.bufs.Put(rb)
 }
 
 // readSocket reads what the socket holds without waiting: n bytes, eof
