@@ -24,13 +24,17 @@ const maxRounds = 4
 // it, keeping an incomplete tail for the next event. end says reading is
 // over, with reason.
 func (p *poller) readEvent(c *Conn) (reason error, end bool) {
+	rc, err := c.rawConn()
+	if err != nil {
+		return err, true
+	}
 	rb := p.bufs.Get().(*readBuf)
 	defer p.bufs.Put(rb)
 	buf := append(rb.buf[:0], c.w.pending...)
 	c.w.pending = nil // freed once used
 	for range maxRounds {
 		space := len(buf[len(buf):cap(buf)])
-		n, eof, err := c.readSocket(buf[len(buf):cap(buf)])
+		n, eof, err := c.readSocket(rc, buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
 		if p.s.onRead != nil {
 			p.s.onRead(n)

@@ -8,7 +8,6 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -43,9 +42,8 @@ type Conn struct {
 	s  *Server
 	h  Handler
 
-	rc  syscall.RawConn // the socket, read without waiting (epoll)
-	fd  int32           // -1: no file descriptor (read by a goroutine)
-	gen uint32          // tells this registration of fd from a later one
+	fd  int32  // -1: no file descriptor (read by a goroutine)
+	gen uint32 // tells this registration of fd from a later one
 
 	// mu guards the state below, and orders epoll registration against
 	// Close: the table entry and EPOLL_CTL_DEL go before the socket closes.
@@ -55,12 +53,11 @@ type Conn struct {
 	registered bool // in the poller's table and epoll set
 	closed     bool // the socket is closed
 	ended      bool // Closed was called (or is being called)
-	endReq     bool // reading must end with endErr when the owner looks
+	endReq     bool // reading must end with end.err when the owner looks
 	// borrows: gorilla reads through br (an upgraded connection in
 	// batch mode); see br. Fixed once the connection is made.
-	borrows   bool
-	endErr    error //
-	lingerErr error // given to Closed when a linger ends
+	borrows bool
+	end     *ending // nil until an end is requested or a linger has a reason
 	// pongs are the payloads of the pings writePongs has yet to answer;
 	// not nil while writePongs runs (epoll).
 	pongs       *[]string
@@ -128,7 +125,7 @@ func (c *Conn) close() error {
 	dispatch := false
 	if c.served && !c.ended {
 		if !c.endReq {
-			c.endReq, c.endErr = true, net.ErrClosed
+			c.requestEnd(net.ErrClosed)
 		}
 		if !c.busy {
 			c.busy, dispatch = true, true
@@ -139,6 +136,41 @@ func (c *Conn) close() error {
 		c.s.p.dispatch(c)
 	}
 	return err
+}
+
+// ending is why reading ends: made when an end is requested, or a linger
+// is given a reason, so that a connection holds none of it until then.
+// Guarded by the conn's mu.
+type ending struct {
+	err    error // why reading ends once endReq is set
+	linger error // given to Closed when a linger ends
+}
+
+// reason is why reading ends (endReq is set).
+func (e *ending) reason() error { return e.err }
+
+// lingerReason is what Closed gets when a linger ends: nil unless the
+// linger was started with a reason.
+func (e *ending) lingerReason() error {
+	if e == nil {
+		return nil
+	}
+	return e.linger
+}
+
+// ending returns c's ending, made if need be. c.mu is held.
+func (c *Conn) ending() *ending {
+	if c.end == nil {
+		c.end = &ending{}
+	}
+	return c.end
+}
+
+// requestEnd makes reading end with err when the owner looks. c.mu is
+// held.
+func (c *Conn) requestEnd(err error) {
+	c.endReq = true
+	c.ending().err = err
 }
 
 // errNotReady is the wire's answer when gorilla asks for bytes outside the
@@ -320,7 +352,7 @@ func (c *Conn) endRequested() bool {
 // startLinger starts dropping input for d; Closed gets err when it ends.
 func (c *Conn) startLinger(d time.Duration, err error) {
 	c.mu.Lock()
-	c.lingerErr = err
+	c.ending().linger = err
 	c.lingerUntil.Store(time.Now().Add(d).UnixNano())
 	c.mu.Unlock()
 }
@@ -328,7 +360,7 @@ func (c *Conn) startLinger(d time.Duration, err error) {
 func (c *Conn) lingerReason() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.lingerErr
+	return c.end.lingerReason()
 }
 
 // pongWait bounds writing a pong, as gorilla's own ping handler does.

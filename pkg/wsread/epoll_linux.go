@@ -34,8 +34,11 @@ type poller struct {
 	// and never filled (see Conn.br).
 	idle bufio.Reader
 
-	mu      sync.Mutex
-	conns   map[int32]*Conn // by fd; removed before the socket closes
+	mu sync.Mutex
+	// conns are the registered connections, by fd (small numbers, most of
+	// them a connection's: a table, not a map); removed before the
+	// socket closes.
+	conns   []*Conn
 	gen     uint32
 	stopped bool // workers are gone: dispatch runs a goroutine
 
@@ -56,11 +59,10 @@ func newPoller(s *Server) (*poller, error) {
 	}
 	size := int(2*s.cfg.ReadLimit + 512)
 	p := &poller{
-		s:     s,
-		file:  os.NewFile(uintptr(epfd), "wsread-epoll"),
-		work:  make(chan *Conn, 4*s.cfg.Workers),
-		conns: make(map[int32]*Conn),
-		stop:  make(chan struct{}),
+		s:    s,
+		file: os.NewFile(uintptr(epfd), "wsread-epoll"),
+		work: make(chan *Conn, 4*s.cfg.Workers),
+		stop: make(chan struct{}),
 	}
 	p.bufs.New = func() any {
 		return &readBuf{buf: make([]byte, 0, size), br: *bufio.NewReaderSize(nil, batchReadSize)}
@@ -157,7 +159,10 @@ func (p *poller) loop() {
 // and marks it owned.
 func (p *poller) claim(fd int32, gen uint32) *Conn {
 	p.mu.Lock()
-	c := p.conns[fd]
+	var c *Conn
+	if int(fd) < len(p.conns) {
+		c = p.conns[fd]
+	}
 	p.mu.Unlock()
 	if c == nil || c.gen != gen {
 		return nil
@@ -205,22 +210,25 @@ func (p *poller) serve(c *Conn) {
 	c.served = true
 	switch {
 	case c.closed:
-		c.endReq, c.endErr = true, net.ErrClosed
+		c.requestEnd(net.ErrClosed)
 	default:
 		p.mu.Lock()
 		p.gen++
 		c.gen = p.gen
+		if n := int(c.fd) + 1; n > len(p.conns) {
+			p.conns = append(p.conns, make([]*Conn, n-len(p.conns))...)
+		}
 		p.conns[c.fd] = c
 		p.mu.Unlock()
 		ev := syscall.EpollEvent{Events: armEvents, Fd: c.fd, Pad: int32(c.gen)}
 		if err := p.ctl(syscall.EPOLL_CTL_ADD, c.fd, &ev); err != nil {
 			p.mu.Lock()
-			delete(p.conns, c.fd)
+			p.conns[c.fd] = nil
 			p.mu.Unlock()
-			c.endReq, c.endErr = true, fmt.Errorf("wsread: epoll add: %w", err)
+			c.requestEnd(fmt.Errorf("wsread: epoll add: %w", err))
 			if errors.Is(err, os.ErrClosed) {
 				// Run has ended: as in goroutine mode, close it.
-				c.endErr, c.closed = net.ErrClosed, true
+				c.end.err, c.closed = net.ErrClosed, true
 				c.w.Conn.Close()
 			}
 			break
@@ -248,8 +256,8 @@ func (p *poller) arm(c *Conn) error {
 // c.mu held.
 func (p *poller) deregister(c *Conn) {
 	p.mu.Lock()
-	if p.conns[c.fd] == c {
-		delete(p.conns, c.fd)
+	if int(c.fd) < len(p.conns) && p.conns[c.fd] == c {
+		p.conns[c.fd] = nil
 	}
 	p.mu.Unlock()
 	p.ctl(syscall.EPOLL_CTL_DEL, c.fd, nil)
@@ -269,7 +277,7 @@ func (p *poller) handle(c *Conn) {
 	}
 	c.mu.Lock()
 	if !end && c.endReq {
-		reason, end = c.endErr, true
+		reason, end = c.end.reason(), true
 	}
 	if !end && c.registered {
 		// Re-arming fails once Run closed the set; shutdown then ends c
@@ -313,9 +321,9 @@ func (p *poller) expire(c *Conn, now int64) {
 			c.mu.Unlock()
 			return
 		}
-		c.endReq, c.endErr = true, c.lingerErr
+		c.requestEnd(c.end.lingerReason())
 	} else if d := c.w.deadline.Load(); d != 0 && now > d {
-		c.endReq, c.endErr = true, ErrIdle
+		c.requestEnd(ErrIdle)
 	} else {
 		c.mu.Unlock()
 		return
@@ -343,7 +351,7 @@ func (p *poller) sweeper() {
 		due = due[:0]
 		p.mu.Lock()
 		for _, c := range p.conns {
-			if pastDue(c, now) {
+			if c != nil && pastDue(c, now) {
 				due = append(due, c)
 			}
 		}
@@ -379,7 +387,9 @@ func (p *poller) shutdown() {
 	}
 	p.mu.Lock()
 	for _, c := range p.conns {
-		left = append(left, c)
+		if c != nil {
+			left = append(left, c)
+		}
 	}
 	clear(p.conns)
 	p.mu.Unlock()
@@ -413,12 +423,18 @@ func (p *poller) giveBack(c *Conn, rb *readBuf) {
 	p.bufs.Put(rb)
 }
 
-// readSocket reads what the socket holds without waiting: n bytes, eof
-// when the peer hung up, or an error. The func given to RawConn.Read
-// returns true, so the runtime never parks on it.
-func (c *Conn) readSocket(p []byte) (n int, eof bool, err error) {
+// rawConn is c's socket, to read without waiting; made for each turn, so
+// that a connection keeps none.
+func (c *Conn) rawConn() (syscall.RawConn, error) {
+	return c.w.Conn.(syscall.Conn).SyscallConn()
+}
+
+// readSocket reads what the socket (rc, c's) holds without waiting: n
+// bytes, eof when the peer hung up, or an error. The func given to
+// RawConn.Read returns true, so the runtime never parks on it.
+func (c *Conn) readSocket(rc syscall.RawConn, p []byte) (n int, eof bool, err error) {
 	var rerr error
-	cerr := c.rc.Read(func(fd uintptr) bool {
+	cerr := rc.Read(func(fd uintptr) bool {
 		for {
 			n, rerr = syscall.Read(int(fd), p)
 			if rerr != syscall.EINTR {

@@ -190,7 +190,7 @@ func (s *Server) newConn(nc net.Conn, dialed, rsv1 bool, pending []byte) *Conn {
 	// The socket is read through rc: a deadline net/http left on it would
 	// fail those reads.
 	nc.SetReadDeadline(time.Time{})
-	c.rc, c.fd = rc, int32(fd)
+	c.fd = int32(fd)
 	if !dialed {
 		c.w.mode = wireBatch
 	}
