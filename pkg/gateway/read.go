@@ -43,8 +43,9 @@ func newReader(cfg Config) (*wsread.Server, error) {
 }
 
 // readBufferSize is gorilla's read buffer for a connection read in mode.
-// In epoll mode gorilla only ever holds a control frame of the batch it
-// is handed (wsread gives it whole frames), and 128 bytes is its floor;
+// In epoll mode gorilla reads batches of whole frames through a buffer
+// wsread lends it per batch, and the size only counts for a connection
+// without a file descriptor (which wsread reads with at least 257 bytes);
 // a goroutine reads through it from the socket, where it sizes syscalls.
 func readBufferSize(mode string) int {
 	if mode == string(wsread.ModeEpoll) {

@@ -24,20 +24,24 @@ const maxRounds = 4
 // it, keeping an incomplete tail for the next event. end says reading is
 // over, with reason.
 func (p *poller) readEvent(c *Conn) (reason error, end bool) {
-	bp := p.bufs.Get().(*[]byte)
-	defer p.bufs.Put(bp)
-	buf := append((*bp)[:0], c.w.pending...)
+	rc, err := c.rawConn()
+	if err != nil {
+		return err, true
+	}
+	rb := p.bufs.Get().(*readBuf)
+	defer p.bufs.Put(rb)
+	buf := append(rb.buf[:0], c.w.pending...)
 	c.w.pending = nil // freed once used
 	for range maxRounds {
 		space := len(buf[len(buf):cap(buf)])
-		n, eof, err := c.readSocket(buf[len(buf):cap(buf)])
+		n, eof, err := c.readSocket(rc, buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
 		if p.s.onRead != nil {
 			p.s.onRead(n)
 		}
 		if c.lingering() {
 			buf = buf[:0]
-		} else if used, reason, end := p.deliver(c, buf); end {
+		} else if used, reason, end := p.deliver(c, rb, buf); end {
 			return reason, true
 		} else {
 			buf = buf[:copy(buf, buf[used:])]
@@ -71,22 +75,32 @@ func (p *poller) readEvent(c *Conn) (reason error, end bool) {
 	return nil, false
 }
 
-// deliver shows gorilla the longest ready prefix of buf and hands its
-// messages to the handler. used is how much of buf gorilla consumed.
-func (p *poller) deliver(c *Conn, buf []byte) (used int, reason error, end bool) {
+// deliver shows gorilla the longest ready prefix of buf (rb's) and hands
+// its messages to the handler, gorilla reading through rb's read buffer
+// when c borrows one. used is how much of buf gorilla consumed.
+func (p *poller) deliver(c *Conn, rb *readBuf, buf []byte) (used int, reason error, end bool) {
 	b := scan(buf, scanOpts{server: !c.w.client(), rsv1: c.w.rsv1, limit: p.s.cfg.ReadLimit})
 	calls := b.calls()
 	if calls == 0 {
 		return 0, nil, false
 	}
-	c.w.batch = buf[:b.n]
+	rb.batch = buf[:b.n]
 	if b.term {
-		c.w.term = termMasked
+		rb.term = termMasked
 		if c.w.client() {
-			c.w.term = termUnmasked
+			rb.term = termUnmasked
 		}
 	}
-	defer func() { c.w.batch, c.w.term = nil, nil }()
+	c.w.rb = rb
+	if c.borrows {
+		c.lend(rb)
+	}
+	defer func() {
+		c.w.rb, rb.batch, rb.term = nil, nil, nil
+		if c.borrows {
+			c.unlend(&p.idle)
+		}
+	}()
 	for i := range calls {
 		typ, data, err := c.ws.ReadMessage()
 		last := i == calls-1
@@ -113,7 +127,8 @@ func (p *poller) deliver(c *Conn, buf []byte) (used int, reason error, end bool)
 			return b.n, nil, true
 		}
 	}
-	if len(c.w.batch) != 0 || len(c.w.term) != 0 {
+	// Unread bytes in gorilla's buffer would be lost with the lent one.
+	if len(rb.batch) != 0 || len(rb.term) != 0 || c.br.Buffered() != 0 {
 		return b.n, errors.New("wsread: gorilla left part of a batch unread"), true
 	}
 	return b.n, nil, false

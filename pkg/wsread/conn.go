@@ -1,13 +1,13 @@
 package wsread
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -42,24 +42,33 @@ type Conn struct {
 	s  *Server
 	h  Handler
 
-	rc  syscall.RawConn // the socket, read without waiting (epoll)
-	fd  int32           // -1: no file descriptor (read by a goroutine)
-	gen uint32          // tells this registration of fd from a later one
+	fd  int32  // -1: no file descriptor (read by a goroutine)
+	gen uint32 // tells this registration of fd from a later one
 
 	// mu guards the state below, and orders epoll registration against
 	// Close: the table entry and EPOLL_CTL_DEL go before the socket closes.
-	mu          sync.Mutex
-	served      bool     // Serve was called
-	busy        bool     // a worker owns the connection (or it is queued for one)
-	registered  bool     // in the poller's table and epoll set
-	closed      bool     // the socket is closed
-	ended       bool     // Closed was called (or is being called)
-	endReq      bool     // reading must end with endErr when the owner looks
-	endErr      error    //
-	lingerErr   error    // given to Closed when a linger ends
-	ponging     bool     // writePongs runs (epoll)
-	pongs       []string // payloads of the pings it has yet to answer
+	mu         sync.Mutex
+	served     bool // Serve was called
+	busy       bool // a worker owns the connection (or it is queued for one)
+	registered bool // in the poller's table and epoll set
+	closed     bool // the socket is closed
+	ended      bool // Closed was called (or is being called)
+	endReq     bool // reading must end with end.err when the owner looks
+	// borrows: gorilla reads through br (an upgraded connection in
+	// batch mode); see br. Fixed once the connection is made.
+	borrows bool
+	end     *ending // nil until an end is requested or a linger has a reason
+	// pongs are the payloads of the pings writePongs has yet to answer;
+	// not nil while writePongs runs (epoll).
+	pongs       *[]string
 	lingerUntil atomic.Int64
+
+	// br is gorilla's read buffer when borrows (the hijacker hands it to
+	// gorilla, which keeps it as its own). Between batches it holds the
+	// poller's shared empty buffer, and nothing reads it; for a batch it
+	// borrows the worker's buffer (lend), and gives it back empty
+	// (unlend). An idle connection so holds no read buffer of its own.
+	br bufio.Reader
 }
 
 // WS is the gorilla connection: write with it (WriteMessage, WriteControl,
@@ -116,7 +125,7 @@ func (c *Conn) close() error {
 	dispatch := false
 	if c.served && !c.ended {
 		if !c.endReq {
-			c.endReq, c.endErr = true, net.ErrClosed
+			c.requestEnd(net.ErrClosed)
 		}
 		if !c.busy {
 			c.busy, dispatch = true, true
@@ -127,6 +136,41 @@ func (c *Conn) close() error {
 		c.s.p.dispatch(c)
 	}
 	return err
+}
+
+// ending is why reading ends: made when an end is requested, or a linger
+// is given a reason, so that a connection holds none of it until then.
+// Guarded by the conn's mu.
+type ending struct {
+	err    error // why reading ends once endReq is set
+	linger error // given to Closed when a linger ends
+}
+
+// reason is why reading ends (endReq is set).
+func (e *ending) reason() error { return e.err }
+
+// lingerReason is what Closed gets when a linger ends: nil unless the
+// linger was started with a reason.
+func (e *ending) lingerReason() error {
+	if e == nil {
+		return nil
+	}
+	return e.linger
+}
+
+// ending returns c's ending, made if need be. c.mu is held.
+func (c *Conn) ending() *ending {
+	if c.end == nil {
+		c.end = &ending{}
+	}
+	return c.end
+}
+
+// requestEnd makes reading end with err when the owner looks. c.mu is
+// held.
+func (c *Conn) requestEnd(err error) {
+	c.endReq = true
+	c.ending().err = err
 }
 
 // errNotReady is the wire's answer when gorilla asks for bytes outside the
@@ -153,11 +197,12 @@ type wire struct {
 	net.Conn
 	c       *Conn
 	mode    wireMode
-	dialed  bool   // we are the client: frames from the peer are unmasked
-	rsv1    bool   // compression may be negotiated (gorilla accepts RSV1)
-	hsMatch uint8  // bytes of "\r\n\r\n" matched (wireHandshake)
-	batch   []byte // what gorilla may still read of this batch
-	term    []byte // the terminator after batch, if the batch needs one
+	dialed  bool  // we are the client: frames from the peer are unmasked
+	rsv1    bool  // compression may be negotiated (gorilla accepts RSV1)
+	hsMatch uint8 // bytes of "\r\n\r\n" matched (wireHandshake)
+	// rb holds the batch being delivered (its batch and term), nil
+	// between batches: the worker's, not the connection's (wireBatch).
+	rb *readBuf
 	// pending: bytes read from the socket that gorilla has not seen:
 	// incomplete frames (wireBatch), or frames that came with the
 	// handshake (they become the first batch).
@@ -165,19 +210,55 @@ type wire struct {
 	deadline atomic.Int64 // read deadline, Unix ns; 0: none (wireBatch)
 }
 
+// batchReadSize is gorilla's read buffer while it reads a batch: the
+// worker's, lent to the connection (see Conn.br). Above 256 bytes, so
+// that gorilla's Upgrade keeps the reader the hijacker hands it.
+const batchReadSize = 512
+
+// readBuf is what a worker reads one connection's turn with (pooled, the
+// worker's while it runs): the bytes read from the socket, the batch
+// gorilla is shown of them, and the read buffer gorilla reads it through.
+type readBuf struct {
+	buf   []byte // socket reads: 2×ReadLimit+512 bytes
+	batch []byte // what gorilla may still read of this batch
+	term  []byte // the terminator after batch, if the batch needs one
+	// br is lent to the connection being read (Conn.lend), by copy: it
+	// is only a template for its buffer and never read itself.
+	br bufio.Reader
+}
+
+// lend makes rb's read buffer c's, empty, for gorilla to read a batch
+// through (or, during Upgrade, to see a buffer it keeps as its own).
+func (c *Conn) lend(rb *readBuf) {
+	c.br = rb.br
+	c.br.Reset(&c.w)
+}
+
+// unlend gives the lent buffer back: c.br then holds idle's, shared by
+// every idle connection and never filled (a read outside a batch gets
+// errNotReady from the wire before it could store a byte).
+func (c *Conn) unlend(idle *bufio.Reader) {
+	c.br = *idle
+	c.br.Reset(&c.w)
+}
+
 func (w *wire) client() bool { return w.dialed }
 
 func (w *wire) Read(p []byte) (int, error) {
 	switch w.mode {
 	case wireBatch:
-		if len(w.batch) > 0 {
-			n := copy(p, w.batch)
-			w.batch = w.batch[n:]
+		rb := w.rb
+		if rb == nil {
+			return 0, errNotReady
+		}
+		if len(rb.batch) > 0 {
+			n := copy(p, rb.batch)
+			rb.batch = rb.batch[n:]
 			return n, nil
 		}
-		if len(w.term) > 0 {
-			n := copy(p, w.term)
-			w.term = w.term[n:]
+		if len(rb.term) > 0 {
+			n := copy(p, rb.term)
+			rb.term = rb.term[n:]
 			return n, nil
 		}
 		return 0, errNotReady
@@ -271,7 +352,7 @@ func (c *Conn) endRequested() bool {
 // startLinger starts dropping input for d; Closed gets err when it ends.
 func (c *Conn) startLinger(d time.Duration, err error) {
 	c.mu.Lock()
-	c.lingerErr = err
+	c.ending().linger = err
 	c.lingerUntil.Store(time.Now().Add(d).UnixNano())
 	c.mu.Unlock()
 }
@@ -279,7 +360,7 @@ func (c *Conn) startLinger(d time.Duration, err error) {
 func (c *Conn) lingerReason() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.lingerErr
+	return c.end.lingerReason()
 }
 
 // pongWait bounds writing a pong, as gorilla's own ping handler does.
@@ -298,12 +379,15 @@ const maxPongs = 32
 // a pong is due.
 func (c *Conn) pong(data string) error {
 	c.mu.Lock()
-	if len(c.pongs) == maxPongs {
-		c.pongs = c.pongs[1:]
+	start := c.pongs == nil
+	if start {
+		c.pongs = new([]string)
 	}
-	c.pongs = append(c.pongs, data)
-	start := !c.ponging
-	c.ponging = true
+	q := c.pongs
+	if len(*q) == maxPongs {
+		*q = (*q)[1:]
+	}
+	*q = append(*q, data)
 	c.mu.Unlock()
 	if start {
 		c.s.p.pongs.Go(c.writePongs)
@@ -314,13 +398,14 @@ func (c *Conn) pong(data string) error {
 func (c *Conn) writePongs() {
 	for {
 		c.mu.Lock()
-		if len(c.pongs) == 0 {
-			c.ponging, c.pongs = false, nil
+		q := c.pongs
+		if len(*q) == 0 {
+			c.pongs = nil
 			c.mu.Unlock()
 			return
 		}
-		data := c.pongs[0]
-		c.pongs = c.pongs[1:]
+		data := (*q)[0]
+		*q = (*q)[1:]
 		c.mu.Unlock()
 		// Errors are the writer's to see: a failed write is fatal to
 		// every later one.

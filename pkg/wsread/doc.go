@@ -20,10 +20,16 @@
 // running ReadMessage) behind the same API, for other platforms and for
 // connections without a file descriptor (TLS).
 //
-// Settings the caller owns: with the epoll mode gorilla's read buffer only
-// ever holds part of a batch, so Upgrader.ReadBufferSize (and
-// Dialer.ReadBufferSize) can be 128 (gorilla's floor is 125, a control
-// frame). Keep WriteBufferPool set, so idle connections hold no write buffer.
-// Serve sets gorilla's read limit to Config.ReadLimit: do not change it
-// afterwards, the scan must agree with gorilla on it.
+// gorilla's read buffer only ever holds part of a batch in the epoll mode.
+// For a connection Upgrade made, it is the connection's own reader, which
+// borrows a worker's buffer for each batch and gives it back empty: an
+// idle connection holds no read buffer, and Upgrader.ReadBufferSize only
+// sizes that of a connection read by a goroutine (at least 257 bytes,
+// the least gorilla keeps of a hijacked reader).
+//
+// Settings the caller owns: Dialer.ReadBufferSize can be 128 in the epoll
+// mode (gorilla's floor is 125, a control frame). Keep WriteBufferPool
+// set, so idle connections hold no write buffer. Serve sets gorilla's read
+// limit to Config.ReadLimit: do not change it afterwards, the scan must
+// agree with gorilla on it.
 package wsread

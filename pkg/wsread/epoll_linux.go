@@ -3,6 +3,7 @@
 package wsread
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -28,10 +29,16 @@ type poller struct {
 	// is never used once file is closed (it may name another file by then).
 	rc   syscall.RawConn
 	work chan *Conn
-	bufs sync.Pool // *[]byte batch buffers of 2×ReadLimit+512
+	bufs sync.Pool // *readBuf, of 2×ReadLimit+512 bytes
+	// idle is the read buffer of every connection between batches: empty,
+	// and never filled (see Conn.br).
+	idle bufio.Reader
 
-	mu      sync.Mutex
-	conns   map[int32]*Conn // by fd; removed before the socket closes
+	mu sync.Mutex
+	// conns are the registered connections, by fd (small numbers, most of
+	// them a connection's: a table, not a map); removed before the
+	// socket closes.
+	conns   []*Conn
 	gen     uint32
 	stopped bool // workers are gone: dispatch runs a goroutine
 
@@ -52,13 +59,15 @@ func newPoller(s *Server) (*poller, error) {
 	}
 	size := int(2*s.cfg.ReadLimit + 512)
 	p := &poller{
-		s:     s,
-		file:  os.NewFile(uintptr(epfd), "wsread-epoll"),
-		work:  make(chan *Conn, 4*s.cfg.Workers),
-		conns: make(map[int32]*Conn),
-		stop:  make(chan struct{}),
+		s:    s,
+		file: os.NewFile(uintptr(epfd), "wsread-epoll"),
+		work: make(chan *Conn, 4*s.cfg.Workers),
+		stop: make(chan struct{}),
 	}
-	p.bufs.New = func() any { b := make([]byte, 0, size); return &b }
+	p.bufs.New = func() any {
+		return &readBuf{buf: make([]byte, 0, size), br: *bufio.NewReaderSize(nil, batchReadSize)}
+	}
+	p.idle = *bufio.NewReaderSize(nil, 16)
 	if p.rc, err = p.file.SyscallConn(); err != nil {
 		p.file.Close()
 		return nil, fmt.Errorf("wsread: epoll fd: %w", err)
@@ -150,7 +159,10 @@ func (p *poller) loop() {
 // and marks it owned.
 func (p *poller) claim(fd int32, gen uint32) *Conn {
 	p.mu.Lock()
-	c := p.conns[fd]
+	var c *Conn
+	if int(fd) < len(p.conns) {
+		c = p.conns[fd]
+	}
 	p.mu.Unlock()
 	if c == nil || c.gen != gen {
 		return nil
@@ -198,22 +210,25 @@ func (p *poller) serve(c *Conn) {
 	c.served = true
 	switch {
 	case c.closed:
-		c.endReq, c.endErr = true, net.ErrClosed
+		c.requestEnd(net.ErrClosed)
 	default:
 		p.mu.Lock()
 		p.gen++
 		c.gen = p.gen
+		if n := int(c.fd) + 1; n > len(p.conns) {
+			p.conns = append(p.conns, make([]*Conn, n-len(p.conns))...)
+		}
 		p.conns[c.fd] = c
 		p.mu.Unlock()
 		ev := syscall.EpollEvent{Events: armEvents, Fd: c.fd, Pad: int32(c.gen)}
 		if err := p.ctl(syscall.EPOLL_CTL_ADD, c.fd, &ev); err != nil {
 			p.mu.Lock()
-			delete(p.conns, c.fd)
+			p.conns[c.fd] = nil
 			p.mu.Unlock()
-			c.endReq, c.endErr = true, fmt.Errorf("wsread: epoll add: %w", err)
+			c.requestEnd(fmt.Errorf("wsread: epoll add: %w", err))
 			if errors.Is(err, os.ErrClosed) {
 				// Run has ended: as in goroutine mode, close it.
-				c.endErr, c.closed = net.ErrClosed, true
+				c.end.err, c.closed = net.ErrClosed, true
 				c.w.Conn.Close()
 			}
 			break
@@ -241,8 +256,8 @@ func (p *poller) arm(c *Conn) error {
 // c.mu held.
 func (p *poller) deregister(c *Conn) {
 	p.mu.Lock()
-	if p.conns[c.fd] == c {
-		delete(p.conns, c.fd)
+	if int(c.fd) < len(p.conns) && p.conns[c.fd] == c {
+		p.conns[c.fd] = nil
 	}
 	p.mu.Unlock()
 	p.ctl(syscall.EPOLL_CTL_DEL, c.fd, nil)
@@ -262,7 +277,7 @@ func (p *poller) handle(c *Conn) {
 	}
 	c.mu.Lock()
 	if !end && c.endReq {
-		reason, end = c.endErr, true
+		reason, end = c.end.reason(), true
 	}
 	if !end && c.registered {
 		// Re-arming fails once Run closed the set; shutdown then ends c
@@ -306,9 +321,9 @@ func (p *poller) expire(c *Conn, now int64) {
 			c.mu.Unlock()
 			return
 		}
-		c.endReq, c.endErr = true, c.lingerErr
+		c.requestEnd(c.end.lingerReason())
 	} else if d := c.w.deadline.Load(); d != 0 && now > d {
-		c.endReq, c.endErr = true, ErrIdle
+		c.requestEnd(ErrIdle)
 	} else {
 		c.mu.Unlock()
 		return
@@ -336,7 +351,7 @@ func (p *poller) sweeper() {
 		due = due[:0]
 		p.mu.Lock()
 		for _, c := range p.conns {
-			if pastDue(c, now) {
+			if c != nil && pastDue(c, now) {
 				due = append(due, c)
 			}
 		}
@@ -372,7 +387,9 @@ func (p *poller) shutdown() {
 	}
 	p.mu.Lock()
 	for _, c := range p.conns {
-		left = append(left, c)
+		if c != nil {
+			left = append(left, c)
+		}
 	}
 	clear(p.conns)
 	p.mu.Unlock()
@@ -392,12 +409,32 @@ func (p *poller) shutdown() {
 	}
 }
 
-// readSocket reads what the socket holds without waiting: n bytes, eof
-// when the peer hung up, or an error. The func given to RawConn.Read
-// returns true, so the runtime never parks on it.
-func (c *Conn) readSocket(p []byte) (n int, eof bool, err error) {
+// borrow lends c a worker's read buffer, for Upgrade: gorilla keeps the
+// reader it is handed only if it has more than 256 bytes.
+func (p *poller) borrow(c *Conn) *readBuf {
+	rb := p.bufs.Get().(*readBuf)
+	c.lend(rb)
+	return rb
+}
+
+// giveBack ends a borrow: c's reader holds the idle buffer again.
+func (p *poller) giveBack(c *Conn, rb *readBuf) {
+	c.unlend(&p.idle)
+	p.bufs.Put(rb)
+}
+
+// rawConn is c's socket, to read without waiting; made for each turn, so
+// that a connection keeps none.
+func (c *Conn) rawConn() (syscall.RawConn, error) {
+	return c.w.Conn.(syscall.Conn).SyscallConn()
+}
+
+// readSocket reads what the socket (rc, c's) holds without waiting: n
+// bytes, eof when the peer hung up, or an error. The func given to
+// RawConn.Read returns true, so the runtime never parks on it.
+func (c *Conn) readSocket(rc syscall.RawConn, p []byte) (n int, eof bool, err error) {
 	var rerr error
-	cerr := c.rc.Read(func(fd uintptr) bool {
+	cerr := rc.Read(func(fd uintptr) bool {
 		for {
 			n, rerr = syscall.Read(int(fd), p)
 			if rerr != syscall.EINTR {

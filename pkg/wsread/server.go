@@ -97,8 +97,15 @@ func (s *Server) Upgrade(u *websocket.Upgrader, w http.ResponseWriter, r *http.R
 		}
 		return &Conn{ws: ws, s: s, fd: -1}, nil
 	}
-	hj := &hijacker{ResponseWriter: w, s: s, rsv1: u.EnableCompression}
-	ws, err := u.Upgrade(hj, r, h)
+	// gorilla keeps the hijacker's reader as its read buffer only if no
+	// size is set (see Hijack).
+	uu := *u
+	uu.ReadBufferSize = 0
+	hj := &hijacker{ResponseWriter: w, s: s, rsv1: u.EnableCompression, readSize: u.ReadBufferSize}
+	ws, err := uu.Upgrade(hj, r, h)
+	if hj.rb != nil {
+		s.p.giveBack(hj.c, hj.rb)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -110,12 +117,19 @@ func (s *Server) Upgrade(u *websocket.Upgrader, w http.ResponseWriter, r *http.R
 }
 
 // hijacker hands gorilla the adapter's conn and an empty reader; what
-// net/http had already buffered goes to the conn's pending bytes.
+// net/http had already buffered goes to the conn's pending bytes. For a
+// connection read in batches the reader is the conn's own br, with a
+// worker's buffer lent for the handshake (rb): gorilla keeps it as its
+// read buffer, which holds no buffer of its own between batches (see
+// Conn.br). For one read by a goroutine it is a reader of the upgrader's
+// size, which gorilla keeps as well.
 type hijacker struct {
 	http.ResponseWriter
-	s    *Server
-	rsv1 bool
-	c    *Conn
+	s        *Server
+	rsv1     bool
+	readSize int // the upgrader's ReadBufferSize
+	c        *Conn
+	rb       *readBuf // lent to c's br until Upgrade returns
 }
 
 func (h *hijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
@@ -133,7 +147,23 @@ func (h *hijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		pending = append([]byte(nil), p...)
 	}
 	h.c = h.s.newConn(nc, false, h.rsv1, pending)
-	return &h.c.w, bufio.NewReadWriter(bufio.NewReaderSize(&h.c.w, 16), brw.Writer), nil
+	if h.c.w.mode == wireBatch {
+		h.c.borrows = true
+		h.rb = h.s.p.borrow(h.c)
+		return &h.c.w, bufio.NewReadWriter(&h.c.br, brw.Writer), nil
+	}
+	return &h.c.w, bufio.NewReadWriter(bufio.NewReaderSize(&h.c.w, passReadSize(h.readSize)), brw.Writer), nil
+}
+
+// passReadSize is the read buffer of a connection that a goroutine reads
+// through gorilla (no file descriptor) for an upgrader's ReadBufferSize
+// of n: gorilla's default for 0, and at least 257 bytes, the least that
+// gorilla keeps of a hijacker's reader.
+func passReadSize(n int) int {
+	if n == 0 {
+		return 4096
+	}
+	return max(n, 257)
 }
 
 // newConn wraps a socket. With a file descriptor and the epoll mode it is
@@ -160,7 +190,7 @@ func (s *Server) newConn(nc net.Conn, dialed, rsv1 bool, pending []byte) *Conn {
 	// The socket is read through rc: a deadline net/http left on it would
 	// fail those reads.
 	nc.SetReadDeadline(time.Time{})
-	c.rc, c.fd = rc, int32(fd)
+	c.fd = int32(fd)
 	if !dialed {
 		c.w.mode = wireBatch
 	}
