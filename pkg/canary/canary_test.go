@@ -89,7 +89,8 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // leavers' stages are ok, the stayer's guide is false, and the stages are
 // counted once each.
 func TestCanaryJudgesAGateway(t *testing.T) {
-	v, err := token.NewVerifier([]byte(testSecret), token.Rules{})
+	// The gateway requires an issuer and an audience, as production's do.
+	v, err := token.NewVerifier([]byte(testSecret), token.Rules{Issuer: "https://login.example", Audience: "stillthere"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,6 +102,7 @@ func TestCanaryJudgesAGateway(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.URL = "ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/ws"
 	cfg.TokenSecret = testSecret
+	cfg.TokenIssuer, cfg.TokenAudience = "https://login.example", "stillthere"
 	cfg.TTL, cfg.Jitter, cfg.StageDelays = 2*time.Second, 0, nil
 	cfg.Stayers, cfg.Leavers, cfg.LeavePings = 1, 2, 1
 	cfg.StayFor = 10 * time.Second

@@ -39,6 +39,10 @@ type Config struct {
 	// holds it (token-secret-file); the file wins.
 	TokenSecret     string
 	TokenSecretFile string
+	// TokenIssuer and TokenAudience are the iss and aud the gateways
+	// require of client tokens (token-issuer, token-audience, the
+	// gateway's); empty: none.
+	TokenIssuer, TokenAudience string
 
 	// Segment is the canary segment (canary-segment, "canary"): its users'
 	// tokens and activity name it. The operator gives it a short TTL and
@@ -121,6 +125,8 @@ func LoadConfig(args []string, env config.Lookup) (Config, error) {
 	b.Secret(&c.ActivitySecret, "activity-secret", "bearer secret of the activity API")
 	b.Secret(&c.TokenSecret, "token-secret", "secret that signs client tokens")
 	b.String(&c.TokenSecretFile, "token-secret-file", "", "file holding the token secret; wins over token-secret")
+	b.String(&c.TokenIssuer, "token-issuer", "", "iss of the users' tokens, as the gateways require; empty: none")
+	b.String(&c.TokenAudience, "token-audience", "", "aud of the users' tokens, as the gateways require; empty: none")
 	b.String(&c.Segment, "canary-segment", d.Segment, "the canary segment its users' tokens and events name")
 	b.Duration(&c.TTL, "canary-ttl", d.TTL, "the canary segment's session TTL, as its policy sets it")
 	b.Duration(&c.Jitter, "canary-jitter", d.Jitter, "the policy's jitter")

@@ -84,7 +84,8 @@ func (c *Canary) runUser(ctx context.Context, r role, start time.Duration) {
 // silent and take the stages, or (a stayer) leave after StayFor. Its
 // history ends when its connection does.
 func (c *Canary) cycle(ctx context.Context, r role, uid string) error {
-	tok, err := token.Mint([]byte(c.cfg.TokenSecret), uid, c.cfg.Segment, c.cfg.tokenLife())
+	tok, err := token.MintFor([]byte(c.cfg.TokenSecret), uid, c.cfg.Segment, c.cfg.tokenLife(),
+		token.Issued{Issuer: c.cfg.TokenIssuer, Audience: c.cfg.TokenAudience})
 	if err != nil {
 		return err
 	}
