@@ -63,5 +63,5 @@ web: deps ## the JavaScript client's unit tests (Node) and the demo page in head
 deps: ## install redis-server when it is missing (Debian), or say how
 	@./dev/ensure-redis.sh
 
-chart: ## helm lint and template of deploy/helm/stillthere with each ci values file, twice the same; the defaults alone must fail (installs helm when missing)
+chart: ## helm lint and template of deploy/helm/stillthere with each ci values file, twice the same; the defaults alone must fail; promtool test rules of the canary's SLO alerts (installs helm and promtool when missing)
 	./deploy/helm/check.sh

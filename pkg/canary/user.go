@@ -161,7 +161,11 @@ func (s *session) leave(ctx context.Context) {
 		if err != nil {
 			return // the gateway closed it (after a close stage), or time is up
 		}
-		if f.Type == frame.TypeGuide && s.guide(f) && f.Stage >= last && !f.Final {
+		if f.Type != frame.TypeGuide {
+			continue
+		}
+		s.guide(f)
+		if f.Stage >= last && !f.Final {
 			// The last stage, a reminder: the connection stays, so wait
 			// a slack for a repeat before leaving.
 			s.wait(ctx, s.c.cfg.Slack)
@@ -200,8 +204,8 @@ func (s *session) drain() {
 }
 
 // guide records a guide frame as a delivery, and acks it as a client
-// does. It reports whether the frame was a guide.
-func (s *session) guide(f chatsim.Frame) bool {
+// does.
+func (s *session) guide(f chatsim.Frame) {
 	role := "stayer"
 	if s.r.leaves {
 		role = "leaver"
@@ -213,7 +217,6 @@ func (s *session) guide(f chatsim.Frame) bool {
 	}
 	s.c.rec.delivery(d)
 	s.conn.Ack(f.ID) // a failed write shows as the connection's end
-	return true
 }
 
 // signal sends one signal the user's way and records it with its
