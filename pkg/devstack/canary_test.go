@@ -3,12 +3,18 @@ package devstack
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"sigs.k8s.io/yaml"
 
 	"github.com/stillthere/stillthere/pkg/activity"
 	"github.com/stillthere/stillthere/pkg/canary"
@@ -162,8 +168,8 @@ func TestCanaryOnDevStack(t *testing.T) {
 }
 
 // TestCanaryConsumerStopped breaks a part on purpose: with the guide
-// consumer stopped, no stage is delivered, and the canary's metrics show
-// lost stages.
+// consumer stopped, no stage is delivered, the canary's metrics show lost
+// stages, and the chart's fast burn-rate alert, fed those metrics, fires.
 func TestCanaryConsumerStopped(t *testing.T) {
 	p := newPipelineRig(t, pipelineOptions{Gateways: 1, Sender: guide.SenderGateway, Policy: &policy.Policy{
 		DefaultTTL: faultTTL,
@@ -176,11 +182,13 @@ func TestCanaryConsumerStopped(t *testing.T) {
 	}})
 	url := "ws://" + p.liveGateways()[0].gw.PublicAddr().String() + "/v1/ws"
 	c := startCanary(t, canaryConfig(url, p.tokenSecret, faultJitter))
-	before := canaryMetrics(t, c)
-	waitCond(t, 90*time.Second, "the canary to judge 4 stages ok", func() bool {
-		return stageCount(since(before, canaryMetrics(t, c)), "ok") >= 4
+	s := &scrapes{c: c}
+	s.scrape(t)
+	before := s.last()
+	s.until(t, 90*time.Second, "the canary to judge 4 stages ok", func(m map[string]float64) bool {
+		return stageCount(since(before, m), "ok") >= 4
 	})
-	if m := since(before, canaryMetrics(t, c)); stageCount(m, "lost") != 0 {
+	if m := since(before, s.last()); stageCount(m, "lost") != 0 {
 		t.Fatalf("%v stages lost with the consumer running; metrics moved by %v", stageCount(m, "lost"), m)
 	}
 
@@ -191,15 +199,151 @@ func TestCanaryConsumerStopped(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.log.Info("test: consumer stopped")
-	stopped := canaryMetrics(t, c)
-	var m map[string]float64
-	waitCond(t, 90*time.Second, "the canary to judge 3 stages lost", func() bool {
-		m = since(stopped, canaryMetrics(t, c))
-		return stageCount(m, "lost") >= 3
+	stoppedAt := len(s.samples) - 1
+	stopped := s.last()
+	s.until(t, 90*time.Second, "the canary to judge 3 stages lost", func(m map[string]float64) bool {
+		return stageCount(since(stopped, m), "lost") >= 3
 	})
+	m := since(stopped, s.last())
 	for _, class := range []string{"false", "duplicated", "disordered", "spam"} {
 		if n := stageCount(m, class); n != 0 {
 			t.Errorf("%v stages %s with the consumer stopped, want none; metrics moved by %v", n, class, m)
 		}
 	}
+	// Two more scrapes: the alert's for is two evaluations.
+	s.scrape(t)
+	s.scrape(t)
+	checkBurnAlert(t, s.samples, stoppedAt)
+}
+
+// scrapes are the canary's metrics, scraped once a second as a Prometheus
+// would (each scrape stands for a minute of promtool's time).
+type scrapes struct {
+	c       *canary.Canary
+	samples []map[string]float64
+}
+
+func (s *scrapes) scrape(t *testing.T) {
+	t.Helper()
+	if len(s.samples) > 0 {
+		// The scrapes' pace, not a wait for the canary: they stand for
+		// a Prometheus's scrape interval.
+		time.Sleep(time.Second)
+	}
+	s.samples = append(s.samples, canaryMetrics(t, s.c))
+}
+
+func (s *scrapes) last() map[string]float64 { return s.samples[len(s.samples)-1] }
+
+// until scrapes until cond holds of a scrape, for at most within.
+func (s *scrapes) until(t *testing.T, within time.Duration, what string, cond func(map[string]float64) bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond(s.last()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s; the last scrape: %v", within, what, s.last())
+		}
+		s.scrape(t)
+	}
+}
+
+// checkBurnAlert feeds the canary's stage counters, as scraped, to the
+// chart's recording rules and alerts (deploy/helm/stillthere/files/
+// canary-rules.yaml, at a 99.9% objective) in promtool: the fast
+// burn-rate alert does not fire before the consumer stopped (at scrape
+// stoppedAt), and fires at the last scrape. It needs promtool (make chart
+// installs it); without it, the check is skipped unless
+// STILLTHERE_REQUIRE_PROMTOOL is set.
+func checkBurnAlert(t *testing.T, samples []map[string]float64, stoppedAt int) {
+	t.Helper()
+	promtool := promtoolBinary(t)
+	if promtool == "" {
+		return
+	}
+	dir := t.TempDir()
+	raw, err := os.ReadFile("../../deploy/helm/stillthere/files/canary-rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var items []map[string]any
+	if err := yaml.Unmarshal(raw, &items); err != nil {
+		t.Fatal(err)
+	}
+	var rules []map[string]any
+	for _, it := range items {
+		expr := strings.NewReplacer("SEL", `namespace="chat"`, "BUDGET", "0.001").Replace(it["expr"].(string))
+		if rec, ok := it["record"]; ok {
+			rules = append(rules, map[string]any{"record": rec, "expr": expr})
+			continue
+		}
+		r := map[string]any{"alert": it["alert"], "expr": expr, "labels": map[string]any{"severity": it["severity"]}}
+		if f, ok := it["for"]; ok {
+			r["for"] = f
+		}
+		rules = append(rules, r)
+	}
+	write := func(name string, v any) {
+		b, err := yaml.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("rules.yaml", map[string]any{"groups": []any{map[string]any{"name": "stillthere-canary", "rules": rules}}})
+
+	var series []any
+	for _, class := range []string{"ok", "late", "lost", "false", "duplicated", "disordered", "indeterminate", "spam"} {
+		var values []string
+		for _, m := range samples {
+			values = append(values, strconv.FormatFloat(stageCount(m, class), 'f', -1, 64))
+		}
+		series = append(series, map[string]any{
+			"series": `stillthere_canary_stages_total{class="` + class + `",namespace="chat"}`,
+			"values": strings.Join(values, " "),
+		})
+	}
+	firing := `ALERTS{alertname="StillthereCanaryBudgetBurnFast",alertstate="firing"}`
+	write("test.yaml", map[string]any{
+		"rule_files":          []string{"rules.yaml"},
+		"evaluation_interval": "1m",
+		"tests": []any{map[string]any{
+			"interval":     "1m",
+			"input_series": series,
+			"promql_expr_test": []any{
+				map[string]any{"expr": firing, "eval_time": fmt.Sprintf("%dm", stoppedAt), "exp_samples": []any{}},
+				map[string]any{"expr": firing, "eval_time": fmt.Sprintf("%dm", len(samples)-1), "exp_samples": []any{map[string]any{
+					"labels": `ALERTS{alertname="StillthereCanaryBudgetBurnFast",alertstate="firing",namespace="chat",severity="critical"}`,
+					"value":  1,
+				}}},
+			},
+		}},
+	})
+	cmd := exec.Command(promtool, "test", "rules", "test.yaml")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("promtool test rules: %v\n%s\nthe scrapes (one a minute, the consumer stopped at %dm): %v", err, out, stoppedAt, series)
+	}
+}
+
+// promtoolBinary finds promtool on PATH or in GOPATH/bin, where make chart
+// installs it; "" when there is none and STILLTHERE_REQUIRE_PROMTOOL is
+// not set.
+func promtoolBinary(t *testing.T) string {
+	t.Helper()
+	if p, err := exec.LookPath("promtool"); err == nil {
+		return p
+	}
+	if gopath, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
+		p := filepath.Join(strings.TrimSpace(string(gopath)), "bin", "promtool")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("STILLTHERE_REQUIRE_PROMTOOL") != "" {
+		t.Fatal("promtool is not installed and STILLTHERE_REQUIRE_PROMTOOL is set: run make chart to install it")
+	}
+	t.Log("promtool is not installed: the burn-rate alert is not checked (make chart installs it)")
+	return ""
 }
