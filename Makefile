@@ -15,7 +15,7 @@ run: deps ## run the whole pipeline: redis-server, embedded Kafka, the three ser
 	$(GO) run ./dev
 
 test: deps lint chart ## vet, lint and render the chart, every test with -race, short fuzzing, the k6 smoke test, the browser tests
-	STILLTHERE_REQUIRE_HELM=1 PATH="$$($(GO) env GOPATH)/bin:$$PATH" $(GO) test -race -count=1 ./...
+	STILLTHERE_REQUIRE_HELM=1 STILLTHERE_REQUIRE_PROMTOOL=1 PATH="$$($(GO) env GOPATH)/bin:$$PATH" $(GO) test -race -count=1 ./...
 	# The gateway's suite again with a goroutine per connection, the read
 	# mode of other platforms (the run above is in epoll mode, Linux's).
 	STILLTHERE_READ_MODE=goroutine $(GO) test -race -count=1 ./pkg/gateway/
@@ -63,5 +63,5 @@ web: deps ## the JavaScript client's unit tests (Node) and the demo page in head
 deps: ## install redis-server when it is missing (Debian), or say how
 	@./dev/ensure-redis.sh
 
-chart: ## helm lint and template of deploy/helm/stillthere with each ci values file, twice the same; the defaults alone must fail (installs helm when missing)
+chart: ## helm lint and template of deploy/helm/stillthere with each ci values file, twice the same; the defaults alone must fail; promtool test rules of the canary's SLO alerts (installs helm and promtool when missing)
 	./deploy/helm/check.sh

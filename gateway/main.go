@@ -5,7 +5,9 @@
 // "gateway policy show|set ..." shows or changes the per-segment timeout
 // policy that every gateway follows; "gateway activity-feed show|forget"
 // shows or deletes the activity feed's watermark; "gateway timeline
-// <uid>" prints what stillthere decided about one user and why.
+// <uid>" prints what stillthere decided about one user and why;
+// "gateway canary" runs synthetic users against a deployment and exports
+// its promise as metrics (package canary).
 package main
 
 import (
@@ -13,6 +15,7 @@ import (
 	"runtime/debug"
 
 	"github.com/stillthere/stillthere/pkg/activityfeed"
+	"github.com/stillthere/stillthere/pkg/canary"
 	"github.com/stillthere/stillthere/pkg/daemon"
 	"github.com/stillthere/stillthere/pkg/gateway"
 	"github.com/stillthere/stillthere/pkg/policy"
@@ -28,6 +31,10 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == "timeline" {
 		daemon.Tool("gateway timeline", os.Args[2:], timeline.Command)
+	}
+	if len(os.Args) > 1 && os.Args[1] == "canary" {
+		daemon.Service("gateway canary", os.Args[2:], canary.LoadConfig, canary.Open)
+		return
 	}
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(gateway.GCPercent)

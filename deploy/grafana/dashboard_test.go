@@ -59,6 +59,12 @@ var rowSeries = map[string][]string{
 		"stillthere_gateway_activity_events_total",
 		"stillthere_listener_held_total",
 	},
+	"Canary": {
+		"stillthere_canary_stages_total",
+		"stillthere_canary_stage_lateness_seconds_bucket",
+		"stillthere_canary_silences_total",
+		"stillthere_canary_signals_total",
+	},
 	"Outages": {
 		"stillthere_listener_mass_expiry_brake",
 		"stillthere_listener_gateway_fleet_down",

@@ -32,6 +32,9 @@ var (
 	// promDuration is the pattern of the Prometheus operator's Duration.
 	promDuration = regexp.MustCompile(`^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$`)
 	labelRef     = regexp.MustCompile(`\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)`)
+	// recordName is a recording rule's name, level:metric:operations.
+	recordName = regexp.MustCompile(`^stillthere:[a-z0-9_]+:[a-z0-9_]+$`)
+	recordRef  = regexp.MustCompile(`\bstillthere:[a-z0-9_]+:[a-z0-9_]+\b`)
 )
 
 // checkPrometheusRule: with prometheusRule.enabled, one PrometheusRule
@@ -68,12 +71,32 @@ func checkPrometheusRule(t *testing.T, m *manifests, v values) {
 		t.Fatal(err)
 	}
 
+	// Recording rules first: an alert may read them.
+	recorded := map[string]bool{}
+	for _, g := range r.Spec.Groups {
+		for _, rule := range g.Rules {
+			if rule.Record == "" {
+				continue
+			}
+			if !recordName.MatchString(rule.Record) || rule.Alert != "" || rule.For != "" || len(rule.Annotations) > 0 {
+				t.Errorf("recording rule %q: want a name like stillthere:canary_on_time:ratio_rate5m, and no alert, for or annotations", rule.Record)
+			}
+			if recorded[rule.Record] {
+				t.Errorf("recording rule %s twice", rule.Record)
+			}
+			recorded[rule.Record] = true
+			checkExpr(t, rule.Record, rule.Expr, matchers, declared, nil)
+		}
+	}
 	seen := map[string]bool{}
 	for _, g := range r.Spec.Groups {
 		if g.Name == "" || len(g.Rules) == 0 {
 			t.Errorf("group %q is unnamed or empty", g.Name)
 		}
 		for _, rule := range g.Rules {
+			if rule.Record != "" {
+				continue
+			}
 			name := rule.Alert
 			if !alertName.MatchString(name) {
 				t.Errorf("alert %q: want a name like StillthereGuidesLate", name)
@@ -82,7 +105,7 @@ func checkPrometheusRule(t *testing.T, m *manifests, v values) {
 				t.Errorf("alert %s twice", name)
 			}
 			seen[name] = true
-			checkExpr(t, name, rule.Expr, matchers, declared)
+			checkExpr(t, name, rule.Expr, matchers, declared, recorded)
 			if !promDuration.MatchString(rule.For) {
 				t.Errorf("%s: for %q is not a Prometheus duration", name, rule.For)
 			}
@@ -133,8 +156,9 @@ func checkPrometheusRule(t *testing.T, m *manifests, v values) {
 }
 
 // checkExpr: an alert's expression is balanced, and every series it names
-// is published by a service and selected with the release's matchers.
-func checkExpr(t *testing.T, alert, expr, matchers string, declared map[string]bool) {
+// is published by a service and selected with the release's matchers, or
+// is one of the recorded series (which were selected so).
+func checkExpr(t *testing.T, alert, expr, matchers string, declared, recorded map[string]bool) {
 	t.Helper()
 	if strings.TrimSpace(expr) == "" {
 		t.Errorf("%s: empty expression", alert)
@@ -146,7 +170,13 @@ func checkExpr(t *testing.T, alert, expr, matchers string, declared map[string]b
 		}
 	}
 	names, ends := metricnames.Referenced(expr)
-	if len(names) == 0 {
+	refs := recordRef.FindAllString(expr, -1)
+	for _, r := range refs {
+		if !recorded[r] {
+			t.Errorf("%s: %s is no recording rule of the chart's", alert, r)
+		}
+	}
+	if len(names) == 0 && len(refs) == 0 {
 		t.Errorf("%s: queries no stillthere_ series: %s", alert, expr)
 	}
 	for i, n := range names {

@@ -72,6 +72,7 @@ type values struct {
 			ReleaseRate int     `json:"releaseRate"`
 		} `json:"massExpiry"`
 	} `json:"listener"`
+	Canary         canaryValues `json:"canary"`
 	PrometheusRule struct {
 		Enabled     bool              `json:"enabled"`
 		Labels      map[string]string `json:"labels"`
@@ -152,6 +153,7 @@ func checkChart(t *testing.T, m *manifests, v values) {
 	t.Run("service monitor", func(t *testing.T) { checkServiceMonitor(t, m) })
 	t.Run("outage settings", func(t *testing.T) { checkOutage(t, m, pods, v) })
 	t.Run("prometheus rule", func(t *testing.T) { checkPrometheusRule(t, m, v) })
+	t.Run("canary", func(t *testing.T) { checkCanary(t, m, v) })
 	t.Run("secrets", func(t *testing.T) { checkSecrets(t, m, pods, v) })
 	t.Run("activity feed", func(t *testing.T) { checkActivityFeed(t, m, pods, v.Gateway.ActivityFeed) })
 	t.Run("timeline", func(t *testing.T) { checkTimeline(t, m, pods, v.Timeline) })
@@ -247,6 +249,7 @@ var adminAddr = map[string]string{
 	"gateway":         "STILLTHERE_PUSH_ADDR",
 	"expiry-listener": "STILLTHERE_LISTENER_ADMIN_ADDR",
 	"guide-consumer":  "STILLTHERE_CONSUMER_ADMIN_ADDR",
+	"canary":          "STILLTHERE_CANARY_ADMIN_ADDR",
 }
 
 func containerPort(ctr *corev1.Container, name string) (int32, bool) {
@@ -267,7 +270,11 @@ func checkPod(t *testing.T, m *manifests, component string, pod *corev1.PodTempl
 		t.Fatalf("%d containers, want 1", len(spec.Containers))
 	}
 	ctr := &spec.Containers[0]
-	if want := []string{"/usr/local/bin/" + component}; !slices.Equal(ctr.Command, want) {
+	want := []string{"/usr/local/bin/" + component}
+	if component == "canary" {
+		want = []string{"/usr/local/bin/gateway", "canary"}
+	}
+	if !slices.Equal(ctr.Command, want) {
 		t.Errorf("command = %q, want %q", ctr.Command, want)
 	}
 	envs := env(t, m, ctr)

@@ -110,8 +110,8 @@ type serviceMonitor struct {
 	} `json:"spec"`
 }
 
-// prometheusRule holds alerting rules only: a recording rule would fail
-// the strict decode.
+// prometheusRule holds alerting rules and recording rules (the canary's
+// SLO); anything else would fail the strict decode.
 type prometheusRule struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata"`
@@ -120,6 +120,7 @@ type prometheusRule struct {
 			Name  string `json:"name"`
 			Rules []struct {
 				Alert       string            `json:"alert"`
+				Record      string            `json:"record"`
 				Expr        string            `json:"expr"`
 				For         string            `json:"for"`
 				Labels      map[string]string `json:"labels"`

@@ -264,7 +264,10 @@ type Answer struct {
 	// Sent is when the ping was sent, At when its answer arrived.
 	Sent, At time.Time
 	// TTL is the pong's grant; zero when Unavailable.
-	TTL         time.Duration
+	TTL time.Duration
+	// Deadline is the deadline the pong named (Redis's clock); zero when
+	// it named none, or Unavailable.
+	Deadline    time.Time
 	Unavailable bool
 }
 
@@ -553,6 +556,9 @@ func (c *Conn) read() {
 					}
 				} else {
 					a.TTL = time.Duration(f.TTLMS) * time.Millisecond
+					if f.DeadlineMS > 0 {
+						a.Deadline = time.UnixMilli(f.DeadlineMS)
+					}
 					u.rec.Pongs++
 					u.rec.Low = later(u.rec.Low, a.Low())
 					u.rec.High = later(u.rec.High, a.High())

@@ -23,13 +23,19 @@ import (
 // closes it, then exits: 0 on a clean stop, 1 on a failure, 2 on a bad
 // configuration.
 func Main[C any, S lifecycle.Service](name string, load func([]string, config.Lookup) (C, error), open func(context.Context, C, *slog.Logger) (S, error)) {
+	Service(name, os.Args[1:], load, open)
+}
+
+// Service is Main for a service that a subcommand starts ("gateway
+// canary"), with its own args.
+func Service[C any, S lifecycle.Service](name string, args []string, load func([]string, config.Lookup) (C, error), open func(context.Context, C, *slog.Logger) (S, error)) {
 	logger, err := NewLogger(os.Stderr, os.LookupEnv)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		os.Exit(2)
 	}
 	logger = logger.With("service", name)
-	cfg, err := load(os.Args[1:], os.LookupEnv)
+	cfg, err := load(args, os.LookupEnv)
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
 	}

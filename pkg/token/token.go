@@ -137,6 +137,18 @@ func (v *Verifier) Verify(raw string) (Claims, error) {
 // Mint signs a token for uid, valid for ttl. It serves the dev stack, the
 // tests and load tests; production tokens come from the platform's login.
 func Mint(secret []byte, uid, segment string, ttl time.Duration) (string, error) {
+	return MintFor(secret, uid, segment, ttl, Issued{})
+}
+
+// Issued is what a minted token names as its issuer (iss) and audience
+// (aud), for gateways whose Rules require them; empty names none.
+type Issued struct {
+	Issuer, Audience string
+}
+
+// MintFor is Mint with an issuer and an audience: the canary's tokens
+// must pass a production gateway's rules.
+func MintFor(secret []byte, uid, segment string, ttl time.Duration, by Issued) (string, error) {
 	if !userid.Valid(uid) {
 		return "", fmt.Errorf("mint token: invalid uid %q", uid)
 	}
@@ -150,7 +162,11 @@ func Mint(secret []byte, uid, segment string, ttl time.Duration) (string, error)
 			Subject:   uid,
 			IssuedAt:  jwt.NewNumericDate(now),
 			ExpiresAt: jwt.NewNumericDate(now.Add(ttl)),
+			Issuer:    by.Issuer,
 		},
+	}
+	if by.Audience != "" {
+		c.Audience = jwt.ClaimStrings{by.Audience}
 	}
 	return jwt.NewWithClaims(jwt.SigningMethodHS256, c).SignedString(secret)
 }

@@ -132,6 +132,29 @@ func TestVerifyRules(t *testing.T) {
 	}
 }
 
+// TestMintFor: a token minted with an issuer and an audience passes the
+// rules that require them; one minted without fails them.
+func TestMintFor(t *testing.T) {
+	v, err := NewVerifier(secret, Rules{Issuer: "https://login.example", Audience: "stillthere", MaxLifetime: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := MintFor(secret, "canary-1", "canary", 30*time.Minute, Issued{Issuer: "https://login.example", Audience: "stillthere"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := v.Verify(tok); err != nil || c.UID != "canary-1" || c.Segment != "canary" {
+		t.Fatalf("Verify = %+v, %v; want canary-1 in segment canary", c, err)
+	}
+	tok, err = Mint(secret, "canary-1", "canary", 30*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.Verify(tok); err == nil || !strings.Contains(err.Error(), "no iss claim") {
+		t.Fatalf("Verify of a token without iss = %v, want it refused", err)
+	}
+}
+
 func TestShortSecretRejected(t *testing.T) {
 	if _, err := NewVerifier([]byte("short"), Rules{}); err == nil {
 		t.Fatal("NewVerifier accepted a 5-byte secret")

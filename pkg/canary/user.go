@@ -1,0 +1,313 @@
+package canary
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/stillthere/stillthere/pkg/activity"
+	"github.com/stillthere/stillthere/pkg/chatsim"
+	"github.com/stillthere/stillthere/pkg/frame"
+	"github.com/stillthere/stillthere/pkg/promise"
+	"github.com/stillthere/stillthere/pkg/token"
+)
+
+// Ways a user signals, and outcomes of a signal, as metric labels.
+const (
+	viaPing     = "ping"
+	viaActivity = "activity"
+
+	outcomeAnswered = "answered"
+	outcomeRefused  = "refused"
+	outcomeNoAnswer = "no_answer"
+	outcomeRejected = "rejected"
+)
+
+// sink names the one device of a canary user in its deliveries.
+const sink = "canary-device"
+
+// role is what one synthetic user does.
+type role struct {
+	name   string // in its uids: stay, leave, feed-stay, feed-leave
+	via    string // viaPing or viaActivity
+	leaves bool
+	n      int // which of its role
+}
+
+// users are the synthetic users cfg asks for.
+func (c *Canary) users() []role {
+	var out []role
+	for _, r := range []struct {
+		role
+		count int
+	}{
+		{role{name: "stay", via: viaPing}, c.cfg.Stayers},
+		{role{name: "leave", via: viaPing, leaves: true}, c.cfg.Leavers},
+		{role{name: "feed-stay", via: viaActivity}, c.cfg.FeedStayers},
+		{role{name: "feed-leave", via: viaActivity, leaves: true}, c.cfg.FeedLeavers},
+	} {
+		for n := range r.count {
+			u := r.role
+			u.n = n
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// runUser runs a user's cycles, each as a new uid, until ctx is done. A
+// cycle that could not connect waits a ping period before the next.
+func (c *Canary) runUser(ctx context.Context, r role, start time.Duration) {
+	if !sleep(ctx, start) {
+		return
+	}
+	for cycle := 0; ctx.Err() == nil; cycle++ {
+		uid := fmt.Sprintf("%s-%s-%s-%d-%d", c.cfg.UIDPrefix, c.run, r.name, r.n, cycle)
+		if err := c.cycle(ctx, r, uid); err != nil {
+			c.log.Warn("canary: cycle failed", "uid", uid, "err", err)
+			if !sleep(ctx, c.cfg.pingEvery()) {
+				return
+			}
+		}
+	}
+}
+
+// cycle is one life of a user: connect, be there, and (a leaver) go
+// silent and take the stages, or (a stayer) leave after StayFor. Its
+// history ends when its connection does.
+func (c *Canary) cycle(ctx context.Context, r role, uid string) error {
+	tok, err := token.MintFor([]byte(c.cfg.TokenSecret), uid, c.cfg.Segment, c.cfg.tokenLife(),
+		token.Issued{Issuer: c.cfg.TokenIssuer, Audience: c.cfg.TokenAudience})
+	if err != nil {
+		return err
+	}
+	var readers sync.WaitGroup
+	u := &chatsim.User{UID: uid, Token: tok, TTL: c.cfg.TTL, Jitter: c.cfg.Jitter, Readers: &readers,
+		Dialer: &websocket.Dialer{HandshakeTimeout: c.cfg.AnswerTimeout}}
+	conn, err := u.Connect(ctx, c.cfg.URL)
+	if err != nil {
+		dialsTotal.WithLabelValues("failed").Inc()
+		return fmt.Errorf("connect: %w", err)
+	}
+	dialsTotal.WithLabelValues("ok").Inc()
+	s := &session{c: c, r: r, uid: uid, conn: conn}
+	// A stop cuts the connection, which ends any wait on it.
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer func() {
+		stop()
+		conn.Close() // no-op when it ended already
+		readers.Wait()
+		s.drain()
+		c.rec.end(uid, time.Now())
+	}()
+	if r.leaves {
+		s.leave(ctx)
+		return nil
+	}
+	s.stay(ctx)
+	return nil
+}
+
+// session is one cycle's connection, owned by the user's goroutine.
+type session struct {
+	c    *Canary
+	r    role
+	uid  string
+	conn *chatsim.Conn
+}
+
+// stay signals every ping period for StayFor, then leaves with a normal
+// close, which ends the session.
+func (s *session) stay(ctx context.Context) {
+	until := time.Now().Add(s.c.cfg.StayFor)
+	for time.Now().Before(until) {
+		if !s.signal(ctx) {
+			return
+		}
+		s.drain()
+		if !s.wait(ctx, s.c.cfg.pingEvery()) {
+			return
+		}
+	}
+	s.conn.Leave(s.c.cfg.AnswerTimeout)
+}
+
+// leave signals LeavePings times, then goes silent with the connection
+// open and takes the silence's stages, until the last (a close stage
+// ends the connection), or the cycle's time is up.
+func (s *session) leave(ctx context.Context) {
+	end := time.Now().Add(s.c.cfg.cycleTimeout())
+	for i := range s.c.cfg.LeavePings {
+		if !s.signal(ctx) {
+			return
+		}
+		s.drain()
+		if i < s.c.cfg.LeavePings-1 && !s.wait(ctx, s.c.cfg.pingEvery()) {
+			return
+		}
+	}
+	silencesTotal.WithLabelValues(s.r.via).Inc()
+	last := len(s.c.cfg.StageDelays) + 1
+	for ctx.Err() == nil {
+		f, err := s.conn.Next(time.Until(end))
+		if err != nil {
+			return // the gateway closed it (after a close stage), or time is up
+		}
+		if f.Type != frame.TypeGuide {
+			continue
+		}
+		s.guide(f)
+		if f.Stage >= last && !f.Final {
+			// The last stage, a reminder: the connection stays, so wait
+			// a slack for a repeat before leaving.
+			s.wait(ctx, s.c.cfg.Slack)
+			s.conn.Leave(s.c.cfg.AnswerTimeout)
+			return
+		}
+	}
+}
+
+// wait waits d, or until ctx is done or the connection ends; it reports
+// whether the connection may go on.
+func (s *session) wait(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-s.conn.Gone():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// drain records the frames the connection kept since the last drain.
+func (s *session) drain() {
+	for {
+		f, err := s.conn.Next(0)
+		if err != nil {
+			return
+		}
+		if f.Type == frame.TypeGuide {
+			s.guide(f)
+		}
+	}
+}
+
+// guide records a guide frame as a delivery, and acks it as a client
+// does.
+func (s *session) guide(f chatsim.Frame) {
+	role := "stayer"
+	if s.r.leaves {
+		role = "leaver"
+	}
+	guidesTotal.WithLabelValues(role).Inc()
+	d := promise.Delivery{UID: s.uid, ID: f.ID, Stage: max(f.Stage, 1), At: f.At, Sink: sink}
+	if f.DeadlineMS > 0 {
+		d.Deadline = time.UnixMilli(f.DeadlineMS)
+	}
+	s.c.rec.delivery(d)
+	s.conn.Ack(f.ID) // a failed write shows as the connection's end
+}
+
+// signal sends one signal the user's way and records it with its
+// outcome. It reports whether the cycle may go on.
+func (s *session) signal(ctx context.Context) bool {
+	if s.r.via == viaActivity {
+		return s.active(ctx)
+	}
+	cfg := s.c.cfg
+	sent := time.Now()
+	a, err := s.conn.PingWait(cfg.AnswerTimeout)
+	sig := promise.Signal{UID: s.uid, Kind: promise.Ping, Sent: sent}
+	outcome := outcomeAnswered
+	switch {
+	case err != nil:
+		// It may or may not have renewed: the most it would have set.
+		sig.Outcome, sig.Deadline, outcome = promise.NoAnswer, sent.Add(cfg.TTL+cfg.Jitter), outcomeNoAnswer
+	case a.Unavailable:
+		sig.Outcome, sig.Deadline, outcome = promise.Refused, sent.Add(cfg.TTL), outcomeRefused
+	default:
+		sig.Sent, sig.Outcome, sig.Deadline = a.Sent, promise.Answered, a.Deadline
+		if sig.Deadline.IsZero() {
+			sig.Deadline = a.Low()
+		}
+	}
+	signalsTotal.WithLabelValues(viaPing, outcome).Inc()
+	s.c.rec.signal(sig)
+	return !errors.Is(err, chatsim.ErrGone)
+}
+
+// active reports the user active through the activity API and records
+// it: a 200 is answered (the deadline is at least the TTL past the send:
+// the jitter's share is not told), a 503 refused, no answer or any other
+// 5xx without an answer. A 4xx is the canary's configuration at fault: it
+// is counted and logged, and not recorded.
+func (s *session) active(ctx context.Context) bool {
+	cfg := s.c.cfg
+	sent := time.Now()
+	body, err := json.Marshal(map[string][]activity.Event{"events": {{
+		UID: s.uid, Kind: activity.Active, Seg: cfg.Segment, AtMS: sent.UnixMilli(),
+	}}})
+	if err != nil {
+		panic(err) // a fixed shape of strings and ints
+	}
+	status, err := s.c.post(ctx, body)
+	sig := promise.Signal{UID: s.uid, Kind: promise.Ping, Sent: sent}
+	var outcome string
+	switch {
+	case ctx.Err() != nil:
+		return false
+	case err == nil && status == http.StatusOK:
+		sig.Outcome, sig.Deadline, outcome = promise.Answered, sent.Add(cfg.TTL), outcomeAnswered
+	case err == nil && status == http.StatusServiceUnavailable:
+		sig.Outcome, sig.Deadline, outcome = promise.Refused, sent.Add(cfg.TTL), outcomeRefused
+	case err == nil && status/100 == 4:
+		signalsTotal.WithLabelValues(viaActivity, outcomeRejected).Inc()
+		s.c.log.Warn("canary: activity call rejected", "status", status, "uid", s.uid)
+		return true
+	default:
+		sig.Outcome, sig.Deadline, outcome = promise.NoAnswer, sent.Add(cfg.TTL+cfg.Jitter), outcomeNoAnswer
+	}
+	signalsTotal.WithLabelValues(viaActivity, outcome).Inc()
+	s.c.rec.signal(sig)
+	return true
+}
+
+// post sends an activity batch and returns the answer's status.
+func (c *Canary) post(ctx context.Context, body []byte) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.cfg.ActivityURL, bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+c.cfg.ActivitySecret)
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+	return resp.StatusCode, nil
+}
+
+// sleep waits d or until ctx is done; it reports whether ctx is still on.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
