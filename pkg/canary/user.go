@@ -237,7 +237,7 @@ func (s *session) signal(ctx context.Context) bool {
 	case a.Unavailable:
 		sig.Outcome, sig.Deadline, outcome = promise.Refused, sent.Add(cfg.TTL), outcomeRefused
 	default:
-		sig.Sent, sig.Outcome, sig.Deadline = a.Sent, promise.Answered, a.Deadline
+		sig.Sent, sig.Answered, sig.Outcome, sig.Deadline = a.Sent, a.At, promise.Answered, a.Deadline
 		if sig.Deadline.IsZero() {
 			sig.Deadline = a.Low()
 		}
@@ -268,7 +268,7 @@ func (s *session) active(ctx context.Context) bool {
 	case ctx.Err() != nil:
 		return false
 	case err == nil && status == http.StatusOK:
-		sig.Outcome, sig.Deadline, outcome = promise.Answered, sent.Add(cfg.TTL), outcomeAnswered
+		sig.Outcome, sig.Deadline, sig.Answered, outcome = promise.Answered, sent.Add(cfg.TTL), time.Now(), outcomeAnswered
 	case err == nil && status == http.StatusServiceUnavailable:
 		sig.Outcome, sig.Deadline, outcome = promise.Refused, sent.Add(cfg.TTL), outcomeRefused
 	case err == nil && status/100 == 4:
