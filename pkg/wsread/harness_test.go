@@ -188,6 +188,13 @@ func dialRaw(t testing.TB, url string, extra []byte) *rawClient {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return upgradeRaw(t, nc, addr, extra)
+}
+
+// upgradeRaw sends the upgrade request on nc (followed by extra, in one
+// write) and reads the response: nc may be any stream (TLS too).
+func upgradeRaw(t testing.TB, nc net.Conn, addr string, extra []byte) *rawClient {
+	t.Helper()
 	req := "GET / HTTP/1.1\r\nHost: " + addr + "\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n" +
 		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
 	if _, err := nc.Write(append([]byte(req), extra...)); err != nil {
