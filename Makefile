@@ -14,14 +14,15 @@ help: ## list the targets
 run: deps ## run the whole pipeline: redis-server, embedded Kafka, the three services
 	$(GO) run ./dev
 
-test: deps lint chart ## vet, lint and render the chart, every test with -race, short fuzzing, the k6 smoke test, the browser tests
-	STILLTHERE_REQUIRE_HELM=1 STILLTHERE_REQUIRE_PROMTOOL=1 PATH="$$($(GO) env GOPATH)/bin:$$PATH" $(GO) test -race -count=1 ./...
+test: deps lint chart ## vet, lint and render the chart, every test with -race, short fuzzing, the k6 smoke test, the browser tests, the canary's alert rules
+	STILLTHERE_REQUIRE_HELM=1 PATH="$$($(GO) env GOPATH)/bin:$$PATH" $(GO) test -race -count=1 ./...
 	# The gateway's suite again with a goroutine per connection, the read
 	# mode of other platforms (the run above is in epoll mode, Linux's).
 	STILLTHERE_READ_MODE=goroutine $(GO) test -race -count=1 ./pkg/gateway/
 	$(MAKE) --no-print-directory fuzz
 	$(MAKE) --no-print-directory smoke
 	$(MAKE) --no-print-directory web
+	$(MAKE) --no-print-directory rules
 
 test-busy: ## make test beside a CPU hog on every core (dev/busy-test.sh: stress-ng, or shell busy loops), stopped after; prints how long it took
 	./dev/busy-test.sh $(MAKE) --no-print-directory test
@@ -63,5 +64,9 @@ web: deps ## the JavaScript client's unit tests (Node) and the demo page in head
 deps: ## install redis-server when it is missing (Debian), or say how
 	@./dev/ensure-redis.sh
 
-chart: ## helm lint and template of deploy/helm/stillthere with each ci values file, twice the same; the defaults alone must fail; promtool test rules of the canary's SLO alerts (installs helm and promtool when missing)
+chart: ## helm lint and template of deploy/helm/stillthere with each ci values file, twice the same; the defaults alone must fail (installs helm when missing)
 	./deploy/helm/check.sh
+
+rules: ## promtool test rules of the canary's SLO alerts, and the canary's burn-rate alert firing on a stopped consumer in the dev stack (installs promtool when missing: many minutes the first time)
+	./deploy/helm/rules.sh
+	STILLTHERE_REQUIRE_PROMTOOL=1 PATH="$$($(GO) env GOPATH)/bin:$$PATH" $(GO) test -race -count=1 -run '^TestCanaryConsumerStopped$$' ./pkg/devstack/

@@ -251,7 +251,7 @@ func (s *scrapes) until(t *testing.T, within time.Duration, what string, cond fu
 // chart's recording rules and alerts (deploy/helm/stillthere/files/
 // canary-rules.yaml, at a 99.9% objective) in promtool: the fast
 // burn-rate alert does not fire before the consumer stopped (at scrape
-// stoppedAt), and fires at the last scrape. It needs promtool (make chart
+// stoppedAt), and fires at the last scrape. It needs promtool (make rules
 // installs it); without it, the check is skipped unless
 // STILLTHERE_REQUIRE_PROMTOOL is set.
 func checkBurnAlert(t *testing.T, samples []map[string]float64, stoppedAt int) {
@@ -327,7 +327,7 @@ func checkBurnAlert(t *testing.T, samples []map[string]float64, stoppedAt int) {
 	}
 }
 
-// promtoolBinary finds promtool on PATH or in GOPATH/bin, where make chart
+// promtoolBinary finds promtool on PATH or in GOPATH/bin, where make rules
 // installs it; "" when there is none and STILLTHERE_REQUIRE_PROMTOOL is
 // not set.
 func promtoolBinary(t *testing.T) string {
@@ -342,8 +342,8 @@ func promtoolBinary(t *testing.T) string {
 		}
 	}
 	if os.Getenv("STILLTHERE_REQUIRE_PROMTOOL") != "" {
-		t.Fatal("promtool is not installed and STILLTHERE_REQUIRE_PROMTOOL is set: run make chart to install it")
+		t.Fatal("promtool is not installed and STILLTHERE_REQUIRE_PROMTOOL is set: run make rules to install it")
 	}
-	t.Log("promtool is not installed: the burn-rate alert is not checked (make chart installs it)")
+	t.Log("promtool is not installed: the burn-rate alert is not checked (make rules installs it)")
 	return ""
 }

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Tests the canary's recording rules and burn-rate alerts, as
+# ci/canary-values.yaml renders them, with promtool test rules
+# (canary-rules-test.yaml): they stay quiet on a healthy canary and fire
+# on a stopped consumer. Installs promtool at the pinned version from the
+# Go module proxy when it is missing; "rules.sh install" only installs it.
+# promtool is built from the prometheus module (its v0.3xx.y tags are
+# Prometheus 3.x.y): the first build takes many minutes on two cores, so
+# CI starts it in the background before the tests (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PROMTOOL_VERSION=v0.316.0
+GOBIN="$(go env GOPATH)/bin"
+export PATH="$GOBIN:$PATH"
+
+if ! command -v promtool >/dev/null 2>&1 || ! go version -m "$(command -v promtool)" | grep -q "mod[[:space:]]*github.com/prometheus/prometheus[[:space:]]*$PROMTOOL_VERSION"; then
+	echo "installing promtool $PROMTOOL_VERSION into $GOBIN (many minutes, the first time)"
+	GOBIN="$GOBIN" go install "github.com/prometheus/prometheus/cmd/promtool@$PROMTOOL_VERSION"
+fi
+if [ "${1:-}" = install ]; then
+	exit 0
+fi
+
+chart=stillthere
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+# The rule file Prometheus gets: the PrometheusRule's spec, its groups.
+helm template stillthere "$chart" -f "$chart/ci/canary-values.yaml" --namespace chat \
+	--show-only templates/prometheusrule.yaml | sed -n '/^spec:/,$p' | sed '1d; s/^  //' >"$tmp/rules.yaml"
+cp canary-rules-test.yaml "$tmp/"
+promtool check rules "$tmp/rules.yaml"
+(cd "$tmp" && promtool test rules canary-rules-test.yaml)
+echo "the canary's rules fire on a stopped consumer and stay quiet on a healthy one"
