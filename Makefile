@@ -67,6 +67,6 @@ deps: ## install redis-server when it is missing (Debian), or say how
 chart: ## helm lint and template of deploy/helm/stillthere with each ci values file, twice the same; the defaults alone must fail (installs helm when missing)
 	./deploy/helm/check.sh
 
-rules: ## promtool test rules of the canary's SLO alerts, and the canary's burn-rate alert firing on a stopped consumer in the dev stack (installs promtool when missing: many minutes the first time)
+rules: ## promtool test rules of the canary's SLO alerts, and the canary's burn-rate alert firing on a stopped consumer in the dev stack (installs promtool when missing: a few minutes the first time)
 	./deploy/helm/rules.sh
 	STILLTHERE_REQUIRE_PROMTOOL=1 PATH="$$($(GO) env GOPATH)/bin:$$PATH" $(GO) test -race -count=1 -run '^TestCanaryConsumerStopped$$' ./pkg/devstack/
