@@ -1,0 +1,287 @@
+package canary
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/stillthere/stillthere/pkg/frame"
+	"github.com/stillthere/stillthere/pkg/promise"
+	"github.com/stillthere/stillthere/pkg/token"
+)
+
+// TestJudgeLateDuplicateCounted: a stage counted ok once its bound and the
+// settle time passed, then guided a second time (a consumer that replays
+// its topic after a restart, a redelivery whose ack was lost), broke "one
+// guide per silence". The operator must see it: StillthereCanaryPromiseBroken
+// pages on any duplicated stage. Counting each key once, whatever its class
+// became, hides the duplicate for good: the stage stays "ok".
+func TestJudgeLateDuplicateCounted(t *testing.T) {
+	r := newRecorder()
+	const settle = 500 * time.Millisecond
+	ping(r, "leaver", 0, 3*time.Second)
+	guide(r, "leaver", "g1", 1, 3*time.Second, 3200*time.Millisecond)
+	vs := r.judge(testPromise, at(5*time.Second), settle)
+	if got := byClass(vs); len(vs) != 1 || got[promise.OK] != 1 {
+		t.Fatalf("at 5s: %v, want the stage ok", vs)
+	}
+	// The same stage again, 20s later, while the cycle still runs.
+	guide(r, "leaver", "g1-again", 1, 3*time.Second, 23*time.Second)
+	vs = r.judge(testPromise, at(24*time.Second), settle)
+	if got := byClass(vs); got[promise.Duplicated] != 1 {
+		t.Fatalf("after a second guide for a stage counted ok: %v, want it counted duplicated", vs)
+	}
+	// And once only.
+	if vs := r.judge(testPromise, at(30*time.Second), settle); len(vs) != 0 {
+		t.Fatalf("later: %v, want the duplicate not counted again", vs)
+	}
+	r.end("leaver", at(31*time.Second))
+	if vs := r.judge(testPromise, at(32*time.Second), settle); len(vs) != 0 {
+		t.Fatalf("at the cycle's end: %v, want nothing counted again", vs)
+	}
+}
+
+// TestJudgeLateDuplicateAtEnd: the duplicate came after the stage was
+// counted and the cycle ended before the next check: the last judgement
+// of the ended cycle must still count it.
+func TestJudgeLateDuplicateAtEnd(t *testing.T) {
+	r := newRecorder()
+	const settle = 500 * time.Millisecond
+	ping(r, "leaver", 0, 3*time.Second)
+	guide(r, "leaver", "g1", 1, 3*time.Second, 3200*time.Millisecond)
+	if vs := r.judge(testPromise, at(5*time.Second), settle); len(vs) != 1 {
+		t.Fatalf("at 5s: %v, want the stage counted", vs)
+	}
+	guide(r, "leaver", "g1", 1, 3*time.Second, 6*time.Second) // the same id, shown twice
+	r.end("leaver", at(6500*time.Millisecond))
+	vs := r.judge(testPromise, at(7*time.Second), settle)
+	if got := byClass(vs); got[promise.Duplicated] != 1 {
+		t.Fatalf("%v, want the repeat counted duplicated", vs)
+	}
+}
+
+// guidingGateway upgrades every connection with a valid token, answers
+// pings with a pong of ttl, and sends one guide guideAfter after the
+// connect, naming the deadline connect+guideAfter; its clock is ahead of
+// the canary's by skew (Redis's, which names deadlines, on another node).
+type guidingGateway struct {
+	ttl, guideAfter, skew time.Duration
+	verifier              *token.Verifier
+	sent                  atomic.Int64 // the first guide's named deadline, Unix ms
+	wg                    sync.WaitGroup
+}
+
+func (g *guidingGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	claims, err := g.verifier.Verify(strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "))
+	if err != nil {
+		http.Error(w, "bad token", http.StatusUnauthorized)
+		return
+	}
+	ws, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+	if err != nil {
+		return
+	}
+	g.wg.Add(1)
+	defer g.wg.Done()
+	defer ws.Close()
+	now := func() time.Time { return time.Now().Add(g.skew) }
+	deadline := now().Add(g.guideAfter)
+	frames := make(chan []byte)
+	g.wg.Go(func() {
+		defer close(frames)
+		for {
+			_, b, err := ws.ReadMessage()
+			if err != nil {
+				return
+			}
+			frames <- b
+		}
+	})
+	guided := time.NewTimer(g.guideAfter)
+	defer guided.Stop()
+	for {
+		select {
+		case b, ok := <-frames:
+			if !ok {
+				return
+			}
+			if f, _ := frame.Parse(b); f.Type == frame.TypePing {
+				deadline = now().Add(g.ttl)
+				guided.Reset(g.ttl)
+				ws.WriteMessage(websocket.TextMessage, frame.Pong(g.ttl.Milliseconds(), deadline.UnixMilli()))
+			}
+		case <-guided.C:
+			ws.WriteMessage(websocket.TextMessage, frame.Guide("g-"+claims.UID, "still there?", deadline.UnixMilli(), 1, true))
+			g.sent.CompareAndSwap(0, deadline.UnixMilli())
+			ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(frame.CloseInactive, "inactive"), time.Now().Add(time.Second))
+			// Drain until the client's close.
+			for range frames {
+			}
+			return
+		}
+	}
+}
+
+// attackConfig is a short-cycled canary against url, of no users yet.
+func attackConfig(url string) Config {
+	cfg := DefaultConfig()
+	cfg.URL = url
+	cfg.TokenSecret = testSecret
+	cfg.TTL, cfg.Jitter, cfg.StageDelays = 2*time.Second, 0, nil
+	cfg.Stayers, cfg.Leavers, cfg.LeavePings = 0, 0, 1
+	cfg.StayFor = 10 * time.Second
+	cfg.Slack, cfg.AnswerTimeout = time.Second, time.Second
+	cfg.CheckInterval = 100 * time.Millisecond
+	cfg.Window = time.Minute
+	cfg.AdminAddr = "127.0.0.1:0"
+	return cfg
+}
+
+// runCanary runs a canary of cfg until the test's end.
+func runCanary(t *testing.T, cfg Config) {
+	t.Helper()
+	initSeries()
+	c, err := Open(context.Background(), cfg, slog.New(slog.NewTextHandler(testWriter{t}, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(context.Background()) }()
+	t.Cleanup(func() {
+		c.Close()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+}
+
+// waitFor polls cond until it holds, or fails after within.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: still waiting for %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// classes0 are the stage counters now, to read how they moved.
+func classes0() map[promise.Class]float64 {
+	out := map[promise.Class]float64{}
+	for _, c := range classes {
+		out[c] = testutil.ToFloat64(stagesTotal.WithLabelValues(string(c)))
+	}
+	return out
+}
+
+func moved(before map[promise.Class]float64, c promise.Class) float64 {
+	return testutil.ToFloat64(stagesTotal.WithLabelValues(string(c))) - before[c]
+}
+
+// judgedPast waits until the canary's checker has run at least settle
+// past the guide the gateway sent last, so that its verdict is final.
+func judgedPast(t *testing.T, g *guidingGateway, settle time.Duration) {
+	t.Helper()
+	waitFor(t, 30*time.Second, "a guide, and a check past its deadline and the settle time", func() bool {
+		ms := g.sent.Load()
+		return ms > 0 && testutil.ToFloat64(lastCheck) > float64(time.UnixMilli(ms).Add(settle+200*time.Millisecond).Add(-g.skew).UnixMilli())/1000
+	})
+}
+
+// TestCanaryActivityRejectedIsNotAFalseGuide: the canary's activity
+// secret is wrong (rotated on the gateways, not in the canary's Secret):
+// every activity call of a feed user is answered 401, which the canary
+// counts as rejected and records nothing of. Its WebSocket stays open, and
+// the gateway's guide to it (the service never heard from the user: it
+// is owed one) matches no recorded silence: the checker calls it a stray,
+// false, and StillthereCanaryPromiseBroken pages the operator for "a
+// guide to a user who was there" when the fault is the canary's own
+// configuration.
+func TestCanaryActivityRejectedIsNotAFalseGuide(t *testing.T) {
+	v, err := token.NewVerifier([]byte(testSecret), token.Rules{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &guidingGateway{ttl: 2 * time.Second, guideAfter: 1500 * time.Millisecond, verifier: v}
+	srv := httptest.NewServer(g)
+	defer srv.Close()
+	defer g.wg.Wait()
+	act := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, `{"error":"missing or wrong activity credentials"}`, http.StatusUnauthorized)
+	}))
+	defer act.Close()
+
+	cfg := attackConfig("ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/ws")
+	cfg.FeedLeavers = 1
+	cfg.ActivityURL, cfg.ActivitySecret = act.URL+"/v1/activity", testSecret
+	before := classes0()
+	rejected0 := testutil.ToFloat64(signalsTotal.WithLabelValues(viaActivity, outcomeRejected))
+	runCanary(t, cfg)
+	judgedPast(t, g, cfg.settle())
+	if n := testutil.ToFloat64(signalsTotal.WithLabelValues(viaActivity, outcomeRejected)) - rejected0; n < 1 {
+		t.Fatalf("rejected activity calls moved by %v, want at least 1", n)
+	}
+	for _, c := range classes {
+		if n := moved(before, c); n != 0 && c.Failure() {
+			t.Errorf("%v stages %s: the canary's own rejected calls read as the service's broken promise", n, c)
+		}
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(b)))
+	return len(b), nil
+}
+
+// TestCanaryClockSkew: Redis's clock, which names every deadline the
+// gateways grant and guide, is 3s off the canary's node (an NTP daemon
+// down on one of them). The service guides each silence exactly at its
+// deadline, by its clock: on time. The canary judged the pong's deadline
+// against its own clock: a guide 3s "before its deadline" is false (a
+// page: "a guide to a user who was there"), and one 3s behind it late (a
+// burn of the budget), though the service kept its promise to the
+// millisecond. The pong tells the canary Redis's now (its deadline less
+// its TTL), within the ping's round trip: enough to judge in one clock.
+func TestCanaryClockSkew(t *testing.T) {
+	for _, skew := range []time.Duration{0, 3 * time.Second, -3 * time.Second} {
+		t.Run(skew.String(), func(t *testing.T) {
+			v, err := token.NewVerifier([]byte(testSecret), token.Rules{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := &guidingGateway{ttl: 2 * time.Second, guideAfter: 2 * time.Second, skew: skew, verifier: v}
+			srv := httptest.NewServer(g)
+			defer srv.Close()
+			defer g.wg.Wait()
+			cfg := attackConfig("ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/ws")
+			cfg.Leavers = 1
+			before := classes0()
+			runCanary(t, cfg)
+			waitFor(t, 30*time.Second, "two stages judged", func() bool {
+				n := 0.0
+				for _, c := range classes {
+					n += moved(before, c)
+				}
+				return n >= 2
+			})
+			for _, c := range classes {
+				if n := moved(before, c); n != 0 && c != promise.OK {
+					t.Errorf("%v stages %s, want every stage ok: the service guided each at its deadline", n, c)
+				}
+			}
+		})
+	}
+}
