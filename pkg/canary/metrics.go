@@ -12,7 +12,7 @@ import (
 var (
 	stagesTotal = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_canary_stages_total",
-		Help: "Stages of the canary's silences (and guides that belong to none) judged by the promise checker, by class (ok, late, lost, false, duplicated, disordered, indeterminate, spam), each counted once, when it is no longer pending.",
+		Help: "Stages of the canary's silences (and guides that belong to none) judged by the promise checker, by class (ok, late, lost, false, duplicated, disordered, indeterminate, spam), each counted once, when it is no longer pending; a stage counted as keeping the promise that a later guide breaks (a duplicate past its bound) is counted once more, in its failure class.",
 	}, []string{"class"})
 	lateness = promauto.NewHistogram(prometheus.HistogramOpts{
 		Name:    "stillthere_canary_stage_lateness_seconds",

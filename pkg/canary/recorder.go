@@ -25,9 +25,9 @@ type history struct {
 	// recorded after it, so the checker's history ends there. Zero while
 	// it runs.
 	ended time.Time
-	// counted are the verdicts already counted, so that none is counted
-	// twice.
-	counted map[verdictKey]bool
+	// counted are the verdicts already counted, by the class they were
+	// counted in, so that none is counted twice in the same way.
+	counted map[verdictKey]promise.Class
 }
 
 // verdictKey names one stage of one silence (or one stray delivery).
@@ -41,7 +41,7 @@ func newRecorder() *recorder { return &recorder{users: map[string]*history{}} }
 func (r *recorder) user(uid string) *history {
 	h := r.users[uid]
 	if h == nil {
-		h = &history{counted: map[verdictKey]bool{}}
+		h = &history{counted: map[verdictKey]promise.Class{}}
 		r.users[uid] = h
 	}
 	return h
@@ -83,6 +83,11 @@ func (r *recorder) size() int {
 // still come until its bound. A cycle that ended is judged for the last
 // time and dropped: what is still pending then is not counted (the cycle
 // outlasts every bound it can meet; see Config.cycleTimeout).
+//
+// A stage counted while it kept the promise may break it later: a second
+// guide for it, past its bound. It is then counted once more, in its
+// failure class, so that the page for it comes; the totals then hold
+// that stage twice (once ok), a small error of the SLI on the safe side.
 func (r *recorder) judge(cfg promise.Config, now time.Time, settle time.Duration) []promise.Verdict {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -102,18 +107,23 @@ func (r *recorder) judge(cfg promise.Config, now time.Time, settle time.Duration
 	return out
 }
 
-// final picks from vs the verdicts to count now, and marks them counted.
-func final(vs []promise.Verdict, counted map[verdictKey]bool, ended bool, now time.Time, settle time.Duration) []promise.Verdict {
+// final picks from vs the verdicts to count now, and marks them counted:
+// each not counted yet, once it is final; and each counted as keeping
+// the promise that breaks it now.
+func final(vs []promise.Verdict, counted map[verdictKey]promise.Class, ended bool, now time.Time, settle time.Duration) []promise.Verdict {
 	var out []promise.Verdict
 	for _, v := range vs {
 		k := verdictKey{v.Deadline.UnixMilli(), v.Stage}
-		if v.Class == promise.Pending || counted[k] {
+		if v.Class == promise.Pending {
+			continue
+		}
+		if was, ok := counted[k]; ok && (was.Failure() || !v.Class.Failure()) {
 			continue
 		}
 		if !ended && now.Before(v.Bound.Add(settle)) {
 			continue
 		}
-		counted[k] = true
+		counted[k] = v.Class
 		out = append(out, v)
 	}
 	return out
