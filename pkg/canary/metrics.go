@@ -61,6 +61,7 @@ func initSeries() {
 			signalsTotal.WithLabelValues(via, o)
 		}
 	}
+	signalsTotal.WithLabelValues(viaActivity, outcomeRejected)
 }
 
 // count exports verdicts that became final.

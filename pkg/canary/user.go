@@ -110,10 +110,10 @@ func (c *Canary) cycle(ctx context.Context, r role, uid string) error {
 	}()
 	if r.leaves {
 		s.leave(ctx)
-		return nil
+	} else {
+		s.stay(ctx)
 	}
-	s.stay(ctx)
-	return nil
+	return s.err
 }
 
 // session is one cycle's connection, owned by the user's goroutine.
@@ -122,6 +122,9 @@ type session struct {
 	r    role
 	uid  string
 	conn *chatsim.Conn
+	// err is what cut the cycle short on the canary's side: an activity
+	// call rejected.
+	err error
 }
 
 // stay signals every ping period for StayFor, then leaves with a normal
@@ -250,8 +253,12 @@ func (s *session) signal(ctx context.Context) bool {
 // active reports the user active through the activity API and records
 // it: a 200 is answered (the deadline is at least the TTL past the send:
 // the jitter's share is not told), a 503 refused, no answer or any other
-// 5xx without an answer. A 4xx is the canary's configuration at fault: it
-// is counted and logged, and not recorded.
+// 5xx without an answer. A 4xx is the canary's configuration at fault (its
+// activity secret, say): it is counted and not recorded, and it ends the
+// cycle, whose error runUser logs before it waits to start over. Were
+// the cycle to go on, the service, which never heard from the user, would
+// rightly guide it, and the guide, for no silence the history holds,
+// would be judged false: a page for the canary's own fault.
 func (s *session) active(ctx context.Context) bool {
 	cfg := s.c.cfg
 	sent := time.Now()
@@ -273,8 +280,8 @@ func (s *session) active(ctx context.Context) bool {
 		sig.Outcome, sig.Deadline, outcome = promise.Refused, sent.Add(cfg.TTL), outcomeRefused
 	case err == nil && status/100 == 4:
 		signalsTotal.WithLabelValues(viaActivity, outcomeRejected).Inc()
-		s.c.log.Warn("canary: activity call rejected", "status", status, "uid", s.uid)
-		return true
+		s.err = fmt.Errorf("activity call rejected with HTTP %d: the canary's activity secret or URL", status)
+		return false
 	default:
 		sig.Outcome, sig.Deadline, outcome = promise.NoAnswer, sent.Add(cfg.TTL+cfg.Jitter), outcomeNoAnswer
 	}
