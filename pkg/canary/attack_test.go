@@ -14,6 +14,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/stillthere/stillthere/pkg/chatsim"
 	"github.com/stillthere/stillthere/pkg/frame"
 	"github.com/stillthere/stillthere/pkg/promise"
 	"github.com/stillthere/stillthere/pkg/token"
@@ -288,5 +289,27 @@ func TestCanaryClockSkew(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRedisAhead: a pong's renewal time by Redis's clock inside the
+// ping's round trip is no skew; outside it, the distance to it.
+func TestRedisAhead(t *testing.T) {
+	ttl := 30 * time.Second
+	for _, tt := range []struct {
+		name    string
+		renewed time.Duration // by Redis's clock, from the send
+		want    time.Duration
+	}{
+		{"at the send", 0, 0},
+		{"within the trip", 40 * time.Millisecond, 0},
+		{"at the answer", 100 * time.Millisecond, 0},
+		{"ahead", 3100 * time.Millisecond, 3 * time.Second},
+		{"behind", -2 * time.Second, -2 * time.Second},
+	} {
+		a := chatsim.Answer{Sent: t0, At: t0.Add(100 * time.Millisecond), TTL: ttl, Deadline: t0.Add(tt.renewed + ttl)}
+		if got := redisAhead(a); got != tt.want {
+			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
+		}
 	}
 }

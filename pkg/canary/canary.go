@@ -29,6 +29,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -47,6 +48,16 @@ type Canary struct {
 	// run names this process's uids apart from an earlier run's.
 	run  string
 	runs lifecycle.Runs
+	// redisAhead is the latest pong's measure of Redis's clock against
+	// ours (see redisAhead), in nanoseconds: the users' goroutines set it
+	// and read it to take the deadlines guides name into our clock.
+	redisAhead atomic.Int64
+}
+
+// setRedisAhead keeps a pong's measure of Redis's clock, and exports it.
+func (c *Canary) setRedisAhead(d time.Duration) {
+	c.redisAhead.Store(int64(d))
+	clockOffset.Set(d.Seconds())
 }
 
 // Open validates cfg and takes the admin listener.

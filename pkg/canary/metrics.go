@@ -39,6 +39,10 @@ var (
 		Name: "stillthere_canary_last_check_timestamp_seconds",
 		Help: "When the canary last ran the promise checker (Unix seconds): an alert on its age tells a canary that stopped judging.",
 	})
+	clockOffset = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "stillthere_canary_redis_clock_ahead_seconds",
+		Help: "How far Redis's clock is ahead of the canary's (negative: behind), beyond a ping's round trip, as the latest pong showed it; the canary judges deadlines in its own clock by it.",
+	})
 	historiesHeld = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "stillthere_canary_histories",
 		Help: "Users' histories the canary holds: cycles running, or ended and not judged yet.",

@@ -216,7 +216,7 @@ func (s *session) guide(f chatsim.Frame) {
 	guidesTotal.WithLabelValues(role).Inc()
 	d := promise.Delivery{UID: s.uid, ID: f.ID, Stage: max(f.Stage, 1), At: f.At, Sink: sink}
 	if f.DeadlineMS > 0 {
-		d.Deadline = time.UnixMilli(f.DeadlineMS)
+		d.Deadline = time.UnixMilli(f.DeadlineMS).Add(-time.Duration(s.c.redisAhead.Load()))
 	}
 	s.c.rec.delivery(d)
 	s.conn.Ack(f.ID) // a failed write shows as the connection's end
@@ -241,8 +241,14 @@ func (s *session) signal(ctx context.Context) bool {
 		sig.Outcome, sig.Deadline, outcome = promise.Refused, sent.Add(cfg.TTL), outcomeRefused
 	default:
 		sig.Sent, sig.Answered, sig.Outcome, sig.Deadline = a.Sent, a.At, promise.Answered, a.Deadline
-		if sig.Deadline.IsZero() {
+		switch {
+		case sig.Deadline.IsZero():
 			sig.Deadline = a.Low()
+		case a.TTL > 0:
+			// The deadline is by Redis's clock: judged by ours.
+			ahead := redisAhead(a)
+			s.c.setRedisAhead(ahead)
+			sig.Deadline = a.Deadline.Add(-ahead)
 		}
 	}
 	signalsTotal.WithLabelValues(viaPing, outcome).Inc()
@@ -305,6 +311,25 @@ func (c *Canary) post(ctx context.Context, body []byte) (int, error) {
 	defer resp.Body.Close()
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 	return resp.StatusCode, nil
+}
+
+// redisAhead is how far Redis's clock, which names every deadline the
+// service grants and guides, is ahead of the canary's (behind, when
+// negative), as a pong shows it: the renewal it answers happened at its
+// deadline less its TTL by Redis's clock, and between the ping's send
+// and the pong's arrival by ours. Zero when the two agree to within the
+// round trip. Without it a skew of a second or more between the canary's
+// node and Redis's makes guides on time by Redis's clock look early
+// (false) or late.
+func redisAhead(a chatsim.Answer) time.Duration {
+	at := a.Deadline.Add(-a.TTL)
+	switch {
+	case at.Before(a.Sent):
+		return at.Sub(a.Sent)
+	case at.After(a.At):
+		return at.Sub(a.At)
+	}
+	return 0
 }
 
 // sleep waits d or until ctx is done; it reports whether ctx is still on.
