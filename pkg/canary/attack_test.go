@@ -313,3 +313,21 @@ func TestRedisAhead(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateCheckInterval: StillthereCanaryStopped fires when the
+// checker has not reported for 2 minutes. A canary told to check every 5
+// minutes is accepted, and then looks stopped to the operator between
+// every two checks: a warning that never clears, which teaches them to
+// ignore the one that would tell a canary gone blind.
+func TestValidateCheckInterval(t *testing.T) {
+	c := DefaultConfig()
+	c.URL, c.TokenSecret = "ws://gw:8080/v1/ws", testSecret
+	c.CheckInterval = 5 * time.Minute
+	if err := c.Validate(); err == nil || !strings.HasPrefix(err.Error(), "canary-check-interval:") {
+		t.Errorf("a check every 5m: %v, want an error naming canary-check-interval", err)
+	}
+	c.CheckInterval = time.Minute
+	if err := c.Validate(); err != nil {
+		t.Errorf("a check every minute: %v", err)
+	}
+}
