@@ -20,6 +20,11 @@ import (
 // and back, with room for a busy gateway.
 const inFlight = time.Second
 
+// maxCheckInterval bounds canary-check-interval: the chart's
+// StillthereCanaryStopped fires when the checker has not reported for 2
+// minutes, so that a longer interval would look stopped between checks.
+const maxCheckInterval = time.Minute
+
 // Config is the canary's. Every field has a flag and an environment
 // variable (STILLTHERE_ and the flag's name); the defaults are
 // DefaultConfig's.
@@ -81,7 +86,7 @@ type Config struct {
 	// is recorded as NoAnswer.
 	AnswerTimeout time.Duration
 	// CheckInterval is how often the checker runs (canary-check-interval,
-	// 10s); Window bounds the history a cycle may hold
+	// 10s, at most 1m); Window bounds the history a cycle may hold
 	// (canary-window, 15m): StayFor and a leaver's cycle must fit in it.
 	CheckInterval, Window time.Duration
 	// AdminAddr serves /healthz, /readyz and /metrics
@@ -233,8 +238,8 @@ func (c Config) Validate() error {
 	if c.AnswerTimeout <= 0 || c.AnswerTimeout > c.TTL {
 		return fmt.Errorf("canary-answer-timeout: %v, want more than 0 and at most canary-ttl", c.AnswerTimeout)
 	}
-	if c.CheckInterval <= 0 {
-		return fmt.Errorf("canary-check-interval: %v, want more than 0", c.CheckInterval)
+	if c.CheckInterval <= 0 || c.CheckInterval > maxCheckInterval {
+		return fmt.Errorf("canary-check-interval: %v, want more than 0 and at most %v", c.CheckInterval, maxCheckInterval)
 	}
 	if c.StayFor < c.TTL {
 		return fmt.Errorf("canary-stay-for: %v, want at least canary-ttl", c.StayFor)
