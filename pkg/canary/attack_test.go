@@ -216,12 +216,13 @@ func TestCanaryActivityRejectedIsNotAFalseGuide(t *testing.T) {
 	}
 	g := &guidingGateway{ttl: 2 * time.Second, guideAfter: 1500 * time.Millisecond, verifier: v}
 	srv := httptest.NewServer(g)
-	defer srv.Close()
-	defer g.wg.Wait()
+	// Stopped after the canary (cleanups run last first).
+	t.Cleanup(srv.Close)
+	t.Cleanup(g.wg.Wait)
 	act := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `{"error":"missing or wrong activity credentials"}`, http.StatusUnauthorized)
 	}))
-	defer act.Close()
+	t.Cleanup(act.Close)
 
 	cfg := attackConfig("ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/ws")
 	cfg.FeedLeavers = 1
@@ -270,8 +271,9 @@ func TestCanaryClockSkew(t *testing.T) {
 			}
 			g := &guidingGateway{ttl: 2 * time.Second, guideAfter: 2 * time.Second, skew: skew, verifier: v}
 			srv := httptest.NewServer(g)
-			defer srv.Close()
-			defer g.wg.Wait()
+			// Stopped after the canary (cleanups run last first).
+			t.Cleanup(srv.Close)
+			t.Cleanup(g.wg.Wait)
 			cfg := attackConfig("ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/ws")
 			cfg.Leavers = 1
 			before := classes0()
@@ -329,5 +331,44 @@ func TestValidateCheckInterval(t *testing.T) {
 	c.CheckInterval = time.Minute
 	if err := c.Validate(); err != nil {
 		t.Errorf("a check every minute: %v", err)
+	}
+}
+
+// TestCanaryTTLMismatch: the operator told the canary canary-ttl 2s, and
+// the canary segment's policy grants 4s (never set, or set apart from
+// the canary's settings). The canary's ping users still judge by the
+// deadlines their pongs name, but its feed users' deadlines, its cycles
+// and its stayers' pace are reckoned from its own setting: guides judged
+// early (false) or late, cycles ending before their stages fall due.
+// Every pong tells the TTL granted; a canary that does not compare it
+// with its setting leaves the operator to find this out from the pages.
+func TestCanaryTTLMismatch(t *testing.T) {
+	v, err := token.NewVerifier([]byte(testSecret), token.Rules{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		granted time.Duration
+		want    float64
+	}{{2 * time.Second, 0}, {4 * time.Second, 1}, {1 * time.Second, 1}} {
+		t.Run(tt.granted.String(), func(t *testing.T) {
+			g := &guidingGateway{ttl: tt.granted, guideAfter: tt.granted, verifier: v}
+			srv := httptest.NewServer(g)
+			// Stopped after the canary (cleanups run last first).
+			t.Cleanup(srv.Close)
+			t.Cleanup(g.wg.Wait)
+			cfg := attackConfig("ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/ws")
+			cfg.Stayers = 1
+			initSeries()
+			answered0 := testutil.ToFloat64(signalsTotal.WithLabelValues(viaPing, outcomeAnswered))
+			mismatch0 := testutil.ToFloat64(ttlMismatches)
+			runCanary(t, cfg)
+			waitFor(t, 30*time.Second, "two answered pings", func() bool {
+				return testutil.ToFloat64(signalsTotal.WithLabelValues(viaPing, outcomeAnswered))-answered0 >= 2
+			})
+			if got := testutil.ToFloat64(ttlMismatches) - mismatch0; (got > 0) != (tt.want > 0) {
+				t.Errorf("the policy grants %v, the canary is told %v: ttl mismatches moved by %v, want moved: %v", tt.granted, cfg.TTL, got, tt.want > 0)
+			}
+		})
 	}
 }

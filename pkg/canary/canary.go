@@ -16,7 +16,8 @@
 // Each user is one goroutine (plus the reader of its connection, which
 // chatsim starts and the user waits for); one more runs the checker every
 // CheckInterval and counts each stage's verdict once, when it is final.
-// It logs dial failures and rejected activity calls (each ends its cycle), and every stage
+// It logs dial failures, rejected activity calls (each ends its cycle),
+// a pong's TTL other than the one it was told (once a cycle), and every stage
 // that broke the promise, with the checker's reason.
 package canary
 

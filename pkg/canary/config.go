@@ -259,6 +259,14 @@ func (c Config) Validate() error {
 // pingEvery is how often a user signals while it is there.
 func (c Config) pingEvery() time.Duration { return c.TTL / 3 }
 
+// grants reports whether a pong's TTL is one the canary segment's policy,
+// as the canary is told it, grants: the TTL plus a jitter below Jitter,
+// give or take the truncation and a shared renewal's age.
+func (c Config) grants(ttl time.Duration) bool {
+	const give = 250 * time.Millisecond
+	return ttl >= c.TTL-give && ttl <= c.TTL+c.Jitter+give
+}
+
 // settle is how long after a signal's send it may be recorded: its
 // answer's wait.
 func (c Config) settle() time.Duration { return c.AnswerTimeout + inFlight }

@@ -43,6 +43,10 @@ var (
 		Name: "stillthere_canary_redis_clock_ahead_seconds",
 		Help: "How far Redis's clock is ahead of the canary's (negative: behind), beyond a ping's round trip, as the latest pong showed it; the canary judges deadlines in its own clock by it.",
 	})
+	ttlMismatches = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_canary_ttl_mismatches_total",
+		Help: "Pongs that granted a TTL outside canary-ttl to canary-ttl plus canary-jitter: the canary segment's policy and the canary's settings differ, and its judgement of feed users and its cycles are off.",
+	})
 	historiesHeld = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "stillthere_canary_histories",
 		Help: "Users' histories the canary holds: cycles running, or ended and not judged yet.",

@@ -125,6 +125,8 @@ type session struct {
 	// err is what cut the cycle short on the canary's side: an activity
 	// call rejected.
 	err error
+	// warnedTTL: a pong's TTL that the canary was not told was logged.
+	warnedTTL bool
 }
 
 // stay signals every ping period for StayFor, then leaves with a normal
@@ -245,6 +247,14 @@ func (s *session) signal(ctx context.Context) bool {
 		case sig.Deadline.IsZero():
 			sig.Deadline = a.Low()
 		case a.TTL > 0:
+			if !cfg.grants(a.TTL) {
+				ttlMismatches.Inc()
+			}
+			if !cfg.grants(a.TTL) && !s.warnedTTL {
+				s.warnedTTL = true // once a cycle
+				s.c.log.Warn("canary: the canary segment's policy grants another TTL than canary-ttl (and canary-jitter): set them alike",
+					"granted", a.TTL, "canary_ttl", cfg.TTL, "canary_jitter", cfg.Jitter, "segment", cfg.Segment)
+			}
 			// The deadline is by Redis's clock: judged by ours.
 			ahead := redisAhead(a)
 			s.c.setRedisAhead(ahead)
