@@ -6,7 +6,7 @@ GO ?= go
 FUZZTIME ?= 50000x
 
 .DEFAULT_GOAL := help
-.PHONY: help run test test-busy fuzz lint bench deps smoke chart web
+.PHONY: help run test test-busy fuzz lint bench deps smoke chart web nemesis nemesis-ci
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -54,6 +54,21 @@ bench: deps ## benchmark into bench/report.md and report.json (about 12 min), th
 	$(GO) build -o bin/ $(BENCH_CMDS)
 	bin/bench -bin bin -out $(BENCH_OUT) $(if $(QUICK),-quick)
 	$(if $(QUICK),,$(GO) test -run '^$$' -bench . -benchmem -count 1 ./pkg/... | tee bench/micro.txt)
+
+# The fault-schedule suite's length and seed: a number replays a schedule,
+# "random" draws one (printed first).
+DURATION ?= 3m
+SEED ?= 1
+NEMESIS_CMDS = ./gateway ./expiry-listener ./guide-consumer ./loadtest/nemesis
+
+nemesis: deps ## fault-schedule suite (DURATION=3m, SEED=1 or random) into bench/nemesis.md; fails on any lost, false, duplicated, disordered or spam stage, or a path never reached
+	$(GO) build -o bin/ $(NEMESIS_CMDS)
+	bin/nemesis -bin bin -seed $(SEED) -duration $(DURATION) -out bench/nemesis.md
+
+nemesis-ci: deps ## the fault-schedule suite as CI runs it: seed 1, then a random seed, 2 minutes each (about 8 in all); reports in the temporary directory
+	$(GO) build -o bin/ $(NEMESIS_CMDS)
+	bin/nemesis -bin bin -seed 1 -duration 2m -out $${TMPDIR:-/tmp}/nemesis-ci-fixed.md
+	bin/nemesis -bin bin -seed random -duration 2m -out $${TMPDIR:-/tmp}/nemesis-ci-random.md
 
 smoke: deps ## k6 smoke test (loadtest/smoke.js) against a dev stack of its own; builds the pinned k6 once
 	./loadtest/smoke.sh

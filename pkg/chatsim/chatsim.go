@@ -312,6 +312,11 @@ func (c *Conn) Ping(timed bool) error {
 	return err
 }
 
+// PingAnswer sends a ping and returns where its answer will come: the
+// caller waits as long as it likes, and a late answer still comes there
+// (and to the record) unless the connection ends first.
+func (c *Conn) PingAnswer() (<-chan Answer, error) { return c.ping(false) }
+
 // PingWait sends a ping and waits, within at most, for its answer. It
 // fails with ErrGone if the connection ended first, or ErrNoAnswer; a
 // ping given up on stays in line, so that its late answer is not taken

@@ -496,6 +496,15 @@ func (u *user) stray(d Delivery) Verdict {
 	if d.Stage > len(u.cfg.Delays)+1 || d.Stage < 1 {
 		v.Class, v.Why = False, "a stage the service does not have"
 	}
+	// The faults it met: those whose window (and grace) overlaps the
+	// stretch from the deadline it names to its arrival.
+	for _, f := range u.h.Faults {
+		grace := cmp.Or(f.Grace, u.cfg.Grace)
+		if !f.Start.After(d.At) && !d.Deadline.After(f.End.Add(grace)) && !slices.Contains(v.Faults, f.Kind) {
+			v.Faults = append(v.Faults, f.Kind)
+		}
+	}
+	slices.Sort(v.Faults)
 	return v
 }
 

@@ -203,3 +203,36 @@ func TestCheck(t *testing.T) {
 		})
 	}
 }
+
+// A delivery that matches no silence, seen during a fault, is counted in
+// that fault's row of the table, not in "none": the fault is what a
+// reader looks for. Faults far from it are not named.
+func TestStrayMeetsTheFaultsAroundIt(t *testing.T) {
+	h := History{
+		Signals:    []Signal{ping(0, Answered), ping(5, Answered), ping(12, Answered), ping(40, Answered)},
+		Deliveries: []Delivery{guide("g", 1, 10, 11)}, // the ping at 5 s had moved the deadline to 15 s
+		Faults: []Fault{
+			{Kind: "gateway frozen", Start: at(8), End: at(12)},
+			{Kind: "later", Start: at(30), End: at(31)},
+		},
+		End: at(60),
+	}
+	var stray *Verdict
+	vs := Check(cfg, h)
+	for i := range vs {
+		if vs[i].Class == False {
+			stray = &vs[i]
+		}
+	}
+	if stray == nil {
+		t.Fatalf("no false verdict: %+v", vs)
+	}
+	if len(stray.Faults) != 1 || stray.Faults[0] != "gateway frozen" {
+		t.Fatalf("the stray delivery met %v, want [gateway frozen]", stray.Faults)
+	}
+	for _, r := range Table(vs) {
+		if r.Fault == "none" && r.Counts[False] > 0 {
+			t.Fatalf("the stray delivery counted in the row none: %+v", r)
+		}
+	}
+}

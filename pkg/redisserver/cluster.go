@@ -334,3 +334,163 @@ func poll(ctx context.Context, within time.Duration, f func() error) error {
 		}
 	}
 }
+
+// AddReplica gives master i a new replica, when it has none (after a
+// Failover), and returns once it has synced with its master.
+func (c *Cluster) AddReplica(ctx context.Context, i int) error {
+	if i >= len(c.Masters) {
+		return fmt.Errorf("no master %d", i)
+	}
+	for len(c.Replicas) < len(c.Masters) {
+		c.Replicas = append(c.Replicas, nil)
+	}
+	if c.Replicas[i] != nil {
+		return fmt.Errorf("master %d has a replica", i)
+	}
+	m := c.Masters[i]
+	srv, err := Start(ctx, Options{Args: nodeArgs()})
+	if err != nil {
+		return fmt.Errorf("replica of master %d: %w", i, err)
+	}
+	id, err := nodeID(ctx, m.Addr)
+	if err != nil {
+		srv.Close()
+		return err
+	}
+	rc := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rc.Close()
+	host, port, _ := strings.Cut(m.Addr, ":")
+	if err := rc.ClusterMeet(ctx, host, port).Err(); err != nil {
+		srv.Close()
+		return fmt.Errorf("join replica %s: %w", srv.Addr, err)
+	}
+	err = poll(ctx, 30*time.Second, func() error { return rc.ClusterReplicate(ctx, id).Err() })
+	if err == nil {
+		err = poll(ctx, 30*time.Second, func() error {
+			info, err := rc.Info(ctx, "replication").Result()
+			if err != nil {
+				return err
+			}
+			if !strings.Contains(info, "master_link_status:up") {
+				return errors.New("replica not in sync")
+			}
+			return nil
+		})
+	}
+	if err != nil {
+		srv.Close()
+		return fmt.Errorf("replica %s of %s: %w", srv.Addr, m.Addr, err)
+	}
+	c.Replicas[i] = srv
+	return c.waitOK(ctx, c.live())
+}
+
+// HandOver is a graceful failover of master i (CLUSTER FAILOVER on its
+// replica): the replica catches up, is promoted, and the old master
+// becomes its replica, as an operator's planned switch does. Masters[i]
+// and Replicas[i] swap. It returns once every node reports the cluster
+// ok.
+func (c *Cluster) HandOver(ctx context.Context, i int) error {
+	if i >= len(c.Replicas) || c.Replicas[i] == nil {
+		return fmt.Errorf("master %d has no replica", i)
+	}
+	old, promoted := c.Masters[i], c.Replicas[i]
+	rc := redis.NewClient(&redis.Options{Addr: promoted.Addr})
+	defer rc.Close()
+	if err := rc.Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
+		return fmt.Errorf("hand over to %s: %w", promoted.Addr, err)
+	}
+	err := poll(ctx, 30*time.Second, func() error {
+		role, err := rc.Do(ctx, "ROLE").Slice()
+		if err != nil {
+			return err
+		}
+		if len(role) == 0 || role[0] != "master" {
+			return fmt.Errorf("role %v", role)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("hand over to %s: %w", promoted.Addr, err)
+	}
+	c.Masters[i], c.Replicas[i] = promoted, old
+	return c.waitOK(ctx, c.live())
+}
+
+// live is every node that runs.
+func (c *Cluster) live() []*Server {
+	var out []*Server
+	for _, s := range append(append([]*Server(nil), c.Masters...), c.Replicas...) {
+		if s != nil {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Resync brings Masters and Replicas back in line with the roles the
+// nodes hold, which change behind the caller's back: a master paused
+// past the node timeout is failed over by its replica, and comes back as
+// its replica. Each master and its replica swap places when the replica
+// is the one that serves. It returns once every live node reports the
+// cluster ok with the slots served by the masters as it then knows them;
+// while a failover is under way (both say master, or the slot map names
+// a replica) it waits, up to a bound.
+func (c *Cluster) Resync(ctx context.Context) error {
+	role := func(s *Server) (string, error) {
+		cl := redis.NewClient(&redis.Options{Addr: s.Addr})
+		defer cl.Close()
+		r, err := cl.Do(ctx, "ROLE").Slice()
+		if err != nil {
+			return "", err
+		}
+		if len(r) == 0 {
+			return "", errors.New("empty ROLE")
+		}
+		name, _ := r[0].(string)
+		return name, nil
+	}
+	return poll(ctx, 60*time.Second, func() error {
+		for i := range c.Masters {
+			if i >= len(c.Replicas) || c.Replicas[i] == nil {
+				continue
+			}
+			m, err := role(c.Masters[i])
+			if err != nil {
+				return err
+			}
+			r, err := role(c.Replicas[i])
+			if err != nil {
+				return err
+			}
+			switch {
+			case m == "master" && r != "master":
+			case r == "master" && m != "master":
+				c.Masters[i], c.Replicas[i] = c.Replicas[i], c.Masters[i]
+			default:
+				return fmt.Errorf("master %s is %s, its replica %s is %s", c.Masters[i].Addr, m, c.Replicas[i].Addr, r)
+			}
+		}
+		for _, n := range c.live() {
+			cl := redis.NewClient(&redis.Options{Addr: n.Addr})
+			info, err := cl.ClusterInfo(ctx).Result()
+			if err == nil && !strings.Contains(info, "cluster_state:ok") {
+				err = fmt.Errorf("node %s: cluster state not ok", n.Addr)
+			}
+			var slots []Slots
+			if err == nil {
+				slots, err = SlotMap(ctx, cl)
+			}
+			cl.Close()
+			if err != nil {
+				return err
+			}
+			for _, s := range slots {
+				if !c.isMaster(s.Master) {
+					return fmt.Errorf("node %s: slots %d-%d served by %q, not a current master", n.Addr, s.Start, s.End, s.Master)
+				}
+			}
+		}
+		return nil
+	})
+}

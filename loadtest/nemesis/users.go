@@ -1,0 +1,410 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/stillthere/stillthere/pkg/chatsim"
+	"github.com/stillthere/stillthere/pkg/frame"
+	"github.com/stillthere/stillthere/pkg/promise"
+)
+
+// Timing of a user's connections and signals.
+const (
+	handshakeTimeout = 2 * time.Second
+	// redialMin and redialMax bound the pause after a failed connect: it
+	// doubles from one to the other, with jitter.
+	redialMin = 100 * time.Millisecond
+	redialMax = 2 * time.Second
+	// answerWait is how long a ping or an activity post waits for its
+	// answer before it counts as unanswered.
+	answerWait = 2 * time.Second
+	// readWait is how long a device's reader waits for a frame before it
+	// looks at its context again.
+	readWait = 500 * time.Millisecond
+)
+
+// crowd is the run's users. WebSocket users ping through one of their
+// devices (some have two); activity users are reported by their
+// platform through the activity endpoint (active, turns to them and to
+// us) and have one device that only receives their guides.
+type crowd struct {
+	r     *rig
+	rec   *recorder
+	ttl   time.Duration
+	users []*user
+	wg    sync.WaitGroup // drivers, devices and their readers
+}
+
+// user is one simulated user. Its driver alternates presence (a signal
+// every ttl/3 or so) and silence (short, or long enough for every stage),
+// drawn from its own seeded source.
+type user struct {
+	uid      string
+	idx      int
+	activity bool // reported through the activity endpoint
+	devices  []*device
+	rnd      *rand.Rand
+	first    atomic.Bool // a first signal was answered
+	// lastTurnUs: the last activity event was a turn to us. The next is
+	// not another: see nextActivity.
+	lastTurnUs bool
+	// hushedUntil (Unix ns) silences the user whatever its driver
+	// draws: a mass silence.
+	hushedUntil atomic.Int64
+}
+
+// hush silences the users whose index is k modulo n until until.
+func (c *crowd) hush(k, n int, until time.Time) {
+	for _, u := range c.users {
+		if u.idx%n == k {
+			u.hushedUntil.Store(until.UnixNano())
+		}
+	}
+}
+
+// device is one connection of a user's, kept open: it reconnects when
+// dropped (a close stage's 4000 included), reads every frame, and acks
+// guides, as an app does.
+type device struct {
+	sink string
+	chat *chatsim.User
+	conn atomic.Pointer[chatsim.Conn]
+	// wake ends a device's wait after a close stage (4000): the
+	// protocol's client does not reconnect on its own then, but when its
+	// user comes back.
+	wake chan struct{}
+}
+
+func newCrowd(r *rig, rec *recorder, seed uint64, wsUsers, actUsers, twoDevices int) (*crowd, error) {
+	c := &crowd{r: r, rec: rec, ttl: r.s.ttl}
+	for i := range wsUsers + actUsers {
+		u := &user{idx: i, activity: i >= wsUsers, rnd: rand.New(rand.NewPCG(seed, uint64(i)))}
+		u.uid = fmt.Sprintf("ws-%03d", i)
+		n := 1
+		if u.activity {
+			u.uid = fmt.Sprintf("act-%03d", i)
+		} else if i < twoDevices {
+			n = 2
+		}
+		tok, err := chatsim.Token([]byte(r.tokenSecret), u.uid, "")
+		if err != nil {
+			return nil, err
+		}
+		for k := range n {
+			u.devices = append(u.devices, &device{
+				sink: fmt.Sprintf("%s/dev%d", u.uid, k),
+				wake: make(chan struct{}, 1),
+				chat: &chatsim.User{UID: u.uid, Token: tok, TTL: r.s.ttl, Readers: &c.wg,
+					Dialer: &websocket.Dialer{HandshakeTimeout: handshakeTimeout, ReadBufferSize: 1024, WriteBufferSize: 1024}},
+			})
+		}
+		c.users = append(c.users, u)
+	}
+	return c, nil
+}
+
+// start runs every device until devCtx ends, and every driver until ctx
+// does. Once calm is closed the drivers stop falling silent: each user
+// comes back, if away, and signals every period to the end, so that the
+// run ends with no burst of silences that began together.
+func (c *crowd) start(ctx, devCtx context.Context, calm <-chan struct{}) {
+	for _, u := range c.users {
+		for k, d := range u.devices {
+			c.wg.Go(func() { c.runDevice(devCtx, u, k, d) })
+		}
+		c.wg.Go(func() { c.drive(ctx, u, calm) })
+	}
+}
+
+func (c *crowd) wait() { c.wg.Wait() }
+
+// ready reports how many users had a first signal answered.
+func (c *crowd) ready() int {
+	n := 0
+	for _, u := range c.users {
+		if u.first.Load() {
+			n++
+		}
+	}
+	return n
+}
+
+func (c *crowd) runDevice(ctx context.Context, u *user, k int, d *device) {
+	pause := redialMin
+	for n := 0; ctx.Err() == nil; n++ {
+		url := c.r.publicURL((u.idx + k + n) % nGateways)
+		conn, err := d.chat.Connect(ctx, url)
+		if err != nil {
+			if !sleepCtx(ctx, pause/2+time.Duration(rand.Int64N(int64(pause/2)))) {
+				return
+			}
+			pause = min(2*pause, redialMax)
+			continue
+		}
+		pause = redialMin
+		d.conn.Store(conn)
+		c.read(ctx, u, d, conn)
+		d.conn.Store(nil)
+		conn.Close()
+		if conn.CloseCode() == closeInactive {
+			select {
+			case <-d.wake:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+// closeInactive is the close code after a close stage: the chat is
+// closed, and the client connects again when its user comes back.
+const closeInactive = 4000
+
+// reconnectWait bounds how long a user who comes back waits for one of
+// their devices to connect before their signal counts as unsent.
+const reconnectWait = 2 * time.Second
+
+// live returns u's devices' connections that last, waking the devices
+// that wait after a close stage and waiting (reconnectWait at most) for
+// one when none lasts.
+func (u *user) live() []*chatsim.Conn {
+	var out []*chatsim.Conn
+	deadline := time.Now().Add(reconnectWait)
+	for {
+		for _, d := range u.devices {
+			if conn := d.conn.Load(); conn != nil && !conn.IsGone() {
+				out = append(out, conn)
+			}
+		}
+		if len(out) > 0 || time.Now().After(deadline) {
+			return out
+		}
+		for _, d := range u.devices {
+			select {
+			case d.wake <- struct{}{}:
+			default:
+			}
+		}
+		time.Sleep(20 * time.Millisecond) // a poll of the devices' state
+	}
+}
+
+// read takes conn's frames until it ends, recording and acking guides.
+func (c *crowd) read(ctx context.Context, u *user, d *device, conn *chatsim.Conn) {
+	for ctx.Err() == nil {
+		f, err := conn.Next(readWait)
+		if errors.Is(err, chatsim.ErrNoAnswer) {
+			continue
+		}
+		if err != nil {
+			return
+		}
+		if f.Type != frame.TypeGuide {
+			continue
+		}
+		del, err := guideDelivery(u.uid, d.sink, f)
+		if err != nil {
+			c.rec.wrong(fmt.Sprintf("%s: %v: %s", d.sink, err, f))
+			continue
+		}
+		c.rec.delivery(del)
+		conn.Ack(f.ID)
+	}
+}
+
+// drive is the user's behaviour until ctx ends: presence and silence,
+// then only presence once calm is closed.
+func (c *crowd) drive(ctx context.Context, u *user, calm <-chan struct{}) {
+	period := c.ttl / 3
+	calmed := func() bool {
+		select {
+		case <-calm:
+			return true
+		default:
+			return false
+		}
+	}
+	for ctx.Err() == nil {
+		present := time.Now().Add(time.Duration(5+u.rnd.IntN(25)) * time.Second)
+		for time.Now().Before(present) || calmed() {
+			if time.Now().UnixNano() >= u.hushedUntil.Load() {
+				c.signal(ctx, u)
+			}
+			if !sleepCtx(ctx, period*time.Duration(80+u.rnd.IntN(40))/100) {
+				return
+			}
+		}
+		t := time.NewTimer(u.silence(c.ttl, c.r.s.closeAfter))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-calm:
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// silence draws how long the user stays away: shorter than the TTL (no
+// silence), into its stages (back between the reminder and the close),
+// or past every stage.
+func (u *user) silence(ttl, closeAfter time.Duration) time.Duration {
+	switch p := u.rnd.IntN(10); {
+	case p < 3:
+		return ttl * time.Duration(20+u.rnd.IntN(50)) / 100
+	case p < 5:
+		return ttl + time.Duration(u.rnd.Int64N(int64(closeAfter)))
+	default:
+		return ttl + closeAfter + time.Duration(2+u.rnd.IntN(10))*time.Second
+	}
+}
+
+// signal sends one signal of u's: a ping through one of its connected
+// devices, or an activity event.
+func (c *crowd) signal(ctx context.Context, u *user) {
+	if u.activity {
+		for _, d := range u.devices {
+			select {
+			case d.wake <- struct{}{}:
+			default:
+			}
+		}
+		c.post(ctx, u, u.nextActivity(c.ttl))
+		return
+	}
+	live := u.live()
+	now := time.Now()
+	if len(live) == 0 {
+		c.rec.signal(unreachedSignal(u.uid, now, c.ttl))
+		return
+	}
+	conn := live[u.rnd.IntN(len(live))]
+	ch, err := conn.PingAnswer()
+	if err != nil {
+		c.rec.signal(pingSignal(u.uid, now, chatsim.Answer{}, err, c.ttl))
+		return
+	}
+	t := time.NewTimer(answerWait)
+	defer t.Stop()
+	select {
+	case a := <-ch:
+		if !a.Unavailable {
+			u.first.Store(true)
+		}
+		c.rec.signal(pingSignal(u.uid, now, a, nil, c.ttl))
+		return
+	case <-conn.Gone():
+		err = chatsim.ErrGone
+	case <-t.C:
+		err = chatsim.ErrNoAnswer
+	}
+	i := c.rec.signal(pingSignal(u.uid, now, chatsim.Answer{}, err, c.ttl))
+	// The answer may still come, as long as the connection lasts: the
+	// deadline it names is the one the session got.
+	c.wg.Go(func() {
+		select {
+		case a := <-ch:
+			c.rec.answered(i, pingSignal(u.uid, now, a, nil, c.ttl))
+		case <-conn.Gone():
+			select {
+			case a := <-ch:
+				c.rec.answered(i, pingSignal(u.uid, now, a, nil, c.ttl))
+			default:
+			}
+		case <-ctx.Done():
+		}
+	})
+}
+
+// nextActivity draws an event: mostly "active", some turns. A turn to
+// us never follows a turn to us: what a second one with a shorter max_ms
+// does to the first one's hold is not settled between the service (it
+// keeps the longer) and the checker (it takes the last), so the run does
+// not ask it.
+func (u *user) nextActivity(ttl time.Duration) activity {
+	p := u.rnd.IntN(20)
+	if u.lastTurnUs && p >= 17 {
+		p = 13 // a turn to the user instead
+	}
+	var ev activity
+	switch {
+	case p < 13:
+		ev = activity{kind: promise.Ping}
+	case p < 17:
+		ev = activity{kind: promise.TurnToUser}
+	default:
+		ev = activity{kind: promise.TurnToUs, hold: time.Duration(1+u.rnd.IntN(int(2*ttl/time.Second))) * time.Second}
+	}
+	u.lastTurnUs = ev.kind == promise.TurnToUs
+	return ev
+}
+
+// post sends one event to the activity endpoint of the user's gateway.
+func (c *crowd) post(ctx context.Context, u *user, ev activity) {
+	sent := time.Now()
+	e := map[string]any{"uid": u.uid, "at_ms": sent.UnixMilli()}
+	switch ev.kind {
+	case promise.Ping:
+		e["kind"] = "active"
+	case promise.TurnToUser:
+		e["kind"], e["to"] = "turn", "user"
+	case promise.TurnToUs:
+		e["kind"], e["to"], e["max_ms"] = "turn", "us", ev.hold.Milliseconds()
+	}
+	body, _ := json.Marshal(map[string]any{"events": []any{e}})
+	rctx, cancel := context.WithTimeout(ctx, answerWait)
+	defer cancel()
+	// A platform behind a load balancer: a gateway that does not take
+	// the connection is passed over for the next, within the wait.
+	var resp *http.Response
+	var err error
+	for n := range nGateways {
+		req, _ := http.NewRequestWithContext(rctx, http.MethodPost, c.r.activityURL((u.idx+n)%nGateways), bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+c.r.activitySecret)
+		req.Header.Set("Content-Type", "application/json")
+		if resp, err = http.DefaultClient.Do(req); err == nil || rctx.Err() != nil {
+			break
+		}
+	}
+	status := 0
+	if err == nil {
+		status = resp.StatusCode
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		if status/100 == 4 {
+			c.rec.wrong(fmt.Sprintf("activity %s: HTTP %d: %s", body, status, b))
+		}
+	}
+	if ctx.Err() != nil {
+		return // the run ended: no answer to judge
+	}
+	if status == http.StatusOK {
+		u.first.Store(true)
+	}
+	c.rec.signal(activitySignal(u.uid, ev, sent, status, err, time.Now(), c.ttl))
+}
+
+// sleepCtx reports false if ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
