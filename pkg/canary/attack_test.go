@@ -190,16 +190,6 @@ func moved(before map[promise.Class]float64, c promise.Class) float64 {
 	return testutil.ToFloat64(stagesTotal.WithLabelValues(string(c))) - before[c]
 }
 
-// judgedPast waits until the canary's checker has run at least settle
-// past the guide the gateway sent last, so that its verdict is final.
-func judgedPast(t *testing.T, g *guidingGateway, settle time.Duration) {
-	t.Helper()
-	waitFor(t, 30*time.Second, "a guide, and a check past its deadline and the settle time", func() bool {
-		ms := g.sent.Load()
-		return ms > 0 && testutil.ToFloat64(lastCheck) > float64(time.UnixMilli(ms).Add(settle+200*time.Millisecond).Add(-g.skew).UnixMilli())/1000
-	})
-}
-
 // TestCanaryActivityRejectedIsNotAFalseGuide: the canary's activity
 // secret is wrong (rotated on the gateways, not in the canary's Secret):
 // every activity call of a feed user is answered 401, which the canary
