@@ -15,7 +15,9 @@ run: deps ## run the whole pipeline: redis-server, embedded Kafka, the three ser
 	$(GO) run ./dev
 
 test: deps lint chart ## vet, lint and render the chart, every test with -race, short fuzzing, the k6 smoke test, the browser tests, the canary's alert rules
-	STILLTHERE_REQUIRE_HELM=1 PATH="$$($(GO) env GOPATH)/bin:$$PATH" $(GO) test -race -count=1 ./...
+	# The dev stack's package runs about 10 minutes beside CPU hogs: more
+	# than go test's default limit per package.
+	STILLTHERE_REQUIRE_HELM=1 PATH="$$($(GO) env GOPATH)/bin:$$PATH" $(GO) test -race -count=1 -timeout 25m ./...
 	# The gateway's suite again with a goroutine per connection, the read
 	# mode of other platforms (the run above is in epoll mode, Linux's).
 	STILLTHERE_READ_MODE=goroutine $(GO) test -race -count=1 ./pkg/gateway/
