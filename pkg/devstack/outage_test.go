@@ -722,17 +722,16 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 	// next window read finds it.
 	produceBound := faultGrace + max(lcfg.SweepInterval, lcfg.FireSlot) + sweepLongest
 	// The consumer's drain of the guides released together is CPU, not
-	// sends (they run 2,048 at once): it must keep a floor of a quarter of
-	// what it does on an idle machine, 2,000 a second under the race
-	// detector and 20,000 without (loadtest/guidebench), with the longest
-	// send on top. A consumer that stalls, retries or sends twice fails it.
-	floor := 5_000.0
-	if raceDetector {
-		floor = 500
-	}
-	deliverBound := sendLongest + time.Duration(float64(leaving)/floor*float64(time.Second))
-	t.Logf("bounds: produced within %v of the deadline (grace %v, sweep interval %v, longest sweep %v); delivered within %v of that (%d guides at %.0f a second, longest send %v)",
-		produceBound, faultGrace, lcfg.SweepInterval, sweepLongest, deliverBound, leaving, floor, sendLongest)
+	// sends (they run 2,048 at once), and how fast this machine drains
+	// them is the benchmark's (loadtest/guidebench), not this test's: a
+	// floor on it failed beside two CPU hogs. What the test holds is that
+	// the consumer never stalls: while a produced guide is not yet
+	// delivered, deliveries follow each other within the longest send
+	// and a second more. One that sends twice fails the count above.
+	stallBound := sendLongest + time.Second
+	t.Logf("bounds: produced within %v of the deadline (grace %v, sweep interval %v, longest sweep %v); while guides are owed, no pause between deliveries longer than %v (the longest send, %v, and a second)",
+		produceBound, faultGrace, lcfg.SweepInterval, sweepLongest, stallBound, sendLongest)
+	var owed []massDelivery // each leaver's guide: produced, delivered
 	// A silence we caused is not a silence: on a starved machine the
 	// gateway's heartbeat can come late, and a deadline in a blind interval
 	// it recorded, or near a missed heartbeat, is rightly held until the
@@ -800,11 +799,12 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 				t.Errorf("%s produced %v past its deadline, want at most %v", uid(i), d, bound)
 			}
 		}
-		if d := g.At.Sub(detected); d > deliverBound {
-			if lateSent++; lateSent <= 5 {
-				t.Errorf("%s delivered %v after its timeout was produced, want at most %v", uid(i), d, deliverBound)
-			}
-		}
+		owed = append(owed, massDelivery{produced: detected, delivered: g.At})
+	}
+	if gap, at, ok := longestStall(owed); ok && gap > stallBound {
+		lateSent++
+		t.Errorf("the consumer delivered nothing for %v from %s while guides it had been given were owed, want at most %v",
+			gap, at.Format(time.StampMilli), stallBound)
 	}
 	if leaversOwnGuided > 0 {
 		t.Logf("%d guides owed to leavers whose own worker let their sessions lapse before they left", leaversOwnGuided)
@@ -813,7 +813,7 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 		t.Errorf("%d of %d leavers did not get exactly one guide for their last deadline", wrong, leaving)
 	}
 	if lateProduced+lateSent > 0 {
-		t.Errorf("of %d leavers, %d produced and %d delivered past their bounds", leaving, lateProduced, lateSent)
+		t.Errorf("of %d leavers, %d produced past their bounds; %d stalls of the consumer", leaving, lateProduced, lateSent)
 	}
 	for _, d := range []struct {
 		what string
@@ -826,6 +826,31 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 		t.Logf("leavers %s: min %v, p50 %v, p99 %v, max %v", d.what, d.ds[0].Round(time.Millisecond),
 			d.ds[len(d.ds)/2].Round(time.Millisecond), d.ds[len(d.ds)*99/100].Round(time.Millisecond), d.ds[len(d.ds)-1].Round(time.Millisecond))
 	}
+}
+
+// massDelivery is one leaver's guide in TestMassLeaveGuidesEachOnce:
+// when its timeout was produced, and when the webhook got it.
+type massDelivery struct{ produced, delivered time.Time }
+
+// longestStall is the longest pause between two deliveries during which
+// a guide produced before the pause was delivered only after it, and
+// when it began; ok is false when there was none.
+func longestStall(ds []massDelivery) (gap time.Duration, at time.Time, ok bool) {
+	arrivals := make([]time.Time, len(ds))
+	for i, d := range ds {
+		arrivals[i] = d.delivered
+	}
+	slices.SortFunc(arrivals, time.Time.Compare)
+	for i := 1; i < len(arrivals); i++ {
+		from, to := arrivals[i-1], arrivals[i]
+		if to.Sub(from) <= gap {
+			continue
+		}
+		if slices.ContainsFunc(ds, func(d massDelivery) bool { return d.produced.Before(from) && !d.delivered.Before(to) }) {
+			gap, at, ok = to.Sub(from), from, true
+		}
+	}
+	return gap, at, ok
 }
 
 // massRenewal is one renewal of TestMassLeaveGuidesEachOnce: when its

@@ -126,3 +126,26 @@ func pace(d time.Duration) {
 
 // paceUntil is pace until at.
 func paceUntil(at time.Time) { pace(time.Until(at)) }
+
+func TestLongestStall(t *testing.T) {
+	at := func(s float64) time.Time { return time.Unix(1000, 0).Add(time.Duration(s * float64(time.Second))) }
+	for _, tc := range []struct {
+		name string
+		ds   []massDelivery
+		gap  time.Duration
+		ok   bool
+	}{
+		{"steady", []massDelivery{{at(0), at(1)}, {at(0), at(2)}, {at(0), at(3)}}, time.Second, true},
+		{"a pause with a guide owed", []massDelivery{{at(0), at(1)}, {at(0), at(7)}, {at(6), at(7.5)}}, 6 * time.Second, true},
+		{"a pause with nothing owed", []massDelivery{{at(0), at(1)}, {at(6), at(7)}, {at(6), at(7.5)}}, 500 * time.Millisecond, true},
+		{"one", []massDelivery{{at(0), at(1)}}, 0, false},
+		{"none", nil, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gap, _, ok := longestStall(tc.ds)
+			if gap != tc.gap || ok != tc.ok {
+				t.Errorf("longestStall = %v, %v; want %v, %v", gap, ok, tc.gap, tc.ok)
+			}
+		})
+	}
+}
