@@ -1,5 +1,0 @@
-//go:build !race
-
-package devstack
-
-const raceDetector = false
