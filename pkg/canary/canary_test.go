@@ -124,15 +124,10 @@ func TestCanaryJudgesAGateway(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- c.Run(context.Background()) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for testutil.ToFloat64(stagesTotal.WithLabelValues("ok"))-ok0 < 4 ||
-		testutil.ToFloat64(stagesTotal.WithLabelValues("false"))-false0 < 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("after 30s: ok moved by %v, false by %v; want at least 4 and 1",
-				testutil.ToFloat64(stagesTotal.WithLabelValues("ok"))-ok0, testutil.ToFloat64(stagesTotal.WithLabelValues("false"))-false0)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitFor(t, 30*time.Second, "at least 4 stages judged ok and 1 false", func() bool {
+		return testutil.ToFloat64(stagesTotal.WithLabelValues("ok"))-ok0 >= 4 &&
+			testutil.ToFloat64(stagesTotal.WithLabelValues("false"))-false0 >= 1
+	})
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
