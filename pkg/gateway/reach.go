@@ -766,12 +766,16 @@ func (g *Gateway) resyncConns(ctx context.Context, from time.Time) (int, error) 
 	if !from.IsZero() {
 		fromAt = max(0, from.Sub(g.start))
 	}
+	// When every grant below was measured: the renewer ages each by the
+	// time its batch waits (see session.Grant).
+	taken := g.start.Add(now)
 	for shard := range hubShards {
 		for _, c := range g.hub.shardConns(shard) {
 			gr, ok := c.lastGrant(now)
 			if !ok || !handedOver(gr, now, fromAt) {
 				continue
 			}
+			gr.Taken = taken
 			grants, conns = append(grants, gr), append(conns, c)
 			if len(grants) == resyncBatch {
 				if err := send(); err != nil {
@@ -791,6 +795,7 @@ func (g *Gateway) resyncConns(ctx context.Context, from time.Time) (int, error) 
 		if !handedOver(gr, now, fromAt) {
 			continue
 		}
+		gr.Taken = taken
 		grants = append(grants, gr)
 		if len(grants) == resyncBatch {
 			if err := send(); err != nil {

@@ -585,3 +585,49 @@ func TestRecordBlindSince(t *testing.T) {
 		t.Fatalf("blind intervals %q; want only %q", ms, again.member())
 	}
 }
+
+// TestResyncAgesItsGrant: a resync's grant is measured when the gateway
+// takes it, and may reach Redis seconds later (queued behind an outage's
+// retries, or behind the batches before it). Its deadline is the grant's
+// own, not that much later, and its renewal is recorded at its ping; one
+// that ran out meanwhile is restored as lapsed (its silence fell in the
+// outage). A Redis master restarted empty, a resync that waited 1.4 s: the
+// guide named a deadline 1.4 s past the one the user was granted.
+func TestResyncAgesItsGrant(t *testing.T) {
+	s, ctx := newStore(t)
+	r := NewRenewer(s, RenewerConfig{Instance: "gw-1"})
+	rctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(rctx) }()
+	defer func() { cancel(); <-done }()
+
+	// Taken 3 s ago: 10 s were left then, the ping 1 s before that.
+	taken := time.Now().Add(-3 * time.Second)
+	if _, err := r.Resync(ctx, []Grant{
+		{UID: "waited", Segment: DefaultSegment, Left: 10 * time.Second, Ago: time.Second, Taken: taken},
+		{UID: "ranout", Segment: DefaultSegment, Left: 2 * time.Second, Ago: time.Second, Taken: taken},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Redis's clock and this process's are the same host's.
+	near := func(got, want time.Time) bool { return got.Sub(want).Abs() <= 20*time.Millisecond }
+	v, err := s.rdb.ZScore(ctx, s.ks.IndexKey(Bucket("waited")), "waited").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := time.UnixMilli(int64(v)), taken.Add(10*time.Second); !near(got, want) {
+		t.Errorf("waited: deadline %v past the grant's own (%v): the resync's wait was added to it", got.Sub(want), want)
+	}
+	if got, err := s.LastRenewed(ctx, "waited"); err != nil || !near(got, taken.Add(-time.Second)) {
+		t.Errorf("waited: renewal recorded at %v (%v), want its ping's time %v", got, err, taken.Add(-time.Second))
+	}
+	// Ran out 1 s ago, while the resync waited: due just past the resync,
+	// not 2 s after it.
+	v, err = s.rdb.ZScore(ctx, s.ks.IndexKey(Bucket("ranout")), "ranout").Result()
+	if err != nil {
+		t.Fatalf("ranout: no index entry (%v): a grant that ran out while its resync waited is restored as lapsed", err)
+	}
+	if due := time.UnixMilli(int64(v)); due.After(time.Now()) {
+		t.Errorf("ranout: due %v from now, want just past the resync (lapsed)", time.Until(due))
+	}
+}

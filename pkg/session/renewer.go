@@ -83,6 +83,7 @@ type renewal struct {
 	resync       bool          // restore a grant; ttl is what is left of it
 	lapsed       bool          // with resync: the grant ran out, ttl is unused
 	ago          time.Duration // with resync: how long ago the ping was
+	taken        time.Time     // with resync: when ttl and ago were measured
 	queued       time.Time     // when it was handed to Run
 	deadline     time.Time
 	err          error
@@ -221,6 +222,12 @@ type Grant struct {
 	// Clock is the segment's clock, from the policy in force: a grant
 	// restored while the user's clock is held is parked, as a renewal is.
 	Clock Clock
+	// Taken is when Left and Ago were measured, by the local clock; zero:
+	// when Resync is called. Each is aged by the time since, when its
+	// script is sent: a resync waits behind an outage's retries and the
+	// batches before it, and its deadline must be the grant's own, not
+	// that much later.
+	Taken time.Time
 }
 
 // Resync restores grants that could not be written while Redis was out of
@@ -242,10 +249,11 @@ type Grant struct {
 func (r *Renewer) Resync(ctx context.Context, grants []Grant) (int, error) {
 	reqs := make([]*renewal, 0, len(grants))
 	var firstErr error
+	now := time.Now()
 	for _, g := range grants {
-		req := &renewal{uid: g.UID, segment: g.Segment, ttl: max(0, g.Left.Truncate(time.Millisecond)), clock: g.Clock,
-			resync: true, ago: g.Ago, done: make(chan struct{})}
-		req.lapsed = req.ttl == 0 // less than a millisecond left counts as none
+		req := &renewal{uid: g.UID, segment: g.Segment, ttl: g.Left, clock: g.Clock,
+			resync: true, ago: g.Ago, taken: cmp.Or(g.Taken, now), done: make(chan struct{})}
+		_, _, req.lapsed = req.aged(now)
 		if err := r.enqueue(ctx, req); err != nil {
 			firstErr = err
 			break
@@ -409,14 +417,28 @@ func (r *Renewer) call(batch []*renewal) scriptCall {
 		if req.end {
 			return endScript.call(keys, r.store.withNotes(req.uid, RenewedKeep.Milliseconds())...)
 		}
-		mode := modeRenew
-		switch {
-		case req.lapsed:
-			mode = modeLapsed
-		case req.resync:
+		mode, ttl, ago := modeRenew, req.ttl, req.ago
+		if req.resync {
+			var lapsed bool
+			ttl, ago, lapsed = req.aged(time.Now())
 			mode = modeResync
+			if lapsed {
+				mode = modeLapsed
+			}
 		}
-		return renewScript.call(keys, r.store.withNotes(req.uid, req.ttl.Milliseconds(), req.segment, r.cfg.Instance, mode,
-			RenewedKeep.Milliseconds(), max(0, req.ago.Milliseconds()), string(req.clock), MaxTurnHold.Milliseconds())...)
+		return renewScript.call(keys, r.store.withNotes(req.uid, ttl.Milliseconds(), req.segment, r.cfg.Instance, mode,
+			RenewedKeep.Milliseconds(), max(0, ago.Milliseconds()), string(req.clock), MaxTurnHold.Milliseconds())...)
 	}
+}
+
+// aged is a resync's grant as it stands at now: what is left of it and how
+// long ago its ping was, each moved by the time since they were measured,
+// and whether it has run out (less than a millisecond left counts as
+// none: a grant handed over lapsed stays so). A grant that ran out while
+// its resync waited ran out in the outage it follows, and is restored as
+// lapsed.
+func (req *renewal) aged(now time.Time) (left, ago time.Duration, lapsed bool) {
+	waited := max(0, now.Sub(req.taken))
+	left = max(0, (req.ttl - waited).Truncate(time.Millisecond))
+	return left, req.ago + waited, req.lapsed || left == 0
 }
