@@ -535,3 +535,57 @@ func TestActivityTurned(t *testing.T) {
 		t.Fatalf("a stale turn: %+v, want stale and no turn", stale)
 	}
 }
+
+// TestTurnToUsAgain: a turn to us after one to us replaces it, shorter
+// or longer (queued for an hour, then an agent picks the chat up and
+// types for at most 10 s): the clock runs once the latest one's max_ms
+// is over. The park the first gave is not kept; a ping the user made
+// meanwhile still gives its own TTL; and a turn to the user that ends
+// our turn never guides sooner than a TTL after the user's last ping.
+func TestTurnToUsAgain(t *testing.T) {
+	s, ctx := newStore(t)
+	const ttl = time.Minute
+	const slack = 2 * time.Second
+
+	shorter := "again-shorter"
+	apply(t, s, ev(shorter, ActivityTurnUs, ttl).hold(time.Hour))
+	apply(t, s, ev(shorter, ActivityTurnUs, ttl).hold(10*time.Second))
+	now := redisNow(t, s.rdb)
+	if d := score(t, s, shorter); !near(d, now.Add(10*time.Second+ttl), slack) {
+		t.Errorf("a turn to us for 10 s after one for an hour: deadline in %v, want %v (the latest word)", d.Sub(now), 10*time.Second+ttl)
+	}
+
+	longer := "again-longer"
+	apply(t, s, ev(longer, ActivityTurnUs, ttl).hold(10*time.Second))
+	apply(t, s, ev(longer, ActivityTurnUs, ttl).hold(time.Hour))
+	now = redisNow(t, s.rdb)
+	if d := score(t, s, longer); !near(d, now.Add(time.Hour+ttl), slack) {
+		t.Errorf("a turn to us for an hour after one for 10 s: deadline in %v, want %v", d.Sub(now), time.Hour+ttl)
+	}
+
+	// The second turn to us is 5 s old and held us for 1 s: over. The
+	// user pinged since (parked by the first turn then): their ping's own
+	// TTL stands.
+	pinged := "again-pinged"
+	now = redisNow(t, s.rdb)
+	apply(t, s, ev(pinged, ActivityTurnUs, ttl).hold(time.Hour).at(now.Add(-6*time.Second)))
+	if _, err := s.Renew(ctx, pinged, DefaultSegment, ttl, ClockPresence); err != nil {
+		t.Fatal(err)
+	}
+	apply(t, s, ev(pinged, ActivityTurnUs, ttl).hold(time.Second).at(now.Add(-5*time.Second)))
+	if d := score(t, s, pinged); !near(d, now.Add(ttl), slack) {
+		t.Errorf("a spent turn to us after the user's ping: deadline in %v, want the ping's own %v", d.Sub(now), ttl)
+	}
+
+	// A turn to the user 5 s old ends our turn; the user pinged since.
+	ended := "again-ended"
+	now = redisNow(t, s.rdb)
+	apply(t, s, ev(ended, ActivityTurnUs, ttl).hold(time.Hour).at(now.Add(-6*time.Second)))
+	if _, err := s.Renew(ctx, ended, DefaultSegment, ttl, ClockPresence); err != nil {
+		t.Fatal(err)
+	}
+	apply(t, s, ev(ended, ActivityTurnUser, ttl).at(now.Add(-5*time.Second)))
+	if d := score(t, s, ended); !near(d, now.Add(ttl), slack) {
+		t.Errorf("a turn to the user older than the user's ping: deadline in %v, want the ping's own %v", d.Sub(now), ttl)
+	}
+}

@@ -91,7 +91,11 @@ for j = 1, n do
       turn = encodeTurn(V.us, at, from + hold)
       redis.call('SET', KEYS[k.turn], turn)
       if whose ~= V.us then applied = 2 end
-      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, false, was, turn, nil, note, stored)
+      -- A turn to us after one to us replaces it: the platform's latest
+      -- word on how long we may keep the user waiting, shorter or longer
+      -- (an agent who picked the queued chat up is typing). The park the
+      -- first gave is not kept; what the user's own activity gave is.
+      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, whose == V.us, was, turn, nil, note, stored)
     end
   elseif kind == V.ending then
     if at < was or at < since then applied = 0

@@ -99,6 +99,10 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   local deadline = own
   local held, waits = heldUntil(turn, clock, now, maxHold)
   if held then deadline = held + ttl end
+  -- A park given up is given up for what the user's last activity, on
+  -- any device, gives unheld: a turn that ends ours never guides sooner
+  -- than a TTL after the user's last ping.
+  if unpark and not held and was + ttl > deadline then deadline = was + ttl end
   if waits then
     -- The park is recorded, for a turn to the user to end whatever the
     -- clock is by then; it keeps the since of the state it replaces.
