@@ -80,6 +80,17 @@ export interface Options {
    */
   pingInterval?: number;
   /**
+   * How long a ping waits for its answer (a pong, or an error frame that
+   * it could not be answered), ms. Past it, the gateway is taken as gone
+   * (frozen, or cut off without a close): the client drops the
+   * connection as on a dropped network and reconnects on the backoff,
+   * its first ping there telling the activity the unanswered one carried.
+   * 0 (the default) takes the renewal interval, at least 2000: a busy
+   * user is then on a new connection by about half the TTL after the
+   * last answer, before the session runs out. At least 1000.
+   */
+  pongTimeout?: number;
+  /**
    * How long before the token's exp to ask for a fresh one, ms: at a
    * random point between this and half of it, so that clients whose
    * tokens were minted together do not ask together; at most half the
@@ -114,7 +125,9 @@ export interface StateChange {
   /**
    * The gateway's close reason; on closed: "stopped" (stop()), "inactive"
    * (4000: the chat was closed), "token expired" (4001 without a token
-   * callback).
+   * callback); on reconnecting with code 1006, "no answer to ping" when
+   * the client dropped a connection whose ping went unanswered for
+   * pongTimeout.
    */
   reason?: string;
   /** On reconnecting: ms until the next attempt. */
@@ -189,6 +202,7 @@ export interface StillThereEventMap {
 export declare const defaults: Readonly<{
   activityEvents: readonly string[];
   pingInterval: number;
+  pongTimeout: number;
   refreshBefore: number;
   backoff: Readonly<Required<Backoff>>;
   stableAfter: number;

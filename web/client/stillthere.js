@@ -9,7 +9,8 @@
 //   - it pings on user activity, at most once per renewal interval, and
 //     never on a bare timer: an open tab with nobody at it is a silent user;
 //   - it reconnects with exponential backoff and full jitter, and acts on
-//     each close code of the contract;
+//     each close code of the contract, and when a ping goes unanswered
+//     (a frozen gateway, a half-open connection) as on a dropped network;
 //   - it shows each guide once per id, across reconnects and reloads
 //     (sessionStorage), acks it, and hands the application an event;
 //   - it shows no guide of a silence the network made: activity it
@@ -40,6 +41,7 @@ export const CloseCode = Object.freeze({
 export const defaults = Object.freeze({
   activityEvents: Object.freeze(['keydown', 'pointerdown', 'pointermove', 'wheel', 'focus']),
   pingInterval: 0,
+  pongTimeout: 0,
   refreshBefore: 60_000,
   backoff: Object.freeze({ initial: 500, max: 30_000 }),
   stableAfter: 5_000,
@@ -53,6 +55,12 @@ export const defaults = Object.freeze({
 const minPingInterval = 1_000;
 // The most time between two pings of a busy user, whatever the TTL.
 const maxPingInterval = 30_000;
+// The least time a ping waits for its answer by default: a round trip
+// over a slow mobile link, plus the gateway's renewal, fits in it with
+// room to spare, so that a healthy connection is not dropped as silent.
+const minPongTimeout = 2_000;
+// The least pongTimeout an application may set.
+const minPongTimeoutOption = 1_000;
 // How many guide ids are remembered as shown. Ids are per silence and
 // stage, so the last hundred cover any reconnect or reload.
 const seenCap = 100;
@@ -178,6 +186,7 @@ export class StillThere extends EventTarget {
   #lastPingAt = -Infinity;
   #unanswered = []; // pings without an answer yet, oldest first
   #pingTimer = null;
+  #pongTimer = null; // runs while a ping waits for its answer
   #ttl = 0; // the last TTL granted, ms
   #deadline = null;
 
@@ -228,6 +237,7 @@ export class StillThere extends EventTarget {
       activityEvents: options.activityEvents ?? defaults.activityEvents,
       activityTarget: options.activityTarget === undefined ? globalThis.window : options.activityTarget,
       pingInterval: options.pingInterval ?? defaults.pingInterval,
+      pongTimeout: options.pongTimeout ?? defaults.pongTimeout,
       refreshBefore: options.refreshBefore ?? defaults.refreshBefore,
       backoff,
       stableAfter: options.stableAfter ?? defaults.stableAfter,
@@ -235,6 +245,7 @@ export class StillThere extends EventTarget {
     };
     for (const [name, v] of [
       ['pingInterval', this.#opts.pingInterval],
+      ['pongTimeout', this.#opts.pongTimeout],
       ['refreshBefore', this.#opts.refreshBefore],
       ['backoff.initial', backoff.initial],
       ['backoff.max', backoff.max],
@@ -246,6 +257,9 @@ export class StillThere extends EventTarget {
     }
     if (this.#opts.pingInterval !== 0 && this.#opts.pingInterval < minPingInterval) {
       throw new TypeError(`stillthere: pingInterval: ${this.#opts.pingInterval}, want 0 (from the TTL) or at least ${minPingInterval} ms`);
+    }
+    if (this.#opts.pongTimeout !== 0 && this.#opts.pongTimeout < minPongTimeoutOption) {
+      throw new TypeError(`stillthere: pongTimeout: ${this.#opts.pongTimeout}, want 0 (from the TTL) or at least ${minPongTimeoutOption} ms`);
     }
     if (backoff.initial === 0 || backoff.max < backoff.initial) {
       throw new TypeError(`stillthere: backoff: ${JSON.stringify(backoff)}, want 0 < initial <= max`);
@@ -484,6 +498,7 @@ export class StillThere extends EventTarget {
   #onClose(code, reason, openedAt) {
     this.#ws = null;
     this.#clearPing();
+    this.#clearPongWait();
     clearTimeout(this.#refreshTimer);
     if (this.#state === State.CLOSED) return;
     this.#pendingToken = null;
@@ -559,6 +574,7 @@ export class StillThere extends EventTarget {
     this.#reconnectTimer = null;
     clearTimeout(this.#refreshTimer);
     this.#clearPing();
+    this.#clearPongWait();
     this.#listen(false);
     const ws = this.#ws;
     this.#ws = null;
@@ -668,6 +684,9 @@ export class StillThere extends EventTarget {
     this.#lastPingAt = now;
     this.#pingedFor = this.#activityAt;
     this.#unanswered.push({ activityAt: this.#activityAt, sentAt: now });
+    const ws = this.#ws;
+    clearTimeout(this.#pongTimer);
+    this.#pongTimer = setTimeout(() => this.#noAnswer(ws), this.#pongTimeout());
   }
 
   #clearPing() {
@@ -675,8 +694,58 @@ export class StillThere extends EventTarget {
     this.#pingTimer = null;
   }
 
+  // How long a ping waits for its answer: pongTimeout, or the renewal
+  // interval, at least minPongTimeout. The last answered ping, at t0,
+  // gave the session a deadline of t0 + TTL; a busy user's next ping
+  // leaves by t0 + interval, a quarter of the TTL. Waiting an interval for
+  // its answer, the client is on a new connection by about t0 + TTL/2
+  // (and a step of the backoff), before the deadline: a gateway that froze
+  // never costs a present user their session. Under a TTL of 8 s the
+  // floor is longer than the interval, and the margin before the
+  // deadline shorter; should a reconnect miss it, the first ping on the
+  // new connection tells the activity (active_ago_ms), and no guide of
+  // that silence is shown.
+  #pongTimeout() {
+    if (this.#opts.pongTimeout > 0) return this.#opts.pongTimeout;
+    return Math.max(minPongTimeout, this.#interval());
+  }
+
+  #clearPongWait() {
+    clearTimeout(this.#pongTimer);
+    this.#pongTimer = null;
+  }
+
+  // The oldest ping was answered (a pong, or an error that it could not
+  // be): the gateway is there, however slow its session store.
+  #takeAnswer() {
+    this.#clearPongWait();
+    return this.#unanswered.shift();
+  }
+
+  // A ping went unanswered for its timeout, on a socket that is still
+  // open: the gateway froze (a pause, a stopped process), or the way to it
+  // broke without a close (a partition, a half-open connection). Only
+  // silence comes here: a gateway that cannot reach its session store
+  // answers with an error (unavailable), which is an answer. The client
+  // drops the connection as a network would, and takes the dropped
+  // network's path: a reconnect on the backoff, where the activity the
+  // ping carried is still owed (it was never answered) and goes in the
+  // first ping, with first=ping and active_ago_ms.
+  #noAnswer(ws) {
+    this.#pongTimer = null;
+    if (this.#ws !== ws) return;
+    this.#onClose(1006, 'no answer to ping', this.#openedAt);
+    try {
+      // Without a code: a gateway that wakes up and reads a 1000 would
+      // end the session the new connection keeps.
+      ws.close();
+    } catch {
+      // already closing
+    }
+  }
+
   #onPong(f) {
-    const ping = this.#unanswered.shift();
+    const ping = this.#takeAnswer();
     if (!ping || !Number.isFinite(f.ttl_ms)) return;
     this.#lastPingAt = this.#now();
     this.#renewedFor = Math.max(this.#renewedFor, ping.activityAt);
@@ -704,7 +773,7 @@ export class StillThere extends EventTarget {
     if (code === 'unavailable') {
       // The session store missed this ping: the activity it carried is
       // owed again, at the end of the interval.
-      this.#unanswered.shift();
+      this.#takeAnswer();
       this.#lastPingAt = this.#now();
       this.#pingedFor = this.#renewedFor;
       this.#maybePing();

@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 
 import { StillThere, backoffDelay, closeAction, refreshDelay, tokenExpiry } from '../stillthere.js';
 import { startStack } from '../../teststack/stack.js';
-import { busyUntil, memoryStorage, record, sleep, spySocket, uid } from './helpers.js';
+import { busyUntil, memoryStorage, record, scriptedSocket, sleep, spySocket, uid } from './helpers.js';
 
 describe('closeAction', () => {
   for (const [code, want] of [
@@ -73,6 +73,9 @@ describe('options', () => {
     ['empty token', { token: '' }, /token: "", want a token or a function/],
     ['numeric token', { token: 7 }, /token: number/],
     ['ping interval under a second', { pingInterval: 200 }, /pingInterval: 200, want 0 \(from the TTL\) or at least 1000 ms/],
+    ['pong timeout under a second', { pongTimeout: 500 }, /pongTimeout: 500, want 0 \(from the TTL\) or at least 1000 ms/],
+    ['pong timeout not a number', { pongTimeout: '2s' }, /pongTimeout: 2s, want a number of ms/],
+    ['negative pong timeout', { pongTimeout: -1 }, /pongTimeout: -1, want a number of ms/],
     ['negative refreshBefore', { refreshBefore: -1 }, /refreshBefore: -1/],
     ['backoff max under initial', { backoff: { initial: 1000, max: 10 } }, /backoff: \{"initial":1000,"max":10\}/],
     ['activityEvents not a list', { activityEvents: 'keydown' }, /activityEvents: keydown/],
@@ -81,6 +84,127 @@ describe('options', () => {
       assert.throws(() => new StillThere({ ...ok, ...change }), want);
     });
   }
+});
+
+describe('a ping without an answer', () => {
+  // A scripted gateway and mocked timers and clock: each wait is exact,
+  // and no test waits in real time.
+  const flush = async () => {
+    for (let i = 0; i < 10; i++) await new Promise((resolve) => setImmediate(resolve));
+  };
+  function rig(t, answer, options = {}) {
+    t.mock.timers.enable({ apis: ['setTimeout', 'Date'], now: 1_000_000 });
+    const gw = scriptedSocket(answer);
+    const c = new StillThere({
+      url: 'ws://127.0.0.1:1/v1/ws',
+      token: 't',
+      WebSocket: gw.ScriptedSocket,
+      storage: null,
+      activityTarget: null,
+      random: () => 0.5,
+      ...options,
+    });
+    t.after(() => c.stop());
+    const rec = record(c);
+    return {
+      c,
+      rec,
+      sockets: gw.sockets,
+      pings: (i) => gw.sockets[i].sent.filter((s) => s.frame.type === 'ping'),
+      reconnects: () => rec.of('statechange').filter((e) => e.state === 'reconnecting'),
+      // Runs what is due within ms of the clock, and the client's
+      // promises and answers in between.
+      async advance(ms) {
+        await flush();
+        t.mock.timers.tick(ms);
+        await flush();
+      },
+    };
+  }
+  // The first socket answers only its first ping; later ones, every ping.
+  const silentAfterFirst = (ttlMs) => (f, ws) => {
+    if (f.type !== 'ping') return;
+    if (ws.url.searchParams.get('first') === null && ws.sent.length > 1) return;
+    ws.reply({ type: 'pong', ttl_ms: ttlMs });
+  };
+
+  it('drops the connection after the renewal interval, and reconnects with the activity owed', async (t) => {
+    // TTL 12 s: an interval of 3 s, and a timeout as long.
+    const r = rig(t, silentAfterFirst(12_000));
+    r.c.start();
+    await r.advance(0);
+    assert.equal(r.rec.of('pong').length, 1);
+    await r.advance(100);
+    const activeAt = Date.now();
+    r.c.activity(); // owed a ping, at the interval's end
+    await r.advance(2_900);
+    assert.equal(r.pings(0).length, 2, 'the owed ping');
+    await r.advance(2_999);
+    assert.deepEqual(r.reconnects(), [], 'dropped before the timeout');
+    await r.advance(1);
+    const told = r.reconnects();
+    assert.equal(told.length, 1, 'not dropped at the timeout');
+    assert.equal(told[0].code, 1006);
+    assert.equal(told[0].reason, 'no answer to ping');
+    assert.equal(told[0].retryIn, 250, "the backoff's first step");
+    // Closed without 1000, which would end the session at a gateway
+    // that wakes up.
+    assert.notEqual(r.sockets[0].closed, null, 'the silent socket left open');
+    assert.equal(r.sockets[0].closed.code, undefined);
+
+    await r.advance(250);
+    assert.equal(r.sockets.length, 2);
+    // The silent ping's activity: told first on the new connection.
+    assert.equal(r.sockets[1].url.searchParams.get('first'), 'ping');
+    assert.deepEqual(r.sockets[1].sent[0].frame, { type: 'ping', active_ago_ms: Date.now() - activeAt });
+    assert.equal(r.rec.of('pong').length, 2, 'the new connection renewed nothing');
+    assert.equal(r.c.state, 'open');
+  });
+
+  for (const [name, ttlMs, pongTimeout, want] of [
+    ['a quarter of the TTL', 40_000, 0, 10_000],
+    ['at least 2 s', 4_000, 0, 2_000],
+    ['at most 30 s, as the interval', 600_000, 0, 30_000],
+    ['pongTimeout when set', 12_000, 1_500, 1_500],
+  ]) {
+    it(`waits ${name}`, async (t) => {
+      const r = rig(t, silentAfterFirst(ttlMs), { pongTimeout });
+      r.c.start();
+      await r.advance(100);
+      r.c.activity();
+      await r.advance(Math.min(30_000, Math.max(1_000, ttlMs / 4)) - 100);
+      assert.equal(r.pings(0).length, 2);
+      await r.advance(want - 1);
+      assert.deepEqual(r.reconnects(), []);
+      await r.advance(1);
+      assert.equal(r.reconnects().length, 1, `no reconnect ${want} ms after the ping`);
+    });
+  }
+
+  it('takes an unavailable error as an answer: a gateway that cannot renew keeps its connection', async (t) => {
+    // The session store is out: every ping after the first is answered
+    // with unavailable, a second after it left. The timeout is 3 s, and
+    // the pings an interval (3 s) after each answer: a wait that ran on
+    // past the error would end the connection before the next ping.
+    const r = rig(t, (f, ws) => {
+      if (f.type !== 'ping') return;
+      if (ws.sent.length === 1) ws.reply({ type: 'pong', ttl_ms: 12_000 });
+      else setTimeout(() => ws.reply({ type: 'error', code: 'unavailable', message: 'ping again' }), 1_000);
+    });
+    r.c.start();
+    await r.advance(0);
+    for (let i = 0; i < 60; i++) {
+      r.c.activity(); // the user types on
+      await r.advance(500);
+    }
+    assert.ok(r.pings(0).length >= 7, `${r.pings(0).length} pings in 30 s`);
+    assert.ok(r.rec.of('error').every((e) => e.code === 'unavailable'));
+    // Each answered but the first (a pong) and maybe the last (on its way).
+    assert.ok(r.rec.of('error').length >= r.pings(0).length - 2, `${r.rec.of('error').length} errors`);
+    assert.deepEqual(r.reconnects(), [], 'reconnected on an answer');
+    assert.equal(r.sockets.length, 1);
+    assert.equal(r.c.state, 'open');
+  });
 });
 
 describe('against a real gateway', { concurrency: true }, () => {

@@ -1,6 +1,8 @@
-// Test helpers: a WebSocket that records what the client sends, an event
-// recorder, and waits that give up.
+// Test helpers: a WebSocket that records what the client sends, a
+// scripted one with no gateway behind it, a TCP proxy that freezes its
+// connections, an event recorder, and waits that give up.
 import { randomBytes } from 'node:crypto';
+import net from 'node:net';
 
 /** A unique user id: every silence of a user is guided once a minute. */
 export function uid(name) {
@@ -117,4 +119,99 @@ export async function busyUntil(client, promise) {
     await Promise.race([sleep(300), settled.catch(() => {})]);
   }
   return settled;
+}
+
+/**
+ * A WebSocket class for the client's WebSocket option with no gateway
+ * behind it, and no timers of its own (a test may mock them): each socket
+ * opens on the next microtask, records the frames sent on it, and hands
+ * each to answer(frame, socket), which may call socket.reply() with a
+ * frame from the gateway, now or from a timer, or nothing at all (a
+ * gateway that went silent). close() records its code and ends nothing
+ * else: the close frame is lost, as on a frozen connection.
+ */
+export function scriptedSocket(answer) {
+  const sockets = [];
+  class ScriptedSocket {
+    readyState = 0;
+    onopen = null;
+    onmessage = null;
+    onclose = null;
+    onerror = null;
+    sent = [];
+    closed = null;
+    constructor(url) {
+      this.url = new URL(url);
+      sockets.push(this);
+      queueMicrotask(() => {
+        if (this.readyState !== 0) return;
+        this.readyState = 1;
+        this.onopen?.({});
+      });
+    }
+    send(data) {
+      const frame = JSON.parse(data);
+      this.sent.push({ at: Date.now(), frame });
+      answer(frame, this);
+    }
+    /** Hands the client a frame from the gateway, soon, if still open. */
+    reply(frame) {
+      queueMicrotask(() => {
+        if (this.readyState === 1) this.onmessage?.({ data: JSON.stringify(frame) });
+      });
+    }
+    close(code, reason) {
+      this.closed = { at: Date.now(), code, reason };
+      this.readyState = 2;
+    }
+  }
+  return { ScriptedSocket, sockets };
+}
+
+/**
+ * A TCP proxy to a gateway's WebSocket URL. freeze() freezes the
+ * connections open now, as a gateway stopped by SIGSTOP or cut off by a
+ * partition would be: nothing passes either way, and no close either,
+ * while the TCP connection stays up. Connections made later pass.
+ */
+export function freezableProxy(wsURL) {
+  const target = new URL(wsURL.replace(/^ws/, 'http'));
+  const links = new Set();
+  const server = net.createServer((client) => {
+    const upstream = net.connect(Number(target.port), target.hostname);
+    const link = { client, upstream, frozen: false };
+    links.add(link);
+    const pass = (from, to) => from.on('data', (b) => {
+      if (!link.frozen) to.write(b);
+    });
+    pass(client, upstream);
+    pass(upstream, client);
+    const end = () => {
+      if (link.frozen) return; // a frozen peer tells nothing
+      client.destroy();
+      upstream.destroy();
+      links.delete(link);
+    };
+    for (const s of [client, upstream]) s.on('error', end).on('close', end);
+  });
+  return new Promise((resolve) => {
+    server.listen(0, '127.0.0.1', () => {
+      resolve({
+        url: `ws://127.0.0.1:${server.address().port}${target.pathname}`,
+        /** Freezes the connections open now; resolves to how many. */
+        freeze() {
+          for (const l of links) l.frozen = true;
+          return links.size;
+        },
+        close() {
+          for (const l of links) {
+            l.client.destroy();
+            l.upstream.destroy();
+          }
+          links.clear();
+          server.close();
+        },
+      });
+    });
+  });
 }

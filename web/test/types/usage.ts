@@ -20,6 +20,7 @@ const options: Options = {
   activityEvents: ['keydown', 'pointerdown'],
   storage: globalThis.localStorage,
   backoff: { initial: 250 },
+  pongTimeout: 5_000,
 };
 const client = new StillThere(options);
 
