@@ -30,7 +30,9 @@ import (
 //     third of its lease), holds its users' deadlines in [last
 //     heartbeat-lease, last heartbeat+grace] until last heartbeat+grace:
 //     a user who was there has reconnected to another instance and pinged
-//     by then. A missed heartbeat is enough, so that an instance cut from
+//     by then (a client leaves an instance that does not answer its ping
+//     within its pong timeout, a quarter of the TTL by default: one frozen
+//     or cut off keeps its connections open). A missed heartbeat is enough, so that an instance cut from
 //     Redis is known before the first deadline its users could not renew
 //     falls due: the lease need only be shorter than the shortest TTL
 //     less the clients' ping period.

@@ -39,7 +39,7 @@ func heartbeatSentPast(t *testing.T, direct redis.Cmdable, tg *testGateway, at t
 // TestResyncLapsedAfterDataLoss: Redis goes out of reach and comes back
 // empty. A silence that began in the outage (a grant written before it
 // that ran out in it, of a connected user and of one whose connection
-// dropped) is restored, due just past the resync, so that the listener
+// dropped) is restored at its own deadline, due at once, so that the listener
 // holds it for the grace and guides it once; one that began before the
 // outage is not, though Redis knows nothing of it any more: it was
 // Redis's to guide, while Redis was in reach.
@@ -72,6 +72,7 @@ func TestResyncLapsedAfterDataLoss(t *testing.T) {
 	late := tg.dialSegment(t, "late", "short")
 	lateAt := time.Now()
 	pingPong(t, late)
+	lateDeadline, _ := score("late")
 	dropping := tg.dialSegment(t, "dropping", "short")
 	pingPong(t, dropping)
 	dropping.UnderlyingConn().Close() // no close frame: an abnormal end
@@ -89,11 +90,13 @@ func TestResyncLapsedAfterDataLoss(t *testing.T) {
 	proxy.Restore()
 	waitUntil(t, "a resync", func() bool { return strings.Contains(logs.String(), `msg="resynced sessions"`) })
 
-	for _, uid := range []string{"late", "dropping"} {
+	for uid, want := range map[string]time.Time{"late": lateDeadline, "dropping": lastDeadline} {
 		got, ok := score(uid)
-		// Due a millisecond past the resync's now (or a second resync's).
-		if !ok || got.Before(resynced) || got.After(time.Now().Add(10*time.Millisecond)) {
-			t.Errorf("%s: deadline %v (%v), want one just past the resync, after %v", uid, got, ok, resynced)
+		// At its own deadline, which its guide names: the gateway's
+		// record of the ping's arrival plus the TTL, a moment before
+		// Redis's grant of it.
+		if !ok || got.Before(want.Add(-50*time.Millisecond)) || got.After(want) || !got.Before(resynced) {
+			t.Errorf("%s: deadline %v (%v), want its own, %v, before the resync at %v", uid, got, ok, want, resynced)
 		}
 	}
 	renewed, err := tg.store.LastRenewed(ctx, "late")

@@ -39,8 +39,8 @@ import (
 //     deadline past that, and never shortens one written since. A grant
 //     that ran out in the outage (at or after its start: see lapseFrom)
 //     is handed over too, as lapsed: its silence fell in the outage, and
-//     Redis may have lost it, or never had it. Redis restores it due
-//     just past now, held by the listener until the grace is over, only
+//     Redis may have lost it, or never had it. Redis restores it at
+//     its own deadline (due at once), held by the listener until the grace is over, only
 //     if that silence cannot have been guided already (see
 //     session.Renewer.Resync). One that ran out before the outage is
 //     not: it was Redis's to guide (a user silent for hours whose
@@ -675,7 +675,7 @@ func (g *Gateway) forgetOngoing(ctx context.Context, open *ongoing) {
 // only then, with restore, restores every connection's last grant, and
 // the lapsed ones that ran out at or after from, the outage's start
 // (zero: none): the listener that meets a deadline the outage let lapse,
-// or one restored just past now, finds the outage recorded.
+// or one restored at its deadline in it, finds the outage recorded.
 func (g *Gateway) resync(ctx context.Context, restore bool, from time.Time) error {
 	start := time.Now()
 	if err := g.recordWhole(ctx); err != nil {

@@ -175,12 +175,12 @@ func testResync(t *testing.T, ttl time.Duration, cutOff func(*tcpproxy.Proxy)) {
 		}
 	})
 	t.Run("a grant that ran out in the outage is restored, due", func(t *testing.T) {
-		// Redis never had it: restored due just past the resync, for the
-		// listener to hold until the grace is over and guide once. (A
-		// second resync, kicked as the heartbeats heal too, may move it
-		// as far again, a millisecond past its own now.)
-		if got := score("lapsing"); got.Before(restored) || got.After(time.Now().Add(10*time.Millisecond)) {
-			t.Errorf("lapsing's deadline %v, want just past the resync, after %v", got, restored)
+		// Redis never had it: restored at its own deadline (its ping's
+		// arrival plus the TTL), due at once, for the listener to hold
+		// until the grace is over and guide once.
+		want := lapsingAt.Add(time.Second)
+		if got := score("lapsing"); got.Before(want.Add(-5*time.Millisecond)) || got.After(want.Add(100*time.Millisecond)) || !got.Before(restored) {
+			t.Errorf("lapsing's deadline %v, want its own, %v, before the resync at %v", got, want, restored)
 		}
 		renewed, err := tg.store.LastRenewed(ctx, "lapsing")
 		if err != nil {

@@ -75,16 +75,18 @@ func TestResyncLapsed(t *testing.T) {
 		st.stage, _ = s.rdb.HExists(ctx, s.ks.StageKey(b), uid).Result()
 		return st
 	}
-	// restored checks that uid's session was restored due just past the
-	// resync, with the ping recorded as its last renewal, and returns it
+	// restored checks that uid's session was restored at its own
+	// deadline, just before the resync, with the ping recorded as its last renewal, and returns it
 	// due.
 	restored := func(t *testing.T, uid string, at, before time.Time) Expired {
 		t.Helper()
 		after := redisNow(t, s.rdb)
 		st := read(t, uid)
+		// At its own deadline: it ran out a millisecond before the
+		// resync (truncated to the millisecond).
 		due := time.UnixMilli(int64(st.score))
-		if due.Before(before) || due.After(after.Add(time.Millisecond)) {
-			t.Errorf("%s: due at %v, want just past the resync, in [%v, %v]", uid, due, before, after)
+		if due.Before(before.Add(-2*time.Millisecond)) || due.After(after) {
+			t.Errorf("%s: due at %v, want its own deadline, a millisecond before the resync, in [%v, %v]", uid, due, before.Add(-2*time.Millisecond), after)
 		}
 		if st.held || st.stage {
 			t.Errorf("%s: still held %v, between stages %v", uid, st.held, st.stage)

@@ -81,7 +81,7 @@ type renewal struct {
 	clock        Clock         // the segment's
 	end          bool          // End the session instead
 	resync       bool          // restore a grant; ttl is what is left of it
-	lapsed       bool          // with resync: the grant ran out, ttl is unused
+	lapsed       bool          // with resync: the grant ran out, ttl ago (at most 0)
 	ago          time.Duration // with resync: how long ago the ping was
 	taken        time.Time     // with resync: when ttl and ago were measured
 	queued       time.Time     // when it was handed to Run
@@ -238,8 +238,9 @@ type Grant struct {
 //
 // A grant with nothing left (Left <= 0) ran out in the outage: the caller
 // hands over only those that ran out after the outage began. Its silence
-// is still owed a guide, once: it is restored due just past now, for the
-// listener to hold until the grace after the outage, only if the silence
+// is still owed a guide, once: it is restored at its own deadline (past:
+// due at once, and the deadline its guide names), for the listener to
+// hold until the grace after the outage, only if the silence
 // cannot have been handled already (see renewScript's mode "lapsed"):
 // while the user's timeout is pending, when Redis knows nothing of the
 // user, or between the stages of a silence its ping came after (the user
@@ -436,9 +437,14 @@ func (r *Renewer) call(batch []*renewal) scriptCall {
 // and whether it has run out (less than a millisecond left counts as
 // none: a grant handed over lapsed stays so). A grant that ran out while
 // its resync waited ran out in the outage it follows, and is restored as
-// lapsed.
+// lapsed. What is left of a lapsed one is how long ago it ran out, at
+// most 0: it is restored at its own deadline.
 func (req *renewal) aged(now time.Time) (left, ago time.Duration, lapsed bool) {
 	waited := max(0, now.Sub(req.taken))
-	left = max(0, (req.ttl - waited).Truncate(time.Millisecond))
-	return left, req.ago + waited, req.lapsed || left == 0
+	left = (req.ttl - waited).Truncate(time.Millisecond)
+	lapsed = req.lapsed || left < time.Millisecond
+	if lapsed {
+		left = min(left, 0)
+	}
+	return left, req.ago + waited, lapsed
 }

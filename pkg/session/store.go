@@ -58,9 +58,10 @@ import (
 // in ms: a client paces its pings, and reads Redis's clock, by its own.
 //
 // Mode "lapsed" is a resync of a grant that ran out while Redis was out
-// of reach (ttl unused): a silence that fell in the outage. It restores
-// the session due just past now, in the blind interval its gateway
-// recorded first, so that the listener holds it for the grace and then
+// of reach (ttl: what was left of it, at most 0, ran out that long ago):
+// a silence that fell in the outage. It restores the session at its own
+// deadline (past: due at once, and the deadline its guide names), in the
+// blind interval its gateway recorded first, so that the listener holds it for the grace and then
 // guides it once, but only if that silence cannot have been handled
 // already: while the user's timeout is pending (an index entry that is
 // not a stage, or a held timeout), or when Redis knows nothing of the

@@ -67,8 +67,8 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   if resync == V.lapsed then
     -- A grant that ran out while Redis was out of reach: its silence fell
     -- in the outage, and is guided once, after the grace, unless it may
-    -- have been handled already. So it is restored, due just past now
-    -- (in the blind interval the gateway recorded first: the listener
+    -- have been handled already. So it is restored, at its own deadline
+    -- (past, in the blind interval the gateway recorded first: the listener
     -- holds it until the grace is over), only while its timeout is still
     -- pending (cur: an index entry that is not a stage, or a held
     -- timeout, which the held hash keeps until settled), or when Redis
@@ -87,11 +87,14 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
       after = silence ~= nil and at > silence
     end
     if (staged and not after) or was >= at or not (cur or after or was == 0) then return {cur or 0, now} end
-    ttl = 1
+    -- At its own deadline (ttl: what was left of it, ran out that long
+    -- ago), which the guide names: past, so found due at once; it ran out
+    -- in the outage, whose blind interval holds it.
+    ttl = math.min(ttl, 0)
   end
   if resync then
-    if cur and cur >= now + ttl then return {cur, now + ttl} end
-    if ttl <= 0 then return {now + ttl, now + ttl} end
+    if cur and cur >= now + math.max(ttl, 1) then return {cur, now + ttl} end
+    if ttl <= 0 and resync ~= V.lapsed then return {now + ttl, now + ttl} end
     -- A renewal or an end Redis knows of since the ping is newer than it.
     if was > at then return {cur or 0, now + ttl} end
   end
@@ -123,7 +126,7 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
     local granter = decodeVia(redis.call('HGET', KEYS[k.via], uid) or '')
     if via ~= '' and granter ~= '' and granter ~= via then via = encodeVia(granter, via) end
   end
-  redis.call('SET', KEYS[k.session], seg, 'PX', deadline - now)
+  redis.call('SET', KEYS[k.session], seg, 'PX', math.max(deadline - now, 1))
   redis.call('ZADD', KEYS[k.index], deadline, uid)
   if seg ~= stored then redis.call('HSET', KEYS[k.segments], uid, seg) end
   if via ~= '' then redis.call('HSET', KEYS[k.via], uid, via) end
