@@ -28,8 +28,15 @@ const (
 	redialMin = 100 * time.Millisecond
 	redialMax = 2 * time.Second
 	// answerWait is how long a ping or an activity post waits for its
-	// answer before it counts as unanswered.
+	// answer before it counts as unanswered. A device then leaves its
+	// gateway for another, as the protocol's client does after its
+	// pongTimeout (the renewal interval, at least 2 s): a gateway frozen
+	// or cut off without closing the connection answers nothing, ever.
 	answerWait = 2 * time.Second
+	// postAttempt is how long one activity post waits on one gateway
+	// before the platform's client tries the next, as one behind a load
+	// balancer does, within answerWait in all.
+	postAttempt = time.Second
 	// readWait is how long a device's reader waits for a frame before it
 	// looks at its context again.
 	readWait = 500 * time.Millisecond
@@ -239,7 +246,10 @@ func (c *crowd) drive(ctx context.Context, u *user, calm <-chan struct{}) {
 	for ctx.Err() == nil {
 		present := time.Now().Add(time.Duration(5+u.rnd.IntN(25)) * time.Second)
 		for time.Now().Before(present) || calmed() {
-			if time.Now().UnixNano() >= u.hushedUntil.Load() {
+			if time.Now().UnixNano() >= u.hushedUntil.Load() && c.signal(ctx, u) {
+				// Unanswered: the activity it carried is owed, and goes
+				// out on the device's next connection at once, as the
+				// protocol's client sends it as its socket opens.
 				c.signal(ctx, u)
 			}
 			if !sleepCtx(ctx, period*time.Duration(80+u.rnd.IntN(40))/100) {
@@ -273,8 +283,9 @@ func (u *user) silence(ttl, closeAfter time.Duration) time.Duration {
 }
 
 // signal sends one signal of u's: a ping through one of its connected
-// devices, or an activity event.
-func (c *crowd) signal(ctx context.Context, u *user) {
+// devices, or an activity event. It reports whether a ping went
+// unanswered, and its device left the gateway for another.
+func (c *crowd) signal(ctx context.Context, u *user) (left bool) {
 	if u.activity {
 		for _, d := range u.devices {
 			select {
@@ -283,19 +294,19 @@ func (c *crowd) signal(ctx context.Context, u *user) {
 			}
 		}
 		c.post(ctx, u, u.nextActivity(c.ttl))
-		return
+		return false
 	}
 	live := u.live()
 	now := time.Now()
 	if len(live) == 0 {
 		c.rec.signal(unreachedSignal(u.uid, now, c.ttl))
-		return
+		return false
 	}
 	conn := live[u.rnd.IntN(len(live))]
 	ch, err := conn.PingAnswer()
 	if err != nil {
 		c.rec.signal(pingSignal(u.uid, now, chatsim.Answer{}, err, c.ttl))
-		return
+		return false
 	}
 	t := time.NewTimer(answerWait)
 	defer t.Stop()
@@ -305,11 +316,15 @@ func (c *crowd) signal(ctx context.Context, u *user) {
 			u.first.Store(true)
 		}
 		c.rec.signal(pingSignal(u.uid, now, a, nil, c.ttl))
-		return
+		return false
 	case <-conn.Gone():
 		err = chatsim.ErrGone
 	case <-t.C:
 		err = chatsim.ErrNoAnswer
+		// Its gateway answers nothing: the device connects again, to
+		// another, and the user's next signal goes there.
+		conn.Close()
+		left = true
 	}
 	i := c.rec.signal(pingSignal(u.uid, now, chatsim.Answer{}, err, c.ttl))
 	// The answer may still come, as long as the connection lasts: the
@@ -327,6 +342,7 @@ func (c *crowd) signal(ctx context.Context, u *user) {
 		case <-ctx.Done():
 		}
 	})
+	return left
 }
 
 // nextActivity draws an event: mostly "active", some turns. A turn to
@@ -368,14 +384,14 @@ func (c *crowd) post(ctx context.Context, u *user, ev activity) {
 	rctx, cancel := context.WithTimeout(ctx, answerWait)
 	defer cancel()
 	// A platform behind a load balancer: a gateway that does not take
-	// the connection is passed over for the next, within the wait.
+	// the connection, or does not answer within an attempt, is passed
+	// over for the next, within the wait. (An attempt given up on may
+	// still be applied, late: the same event, with the same time.)
 	var resp *http.Response
 	var err error
 	for n := range nGateways {
-		req, _ := http.NewRequestWithContext(rctx, http.MethodPost, c.r.activityURL((u.idx+n)%nGateways), bytes.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+c.r.activitySecret)
-		req.Header.Set("Content-Type", "application/json")
-		if resp, err = http.DefaultClient.Do(req); err == nil || rctx.Err() != nil {
+		resp, err = c.postTo(rctx, c.r.activityURL((u.idx+n)%nGateways), body)
+		if err == nil || rctx.Err() != nil {
 			break
 		}
 	}
@@ -395,6 +411,35 @@ func (c *crowd) post(ctx context.Context, u *user, ev activity) {
 		u.first.Store(true)
 	}
 	c.rec.signal(activitySignal(u.uid, ev, sent, status, err, time.Now(), c.ttl))
+}
+
+// postTo posts body to url, waiting postAttempt at most for the answer's
+// head; the caller reads and closes its body.
+func (c *crowd) postTo(ctx context.Context, url string, body []byte) (*http.Response, error) {
+	actx, cancel := context.WithTimeout(ctx, postAttempt)
+	req, _ := http.NewRequestWithContext(actx, http.MethodPost, url, bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+c.r.activitySecret)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	resp.Body = cancelOnClose{resp.Body, cancel}
+	return resp, nil
+}
+
+// cancelOnClose is a response body that ends its request's context once
+// closed.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b cancelOnClose) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
 }
 
 // sleepCtx reports false if ctx ended first.
