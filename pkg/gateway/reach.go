@@ -684,6 +684,9 @@ func (g *Gateway) resync(ctx context.Context, restore bool, from time.Time) erro
 	if !restore {
 		return nil
 	}
+	if err := g.recordFrom(ctx, from); err != nil {
+		return err
+	}
 	n, err := g.resyncConns(ctx, from)
 	if err != nil {
 		return fmt.Errorf("resync sessions: %d restored before: %w", n, err)
@@ -713,6 +716,26 @@ func (g *Gateway) recordWhole(ctx context.Context) error {
 	g.ongoing.open = nil
 	g.reach.recorded(at)
 	g.log.Info("recorded renewal outage", "from", b.Start, "to", b.End, "for", b.End.Sub(b.Start))
+	return nil
+}
+
+// recordFrom records the outage a restoring resync follows, from its
+// start as this instance tells it (zero: none), as a blind interval of
+// this instance: a grant that ran out in it is restored at its own
+// deadline, at or after from, and this holds it for the grace. recordWhole
+// records failed renewals only; heartbeats that failed, or found Redis's
+// data lost, leave no record of their own that survives the loss.
+func (g *Gateway) recordFrom(ctx context.Context, from time.Time) error {
+	if from.IsZero() {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
+	defer cancel()
+	b, err := g.ctl.RecordBlindFor(rctx, time.Since(from), g.instance, session.BlindGateway)
+	if err != nil {
+		return err
+	}
+	g.log.Info("recorded the outage a resync follows", "from", b.Start, "to", b.End, "for", b.End.Sub(b.Start))
 	return nil
 }
 

@@ -137,10 +137,13 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   local st = note and stv
   if st then stagesCancelled(k, note, st) end
   if (st or not note) and not empty.stage then redis.call('HDEL', KEYS[k.stage], uid) end
+  -- Kept for keep past the deadline, or past now for one restored at a
+  -- deadline long past (a lapsed grant of a long outage).
+  local kept = math.max(deadline, now) - now + keep
   if at > was then
-    redis.call('SET', KEYS[k.renewed], at, 'PX', deadline - now + keep)
+    redis.call('SET', KEYS[k.renewed], at, 'PX', kept)
   end
-  if turn then redis.call('PEXPIRE', KEYS[k.turn], deadline - now + keep) end
+  if turn then redis.call('PEXPIRE', KEYS[k.turn], kept) end
   return {deadline, own}
 end
 
