@@ -85,8 +85,9 @@ func TestAttackR5LapsedRestoreOfDroppedTooOld(t *testing.T) {
 		t.Fatalf("the consumer would not push it (confirmed %v before, live %v, renewed %v): the case tells nothing",
 			c.Now.Sub(confirmed), c.Live, c.Renewed)
 	}
+	// As the consumer builds it (guide.Consumer, with detected_ms).
 	req := push.Request{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: "Are you still there?", DeadlineMS: ev.DeadlineMS,
-		DueMS: ev.DueMS, Stage: ev.Stage, Action: ev.Action, Final: ev.Final, Reason: ev.Reason}
+		DueMS: ev.DueMS, DetectedMS: ev.DetectedMS, Stage: ev.Stage, Action: ev.Action, Final: ev.Final, Reason: ev.Reason}
 	client := push.NewClient("http://"+gw.PushAddr().String()+push.Path, attackPushSecret, &http.Client{Timeout: 10 * time.Second})
 	var res push.Response
 	waitFor(t, waitLong, "the gateway to settle the push", func() bool {

@@ -23,7 +23,7 @@ import (
 // lapsed grant restored at its own deadline, at or after that start, is
 // held for the grace. recordFrom measures the outage's length on the local
 // clock (time.Since(from)) and only then asks Redis for its time
-// (RecordBlindFor: TIME, start = Redis's now less that length): however
+// (RecordBlindFor, as it was: TIME, start = Redis's now less that length): however
 // long the answer takes is cut off the start of the interval, while the
 // lapsed deadline, written by the resync's own script, is not moved. The
 // answer may well be slower than the resync's: TIME waits on the control

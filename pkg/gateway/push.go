@@ -277,14 +277,19 @@ func (g *Gateway) keepReq(ctx context.Context, req push.Request, closed bool) (p
 // when a connection registered since routes was read. With closed, the
 // entry is a close stage's guide whose close was applied.
 func (g *Gateway) keep(ctx context.Context, req push.Request, payload []byte, routes map[string]string, check, closed bool) (push.Status, error) {
-	// Stage 1 is due at the deadline, and its max age counts from there.
-	// A later stage was due its delays after it, which the request does
+	// Stage 1 is due at the deadline, and its max age counts from there,
+	// or from when the listener found it due, if later: an outage that
+	// held it, or a restore after Redis lost it, only delayed it. A later
+	// stage was due its delays after it, which the request does
 	// not say: its max age counts from when it is kept, as an undated
 	// guide's does, or a stage due minutes after the deadline would be
 	// too old on arrival. The consumer judged its age from when it was
 	// due. The entry keeps its deadline for the staleness check.
 	// A close applied counts from now too: it is news since.
 	maxAgeFrom := req.DeadlineMS
+	if maxAgeFrom > 0 {
+		maxAgeFrom = max(maxAgeFrom, req.DetectedMS)
+	}
 	if req.Stage > 1 || closed {
 		maxAgeFrom = 0
 	}

@@ -650,7 +650,7 @@ func (g *Gateway) recordOngoing(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(ctx, g.lease())
 	defer cancel()
 	at := time.Now()
-	b, err := g.ctl.RecordBlindFor(rctx, at.Sub(since), g.instance, session.BlindRenewals)
+	b, err := g.ctl.RecordBlindFrom(rctx, since, g.instance, session.BlindRenewals)
 	if err != nil {
 		g.log.Debug("record the renewal outage while it lasts; recovery records it", "err", err)
 		return
@@ -708,7 +708,7 @@ func (g *Gateway) recordWhole(ctx context.Context) error {
 	rctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
 	defer cancel()
 	at := time.Now()
-	b, err := g.ctl.RecordBlindFor(rctx, at.Sub(since), g.instance, session.BlindRenewals)
+	b, err := g.ctl.RecordBlindFrom(rctx, since, g.instance, session.BlindRenewals)
 	if err != nil {
 		return err
 	}
@@ -731,7 +731,7 @@ func (g *Gateway) recordFrom(ctx context.Context, from time.Time) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
 	defer cancel()
-	b, err := g.ctl.RecordBlindFor(rctx, time.Since(from), g.instance, session.BlindGateway)
+	b, err := g.ctl.RecordBlindFrom(rctx, from, g.instance, session.BlindGateway)
 	if err != nil {
 		return err
 	}

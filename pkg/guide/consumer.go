@@ -330,7 +330,7 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (Outcome, error) 
 		return outcome, nil
 	}
 	g := Guide{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: c.text(ev), DeadlineMS: ev.DeadlineMS, DueMS: ev.DueMS,
-		Stage: ev.Stage, Action: ev.Action, Final: ev.Final, Reason: ev.Reason}
+		DetectedMS: ev.DetectedMS, Stage: ev.Stage, Action: ev.Action, Final: ev.Final, Reason: ev.Reason}
 	breaker, send, outage := c.breaker, c.sender.Send, c.sendOutage
 	if ev.Action == timeoutevent.ActionNotify {
 		breaker, send, outage = c.notifyBreaker, c.notify, c.notifyOutage

@@ -79,9 +79,9 @@ func TestStagesSent(t *testing.T) {
 	e.waitCommittedToEnd(cfg.Group)
 
 	want := map[string]push.Request{
-		first.ID:   {ID: first.ID, UID: "silent", Segment: session.DefaultSegment, Text: testText, DeadlineMS: d.UnixMilli(), DueMS: first.DueMS, Stage: 1, Action: "remind"},
-		closing.ID: {ID: closing.ID, UID: "silent", Segment: session.DefaultSegment, Text: closeText, DeadlineMS: d.UnixMilli(), DueMS: closing.DueMS, Stage: 2, Action: "close", Final: true, Reason: "ended"},
-		third.ID:   {ID: third.ID, UID: "slow", Segment: "vip", Text: "Still with us?", DeadlineMS: ds.UnixMilli(), DueMS: third.DueMS, Stage: 3, Action: "remind"},
+		first.ID:   {ID: first.ID, UID: "silent", Segment: session.DefaultSegment, Text: testText, DeadlineMS: d.UnixMilli(), DueMS: first.DueMS, DetectedMS: first.DetectedMS, Stage: 1, Action: "remind"},
+		closing.ID: {ID: closing.ID, UID: "silent", Segment: session.DefaultSegment, Text: closeText, DeadlineMS: d.UnixMilli(), DueMS: closing.DueMS, DetectedMS: closing.DetectedMS, Stage: 2, Action: "close", Final: true, Reason: "ended"},
+		third.ID:   {ID: third.ID, UID: "slow", Segment: "vip", Text: "Still with us?", DeadlineMS: ds.UnixMilli(), DueMS: third.DueMS, DetectedMS: third.DetectedMS, Stage: 3, Action: "remind"},
 	}
 	for id, w := range want {
 		if got, ok := e.gw.Get(id); !ok || got.Request != w {

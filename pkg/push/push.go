@@ -77,6 +77,13 @@ type Request struct {
 	// DueMS is when this stage was due, Unix ms by Redis's clock: the
 	// deadline for stage 1; 0 when unknown (an older consumer).
 	DueMS int64 `json:"due_ms,omitempty"`
+	// DetectedMS is when the expiry listener found the silence due, Unix
+	// ms by Redis's clock; 0 when unknown (an older consumer). A silence
+	// held through an outage, or restored after Redis lost it, is found
+	// long after its deadline: a stage 1's inbox max age counts from the
+	// later of the two, as the consumer's own age check does, so that an
+	// outage never ages out the guide it only delayed.
+	DetectedMS int64 `json:"detected_ms,omitempty"`
 	// Stage is the stage of the silence this guide belongs to, from 1
 	// (see timeoutevent); 0, from an older consumer, means 1.
 	Stage int `json:"stage,omitempty"`
@@ -108,6 +115,8 @@ func (r Request) Validate() error {
 		return fmt.Errorf("deadline_ms: %d, want 0 (unknown) or more", r.DeadlineMS)
 	case r.DueMS < 0 || (r.DueMS > 0 && r.DueMS < r.DeadlineMS):
 		return fmt.Errorf("due_ms: %d, want 0 (unknown) or at least deadline_ms", r.DueMS)
+	case r.DetectedMS < 0:
+		return fmt.Errorf("detected_ms: %d, want 0 (unknown) or more", r.DetectedMS)
 	case r.Stage < 0 || r.Stage > timeoutevent.MaxStages:
 		return fmt.Errorf("stage: %d, want 1-%d (0 means 1)", r.Stage, timeoutevent.MaxStages)
 	case r.Action != "" && r.Action != timeoutevent.ActionRemind && r.Action != timeoutevent.ActionClose:

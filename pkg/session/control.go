@@ -125,14 +125,17 @@ func (s *Store) ForgetBlind(ctx context.Context, b BlindInterval) error {
 	return nil
 }
 
-// RecordBlindFor stores a blind interval that ended now, by Redis's clock,
-// and lasted took, as a gateway measures an outage of its own. It returns
-// the interval.
-func (s *Store) RecordBlindFor(ctx context.Context, took time.Duration, scope, reason string) (BlindInterval, error) {
+// RecordBlindFrom stores a blind interval that ended now, by Redis's
+// clock, and began at since by the local one, as a gateway measures an
+// outage of its own. How long it lasted is taken once Redis has told its
+// time, so that a slow answer moves the start earlier, never later than
+// since. It returns the interval.
+func (s *Store) RecordBlindFrom(ctx context.Context, since time.Time, scope, reason string) (BlindInterval, error) {
 	now, err := s.rdb.Time(ctx).Result()
 	if err != nil {
 		return BlindInterval{}, fmt.Errorf("record blind interval: %w", err)
 	}
+	took := time.Since(since)
 	now = now.Truncate(time.Millisecond)
 	b := BlindInterval{Start: now.Add(-took).Truncate(time.Millisecond), End: now, Scope: scope, Reason: reason}
 	return b, s.RecordBlind(ctx, b)

@@ -95,8 +95,10 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   if resync then
     if cur and cur >= now + math.max(ttl, 1) then return {cur, now + ttl} end
     if ttl <= 0 and resync ~= V.lapsed then return {now + ttl, now + ttl} end
-    -- A renewal or an end Redis knows of since the ping is newer than it.
-    if was > at then return {cur or 0, now + ttl} end
+    -- A renewal or an end Redis knows of since the ping is newer than it,
+    -- unless a timeout is pending: then this grant may be the later one
+    -- (another device's, of a longer TTL), and the later deadline stays.
+    if was > at and not cur then return {cur or 0, now + ttl} end
   end
   local own = (from or now) + ttl
   local deadline = own
