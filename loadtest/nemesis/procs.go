@@ -35,6 +35,7 @@ type service struct {
 	bin    string
 	env    []string                  // settings every start shares
 	extra  func(gen int) []string    // settings of one start (an instance id)
+	seeds  func() []string           // settings read anew at each start: Redis's nodes as they are now
 	admin  string                    // host:port of healthz and metrics
 	logs   *os.File                  // stderr of every start, appended
 	onExit func(s *service, gen int) // told when a start's process ended
@@ -75,7 +76,8 @@ func (s *service) startOnce(ctx context.Context) error {
 	// A process group of its own, which gets SIGKILL if this program
 	// dies: no child outlives the run.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	cmd.Env = append(append(os.Environ(), s.env...), s.extra(gen)...)
+	// The last of duplicate keys wins: the seeds override env's.
+	cmd.Env = append(append(append(os.Environ(), s.env...), s.extra(gen)...), s.seeds()...)
 	cmd.Stderr = s.logs
 	cmd.Stdout = s.logs
 	if err := cmd.Start(); err != nil {

@@ -218,8 +218,24 @@ func (r *rig) newService(kind string, i int, bin string, env []string, extra fun
 	if err != nil {
 		return nil, err
 	}
-	return &service{name: name, kind: kind, bin: filepath.Join(r.s.bin, bin), env: env, extra: extra, admin: admin, logs: logs,
-		onExit: r.exited}, nil
+	return &service{name: name, kind: kind, bin: filepath.Join(r.s.bin, bin), env: env, extra: extra, seeds: r.redisSeeds,
+		admin: admin, logs: logs, onExit: r.exited}, nil
+}
+
+// redisSeeds names the cluster's nodes as they are now, for a service
+// that starts: hard failovers replace masters by new nodes, and after a
+// few the first ones are all gone, as a deployment's seed list follows
+// its nodes (a DNS name, a headless service).
+func (r *rig) redisSeeds() []string {
+	r.redisMu.Lock()
+	defer r.redisMu.Unlock()
+	var addrs []string
+	for _, n := range append(r.cluster.Masters, r.cluster.Replicas...) {
+		if n != nil {
+			addrs = append(addrs, n.Addr)
+		}
+	}
+	return []string{"STILLTHERE_REDIS_ADDRS=" + strings.Join(addrs, ",")}
 }
 
 // exited counts a process that ended when the run did not end it.
