@@ -182,7 +182,11 @@ func (u *user) silences() []*silence {
 	return out
 }
 
-// match is the silence whose deadline is nearest to named, within Match.
+// match is the silence whose deadline is nearest to named, within Match;
+// or whose deadline unanswered signals moved (see silence.moved) to as
+// much as the grace before named: one without an answer may have landed
+// late, held in the service while its store was out of reach, and its
+// deadline counts from then (see landedLate).
 func (u *user) match(silences []*silence, named time.Time) *silence {
 	var best *silence
 	var bestGap time.Duration
@@ -192,12 +196,22 @@ func (u *user) match(silences []*silence, named time.Time) *silence {
 				continue
 			}
 			gap := d.Sub(named).Abs()
+			if d.Equal(s.moved) && u.landedLate(d, named) {
+				gap = u.cfg.Match // the farthest an exact match may be
+			}
 			if gap <= u.cfg.Match && (best == nil || gap < bestGap) {
 				best, bestGap = s, gap
 			}
 		}
 	}
 	return best
+}
+
+// landedLate reports whether a guide naming named may be of the deadline
+// moved that unanswered signals would have set, had one landed late: up
+// to the grace after it.
+func (u *user) landedLate(moved, named time.Time) bool {
+	return !moved.IsZero() && !named.Before(moved) && !named.After(moved.Add(u.cfg.Grace+u.cfg.Match))
 }
 
 // doubt is what the unanswered signals say of a stage falling due at
@@ -282,6 +296,11 @@ func (u *user) stages(s *silence, windows map[[2]int64]bool) []Verdict {
 		dbt := u.doubtOf(after, due)
 		if !dbt.until.IsZero() {
 			due, latest = later(due, dbt.until), later(latest, dbt.until)
+			// An unanswered signal that landed late set the deadline the
+			// guide names, past the one it would have set.
+			if stage == 1 && len(got) > 0 && u.landedLate(dbt.until, got[0].Deadline) {
+				due, latest = later(due, got[0].Deadline), later(latest, got[0].Deadline)
+			}
 		}
 		if stage == 1 {
 			base, latest = due, due
@@ -480,7 +499,9 @@ func (u *user) clearBound(stage int, due, latest time.Time) time.Time {
 
 // stray classifies a delivery that matches no silence (the first of its
 // group): false, unless an unanswered signal may have set the deadline it
-// names.
+// names. One without an answer may have landed late, held in the service
+// while its store was out of reach (a Redis pause, a failover): its
+// deadline counts from then, up to the grace later than it would have.
 func (u *user) stray(d Delivery) Verdict {
 	v := Verdict{UID: u.uid, Deadline: d.Deadline, Stage: d.Stage, Due: d.Deadline, Bound: d.Deadline, Delivered: true,
 		Class: False, Lateness: d.At.Sub(d.Deadline), Why: "delivered for no silence: the user's answered signals had moved its deadline"}
@@ -488,9 +509,9 @@ func (u *user) stray(d Delivery) Verdict {
 		if s.Outcome == Answered || s.Deadline.IsZero() {
 			continue
 		}
-		gap := s.Deadline.Sub(d.Deadline)
-		if gap <= u.cfg.Match && gap >= -u.cfg.Match {
-			v.Class, v.Why = Indeterminate, "names a deadline a signal without an answer may have set"
+		gap := d.Deadline.Sub(s.Deadline)
+		if gap >= -u.cfg.Match && gap <= u.cfg.Match+u.cfg.Grace {
+			v.Class, v.Why = Indeterminate, "names a deadline a signal without an answer may have set, landing late"
 		}
 	}
 	if d.Stage > len(u.cfg.Delays)+1 || d.Stage < 1 {
