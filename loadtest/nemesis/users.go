@@ -387,22 +387,17 @@ func (c *crowd) post(ctx context.Context, u *user, ev activity) {
 	// the connection, or does not answer within an attempt, is passed
 	// over for the next, within the wait. (An attempt given up on may
 	// still be applied, late: the same event, with the same time.)
-	var resp *http.Response
+	var status int
+	var answer []byte
 	var err error
 	for n := range nGateways {
-		resp, err = c.postTo(rctx, c.r.activityURL((u.idx+n)%nGateways), body)
+		status, answer, err = c.postTo(rctx, c.r.activityURL((u.idx+n)%nGateways), body)
 		if err == nil || rctx.Err() != nil {
 			break
 		}
 	}
-	status := 0
-	if err == nil {
-		status = resp.StatusCode
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		resp.Body.Close()
-		if status/100 == 4 {
-			c.rec.wrong(fmt.Sprintf("activity %s: HTTP %d: %s", body, status, b))
-		}
+	if status/100 == 4 {
+		c.rec.wrong(fmt.Sprintf("activity %s: HTTP %d: %s", body, status, answer))
 	}
 	if ctx.Err() != nil {
 		return // the run ended: no answer to judge
@@ -413,33 +408,21 @@ func (c *crowd) post(ctx context.Context, u *user, ev activity) {
 	c.rec.signal(activitySignal(u.uid, ev, sent, status, err, time.Now(), c.ttl))
 }
 
-// postTo posts body to url, waiting postAttempt at most for the answer's
-// head; the caller reads and closes its body.
-func (c *crowd) postTo(ctx context.Context, url string, body []byte) (*http.Response, error) {
-	actx, cancel := context.WithTimeout(ctx, postAttempt)
-	req, _ := http.NewRequestWithContext(actx, http.MethodPost, url, bytes.NewReader(body))
+// postTo posts body to url and reads the answer (its first 4 KB),
+// waiting postAttempt at most.
+func (c *crowd) postTo(ctx context.Context, url string, body []byte) (status int, answer []byte, err error) {
+	ctx, cancel := context.WithTimeout(ctx, postAttempt)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+c.r.activitySecret)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		cancel()
-		return nil, err
+		return 0, nil, err
 	}
-	resp.Body = cancelOnClose{resp.Body, cancel}
-	return resp, nil
-}
-
-// cancelOnClose is a response body that ends its request's context once
-// closed.
-type cancelOnClose struct {
-	io.ReadCloser
-	cancel context.CancelFunc
-}
-
-func (b cancelOnClose) Close() error {
-	err := b.ReadCloser.Close()
-	b.cancel()
-	return err
+	defer resp.Body.Close()
+	answer, _ = io.ReadAll(io.LimitReader(resp.Body, 4096))
+	return resp.StatusCode, answer, nil
 }
 
 // sleepCtx reports false if ctx ended first.

@@ -15,6 +15,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/gateway"
 	"github.com/stillthere/stillthere/pkg/lifecycle/lifecycletest"
 	"github.com/stillthere/stillthere/pkg/redisconn"
+	"github.com/stillthere/stillthere/pkg/tcpproxy"
 	"github.com/stillthere/stillthere/pkg/token"
 )
 
@@ -26,6 +27,18 @@ const (
 	attackTokenSecret = gateway.TestTokenSecret
 	attackPushSecret  = gateway.TestPushSecret
 )
+
+// redisProxy is a TCP proxy in front of the harness's Redis, for a test
+// to cut; closed at cleanup.
+func (h *harness) redisProxy() *tcpproxy.Proxy {
+	h.t.Helper()
+	p, err := tcpproxy.Start(h.srv.Addr)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { p.Close() })
+	return p
+}
 
 // attackGateway is a running gateway instance.
 type attackGateway struct {

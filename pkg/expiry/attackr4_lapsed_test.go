@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/stillthere/stillthere/pkg/session"
-	"github.com/stillthere/stillthere/pkg/tcpproxy"
 )
 
 // TestAttackR4LapsedRestoreHeldForTheOtherDevice: a grant that ran out in
@@ -36,15 +35,7 @@ import (
 func TestAttackR4LapsedRestoreHeldForTheOtherDevice(t *testing.T) {
 	h := newHarness(t)
 	const ttl = 2 * time.Second
-	proxy := func() *tcpproxy.Proxy {
-		p, err := tcpproxy.Start(h.srv.Addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { p.Close() })
-		return p
-	}
-	pa, pb := proxy(), proxy()
+	pa, pb := h.redisProxy(), h.redisProxy()
 	gwA := h.startAttackGateway(pa.Addr(), ttl, nil)
 	gwB := h.startAttackGateway(pb.Addr(), ttl, nil)
 	stop := h.start(h.config(ModeSweep))

@@ -8,7 +8,6 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/gateway"
 	"github.com/stillthere/stillthere/pkg/push"
-	"github.com/stillthere/stillthere/pkg/tcpproxy"
 )
 
 // TestAttackR5LapsedRestoreOfDroppedTooOld: a user's connection drops
@@ -33,11 +32,7 @@ func TestAttackR5LapsedRestoreOfDroppedTooOld(t *testing.T) {
 		ttl    = 2 * time.Second
 		maxAge = 4 * time.Second // the gateway's and the consumer's STILLTHERE_GUIDE_MAX_AGE
 	)
-	pa, err := tcpproxy.Start(h.srv.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pa.Close() })
+	pa := h.redisProxy()
 	gw := h.startAttackGateway(pa.Addr(), ttl, func(c *gateway.Config) { c.GuideMaxAge = maxAge })
 	stop := h.start(h.config(ModeSweep))
 	defer stop()
@@ -91,6 +86,7 @@ func TestAttackR5LapsedRestoreOfDroppedTooOld(t *testing.T) {
 	client := push.NewClient("http://"+gw.PushAddr().String()+push.Path, attackPushSecret, &http.Client{Timeout: 10 * time.Second})
 	var res push.Response
 	waitFor(t, waitLong, "the gateway to settle the push", func() bool {
+		var err error
 		res, err = client.Push(ctx, req)
 		return err == nil
 	})

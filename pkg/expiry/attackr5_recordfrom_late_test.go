@@ -14,7 +14,6 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/gateway"
 	"github.com/stillthere/stillthere/pkg/session"
-	"github.com/stillthere/stillthere/pkg/tcpproxy"
 )
 
 // TestAttackR5RecordFromLateAnswer: the fix of the round before. A
@@ -43,15 +42,7 @@ func TestAttackR5RecordFromLateAnswer(t *testing.T) {
 		beat = time.Second // gateway A's heartbeat interval, the default: a lease of 3 s
 		late = 900 * time.Millisecond
 	)
-	proxy := func() *tcpproxy.Proxy {
-		p, err := tcpproxy.Start(h.srv.Addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { p.Close() })
-		return p
-	}
-	pa, pb := proxy(), proxy()
+	pa, pb := h.redisProxy(), h.redisProxy()
 	slow := startTimeDelay(t, pa.Addr()) // A's link: Redis's answer to a TIME, once armed, is late
 	gwA := h.startAttackGateway(slow.addr(), ttl, func(c *gateway.Config) { c.HeartbeatInterval = beat })
 	ctx := context.Background()
@@ -96,8 +87,10 @@ func TestAttackR5RecordFromLateAnswer(t *testing.T) {
 	// then, the first to fail below, whose sending starts the outage as A
 	// tells it (lapseFrom).
 	nextBeat()
-	time.Sleep(250 * time.Millisecond) // the ping's moment, not a wait for a state
-	d1 := time.Now().Add(ttl)          // device 1's deadline, a moment early
+	// Real time must pass: the gateway's heartbeats run on the clock, and
+	// the ping is placed a quarter second after one; no state to wait on.
+	time.Sleep(250 * time.Millisecond)
+	d1 := time.Now().Add(ttl) // device 1's deadline, a moment early
 	silent := startPinger(t, gwA, uid, 0)
 	waitPongs(t, 1, silent)
 	pinging := startPinger(t, gwB, uid, ttl/5)
@@ -210,7 +203,9 @@ func (d *timeDelay) accept() {
 					if bytes.Contains(buf[:n], timeCommand) {
 						if delay := d.delay.Load(); delay > 0 {
 							d.hit.Store(true)
-							time.Sleep(time.Duration(delay)) // Redis's late answer: the fault itself
+							// Real time must pass: Redis's late answer is the
+							// fault itself, to a real gateway process.
+							time.Sleep(time.Duration(delay))
 						}
 					}
 					if _, werr := s.Write(buf[:n]); werr != nil {

@@ -40,10 +40,10 @@ import (
 //     that ran out in the outage (at or after its start: see lapseFrom)
 //     is handed over too, as lapsed: its silence fell in the outage, and
 //     Redis may have lost it, or never had it. Redis restores it at
-//     its own deadline (due at once), held by the listener until the grace is over, only
-//     if that silence cannot have been guided already (see
-//     session.Renewer.Resync). One that ran out before the outage is
-//     not: it was Redis's to guide (a user silent for hours whose
+//     its own deadline (due at once), held by the listener until the
+//     grace is over, only if that silence cannot have been guided
+//     already (see session.Renewer.Resync). One that ran out before the
+//     outage is not: it was Redis's to guide (a user silent for hours whose
 //     connection stays open), and a restore would guide it again.
 //
 // The expiry listener reads the blind intervals and the instances'

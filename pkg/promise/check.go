@@ -509,8 +509,7 @@ func (u *user) stray(d Delivery) Verdict {
 		if s.Outcome == Answered || s.Deadline.IsZero() {
 			continue
 		}
-		gap := d.Deadline.Sub(s.Deadline)
-		if gap >= -u.cfg.Match && gap <= u.cfg.Match+u.cfg.Grace {
+		if d.Deadline.Sub(s.Deadline).Abs() <= u.cfg.Match || u.landedLate(s.Deadline, d.Deadline) {
 			v.Class, v.Why = Indeterminate, "names a deadline a signal without an answer may have set, landing late"
 		}
 	}

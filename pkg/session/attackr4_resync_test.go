@@ -1,7 +1,6 @@
 package session
 
 import (
-	"context"
 	"testing"
 	"time"
 )
@@ -23,11 +22,7 @@ import (
 // renewal's expiry was keep+1 ms.
 func TestAttackR4LapsedLongAgo(t *testing.T) {
 	s, ctx := newStore(t)
-	r := NewRenewer(s, RenewerConfig{Instance: "gw-1"})
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); r.Run(rctx) }()
-	defer func() { cancel(); <-done }()
+	r := runRenewer(t, s)
 
 	const uid = "away-long"
 	ttl := time.Minute

@@ -122,11 +122,7 @@ func TestHoldReleaseAndRenew(t *testing.T) {
 
 func TestResyncNeverExtends(t *testing.T) {
 	s, ctx := newStore(t)
-	r := NewRenewer(s, RenewerConfig{Instance: "gw-1"})
-	rctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); r.Run(rctx) }()
-	defer func() { cancel(); <-done }()
+	r := runRenewer(t, s)
 
 	// "later" has a deadline from another device further out than the
 	// grant being restored; "lost" lost its session with Redis's data. (A
@@ -595,11 +591,7 @@ func TestRecordBlindSince(t *testing.T) {
 // guide named a deadline 1.4 s past the one the user was granted.
 func TestResyncAgesItsGrant(t *testing.T) {
 	s, ctx := newStore(t)
-	r := NewRenewer(s, RenewerConfig{Instance: "gw-1"})
-	rctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); r.Run(rctx) }()
-	defer func() { cancel(); <-done }()
+	r := runRenewer(t, s)
 
 	// Taken 3 s ago: 10 s were left then, the ping 1 s before that.
 	taken := time.Now().Add(-3 * time.Second)

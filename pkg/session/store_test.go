@@ -277,3 +277,15 @@ func TestRenewNeverMovesDeadlineEarlier(t *testing.T) {
 		t.Fatalf("first ping after the end: deadline %v, want a fresh 2s grant", short)
 	}
 }
+
+// runRenewer starts a renewer of s for instance gw-1, stopped when the
+// test ends.
+func runRenewer(t *testing.T, s *Store) *Renewer {
+	t.Helper()
+	r := NewRenewer(s, RenewerConfig{Instance: "gw-1"})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return r
+}
