@@ -175,7 +175,10 @@ func TestAttack29RoutedInKeptAfterConnect(t *testing.T) {
 // TestAttack29HeldGuideDoubled: a guide pushed while the user has a
 // holding connection A and a live one B reaches B, and is held by A. When
 // A ends before its first frame, the held copy goes back to the inbox,
-// and the user's next connect shows it again.
+// and the user's next connect shows it again. B proves it got the guide
+// (a client that does not would be cut off, and its copy handed on): the
+// guide, kept ahead of its delivery, leaves the inbox then, and is
+// settled, so that A's copy is not kept again.
 func TestAttack29HeldGuideDoubled(t *testing.T) {
 	tg := startGateway(t, nil)
 	uid := "a29-double"
@@ -188,6 +191,8 @@ func TestAttack29HeldGuideDoubled(t *testing.T) {
 	if !a29ReadGuide(wsB, req.ID, 5*time.Second) {
 		t.Fatalf("B never got the guide (push: %+v)", res)
 	}
+	pingPong(t, wsB) // reading on answers the gateway's ping: proof
+	waitUntil(t, "B's proof takes the guide out of the inbox", func() bool { return tg.a29Inbox(t, uid) == 0 })
 	wsA.Close()
 	if !waitFor(5*time.Second, func() bool { return tg.a29Inbox(t, uid) > 0 }) {
 		return // A's held copy was not kept: nothing to show twice

@@ -124,8 +124,9 @@ type extra struct {
 	proofSeq uint64
 	guideIDs []string
 	// acked has bit i set once a device acknowledged guideIDs[i]: a
-	// repeated ack is not recorded in the user's timeline again.
-	acked uint8
+	// repeated ack is not recorded in the user's timeline again. proven
+	// has it set once the client proved it got guideIDs[i].
+	acked, proven uint8
 	// fin is closed once the connection has finished (see finish), for
 	// whoever waits for that (an inbox handover); flushed once the
 	// flusher running has stopped (for finish). Each is made by its
@@ -732,6 +733,12 @@ func (c *conn) enqueueFrame(f outFrame) bool {
 		return false
 	}
 	if f.proof != nil && c.hasGuide(f.proof) {
+		if f.proof.proven != nil && c.provenHere(f.proof.id) {
+			// Proven here before: this copy is too (a copy kept ahead
+			// again on its way on leaves the inbox, see ahead.go).
+			// proven does not block.
+			f.proof.proven()
+		}
 		return true
 	}
 	if int(c.queued) >= c.g.cfg.SendQueue {

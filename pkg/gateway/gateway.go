@@ -81,6 +81,7 @@ type Gateway struct {
 	instance         string        // this instance's name in route keys and heartbeats
 	sub              *redis.PubSub // its channel, for guides routed here; Run's listen owns it
 	routes           *routeBook    // the one writer of its route entries
+	ahead            *aheadDrops   // takes proven guides kept ahead out of inboxes
 	view             viewPtr       // the instances' heartbeats, read every heartbeat
 	publicLn, pushLn net.Listener
 	conns            sync.WaitGroup // one per goroutine of a connection being served
@@ -222,6 +223,7 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 	})
 	g.reach.waiting = g.renewer.Waiting
 	g.routes = newRouteBook(g)
+	g.ahead = newAheadDrops(g)
 	g.activity = &activityHandler{
 		secret:   cfg.ActivitySecret,
 		store:    g.store,
@@ -335,6 +337,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	eg.Go(func() error { return g.reader.Run(bctx) })
 	eg.Go(func() error { g.heartbeat(bctx); return nil })
 	eg.Go(func() error { g.routes.run(bctx); return nil })
+	eg.Go(func() error { g.ahead.run(bctx); return nil })
 	eg.Go(func() error { g.expiries.run(bctx); return nil })
 	eg.Go(func() error { g.policy.Run(ctx); return nil })
 	eg.Go(func() error { g.resyncLoop(ctx); return nil })

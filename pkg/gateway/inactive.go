@@ -66,7 +66,9 @@ func (c *conn) takeGuide(req push.Request) guideTake {
 			}
 		}
 	}
-	if !c.enqueueProven(b, &guideProof{id: req.ID, req: &req}, closing) {
+	// Proven, it leaves the inbox it was kept in ahead (see ahead.go).
+	proven := func() { c.g.ahead.add(req.UID, req.ID) }
+	if !c.enqueueProven(b, &guideProof{id: req.ID, req: &req, proven: proven}, closing) {
 		return guideRefused
 	}
 	return guideTaken

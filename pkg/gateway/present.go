@@ -7,6 +7,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/frame"
 	"github.com/stillthere/stillthere/pkg/push"
+	"github.com/stillthere/stillthere/pkg/session"
 )
 
 // A silence the network made is not a silence. A user who keeps typing
@@ -262,6 +263,17 @@ func (g *Gateway) markSuperseded(ctx context.Context, uid string, reqs []push.Re
 	ctx = context.WithoutCancel(ctx)
 	go func() {
 		defer g.conns.Done()
+		// Kept ahead of its delivery, it leaves the inbox too: the user
+		// was there.
+		drops := make([]session.InboxDrop, len(reqs))
+		for i, req := range reqs {
+			drops[i] = session.InboxDrop{UID: uid, ID: req.ID}
+		}
+		dctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
+		if _, err := g.store.DropFromInboxes(dctx, drops, g.settledFor()); err != nil {
+			g.log.Debug("take superseded guides out of the inbox", "uid", uid, "err", err)
+		}
+		cancel()
 		for _, req := range reqs {
 			due, ok := stageDue(req)
 			if !ok {

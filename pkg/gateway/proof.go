@@ -64,7 +64,9 @@ type guideProof struct {
 	// proven's owner (an inbox handover, whose entry stays in the inbox).
 	req *push.Request
 	// proven is called once, on the reader's goroutine, when the client
-	// proves it got the frame. It must not block. May be nil.
+	// proves it got the frame; or, for a pushed copy of a guide proven on
+	// the connection before, when the copy is queued. It must not block.
+	// May be nil.
 	proven func()
 
 	seq   uint64      // its place among the connection's guides; c.mu
@@ -84,6 +86,7 @@ func (c *conn) awaitingFrom(p *guideProof) {
 	if len(x.guideIDs) == recentGuides {
 		x.guideIDs = slices.Delete(x.guideIDs, 0, 1)
 		x.acked >>= 1
+		x.proven >>= 1
 	}
 	x.guideIDs = append(x.guideIDs, p.id)
 }
@@ -111,6 +114,20 @@ const recentGuides = 8
 // held.
 func (c *conn) hasGuide(p *guideProof) bool {
 	return p.req != nil && c.x != nil && slices.Contains(c.x.guideIDs, p.id)
+}
+
+// provenHere reports whether c's client proved it got guide id, among
+// the last guides queued. c.mu is held.
+func (c *conn) provenHere(id string) bool {
+	if c.x == nil {
+		return false
+	}
+	for i, got := range c.x.guideIDs {
+		if got == id && c.x.proven&(1<<i) != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // awaitProof runs on the flusher once p's frame is written: it asks for
@@ -220,6 +237,11 @@ func (c *conn) proved(seq uint64) bool {
 		if p.timer != nil {
 			p.timer.Stop()
 		}
+		for i, id := range c.x.guideIDs {
+			if id == p.id {
+				c.x.proven |= 1 << i
+			}
+		}
 	}
 	c.mu.Unlock()
 	for _, p := range done {
@@ -294,6 +316,7 @@ func (g *Gateway) handOn(ctx context.Context, c *conn) {
 			renewed, err := g.store.LastRenewed(pctx, req.UID)
 			if err == nil && renewed.UnixMilli() > req.DeadlineMS {
 				cancel()
+				g.ahead.add(req.UID, req.ID) // kept ahead: stale too
 				metricPushes.WithLabelValues("handed_on_stale").Inc()
 				g.timeline.Record(req.UID, skippedEntry(req, ruleCameBack, "its connection ended before proving it got it, and the user renewed after its deadline: not handed on"))
 				continue

@@ -28,13 +28,15 @@ import (
 //     duplicate (done before), retry (claimed by a push still under way:
 //     its outcome is not known, so it is not a duplicate) or stale (the
 //     user renewed after the guide's deadline).
-//  3. route: hand the guide to this instance's connections of the user,
+//  3. route: keep the guide in the user's inbox ahead of its delivery, so
+//     that it outlives this process until a connection proves it got it
+//     (ahead.go); hand it to this instance's connections of the user,
 //     and publish it on the sharded Pub/Sub channel of every other
 //     instance in the user's route key. An instance that published to
 //     nobody is dropped from the route only when its heartbeat says it is
 //     dead; a live one (resubscribing) is tried again, and if the guide
 //     reached nobody the push answers retry.
-//  4. keep: a user connected nowhere gets the guide in their inbox, unless
+//  4. keep: a user connected nowhere keeps the guide in their inbox, unless
 //     a connection registered since the route was read, in which case
 //     routing starts over.
 //  5. the claim becomes the outcome, kept for a day, or is released when
@@ -158,6 +160,14 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 		if err != nil {
 			return push.Response{}, fmt.Errorf("look up %q's route: %w", req.UID, err)
 		}
+		ahead := false
+		if len(routes) > 0 || len(g.hub.lookup(req.UID)) > 0 {
+			// Kept before any connection takes it, so that it outlives
+			// this process (see ahead.go).
+			if ahead, err = g.keepAhead(ctx, req, payload); err != nil {
+				return push.Response{}, err
+			}
+		}
 		n, superseded := g.deliverLocal(req)
 		remote, err := g.deliverElsewhere(ctx, req.UID, payload, routes)
 		if n+remote > 0 {
@@ -167,6 +177,11 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 			return push.Response{Status: push.Delivered, Connections: n + remote}, nil
 		}
 		if err != nil {
+			if ahead {
+				// Nobody took it, and the caller is told to try again: a
+				// consumer pushes it again; nothing else owes it.
+				g.dropAhead(ctx, req)
+			}
 			return push.Response{}, err
 		}
 		if superseded > 0 {
@@ -277,29 +292,15 @@ func (g *Gateway) keepReq(ctx context.Context, req push.Request, closed bool) (p
 // when a connection registered since routes was read. With closed, the
 // entry is a close stage's guide whose close was applied.
 func (g *Gateway) keep(ctx context.Context, req push.Request, payload []byte, routes map[string]string, check, closed bool) (push.Status, error) {
-	// Stage 1 is due at the deadline, and its max age counts from there,
-	// or from when the listener found it due, if later: an outage that
-	// held it, or a restore after Redis lost it, only delayed it. A later
-	// stage was due its delays after it, which the request does
-	// not say: its max age counts from when it is kept, as an undated
-	// guide's does, or a stage due minutes after the deadline would be
-	// too old on arrival. The consumer judged its age from when it was
-	// due. The entry keeps its deadline for the staleness check.
-	// A close applied counts from now too: it is news since.
-	maxAgeFrom := req.DeadlineMS
-	if maxAgeFrom > 0 {
-		maxAgeFrom = max(maxAgeFrom, req.DetectedMS)
-	}
-	if req.Stage > 1 || closed {
-		maxAgeFrom = 0
-	}
-	n, err := g.store.KeepGuide(ctx, req.UID, session.Keep{Entry: payload, MaxAge: g.cfg.guideMaxAge(), From: maxAgeFrom,
+	// The max age counts as inboxAgeFrom says. The entry keeps its
+	// deadline for the staleness check.
+	n, err := g.store.KeepGuide(ctx, req.UID, session.Keep{Entry: payload, MaxAge: g.cfg.guideMaxAge(), From: inboxAgeFrom(req, closed),
 		Cap: g.cfg.InboxSize, TTL: g.cfg.InboxTTL, Closed: closed, CheckRoute: check, Routes: routes})
 	if err != nil {
 		return "", fmt.Errorf("keep guide %s for %q: %w", req.ID, req.UID, err)
 	}
 	switch n {
-	case session.KeptQueued:
+	case session.KeptQueued, session.KeptAlready:
 		// A connection of the user here may have registered since the
 		// caller found none: its connect took the inbox as it was at its
 		// route write, before this. Without a route check (a hold's
@@ -310,6 +311,10 @@ func (g *Gateway) keep(ctx context.Context, req push.Request, payload []byte, ro
 		return push.Queued, nil
 	case session.KeptTooOld:
 		return push.TooOld, nil
+	case session.KeptSettled:
+		// A connection of the user proved it got it (or it was found
+		// superseded or stale) since it was kept ahead.
+		return push.Duplicate, nil
 	}
 	return "", nil
 }

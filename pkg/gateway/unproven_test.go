@@ -90,7 +90,9 @@ func TestGuideToHalfOpenConnectionNotLost(t *testing.T) {
 		req := guide(t, "jon", "j1")
 		readGuide(t, ws, req.ID)
 		pingPong(t, ws) // reading answers the gateway's ping: proof, without an ack
-		ws.Close()      // dropped, no close frame
+		// Kept ahead of its delivery, it leaves the inbox once proven.
+		waitUntil(t, "the proven guide leaves the inbox", func() bool { return tg.rdb.LLen(ctx, ks.InboxKey("jon")).Val() == 0 })
+		ws.Close() // dropped, no close frame
 		waitUntil(t, "the connection ends", func() bool { return tg.hub.count("jon") == 0 })
 		ws = tg.dial(t, "jon")
 		pingPong(t, ws) // the first frame is the pong: no guide handed over
@@ -142,23 +144,29 @@ func TestGuideToHalfOpenConnectionNotLost(t *testing.T) {
 		if m := next(); m["type"] != "pong" {
 			t.Fatalf("laptop got %v, want the pong: it had the guide already", m)
 		}
-		if n := tg.rdb.LLen(ctx, ks.InboxKey("lia")).Val(); n != 0 {
-			t.Fatalf("inbox holds %d guides of a user whose laptop got it", n)
-		}
+		// Kept ahead of its delivery, and again as it was handed on: the
+		// laptop's proof takes it out of the inbox.
+		waitUntil(t, "the inbox of a user whose laptop got it empties", func() bool {
+			return tg.rdb.LLen(ctx, ks.InboxKey("lia")).Val() == 0
+		})
 	})
 
 	t.Run("the user came back meanwhile", func(t *testing.T) {
 		halfOpen(t, "kai")
 		guide(t, "kai", "k1")
-		ws := tg.dial(t, "kai")
-		// The inbox is empty on connect (the old connection still holds
-		// the guide); the user pings before it ends: they are back.
-		pingPong(t, ws)
+		// The inbox holds the guide, kept ahead of its delivery, while
+		// the old connection waits for its proof; the client's first
+		// ping says the user is active now: they are back, and its
+		// renewal after the deadline makes the old connection's copy
+		// stale too.
+		ws := tg.dialFirstPing(t, "kai")
+		pingSaying(t, ws, 0)
+		readPong(t, ws)
 		waitUntil(t, "the unproven connection ends", func() bool { return tg.hub.count("kai") == 1 })
 		pingPong(t, ws) // the next frame is the pong: no guide
-		if n := tg.rdb.LLen(ctx, ks.InboxKey("kai")).Val(); n != 0 {
-			t.Fatalf("inbox holds %d guides of a user who came back", n)
-		}
+		waitUntil(t, "the inbox of a user who came back empties", func() bool {
+			return tg.rdb.LLen(ctx, ks.InboxKey("kai")).Val() == 0
+		})
 		// Their timeline says why the guide went no further.
 		if e := tg.waitEntry(t, "kai", "skipped:came-back", "k1"); !strings.Contains(e.Detail, "not handed on") {
 			t.Errorf("came back: %+v, want it said that it was not handed on", e)

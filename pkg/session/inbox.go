@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // The gateway's part of the model: a push's claim of a guide id for one
@@ -60,7 +62,12 @@ func (s *Store) SettlePush(ctx context.Context, uid, id, token, outcome string, 
 
 // inboxKeepScript adds a guide to a user's capped inbox, unless a
 // connection of the user registered since the route was read (returns
-// 0: route again) or the guide is past its max age (returns -1). An
+// 0: route again) or the guide is past its max age (returns -1). The
+// inbox holds one entry per guide id: a guide it holds already (kept
+// ahead of its live delivery, see the gateway's push.go) is kept as it is
+// (returns 2), unless this keep marks it closed, which replaces it; and
+// one settled (a connection proved it got it, see DropFromInboxes) is not
+// kept (returns 3). An
 // entry (inboxFormat) is the request's JSON with kept_ms and expires_ms
 // added: its deadline (or, unknown or a later stage's, the time it was
 // kept) plus the max age; and closed_ms, the time it was kept, for a
@@ -89,6 +96,8 @@ type Keep struct {
 const (
 	KeptRouteChanged = 0  // a connection registered since the route was read
 	KeptQueued       = 1  // kept
+	KeptAlready      = 2  // an entry of its id is kept already
+	KeptSettled      = 3  // settled (proven received): not kept
 	KeptTooOld       = -1 // past its max age
 )
 
@@ -106,7 +115,39 @@ func (s *Store) KeepGuide(ctx context.Context, uid string, k Keep) (int, error) 
 	for inst, n := range k.Routes {
 		args = append(args, inst, n)
 	}
-	return inboxKeepScript.Run(ctx, s.rdb, inboxKeepKeys{Inbox: s.ks.InboxKey(uid), Route: s.ks.RouteKey(uid)}, args...).Int()
+	keys := inboxKeepKeys{Inbox: s.ks.InboxKey(uid), Route: s.ks.RouteKey(uid), Settled: s.ks.InboxSettledKey(uid)}
+	return inboxKeepScript.Run(ctx, s.rdb, keys, args...).Int()
+}
+
+// inboxDropScript removes a user's inbox entries of some guide ids, with
+// their leases, and may mark them settled (see DropFromInboxes). ARGV:
+// how long to mark them settled, ms (0: not), then the ids. Returns how
+// many entries it removed.
+var inboxDropScript = newScript[inboxDropKeys]("inbox_drop", nil, []codec{inboxFormat})
+
+// InboxDrop is a guide to take out of its user's inbox.
+type InboxDrop struct{ UID, ID string }
+
+// DropFromInboxes removes each drop's inbox entries, and their leases, in
+// one pipeline: guides kept ahead of their live delivery once a
+// connection proved it got them, or found superseded, or that reached
+// nobody. With settled > 0 each id is marked settled for that long (its
+// user has it, or needs it no more): a keep of it meanwhile adds nothing
+// (KeptSettled). It returns how many calls succeeded, and the first
+// error.
+func (s *Store) DropFromInboxes(ctx context.Context, drops []InboxDrop, settled time.Duration) (int, error) {
+	cmds := s.runScripts(ctx, len(drops), func(i int) (*redis.Script, []string, []any) {
+		d := drops[i]
+		keys := inboxDropKeys{Inbox: s.ks.InboxKey(d.UID), Leases: s.ks.InboxLeaseKey(d.UID), Settled: s.ks.InboxSettledKey(d.UID)}
+		return inboxDropScript.call(keys, settled.Milliseconds(), d.ID)
+	}, DefaultSlotRetry)
+	n := 0
+	for _, c := range cmds {
+		if c.Err() == nil {
+			n++
+		}
+	}
+	return n, firstErr(cmds)
 }
 
 // inboxTakeScript returns up to ARGV[1] inbox entries, oldest first,

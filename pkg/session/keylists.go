@@ -157,9 +157,14 @@ type deliveredKeys struct{ Delivered string }
 func (k deliveredKeys) list() []string { return []string{k.Delivered} }
 
 // inboxKeepKeys: inbox_keep.lua.
-type inboxKeepKeys struct{ Inbox, Route string }
+type inboxKeepKeys struct{ Inbox, Route, Settled string }
 
-func (k inboxKeepKeys) list() []string { return []string{k.Inbox, k.Route} }
+func (k inboxKeepKeys) list() []string { return []string{k.Inbox, k.Route, k.Settled} }
+
+// inboxDropKeys: inbox_drop.lua.
+type inboxDropKeys struct{ Inbox, Leases, Settled string }
+
+func (k inboxDropKeys) list() []string { return []string{k.Inbox, k.Leases, k.Settled} }
 
 // inboxTakeKeys: inbox_take.lua.
 type inboxTakeKeys struct{ Inbox, Renewed, Leases string }

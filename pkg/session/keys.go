@@ -25,6 +25,7 @@
 //	<prefix>:{b07}:rs:<uid>        when each of them last wrote its count there: HASH instance -> ms
 //	<prefix>:{b07}:in:<uid>        guides waiting for uid's next connect: LIST of JSON
 //	<prefix>:{b07}:in:<uid>/lease  inbox guides being handed over: HASH id -> until ms
+//	<prefix>:{b07}:in:<uid>/settled guides settled (proven received, superseded, stale): HASH id -> until ms
 //	<prefix>:gw:<instance>         Pub/Sub channel of one gateway instance
 //	<prefix>:policy                the segments' policy, JSON (package policy)
 //	<prefix>:{ctl}:alive           gateway heartbeats: HASH instance -> aliveFormat
@@ -278,6 +279,11 @@ func (k Keyspace) InboxKey(uid string) string { return k.bucketPrefix(Bucket(uid
 // InboxLeaseKey holds which of uid's inbox guides a connection is being
 // handed, until when, so a second connection does not take them too.
 func (k Keyspace) InboxLeaseKey(uid string) string { return k.InboxKey(uid) + "/lease" }
+
+// InboxSettledKey holds which of uid's guides a connection proved it got,
+// until when, so that a copy of one on its way on (handed on from another
+// connection, held and given back) is not kept for the next connect.
+func (k Keyspace) InboxSettledKey(uid string) string { return k.InboxKey(uid) + "/settled" }
 
 // PolicyKey holds the segments' policy (package policy reads and writes
 // it).

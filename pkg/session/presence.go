@@ -16,7 +16,7 @@ import (
 // bucket hash tag with the session's keys, so one script does both,
 // atomically, on a Redis Cluster too.
 // The keys are in the key table (keys.go): RouteKey, RouteStampKey,
-// DeliveredKey, InboxKey, InboxLeaseKey.
+// DeliveredKey, InboxKey, InboxLeaseKey, InboxSettledKey.
 
 // routeScript writes one instance's connection count of one user,
 // absolutely (a count that a failed write left wrong heals with the next
