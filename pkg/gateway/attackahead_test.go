@@ -199,7 +199,7 @@ func TestAttackAheadHandoverProofLetsReminderBackAfterClose(t *testing.T) {
 	got := aaGuidesBeforePong(t, tg.dial(t, uid))
 	ir, ic := slices.Index(got, r.ID), slices.Index(got, c.ID)
 	if ir >= 0 && ic >= 0 && ic < ir {
-		t.Errorf("the next connect was handed %v (inbox %v): the close stage before its reminder", got, inbox)
+		t.Errorf("the next connect was handed %v (inbox %v): the close stage %s before its reminder %s", got, inbox, c.ID, r.ID)
 	}
 }
 
