@@ -36,10 +36,12 @@ import (
 // keepAhead keeps req in its user's inbox before it is handed to live
 // connections, whoever is connected, and reports whether this kept it
 // (not an earlier keep of it). A guide too old for the inbox goes out
-// live unkept, as before.
+// live unkept, as before. It trims nothing: the cap would push out an
+// older guide no connection proved yet, and an entry kept ahead lasts
+// only until a proof, or a connection's end hands it on.
 func (g *Gateway) keepAhead(ctx context.Context, req push.Request, payload []byte) (bool, error) {
 	n, err := g.store.KeepGuide(ctx, req.UID, session.Keep{Entry: payload, MaxAge: g.cfg.guideMaxAge(),
-		From: inboxAgeFrom(req, false), Cap: g.cfg.InboxSize, TTL: g.cfg.InboxTTL})
+		From: inboxAgeFrom(req, false), TTL: g.cfg.InboxTTL})
 	if err != nil {
 		return false, fmt.Errorf("keep guide %s for %q ahead of its delivery: %w", req.ID, req.UID, err)
 	}

@@ -169,9 +169,9 @@ func TestAttackAheadAckOfDoubledIDProvesLaterGuide(t *testing.T) {
 // settled, as a live proof does. The close stage c comes: kept ahead,
 // held by H, written to B, which closes; B dies before proving it, and
 // its close stage is kept closed, replacing c's entry (the newest now).
-// H then ends before its first frame and gives back r and c: r is kept
-// again, after c. The next connect is handed the close before its
-// reminder.
+// H then ends before its first frame and gives back r and c: r was kept
+// again, after c, and the next connect was handed the close before its
+// reminder. Now B's proof of r settles it, and r is not kept again.
 func TestAttackAheadHandoverProofLetsReminderBackAfterClose(t *testing.T) {
 	tg := startGateway(t, func(c *Config) { c.firstPingWaitFor = time.Minute })
 	uid := "aa-order"
@@ -194,7 +194,19 @@ func TestAttackAheadHandoverProofLetsReminderBackAfterClose(t *testing.T) {
 	})
 
 	wsH.Close() // H ends before its first frame: r and c go back
-	waitUntil(t, "H's guides back in the inbox", func() bool { return tg.hub.count(uid) == 0 && len(tg.aaInboxIDs(t, uid)) == 2 })
+	waitUntil(t, "H ends", func() bool { return tg.hub.count(uid) == 0 })
+	// Every connection's bookkeeping is done (H's give-back, its hand-on)
+	// once the gateway's connection goroutines are: none is connected.
+	idle := make(chan struct{})
+	go func() { tg.conns.Wait(); close(idle) }()
+	waitUntil(t, "H's guides given back", func() bool {
+		select {
+		case <-idle:
+			return true
+		default:
+			return false
+		}
+	})
 	inbox := tg.aaInboxIDs(t, uid)
 	got := aaGuidesBeforePong(t, tg.dial(t, uid))
 	ir, ic := slices.Index(got, r.ID), slices.Index(got, c.ID)

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"time"
 
 	"github.com/stillthere/stillthere/pkg/frame"
@@ -114,6 +115,15 @@ func (c *conn) holdOf() *hold {
 		return nil
 	}
 	return c.x.hold
+}
+
+// holdsGuide reports whether c holds a pushed guide of id, to send once
+// its hold ends.
+func (c *conn) holdsGuide(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := c.holdOf()
+	return h != nil && slices.ContainsFunc(h.held, func(r push.Request) bool { return r.ID == id })
 }
 
 // holding reports whether c holds its guides still.

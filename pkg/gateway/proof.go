@@ -185,9 +185,13 @@ func (c *conn) awaitingProof() bool {
 func (c *conn) ackProof(id string) (known bool) {
 	c.mu.Lock()
 	var seq uint64
+	// The first copy of the id: a client reads in order, so an ack
+	// proves nothing queued after it (an inbox copy may follow a live
+	// one, and the guides between were not read).
 	for _, p := range c.unproven() {
 		if p.id == id {
 			seq = p.seq
+			break
 		}
 	}
 	known = seq > 0
@@ -363,8 +367,12 @@ func (g *Gateway) offerInbox(ctx context.Context, uid string) {
 		c.mu.Lock()
 		h := c.holdOf()
 		holding := h != nil && !h.ending
+		closed := c.is(flagClosed)
 		c.mu.Unlock()
-		if holding {
+		if holding || closed {
+			// A closed one (the keep may be its own, giving back what
+			// it held) would lease the entries only to release them,
+			// and a connection made meanwhile find them leased.
 			continue
 		}
 		if h != nil {

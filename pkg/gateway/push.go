@@ -424,16 +424,25 @@ type handover struct {
 
 // queue puts a chunk of entries on the connection, each reporting on
 // written once proven received. Entries that do not parse leave the
-// inbox at once; those the connection did not take are released.
+// inbox at once; those the connection did not take are released, and so
+// are those it holds a live copy of.
 func (h *handover) queue(ctx context.Context, items []string) {
 	written := make(chan string, len(items))
 	h.written = written
 	h.queued = make(map[string]string, len(items))
-	var bad, unsent []string
+	var bad, unsent, live []string
 	for _, raw := range items {
 		req, ok := parseEntry(raw)
 		if !ok {
 			bad = append(bad, raw)
+			continue
+		}
+		if h.c.holdsGuide(req.ID) {
+			// Kept ahead of the live copy this connection holds, and
+			// sends once its hold ends (after this handover): an inbox
+			// copy first would close nothing, and the live close stage
+			// would then be dropped as a copy.
+			live = append(live, req.ID)
 			continue
 		}
 		// A close stage's guide too closes nothing here: the user is
@@ -445,8 +454,8 @@ func (h *handover) queue(ctx context.Context, items []string) {
 		}
 		h.queued[raw] = req.ID
 	}
-	if len(bad) > 0 || len(unsent) > 0 {
-		h.settle(ctx, bad, unsent)
+	if len(bad) > 0 || len(unsent) > 0 || len(live) > 0 {
+		h.settle(ctx, nil, bad, append(unsent, live...))
 	}
 }
 
@@ -462,7 +471,7 @@ func (h *handover) run(ctx context.Context, taken int) {
 				unsent = append(unsent, id)
 			}
 		}
-		if err := h.settle(ctx, done, unsent); err != nil {
+		if err := h.settle(ctx, done, nil, unsent); err != nil {
 			// Taking the inbox again would return the written ones.
 			return
 		}
@@ -527,27 +536,45 @@ func (h *handover) wait() []string {
 	return done
 }
 
-// settle removes entries from the inbox, with their leases, and releases
-// the leases of guides the connection did not write, in one round trip.
-func (h *handover) settle(ctx context.Context, remove []string, release []string) error {
+// settle removes the entries the connection proved it got from the
+// inbox, with their leases, and marks them settled, so that a copy still
+// on its way (held by another connection and given back) does not put
+// one back behind a later stage; removes entries that do not parse; and
+// releases the leases of guides the connection did not write.
+func (h *handover) settle(ctx context.Context, proven, bad []string, release []string) error {
 	ctx, cancel := context.WithTimeout(ctx, h.g.cfg.WriteTimeout)
 	defer cancel()
-	ks := h.g.store.Keyspace()
-	inbox, leases := ks.InboxKey(h.c.uid), ks.InboxLeaseKey(h.c.uid)
-	_, err := h.g.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, e := range remove {
-			p.LRem(ctx, inbox, 1, e)
+	var errs []error
+	if len(proven) > 0 {
+		drops := make([]session.InboxDrop, 0, len(proven))
+		for _, e := range proven {
 			if id, ok := h.queued[e]; ok {
-				p.HDel(ctx, leases, id)
+				drops = append(drops, session.InboxDrop{UID: h.c.uid, ID: id})
 			}
 		}
-		if len(release) > 0 {
-			p.HDel(ctx, leases, release...)
+		if _, err := h.g.store.DropFromInboxes(ctx, drops, h.g.settledFor()); err != nil {
+			errs = append(errs, err)
 		}
-		return nil
-	})
+	}
+	if len(bad) > 0 || len(release) > 0 {
+		ks := h.g.store.Keyspace()
+		inbox, leases := ks.InboxKey(h.c.uid), ks.InboxLeaseKey(h.c.uid)
+		_, err := h.g.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, e := range bad {
+				p.LRem(ctx, inbox, 1, e)
+			}
+			if len(release) > 0 {
+				p.HDel(ctx, leases, release...)
+			}
+			return nil
+		})
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	err := errors.Join(errs...)
 	if err != nil {
-		h.g.routeLog.Fail(fmt.Errorf("settle %d handed-over guides of %q's inbox: %w", len(remove)+len(release), h.c.uid, err))
+		h.g.routeLog.Fail(fmt.Errorf("settle %d handed-over guides of %q's inbox: %w", len(proven)+len(bad)+len(release), h.c.uid, err))
 	}
 	return err
 }

@@ -83,7 +83,7 @@ type Keep struct {
 	Entry  []byte        // the push request's JSON
 	MaxAge time.Duration // from From, or from when it is kept
 	From   int64         // Unix ms the max age counts from; 0: now
-	Cap    int           // entries the inbox keeps, the newest
+	Cap    int           // entries the inbox keeps, the newest; 0: no trim
 	TTL    time.Duration // the longest the inbox lives
 	Closed bool          // a close stage's guide whose close was applied
 	// With CheckRoute, the guide is not kept if a connection registered

@@ -111,6 +111,25 @@ func TestInboxKeepsOneEntryPerGuide(t *testing.T) {
 		t.Fatalf("inbox holds %v, want g2 and g3", got)
 	}
 
+	// A keep without a cap trims nothing; one with a cap trims the oldest.
+	for _, id := range []string{"n1", "n2", "n3"} {
+		if _, err := s.KeepGuide(ctx, "ann", Keep{Entry: entry(id), MaxAge: time.Hour, TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, _ := ids(); len(got) != 5 {
+		t.Fatalf("inbox holds %v after three keeps without a cap, want all 5", got)
+	}
+	if n := keep("n4", false, time.Hour); n != KeptQueued { // cap 10
+		t.Fatalf("keep n4 = %d", n)
+	}
+	if _, err := s.KeepGuide(ctx, "ann", Keep{Entry: entry("n5"), MaxAge: time.Hour, Cap: 2, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := ids(); !slices.Equal(got, []string{"n4", "n5"}) {
+		t.Fatalf("inbox holds %v after a keep with cap 2, want the newest two", got)
+	}
+
 	// The mark lasts as long as it was asked for, and no longer.
 	if _, err := s.DropFromInboxes(ctx, []InboxDrop{{"ann", "g2"}}, 50*time.Millisecond); err != nil {
 		t.Fatal(err)

@@ -30,7 +30,7 @@ local closed = nil
 if ARGV[7] == '1' then closed = now end
 local entry = encodeInboxEntry(ARGV[1], now, exp, closed)
 redis.call('LPUSH', KEYS[K.inbox], entry)
-redis.call('LTRIM', KEYS[K.inbox], 0, tonumber(ARGV[3]) - 1)
+if tonumber(ARGV[3]) > 0 then redis.call('LTRIM', KEYS[K.inbox], 0, tonumber(ARGV[3]) - 1) end
 local ttl = math.min(exp - now, tonumber(ARGV[4]))
 if redis.call('PTTL', KEYS[K.inbox]) < ttl then redis.call('PEXPIRE', KEYS[K.inbox], ttl) end
 return 1
