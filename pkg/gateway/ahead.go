@@ -56,7 +56,7 @@ func (g *Gateway) keepAhead(ctx context.Context, req push.Request, payload []byt
 func (g *Gateway) dropAhead(ctx context.Context, req push.Request) {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.WriteTimeout)
 	defer cancel()
-	if _, err := g.store.DropFromInboxes(dctx, []session.InboxDrop{{UID: req.UID, ID: req.ID}}, 0); err != nil {
+	if _, err := g.store.DropFromInboxes(dctx, []session.InboxDrop{{UID: req.UID, ID: req.ID}}, session.DropHow{}); err != nil {
 		g.log.Debug("take a guide kept ahead out of the inbox", "uid", req.UID, "guide_id", req.ID, "err", err)
 	}
 }
@@ -159,7 +159,7 @@ func (a *aheadDrops) run(ctx context.Context) {
 // again: its entry stays (see aheadQueue).
 func (a *aheadDrops) flush(ctx context.Context, batch []session.InboxDrop) error {
 	start := time.Now()
-	n, err := a.g.store.DropFromInboxes(ctx, batch, a.g.settledFor())
+	n, err := a.g.store.DropFromInboxes(ctx, batch, session.DropHow{Settled: a.g.settledFor()})
 	metricPushes.WithLabelValues("ahead_dropped").Add(float64(n))
 	if err != nil {
 		a.g.routeLog.Fail(fmt.Errorf("take %d of %d proven guides out of their inboxes in %v: %w", len(batch)-n, len(batch), time.Since(start).Round(time.Millisecond), err))

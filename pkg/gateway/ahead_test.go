@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"slices"
 	"testing"
 
 	"github.com/stillthere/stillthere/pkg/push"
@@ -59,4 +60,32 @@ func TestGuideOutlivesGatewayDeadBeforeProof(t *testing.T) {
 	readGuide(t, again, req.ID)
 	pingPong(t, again) // and only once
 	waitUntil(t, "the guide leaves the inbox once proven", func() bool { return other.rdb.LLen(ctx, ks.InboxKey("uma")).Val() == 0 })
+}
+
+// TestAckProvesItsFirstCopy: a connection may hold two copies of a guide
+// (a live one and one from the inbox, when more guides than it remembers
+// came between). A client reads in order, so an ack of the id proves its
+// first copy waiting, and what was queued before it: never a guide queued
+// after it, which the client may not have read. And an ack of an id whose
+// first copy was proven already (its pong came first) proves no more.
+func TestAckProvesItsFirstCopy(t *testing.T) {
+	var proven []string
+	c := &conn{}
+	c.mu.Lock()
+	for _, id := range []string{"g1", "g2", "g1", "g2"} {
+		c.awaitingFrom(&guideProof{id: id, proven: func() { proven = append(proven, id) }})
+	}
+	c.mu.Unlock()
+	c.ackProof("g1")
+	if !slices.Equal(proven, []string{"g1"}) {
+		t.Fatalf("an ack of g1 proved %v, want the first g1 only", proven)
+	}
+	c.ackProof("g1")
+	if !slices.Equal(proven, []string{"g1"}) {
+		t.Fatalf("a second ack of g1 proved %v, want nothing more: its first copy was proven", proven)
+	}
+	c.ackProof("g2")
+	if !slices.Equal(proven, []string{"g1", "g2"}) {
+		t.Fatalf("an ack of g2 proved %v, want g1 and the first g2", proven)
+	}
 }

@@ -274,13 +274,14 @@ func (g *Gateway) markSuperseded(ctx context.Context, uid string, reqs []push.Re
 	go func() {
 		defer g.conns.Done()
 		// Kept ahead of its delivery, it leaves the inbox too: the user
-		// was there.
+		// was there. Not a close stage's whose close was applied
+		// elsewhere: the client's word does not drop those.
 		drops := make([]session.InboxDrop, len(reqs))
 		for i, req := range reqs {
 			drops[i] = session.InboxDrop{UID: uid, ID: req.ID}
 		}
 		dctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
-		if _, err := g.store.DropFromInboxes(dctx, drops, g.settledFor()); err != nil {
+		if _, err := g.store.DropFromInboxes(dctx, drops, session.DropHow{Settled: g.settledFor(), KeepClosed: true}); err != nil {
 			g.log.Debug("take superseded guides out of the inbox", "uid", uid, "err", err)
 		}
 		cancel()
@@ -332,6 +333,15 @@ func parseEntries(raw []string) []push.Request {
 // Request does not know and skips: so an entry of any release reads as
 // its request. ok is false when it does not parse or has no id, which
 // the inbox's lease of it is by.
+// entryClosed reports whether inbox entry raw is a close stage's guide
+// whose close was applied (see session.Keep.Closed).
+func entryClosed(raw string) bool {
+	var e struct {
+		ClosedMS int64 `json:"closed_ms"`
+	}
+	return json.Unmarshal([]byte(raw), &e) == nil && e.ClosedMS > 0
+}
+
 func parseEntry(raw string) (req push.Request, ok bool) {
 	if json.Unmarshal([]byte(raw), &req) != nil || req.ID == "" {
 		return push.Request{}, false

@@ -116,6 +116,14 @@ func (c *conn) hasGuide(p *guideProof) bool {
 	return p.req != nil && c.x != nil && slices.Contains(c.x.guideIDs, p.id)
 }
 
+// sentGuide reports whether c was queued a copy of guide id, among the
+// last guides queued.
+func (c *conn) sentGuide(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.x != nil && slices.Contains(c.x.guideIDs, id)
+}
+
 // provenHere reports whether c's client proved it got guide id, among
 // the last guides queued. c.mu is held.
 func (c *conn) provenHere(id string) bool {
@@ -187,11 +195,14 @@ func (c *conn) ackProof(id string) (known bool) {
 	var seq uint64
 	// The first copy of the id: a client reads in order, so an ack
 	// proves nothing queued after it (an inbox copy may follow a live
-	// one, and the guides between were not read).
-	for _, p := range c.unproven() {
-		if p.id == id {
-			seq = p.seq
-			break
+	// one, and the guides between were not read). A copy proven already
+	// (its pong came first) is the one acked: the ack proves no more.
+	if !c.provenHere(id) {
+		for _, p := range c.unproven() {
+			if p.id == id {
+				seq = p.seq
+				break
+			}
 		}
 	}
 	known = seq > 0

@@ -411,6 +411,9 @@ func (g *Gateway) handOverInbox(ctx context.Context, c *conn, p presence) func()
 	}
 	h := &handover{g: g, c: c}
 	h.queue(ctx, items)
+	if len(h.queued) == 0 {
+		return nil
+	}
 	return func() { h.run(ctx, len(items)) }
 }
 
@@ -437,11 +440,13 @@ func (h *handover) queue(ctx context.Context, items []string) {
 			bad = append(bad, raw)
 			continue
 		}
-		if h.c.holdsGuide(req.ID) {
-			// Kept ahead of the live copy this connection holds, and
-			// sends once its hold ends (after this handover): an inbox
-			// copy first would close nothing, and the live close stage
-			// would then be dropped as a copy.
+		if h.c.sentGuide(req.ID) || (!entryClosed(raw) && h.c.holdsGuide(req.ID)) {
+			// Kept ahead of a live copy this connection was sent, whose
+			// proof takes it out, or holds and sends once its hold ends
+			// (after this handover): an inbox copy first would close
+			// nothing, and the live close stage would then be dropped as
+			// a copy. A close applied elsewhere (closed) is handed over:
+			// the client's word drops the held copy, not it.
 			live = append(live, req.ID)
 			continue
 		}
@@ -491,6 +496,11 @@ func (h *handover) run(ctx context.Context, taken int) {
 		}
 		taken = len(items)
 		h.queue(ctx, items)
+		if len(h.queued) == 0 {
+			// All sent live already, or unsent: the next take would
+			// find the same.
+			return
+		}
 	}
 }
 
@@ -552,7 +562,7 @@ func (h *handover) settle(ctx context.Context, proven, bad []string, release []s
 				drops = append(drops, session.InboxDrop{UID: h.c.uid, ID: id})
 			}
 		}
-		if _, err := h.g.store.DropFromInboxes(ctx, drops, h.g.settledFor()); err != nil {
+		if _, err := h.g.store.DropFromInboxes(ctx, drops, session.DropHow{Settled: h.g.settledFor()}); err != nil {
 			errs = append(errs, err)
 		}
 	}

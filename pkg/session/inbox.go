@@ -121,25 +121,39 @@ func (s *Store) KeepGuide(ctx context.Context, uid string, k Keep) (int, error) 
 
 // inboxDropScript removes a user's inbox entries of some guide ids, with
 // their leases, and may mark them settled (see DropFromInboxes). ARGV:
-// how long to mark them settled, ms (0: not), then the ids. Returns how
-// many entries it removed.
+// how long to mark them settled, ms (0: not), whether to leave entries
+// marked closed (1/0), then the ids. Returns how many entries it removed.
 var inboxDropScript = newScript[inboxDropKeys]("inbox_drop", nil, []codec{inboxFormat})
 
 // InboxDrop is a guide to take out of its user's inbox.
 type InboxDrop struct{ UID, ID string }
 
+// DropHow is how DropFromInboxes takes guides out.
+type DropHow struct {
+	// Settled marks each id settled this long (its user has it, or needs
+	// it no more): a keep of it meanwhile adds nothing (KeptSettled).
+	// 0: not marked.
+	Settled time.Duration
+	// KeepClosed leaves an entry of a close stage whose close was
+	// applied (Keep.Closed): a client's word of activity, which found
+	// the guide superseded, does not drop those.
+	KeepClosed bool
+}
+
 // DropFromInboxes removes each drop's inbox entries, and their leases, in
 // one pipeline: guides kept ahead of their live delivery once a
 // connection proved it got them, or found superseded, or that reached
-// nobody. With settled > 0 each id is marked settled for that long (its
-// user has it, or needs it no more): a keep of it meanwhile adds nothing
-// (KeptSettled). It returns how many calls succeeded, and the first
-// error.
-func (s *Store) DropFromInboxes(ctx context.Context, drops []InboxDrop, settled time.Duration) (int, error) {
+// nobody; how says how (see DropHow). It returns how many calls
+// succeeded, and the first error.
+func (s *Store) DropFromInboxes(ctx context.Context, drops []InboxDrop, how DropHow) (int, error) {
+	keepClosed := 0
+	if how.KeepClosed {
+		keepClosed = 1
+	}
 	cmds := s.runScripts(ctx, len(drops), func(i int) (*redis.Script, []string, []any) {
 		d := drops[i]
 		keys := inboxDropKeys{Inbox: s.ks.InboxKey(d.UID), Leases: s.ks.InboxLeaseKey(d.UID), Settled: s.ks.InboxSettledKey(d.UID)}
-		return inboxDropScript.call(keys, settled.Milliseconds(), d.ID)
+		return inboxDropScript.call(keys, how.Settled.Milliseconds(), keepClosed, d.ID)
 	}, DefaultSlotRetry)
 	n := 0
 	for _, c := range cmds {

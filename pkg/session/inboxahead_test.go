@@ -82,11 +82,11 @@ func TestInboxKeepsOneEntryPerGuide(t *testing.T) {
 	// Drops: of g1 and g3, and of an id the inbox does not hold, and of
 	// a user with no inbox.
 	// g1 settled (proven received), g3 not (it reached nobody).
-	n, err := s.DropFromInboxes(ctx, []InboxDrop{{"ann", "g1"}, {"ann", "gone"}, {"bob", "g1"}}, time.Minute)
+	n, err := s.DropFromInboxes(ctx, []InboxDrop{{"ann", "g1"}, {"ann", "gone"}, {"bob", "g1"}}, DropHow{Settled: time.Minute})
 	if err != nil || n != 3 {
 		t.Fatalf("drops = %d, %v; want 3 calls made", n, err)
 	}
-	if n, err := s.DropFromInboxes(ctx, []InboxDrop{{"ann", "g3"}}, 0); err != nil || n != 1 {
+	if n, err := s.DropFromInboxes(ctx, []InboxDrop{{"ann", "g3"}}, DropHow{}); err != nil || n != 1 {
 		t.Fatalf("drop g3 = %d, %v", n, err)
 	}
 	if got, _ := ids(); !slices.Equal(got, []string{"g2"}) {
@@ -130,8 +130,19 @@ func TestInboxKeepsOneEntryPerGuide(t *testing.T) {
 		t.Fatalf("inbox holds %v after a keep with cap 2, want the newest two", got)
 	}
 
+	// A drop that keeps closed entries leaves a close applied, and takes
+	// out the rest of its id's entries.
+	keep("c1", true, time.Hour)
+	keep("n4", false, time.Hour)
+	if _, err := s.DropFromInboxes(ctx, []InboxDrop{{"ann", "c1"}, {"ann", "n4"}}, DropHow{KeepClosed: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got, closed := ids(); !slices.Equal(got, []string{"c1", "n5"}) || !slices.Equal(closed, []string{"c1"}) {
+		t.Fatalf("inbox holds %v, closed %v; want c1 (closed) and n5", got, closed)
+	}
+
 	// The mark lasts as long as it was asked for, and no longer.
-	if _, err := s.DropFromInboxes(ctx, []InboxDrop{{"ann", "g2"}}, 50*time.Millisecond); err != nil {
+	if _, err := s.DropFromInboxes(ctx, []InboxDrop{{"ann", "g2"}}, DropHow{Settled: 50 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, "g2's mark runs out", func() bool {
