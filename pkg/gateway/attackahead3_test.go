@@ -168,9 +168,14 @@ func TestAttackAhead3SupersedeRefusesCloseAppliedLater(t *testing.T) {
 	if slices.Contains(before, c.ID) {
 		t.Fatalf("H was handed %v: its word did not supersede the close stage %s", before, c.ID)
 	}
-	waitUntil(t, "H's supersede settles c", func() bool {
-		return tg.rdb.HExists(ctx, tg.store.Keyspace().InboxSettledKey(uid), c.ID).Val()
+	// The supersede took c's entry kept ahead out (it settled the id
+	// too, before the fix: no more).
+	waitUntil(t, "H's supersede takes c's entry out", func() bool {
+		return !slices.Contains(tg.aaInboxIDs(t, uid), c.ID)
 	})
+	if tg.rdb.HExists(ctx, tg.store.Keyspace().InboxSettledKey(uid), c.ID).Val() {
+		t.Errorf("H's supersede settled %s: a close applied later cannot be kept", c.ID)
+	}
 
 	got := aa3Guides(wsH)
 	wsB.NetConn().Close() // B's client is gone before it proves c

@@ -241,6 +241,12 @@ func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, cl
 	}
 	close(h.done)
 	g.markSuperseded(ctx, c.uid, dropped)
+	if len(dropped) > 0 {
+		// The handover left their entries to the held copies; an entry
+		// of a close applied elsewhere stays, whatever the client said,
+		// and is this connection's now.
+		g.offerInbox(ctx, c.uid)
+	}
 	for _, req := range left {
 		// As for a guide routed here for a user who has just left.
 		kctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
@@ -275,13 +281,15 @@ func (g *Gateway) markSuperseded(ctx context.Context, uid string, reqs []push.Re
 		defer g.conns.Done()
 		// Kept ahead of its delivery, it leaves the inbox too: the user
 		// was there. Not a close stage's whose close was applied
-		// elsewhere: the client's word does not drop those.
+		// elsewhere: the client's word does not drop those. Not marked
+		// settled: such a close may yet be applied and kept (a copy
+		// kept otherwise is stale by the renewal the word came with).
 		drops := make([]session.InboxDrop, len(reqs))
 		for i, req := range reqs {
 			drops[i] = session.InboxDrop{UID: uid, ID: req.ID}
 		}
 		dctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
-		if _, err := g.store.DropFromInboxes(dctx, drops, session.DropHow{Settled: g.settledFor(), KeepClosed: true}); err != nil {
+		if _, err := g.store.DropFromInboxes(dctx, drops, session.DropHow{KeepClosed: true}); err != nil {
 			g.log.Debug("take superseded guides out of the inbox", "uid", uid, "err", err)
 		}
 		cancel()
@@ -333,15 +341,6 @@ func parseEntries(raw []string) []push.Request {
 // Request does not know and skips: so an entry of any release reads as
 // its request. ok is false when it does not parse or has no id, which
 // the inbox's lease of it is by.
-// entryClosed reports whether inbox entry raw is a close stage's guide
-// whose close was applied (see session.Keep.Closed).
-func entryClosed(raw string) bool {
-	var e struct {
-		ClosedMS int64 `json:"closed_ms"`
-	}
-	return json.Unmarshal([]byte(raw), &e) == nil && e.ClosedMS > 0
-}
-
 func parseEntry(raw string) (req push.Request, ok bool) {
 	if json.Unmarshal([]byte(raw), &req) != nil || req.ID == "" {
 		return push.Request{}, false

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/frame"
 	"github.com/stillthere/stillthere/pkg/push"
+	"github.com/stillthere/stillthere/pkg/session"
 )
 
 // A write that succeeds says only that the kernel took the frame. A
@@ -114,6 +115,13 @@ const recentGuides = 8
 // held.
 func (c *conn) hasGuide(p *guideProof) bool {
 	return p.req != nil && c.x != nil && slices.Contains(c.x.guideIDs, p.id)
+}
+
+// isClosed reports whether c is closed: nothing is written to it any more.
+func (c *conn) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.is(flagClosed)
 }
 
 // sentGuide reports whether c was queued a copy of guide id, among the
@@ -330,8 +338,12 @@ func (g *Gateway) handOn(ctx context.Context, c *conn) {
 		if req.DeadlineMS > 0 && way != handOnKeepClosed {
 			renewed, err := g.store.LastRenewed(pctx, req.UID)
 			if err == nil && renewed.UnixMilli() > req.DeadlineMS {
+				// Kept ahead, it is stale too; a close applied elsewhere
+				// is judged by renewals after it was kept, and stays.
+				if _, err := g.store.DropFromInboxes(pctx, []session.InboxDrop{{UID: req.UID, ID: req.ID}}, session.DropHow{KeepClosed: true}); err != nil {
+					g.log.Debug("take a stale guide out of the inbox", "uid", req.UID, "guide_id", req.ID, "err", err)
+				}
 				cancel()
-				g.ahead.add(req.UID, req.ID) // kept ahead: stale too
 				metricPushes.WithLabelValues("handed_on_stale").Inc()
 				g.timeline.Record(req.UID, skippedEntry(req, ruleCameBack, "its connection ended before proving it got it, and the user renewed after its deadline: not handed on"))
 				continue

@@ -440,13 +440,14 @@ func (h *handover) queue(ctx context.Context, items []string) {
 			bad = append(bad, raw)
 			continue
 		}
-		if h.c.sentGuide(req.ID) || (!entryClosed(raw) && h.c.holdsGuide(req.ID)) {
+		if h.c.sentGuide(req.ID) || h.c.holdsGuide(req.ID) {
 			// Kept ahead of a live copy this connection was sent, whose
 			// proof takes it out, or holds and sends once its hold ends
 			// (after this handover): an inbox copy first would close
 			// nothing, and the live close stage would then be dropped as
-			// a copy. A close applied elsewhere (closed) is handed over:
-			// the client's word drops the held copy, not it.
+			// a copy. (A held copy the client's word supersedes offers
+			// the inbox again, for a close applied elsewhere: see
+			// endBegun.)
 			live = append(live, req.ID)
 			continue
 		}
@@ -565,6 +566,11 @@ func (h *handover) settle(ctx context.Context, proven, bad []string, release []s
 		if _, err := h.g.store.DropFromInboxes(ctx, drops, session.DropHow{Settled: h.g.settledFor()}); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if len(release) > 0 && h.c.isClosed() {
+		// Released as the connection ended: a connection of the user
+		// here that found them leased (a reconnect) is offered them.
+		defer h.g.offerInbox(context.WithoutCancel(ctx), h.c.uid)
 	}
 	if len(bad) > 0 || len(release) > 0 {
 		ks := h.g.store.Keyspace()
