@@ -1,11 +1,14 @@
 package gateway
 
 import (
+	"context"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
+	"github.com/stillthere/stillthere/pkg/tcpproxy"
 )
 
 // Attacks on keeping guides ahead of their live delivery, fourth round:
@@ -82,5 +85,83 @@ func TestAttackAhead4ReleaseOnOtherInstanceLeavesReconnectWithout(t *testing.T) 
 	if !handed {
 		t.Errorf("A2, connected and silent on instance one, was never handed g (inbox %v, leases %d): B's handover on instance two leased the entry kept ahead and released it unproven, offering it only to instance two's connections; g waits for a connect that may not come",
 			one.aaInboxIDs(t, uid), one.aaLeases(uid))
+	}
+}
+
+// TestAttackAhead4KilledHandoverLeaseLeavesOtherDeviceWithout: a user
+// connected nowhere has guide g kept in their inbox. Device B connects on
+// instance one, and its connect leases g's entry and queues it; B's
+// client reads nothing yet. Device A connects on instance two meanwhile,
+// silent, and finds g leased: it is handed nothing. Then instance one is
+// killed (its Redis cut, as a SIGKILL leaves it), before B proved g: no
+// handover settles, and the lease only runs out. The entry is there (the
+// keep ahead's promise: a dead gateway loses nothing), but nothing offers
+// it to A when the lease runs out: A stays connected, its user silent,
+// and is never handed g, which waits for a connect that may not come.
+func TestAttackAhead4KilledHandoverLeaseLeavesOtherDeviceWithout(t *testing.T) {
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	cut, err := tcpproxy.Start(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cut.Close() })
+	dying := startGatewayOn(t, []string{cut.Addr()}, prefix, func(c *Config) {
+		// A short lease (two write timeouts and a margin): its chunk is
+		// one guide. B's proof is not cut off before the kill.
+		c.SendQueue = 2
+		c.WriteTimeout = 3 * time.Second
+	})
+	other := startGatewayOn(t, []string{srv.Addr}, prefix, func(c *Config) {
+		c.WriteTimeout = 30 * time.Second // A is cut off for nothing
+	})
+	ctx := context.Background()
+	uid := "aa4-killed"
+	ks := other.store.Keyspace()
+
+	g := push.Request{ID: "g", UID: uid, Text: "Still there?", DeadlineMS: redisNowMS(t, other.rdb), Stage: 1}
+	other.mustPush(t, g, push.Queued) // connected nowhere: kept
+
+	wsB := dying.dial(t, uid) // its client reads nothing: no proof
+	waitUntil(t, "B's connect leases g's entry", func() bool { return other.aaLeases(uid) == 1 })
+	until, err := strconv.ParseInt(other.rdb.HGet(ctx, ks.InboxLeaseKey(uid), g.ID).Val(), 10, 64)
+	if err != nil {
+		t.Fatalf("g's lease: %v", err)
+	}
+
+	setup := make(chan struct{}, 1)
+	other.testSetup = func() {
+		select {
+		case setup <- struct{}{}:
+		default:
+		}
+	}
+	wsA := other.dial(t, uid)
+	select {
+	case <-setup:
+	case <-time.After(10 * time.Second):
+		t.Fatal("A's connect never got past its inbox take")
+	}
+	got := aa3Guides(wsA) // A's client reads (and answers pings), and says nothing
+
+	// Instance one dies before B proved g: its Redis is gone, and so is
+	// B's connection.
+	cut.Cut()
+	dying.run.Tolerate()
+	wsB.NetConn().Close()
+
+	// The lease runs out by Redis's clock: real time must pass.
+	waitUntil(t, "g's lease runs out", func() bool { return redisNowMS(t, other.rdb) > until })
+	handed := waitFor(5*time.Second, func() bool {
+		select {
+		case id := <-got:
+			return id == g.ID
+		default:
+			return false
+		}
+	})
+	if !handed {
+		t.Errorf("A, connected and silent on instance two, was never handed g (inbox %v): the handover on the killed instance leased it, the lease ran out, and nothing offered it to A; g waits for a connect that may not come",
+			other.aaInboxIDs(t, uid))
 	}
 }
