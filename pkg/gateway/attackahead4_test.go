@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 	"github.com/stillthere/stillthere/pkg/tcpproxy"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
 // Attacks on keeping guides ahead of their live delivery, fourth round:
@@ -163,5 +165,75 @@ func TestAttackAhead4KilledHandoverLeaseLeavesOtherDeviceWithout(t *testing.T) {
 	if !handed {
 		t.Errorf("A, connected and silent on instance two, was never handed g (inbox %v): the handover on the killed instance leased it, the lease ran out, and nothing offered it to A; g waits for a connect that may not come",
 			other.aaInboxIDs(t, uid))
+	}
+}
+
+// TestAttackAhead4CloseAppliedOnOtherInstanceNeverTold is the third
+// round's supersede attack with the two devices on two instances. Device
+// H holds its guides until its first ping, on instance one; device B is
+// live on instance two. A silence's close stage c is pushed: kept ahead,
+// held by H, written to B, whose close is applied (4000); B's client has
+// not proven it yet. H's first ping says the user was active just now:
+// H's held copy is superseded, and c's entry kept ahead leaves the inbox
+// (not settled: the fix). Then B's client is gone before proving c: B's
+// hand-on keeps it in the inbox marked closed, and its keep offers the
+// inbox to instance two's connections, of which there are none. H,
+// connected and silent since its ping (which came before the keep), is
+// never handed the close applied on B; on one instance it is (the third
+// round's fix). The user on H is never told the chat was closed, while
+// their session is over on every device.
+func TestAttackAhead4CloseAppliedOnOtherInstanceNeverTold(t *testing.T) {
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	cfg := func(c *Config) {
+		c.firstPingWaitFor = time.Minute
+		// B lingers, its close applied, until the test ends it.
+		c.WriteTimeout = 30 * time.Second
+	}
+	one := startGatewayOn(t, []string{srv.Addr}, prefix, cfg)
+	two := startGatewayOn(t, []string{srv.Addr}, prefix, cfg)
+	uid := "aa4-xclose"
+	wsH := one.dialFirstPing(t, uid)
+	wsB := two.dial(t, uid)
+	c := stagePush(uid, redisNowMS(t, one.rdb), 2, timeoutevent.ActionClose)
+	if res := one.mustPush(t, c, push.Delivered); res.Connections != 2 {
+		t.Fatalf("delivered to %d connections, want 2", res.Connections)
+	}
+	readStage(t, wsB, c) // written: B's close is applied; no proof yet
+
+	pingSaying(t, wsH, 0) // the user was active just now, on H
+	var before []string
+	for {
+		m := readJSON(t, wsH)
+		if m["type"] == "pong" {
+			break
+		}
+		if m["type"] == "guide" {
+			before = append(before, m["id"].(string))
+		}
+	}
+	if slices.Contains(before, c.ID) {
+		t.Fatalf("H was handed %v: its word did not supersede the close stage %s", before, c.ID)
+	}
+	waitUntil(t, "H's supersede takes c's entry out", func() bool {
+		return !slices.Contains(one.aaInboxIDs(t, uid), c.ID)
+	})
+
+	got := aa3Guides(wsH) // H's client reads (and answers pings), and says nothing
+	wsB.NetConn().Close() // B's client is gone before it proves c
+	waitUntil(t, "B ends and c is kept closed", func() bool {
+		return two.hub.count(uid) == 0 && slices.Contains(one.aaInboxIDs(t, uid), c.ID+"(closed)")
+	})
+	handed := waitFor(5*time.Second, func() bool {
+		select {
+		case id := <-got:
+			return id == c.ID
+		default:
+			return false
+		}
+	})
+	if !handed {
+		t.Errorf("H, connected and silent on instance one, was never handed the close stage %s applied on B (inbox %v): B's hand-on kept it closed on instance two, whose keep offers the inbox only to its own connections; the user on H is never told the chat was closed",
+			c.ID, one.aaInboxIDs(t, uid))
 	}
 }
