@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"strconv"
 	"testing"
@@ -235,5 +236,69 @@ func TestAttackAhead4CloseAppliedOnOtherInstanceNeverTold(t *testing.T) {
 	if !handed {
 		t.Errorf("H, connected and silent on instance one, was never handed the close stage %s applied on B (inbox %v): B's hand-on kept it closed on instance two, whose keep offers the inbox only to its own connections; the user on H is never told the chat was closed",
 			c.ID, one.aaInboxIDs(t, uid))
+	}
+}
+
+// TestAttackAhead4HeldOrderPutsCloseBeforeReminder: device B is live, and
+// is pushed a silence's reminder r (stage 1): kept ahead, queued on B,
+// whose client reads without answering the proof pings. Device H
+// connects holding its guides until its first ping. The silence's close
+// stage c is pushed: kept ahead, held by H, written to B (its close is
+// applied). B's network goes before it proved either: its hand-on routes
+// r, which H holds after c, and keeps c closed. H's first ping says
+// nothing of its user. Its handover finds r's entry, the oldest in the
+// inbox, and c's, and skips both, H holding live copies (the second
+// round's skip); then the held copies go out in the order they came: c
+// first, which closes H and drops r behind it. H shows the close stage
+// without the reminder before it, which it is never shown. The inbox,
+// kept ahead, has them in their order (r, then c): the hold's order
+// wins over it. (This fails since the first round's fix too: the hold's
+// order is older than the keep ahead, which could have mended it.)
+func TestAttackAhead4HeldOrderPutsCloseBeforeReminder(t *testing.T) {
+	tg := startGateway(t, func(c *Config) {
+		c.firstPingWaitFor = time.Minute
+		// B lingers unproven until the test ends it.
+		c.WriteTimeout = 30 * time.Second
+	})
+	uid := "aa4-order"
+	wsB := tg.dial(t, uid)
+	pingPong(t, wsB) // the user's last renewal, before the deadline
+	// B's client reads its frames but answers no ping: nothing is proven.
+	wsB.SetPingHandler(func(string) error { return nil })
+	deadline := redisNowMS(t, tg.rdb)
+	r := stagePush(uid, deadline, 1, timeoutevent.ActionRemind)
+	if res := tg.mustPush(t, r, push.Delivered); res.Connections != 1 {
+		t.Fatalf("delivered to %d connections, want 1", res.Connections)
+	}
+	readStage(t, wsB, r)
+
+	wsH := tg.dialFirstPing(t, uid)
+	c := stagePush(uid, deadline, 2, timeoutevent.ActionClose)
+	if res := tg.mustPush(t, c, push.Delivered); res.Connections != 2 {
+		t.Fatalf("delivered to %d connections, want 2", res.Connections)
+	}
+	readStage(t, wsB, c) // written: B's close is applied; no proof
+
+	wsB.NetConn().Close() // B's network is gone before it proved either
+	waitUntil(t, "B ends", func() bool { return tg.hub.count(uid) == 1 })
+	tg.aa3HandedOn(t, uid, r.ID)
+	tg.aa3HandedOn(t, uid, c.ID)
+
+	pingSaying(t, wsH, -1) // H's first ping, saying nothing of its user
+	var shown []string
+	wsH.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		_, b, err := wsH.ReadMessage()
+		if err != nil {
+			break // closed (4000 after the close stage), or the deadline
+		}
+		var m map[string]any
+		if json.Unmarshal(b, &m) == nil && m["type"] == "guide" {
+			shown = append(shown, m["id"].(string))
+		}
+	}
+	if !slices.Equal(shown, []string{r.ID, c.ID}) {
+		t.Errorf("H was shown %v, want the reminder %s and then the close stage %s: its handover skipped both inbox entries for the copies it held, and those went out in the order they came, the close stage first (inbox %v)",
+			shown, r.ID, c.ID, tg.aaInboxIDs(t, uid))
 	}
 }
