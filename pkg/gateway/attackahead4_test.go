@@ -302,3 +302,50 @@ func TestAttackAhead4HeldOrderPutsCloseBeforeReminder(t *testing.T) {
 			shown, r.ID, c.ID, tg.aaInboxIDs(t, uid))
 	}
 }
+
+// TestAttackAhead4SkippedChunkLeavesLaterEntries: device H, the user's
+// only one, holds its guides until its first ping; its send queue holds
+// two frames, so an inbox chunk is one guide, and so is its hold. Guides
+// x1 and x2 are pushed: kept ahead, held by H (its hold is full then).
+// Guide y is pushed: H's full hold refuses it, and it is kept in the
+// inbox, behind x1 and x2, for H's hold to end with. H's first ping says
+// nothing of its user: its handover takes the first chunk, x1, skips it
+// (H holds it live), and stops, having queued nothing (the second
+// round's fix); the held copies go out. Nothing hands H y, the one guide
+// it holds no copy of: H stays connected, and y waits in the inbox for
+// a connect that may not come.
+func TestAttackAhead4SkippedChunkLeavesLaterEntries(t *testing.T) {
+	tg := startGateway(t, func(c *Config) {
+		c.firstPingWaitFor = time.Minute
+		c.SendQueue = 2
+		c.WriteTimeout = 30 * time.Second
+	})
+	uid := "aa4-chunk"
+	wsH := tg.dialFirstPing(t, uid)
+	now := redisNowMS(t, tg.rdb)
+	x1 := push.Request{ID: "x1", UID: uid, Text: "Still there?", DeadlineMS: now - 2000, Stage: 1}
+	x2 := push.Request{ID: "x2", UID: uid, Text: "Still there?", DeadlineMS: now - 1000, Stage: 1}
+	y := push.Request{ID: "y", UID: uid, Text: "Still there?", DeadlineMS: now, Stage: 1}
+	tg.mustPush(t, x1, push.Delivered)
+	tg.mustPush(t, x2, push.Delivered)
+	tg.mustPush(t, y, push.Queued) // H's hold is full
+	if ids := tg.aaInboxIDs(t, uid); !slices.Equal(ids, []string{"x1", "x2", "y"}) {
+		t.Fatalf("inbox %v, want [x1 x2 y]", ids)
+	}
+
+	pingSaying(t, wsH, -1) // H's first ping, saying nothing of its user
+	got := aa3Guides(wsH)  // H reads (and answers pings), and says nothing
+	var shown []string
+	waitFor(5*time.Second, func() bool {
+		select {
+		case id := <-got:
+			shown = append(shown, id)
+		default:
+		}
+		return len(shown) == 3
+	})
+	if !slices.Equal(shown, []string{"x1", "x2", "y"}) {
+		t.Errorf("H was shown %v, want [x1 x2 y] (inbox %v): its handover took a first chunk of a guide it held live, skipped it, and stopped; y, kept behind it while H's hold was full, is never handed to H while it stays connected",
+			shown, tg.aaInboxIDs(t, uid))
+	}
+}
