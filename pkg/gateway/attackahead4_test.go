@@ -39,6 +39,9 @@ func TestAttackAhead4ReleaseOnOtherInstanceLeavesReconnectWithout(t *testing.T) 
 		// No connection is cut off for want of proof meanwhile: each
 		// ends when the test ends it.
 		c.WriteTimeout = 30 * time.Second
+		// The route refresh offers the inbox to a connected user's
+		// connections here: a guide left in it waits no longer than this.
+		c.routeRefreshEvery = time.Second
 	}
 	one := startGatewayOn(t, []string{srv.Addr}, prefix, long)
 	two := startGatewayOn(t, []string{srv.Addr}, prefix, long)
@@ -117,6 +120,9 @@ func TestAttackAhead4KilledHandoverLeaseLeavesOtherDeviceWithout(t *testing.T) {
 	})
 	other := startGatewayOn(t, []string{srv.Addr}, prefix, func(c *Config) {
 		c.WriteTimeout = 30 * time.Second // A is cut off for nothing
+		// The route refresh offers the inbox to a connected user's
+		// connections here: a guide left in it waits no longer than this.
+		c.routeRefreshEvery = time.Second
 	})
 	ctx := context.Background()
 	uid := "aa4-killed"
@@ -190,6 +196,9 @@ func TestAttackAhead4CloseAppliedOnOtherInstanceNeverTold(t *testing.T) {
 		c.firstPingWaitFor = time.Minute
 		// B lingers, its close applied, until the test ends it.
 		c.WriteTimeout = 30 * time.Second
+		// The route refresh offers the inbox to a connected user's
+		// connections here: a guide left in it waits no longer than this.
+		c.routeRefreshEvery = time.Second
 	}
 	one := startGatewayOn(t, []string{srv.Addr}, prefix, cfg)
 	two := startGatewayOn(t, []string{srv.Addr}, prefix, cfg)
@@ -319,6 +328,9 @@ func TestAttackAhead4SkippedChunkLeavesLaterEntries(t *testing.T) {
 		c.firstPingWaitFor = time.Minute
 		c.SendQueue = 2
 		c.WriteTimeout = 30 * time.Second
+		// The route refresh offers the inbox to a connected user's
+		// connections here: a guide left in it waits no longer than this.
+		c.routeRefreshEvery = time.Second
 	})
 	uid := "aa4-chunk"
 	wsH := tg.dialFirstPing(t, uid)

@@ -436,6 +436,10 @@ func testRouting(t *testing.T, addrs []string) {
 	if m := readJSON(t, ws); m["type"] != "guide" || m["id"] != "r1" {
 		t.Fatalf("got %v, want the routed guide", m)
 	}
+	pingPong(t, ws) // reading on answers a's ping after r1: proof
+	waitUntil(t, "r1, proven, leaves the inbox it was kept in ahead", func() bool {
+		return b.rdb.LLen(context.Background(), b.store.Keyspace().InboxKey("roamer")).Val() == 0
+	})
 	if code, out := a.push(t, pushSecret, map[string]string{"id": "r1", "uid": "roamer", "text": "x"}); out["status"] != "duplicate" {
 		t.Fatalf("same id via a: %d %v, want duplicate across instances", code, out)
 	}

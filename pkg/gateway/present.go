@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"slices"
@@ -227,6 +228,12 @@ func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, cl
 			break
 		}
 		c.mu.Unlock()
+		// Oldest silence first, and its stages in order: a guide handed
+		// on to this hold after a later stage of its silence (a reminder
+		// from a device that dropped) must not follow that close stage.
+		slices.SortStableFunc(held, func(a, b push.Request) int {
+			return cmp.Or(cmp.Compare(a.DeadlineMS, b.DeadlineMS), cmp.Compare(a.Stage, b.Stage))
+		})
 		for _, req := range held {
 			switch c.takeGuide(req) {
 			case guideSuperseded:

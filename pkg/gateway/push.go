@@ -411,9 +411,6 @@ func (g *Gateway) handOverInbox(ctx context.Context, c *conn, p presence) func()
 	}
 	h := &handover{g: g, c: c}
 	h.queue(ctx, items)
-	if len(h.queued) == 0 {
-		return nil
-	}
 	return func() { h.run(ctx, len(items)) }
 }
 
@@ -423,17 +420,20 @@ type handover struct {
 	c       *conn
 	written chan string       // entries of the chunk the client proved it got
 	queued  map[string]string // entries of the chunk on the connection: entry -> guide id
+	// live are the ids of entries the connection has a live copy of:
+	// leased until the handover ends, so that each take goes past them.
+	live []string
 }
 
 // queue puts a chunk of entries on the connection, each reporting on
 // written once proven received. Entries that do not parse leave the
-// inbox at once; those the connection did not take are released, and so
-// are those it holds a live copy of.
+// inbox at once; those the connection did not take are released; those
+// it has a live copy of stay leased to it until the handover ends.
 func (h *handover) queue(ctx context.Context, items []string) {
 	written := make(chan string, len(items))
 	h.written = written
 	h.queued = make(map[string]string, len(items))
-	var bad, unsent, live []string
+	var bad, unsent []string
 	for _, raw := range items {
 		req, ok := parseEntry(raw)
 		if !ok {
@@ -448,7 +448,7 @@ func (h *handover) queue(ctx context.Context, items []string) {
 			// a copy. (A held copy the client's word supersedes offers
 			// the inbox again, for a close applied elsewhere: see
 			// endBegun.)
-			live = append(live, req.ID)
+			h.live = append(h.live, req.ID)
 			continue
 		}
 		// A close stage's guide too closes nothing here: the user is
@@ -460,14 +460,19 @@ func (h *handover) queue(ctx context.Context, items []string) {
 		}
 		h.queued[raw] = req.ID
 	}
-	if len(bad) > 0 || len(unsent) > 0 || len(live) > 0 {
-		h.settle(ctx, nil, bad, append(unsent, live...))
+	if len(bad) > 0 || len(unsent) > 0 {
+		h.settle(ctx, nil, bad, unsent)
 	}
 }
 
 // run waits for each chunk to be proven, removes it from the inbox, and
 // queues the next, until the inbox is empty or the connection ends.
 func (h *handover) run(ctx context.Context, taken int) {
+	defer func() {
+		if len(h.live) > 0 {
+			h.settle(ctx, nil, nil, h.live)
+		}
+	}()
 	chunk := h.g.inboxChunk()
 	for {
 		done := h.wait()
@@ -497,11 +502,6 @@ func (h *handover) run(ctx context.Context, taken int) {
 		}
 		taken = len(items)
 		h.queue(ctx, items)
-		if len(h.queued) == 0 {
-			// All sent live already, or unsent: the next take would
-			// find the same.
-			return
-		}
 	}
 }
 

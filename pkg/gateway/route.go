@@ -353,7 +353,15 @@ func (b *routeBook) flush(ctx context.Context) bool {
 		res := b.g.store.WriteRoutes(wctx, b.g.instance, counts, b.g.cfg.routeTTL(), b.g.recentlyDead())
 		cancel()
 		failed := false
+		var offers []string
 		for i, r := range res {
+			if r.Err == nil && r.Inbox && counts[i].Count > 0 && len(marks[i].waiters) == 0 {
+				// A refresh found guides in the inbox of a user connected
+				// here: one released or kept where no offer reached these
+				// connections (by another instance, a lease run out, a
+				// handover that stopped) waits no longer than this.
+				offers = append(offers, uids[i])
+			}
 			if r.Err != nil {
 				failed = true
 				b.g.routeLog.Fail(r.Err)
@@ -380,6 +388,14 @@ func (b *routeBook) flush(ctx context.Context) bool {
 			for _, w := range marks[i].waiters {
 				w <- r
 			}
+		}
+		if len(offers) > 0 && b.g.track(1) {
+			go func() {
+				defer b.g.conns.Done()
+				for _, uid := range offers {
+					b.g.offerInbox(context.WithoutCancel(ctx), uid)
+				}
+			}()
 		}
 		if failed {
 			return false
