@@ -205,6 +205,9 @@ func TestAttackAhead4CloseAppliedOnOtherInstanceNeverTold(t *testing.T) {
 	uid := "aa4-xclose"
 	wsH := one.dialFirstPing(t, uid)
 	wsB := two.dial(t, uid)
+	waitUntil(t, "both instances in the user's route", func() bool {
+		return one.rdb.HLen(context.Background(), one.store.Keyspace().RouteKey(uid)).Val() == 2
+	})
 	c := stagePush(uid, redisNowMS(t, one.rdb), 2, timeoutevent.ActionClose)
 	if res := one.mustPush(t, c, push.Delivered); res.Connections != 2 {
 		t.Fatalf("delivered to %d connections, want 2", res.Connections)
