@@ -133,6 +133,42 @@ func (c *crowd) start(ctx, devCtx context.Context, calm <-chan struct{}) {
 		}
 		c.wg.Go(func() { c.drive(ctx, u, calm) })
 	}
+	c.wg.Go(func() { c.refreshTokens(devCtx, tokenRefresh) })
+}
+
+// tokenRefresh is how often the devices get fresh tokens, well within a
+// token's life: a run longer than that would otherwise see every device
+// cut off as its token ran out, and refused on each redial, as a client
+// whose backend never renewed its token is.
+const tokenRefresh = 20 * time.Minute
+
+// refreshTokens gives every device a fresh token each period, for its
+// later dials and, in an auth frame, its connection that lasts, until ctx
+// ends.
+func (c *crowd) refreshTokens(ctx context.Context, period time.Duration) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, u := range c.users {
+			tok, err := chatsim.Token([]byte(c.r.tokenSecret), u.uid, "")
+			if err != nil {
+				c.rec.wrong(fmt.Sprintf("%s: mint a fresh token: %v", u.uid, err))
+				continue
+			}
+			for _, d := range u.devices {
+				d.chat.SetToken(tok)
+				if conn := d.conn.Load(); conn != nil {
+					// A connection that ends meanwhile redials with it.
+					conn.Auth(tok)
+				}
+			}
+		}
+	}
 }
 
 func (c *crowd) wait() { c.wg.Wait() }

@@ -63,6 +63,7 @@ func Token(secret []byte, uid, segment string) (string, error) {
 type User struct {
 	UID string
 	// Token is sent as a bearer token with every dial; empty sends none.
+	// Set it before the first dial; SetToken replaces it later.
 	Token string
 	// Header is sent with every dial too (an Origin, say); nil for none.
 	Header http.Header
@@ -128,6 +129,22 @@ func (u *User) Record() Record {
 	r := u.rec
 	r.Missed = slices.Clone(r.Missed)
 	return r
+}
+
+// SetToken replaces the token the user's later dials send, as a client
+// does with the fresh token its backend issues before the last one runs
+// out; Conn.Auth hands it to a connection that lasts.
+func (u *User) SetToken(tok string) {
+	u.mu.Lock()
+	u.Token = tok
+	u.mu.Unlock()
+}
+
+// CurrentToken is the token the user's next dial sends.
+func (u *User) CurrentToken() string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.Token
 }
 
 // Deadlines returns the bounds of the user's deadline.
@@ -196,8 +213,8 @@ func (u *User) connect(ctx context.Context, url string) (*Conn, error) {
 	for k, v := range u.Header {
 		h[k] = v
 	}
-	if u.Token != "" {
-		h.Set("Authorization", "Bearer "+u.Token)
+	if tok := u.CurrentToken(); tok != "" {
+		h.Set("Authorization", "Bearer "+tok)
 	}
 	ws, resp, err := d.DialContext(ctx, url, h)
 	if err != nil {
@@ -376,6 +393,17 @@ func (c *Conn) ping(timed bool) (<-chan Answer, error) {
 // renewed.
 func (c *Conn) Ack(id string) error {
 	b, err := json.Marshal(frame.Client{Type: frame.TypeAck, ID: id})
+	if err != nil {
+		return err
+	}
+	return c.WriteRaw(websocket.TextMessage, b)
+}
+
+// Auth hands the connection a fresh token (an auth frame), before the
+// one it was opened with runs out. Its answer (auth_ok, or an error
+// frame) comes as any other frame, from Next.
+func (c *Conn) Auth(tok string) error {
+	b, err := json.Marshal(frame.Client{Type: frame.TypeAuth, Token: tok})
 	if err != nil {
 		return err
 	}

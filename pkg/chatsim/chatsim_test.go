@@ -319,3 +319,53 @@ func TestTimedPingPastToldDeadlineIsOwnLapse(t *testing.T) {
 		t.Fatalf("a timed ping while the latest waits for its answer: late %d, missed %v; want it not counted", r.LateSelf, r.Missed)
 	}
 }
+
+// TestFreshTokenForConnAndRedials: Auth hands a lasting connection a
+// fresh token in an auth frame, and SetToken gives it to the dials after,
+// as a client does before its token runs out.
+func TestFreshTokenForConnAndRedials(t *testing.T) {
+	var mu sync.Mutex
+	var dialed, authed []string
+	up := websocket.Upgrader{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		dialed = append(dialed, r.Header.Get("Authorization"))
+		mu.Unlock()
+		ws, err := up.Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer ws.Close()
+		for {
+			_, b, err := ws.ReadMessage()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			authed = append(authed, string(b))
+			mu.Unlock()
+			ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"auth_ok"}`))
+		}
+	}))
+	t.Cleanup(srv.Close)
+	url := "ws" + strings.TrimPrefix(srv.URL, "http")
+
+	u := &User{UID: "u", Token: "first", TTL: time.Second}
+	c := connect(t, u, url)
+	u.SetToken("second")
+	if err := c.Auth("second"); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := c.Next(5 * time.Second); err != nil || f.Type != "auth_ok" {
+		t.Fatalf("answer to the auth frame: %+v, %v", f, err)
+	}
+	connect(t, u, url)
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"Bearer first", "Bearer second"}; fmt.Sprint(dialed) != fmt.Sprint(want) {
+		t.Errorf("dials sent %q, want %q", dialed, want)
+	}
+	if want := []string{`{"type":"auth","token":"second"}`}; fmt.Sprint(authed) != fmt.Sprint(want) {
+		t.Errorf("the connection was sent %q, want %q", authed, want)
+	}
+}
