@@ -648,7 +648,7 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		e.Device = device
 		g.timeline.Record(c.uid, e)
 	}
-	var rest func()
+	var rest *handover
 	// The write said whether the inbox holds anything: most connects find
 	// it empty, and skip a script and a round trip each. (A burst of
 	// connects, each waiting on its take, once held 2,500 goroutines and
@@ -688,7 +688,7 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 			// Nothing proves a guide on it now: the rest of the handover
 			// releases their leases at once, for the reconnect elsewhere,
 			// instead of when they lapse.
-			rest()
+			rest.run(rctx)
 		}
 		g.open.Add(-1)
 		g.release(rctx, c, websocket.CloseGoingAway, true)
@@ -702,7 +702,7 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	if rest != nil {
 		go func() {
 			defer g.conns.Done()
-			rest()
+			rest.run(rctx)
 		}()
 	}
 }

@@ -210,7 +210,7 @@ func (g *Gateway) endHold(ctx context.Context, c *conn, p presence) {
 
 // endBegun is endHold's work, once its end is begun.
 func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, closed bool) {
-	var rest func()
+	var rest *handover
 	if !closed {
 		rest = g.handOverInbox(ctx, c, p)
 	}
@@ -238,6 +238,10 @@ func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, cl
 			switch c.takeGuide(req) {
 			case guideSuperseded:
 				dropped = append(dropped, req)
+				if rest != nil {
+					// Its entry may be a close applied elsewhere.
+					rest.handClosed(req.ID)
+				}
 			case guideRefused:
 				left = append(left, req)
 			}
@@ -251,7 +255,8 @@ func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, cl
 	if len(dropped) > 0 {
 		// The handover left their entries to the held copies; an entry
 		// of a close applied elsewhere stays, whatever the client said,
-		// and is this connection's now.
+		// and is this connection's now. One the handover took is queued
+		// already (handClosed); one kept since is taken here.
 		g.offerInbox(ctx, c.uid)
 	}
 	for _, req := range left {
@@ -262,12 +267,7 @@ func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, cl
 		}
 		cancel()
 	}
-	if rest != nil && g.track(1) {
-		go func() {
-			defer g.conns.Done()
-			rest()
-		}()
-	}
+	rest.goRun(ctx)
 }
 
 // markSuperseded marks the listener's dedup window of each guide's stage

@@ -401,11 +401,6 @@ func (g *Gateway) offerInbox(ctx context.Context, uid string) {
 		if h != nil {
 			<-h.done
 		}
-		if rest := g.handOverInbox(ctx, c, noPresence); rest != nil && g.track(1) {
-			go func() {
-				defer g.conns.Done()
-				rest()
-			}()
-		}
+		g.handOverInbox(ctx, c, noPresence).goRun(ctx)
 	}
 }

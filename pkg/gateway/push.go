@@ -396,7 +396,7 @@ func (g *Gateway) takeInbox(ctx context.Context, uid string, p presence, known i
 // guide leaves the inbox once the client proved it got it (see proof.go),
 // and the next ones are queued then, so a connection that drops first,
 // or never reads, leaves them for the next connect.
-func (g *Gateway) handOverInbox(ctx context.Context, c *conn, p presence) func() {
+func (g *Gateway) handOverInbox(ctx context.Context, c *conn, p presence) *handover {
 	items, superseded, presentUntil, err := g.takeInbox(ctx, c.uid, p, c.presentUntil())
 	if err != nil {
 		g.routeLog.Fail(err)
@@ -409,9 +409,19 @@ func (g *Gateway) handOverInbox(ctx context.Context, c *conn, p presence) func()
 	if len(items) == 0 {
 		return nil
 	}
-	h := &handover{g: g, c: c}
+	h := &handover{g: g, c: c, taken: len(items)}
 	h.queue(ctx, items)
-	return func() { h.run(ctx, len(items)) }
+	return h
+}
+
+// goRun runs the rest of h on a goroutine of its own; h may be nil.
+func (h *handover) goRun(ctx context.Context) {
+	if h != nil && h.g.track(1) {
+		go func() {
+			defer h.g.conns.Done()
+			h.run(ctx)
+		}()
+	}
 }
 
 // handover is one connection's inbox handover.
@@ -421,8 +431,12 @@ type handover struct {
 	written chan string       // entries of the chunk the client proved it got
 	queued  map[string]string // entries of the chunk on the connection: entry -> guide id
 	// live are the ids of entries the connection has a live copy of:
-	// leased until the handover ends, so that each take goes past them.
-	live []string
+	// leased until the handover ends, so that each take goes past them;
+	// liveClosed those of them whose close was applied elsewhere, id ->
+	// entry (see handClosed).
+	live       []string
+	liveClosed map[string]string
+	taken      int // entries the last take leased
 }
 
 // queue puts a chunk of entries on the connection, each reporting on
@@ -449,6 +463,12 @@ func (h *handover) queue(ctx context.Context, items []string) {
 			// the inbox again, for a close applied elsewhere: see
 			// endBegun.)
 			h.live = append(h.live, req.ID)
+			if entryClosed(raw) {
+				if h.liveClosed == nil {
+					h.liveClosed = make(map[string]string)
+				}
+				h.liveClosed[req.ID] = raw
+			}
 			continue
 		}
 		// A close stage's guide too closes nothing here: the user is
@@ -465,9 +485,44 @@ func (h *handover) queue(ctx context.Context, items []string) {
 	}
 }
 
+// handClosed queues on the connection the entry of a close applied
+// elsewhere that the handover left to the connection's held copy of id,
+// which the client's word has just superseded: the chat was closed, and
+// the user is told, whatever their client says of them since. Leased to
+// the connection since its hold ended, the entry is not judged again by
+// a take that would find it stale by the first ping's renewal. Called
+// before run, from the hold's end, before its frames are answered.
+func (h *handover) handClosed(id string) {
+	raw, ok := h.liveClosed[id]
+	if !ok {
+		return
+	}
+	delete(h.liveClosed, id)
+	h.live = slices.DeleteFunc(h.live, func(l string) bool { return l == id })
+	req, _ := parseEntry(raw)
+	b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)
+	written := h.written
+	if !h.c.enqueueProven(b, &guideProof{id: req.ID, proven: func() { written <- raw }}, nil) {
+		// Released when the handover ends, for the user's next connect.
+		h.live = append(h.live, id)
+		return
+	}
+	h.queued[raw] = req.ID
+}
+
+// entryClosed reports whether an inbox entry is a close stage's guide
+// whose close was applied.
+func entryClosed(raw string) bool {
+	var e struct {
+		ClosedMS int64 `json:"closed_ms"`
+	}
+	return json.Unmarshal([]byte(raw), &e) == nil && e.ClosedMS > 0
+}
+
 // run waits for each chunk to be proven, removes it from the inbox, and
 // queues the next, until the inbox is empty or the connection ends.
-func (h *handover) run(ctx context.Context, taken int) {
+func (h *handover) run(ctx context.Context) {
+	taken := h.taken
 	defer func() {
 		if len(h.live) > 0 {
 			h.settle(ctx, nil, nil, h.live)
@@ -501,6 +556,7 @@ func (h *handover) run(ctx context.Context, taken int) {
 			return
 		}
 		taken = len(items)
+		h.liveClosed = nil
 		h.queue(ctx, items)
 	}
 }
