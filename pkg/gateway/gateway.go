@@ -608,11 +608,12 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return // the upgrader has answered with an HTTP error
 	}
 	c := &conn{
-		g:       g,
-		ws:      rc.WS(),
-		rd:      rc,
-		uid:     claims.UID,
-		segment: claims.Segment,
+		g:         g,
+		ws:        rc.WS(),
+		rd:        rc,
+		uid:       claims.UID,
+		segment:   claims.Segment,
+		openedSec: uint32(time.Now().Unix()),
 	}
 	// One-time Redis work (route registration, the first of the inbox)
 	// runs here, on the handler's goroutine. The connection then gets a

@@ -367,12 +367,15 @@ func (g *Gateway) inboxLease() time.Duration {
 	return time.Duration(g.inboxChunk()+1)*g.cfg.WriteTimeout + 5*time.Second
 }
 
-// takeInbox leases up to inboxChunk of uid's inbox entries, oldest first,
-// leaving them in the inbox. It judges them against the client's word p
-// and a present-until time already known (0: none), and returns the
-// entries it dropped as superseded, and the present-until time now known.
-func (g *Gateway) takeInbox(ctx context.Context, uid string, p presence, known int64) (items, superseded []string, presentUntil int64, err error) {
-	t, err := g.store.TakeInbox(ctx, uid, g.inboxChunk(), g.inboxLease(), p.agoMS, p.ttlMS, known)
+// takeInbox leases up to inboxChunk of c's user's inbox entries, oldest
+// first, leaving them in the inbox. It judges them against the client's
+// word p, the present-until time c knows, and when c opened, and returns
+// the entries it dropped as superseded, and the present-until time now
+// known.
+func (g *Gateway) takeInbox(ctx context.Context, c *conn, p presence) (items, superseded []string, presentUntil int64, err error) {
+	uid := c.uid
+	w := session.TakeWord{AgoMS: p.agoMS, TTLMS: p.ttlMS, KnownMS: c.presentUntil(), OpenedMS: c.openedMS()}
+	t, err := g.store.TakeInbox(ctx, uid, g.inboxChunk(), g.inboxLease(), w)
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("take %q's inbox: %w", uid, err)
 	}
@@ -397,7 +400,7 @@ func (g *Gateway) takeInbox(ctx context.Context, uid string, p presence, known i
 // and the next ones are queued then, so a connection that drops first,
 // or never reads, leaves them for the next connect.
 func (g *Gateway) handOverInbox(ctx context.Context, c *conn, p presence) *handover {
-	items, superseded, presentUntil, err := g.takeInbox(ctx, c.uid, p, c.presentUntil())
+	items, superseded, presentUntil, err := g.takeInbox(ctx, c, p)
 	if err != nil {
 		g.routeLog.Fail(err)
 		return nil
@@ -546,7 +549,7 @@ func (h *handover) run(ctx context.Context) {
 		if len(unsent) > 0 || taken < chunk {
 			return
 		}
-		items, superseded, _, err := h.g.takeInbox(ctx, h.c.uid, noPresence, h.c.presentUntil())
+		items, superseded, _, err := h.g.takeInbox(ctx, h.c, noPresence)
 		h.g.markSuperseded(ctx, h.c.uid, parseEntries(superseded))
 		if err != nil {
 			h.g.routeLog.Fail(err)

@@ -175,10 +175,13 @@ func (s *Store) DropFromInboxes(ctx context.Context, drops []InboxDrop, how Drop
 // gateways, which carry neither, are handed over. An entry marked
 // closed_ms (a close stage's guide whose close was applied) is stale
 // only by a renewal after that time, and never superseded: the chat was
-// closed, whatever the client says of its user since. ARGV: limit, lease
-// ms, then the client's word: how long before now the user was last
-// active (ms; -1: not said), the TTL a renewal then would have granted
-// (ms), and a present-until time already known (Unix ms; 0: none).
+// closed, whatever the client says of its user since; and for a
+// connection open since before that time, not stale at all: that device
+// was there and was never told. ARGV: limit, lease ms, then the client's
+// word: how long before now the user was last active (ms; -1: not said),
+// the TTL a renewal then would have granted (ms), a present-until time
+// already known (Unix ms; 0: none), and when the taking connection
+// opened (Unix ms; 0: not said).
 // Returns {stale count s, expired count e, present until (0: none),
 // superseded count n, s stale entries, e expired entries, n superseded
 // entries, entry...}: the entries dropped, for the user's timeline.
@@ -194,13 +197,24 @@ type Taken struct {
 	PresentUntil int64
 }
 
+// TakeWord is what a take of an inbox is judged by (see inboxTakeScript).
+type TakeWord struct {
+	// AgoMS is how long before now the client says the user was last
+	// active (-1: not said); TTLMS the TTL a renewal then would have
+	// granted.
+	AgoMS, TTLMS int64
+	// KnownMS is a present-until time already known (Unix ms; 0: none).
+	KnownMS int64
+	// OpenedMS is when the taking connection opened (Unix ms; 0: not
+	// said): a close applied after it is handed over whatever renewed.
+	OpenedMS int64
+}
+
 // TakeInbox leases up to limit of uid's inbox entries for lease (see
-// inboxTakeScript), judging them against the client's word: agoMS since
-// the user was last active (-1: not said), ttlMS the TTL a renewal then
-// would have granted, and known, a present-until time already known.
-func (s *Store) TakeInbox(ctx context.Context, uid string, limit int, lease time.Duration, agoMS, ttlMS, known int64) (Taken, error) {
+// inboxTakeScript), judging them by w.
+func (s *Store) TakeInbox(ctx context.Context, uid string, limit int, lease time.Duration, w TakeWord) (Taken, error) {
 	keys := inboxTakeKeys{Inbox: s.ks.InboxKey(uid), Renewed: s.ks.RenewedKey(uid), Leases: s.ks.InboxLeaseKey(uid)}
-	vals, err := inboxTakeScript.Run(ctx, s.rdb, keys, limit, lease.Milliseconds(), agoMS, ttlMS, known).Slice()
+	vals, err := inboxTakeScript.Run(ctx, s.rdb, keys, limit, lease.Milliseconds(), w.AgoMS, w.TTLMS, w.KnownMS, w.OpenedMS).Slice()
 	if err != nil {
 		return Taken{}, err
 	}

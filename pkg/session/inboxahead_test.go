@@ -2,6 +2,7 @@ package session
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -51,7 +52,7 @@ func TestInboxKeepsOneEntryPerGuide(t *testing.T) {
 	}
 
 	// A connection leases g1; a keep of it again leaves the lease.
-	if _, err := s.TakeInbox(ctx, "ann", 1, time.Minute, -1, 0, 0); err != nil {
+	if _, err := s.TakeInbox(ctx, "ann", 1, time.Minute, TakeWord{AgoMS: -1}); err != nil {
 		t.Fatal(err)
 	}
 	keep("g1", false, time.Hour)
@@ -162,4 +163,44 @@ func (s *Store) expiredIn(t *testing.T, uid, id string, now time.Time) bool {
 		}
 	}
 	return true
+}
+
+// TestInboxCloseToldToDeviceOpenBeforeIt: a close applied on one device
+// and kept closed is stale by a renewal after it, except for a take by a
+// connection open since before the close: that device was there and was
+// never told, and its own pings are such renewals.
+func TestInboxCloseToldToDeviceOpenBeforeIt(t *testing.T) {
+	s, ctx := newStore(t)
+	ks := s.Keyspace()
+	for _, tc := range []struct {
+		name     string
+		openedMS func(closedMS int64) int64
+		handed   bool
+	}{
+		{"opened before the close", func(c int64) int64 { return c - 5000 }, true},
+		{"opened as it was applied", func(c int64) int64 { return c }, true},
+		{"opened after it", func(c int64) int64 { return c + 1 }, false},
+		{"not said", func(int64) int64 { return 0 }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			uid := "u-" + strings.ReplaceAll(tc.name, " ", "-")
+			entry := []byte(`{"id":"c","uid":"` + uid + `","text":"We closed this chat.","deadline_ms":1000,"stage":2,"final":true}`)
+			if _, err := s.KeepGuide(ctx, uid, Keep{Entry: entry, MaxAge: time.Hour, Cap: 10, TTL: time.Hour, Closed: true}); err != nil {
+				t.Fatal(err)
+			}
+			e, ok := decodeInboxEntry(s.rdb.LIndex(ctx, ks.InboxKey(uid), 0).Val())
+			if !ok || e.ClosedMS == 0 {
+				t.Fatalf("kept entry %+v, want it closed", e)
+			}
+			// The user renewed after the close (on any device).
+			s.rdb.Set(ctx, ks.RenewedKey(uid), e.ClosedMS+1000, time.Hour)
+			got, err := s.TakeInbox(ctx, uid, 4, time.Minute, TakeWord{AgoMS: -1, OpenedMS: tc.openedMS(e.ClosedMS)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if handed := len(got.Items) == 1; handed != tc.handed || len(got.Stale) == 1 == tc.handed {
+				t.Errorf("taken %d, stale %d; want handed %v", len(got.Items), len(got.Stale), tc.handed)
+			}
+		})
+	}
 }

@@ -3,6 +3,7 @@ local renewed = tonumber(redis.call('GET', KEYS[K.renewed]) or '0') or 0
 local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
 local ago, ttl = tonumber(ARGV[3]) or -1, tonumber(ARGV[4]) or 0
 local present = tonumber(ARGV[5]) or 0
+local since = tonumber(ARGV[6]) or 0
 if ago >= 0 then present = math.max(present, now - ago + ttl) end
 local items = redis.call('LRANGE', KEYS[K.inbox], 0, -1)
 local out, dropped = {present}, {{}, {}, {}} -- dropped: stale, expired, superseded
@@ -13,8 +14,12 @@ for i = #items, 1, -1 do
   local drop = 0
   if not asked or asked <= 0 then asked = kept end
   if closed then asked = closed end
+  -- A close applied elsewhere is stale by a renewal after it, but not
+  -- for a connection open since before it: that device was there, and
+  -- was never told (its own pings renew too).
+  local told = closed and since > 0 and since <= closed
   if exp and exp <= now then drop = 2
-  elseif asked and renewed > asked then drop = 1
+  elseif asked and renewed > asked and not told then drop = 1
   elseif asked and not closed and present > asked then drop = 3 end
   if drop > 0 then
     redis.call('LREM', KEYS[K.inbox], 1, items[i])
