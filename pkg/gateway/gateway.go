@@ -220,6 +220,15 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 			g.reach.flushed(took, err)
 		},
 		OnDropped: g.reach.dropped,
+		// A renewal that finds Redis knowing nothing of its user: a
+		// node that restarted without its data lost the user's route
+		// with their session, and pushes elsewhere would find them
+		// connected nowhere until the next refresh. The route is
+		// written again. (A user's first session costs one write more.)
+		OnUnknown: func(uid string) {
+			metricRouteRewrites.Inc()
+			g.routes.mark(uid, closeNone, nil)
+		},
 	})
 	g.reach.waiting = g.renewer.Waiting
 	g.routes = newRouteBook(g)

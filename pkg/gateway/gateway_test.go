@@ -726,3 +726,35 @@ func TestRunWaitsForConnectionBeingSetUp(t *testing.T) {
 		ws.Close()
 	}
 }
+
+// TestRouteLostWithDataWrittenAgainAtPing: a Redis node that restarts
+// without its data loses the user's route with their session, and
+// neither instance's heartbeat or channel need be on that node: nothing
+// else tells the instance holding the user. A push through another
+// instance would find them connected nowhere and keep the guide for a
+// connect that does not come (until the minute's refresh). The user's
+// next ping, which finds Redis knowing nothing of them, writes the route
+// again.
+func TestRouteLostWithDataWrittenAgainAtPing(t *testing.T) {
+	addrs, prefix := []string{redistest.Start(t).Addr}, redistest.Prefix(t)
+	a := startGatewayOn(t, addrs, prefix, nil)
+	b := startGatewayOn(t, addrs, prefix, nil)
+	uid := "lost-route"
+	ws := a.dial(t, uid)
+	pingPong(t, ws)
+	ks := a.store.Keyspace()
+	// The user's keys go, as on a node restarted empty.
+	ctx := context.Background()
+	if err := a.rdb.Del(ctx, ks.RouteKey(uid), ks.RenewedKey(uid), ks.SessionKey(uid)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	pingPong(t, ws)
+	waitUntil(t, "the user's route written again", func() bool { return a.rdb.Exists(ctx, ks.RouteKey(uid)).Val() == 1 })
+	code, out := b.push(t, pushSecret, map[string]string{"id": "lr1", "uid": uid, "text": "Are you still there?"})
+	if code != 200 || out["status"] != "delivered" || out["connections"] != 1.0 {
+		t.Fatalf("push via the other instance: %d %v, want delivered to the user's one connection", code, out)
+	}
+	if m := readJSON(t, ws); m["type"] != "guide" || m["id"] != "lr1" {
+		t.Fatalf("got %v, want the routed guide", m)
+	}
+}

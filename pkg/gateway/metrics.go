@@ -79,6 +79,10 @@ var (
 		Name: "stillthere_gateway_routes_pruned_total",
 		Help: "Route entries of instances dead by their heartbeat, dropped when a guide published to them reached nobody.",
 	})
+	metricRouteRewrites = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_gateway_route_rewrites_total",
+		Help: "Users whose route was written again because a renewal found Redis knowing nothing of them: their first session, or data a Redis node lost.",
+	})
 	metricCloses = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_closes_total",
 		Help: "Connections ended, by close code the gateway sent or received (1000, 1001, 1003, 1007, 1008, 1009, 1013, 4000, 4001, or abnormal).",

@@ -34,6 +34,12 @@ type RenewerConfig struct {
 	// want of room in the queue, with when it was queued: it never reached
 	// a round trip, so OnFlush does not see it.
 	OnDropped func(queued time.Time)
+	// OnUnknown, when set, is told the uid of each renewal (not a
+	// resync) that found Redis knowing nothing of its user: their first
+	// session, or data Redis lost (a node restarted without it), with
+	// the user's route. It is called on Run's goroutine, so it must not
+	// block.
+	OnUnknown func(uid string)
 	// Instance names the gateway instance whose connections renew, so the
 	// listener can tell its users' deadlines apart when it dies. Empty
 	// records none.
@@ -393,8 +399,8 @@ func (r *Renewer) flush(batch []*renewal) {
 			continue
 		}
 		ms, err := cmds[i].Int64Slice()
-		if err == nil && len(ms) != 2 {
-			err = fmt.Errorf("renew script answered %d values, want 2", len(ms))
+		if err == nil && len(ms) != 3 {
+			err = fmt.Errorf("renew script answered %d values, want 3", len(ms))
 		}
 		if err != nil {
 			req.err = fmt.Errorf("renew session %q: %w", req.uid, err)
@@ -403,6 +409,9 @@ func (r *Renewer) flush(batch []*renewal) {
 			req.deadline = time.UnixMilli(ms[1])
 		}
 		req.settle()
+		if err == nil && ms[2] == 1 && !req.resync && r.cfg.OnUnknown != nil {
+			r.cfg.OnUnknown(req.uid)
+		}
 	}
 	if r.cfg.OnFlush != nil {
 		r.cfg.OnFlush(len(batch), time.Since(start), firstErr)

@@ -55,7 +55,9 @@ import (
 // but ends a silence between its stages, restores nothing older than a
 // renewal or end Redis knows of, and records the renewal at the ping it
 // restores. Returns {the session's deadline, this grant's own: now+ttl},
-// in ms: a client paces its pings, and reads Redis's clock, by its own.
+// in ms: a client paces its pings, and reads Redis's clock, by its own;
+// and a third value, 1 when Redis knew nothing of the user (no renewal
+// or end recorded: their first session, or data Redis lost), else 0.
 //
 // Mode "lapsed" is a resync of a grant that ran out while Redis was out
 // of reach (ttl: what was left of it, at most 0, ran out that long ago):
