@@ -109,8 +109,11 @@ type activity struct {
 
 // activitySignal is one event posted at sent (its at_ms, to the
 // millisecond) and what the endpoint answered: status (0 when no answer
-// came, err). A 200 applied it; a 503 applied nothing (Redis out of
-// reach); anything else is no answer the bench can read.
+// came, err), after its resends: the final answer. A 200 applied it
+// (answered is when); a 503 applied nothing (Redis out of reach), nor did
+// a try before it; anything else is no answer the bench can read, and
+// so is a 503 after a try that went unanswered (err), which may still
+// apply it, late, by its at_ms.
 func activitySignal(uid string, ev activity, sent time.Time, status int, err error, answered time.Time, ttl time.Duration) promise.Signal {
 	at := sent.Truncate(time.Millisecond)
 	s := promise.Signal{UID: uid, Kind: ev.kind, Sent: sent, Deadline: at.Add(ttl)}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,8 +10,10 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -27,15 +30,16 @@ const (
 	// doubles from one to the other, with jitter.
 	redialMin = 100 * time.Millisecond
 	redialMax = 2 * time.Second
-	// answerWait is how long a ping or an activity post waits for its
-	// answer before it counts as unanswered. A device then leaves its
+	// answerWait is how long a ping waits for its answer before it
+	// counts as unanswered (an activity post, resent while refused, has
+	// resendWithin). A device then leaves its
 	// gateway for another, as the protocol's client does after its
 	// pongTimeout (the renewal interval, at least 2 s): a gateway frozen
 	// or cut off without closing the connection answers nothing, ever.
 	answerWait = 2 * time.Second
 	// postAttempt is how long one activity post waits on one gateway
 	// before the platform's client tries the next, as one behind a load
-	// balancer does, within answerWait in all.
+	// balancer does, within resendWithin in all.
 	postAttempt = time.Second
 	// readWait is how long a device's reader waits for a frame before it
 	// looks at its context again.
@@ -52,6 +56,9 @@ type crowd struct {
 	ttl   time.Duration
 	users []*user
 	wg    sync.WaitGroup // drivers, devices and their readers
+	// postURL, when set, is the activity endpoint of a user's nth try
+	// (the user's index plus n); else the gateways' in turn.
+	postURL func(i int) string
 }
 
 // user is one simulated user. Its driver alternates presence (a signal
@@ -404,7 +411,11 @@ func (u *user) nextActivity(ttl time.Duration) activity {
 	return ev
 }
 
-// post sends one event to the activity endpoint of the user's gateway.
+// post sends one event to the activity endpoint of the user's gateway,
+// and sends it again while it is refused, as the protocol asks of a
+// platform (see resend). The signal it records is the event: its time is
+// its at_ms, whenever a resend applied it, and its outcome the final
+// answer.
 func (c *crowd) post(ctx context.Context, u *user, ev activity) {
 	sent := time.Now()
 	e := map[string]any{"uid": u.uid, "at_ms": sent.UnixMilli()}
@@ -417,36 +428,107 @@ func (c *crowd) post(ctx context.Context, u *user, ev activity) {
 		e["kind"], e["to"], e["max_ms"] = "turn", "us", ev.hold.Milliseconds()
 	}
 	body, _ := json.Marshal(map[string]any{"events": []any{e}})
-	rctx, cancel := context.WithTimeout(ctx, answerWait)
-	defer cancel()
-	// A platform behind a load balancer: a gateway that does not take
-	// the connection, or does not answer within an attempt, is passed
-	// over for the next, within the wait. (An attempt given up on may
-	// still be applied, late: the same event, with the same time.)
-	var status int
-	var answer []byte
-	var err error
-	for n := range nGateways {
-		status, answer, err = c.postTo(rctx, c.r.activityURL((u.idx+n)%nGateways), body)
-		if err == nil || rctx.Err() != nil {
-			break
+	a := c.resend(ctx, body, func(n int) string {
+		if c.postURL != nil {
+			return c.postURL(u.idx + n)
 		}
-	}
-	if status/100 == 4 {
-		c.rec.wrong(fmt.Sprintf("activity %s: HTTP %d: %s", body, status, answer))
+		return c.r.activityURL((u.idx + n) % nGateways)
+	})
+	if a.status/100 == 4 {
+		c.rec.wrong(fmt.Sprintf("activity %s: HTTP %d: %s", body, a.status, a.body))
 	}
 	if ctx.Err() != nil {
 		return // the run ended: no answer to judge
 	}
-	if status == http.StatusOK {
+	if a.status == http.StatusOK {
 		u.first.Store(true)
 	}
-	c.rec.signal(activitySignal(u.uid, ev, sent, status, err, time.Now(), c.ttl))
+	c.rec.signal(activitySignal(u.uid, ev, sent, a.status, a.err, a.at, c.ttl))
 }
 
-// postTo posts body to url and reads the answer (its first 4 KB),
-// waiting postAttempt at most.
-func (c *crowd) postTo(ctx context.Context, url string, body []byte) (status int, answer []byte, err error) {
+// Resending an activity batch.
+const (
+	// resendWithin bounds a post and its resends, from its first try: a
+	// platform that sends a refused batch again does so for a while, not
+	// for ever. Within the default TTL, so that an event applied by its
+	// last resend still sets a deadline to come.
+	resendWithin = answerWait + time.Second
+	// resendMin and resendMax bound the pause before a resend, when the
+	// answer names no Retry-After: it doubles from one to the other.
+	resendMin = 100 * time.Millisecond
+	resendMax = time.Second
+)
+
+// errUnanswered is the outcome of a post whose final try was refused (or
+// not made) after an earlier try went unanswered: that try may still
+// apply the event, late.
+var errUnanswered = errors.New("an earlier try went unanswered")
+
+// postAnswer is what became of a post and its resends: the final
+// answer's status (0: none) and body, or its error, and when it came.
+type postAnswer struct {
+	status int
+	body   []byte
+	err    error
+	at     time.Time
+}
+
+// resend posts body, the same batch each time (its events keep their
+// at_ms, so a late or second application sets the same deadline), to
+// url(0), url(1), ..., as a platform behind a load balancer does: a
+// gateway that does not take the connection, or does not answer within
+// an attempt, is passed over for the next at once; after a 503 (Redis
+// out of reach: "send the whole batch again"), or once every gateway
+// failed in turn, it waits (the answer's Retry-After, else a pause that
+// doubles from resendMin to resendMax) and sends it again, within
+// resendWithin in all. Any other answer is final.
+//
+// The outcome is the final answer, but for one thing: when the batch is
+// given up on refused or unanswered after a try that went unanswered (it
+// may still be applied, late), it is unanswered (errUnanswered), not
+// refused: a 503 says only that its own try applied nothing.
+func (c *crowd) resend(ctx context.Context, body []byte, url func(n int) string) postAnswer {
+	rctx, cancel := context.WithTimeout(ctx, resendWithin)
+	defer cancel()
+	deadline, _ := rctx.Deadline()
+	var a postAnswer
+	lost := false // a try went unanswered, and may have applied
+	pause := resendMin
+	for n := 0; ; n++ {
+		var retryAfter time.Duration
+		a.status, a.body, retryAfter, a.err = c.postTo(rctx, url(n), body)
+		a.at = time.Now()
+		if a.err != nil && !errors.Is(a.err, syscall.ECONNREFUSED) {
+			lost = true // sent, perhaps, and not answered
+		}
+		if a.err == nil && a.status != http.StatusServiceUnavailable {
+			break
+		}
+		var wait time.Duration
+		switch {
+		case a.err == nil: // 503
+			wait = cmp.Or(retryAfter, pause)
+		case (n+1)%nGateways != 0:
+			wait = 0 // the next gateway, at once
+		default:
+			wait = pause
+		}
+		if wait > 0 {
+			pause = min(2*pause, resendMax)
+		}
+		if rctx.Err() != nil || time.Until(deadline) <= wait || !sleepCtx(rctx, wait) {
+			break
+		}
+	}
+	if a.status != http.StatusOK && lost {
+		a.status, a.body, a.err = 0, nil, errUnanswered
+	}
+	return a
+}
+
+// postTo posts body to url and reads the answer (its first 4 KB) and its
+// Retry-After (0: none), waiting postAttempt at most.
+func (c *crowd) postTo(ctx context.Context, url string, body []byte) (status int, answer []byte, retryAfter time.Duration, err error) {
 	ctx, cancel := context.WithTimeout(ctx, postAttempt)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
@@ -454,11 +536,17 @@ func (c *crowd) postTo(ctx context.Context, url string, body []byte) (status int
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, 0, err
 	}
 	defer resp.Body.Close()
-	answer, _ = io.ReadAll(io.LimitReader(resp.Body, 4096))
-	return resp.StatusCode, answer, nil
+	answer, err = io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if err != nil {
+		return 0, nil, 0, err // the answer broke off: not read
+	}
+	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
+		retryAfter = time.Duration(s) * time.Second
+	}
+	return resp.StatusCode, answer, retryAfter, nil
 }
 
 // sleepCtx reports false if ctx ended first.
