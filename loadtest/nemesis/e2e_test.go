@@ -50,7 +50,7 @@ func TestShortRun(t *testing.T) {
 	} {
 		t.Run(r.name, func(t *testing.T) {
 			s := settings{bin: bin, seed: r.seed, duration: 30 * time.Second, users: 30, ttl: 4 * time.Second,
-				closeAfter: 3 * time.Second, grace: 5 * time.Second, kinds: r.kinds}
+				closeAfter: 3 * time.Second, grace: outageGrace(4 * time.Second), kinds: r.kinds}
 			shortRun(t, s)
 		})
 	}

@@ -26,7 +26,7 @@ type outcome struct {
 // the listener's outage grace and a margin; a consumer's partitions move
 // only after the group's session timeout.
 func (r *rig) graceOf(kind string) time.Duration {
-	g := r.s.grace + 3*time.Second
+	g := checkGrace(r.s)
 	if strings.Contains(kind, "consumer") || kind == "kafka refuse fetch" {
 		g += groupSessionTimeout
 	}

@@ -51,12 +51,18 @@ func checkConfig(s settings) promise.Config {
 		Slack:    2 * time.Second,
 		InFlight: 500 * time.Millisecond,
 		Stale:    time.Second,
-		Grace:    s.grace + 3*time.Second,
+		Grace:    checkGrace(s),
 		Match:    time.Second,
 		Delays:   []time.Duration{s.closeAfter},
 		Window:   time.Minute,
 	}
 }
+
+// checkGrace is how long past a fault's end the checker lets the stages
+// it met wait more: the listeners' outage grace, and a margin for
+// detection, produce and push on a loaded machine. Every fault's window
+// has it (a consumer's more: graceOf).
+func checkGrace(s settings) time.Duration { return s.grace + 3*time.Second }
 
 func run(ctx context.Context, s settings) (*result, error) {
 	res := &result{s: s, started: time.Now(), cfg: checkConfig(s)}
