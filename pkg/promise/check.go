@@ -341,8 +341,19 @@ func (u *user) stages(s *silence, windows map[[2]int64]bool) []Verdict {
 		}
 		// The minute rule defers a later silence only behind a guide that
 		// may have gone out: not behind a stage rightly left undelivered.
+		// The service keys a stage's window on when it really fell due,
+		// anywhere from due to latest (a later stage counts its delay from
+		// when the one before was detected): it may have taken any window
+		// of that stretch, and not after its first delivery (give or take
+		// the clocks' difference).
 		if u.cfg.Window > 0 && !(v.Class == OK && len(got) == 0) {
-			windows[u.windowKey(stage, due)] = true
+			took := latest
+			if len(got) > 0 {
+				took = earlier(took, got[0].At.Add(u.cfg.Match))
+			}
+			for _, k := range u.windowKeys(stage, due, took) {
+				windows[k] = true
+			}
 		}
 		inDoubt = inDoubt || v.Class == Indeterminate
 		out = append(out, v)
@@ -452,10 +463,11 @@ func duplicated(got []Delivery) bool {
 
 // bound is the latest a stage due at due (at the latest at latest) may be
 // delivered. Under the minute rule a second silence of the stage within
-// one window may wait for the window's end. From then, a fault it met (it
-// fell due before the fault's grace ran out, and its bound had not passed
-// when the fault began) moves it to the grace after the later of the two,
-// again until no fault moves it; then Slack.
+// one window may wait for the window's end (an earlier silence marks
+// every window it may have taken: see stages). From then, a fault it met
+// (it fell due before the fault's grace ran out, and its bound had not
+// passed when the fault began) moves it to the grace after the later of
+// the two, again until no fault moves it; then Slack.
 func (u *user) bound(stage int, due, latest time.Time, windows map[[2]int64]bool) (time.Time, []string) {
 	start := latest
 	if k := u.windowKey(stage, due); u.cfg.Window > 0 && windows[k] {
@@ -488,6 +500,17 @@ func (u *user) windowKey(stage int, due time.Time) [2]int64 {
 		return [2]int64{int64(stage), 0}
 	}
 	return [2]int64{int64(stage), due.UnixNano() / int64(u.cfg.Window)}
+}
+
+// windowKeys are the minute rule's windows of a stage that fell due at
+// some time from due to latest.
+func (u *user) windowKeys(stage int, due, latest time.Time) [][2]int64 {
+	first, last := u.windowKey(stage, due), u.windowKey(stage, later(due, latest))
+	var out [][2]int64
+	for k := first; k[1] <= last[1]; k[1]++ {
+		out = append(out, k)
+	}
+	return out
 }
 
 // clearBound is the bound of a stage due at due (at the latest at

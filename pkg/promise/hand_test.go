@@ -1,0 +1,79 @@
+package promise
+
+import (
+	"testing"
+	"time"
+)
+
+// handCase is one hand-made history and the verdicts it should get.
+type handCase struct {
+	name    string
+	cfg     *Config // nil: cfg
+	signals []Signal
+	got     []Delivery
+	faults  []Fault
+	end     float64 // 0: 60 s
+	want    string
+}
+
+// runCases checks each case's history and compares the verdicts, in the
+// order Check gives them, with want.
+func runCases(t *testing.T, cases []handCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := cfg
+			if tc.cfg != nil {
+				c = *tc.cfg
+			}
+			end := at(60)
+			if tc.end != 0 {
+				end = at(tc.end)
+			}
+			vs := Check(c, History{Signals: tc.signals, Deliveries: tc.got, Faults: tc.faults, End: end})
+			if got := render(vs); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+				for _, v := range vs {
+					t.Logf("deadline %v stage %d: %s: %s (due %v, bound %v)", v.Deadline.Sub(t0), v.Stage, v.Class, v.Why, v.Due.Sub(t0), v.Bound.Sub(t0))
+				}
+			}
+		})
+	}
+}
+
+// The minute rule keys a later stage's window on when it really fell
+// due: its delay after the stage before was detected, which lies
+// anywhere between that stage's due time and its first delivery. An
+// earlier silence's stage may so have taken any window in that stretch,
+// and a later silence's same stage in such a window may rightly wait for
+// its end. t0 is on a minute: the windows are [0, 60), [60, 120), ...
+func TestMinuteWindowOfALaterStage(t *testing.T) {
+	minute := &Config{Slack: time.Second, InFlight: 100 * time.Millisecond, Grace: 5 * time.Second, Match: 50 * time.Millisecond,
+		Delays: []time.Duration{5 * time.Second}, Window: time.Minute}
+	// The first silence's reminder (deadline 50) is held by a fault and
+	// goes out at 57: its close falls due between 55 and 62, in the first
+	// window or the second.
+	held := []Fault{{Kind: "redis-pause", Start: at(49), End: at(52)}}
+	first := []Delivery{guide("a", 1, 50, 57), guide("b", 2, 50, 62.2)}
+	runCases(t, []handCase{
+		// The service keyed the first close on 62, its real due time
+		// (detected at 57): the second silence's close (due 80, the
+		// same window) waits for the window's end, 120, and the user is
+		// back at 90 before it goes. Not delivered is right.
+		{name: "a close deferred behind an earlier close that may have taken its window is not lost", cfg: minute,
+			signals: []Signal{ping(40, Answered), ping(65, Answered), ping(90, Answered)}, faults: held,
+			got: append(first, guide("c", 1, 75, 75.2)), end: 99, want: "1:ok 2:ok 1:ok 2:ok"},
+		// The same, the user away until 130: the window's end has passed,
+		// the close never came. Lost.
+		{name: "a close never delivered past the window's end is lost", cfg: minute,
+			signals: []Signal{ping(40, Answered), ping(65, Answered), ping(130, Answered)}, faults: held,
+			got: append(first, guide("c", 1, 75, 75.2)), end: 139, want: "1:ok 2:ok 1:ok 2:lost"},
+		// The first reminder went out at once: its close fell due between
+		// 55 and 55.2, in the first window, and no close of this user
+		// took the second. The second close was owed by 81: lost.
+		{name: "a close whose window no earlier close could have taken is lost", cfg: minute,
+			signals: []Signal{ping(40, Answered), ping(65, Answered), ping(90, Answered)},
+			got:     []Delivery{guide("a", 1, 50, 50.2), guide("b", 2, 50, 55.3), guide("c", 1, 75, 75.2)}, end: 99,
+			want: "1:ok 2:ok 1:ok 2:lost"},
+	})
+}
