@@ -186,18 +186,28 @@ func (u *user) silences() []*silence {
 // or whose deadline unanswered signals moved (see silence.moved) to as
 // much as the grace before named: one without an answer may have landed
 // late, held in the service while its store was out of reach, and its
-// deadline counts from then (see landedLate).
+// deadline counts from then (see landedLate). One sent before the silence
+// began may so land in it too (see heldInto).
+//
+// A silence never takes a guide naming a deadline at or after the one the
+// signal that ended it granted: the session lapsed there only once that
+// signal had landed, in a later silence (a ping without an answer, held
+// in a frozen gateway, that lands after the user's return moves the next
+// silence's deadline, not this one's).
 func (u *user) match(silences []*silence, named time.Time) *silence {
 	var best *silence
 	var bestGap time.Duration
 	for _, s := range silences {
+		if s.next != nil && !s.next.Deadline.IsZero() && !named.Before(s.next.Deadline) {
+			continue
+		}
 		for _, d := range []time.Time{s.deadline, s.moved} {
 			if d.IsZero() {
 				continue
 			}
 			gap := d.Sub(named).Abs()
-			if d.Equal(s.moved) && u.landedLate(d, named) {
-				gap = u.cfg.Match // the farthest an exact match may be
+			if d.Equal(s.moved) && u.landedLate(d, named) || d.Equal(s.deadline) && u.heldInto(s, named) {
+				gap = min(gap, u.cfg.Match) // the farthest an exact match may be
 			}
 			if gap <= u.cfg.Match && (best == nil || gap < bestGap) {
 				best, bestGap = s, gap
@@ -205,6 +215,25 @@ func (u *user) match(silences []*silence, named time.Time) *silence {
 		}
 	}
 	return best
+}
+
+// heldInto reports whether a guide naming named, at or after s's
+// deadline, may be of s because a signal without an answer sent before
+// s's deadline landed late (see landedLate), after the answered signals
+// that set it, and moved it to named.
+func (u *user) heldInto(s *silence, named time.Time) bool {
+	if named.Before(s.deadline) {
+		return false
+	}
+	for _, x := range u.signals {
+		if !x.Sent.Before(s.deadline) {
+			break // sorted by Sent
+		}
+		if x.Outcome != Answered && !x.Deadline.IsZero() && u.landedLate(x.Deadline, named) {
+			return true
+		}
+	}
+	return false
 }
 
 // landedLate reports whether a guide naming named may be of the deadline
@@ -301,6 +330,11 @@ func (u *user) stages(s *silence, windows map[[2]int64]bool) []Verdict {
 			if stage == 1 && len(got) > 0 && u.landedLate(dbt.until, got[0].Deadline) {
 				due, latest = later(due, got[0].Deadline), later(latest, got[0].Deadline)
 			}
+		}
+		// So may one sent before the silence began, landing after the
+		// signals that set its deadline.
+		if stage == 1 && len(got) > 0 && u.heldInto(s, got[0].Deadline) {
+			due, latest = later(due, got[0].Deadline), later(latest, got[0].Deadline)
 		}
 		if stage == 1 {
 			base, latest = due, due

@@ -77,3 +77,36 @@ func TestMinuteWindowOfALaterStage(t *testing.T) {
 			want: "1:ok 2:ok 1:ok 2:lost"},
 	})
 }
+
+// A ping without an answer, held in a frozen gateway, lands when it
+// resumes and moves the deadline of the silence after the one it was
+// sent in. A guide naming that deadline is of the later silence: a
+// deadline at or after the one the signal ending the earlier silence
+// granted was lapsed only after that signal landed.
+func TestGuideOfTheNextSilence(t *testing.T) {
+	// Deadline 10; a ping at 7 gets no answer (the gateway is frozen
+	// from 6 to 12; had it landed at once, deadline 17); the user's ping
+	// at 9.95 races the deadline (deadline 19.95). The ping at 7 lands
+	// at 12: deadline 22.
+	frozen := []Fault{{Kind: "sigstop gateway", Start: at(6), End: at(12)}}
+	signals := []Signal{ping(0, Answered), ping(7, NoAnswer), ping(9.95, Answered)}
+	runCases(t, []handCase{
+		// The user is silent until 35 and is guided at 22.2 and 27.3 for
+		// deadline 22: the second silence's guides, both on time. The
+		// first silence was raced: not guided is right.
+		{name: "a guide naming a deadline past the next silence's is that silence's",
+			signals: append(signals[:3:3], ping(35, Answered)), faults: frozen,
+			got: []Delivery{guide("a", 1, 22, 22.2), guide("b", 2, 22, 27.3)}, end: 44, want: "1:ok 1:ok 2:ok"},
+		// The same guide, first tried after the user was back (an
+		// answered ping at 21): false, whichever silence it is of.
+		{name: "that guide to a user who was back is false",
+			signals: append(signals[:3:3], ping(21, Answered)), faults: frozen,
+			got: []Delivery{guide("a", 1, 22, 22.2)}, end: 30, want: "1:ok 1:false"},
+		// No signal without an answer could have set deadline 22, and the
+		// user was there at 22.2 (pinging at 21): a guide of no silence,
+		// false.
+		{name: "a guide naming a deadline no signal set is false",
+			signals: []Signal{ping(0, Answered), ping(9.95, Answered), ping(21, Answered)},
+			got:     []Delivery{guide("a", 1, 22, 22.2)}, end: 30, want: "1:ok 1:lost 1:false"},
+	})
+}
