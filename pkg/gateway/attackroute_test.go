@@ -2,10 +2,15 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
 // Attacks on the route written again at a renewal that finds Redis
@@ -56,4 +61,80 @@ func TestAttackRouteLostOnTwoInstancesOnlyFirstRewrites(t *testing.T) {
 		t.Errorf("the laptop's normal close ended the session of the phone connected on B (B's route entry written again after the loss: %v): "+
 			"only the first renewal after the loss found Redis knowing nothing of the user, and B's ping never wrote B's entry again", bBack)
 	}
+}
+
+// arClosedMS is the closed_ms of uid's inbox entry for id (0: none).
+func (tg *testGateway) arClosedMS(t *testing.T, uid, id string) int64 {
+	t.Helper()
+	for _, raw := range tg.rdb.LRange(context.Background(), tg.store.Keyspace().InboxKey(uid), 0, -1).Val() {
+		var e struct {
+			ID       string `json:"id"`
+			ClosedMS int64  `json:"closed_ms"`
+		}
+		json.Unmarshal([]byte(raw), &e)
+		if e.ID == id {
+			return e.ClosedMS
+		}
+	}
+	return 0
+}
+
+// TestAttackRouteCloseInOpeningSecondLost: the fifth round's held close
+// leased elsewhere (TestAttackAhead5HeldCloseLeasedElsewhereLost), with
+// the close kept in the same second as the holding device H opened. H was
+// open before the close, and was never told; but its opening is rounded
+// up to the end of its second (openedMS), so a close kept within that
+// second is judged applied after H opened, and H's own first ping's
+// renewal makes it stale again: the close is told on no device.
+func TestAttackRouteCloseInOpeningSecondLost(t *testing.T) {
+	tg := startGateway(t, func(c *Config) { c.firstPingWaitFor = time.Minute })
+	for attempt := 0; attempt < 4; attempt++ {
+		uid := fmt.Sprintf("ar-second-%d", attempt)
+		// Start at the beginning of a second, so that H's open and the
+		// close's keep can fall in one (real time must pass for that).
+		time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second + 5*time.Millisecond)))
+		wsH := tg.dialFirstPing(t, uid)
+		var opened int64
+		for _, c := range tg.hub.lookup(uid) {
+			opened = int64(c.openedSec)
+		}
+		wsB := tg.dial(t, uid)
+		c := stagePush(uid, redisNowMS(t, tg.rdb), 2, timeoutevent.ActionClose)
+		if res := tg.mustPush(t, c, push.Delivered); res.Connections != 2 {
+			t.Fatalf("delivered to %d connections, want 2", res.Connections)
+		}
+		readStage(t, wsB, c)
+		wsB.NetConn().Close()
+		waitUntil(t, "B's applied close stage kept closed", func() bool {
+			return tg.hub.count(uid) == 1 && slices.Equal(tg.aaInboxIDs(t, uid), []string{c.ID + "(closed)"})
+		})
+		closed := tg.arClosedMS(t, uid, c.ID)
+		if closed/1000 != opened {
+			t.Logf("attempt %d: H opened in second %d, the close kept at %d ms: not one second, again", attempt, opened, closed)
+			wsH.Close()
+			continue
+		}
+		wsB2 := tg.dial(t, uid)
+		waitUntil(t, "c leased to B2's handover", func() bool { return tg.aaLeases(uid) == 1 })
+		pingSaying(t, wsH, 0)
+		got := aa5Frames(t, wsH)
+		for _, id := range got {
+			aaAck(t, wsH, id)
+		}
+		wsB2.NetConn().Close()
+		// B2's lease is released when it ends, unless H holds the entry
+		// by then (told).
+		waitUntil(t, "B2 ends", func() bool { return tg.hub.count(uid) == 1 })
+		got = append(got, aa5ReadFor(t, wsH, 3*time.Second)...)
+		if slices.Contains(got, c.ID) {
+			return
+		}
+		inbox := tg.aaInboxIDs(t, uid)
+		next := aaGuidesBeforePong(t, tg.dial(t, uid))
+		if !slices.Contains(next, c.ID) {
+			t.Errorf("H opened at second %d, before the close kept at %d ms, was handed %v; the inbox held %v, and the next connect was handed %v: the close stage is lost. H's opening, rounded up to the end of its second, was judged after the close, and H's own first ping made the closed entry stale", opened, closed, got, inbox, next)
+		}
+		return
+	}
+	t.Skip("the close never fell in H's opening second")
 }
