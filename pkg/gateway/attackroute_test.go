@@ -138,3 +138,40 @@ func TestAttackRouteCloseInOpeningSecondLost(t *testing.T) {
 	}
 	t.Skip("the close never fell in H's opening second")
 }
+
+// TestAttackRouteLostActivityFirstNeverWritten: after Redis loses the
+// user's keys, the first to reach them is the chat platform's activity
+// report of the user's message (their session renewed through the
+// activity endpoint), not the user's ping. It records a renewal, so the
+// ping that follows finds Redis knowing the user and writes no route:
+// a push through another instance finds the user connected nowhere and
+// keeps the guide until the minute's refresh.
+func TestAttackRouteLostActivityFirstNeverWritten(t *testing.T) {
+	addrs, prefix := []string{redistest.Start(t).Addr}, redistest.Prefix(t)
+	withActivity := func(c *Config) { c.ActivitySecret = activitySecret }
+	a := startGatewayOn(t, addrs, prefix, withActivity)
+	b := startGatewayOn(t, addrs, prefix, withActivity)
+	ctx := context.Background()
+	ks := a.store.Keyspace()
+	uid := "ar-activity"
+	ws := a.dial(t, uid)
+	pingPong(t, ws)
+	if err := a.rdb.Del(ctx, ks.RouteKey(uid), ks.RenewedKey(uid), ks.SessionKey(uid)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The user writes a message; the platform reports it.
+	if w := postActivity(a.activity, events(fmt.Sprintf(`{"uid":%q,"kind":"active"}`, uid)), nil); w.Code != 200 {
+		t.Fatalf("activity post: %d %s", w.Code, w.Body)
+	}
+	if !sessionExists(a, uid) {
+		t.Fatal("the activity report did not renew the session")
+	}
+	pingPong(t, ws)
+	// A rewrite the ping starts lands within this.
+	written := waitFor(5*time.Second, func() bool { return a.rdb.Exists(ctx, ks.RouteKey(uid)).Val() == 1 })
+	code, out := b.push(t, pushSecret, map[string]string{"id": "ara1", "uid": uid, "text": "Are you still there?"})
+	if code != 200 || out["status"] != "delivered" {
+		t.Fatalf("push via the other instance: %d %v (route written again: %v), want delivered to the user's connection on A: "+
+			"the activity report renewed first after the loss, so the user's ping found Redis knowing them and their route was never written again", code, out, written)
+	}
+}
