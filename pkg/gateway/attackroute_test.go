@@ -114,7 +114,7 @@ func TestAttackRouteCloseInOpeningSecondLost(t *testing.T) {
 		wsH := tg.dialFirstPing(t, uid)
 		var opened int64
 		for _, c := range tg.hub.lookup(uid) {
-			opened = int64(c.openedSec)
+			opened = c.openedMS / 1000
 		}
 		wsB := tg.dial(t, uid)
 		c := stagePush(uid, redisNowMS(t, tg.rdb), 2, timeoutevent.ActionClose)

@@ -64,6 +64,8 @@ type conn struct {
 	// see enqueue.
 	queue  frameRing
 	queued uint32
+	// flags are the connection's flags, in one word.
+	flags atomic.Uint32
 
 	// expiresSec is when the connection's token expires (Unix seconds, as
 	// a token says; until 2106); an auth frame with a fresh token moves it
@@ -71,12 +73,10 @@ type conn struct {
 	// auth.go.
 	expiresSec atomic.Uint32
 	expiryAt   int32
-	// flags are the connection's flags, in one word.
-	flags atomic.Uint32
-	// openedSec is when the connection opened (Unix seconds, this
-	// host's clock): a close applied on another device after it is this
-	// device's to be told (see openedMS).
-	openedSec uint32
+	// openedMS is when the connection opened, Unix ms by Redis's clock
+	// as this instance reads it: a close applied on another device at or
+	// after it is this device's to be told (see takeInbox).
+	openedMS int64
 	// rd is the connection as the reader reads it (see read.go).
 	rd *wsread.Conn
 }
@@ -101,17 +101,6 @@ const (
 	// flagFinished: finish is over.
 	flagFinished
 )
-
-// openedMS is when c opened, Unix ms, rounded up to its second: an inbox
-// take judges closes applied after it by it, and one that rounding puts
-// after the connection's open was applied as it opened (the protocol
-// hands such a close to a connection made meanwhile anyway).
-func (c *conn) openedMS() int64 {
-	if c.openedSec == 0 {
-		return 0
-	}
-	return int64(c.openedSec)*1000 + 999
-}
 
 func (c *conn) is(f uint32) bool { return c.flags.Load()&f != 0 }
 

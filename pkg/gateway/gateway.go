@@ -220,12 +220,14 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 			g.reach.flushed(took, err)
 		},
 		OnDropped: g.reach.dropped,
-		// A renewal that finds Redis knowing nothing of its user: a
-		// node that restarted without its data lost the user's route
-		// with their session, and pushes elsewhere would find them
-		// connected nowhere until the next refresh. The route is
-		// written again. (A user's first session costs one write more.)
-		OnUnknown: func(uid string) {
+		// A ping whose user's route does not name this instance: a
+		// node that restarted without its data lost the route with the
+		// session (and whatever renewed first since, a ping here or
+		// elsewhere, or the platform's activity, says nothing of this
+		// instance's entry), or another instance dropped it. Pushes
+		// elsewhere would find the user's connections here missing
+		// until the next refresh: the route is written again.
+		OnUnrouted: func(uid string) {
 			metricRouteRewrites.Inc()
 			g.routes.mark(uid, closeNone, nil)
 		},
@@ -617,12 +619,12 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return // the upgrader has answered with an HTTP error
 	}
 	c := &conn{
-		g:         g,
-		ws:        rc.WS(),
-		rd:        rc,
-		uid:       claims.UID,
-		segment:   claims.Segment,
-		openedSec: uint32(time.Now().Unix()),
+		g:        g,
+		ws:       rc.WS(),
+		rd:       rc,
+		uid:      claims.UID,
+		segment:  claims.Segment,
+		openedMS: g.redisNowMS(),
 	}
 	// One-time Redis work (route registration, the first of the inbox)
 	// runs here, on the handler's goroutine. The connection then gets a

@@ -81,7 +81,7 @@ var (
 	})
 	metricRouteRewrites = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_gateway_route_rewrites_total",
-		Help: "Users whose route was written again because a renewal found Redis knowing nothing of them: their first session, or data a Redis node lost.",
+		Help: "Users whose route was written again because a ping's renewal found it not naming this instance: a Redis node lost it with its data, or another instance dropped this one's entry.",
 	})
 	metricCloses = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_gateway_closes_total",

@@ -374,7 +374,7 @@ func (g *Gateway) inboxLease() time.Duration {
 // known.
 func (g *Gateway) takeInbox(ctx context.Context, c *conn, p presence) (items, superseded []string, presentUntil int64, err error) {
 	uid := c.uid
-	w := session.TakeWord{AgoMS: p.agoMS, TTLMS: p.ttlMS, KnownMS: c.presentUntil(), OpenedMS: c.openedMS()}
+	w := session.TakeWord{AgoMS: p.agoMS, TTLMS: p.ttlMS, KnownMS: c.presentUntil(), OpenedMS: c.openedMS}
 	t, err := g.store.TakeInbox(ctx, uid, g.inboxChunk(), g.inboxLease(), w)
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("take %q's inbox: %w", uid, err)

@@ -425,6 +425,16 @@ func (g *Gateway) readInstances(ctx context.Context) {
 // redisNow estimates Redis's clock from the view.
 func (v *instanceView) redisNow() time.Time { return v.now.Add(time.Since(v.at)) }
 
+// redisNowMS estimates Redis's clock, Unix ms, from the last view of the
+// instances (read every heartbeat), or this host's clock before the
+// first.
+func (g *Gateway) redisNowMS() int64 {
+	if v := g.view.Load(); v != nil {
+		return v.redisNow().UnixMilli()
+	}
+	return time.Now().UnixMilli()
+}
+
 // judgeDead decides whether an instance, as its heartbeat was read at
 // read, is dead at now (both Redis's clock), and up to when its route
 // entries are of the life that ended: those written before the read, if

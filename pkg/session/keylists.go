@@ -26,17 +26,17 @@ func (k sessionKeys) list() []string {
 }
 
 // grantKeys are the keys of one user's session and the user's timeline,
-// which a grant or an end that cancels a hold appends to: renew.lua,
-// end.lua.
+// which a grant or an end that cancels a hold appends to, and the user's
+// route, which a renewal checks for its instance: renew.lua, end.lua.
 type grantKeys struct {
 	sessionKeys
-	Timeline string
+	Timeline, Route string
 }
 
 // list is in one allocation: every renewal builds one.
 func (k grantKeys) list() []string {
 	b := k.bucketKeys
-	return []string{k.Session, b.Index, b.Segments, b.Via, b.Hold, b.Held, b.Stage, k.Renewed, k.Turn, k.Timeline}
+	return []string{k.Session, b.Index, b.Segments, b.Via, b.Hold, b.Held, b.Stage, k.Renewed, k.Turn, k.Timeline, k.Route}
 }
 
 // activityKeys are a bucket's keys and, for each activity event, its

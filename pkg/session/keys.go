@@ -162,7 +162,7 @@ func (k Keyspace) sessionKeys(uid string) sessionKeys {
 
 // grantKeys are the keys of uid's renewals and ends.
 func (k Keyspace) grantKeys(uid string) grantKeys {
-	return grantKeys{sessionKeys: k.sessionKeys(uid), Timeline: k.TimelineKey(uid)}
+	return grantKeys{sessionKeys: k.sessionKeys(uid), Timeline: k.TimelineKey(uid), Route: k.RouteKey(uid)}
 }
 
 func (k Keyspace) controlKey(name string) string { return k.prefix + ":{ctl}:" + name }

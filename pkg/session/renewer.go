@@ -34,12 +34,12 @@ type RenewerConfig struct {
 	// want of room in the queue, with when it was queued: it never reached
 	// a round trip, so OnFlush does not see it.
 	OnDropped func(queued time.Time)
-	// OnUnknown, when set, is told the uid of each renewal (not a
-	// resync) that found Redis knowing nothing of its user: their first
-	// session, or data Redis lost (a node restarted without it), with
-	// the user's route. It is called on Run's goroutine, so it must not
-	// block.
-	OnUnknown func(uid string)
+	// OnUnrouted, when set, is told the uid of each renewal (not a
+	// resync) that found the user's route not naming Instance, whose
+	// connection it renews for: a node restarted without its data lost
+	// the route, or another instance dropped this one's entry as dead.
+	// It is called on Run's goroutine, so it must not block.
+	OnUnrouted func(uid string)
 	// Instance names the gateway instance whose connections renew, so the
 	// listener can tell its users' deadlines apart when it dies. Empty
 	// records none.
@@ -409,8 +409,8 @@ func (r *Renewer) flush(batch []*renewal) {
 			req.deadline = time.UnixMilli(ms[1])
 		}
 		req.settle()
-		if err == nil && ms[2] == 1 && !req.resync && r.cfg.OnUnknown != nil {
-			r.cfg.OnUnknown(req.uid)
+		if err == nil && ms[2] == 1 && !req.resync && r.cfg.OnUnrouted != nil {
+			r.cfg.OnUnrouted(req.uid)
 		}
 	}
 	if r.cfg.OnFlush != nil {

@@ -56,8 +56,9 @@ import (
 // renewal or end Redis knows of, and records the renewal at the ping it
 // restores. Returns {the session's deadline, this grant's own: now+ttl},
 // in ms: a client paces its pings, and reads Redis's clock, by its own;
-// and a third value, 1 when Redis knew nothing of the user (no renewal
-// or end recorded: their first session, or data Redis lost), else 0.
+// and a third value, 1 when the user's route does not name the renewing
+// instance (a node that restarted without its data lost it; another
+// instance dropped this one's entry as dead), else 0.
 //
 // Mode "lapsed" is a resync of a grant that ran out while Redis was out
 // of reach (ttl: what was left of it, at most 0, ran out that long ago):
