@@ -213,9 +213,20 @@ func TestDeadGatewayHolds(t *testing.T) {
 	h.renewVia("gw-dying", "moved", time.Second)
 	stopDying()
 	died := h.redisNow()
+	// On a starved machine a silent user's deadline may pass while its
+	// gateway still beats: produced at once, rightly.
+	early := map[string]bool{}
+	for uid, g := range want {
+		if g.deadline.Before(died) {
+			early[uid] = true
+			t.Logf("%s's deadline passed before its gateway died (the machine was slow): produced at once", uid)
+		}
+	}
 	h.waitProduced(1)
-	if evs := h.events(); len(evs) != 1 || evs[0].UID != "on-live" {
-		t.Fatalf("events before the grace: %+v, want only on-live", evs)
+	for _, ev := range h.events() {
+		if ev.UID != "on-live" && !early[ev.UID] {
+			t.Fatalf("events before the grace: %+v, want only on-live (and users whose deadline passed before the death: %v)", h.events(), early)
+		}
 	}
 	// moved's deadline passes after its gateway died: it is held.
 	waitFor(t, waitLong, "moved's timeout to be held", func() bool { return h.heldUIDs()["moved"] || h.produced() > 1 })
@@ -226,7 +237,7 @@ func TestDeadGatewayHolds(t *testing.T) {
 	evs := h.events()
 	checkExactlyOnce(t, evs, want, timeoutevent.SourceSweep)
 	for uid, at := range detectedAt(evs) {
-		if uid != "on-live" && at.Before(died.Add(testGrace-500*time.Millisecond)) {
+		if uid != "on-live" && !early[uid] && at.Before(died.Add(testGrace-500*time.Millisecond)) {
 			t.Errorf("%s produced at %v, before the grace after its gateway died (%v)", uid, at, died)
 		}
 	}
