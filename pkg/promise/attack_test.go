@@ -13,15 +13,7 @@ import (
 var oneStage = func() Config { c := cfg; c.Delays = nil; return c }()
 
 func TestAttack(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		cfg     *Config // nil: cfg
-		signals []Signal
-		got     []Delivery
-		faults  []Fault
-		end     float64 // 0: 60 s
-		want    string
-	}{
+	runCases(t, []handCase{
 		// The user's ping raced the deadline (sent 9.95, answered at
 		// once), so a guide at the deadline is right either way; but this
 		// one was first tried at 12, two seconds after the user was known
@@ -104,25 +96,7 @@ func TestAttack(t *testing.T) {
 			cfg:     &Config{Slack: time.Second, InFlight: 100 * time.Millisecond, Match: 50 * time.Millisecond, Window: time.Minute},
 			signals: []Signal{ping(0, Answered), ping(10.5, Answered)},
 			got:     []Delivery{guide("b", 1, 20.5, 60.5)}, end: 70, want: "1:ok 1:late"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := cfg
-			if tc.cfg != nil {
-				c = *tc.cfg
-			}
-			end := at(60)
-			if tc.end != 0 {
-				end = at(tc.end)
-			}
-			vs := Check(c, History{Signals: tc.signals, Deliveries: tc.got, Faults: tc.faults, End: end})
-			if got := render(vs); got != tc.want {
-				t.Errorf("got %q, want %q", got, tc.want)
-				for _, v := range vs {
-					t.Logf("stage %d: %s: %s (due %v, bound %v)", v.Stage, v.Class, v.Why, v.Due.Sub(t0), v.Bound.Sub(t0))
-				}
-			}
-		})
-	}
+	})
 }
 
 // An unanswered turn to the user at 3 would have shortened the deadline

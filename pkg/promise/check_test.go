@@ -47,15 +47,7 @@ func render(vs []Verdict) string {
 }
 
 func TestCheck(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		cfg     *Config // nil: cfg
-		signals []Signal
-		got     []Delivery
-		faults  []Fault
-		end     float64 // the history's end; 0: 60 s
-		want    string
-	}{
+	runCases(t, []handCase{
 		// The happy path and its failures.
 		{name: "guided on time, both stages", signals: []Signal{ping(0, Answered)},
 			got: []Delivery{guide("a", 1, 10, 10.2), guide("b", 2, 10, 15.3)}, want: "1:ok 2:ok"},
@@ -191,25 +183,7 @@ func TestCheck(t *testing.T) {
 		{name: "pings do not end a turn to us", signals: []Signal{ping(0, Answered), turn(TurnToUs, 5, 0), ping(20, Answered)}, want: ""},
 		{name: "a turn to the user restarts the clock, shorter too", signals: []Signal{{UID: "u", Kind: Ping, Sent: at(0), Outcome: Answered, Deadline: at(30)}, turn(TurnToUser, 3, 13)},
 			got: []Delivery{guide("a", 1, 13, 13.2), guide("b", 2, 13, 18.3)}, want: "1:ok 2:ok"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := cfg
-			if tc.cfg != nil {
-				c = *tc.cfg
-			}
-			end := at(60)
-			if tc.end != 0 {
-				end = at(tc.end)
-			}
-			vs := Check(c, History{Signals: tc.signals, Deliveries: tc.got, Faults: tc.faults, End: end})
-			if got := render(vs); got != tc.want {
-				t.Errorf("got %q, want %q", got, tc.want)
-				for _, v := range vs {
-					t.Logf("stage %d: %s: %s (due %v, bound %v)", v.Stage, v.Class, v.Why, v.Due.Sub(t0), v.Bound.Sub(t0))
-				}
-			}
-		})
-	}
+	})
 }
 
 // A delivery that matches no silence, seen during a fault, is counted in
