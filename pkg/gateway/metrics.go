@@ -73,7 +73,8 @@ var (
 		Name: "stillthere_gateway_pushes_total",
 		Help: "Guide pushes, by outcome: delivered, queued, duplicate, stale, too_old, retry (409, 503), invalid (400), rejected (401); routed_in (from another instance); from_inbox (proven received on connect), inbox_stale and inbox_expired (dropped at hand-over); " +
 			"inbox_superseded and superseded (dropped from the inbox, or pushed live, because the client's first ping said the user was there after the deadline); " +
-			"handed_on (a guide its connection ended without proving, routed again), handed_on_stale (not, as its user renewed since its deadline).",
+			"handed_on (a guide its connection ended without proving, routed again), handed_on_stale (not, as its user renewed since its deadline); " +
+			"came_back (a guide late on its way, judged again before a connection took it: its user renewed after its deadline meanwhile).",
 	}, []string{"outcome"})
 	metricRoutesPruned = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_gateway_routes_pruned_total",

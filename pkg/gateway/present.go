@@ -214,7 +214,7 @@ func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, cl
 	if !closed {
 		rest = g.handOverInbox(ctx, c, p)
 	}
-	var dropped, left []push.Request
+	var dropped, over, left []push.Request
 	for {
 		c.mu.Lock()
 		held, after := h.held, h.after
@@ -235,6 +235,13 @@ func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, cl
 			return cmp.Or(cmp.Compare(a.DeadlineMS, b.DeadlineMS), cmp.Compare(a.Stage, b.Stage))
 		})
 		for _, req := range held {
+			// Held up to firstPingWait: judged again, as any guide late
+			// on its way is, but a close stage, which may have been
+			// applied elsewhere.
+			if !req.Final && g.cameBack(ctx, &req) {
+				over = append(over, req)
+				continue
+			}
 			switch c.takeGuide(req) {
 			case guideSuperseded:
 				dropped = append(dropped, req)
@@ -252,6 +259,7 @@ func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, cl
 	}
 	close(h.done)
 	g.markSuperseded(ctx, c.uid, dropped)
+	g.markCameBack(ctx, c.uid, over, "held by a connection until its first frame, and the user renewed after its deadline meanwhile: not sent")
 	if len(dropped) > 0 {
 		// The handover left their entries to the held copies; an entry
 		// of a close applied elsewhere stays, whatever the client said,
@@ -280,6 +288,21 @@ func (g *Gateway) markSuperseded(ctx context.Context, uid string, reqs []push.Re
 		// After a consumer's "sent" for it: not shown after all.
 		g.timeline.Record(uid, supersededEntry(req))
 	}
+	g.settleOver(ctx, uid, reqs)
+}
+
+// markCameBack is markSuperseded for guides found over by the user's
+// renewals (see cameBack), how saying where.
+func (g *Gateway) markCameBack(ctx context.Context, uid string, reqs []push.Request, how string) {
+	for _, req := range reqs {
+		g.timeline.Record(uid, skippedEntry(req, ruleCameBack, how))
+	}
+	g.settleOver(ctx, uid, reqs)
+}
+
+// settleOver takes guides whose silence is over out of uid's inbox, and
+// marks their stages' dedup windows stale.
+func (g *Gateway) settleOver(ctx context.Context, uid string, reqs []push.Request) {
 	if len(reqs) == 0 || !g.track(1) {
 		return
 	}

@@ -336,6 +336,7 @@ func (g *Gateway) handOn(ctx context.Context, c *conn) {
 		way := handOnWayOf(req.Final, p.written)
 		pctx, cancel := context.WithTimeout(ctx, pushTimeout)
 		if req.DeadlineMS > 0 && way != handOnKeepClosed {
+			checked := g.redisNowMS()
 			renewed, err := g.store.LastRenewed(pctx, req.UID)
 			if err == nil && renewed.UnixMilli() > req.DeadlineMS {
 				// Kept ahead, it is stale too; a close applied elsewhere
@@ -347,6 +348,9 @@ func (g *Gateway) handOn(ctx context.Context, c *conn) {
 				metricPushes.WithLabelValues("handed_on_stale").Inc()
 				g.timeline.Record(req.UID, skippedEntry(req, ruleCameBack, "its connection ended before proving it got it, and the user renewed after its deadline: not handed on"))
 				continue
+			}
+			if err == nil {
+				req.CheckedMS = checked
 			}
 		}
 		var res push.Response

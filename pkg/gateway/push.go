@@ -42,6 +42,12 @@ import (
 //  5. the claim becomes the outcome, kept for a day, or is released when
 //     the guide went nowhere, so that a retry can push it.
 //
+// The claim judges the silence once. A guide that waits on its way to a
+// connection for longer than recheckAge (a gateway paused between claim
+// and write, a routed guide read late off the channel, a hold) is judged
+// again before a connection takes it (cameBack): its user may have come
+// back meanwhile, on any device or through the platform.
+//
 // Each instance takes guides others route to it on its channel (listen),
 // and hands a connecting user their inbox (handOverInbox).
 
@@ -64,6 +70,12 @@ const (
 	// reroutes bounds how often a push starts over because connections
 	// registered while it routed.
 	reroutes = 3
+	// recheckAge is how old a guide's last judgement (push.Request's
+	// CheckedMS) may be when a connection takes it; older, it is judged
+	// again. Well within the half second a signal racing a deadline may
+	// take to land either way: a guide that passes goes out before a
+	// return it missed could be told apart from that race.
+	recheckAge = 500 * time.Millisecond
 )
 
 var (
@@ -112,6 +124,8 @@ func (g *Gateway) servePush(w http.ResponseWriter, r *http.Request) {
 // push delivers a guide once per user and id (see the flow above).
 func (g *Gateway) push(ctx context.Context, req push.Request) (push.Response, error) {
 	token := newToken()
+	// Taken before the claim: its judgement is at least this fresh.
+	req.CheckedMS = g.redisNowMS()
 	state, err := g.store.ClaimPush(ctx, req.UID, req.ID, token, claimTTL, req.DeadlineMS)
 	if err != nil {
 		return push.Response{}, fmt.Errorf("claim guide id: %w", err)
@@ -168,6 +182,15 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 				return push.Response{}, err
 			}
 		}
+		// Nothing took it yet: a close stage too is judged again.
+		if checked := req.CheckedMS; g.cameBack(ctx, &req) {
+			g.markCameBack(ctx, req.UID, []push.Request{req}, "the user renewed after its deadline while its push was under way: not sent")
+			return push.Response{Status: push.Stale}, nil
+		} else if req.CheckedMS != checked {
+			if payload, err = json.Marshal(req); err != nil {
+				return push.Response{}, err
+			}
+		}
 		n, superseded := g.deliverLocal(req)
 		remote, err := g.deliverElsewhere(ctx, req.UID, payload, routes)
 		if n+remote > 0 {
@@ -198,6 +221,31 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 		// A connection registered since the route was read: route again.
 	}
 	return push.Response{}, fmt.Errorf("route of %q kept changing", req.UID)
+}
+
+// cameBack judges req's silence again, as its push's claim did, when the
+// last judgement (req.CheckedMS) is older than recheckAge: it reports
+// whether the user renewed after the deadline, and otherwise stamps req
+// with this judgement. A guide without a deadline is not judged, and a
+// failed read judges nothing: the claim's judgement stands.
+func (g *Gateway) cameBack(ctx context.Context, req *push.Request) bool {
+	now := g.redisNowMS()
+	if req.DeadlineMS <= 0 || now-req.CheckedMS <= recheckAge.Milliseconds() {
+		return false
+	}
+	rctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
+	defer cancel()
+	renewed, err := g.store.LastRenewed(rctx, req.UID)
+	if err != nil {
+		g.log.Debug("judge a late guide again", "uid", req.UID, "guide_id", req.ID, "err", err)
+		return false
+	}
+	if renewed.UnixMilli() > req.DeadlineMS {
+		metricPushes.WithLabelValues("came_back").Inc()
+		return true
+	}
+	req.CheckedMS = now
+	return false
 }
 
 // deliverLocal hands a guide to uid's connections on this instance, and
@@ -324,6 +372,12 @@ func (g *Gateway) routedIn(ctx context.Context, payload string) {
 	var req push.Request
 	if err := json.Unmarshal([]byte(payload), &req); err != nil || req.Validate() != nil {
 		g.log.Warn("bad routed guide", "err", err)
+		return
+	}
+	// Another instance may have taken it, and a close stage's close be
+	// applied there already: only a reminder is judged again.
+	if !req.Final && g.cameBack(ctx, &req) {
+		g.markCameBack(ctx, req.UID, []push.Request{req}, "routed here after the user renewed past its deadline: not sent")
 		return
 	}
 	n, superseded := g.deliverLocal(req)

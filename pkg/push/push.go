@@ -98,6 +98,12 @@ type Request struct {
 	// "inactive" on a reminder, "ended" on a close stage. The gateway
 	// needs nothing of it; a webhook receiver gets it.
 	Reason string `json:"reason,omitempty"`
+	// CheckedMS is when a gateway last found this silence not over (its
+	// user had not renewed since the deadline), Unix ms by Redis's clock
+	// as that gateway reads it. Gateways set it for one another, on a
+	// guide routed between them or kept in an inbox; a consumer's is
+	// ignored.
+	CheckedMS int64 `json:"checked_ms,omitempty"`
 }
 
 // Validate checks the limits, naming the first bad field.
@@ -117,6 +123,8 @@ func (r Request) Validate() error {
 		return fmt.Errorf("due_ms: %d, want 0 (unknown) or at least deadline_ms", r.DueMS)
 	case r.DetectedMS < 0:
 		return fmt.Errorf("detected_ms: %d, want 0 (unknown) or more", r.DetectedMS)
+	case r.CheckedMS < 0:
+		return fmt.Errorf("checked_ms: %d, want 0 (never) or more", r.CheckedMS)
 	case r.Stage < 0 || r.Stage > timeoutevent.MaxStages:
 		return fmt.Errorf("stage: %d, want 1-%d (0 means 1)", r.Stage, timeoutevent.MaxStages)
 	case r.Action != "" && r.Action != timeoutevent.ActionRemind && r.Action != timeoutevent.ActionClose:
