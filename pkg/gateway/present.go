@@ -237,10 +237,16 @@ func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, cl
 		for _, req := range held {
 			// Held up to firstPingWait: judged again, as any guide late
 			// on its way is, but a close stage, which may have been
-			// applied elsewhere.
+			// applied elsewhere; a reminder dropped so goes out before
+			// its close stage should that come (see late.go).
 			if !req.Final && g.cameBack(ctx, &req) {
+				g.late.dropped(req)
 				over = append(over, req)
 				continue
+			}
+			for _, r := range g.late.laterStage(req) {
+				over = slices.DeleteFunc(over, func(o push.Request) bool { return o.ID == r.ID })
+				c.takeGuide(r)
 			}
 			switch c.takeGuide(req) {
 			case guideSuperseded:

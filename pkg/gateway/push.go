@@ -42,11 +42,8 @@ import (
 //  5. the claim becomes the outcome, kept for a day, or is released when
 //     the guide went nowhere, so that a retry can push it.
 //
-// The claim judges the silence once. A guide that waits on its way to a
-// connection for longer than recheckAge (a gateway paused between claim
-// and write, a routed guide read late off the channel, a hold) is judged
-// again before a connection takes it (cameBack): its user may have come
-// back meanwhile, on any device or through the platform.
+// The claim judges the silence once; a guide late on its way to a
+// connection is judged again (see late.go).
 //
 // Each instance takes guides others route to it on its channel (listen),
 // and hands a connecting user their inbox (handOverInbox).
@@ -223,31 +220,6 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 	return push.Response{}, fmt.Errorf("route of %q kept changing", req.UID)
 }
 
-// cameBack judges req's silence again, as its push's claim did, when the
-// last judgement (req.CheckedMS) is older than recheckAge: it reports
-// whether the user renewed after the deadline, and otherwise stamps req
-// with this judgement. A guide without a deadline is not judged, and a
-// failed read judges nothing: the claim's judgement stands.
-func (g *Gateway) cameBack(ctx context.Context, req *push.Request) bool {
-	now := g.redisNowMS()
-	if req.DeadlineMS <= 0 || now-req.CheckedMS <= recheckAge.Milliseconds() {
-		return false
-	}
-	rctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
-	defer cancel()
-	renewed, err := g.store.LastRenewed(rctx, req.UID)
-	if err != nil {
-		g.log.Debug("judge a late guide again", "uid", req.UID, "guide_id", req.ID, "err", err)
-		return false
-	}
-	if renewed.UnixMilli() > req.DeadlineMS {
-		metricPushes.WithLabelValues("came_back").Inc()
-		return true
-	}
-	req.CheckedMS = now
-	return false
-}
-
 // deliverLocal hands a guide to uid's connections on this instance, and
 // returns how many took it, and how many dropped it as superseded (their
 // client said the user was present after its deadline). Each that took it
@@ -256,7 +228,13 @@ func (g *Gateway) cameBack(ctx context.Context, req *push.Request) bool {
 // its first frame (see present.go). A close stage's guide closes each
 // connection that took it once written to it (see inactive.go).
 func (g *Gateway) deliverLocal(req push.Request) (taken, superseded int) {
+	// Earlier stages of its silence this instance dropped as came back go
+	// first (see lateStages).
+	earlier := g.late.laterStage(req)
 	for _, c := range g.hub.lookup(req.UID) {
+		for _, r := range earlier {
+			c.enqueueGuide(r)
+		}
 		switch c.enqueueGuide(req) {
 		case guideTaken:
 			taken++
@@ -375,8 +353,10 @@ func (g *Gateway) routedIn(ctx context.Context, payload string) {
 		return
 	}
 	// Another instance may have taken it, and a close stage's close be
-	// applied there already: only a reminder is judged again.
+	// applied there already: only a reminder is judged again (see
+	// lateStages).
 	if !req.Final && g.cameBack(ctx, &req) {
+		g.late.dropped(req)
 		g.markCameBack(ctx, req.UID, []push.Request{req}, "routed here after the user renewed past its deadline: not sent")
 		return
 	}
