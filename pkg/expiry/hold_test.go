@@ -213,15 +213,6 @@ func TestActivityRelease(t *testing.T) {
 	}
 }
 
-func TestInfoField(t *testing.T) {
-	info := "# Server\r\nredis_version:7.0.15\r\nrun_id:3a77f691a785\r\nuptime_in_seconds:12\r\n"
-	for name, want := range map[string]string{"run_id": "3a77f691a785", "uptime_in_seconds": "12", "run": "", "missing": ""} {
-		if got := infoField(info, name); got != want {
-			t.Errorf("infoField(%q) = %q, want %q", name, got, want)
-		}
-	}
-}
-
 func TestActivityLag(t *testing.T) {
 	now := time.Unix(1000, 0)
 	for _, tt := range []struct {

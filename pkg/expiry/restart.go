@@ -2,12 +2,11 @@ package expiry
 
 import (
 	"context"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/stillthere/stillthere/pkg/redisconn"
 	"github.com/stillthere/stillthere/pkg/session"
 )
 
@@ -26,38 +25,16 @@ type restarts struct {
 // a blind interval from the last check to now for every master that
 // restarted in between.
 func (r *restarts) check(ctx context.Context, rdb redis.UniversalClient, store *session.Store, now time.Time) []string {
-	ids := map[string]string{}
-	read := func(ctx context.Context, c *redis.Client) error {
-		info, err := c.Info(ctx, "server").Result()
-		if err != nil {
-			return err
-		}
-		if id := infoField(info, "run_id"); id != "" {
-			ids[c.Options().Addr] = id
-		}
+	if _, ok := rdb.(*redis.ClusterClient); !ok {
 		return nil
 	}
-	c, ok := rdb.(*redis.ClusterClient)
-	if !ok {
-		return nil
-	}
-	// ForEachMaster calls back concurrently; the masters are read one
-	// after another after it, so ids is not shared.
-	var mu sync.Mutex
-	var masters []*redis.Client
-	err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-		mu.Lock()
-		masters = append(masters, m)
-		mu.Unlock()
-		return nil
-	})
-	for _, m := range masters {
-		if e := read(ctx, m); e != nil && err == nil {
-			err = e
-		}
-	}
+	runs, err := redisconn.MasterRuns(ctx, rdb)
 	if err != nil {
 		return nil
+	}
+	ids := make(map[string]string, len(runs))
+	for addr, run := range runs {
+		ids[addr] = run.ID
 	}
 	var restarted []string
 	for addr, id := range ids {
@@ -73,14 +50,4 @@ func (r *restarts) check(ctx context.Context, rdb redis.UniversalClient, store *
 	}
 	r.runIDs, r.seen = ids, now
 	return restarted
-}
-
-// infoField is one field of an INFO reply.
-func infoField(info, name string) string {
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
-			return v
-		}
-	}
-	return ""
 }

@@ -104,6 +104,11 @@ type Gateway struct {
 	// heartbeat that succeeded was sent. The heartbeat loop's own.
 	beatFailed, beaten, shed bool
 	echoAt, beatSent         time.Time
+	// restartSeen: watchRestarts saw a master restart, which the next
+	// heartbeat that succeeds acts on as on data lost. masterRuns: each
+	// master's run as Open read it, watchRestarts's own from then on.
+	restartSeen atomic.Bool
+	masterRuns  map[string]redisconn.Run
 	// drainRec is the record of the drain so far, nil before it begins.
 	drainRec *session.BlindInterval
 	// dropped holds the grants of connections that dropped, for a resync.
@@ -183,6 +188,12 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 	}
 	if err := redisconn.CheckEviction(ctx, g.rdb); err != nil {
 		logger.Warn("Redis may evict session keys", "err", err)
+	}
+	// The masters as they run now: a restart from here on is one this
+	// instance's users may have lost data in (see watchRestarts).
+	var rerr error
+	if g.masterRuns, rerr = redisconn.MasterRuns(ctx, g.rdb); rerr != nil {
+		logger.Debug("read the Redis masters' run ids", "err", rerr)
 	}
 	// The heartbeat, and the records of this instance's outages, have a
 	// connection of their own, the control connection. Queued behind a
@@ -349,6 +360,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	// The reader outlives the drain too: the connections it reads end in it.
 	eg.Go(func() error { return g.reader.Run(bctx) })
 	eg.Go(func() error { g.heartbeat(bctx); return nil })
+	eg.Go(func() error { g.watchRestarts(bctx); return nil })
 	eg.Go(func() error { g.routes.run(bctx); return nil })
 	eg.Go(func() error { g.ahead.run(bctx); return nil })
 	eg.Go(func() error { g.expiries.run(bctx); return nil })

@@ -80,6 +80,10 @@ var (
 		Name: "stillthere_gateway_routes_pruned_total",
 		Help: "Route entries of instances dead by their heartbeat, dropped when a guide published to them reached nobody.",
 	})
+	metricRestartsSeen = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_gateway_redis_restarts_total",
+		Help: "Times a Redis master's run id changed (a restart, perhaps without its data): every user is registered again and every session resynced.",
+	})
 	metricRouteRewrites = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_gateway_route_rewrites_total",
 		Help: "Users whose route was written again because a ping's renewal found it not naming this instance: a Redis node lost it with its data, or another instance dropped this one's entry.",

@@ -475,6 +475,11 @@ func (g *Gateway) beat(ctx context.Context) {
 		g.log.Warn("heartbeat found a gap: this instance was dead by its lease; registering every user again")
 		forgotten = true
 	}
+	if err == nil && g.restartSeen.Swap(false) {
+		// A master restarted (see watchRestarts), perhaps without its
+		// data; watchRestarts noted since when grants may be lost.
+		forgotten = true
+	}
 	if err == nil {
 		g.beaten = true
 		g.beatSent = sent
