@@ -135,7 +135,7 @@ func TestLateStagesKeepReminders(t *testing.T) {
 	old := newLateStages(time.Nanosecond)
 	old.dropped(r("r1", 100, 1))
 	time.Sleep(time.Millisecond) // real time: past a keep of a nanosecond
-	old.dropped(r("x", 300, 1)) // forgets what is past the keep
+	old.dropped(r("x", 300, 1))  // forgets what is past the keep
 	if got := old.laterStage(closing(100)); len(got) != 0 {
 		t.Errorf("a reminder kept past the keep went out: %v", ids(got))
 	}

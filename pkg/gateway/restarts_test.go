@@ -14,7 +14,9 @@ import (
 // when it is read again.
 func TestRestartedSince(t *testing.T) {
 	now := time.Unix(1000, 0)
-	run := func(id string, up int) redisconn.Run { return redisconn.Run{ID: id, Up: time.Duration(up) * time.Second} }
+	run := func(id string, up int) redisconn.Run {
+		return redisconn.Run{ID: id, Up: time.Duration(up) * time.Second}
+	}
 	type look = map[string]redisconn.Run
 	for _, tc := range []struct {
 		name  string
