@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
+	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
@@ -17,10 +18,10 @@ import (
 const arAwayAgoMS = 70_000
 
 // arSilence is one silence's reminder and close stage, claimed at
-// checkedMS.
+// checkedMS, under the ids the listener gives them.
 func arSilence(uid string, deadline, checkedMS int64) (remind, closing push.Request) {
-	remind = push.Request{ID: "r-" + uid, UID: uid, Text: "Still there?", DeadlineMS: deadline, DueMS: deadline, Stage: 1, CheckedMS: checkedMS}
-	closing = push.Request{ID: "c-" + uid, UID: uid, Text: "Closed.", DeadlineMS: deadline, DueMS: deadline, Stage: 2,
+	remind = push.Request{ID: timeoutevent.StageID(uid, deadline, 1), UID: uid, Text: "Still there?", DeadlineMS: deadline, DueMS: deadline, Stage: 1, CheckedMS: checkedMS}
+	closing = push.Request{ID: timeoutevent.StageID(uid, deadline, 2), UID: uid, Text: "Closed.", DeadlineMS: deadline, DueMS: deadline, Stage: 2,
 		Action: timeoutevent.ActionClose, Final: true, Reason: timeoutevent.ReasonOf(timeoutevent.ActionClose), CheckedMS: checkedMS}
 	return remind, closing
 }
@@ -109,6 +110,11 @@ func TestAttackRecheckRoutedCloseWithoutReminder(t *testing.T) {
 	arClockPast(t, b.rdb, deadline)
 	claimed := redisNowMS(t, b.rdb)
 	remind, closing := arSilence(uid, deadline, claimed)
+	for _, req := range []push.Request{remind, closing} {
+		if state, err := a.store.ClaimPush(ctx, uid, req.ID, newToken(), claimTTL, deadline); err != nil || state != session.PushFresh {
+			t.Fatalf("A's claim of %s: %q, %v", req.ID, state, err)
+		}
+	}
 
 	// The other device reconnects on A, saying the user has been away.
 	onA := a.dialFirstPing(t, uid)

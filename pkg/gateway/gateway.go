@@ -82,7 +82,6 @@ type Gateway struct {
 	sub              *redis.PubSub // its channel, for guides routed here; Run's listen owns it
 	routes           *routeBook    // the one writer of its route entries
 	ahead            *aheadDrops   // takes proven guides kept ahead out of inboxes
-	late             *lateStages   // reminders dropped as came back, until their close stage
 	view             viewPtr       // the instances' heartbeats, read every heartbeat
 	publicLn, pushLn net.Listener
 	conns            sync.WaitGroup // one per goroutine of a connection being served
@@ -247,7 +246,6 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Gateway, err
 	g.reach.waiting = g.renewer.Waiting
 	g.routes = newRouteBook(g)
 	g.ahead = newAheadDrops(g)
-	g.late = newLateStages(cfg.guideMaxAge())
 	g.activity = &activityHandler{
 		secret:   cfg.ActivitySecret,
 		store:    g.store,

@@ -2,9 +2,6 @@ package gateway
 
 import (
 	"context"
-	"slices"
-	"sync"
-	"time"
 
 	"github.com/stillthere/stillthere/pkg/push"
 )
@@ -16,13 +13,23 @@ import (
 // may have come back meanwhile, on any device or through the platform,
 // and is not asked whether they are still there.
 //
-// A close stage is judged again only before anything took it (in the
-// push's own route): once routed, another connection may have applied its
-// close, and a device connected then is told (see inactive.go). Its
-// reminder, judged again on the way, may have been dropped by then on
-// this instance; a close must never come before its reminder on a device,
-// so the reminders of a silence dropped here are kept for a while
-// (lateStages), and go out before its close stage should it still come.
+// In the push's own route nothing took the guide yet, and every stage is
+// judged again, as a claim made then would: one found over is stale, and
+// so are its silence's later stages, whose claims come after and judge the
+// same renewal. Once routed (read off the channel, held by a connection)
+// another connection may have taken it, and only so far (cameBackRouted):
+//
+//   - a close stage is not judged again: another connection may have
+//     applied its close, and the devices connected then are told (see
+//     inactive.go);
+//   - a reminder found over goes out all the same once a later stage of
+//     its silence was claimed (pushed before the user came back): that
+//     stage goes out to the devices, and a close must never come before
+//     its reminder. Not claimed yet, no later stage will be: its claim
+//     judges the renewal this one found.
+//
+// A later stage is found by the ids the listener gives a silence's stages
+// (timeoutevent.StageID), which its guide consumer pushes them under.
 
 // cameBack judges req's silence again, as its push's claim did, when the
 // last judgement (req.CheckedMS) is older than recheckAge: it reports
@@ -42,71 +49,25 @@ func (g *Gateway) cameBack(ctx context.Context, req *push.Request) bool {
 		return false
 	}
 	if renewed.UnixMilli() > req.DeadlineMS {
-		metricPushes.WithLabelValues("came_back").Inc()
 		return true
 	}
 	req.CheckedMS = now
 	return false
 }
 
-// lateStages are the reminders this instance dropped as came back, by
-// silence (user and deadline), until a later stage of that silence takes
-// them or keepFor has passed.
-type lateStages struct {
-	keepFor time.Duration
-	mu      sync.Mutex
-	m       map[silenceKey][]lateStage
-}
-
-type silenceKey struct {
-	uid        string
-	deadlineMS int64
-}
-
-type lateStage struct {
-	req push.Request
-	at  time.Time
-}
-
-func newLateStages(keepFor time.Duration) *lateStages {
-	return &lateStages{keepFor: keepFor, m: map[silenceKey][]lateStage{}}
-}
-
-// dropped keeps req, a reminder dropped as came back, and forgets those
-// kept longer than keepFor.
-func (l *lateStages) dropped(req push.Request) {
-	now := time.Now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for k, v := range l.m {
-		if now.Sub(v[len(v)-1].at) > l.keepFor {
-			delete(l.m, k)
-		}
+// cameBackRouted is cameBack for a guide another connection may have
+// taken already: a close stage is not judged again, and a reminder found
+// over still goes out once a later stage of its silence was claimed.
+func (g *Gateway) cameBackRouted(ctx context.Context, req *push.Request) bool {
+	if req.Final || !g.cameBack(ctx, req) {
+		return false
 	}
-	k := silenceKey{req.UID, req.DeadlineMS}
-	if !slices.ContainsFunc(l.m[k], func(s lateStage) bool { return s.req.ID == req.ID }) {
-		l.m[k] = append(l.m[k], lateStage{req: req, at: now})
+	rctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
+	defer cancel()
+	claimed, err := g.store.LaterStageClaimed(rctx, req.UID, req.DeadlineMS, max(req.Stage, 1))
+	if err != nil {
+		g.log.Debug("look for a later stage of a late guide's silence", "uid", req.UID, "guide_id", req.ID, "err", err)
+		return false
 	}
-}
-
-// laterStage returns the kept reminders of req's silence, oldest stage
-// first, when req is its close stage, and forgets them: they go out
-// before it.
-func (l *lateStages) laterStage(req push.Request) []push.Request {
-	if !req.Final || req.DeadlineMS <= 0 {
-		return nil
-	}
-	l.mu.Lock()
-	k := silenceKey{req.UID, req.DeadlineMS}
-	kept := l.m[k]
-	delete(l.m, k)
-	l.mu.Unlock()
-	out := make([]push.Request, 0, len(kept))
-	for _, s := range kept {
-		if s.req.Stage < req.Stage {
-			out = append(out, s.req)
-		}
-	}
-	slices.SortFunc(out, func(a, b push.Request) int { return a.Stage - b.Stage })
-	return out
+	return !claimed
 }

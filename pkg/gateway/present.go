@@ -236,17 +236,10 @@ func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, cl
 		})
 		for _, req := range held {
 			// Held up to firstPingWait: judged again, as any guide late
-			// on its way is, but a close stage, which may have been
-			// applied elsewhere; a reminder dropped so goes out before
-			// its close stage should that come (see late.go).
-			if !req.Final && g.cameBack(ctx, &req) {
-				g.late.dropped(req)
+			// on its way is (see late.go).
+			if g.cameBackRouted(ctx, &req) {
 				over = append(over, req)
 				continue
-			}
-			for _, r := range g.late.laterStage(req) {
-				over = slices.DeleteFunc(over, func(o push.Request) bool { return o.ID == r.ID })
-				c.takeGuide(r)
 			}
 			switch c.takeGuide(req) {
 			case guideSuperseded:
@@ -300,6 +293,7 @@ func (g *Gateway) markSuperseded(ctx context.Context, uid string, reqs []push.Re
 // markCameBack is markSuperseded for guides found over by the user's
 // renewals (see cameBack), how saying where.
 func (g *Gateway) markCameBack(ctx context.Context, uid string, reqs []push.Request, how string) {
+	metricPushes.WithLabelValues("came_back").Add(float64(len(reqs)))
 	for _, req := range reqs {
 		g.timeline.Record(uid, skippedEntry(req, ruleCameBack, how))
 	}

@@ -228,13 +228,7 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 // its first frame (see present.go). A close stage's guide closes each
 // connection that took it once written to it (see inactive.go).
 func (g *Gateway) deliverLocal(req push.Request) (taken, superseded int) {
-	// Earlier stages of its silence this instance dropped as came back go
-	// first (see lateStages).
-	earlier := g.late.laterStage(req)
 	for _, c := range g.hub.lookup(req.UID) {
-		for _, r := range earlier {
-			c.enqueueGuide(r)
-		}
 		switch c.enqueueGuide(req) {
 		case guideTaken:
 			taken++
@@ -352,11 +346,8 @@ func (g *Gateway) routedIn(ctx context.Context, payload string) {
 		g.log.Warn("bad routed guide", "err", err)
 		return
 	}
-	// Another instance may have taken it, and a close stage's close be
-	// applied there already: only a reminder is judged again (see
-	// lateStages).
-	if !req.Final && g.cameBack(ctx, &req) {
-		g.late.dropped(req)
+	// Judged again if late, as far as it may be once routed (see late.go).
+	if g.cameBackRouted(ctx, &req) {
 		g.markCameBack(ctx, req.UID, []push.Request{req}, "routed here after the user renewed past its deadline: not sent")
 		return
 	}

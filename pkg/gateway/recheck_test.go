@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"encoding/json"
-	"slices"
 	"testing"
 	"time"
 
@@ -48,12 +47,16 @@ func TestLateGuideJudgedAgain(t *testing.T) {
 		arrive   arrival
 		final    bool
 		cameBack bool
+		later    bool        // a later stage of its silence was claimed before the user came back
 		want     push.Status // resumed only
 		sent     bool
 	}{
 		{name: "routed in, user back", arrive: routedIn, cameBack: true},
 		{name: "routed in, user away", arrive: routedIn, sent: true},
 		{name: "routed in, close stage of a user back", arrive: routedIn, final: true, cameBack: true, sent: true},
+		// Its close stage goes out to the devices: not without it.
+		{name: "routed in, user back after its close stage was claimed", arrive: routedIn, cameBack: true, later: true, sent: true},
+		{name: "resumed, user back after its close stage was claimed", arrive: resumed, cameBack: true, later: true, want: push.Stale},
 		{name: "resumed, user back", arrive: resumed, cameBack: true, want: push.Stale},
 		{name: "resumed, close stage of a user back", arrive: resumed, final: true, cameBack: true, want: push.Stale},
 		{name: "resumed, user away", arrive: resumed, want: push.Delivered, sent: true},
@@ -72,6 +75,12 @@ func TestLateGuideJudgedAgain(t *testing.T) {
 			req := push.Request{ID: "g-" + uid, UID: uid, Text: "still there?", DeadlineMS: now - 1, DueMS: now - 1, Stage: 1, CheckedMS: now - 2000}
 			if tc.final {
 				req.Stage, req.Action, req.Final, req.Reason = 2, timeoutevent.ActionClose, true, timeoutevent.ReasonOf(timeoutevent.ActionClose)
+			}
+			if tc.later {
+				id := timeoutevent.StageID(uid, req.DeadlineMS, 2)
+				if _, err := tg.store.ClaimPush(ctx, uid, id, newToken(), claimTTL, req.DeadlineMS); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if tc.cameBack {
 				// On another device, or through the platform: after the
@@ -95,48 +104,5 @@ func TestLateGuideJudgedAgain(t *testing.T) {
 				return tg.rdb.LLen(ctx, tg.store.Keyspace().InboxKey(uid)).Val() == 0
 			})
 		})
-	}
-}
-
-// TestLateStagesKeepReminders: the reminders an instance dropped as came
-// back go out before their own silence's close stage, in stage order,
-// once each; not before another silence's, nor before a reminder, nor
-// once kept longer than the keep.
-func TestLateStagesKeepReminders(t *testing.T) {
-	r := func(id string, deadline int64, stage int) push.Request {
-		return push.Request{ID: id, UID: "u", DeadlineMS: deadline, Stage: stage}
-	}
-	closing := func(deadline int64) push.Request {
-		return push.Request{ID: "c", UID: "u", DeadlineMS: deadline, Stage: 3, Final: true}
-	}
-	ids := func(reqs []push.Request) (out []string) {
-		for _, q := range reqs {
-			out = append(out, q.ID)
-		}
-		return out
-	}
-	l := newLateStages(time.Hour)
-	l.dropped(r("r2", 100, 2))
-	l.dropped(r("r1", 100, 1))
-	l.dropped(r("r1", 100, 1)) // a second copy (another connection's)
-	l.dropped(r("other", 200, 1))
-	if got := l.laterStage(r("r3", 100, 2)); got != nil {
-		t.Errorf("a reminder took %v", ids(got))
-	}
-	if got := ids(l.laterStage(closing(100))); !slices.Equal(got, []string{"r1", "r2"}) {
-		t.Errorf("the close stage took %v, want [r1 r2]", got)
-	}
-	if got := l.laterStage(closing(100)); len(got) != 0 {
-		t.Errorf("a second close stage took %v again", ids(got))
-	}
-	if got := ids(l.laterStage(closing(200))); !slices.Equal(got, []string{"other"}) {
-		t.Errorf("the other silence's close took %v", got)
-	}
-	old := newLateStages(time.Nanosecond)
-	old.dropped(r("r1", 100, 1))
-	time.Sleep(time.Millisecond) // real time: past a keep of a nanosecond
-	old.dropped(r("x", 300, 1))  // forgets what is past the keep
-	if got := old.laterStage(closing(100)); len(got) != 0 {
-		t.Errorf("a reminder kept past the keep went out: %v", ids(got))
 	}
 }

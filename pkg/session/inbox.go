@@ -3,9 +3,12 @@ package session
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
 // The gateway's part of the model: a push's claim of a guide id for one
@@ -51,6 +54,25 @@ var pushSettleScript = newScript[deliveredKeys]("push_settle", pushVocab, []code
 func (s *Store) ClaimPush(ctx context.Context, uid, id, token string, ttl time.Duration, deadlineMS int64) (string, error) {
 	keys := pushClaimKeys{Delivered: s.ks.DeliveredKey(uid, id), Pushed: s.ks.PushedKey(uid, id), Renewed: s.ks.RenewedKey(uid)}
 	return pushClaimScript.Run(ctx, s.rdb, keys, token, ttl.Milliseconds(), deadlineMS).Text()
+}
+
+// LaterStageClaimed reports whether a push claimed, or settled, a stage
+// after stage of uid's silence that ran out at deadlineMS, found by the
+// ids the listener gives a silence's stages (timeoutevent.StageID).
+func (s *Store) LaterStageClaimed(ctx context.Context, uid string, deadlineMS int64, stage int) (bool, error) {
+	var keys []string
+	for st := stage + 1; st <= timeoutevent.MaxStages; st++ {
+		id := timeoutevent.StageID(uid, deadlineMS, st)
+		keys = append(keys, s.ks.DeliveredKey(uid, id), s.ks.PushedKey(uid, id))
+	}
+	if len(keys) == 0 {
+		return false, nil
+	}
+	vals, err := s.rdb.MGet(ctx, keys...).Result()
+	if err != nil {
+		return false, fmt.Errorf("later stages of %q's silence: %w", uid, err)
+	}
+	return slices.ContainsFunc(vals, func(v any) bool { return v != nil }), nil
 }
 
 // SettlePush records the outcome of the push token claimed guide id for
