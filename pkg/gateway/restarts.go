@@ -23,11 +23,17 @@ import (
 // and a resync that hands over the grants that ran out since the master
 // started. Those cannot have been guided: the listener finds a silence
 // due at its deadline, by which time that master had lost it. The start
-// is the master's uptime back from after the read, in whole seconds
-// rounded down, so at or after the real one: a silence that ran out
-// before it may have been guided before the data went, and is not
-// restored (a resync never guides one twice). A master first seen (a
-// replica promoted, which kept the data) tells nothing.
+// is never taken too early: a silence that ran out before it may have
+// been guided before the data went, and a restore would guide it twice.
+// Redis says its uptime in whole seconds, the second it reads its clock
+// in less the second it started in, which puts the start up to a second
+// either side of uptime back from the read; a second later than that is
+// after it, and up to two seconds late (what ran out in those is lost
+// with the data, as before a look). A master first seen (a replica
+// promoted, which kept the data) tells nothing, and nor does a master
+// that was down for a while before it started again, nor one that
+// restarted twice between two looks: what ran out before its latest
+// start is lost with the data.
 
 // watchRestarts looks for restarted masters every heartbeat interval
 // until ctx is done, against the runs Open read first.
@@ -64,12 +70,13 @@ func (g *Gateway) watchRestarts(ctx context.Context) {
 }
 
 // restartedSince records the runs read at now (after the read) in runs,
-// and reports whether a master already in runs restarted, and when the
-// earliest of those started by the local clock (see watchRestarts).
+// and reports whether a master already in runs restarted, and the
+// earliest time by the local clock at which those had all started (see
+// watchRestarts).
 func restartedSince(runs, read map[string]redisconn.Run, now time.Time) (since time.Time, restarted bool) {
 	for addr, run := range read {
 		if old, seen := runs[addr]; seen && old.ID != run.ID {
-			if start := now.Add(-run.Up); !restarted || start.Before(since) {
+			if start := now.Add(time.Second - run.Up); !restarted || start.Before(since) {
 				since, restarted = start, true
 			}
 		}

@@ -8,8 +8,9 @@ import (
 )
 
 // TestRestartedSince: a master whose run id changed since the last look
-// restarted, at its uptime back from the look; the earliest of several
-// counts. A first look, a master first seen (a replica promoted) and one
+// restarted, at its uptime less a second back from the look (the uptime
+// is in whole seconds of the clock, never a start too early); the
+// earliest of several counts. A first look, a master first seen (a replica promoted) and one
 // not read this time tell nothing, and one not read is still compared
 // when it is read again.
 func TestRestartedSince(t *testing.T) {
@@ -25,12 +26,12 @@ func TestRestartedSince(t *testing.T) {
 	}{
 		{name: "first look", looks: []look{{"a": run("1", 50)}}},
 		{name: "no change", looks: []look{{"a": run("1", 50)}, {"a": run("1", 51)}}, want: []time.Duration{-1}},
-		{name: "restart", looks: []look{{"a": run("1", 50)}, {"a": run("2", 3)}}, want: []time.Duration{3 * time.Second}},
+		{name: "restart", looks: []look{{"a": run("1", 50)}, {"a": run("2", 3)}}, want: []time.Duration{2 * time.Second}},
 		{name: "two restarts, the earliest counts", looks: []look{{"a": run("1", 50), "b": run("1", 50)}, {"a": run("2", 3), "b": run("2", 7)}},
-			want: []time.Duration{7 * time.Second}},
+			want: []time.Duration{6 * time.Second}},
 		{name: "master first seen", looks: []look{{"a": run("1", 50)}, {"a": run("1", 51), "b": run("9", 600)}}, want: []time.Duration{-1}},
 		{name: "not read, then read restarted", looks: []look{{"a": run("1", 50), "b": run("1", 50)}, {"a": run("1", 51)}, {"a": run("1", 52), "b": run("2", 1)}},
-			want: []time.Duration{-1, time.Second}},
+			want: []time.Duration{-1, 0}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			runs := map[string]redisconn.Run{}
