@@ -23,10 +23,12 @@ import (
 //     applied its close, and the devices connected then are told (see
 //     inactive.go);
 //   - a reminder found over goes out all the same once a later stage of
-//     its silence was claimed (pushed before the user came back): that
-//     stage goes out to the devices, and a close must never come before
+//     its silence was claimed before the user came back, and is being
+//     pushed, or went out (delivered, or queued for the next connect):
+//     that stage goes to the devices, and a close must never come before
 //     its reminder. Not claimed yet, no later stage will be: its claim
-//     judges the renewal this one found.
+//     judges the renewal this one found; and one found stale or too old
+//     went nowhere.
 //
 // A later stage is found by the ids the listener gives a silence's stages
 // (timeoutevent.StageID), which its guide consumer pushes them under.
@@ -57,14 +59,15 @@ func (g *Gateway) cameBack(ctx context.Context, req *push.Request) bool {
 
 // cameBackRouted is cameBack for a guide another connection may have
 // taken already: a close stage is not judged again, and a reminder found
-// over still goes out once a later stage of its silence was claimed.
+// over still goes out once a later stage of its silence is being pushed
+// or went out.
 func (g *Gateway) cameBackRouted(ctx context.Context, req *push.Request) bool {
 	if req.Final || !g.cameBack(ctx, req) {
 		return false
 	}
 	rctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
 	defer cancel()
-	claimed, err := g.store.LaterStageClaimed(rctx, req.UID, req.DeadlineMS, max(req.Stage, 1))
+	claimed, err := g.store.LaterStagePushed(rctx, req.UID, req.DeadlineMS, max(req.Stage, 1), string(push.Delivered), string(push.Queued))
 	if err != nil {
 		g.log.Debug("look for a later stage of a late guide's silence", "uid", req.UID, "guide_id", req.ID, "err", err)
 		return false

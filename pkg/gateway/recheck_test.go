@@ -65,14 +65,19 @@ func TestLateGuideJudgedAgain(t *testing.T) {
 			uid := "late-" + newToken()[:8]
 			ws := tg.dial(t, uid)
 			pingPong(t, ws)
+			var renewed time.Time
 			waitUntil(t, "the ping's renewal", func() bool {
 				at, err := tg.store.LastRenewed(ctx, uid)
+				renewed = at
 				return err == nil && !at.IsZero()
 			})
-			// The silence ran out after the ping's renewal; the guide's
-			// claim judged it 2 s ago, and it was due then.
+			// The silence ran out a millisecond after the ping's renewal
+			// (a short one, for the test), and is past; the guide's claim
+			// judged it 2 s ago.
+			deadline := renewed.UnixMilli() + 1
+			waitUntil(t, "Redis's clock past the deadline", func() bool { return redisNowMS(t, tg.rdb) > deadline })
 			now := redisNowMS(t, tg.rdb)
-			req := push.Request{ID: "g-" + uid, UID: uid, Text: "still there?", DeadlineMS: now - 1, DueMS: now - 1, Stage: 1, CheckedMS: now - 2000}
+			req := push.Request{ID: "g-" + uid, UID: uid, Text: "still there?", DeadlineMS: deadline, DueMS: deadline, Stage: 1, CheckedMS: now - 2000}
 			if tc.final {
 				req.Stage, req.Action, req.Final, req.Reason = 2, timeoutevent.ActionClose, true, timeoutevent.ReasonOf(timeoutevent.ActionClose)
 			}

@@ -56,10 +56,12 @@ func (s *Store) ClaimPush(ctx context.Context, uid, id, token string, ttl time.D
 	return pushClaimScript.Run(ctx, s.rdb, keys, token, ttl.Milliseconds(), deadlineMS).Text()
 }
 
-// LaterStageClaimed reports whether a push claimed, or settled, a stage
-// after stage of uid's silence that ran out at deadlineMS, found by the
-// ids the listener gives a silence's stages (timeoutevent.StageID).
-func (s *Store) LaterStageClaimed(ctx context.Context, uid string, deadlineMS int64, stage int) (bool, error) {
+// LaterStagePushed reports whether a stage after stage of uid's silence
+// that ran out at deadlineMS is being pushed (claimed), was settled with
+// one of outcomes, or was pushed by a gateway from before uid scoping
+// (its outcome unknown). The stages are found by the ids the listener
+// gives them (timeoutevent.StageID).
+func (s *Store) LaterStagePushed(ctx context.Context, uid string, deadlineMS int64, stage int, outcomes ...string) (bool, error) {
 	var keys []string
 	for st := stage + 1; st <= timeoutevent.MaxStages; st++ {
 		id := timeoutevent.StageID(uid, deadlineMS, st)
@@ -72,7 +74,20 @@ func (s *Store) LaterStageClaimed(ctx context.Context, uid string, deadlineMS in
 	if err != nil {
 		return false, fmt.Errorf("later stages of %q's silence: %w", uid, err)
 	}
-	return slices.ContainsFunc(vals, func(v any) bool { return v != nil }), nil
+	for i, v := range vals {
+		str, ok := v.(string)
+		if !ok {
+			continue
+		}
+		if i%2 == 1 {
+			return true, nil // an older gateway's record
+		}
+		f, ok := pushFormat.decode(str)
+		if ok && (f[0] == pushClaimed || f[0] == pushDone && slices.Contains(outcomes, f[1])) {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // SettlePush records the outcome of the push token claimed guide id for
