@@ -99,9 +99,19 @@ func TestActivityOutcomes(t *testing.T) {
 			{renew: ClockTurn, wantOffset: ttl, wantTurn: "user"},
 			{events: []Activity{ev("u", ActivityTurnUs, ttl).clock(ClockTurn).hold(hour)}, wantOffset: hour + ttl, applied: 1, wantTurn: "us"},
 		}},
-		{"a max hold that ended runs the clock", []step{
-			{events: []Activity{ev("u", ActivityTurnUs, ttl).hold(time.Second)}, ago: 10 * time.Second, wantOffset: ttl, applied: 1, wantTurn: "us"},
+		// From the hold's end, as a turn to the user then: an event that
+		// reaches us late does not start its silence late.
+		{"a max hold that ended runs the clock from its end", []step{
+			{events: []Activity{ev("u", ActivityTurnUs, ttl).hold(time.Second)}, ago: 10 * time.Second, wantOffset: ttl - 9*time.Second, applied: 1, wantTurn: "us"},
 			{renew: ClockPresence, wantOffset: ttl, wantTurn: "us"},
+		}},
+		// A resend applied late, after the first copy: the same deadline.
+		{"a turn to us applied again after its hold ended", []step{
+			{events: []Activity{ev("u", ActivityTurnUs, ttl).hold(time.Second)}, ago: 30 * time.Second, wantOffset: ttl - 29*time.Second, applied: 1, wantTurn: "us"},
+			{events: []Activity{ev("u", ActivityTurnUs, ttl).hold(time.Second)}, ago: 30 * time.Second, wantOffset: ttl - 29*time.Second, applied: 1, wantTurn: "us"},
+		}},
+		{"a turn to us whose silence was over by the time it came is stale", []step{
+			{events: []Activity{ev("u", ActivityTurnUs, ttl).hold(time.Second)}, ago: ttl + 10*time.Second, wantNone: true, stale: 1},
 		}},
 		{"a turn older than the stored one is stale", []step{
 			{events: []Activity{ev("u", ActivityTurnUs, ttl).hold(hour)}, wantOffset: hour + ttl, applied: 1, wantTurn: "us"},

@@ -86,16 +86,21 @@ for j = 1, n do
       grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, parked, was, turn, from, note, stored)
     end
   elseif kind == V.turnUs then
-    if at < since then applied = 0
+    -- The user's clock runs again at the hold's end, as from a turn to
+    -- the user then: one that reaches us past it (a resend applied late,
+    -- a backlog) counts from then, not from now, and one whose silence
+    -- was over by then is stale, as for an active.
+    local runs = from + hold
+    if at < since or runs + ttl <= now then applied = 0
     else
-      turn = encodeTurn(V.us, at, from + hold)
+      turn = encodeTurn(V.us, at, runs)
       redis.call('SET', KEYS[k.turn], turn)
       if whose ~= V.us then applied = 2 end
       -- A turn to us after one to us replaces it: the platform's latest
       -- word on how long we may keep the user waiting, shorter or longer
       -- (an agent who picked the queued chat up is typing). The park the
       -- first gave is not kept; what the user's own activity gave is.
-      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, whose == V.us, was, turn, nil, note, stored)
+      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, whose == V.us, was, turn, runs < now and runs or nil, note, stored)
     end
   elseif kind == V.ending then
     if at < was or at < since then applied = 0
