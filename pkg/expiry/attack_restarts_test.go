@@ -103,8 +103,6 @@ func (r *restartsRig) run(i int) string {
 	return redisconn.InfoField(info, "run_id") + " up " + redisconn.InfoField(info, "uptime_in_seconds") + "s"
 }
 
-func (r *restartsRig) all() []string { return append(append([]string{}, r.on...), r.off) }
-
 // now is Redis's clock, off the control master.
 func (r *restartsRig) now() time.Time {
 	r.h.t.Helper()
@@ -113,47 +111,6 @@ func (r *restartsRig) now() time.Time {
 		r.h.t.Fatal(err)
 	}
 	return now
-}
-
-// until waits until Redis's clock reaches at: real time must pass for a
-// deadline to run out.
-func (r *restartsRig) until(at time.Time) {
-	r.h.t.Helper()
-	waitFor(r.h.t, waitLong+max(0, time.Until(at)), "Redis's clock to reach "+at.Format("15:04:05.000"), func() bool {
-		return !r.now().Before(at)
-	})
-}
-
-// ping connects every silent user, who pings once and says nothing more,
-// and returns the latest and earliest of their deadlines on the victim.
-func (r *restartsRig) ping() (first, last time.Time) {
-	t, h := r.h.t, r.h
-	for _, uid := range r.all() {
-		startPinger(t, r.gw, uid, 0)
-	}
-	waitFor(t, waitLong, "every silent user's session", func() bool {
-		for _, uid := range r.all() {
-			if !h.inIndex(uid) {
-				return false
-			}
-		}
-		return true
-	})
-	ks := h.store.Keyspace()
-	for _, uid := range r.on {
-		v, err := h.rdb.ZScore(context.Background(), ks.IndexKey(session.Bucket(uid)), uid).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		d := time.UnixMilli(int64(v))
-		if first.IsZero() || d.Before(first) {
-			first = d
-		}
-		if d.After(last) {
-			last = d
-		}
-	}
-	return first, last
 }
 
 // serving waits until the victim serves its slots again (empty).
@@ -190,29 +147,6 @@ func (r *restartsRig) resynced() session.BlindInterval {
 	// grace after it; one second more for the resync's batch to land.
 	h.sweptPast(got.End.Add(testGrace + time.Second))
 	return got
-}
-
-// check wants exactly one guide for every silent user, once the one
-// elsewhere has had theirs (the listener holds the timeouts around a
-// restart it saw for the grace) and a sweep the grace after that.
-func (r *restartsRig) check(what string, b session.BlindInterval, deadlines time.Time) {
-	h := r.h
-	h.t.Helper()
-	waitFor(h.t, waitLong, "the guide of "+r.off+", silent elsewhere", func() bool { return len(byUID(h.events())[r.off]) > 0 })
-	h.sweptPast(r.now().Add(testGrace))
-	got := byUID(h.events())
-	for _, uid := range r.all() {
-		n := len(got[uid])
-		if n == 1 {
-			continue
-		}
-		where := "elsewhere"
-		if uid != r.off {
-			where = "on the master that restarted empty, " + what
-		}
-		h.t.Errorf("%s (%s), silent since before its deadline %s: %d guides, want 1; the gateway's resync handed over the grants lapsed since %s (its record %s..%s)",
-			uid, where, deadlines.Format("15:04:05.000"), n, b.Start.Format("15:04:05.000"), b.Start.Format("15:04:05.000"), b.End.Format("15:04:05.000"))
-	}
 }
 
 // frac is the part of t past its whole second.
