@@ -21,8 +21,7 @@ import (
 //
 //   - a close stage is not judged again: another connection may have
 //     applied its close, and the devices connected then are told (see
-//     inactive.go). Unless it came alone: the instance that routed it
-//     took it nowhere itself and sent it to this one only;
+//     inactive.go);
 //   - a reminder found over goes out all the same once a later stage of
 //     its silence was claimed before the user came back, and is being
 //     pushed, or went out (delivered, or queued for the next connect):
@@ -59,15 +58,11 @@ func (g *Gateway) cameBack(ctx context.Context, req *push.Request) bool {
 }
 
 // cameBackRouted is cameBack for a guide another connection may have
-// taken already: a close stage is not judged again, unless it came alone
-// (push.Request.Alone: no other connection can have applied its close),
-// and a reminder found over still goes out once a later stage of its
-// silence is being pushed or went out.
+// taken already: a close stage is not judged again, and a reminder found
+// over still goes out once a later stage of its silence is being pushed
+// or went out.
 func (g *Gateway) cameBackRouted(ctx context.Context, req *push.Request) bool {
-	if req.Final {
-		return req.Alone && g.cameBack(ctx, req)
-	}
-	if !g.cameBack(ctx, req) {
+	if req.Final || !g.cameBack(ctx, req) {
 		return false
 	}
 	rctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)

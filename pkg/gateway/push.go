@@ -122,7 +122,7 @@ func (g *Gateway) servePush(w http.ResponseWriter, r *http.Request) {
 func (g *Gateway) push(ctx context.Context, req push.Request) (push.Response, error) {
 	token := newToken()
 	// Taken before the claim: its judgement is at least this fresh.
-	req.CheckedMS, req.Alone = g.redisNowMS(), false
+	req.CheckedMS = g.redisNowMS()
 	state, err := g.store.ClaimPush(ctx, req.UID, req.ID, token, claimTTL, req.DeadlineMS)
 	if err != nil {
 		return push.Response{}, fmt.Errorf("claim guide id: %w", err)
@@ -189,18 +189,6 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 			}
 		}
 		n, superseded := g.deliverLocal(req)
-		others := len(routes)
-		if _, ok := routes[g.instance]; ok {
-			others--
-		}
-		if alone := n == 0 && others == 1; alone != req.Alone {
-			// The one instance it goes to may judge a close stage again
-			// (see late.go).
-			req.Alone = alone
-			if payload, err = json.Marshal(req); err != nil {
-				return push.Response{}, err
-			}
-		}
 		remote, err := g.deliverElsewhere(ctx, req.UID, payload, routes)
 		if n+remote > 0 {
 			if err != nil {

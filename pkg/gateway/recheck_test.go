@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/stillthere/stillthere/pkg/push"
-	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
@@ -49,16 +48,12 @@ func TestLateGuideJudgedAgain(t *testing.T) {
 		final    bool
 		cameBack bool
 		later    bool        // a later stage of its silence was claimed before the user came back
-		alone    bool        // routed here alone: no other connection took it
 		want     push.Status // resumed only
 		sent     bool
 	}{
 		{name: "routed in, user back", arrive: routedIn, cameBack: true},
 		{name: "routed in, user away", arrive: routedIn, sent: true},
 		{name: "routed in, close stage of a user back", arrive: routedIn, final: true, cameBack: true, sent: true},
-		// Nobody else took it, so nobody applied its close.
-		{name: "routed in alone, close stage of a user back", arrive: routedIn, final: true, alone: true, cameBack: true},
-		{name: "routed in alone, close stage of a user away", arrive: routedIn, final: true, alone: true, sent: true},
 		// Its close stage goes out to the devices: not without it.
 		{name: "routed in, user back after its close stage was claimed", arrive: routedIn, cameBack: true, later: true, sent: true},
 		{name: "resumed, user back after its close stage was claimed", arrive: resumed, cameBack: true, later: true, want: push.Stale},
@@ -86,7 +81,6 @@ func TestLateGuideJudgedAgain(t *testing.T) {
 			if tc.final {
 				req.Stage, req.Action, req.Final, req.Reason = 2, timeoutevent.ActionClose, true, timeoutevent.ReasonOf(timeoutevent.ActionClose)
 			}
-			req.Alone = tc.alone
 			if tc.later {
 				id := timeoutevent.StageID(uid, req.DeadlineMS, 2)
 				if _, err := tg.store.ClaimPush(ctx, uid, id, newToken(), claimTTL, req.DeadlineMS); err != nil {
@@ -114,60 +108,6 @@ func TestLateGuideJudgedAgain(t *testing.T) {
 			waitUntil(t, "its entry out of the inbox", func() bool {
 				return tg.rdb.LLen(ctx, tg.store.Keyspace().InboxKey(uid)).Val() == 0
 			})
-		})
-	}
-}
-
-// TestRoutedAloneSaysSo: a push routed to one other instance, taken by no
-// connection of the pushing one, says so in what it publishes; one that
-// a connection of the pushing one took, or that goes to two instances,
-// does not.
-func TestRoutedAloneSaysSo(t *testing.T) {
-	addrs, prefix := []string{redistest.Start(t).Addr}, redistest.Prefix(t)
-	a := startGatewayOn(t, addrs, prefix, nil)
-	b := startGatewayOn(t, addrs, prefix, nil)
-	c := startGatewayOn(t, addrs, prefix, nil)
-	ctx := context.Background()
-	for _, tc := range []struct {
-		name  string
-		on    []*testGateway
-		alone bool
-	}{
-		{name: "one other instance", on: []*testGateway{b}, alone: true},
-		{name: "one other and the pushing one", on: []*testGateway{a, b}},
-		{name: "two other instances", on: []*testGateway{b, c}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			uid := "alone-" + newToken()[:8]
-			for _, g := range tc.on {
-				pingPong(t, g.dial(t, uid))
-			}
-			waitUntil(t, uid+"'s route naming every instance it is on", func() bool {
-				return len(a.rdb.HGetAll(ctx, a.store.Keyspace().RouteKey(uid)).Val()) == len(tc.on)
-			})
-			// Listen on b's channel beside b.
-			sub := b.rdb.SSubscribe(ctx, b.store.Keyspace().InstanceChannel(b.instance))
-			defer sub.Close()
-			if _, err := sub.Receive(ctx); err != nil {
-				t.Fatal(err)
-			}
-			req := push.Request{ID: "al-" + uid, UID: uid, Text: "t"}
-			if res := a.mustPush(t, req, push.Delivered); res.Connections != len(tc.on) {
-				t.Fatalf("delivered to %d connections, want %d", res.Connections, len(tc.on))
-			}
-			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			msg, err := sub.ReceiveMessage(rctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var got push.Request
-			if err := json.Unmarshal([]byte(msg.Payload), &got); err != nil {
-				t.Fatal(err)
-			}
-			if got.Alone != tc.alone {
-				t.Errorf("routed with alone %v, want %v", got.Alone, tc.alone)
-			}
 		})
 	}
 }

@@ -104,11 +104,6 @@ type Request struct {
 	// guide routed between them or kept in an inbox; a consumer's is
 	// ignored.
 	CheckedMS int64 `json:"checked_ms,omitempty"`
-	// Alone is set by the gateway that routes a guide to exactly one
-	// other instance, no connection of its own having taken it: no other
-	// connection anywhere can have applied a close stage's close. A
-	// consumer's is ignored.
-	Alone bool `json:"alone,omitempty"`
 }
 
 // Validate checks the limits, naming the first bad field.
