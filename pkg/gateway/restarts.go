@@ -58,7 +58,7 @@ func (g *Gateway) watchRestarts(ctx context.Context) {
 			// the next time it is.
 			g.log.Debug("read the Redis masters' run ids", "err", err)
 		}
-		since, restarted := restartedSince(runs, read, time.Now())
+		since, restarted := restartedSince(runs, read, err == nil, time.Now())
 		if !restarted {
 			continue
 		}
@@ -72,8 +72,11 @@ func (g *Gateway) watchRestarts(ctx context.Context) {
 // restartedSince records the runs read at now (after the read) in runs,
 // and reports whether a master already in runs restarted, and the
 // earliest time by the local clock at which those had all started (see
-// watchRestarts).
-func restartedSince(runs, read map[string]redisconn.Run, now time.Time) (since time.Time, restarted bool) {
+// watchRestarts). A complete read (every master answered) forgets the
+// nodes that are masters no longer: one that comes back as a master
+// later (a replica promoted, holding the data it synced) is first seen
+// then, not taken for a restart of the master it once was.
+func restartedSince(runs, read map[string]redisconn.Run, complete bool, now time.Time) (since time.Time, restarted bool) {
 	for addr, run := range read {
 		if old, seen := runs[addr]; seen && old.ID != run.ID {
 			if start := now.Add(time.Second - run.Up); !restarted || start.Before(since) {
@@ -81,6 +84,13 @@ func restartedSince(runs, read map[string]redisconn.Run, now time.Time) (since t
 			}
 		}
 		runs[addr] = run
+	}
+	if complete {
+		for addr := range runs {
+			if _, ok := read[addr]; !ok {
+				delete(runs, addr)
+			}
+		}
 	}
 	return since, restarted
 }

@@ -22,6 +22,7 @@ func TestRestartedSince(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		looks []look
+		fail  []bool          // per look after the first: the read failed for some master
 		want  []time.Duration // per look after the first: how long before now the restart began; -1: none
 	}{
 		{name: "first look", looks: []look{{"a": run("1", 50)}}},
@@ -31,15 +32,17 @@ func TestRestartedSince(t *testing.T) {
 			want: []time.Duration{6 * time.Second}},
 		{name: "master first seen", looks: []look{{"a": run("1", 50)}, {"a": run("1", 51), "b": run("9", 600)}}, want: []time.Duration{-1}},
 		{name: "not read, then read restarted", looks: []look{{"a": run("1", 50), "b": run("1", 50)}, {"a": run("1", 51)}, {"a": run("1", 52), "b": run("2", 1)}},
-			want: []time.Duration{-1, 0}},
+			fail: []bool{true, false}, want: []time.Duration{-1, 0}},
+		{name: "a master no longer, then promoted again", looks: []look{{"a": run("1", 50), "b": run("1", 50)}, {"a": run("1", 51)}, {"a": run("1", 52), "b": run("7", 300)}},
+			want: []time.Duration{-1, -1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			runs := map[string]redisconn.Run{}
-			if _, ok := restartedSince(runs, tc.looks[0], now); ok {
+			if _, ok := restartedSince(runs, tc.looks[0], true, now); ok {
 				t.Fatalf("the first look saw a restart")
 			}
 			for i, l := range tc.looks[1:] {
-				since, ok := restartedSince(runs, l, now)
+				since, ok := restartedSince(runs, l, i >= len(tc.fail) || !tc.fail[i], now)
 				switch want := tc.want[i]; {
 				case want < 0 && ok:
 					t.Errorf("look %d: a restart since %v, want none", i+1, since)
