@@ -41,8 +41,6 @@ func TestParseRequest(t *testing.T) {
 		{name: "checked", in: `{"id":"g","uid":"a","text":"t","deadline_ms":1,"checked_ms":5}`,
 			want: Request{ID: "g", UID: "a", Text: "t", DeadlineMS: 1, CheckedMS: 5}},
 		{name: "negative checked", in: `{"id":"g","uid":"a","text":"t","deadline_ms":1,"checked_ms":-1}`, bad: "checked_ms"},
-		{name: "alone", in: `{"id":"g","uid":"a","text":"t","alone":true}`, want: Request{ID: "g", UID: "a", Text: "t", Alone: true}},
-		{name: "alone of the wrong type", in: `{"id":"g","uid":"a","text":"t","alone":1}`, bad: "body"},
 		{name: "deadline of the wrong type", in: `{"id":"g","uid":"a","text":"t","deadline_ms":"soon"}`, bad: "body"},
 		{name: "not an object", in: `["g"]`, bad: "body"},
 		{name: "trailing data", in: `{"id":"g","uid":"a","text":"t"} {}`, bad: "body"},
