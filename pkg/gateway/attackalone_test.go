@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -173,13 +172,7 @@ func TestAttackAloneRoutedReminderWithoutClose(t *testing.T) {
 	arClockPast(t, b.rdb, claimed+2*recheckAge.Milliseconds())
 
 	// B reads what A published, in the order A published it.
-	for _, req := range []push.Request{remind, closing} {
-		raw, err := json.Marshal(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b.routedIn(ctx, string(raw))
-	}
+	b.readRouted(t, remind, closing)
 	pingSaying(t, onB, -1)
 	m := readJSON(t, onB)
 	if m["type"] == "pong" {

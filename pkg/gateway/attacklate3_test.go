@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"testing"
 	"time"
 
@@ -86,11 +85,7 @@ func TestAttackLate3RoutedReminderAfterStaleClose(t *testing.T) {
 	// The consumer then pushes the close stage, to A, which pauses.
 	al3CloseFoundOver(t, a, closing)
 
-	raw, err := json.Marshal(remind)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.routedIn(ctx, string(raw))
+	b.readRouted(t, remind)
 	// The next frame is the pong: no reminder to a user who came back,
 	// whose chat is never closed.
 	pingSaying(t, onB, -1)

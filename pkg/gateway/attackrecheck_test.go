@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -124,13 +123,7 @@ func TestAttackRecheckRoutedCloseWithoutReminder(t *testing.T) {
 	arClockPast(t, b.rdb, claimed+2*recheckAge.Milliseconds())
 
 	// B reads what A published, in the order A published it.
-	for _, req := range []push.Request{remind, closing} {
-		raw, err := json.Marshal(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b.routedIn(ctx, string(raw))
-	}
+	b.readRouted(t, remind, closing)
 	m := readJSON(t, onB)
 	if m["type"] != "guide" || m["id"] != remind.ID {
 		t.Fatalf("B's device got %v first; want the reminder %s before the close stage %s (the user never came back: the renewal is the other device's reconnect)", m, remind.ID, closing.ID)

@@ -11,6 +11,19 @@ import (
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
+// readRouted hands tg guides another instance routed here, in order, as
+// its channel's reader does when it reads them (late, after a pause).
+func (tg *testGateway) readRouted(t *testing.T, reqs ...push.Request) {
+	t.Helper()
+	for _, req := range reqs {
+		raw, err := json.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tg.routedIn(context.Background(), string(raw))
+	}
+}
+
 // TestLateGuideJudgedAgain: a guide whose silence was last judged (its
 // push's claim) longer than recheckAge ago is judged again before a
 // connection takes it. A gateway paused between a push's claim and its
@@ -26,11 +39,7 @@ func TestLateGuideJudgedAgain(t *testing.T) {
 	type arrival func(t *testing.T, req push.Request) push.Status
 	// routedIn: another instance claimed it and routed it here.
 	routedIn := func(t *testing.T, req push.Request) push.Status {
-		b, err := json.Marshal(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tg.routedIn(ctx, string(b))
+		tg.readRouted(t, req)
 		return ""
 	}
 	// resumed: this instance's push resumes between its claim and its

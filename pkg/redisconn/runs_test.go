@@ -41,7 +41,7 @@ func TestMasterRunsSeesARestart(t *testing.T) {
 	var after map[string]Run
 	deadline := time.Now().Add(10 * time.Second)
 	for after, err = MasterRuns(ctx, rdb); err != nil && time.Now().Before(deadline); after, err = MasterRuns(ctx, rdb) {
-		time.Sleep(50 * time.Millisecond) // the client reconnects to the restarted server
+		time.Sleep(50 * time.Millisecond) // polling, within the deadline above: nothing signals that the restarted server answers again
 	}
 	if err != nil {
 		t.Fatal(err)
