@@ -383,6 +383,7 @@ func (l *Listener) sweep(ctx context.Context) {
 	start := time.Now()
 	defer func() { metricSweepSeconds.Observe(time.Since(start).Seconds()) }()
 	for ctx.Err() == nil {
+		read := time.Now()
 		due, _, err := l.store.Due(ctx, l.cfg.SweepBatch)
 		if err != nil {
 			l.marker.sweepsOK.Store(false)
@@ -393,7 +394,7 @@ func (l *Listener) sweep(ctx context.Context) {
 		metricDue.Set(float64(len(due)))
 		// The control state is read after the sweep, so that a blind
 		// interval that ended just before it is known.
-		c, err := l.marker.mark(ctx)
+		c, err := l.marker.markAfter(ctx, read)
 		if err != nil {
 			l.sweepDown.Fail(err)
 			return
@@ -426,6 +427,7 @@ func (l *Listener) recheckReleased(ctx context.Context) {
 	if l.pausedBySpool() || l.standby() {
 		return
 	}
+	read := time.Now()
 	found, err := l.store.Released(ctx, l.cfg.SweepBatch)
 	if err != nil {
 		l.sweepDown.Fail(err)
@@ -434,7 +436,7 @@ func (l *Listener) recheckReleased(ctx context.Context) {
 	if len(found) == 0 {
 		return
 	}
-	c, err := l.marker.mark(ctx)
+	c, err := l.marker.markAfter(ctx, read)
 	if err != nil {
 		l.sweepDown.Fail(err)
 		// Released to the index, where no expired event finds them
@@ -462,6 +464,7 @@ func (l *Listener) fromEvents(ctx context.Context, uids []string) {
 		return // still in the index: the sweep takes them once the spool drains
 	}
 	var found []session.Expired
+	read := time.Now()
 	got, ok, errs := l.store.LookupMany(ctx, uids)
 	for i := range uids {
 		if errs[i] != nil {
@@ -475,7 +478,7 @@ func (l *Listener) fromEvents(ctx context.Context, uids []string) {
 	if len(found) == 0 {
 		return
 	}
-	c, err := l.marker.mark(ctx)
+	c, err := l.marker.markAfter(ctx, read)
 	if err != nil {
 		return // still in the index: the sweep retries them
 	}

@@ -26,9 +26,9 @@ type marker struct {
 	id    string // this listener replica
 	log   *slog.Logger
 
-	mu       sync.Mutex // serializes marks, so lastSeen and lastAt pair up
+	mu       sync.Mutex // serializes marks, so lastSeen and lastSent pair up
 	lastSeen time.Time  // Redis's time at this process's last mark
-	lastAt   time.Time  // local (monotonic) time of its reply
+	lastSent time.Time  // local (monotonic) time its request was sent
 
 	cur      atomic.Pointer[session.Control]
 	sessions atomic.Int64 // live sessions in the index, refreshed by markLoop
@@ -77,19 +77,36 @@ func (m *marker) keepControl() time.Duration {
 func (m *marker) keepInstances() time.Duration { return 24*time.Hour + m.cfg.OutageGrace }
 
 // mark records a sweep and returns the control state. It also notices a
-// step in Redis's clock: between two replies, Redis's clock moved more
-// than ClockJumpMax further than the listener's. Replies, not requests,
-// are compared, so that a Redis that was paused (its clock ran on, the
-// listener's too) is not taken for a step.
+// step in Redis's clock: between two marks, Redis's clock moved more than
+// ClockJumpMax further than the listener's could have. Redis read its
+// clock somewhere between a mark's request and its reply, so the
+// listener's time is counted from the last mark's request to this one's
+// reply: a Redis that was paused (its clock ran on, the listener's too),
+// or a mark that rode in a pipeline with reads that hung after Redis
+// answered it, is not taken for a step.
 func (m *marker) mark(ctx context.Context) (session.Control, error) {
-	return m.markVia(ctx, m.store.Mark)
+	return m.markVia(ctx, time.Time{}, m.store.Mark)
 }
 
-// markVia is mark, with the mark itself made by do: the prefetch path's
-// pipelines carry it after their reads (prefetch.go).
-func (m *marker) markVia(ctx context.Context, do func(context.Context, session.SweepMark) (session.Control, error)) (session.Control, error) {
+// markAfter is mark after reads of the index that began at start (local
+// time), whose entries the returned state judges: reads that took longer
+// than SweepGapMax are a blind interval of everyone (read-stall). Such a
+// read hung in a paused Redis, a cluster down, a failover's retries, while
+// other marks (markLoop's, another replica's, on a master that answered)
+// said the sweeps ran. Users' renewals to the same master hung as long,
+// and their gateways record it only once Redis answers them again: maybe
+// after these entries are judged. Judged now, a deadline that fell in the
+// stall would be guided though the user's ping was on its way.
+func (m *marker) markAfter(ctx context.Context, start time.Time) (session.Control, error) {
+	return m.markVia(ctx, start, m.store.Mark)
+}
+
+// markVia is markAfter, with the mark itself made by do: the prefetch
+// path's pipelines carry it after their reads (prefetch.go).
+func (m *marker) markVia(ctx context.Context, start time.Time, do func(context.Context, session.SweepMark) (session.Control, error)) (session.Control, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	sent := time.Now()
 	c, err := do(ctx, session.SweepMark{
 		GapMax:   m.cfg.SweepGapMax,
 		LastSeen: m.lastSeen,
@@ -103,26 +120,50 @@ func (m *marker) markVia(ctx context.Context, do func(context.Context, session.S
 		return session.Control{}, err
 	}
 	m.down.OK()
-	if !m.lastAt.IsZero() {
-		if jump := c.Now.Sub(m.lastSeen) - at.Sub(m.lastAt); jump > m.cfg.ClockJumpMax {
-			b := session.BlindInterval{Start: m.lastSeen, End: c.Now, Reason: session.BlindClockJump}
-			if err := m.store.RecordBlind(ctx, b); err != nil {
-				m.down.Fail(err)
-				return session.Control{}, err // not marked: the next mark finds the step again
-			}
-			c.Gap = &b
-			c.Blind = append(c.Blind, b)
+	var own []session.BlindInterval
+	if !m.lastSent.IsZero() {
+		if jump := c.Now.Sub(m.lastSeen) - at.Sub(m.lastSent); jump > m.cfg.ClockJumpMax {
+			own = append(own, session.BlindInterval{Start: m.lastSeen, End: c.Now, Reason: session.BlindClockJump})
 		}
 	}
-	m.lastSeen, m.lastAt = c.Now, at
-	m.cur.Store(&c)
+	if b, ok := readStall(start, at, c, m.cfg.SweepGapMax); ok {
+		own = append(own, b)
+	}
+	for _, b := range own {
+		if err := m.store.RecordBlind(ctx, b); err != nil {
+			m.down.Fail(err)
+			// Not marked: the next mark finds the step again, and the
+			// reads are judged after the next ones.
+			return session.Control{}, err
+		}
+		c.Blind = append(c.Blind, b)
+		metricBlind.WithLabelValues(b.Reason).Inc()
+	}
 	if c.Gap != nil {
 		metricBlind.WithLabelValues(c.Gap.Reason).Inc()
 	}
+	m.lastSeen, m.lastSent = c.Now, sent
+	m.cur.Store(&c)
 	if m.newBlind(c.Blind) {
 		m.resets.Add(1)
 	}
 	return c, nil
+}
+
+// readStall is the blind interval of reads that began at start (local
+// time, zero for none) and whose mark answered at at with c: by Redis's
+// clock, from as long before c.Now as they took, to c.Now. ok is false
+// when they took no longer than gapMax, or a gap c found covers them.
+func readStall(start, at time.Time, c session.Control, gapMax time.Duration) (session.BlindInterval, bool) {
+	took := at.Sub(start)
+	if start.IsZero() || took <= gapMax {
+		return session.BlindInterval{}, false
+	}
+	b := session.BlindInterval{Start: c.Now.Add(-took), End: c.Now, Reason: session.BlindReadStall}
+	if c.Gap != nil && !c.Gap.Start.After(b.Start) && !c.Gap.End.Before(b.End) {
+		return session.BlindInterval{}, false
+	}
+	return b, true
 }
 
 // newBlind reports whether blind holds a blind interval of everyone that

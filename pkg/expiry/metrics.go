@@ -99,7 +99,7 @@ var (
 	}, []string{"rule"})
 	metricBlind = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_listener_blind_intervals_total",
-		Help: "Blind intervals this listener found when marking a sweep, by reason (sweep-gap, data-lost, clock-jump).",
+		Help: "Blind intervals this listener found when marking a sweep, by reason (sweep-gap, data-lost, clock-jump, read-stall, redis-restart, failover).",
 	}, []string{"reason"})
 	metricBrake = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "stillthere_listener_mass_expiry_brake",

@@ -47,6 +47,7 @@ var blindReasons = map[string]string{
 	session.BlindSweepGap:    "no listener swept the deadlines",
 	session.BlindDataLost:    "Redis lost its data",
 	session.BlindClockJump:   "Redis's clock stepped forward",
+	session.BlindReadStall:   "a read of the deadlines stalled",
 	session.BlindGateway:     "a gateway could not reach Redis",
 	session.BlindFleetDown:   "no gateway was alive",
 	session.BlindRenewals:    "a gateway's renewals failed",
