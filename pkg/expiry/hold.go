@@ -75,8 +75,12 @@ func outageHold(c session.Control, e session.Expired, grace time.Duration) outag
 		if b.Scope != "" && !slices.Contains(instances, b.Scope) {
 			continue
 		}
-		if !d.Before(b.Start) && !d.After(b.End.Add(grace)) {
-			holdTo(b.End.Add(grace), ruleBlind, b, "")
+		g := grace
+		if b.Reason == session.BlindReadStall {
+			g = min(stallSettle, grace)
+		}
+		if !d.Before(b.Start) && !d.After(b.End.Add(g)) {
+			holdTo(b.End.Add(g), ruleBlind, b, "")
 			// The feed's lag: the platform's records of it, appended up
 			// to the grace after it, must have been applied too.
 			if w, fed := c.ActivityWatermark(); fed && b.Reason == session.BlindActivityLag && w.Before(b.End.Add(grace)) {

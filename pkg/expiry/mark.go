@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +54,9 @@ type marker struct {
 	// blindKnown are the blind intervals of everyone in the last control
 	// state read, by member; under mu.
 	blindKnown map[blindKey]bool
+	// stall is the last read of the deadlines that stalled (readStall),
+	// by Redis's clock; under mu.
+	stall session.BlindInterval
 }
 
 // blindKey tells blind intervals apart.
@@ -90,13 +94,15 @@ func (m *marker) mark(ctx context.Context) (session.Control, error) {
 
 // markAfter is mark after reads of the index that began at start (local
 // time), whose entries the returned state judges: reads that took longer
-// than SweepGapMax are a blind interval of everyone (read-stall). Such a
-// read hung in a paused Redis, a cluster down, a failover's retries, while
+// than stallMin stalled, and the state carries the stall as a blind
+// interval of this replica's own (read-stall, see readStall). Such a read
+// hung in a paused Redis, a cluster down, a failover's retries, while
 // other marks (markLoop's, another replica's, on a master that answered)
 // said the sweeps ran. Users' renewals to the same master hung as long,
 // and their gateways record it only once Redis answers them again: maybe
 // after these entries are judged. Judged now, a deadline that fell in the
-// stall would be guided though the user's ping was on its way.
+// stall would be guided though the user's ping was on its way; it waits
+// for stallSettle after the stall instead, and is judged again then.
 func (m *marker) markAfter(ctx context.Context, start time.Time) (session.Control, error) {
 	return m.markVia(ctx, start, m.store.Mark)
 }
@@ -120,24 +126,16 @@ func (m *marker) markVia(ctx context.Context, start time.Time, do func(context.C
 		return session.Control{}, err
 	}
 	m.down.OK()
-	var own []session.BlindInterval
 	if !m.lastSent.IsZero() {
 		if jump := c.Now.Sub(m.lastSeen) - at.Sub(m.lastSent); jump > m.cfg.ClockJumpMax {
-			own = append(own, session.BlindInterval{Start: m.lastSeen, End: c.Now, Reason: session.BlindClockJump})
+			b := session.BlindInterval{Start: m.lastSeen, End: c.Now, Reason: session.BlindClockJump}
+			if err := m.store.RecordBlind(ctx, b); err != nil {
+				m.down.Fail(err)
+				return session.Control{}, err // not marked: the next mark finds the step again
+			}
+			c.Gap = &b
+			c.Blind = append(c.Blind, b)
 		}
-	}
-	if b, ok := readStall(start, at, c, m.cfg.SweepGapMax); ok {
-		own = append(own, b)
-	}
-	for _, b := range own {
-		if err := m.store.RecordBlind(ctx, b); err != nil {
-			m.down.Fail(err)
-			// Not marked: the next mark finds the step again, and the
-			// reads are judged after the next ones.
-			return session.Control{}, err
-		}
-		c.Blind = append(c.Blind, b)
-		metricBlind.WithLabelValues(b.Reason).Inc()
 	}
 	if c.Gap != nil {
 		metricBlind.WithLabelValues(c.Gap.Reason).Inc()
@@ -147,23 +145,48 @@ func (m *marker) markVia(ctx context.Context, start time.Time, do func(context.C
 	if m.newBlind(c.Blind) {
 		m.resets.Add(1)
 	}
+	if b, ok := readStall(start, at, c); ok {
+		metricBlind.WithLabelValues(b.Reason).Inc()
+		m.log.Warn("a read of the deadlines stalled; timeouts that fell due in it wait, then are checked again",
+			"from", b.Start.UTC().Format(time.RFC3339Nano), "to", b.End.UTC().Format(time.RFC3339Nano),
+			"lasted", b.End.Sub(b.Start).Round(time.Millisecond), "wait", stallSettle)
+		m.stall = b
+	}
+	if c.Now.Before(m.stall.End.Add(stallSettle)) {
+		// This replica's own, for every judgement until its wait is
+		// over (the read that stalled may only have set timers): not
+		// recorded, and not in the state other callers read (current).
+		c.Blind = append(slices.Clip(c.Blind), m.stall)
+	}
 	return c, nil
 }
 
+// stallMin is how long a read of the deadlines may take before it
+// stalled: half as long as a gateway's renewals may before they are an
+// outage it records (renewals-gap, 1 s), since the read may have begun
+// well into the stall (a timer that fired in it).
+const stallMin = 500 * time.Millisecond
+
+// stallSettle is how long after a read that stalled the timeouts it found
+// that fell due in the stall wait: long enough for the gateways, whose
+// renewals stalled as long, to record it on their next heartbeat (every
+// second by default), after which the blind interval they record holds
+// those timeouts for the grace. A stall of this replica alone (its host's
+// network, say) costs its timeouts this wait, and no one else's.
+const stallSettle = 3 * time.Second
+
 // readStall is the blind interval of reads that began at start (local
 // time, zero for none) and whose mark answered at at with c: by Redis's
-// clock, from as long before c.Now as they took, to c.Now. ok is false
-// when they took no longer than gapMax, or a gap c found covers them.
-func readStall(start, at time.Time, c session.Control, gapMax time.Duration) (session.BlindInterval, bool) {
+// clock, from stallMin before they began (the stall may have begun before
+// them) to c.Now. ok is false when they took no longer than stallMin. It
+// is this replica's own, held for stallSettle rather than the grace (see
+// outageHold).
+func readStall(start, at time.Time, c session.Control) (session.BlindInterval, bool) {
 	took := at.Sub(start)
-	if start.IsZero() || took <= gapMax {
+	if start.IsZero() || took <= stallMin {
 		return session.BlindInterval{}, false
 	}
-	b := session.BlindInterval{Start: c.Now.Add(-took), End: c.Now, Reason: session.BlindReadStall}
-	if c.Gap != nil && !c.Gap.Start.After(b.Start) && !c.Gap.End.Before(b.End) {
-		return session.BlindInterval{}, false
-	}
-	return b, true
+	return session.BlindInterval{Start: c.Now.Add(-took - stallMin), End: c.Now, Reason: session.BlindReadStall}, true
 }
 
 // newBlind reports whether blind holds a blind interval of everyone that

@@ -332,7 +332,7 @@ func (l *Listener) withMark(ctx context.Context, reads func(context.Context, *se
 			readErr = err
 			return marked.Control, marked.Err
 		})
-		if readErr == nil && markErr == nil && time.Since(start) > l.cfg.SweepGapMax {
+		if readErr == nil && markErr == nil && time.Since(start) > stallMin {
 			// Reads that stalled (markAfter): the mark that rode with
 			// them may have answered, on another master, before they
 			// hung, so Redis's time in it says nothing of when they

@@ -20,7 +20,7 @@ const (
 	BlindSweepGap  = "sweep-gap"     // nobody swept the index (Redis or every listener was out)
 	BlindDataLost  = "data-lost"     // Redis lost the sweep mark: a restart without its data
 	BlindClockJump = "clock-jump"    // Redis's clock stepped forward
-	BlindReadStall = "read-stall"    // a listener's read of the deadlines took longer than a sweep gap
+	BlindReadStall = "read-stall"    // a listener's own read of the deadlines stalled: never recorded, held briefly
 	BlindGateway   = "gateway-gap"   // one gateway instance could not reach Redis
 	BlindFleetDown = "fleet-down"    // no gateway instance was alive
 	BlindRenewals  = "renewals-gap"  // a gateway's renewals failed, as it reports on recovery
