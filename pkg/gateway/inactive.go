@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"strconv"
 	"time"
 
@@ -34,7 +35,7 @@ import (
 // enqueueGuide hands c a guide pushed to its user: held while c holds its
 // guides (see present.go), unsent and so not yet waiting for proof; else
 // as takeGuide does.
-func (c *conn) enqueueGuide(req push.Request) guideTake {
+func (c *conn) enqueueGuide(ctx context.Context, req push.Request) guideTake {
 	c.mu.Lock()
 	if h := c.holdOf(); h != nil {
 		defer c.mu.Unlock()
@@ -45,17 +46,20 @@ func (c *conn) enqueueGuide(req push.Request) guideTake {
 		return guideTaken
 	}
 	c.mu.Unlock()
-	return c.takeGuide(req)
+	return c.takeGuide(ctx, req)
 }
 
 // takeGuide drops a guide whose silence c's client said its user was
 // present for, or queues its frame, which waits on c for proof from then
 // on (see proof.go); a close stage's (final) closes c too, once the frame
-// is on the socket.
-func (c *conn) takeGuide(req push.Request) guideTake {
+// is on the socket, if its close is applied (see commitClose).
+func (c *conn) takeGuide(ctx context.Context, req push.Request) guideTake {
 	if superseded(req.DeadlineMS, c.presentUntil()) {
 		metricPushes.WithLabelValues("superseded").Inc()
 		return guideSuperseded
+	}
+	if req.Final && !c.g.commitClose(ctx, req) {
+		return guideCancelled
 	}
 	b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)
 	var closing func()

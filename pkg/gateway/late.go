@@ -19,16 +19,21 @@ import (
 // same renewal. Once routed (read off the channel, held by a connection)
 // another connection may have taken it, and only so far (cameBackRouted):
 //
-//   - a close stage is not judged again: another connection may have
+//   - a close stage is not judged so: another connection may have
 //     applied its close, and the devices connected then are told (see
-//     inactive.go);
+//     inactive.go). Whether it is applied is decided once instead, by
+//     the first connection about to write it (commitClose), and every
+//     other connection, on any instance, follows: cancelled if the user
+//     came back by then, and then written nowhere;
 //   - a reminder found over goes out all the same once a later stage of
 //     its silence was claimed before the user came back, and is being
-//     pushed, or went out (delivered, or queued for the next connect):
-//     that stage goes to the devices, and a close must never come before
-//     its reminder. Not claimed yet, no later stage will be: its claim
-//     judges the renewal this one found; and one found stale or too old
-//     went nowhere.
+//     pushed, or went out (delivered, or queued for the next connect),
+//     unless its close was cancelled: that stage goes to the devices,
+//     and a close must never come before its reminder. Its close, if no
+//     connection decided it yet, is decided applied here, so that it
+//     goes out after this reminder. Not claimed yet, no later stage will
+//     be: its claim judges the renewal this one found; and one found
+//     stale or too old went nowhere.
 //
 // A later stage is found by the ids the listener gives a silence's stages
 // (timeoutevent.StageID), which its guide consumer pushes them under.
@@ -58,19 +63,38 @@ func (g *Gateway) cameBack(ctx context.Context, req *push.Request) bool {
 }
 
 // cameBackRouted is cameBack for a guide another connection may have
-// taken already: a close stage is not judged again, and a reminder found
-// over still goes out once a later stage of its silence is being pushed
-// or went out.
+// taken already: a close stage is not judged so (commitClose decides it),
+// and a reminder found over still goes out once a later stage of its
+// silence is being pushed or went out, and its close was not cancelled.
 func (g *Gateway) cameBackRouted(ctx context.Context, req *push.Request) bool {
 	if req.Final || !g.cameBack(ctx, req) {
 		return false
 	}
 	rctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
 	defer cancel()
-	claimed, err := g.store.LaterStagePushed(rctx, req.UID, req.DeadlineMS, max(req.Stage, 1), string(push.Delivered), string(push.Queued))
+	goes, err := g.store.LaterStageGoes(rctx, req.UID, req.DeadlineMS, max(req.Stage, 1), pushedTTL, string(push.Delivered), string(push.Queued))
 	if err != nil {
 		g.log.Debug("look for a later stage of a late guide's silence", "uid", req.UID, "guide_id", req.ID, "err", err)
 		return false
 	}
-	return !claimed
+	return !goes
+}
+
+// commitClose decides whether req, a close stage's guide a connection is
+// about to write, is applied (session.Store.CommitClose): the first
+// connection to ask, on any instance, decides for all, by whether the user
+// renewed after the deadline. A failed read decides nothing, and the close
+// goes out, as one would before it was decided once.
+func (g *Gateway) commitClose(ctx context.Context, req push.Request) bool {
+	if req.DeadlineMS <= 0 {
+		return true
+	}
+	cctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
+	defer cancel()
+	applied, err := g.store.CommitClose(cctx, req.UID, req.ID, req.DeadlineMS, pushedTTL)
+	if err != nil {
+		g.log.Warn("decide a close stage's close; applied", "uid", req.UID, "guide_id", req.ID, "err", err)
+		return true
+	}
+	return applied
 }

@@ -53,6 +53,10 @@ const (
 	// guideSuperseded: the user was present after its deadline, by their
 	// client's word; nothing is sent.
 	guideSuperseded
+	// guideCancelled: a close stage's guide whose close was cancelled, the
+	// user having come back before any connection wrote it (see
+	// commitClose); nothing is sent, here or anywhere.
+	guideCancelled
 )
 
 // superseded reports whether a guide of the silence that ran out at
@@ -241,7 +245,9 @@ func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, cl
 				over = append(over, req)
 				continue
 			}
-			switch c.takeGuide(req) {
+			switch c.takeGuide(ctx, req) {
+			case guideCancelled:
+				over = append(over, req)
 			case guideSuperseded:
 				dropped = append(dropped, req)
 				if rest != nil {

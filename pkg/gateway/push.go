@@ -188,7 +188,13 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 				return push.Response{}, err
 			}
 		}
-		n, superseded := g.deliverLocal(req)
+		n, superseded, cancelled := g.deliverLocal(ctx, req)
+		if cancelled {
+			// A close stage's, decided for every connection: none writes
+			// it, here or where it would be routed.
+			g.markCameBack(ctx, req.UID, []push.Request{req}, "a close stage the user came back before any connection wrote: not sent")
+			return push.Response{Status: push.Stale}, nil
+		}
 		remote, err := g.deliverElsewhere(ctx, req.UID, payload, routes)
 		if n+remote > 0 {
 			if err != nil {
@@ -226,17 +232,20 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 // keeps it until the client proves it got it, and hands it on if it ends
 // first (see proof.go); one holding its guides holds it, unsent, until
 // its first frame (see present.go). A close stage's guide closes each
-// connection that took it once written to it (see inactive.go).
-func (g *Gateway) deliverLocal(req push.Request) (taken, superseded int) {
+// connection that took it once written to it (see inactive.go), unless
+// its close was cancelled: then no connection takes it (cancelled).
+func (g *Gateway) deliverLocal(ctx context.Context, req push.Request) (taken, superseded int, cancelled bool) {
 	for _, c := range g.hub.lookup(req.UID) {
-		switch c.enqueueGuide(req) {
+		switch c.enqueueGuide(ctx, req) {
 		case guideTaken:
 			taken++
 		case guideSuperseded:
 			superseded++
+		case guideCancelled:
+			cancelled = true
 		}
 	}
-	return taken, superseded
+	return taken, superseded, cancelled
 }
 
 // deliverElsewhere publishes a guide to the other instances in uid's
@@ -351,7 +360,11 @@ func (g *Gateway) routedIn(ctx context.Context, payload string) {
 		g.markCameBack(ctx, req.UID, []push.Request{req}, "routed here after the user renewed past its deadline: not sent")
 		return
 	}
-	n, superseded := g.deliverLocal(req)
+	n, superseded, cancelled := g.deliverLocal(ctx, req)
+	if cancelled {
+		g.markCameBack(ctx, req.UID, []push.Request{req}, "a close stage routed here, the user having come back before any connection wrote it: not sent")
+		return
+	}
 	if n > 0 {
 		metricPushes.WithLabelValues("routed_in").Inc()
 		return

@@ -6,7 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
+
 	"github.com/stillthere/stillthere/pkg/push"
+	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
@@ -32,7 +35,8 @@ func (tg *testGateway) readRouted(t *testing.T, reqs ...push.Request) {
 // back meanwhile on another device or through the platform (the fault
 // suite found one: act-052, guided 1.3 s after its activity landed). A
 // guide whose user did not come back goes out as before, and so does a
-// late close stage routed in, whose close may be applied elsewhere.
+// late close stage routed in whose close was applied elsewhere first; one
+// no connection wrote before the user came back goes out nowhere.
 func TestLateGuideJudgedAgain(t *testing.T) {
 	tg := startGateway(t, nil)
 	ctx := context.Background()
@@ -57,12 +61,19 @@ func TestLateGuideJudgedAgain(t *testing.T) {
 		final    bool
 		cameBack bool
 		later    bool        // a later stage of its silence was claimed before the user came back
+		applied  bool        // a close stage another connection wrote before the user came back
 		want     push.Status // resumed only
 		sent     bool
 	}{
 		{name: "routed in, user back", arrive: routedIn, cameBack: true},
 		{name: "routed in, user away", arrive: routedIn, sent: true},
-		{name: "routed in, close stage of a user back", arrive: routedIn, final: true, cameBack: true, sent: true},
+		// No connection wrote it before the user came back: written
+		// nowhere (the fault suite's act-052, a close routed to a paused
+		// gateway, read 1.3 s after the user's activity landed).
+		{name: "routed in, close stage of a user back", arrive: routedIn, final: true, cameBack: true},
+		// Another connection wrote it, and closed: this one is told too.
+		{name: "routed in, close stage applied before the user came back", arrive: routedIn, final: true, cameBack: true, applied: true, sent: true},
+		{name: "routed in, close stage of a user away", arrive: routedIn, final: true, sent: true},
 		// Its close stage goes out to the devices: not without it.
 		{name: "routed in, user back after its close stage was claimed", arrive: routedIn, cameBack: true, later: true, sent: true},
 		{name: "resumed, user back after its close stage was claimed", arrive: resumed, cameBack: true, later: true, want: push.Stale},
@@ -96,6 +107,11 @@ func TestLateGuideJudgedAgain(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			if tc.applied {
+				if ok, err := tg.store.CommitClose(ctx, uid, req.ID, req.DeadlineMS, time.Minute); err != nil || !ok {
+					t.Fatalf("commit close: applied %v, %v", ok, err)
+				}
+			}
 			if tc.cameBack {
 				// On another device, or through the platform: after the
 				// deadline, by Redis's clock.
@@ -119,4 +135,91 @@ func TestLateGuideJudgedAgain(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestCloseDecidedOnce: a close stage's close is decided by the first
+// connection about to write it, on any instance, and every other follows.
+//
+//   - routed alone, read late: the fault suite's act-052. Instance A
+//     claims the close stage of a silence whose reminder the user's one
+//     device, on B, already got, and routes it to B alone; B is paused
+//     and reads it 1.3 s after the user came back through the platform.
+//     No connection wrote it before: it is written nowhere, and the
+//     device stays connected.
+//   - held: the user's device reconnects on B, holding its guides until
+//     its first ping; the close stage is pushed to it and held. The user
+//     comes back through the platform before that ping: the close is
+//     written nowhere.
+//   - applied first: the user's devices are on A and B; A's device gets
+//     the close (its connection applies it, and closes), and then the
+//     user comes back. B reads its copy late: it writes it, as the chat
+//     is closed, and its device is told.
+func TestCloseDecidedOnce(t *testing.T) {
+	ctx := context.Background()
+	setUp := func(t *testing.T) (a, b *testGateway) {
+		addrs, prefix := []string{redistest.Start(t).Addr}, redistest.Prefix(t)
+		return startGatewayOn(t, addrs, prefix, nil), startGatewayOn(t, addrs, prefix, nil)
+	}
+	comeBack := func(t *testing.T, tg *testGateway, uid string, deadline, claimed int64) {
+		t.Helper()
+		if _, err := tg.store.Renew(ctx, uid, "default", time.Minute, session.ClockPresence); err != nil {
+			t.Fatal(err)
+		}
+		arRenewedAfter(t, tg, uid, deadline)
+		arClockPast(t, tg.rdb, claimed+2*recheckAge.Milliseconds())
+	}
+	noGuide := func(t *testing.T, tg *testGateway, ws *websocket.Conn, uid string) {
+		t.Helper()
+		pingPong(t, ws) // the next frame is the pong: no guide, no close
+		waitUntil(t, "the close's entry out of the inbox", func() bool {
+			return tg.rdb.LLen(ctx, tg.store.Keyspace().InboxKey(uid)).Val() == 0
+		})
+	}
+
+	t.Run("routed alone, read late", func(t *testing.T) {
+		a, b := setUp(t)
+		uid := "cdo-routed-" + newToken()[:8]
+		onB := b.dial(t, uid)
+		pingPong(t, onB)
+		deadline := aaloneSilenceRanOut(t, b, uid)
+		aaloneRouteNames(t, a, uid, b.instance, "")
+		claimed := redisNowMS(t, a.rdb)
+		_, closing := arSilence(uid, deadline, claimed)
+		comeBack(t, b, uid, deadline, claimed)
+		b.readRouted(t, closing)
+		noGuide(t, b, onB, uid)
+	})
+
+	t.Run("held", func(t *testing.T) {
+		_, b := setUp(t)
+		uid := "cdo-held-" + newToken()[:8]
+		ws := b.dialFirstPing(t, uid)
+		deadline := redisNowMS(t, b.rdb) - 1000
+		_, closing := arSilence(uid, deadline, 0)
+		b.mustPush(t, closing, push.Delivered)
+		comeBack(t, b, uid, deadline, redisNowMS(t, b.rdb))
+		pingSaying(t, ws, arAwayAgoMS)
+		readPong(t, ws)
+		noGuide(t, b, ws, uid)
+	})
+
+	t.Run("applied first", func(t *testing.T) {
+		a, b := setUp(t)
+		uid := "cdo-applied-" + newToken()[:8]
+		onA, onB := a.dial(t, uid), b.dial(t, uid)
+		pingPong(t, onA)
+		pingPong(t, onB)
+		deadline := aaloneSilenceRanOut(t, a, uid)
+		claimed := redisNowMS(t, a.rdb)
+		_, closing := arSilence(uid, deadline, claimed)
+		// A's own connection takes it first; B's copy is still on its way.
+		if n, _, cancelled := a.deliverLocal(ctx, closing); n != 1 || cancelled {
+			t.Fatalf("A's connection: taken %d, cancelled %v", n, cancelled)
+		}
+		readGuide(t, onA, closing.ID)
+		aaloneReadClosed(t, onA)
+		comeBack(t, b, uid, deadline, claimed)
+		b.readRouted(t, closing)
+		readGuide(t, onB, closing.ID)
+	})
 }

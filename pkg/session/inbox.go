@@ -56,38 +56,63 @@ func (s *Store) ClaimPush(ctx context.Context, uid, id, token string, ttl time.D
 	return pushClaimScript.Run(ctx, s.rdb, keys, token, ttl.Milliseconds(), deadlineMS).Text()
 }
 
-// LaterStagePushed reports whether a stage after stage of uid's silence
-// that ran out at deadlineMS is being pushed (claimed), was settled with
-// one of outcomes, or was pushed by a gateway from before uid scoping
-// (its outcome unknown). The stages are found by the ids the listener
-// gives them (timeoutevent.StageID).
-func (s *Store) LaterStagePushed(ctx context.Context, uid string, deadlineMS int64, stage int, outcomes ...string) (bool, error) {
-	var keys []string
+// LaterStageGoes reports whether a stage after stage of uid's silence
+// that ran out at deadlineMS goes to the user's devices: one being pushed
+// (claimed), settled with one of outcomes, or pushed by a gateway from
+// before uid scoping, unless its close was cancelled (see CommitClose).
+// One whose close no connection decided yet is decided now, applied: the
+// caller sends its earlier stage because of it, and a close must not be
+// cancelled after its reminder went out. (A later stage that is no close
+// keeps the decision unread.) The stages are found by the ids the
+// listener gives them (timeoutevent.StageID); decisions are kept for keep.
+func (s *Store) LaterStageGoes(ctx context.Context, uid string, deadlineMS int64, stage int, keep time.Duration, outcomes ...string) (bool, error) {
 	for st := stage + 1; st <= timeoutevent.MaxStages; st++ {
 		id := timeoutevent.StageID(uid, deadlineMS, st)
-		keys = append(keys, s.ks.DeliveredKey(uid, id), s.ks.PushedKey(uid, id))
-	}
-	if len(keys) == 0 {
-		return false, nil
-	}
-	vals, err := s.rdb.MGet(ctx, keys...).Result()
-	if err != nil {
-		return false, fmt.Errorf("later stages of %q's silence: %w", uid, err)
-	}
-	for i, v := range vals {
-		str, ok := v.(string)
-		if !ok {
+		vals, err := s.rdb.MGet(ctx, s.ks.DeliveredKey(uid, id), s.ks.PushedKey(uid, id), s.ks.CloseKey(uid, id)).Result()
+		if err != nil {
+			return false, fmt.Errorf("later stages of %q's silence: %w", uid, err)
+		}
+		switch c, _ := vals[2].(string); c {
+		case closeApplied:
+			return true, nil
+		case closeCancelled:
 			continue
 		}
-		if i%2 == 1 {
-			return true, nil // an older gateway's record
+		if !pushedAs(vals[0], vals[1], outcomes) {
+			continue
 		}
-		f, ok := pushFormat.decode(str)
-		if ok && (f[0] == pushClaimed || f[0] == pushDone && slices.Contains(outcomes, f[1])) {
+		set, err := s.rdb.SetNX(ctx, s.ks.CloseKey(uid, id), closeApplied, keep).Result()
+		if err != nil {
+			return false, fmt.Errorf("apply the close of a later stage of %q's silence: %w", uid, err)
+		}
+		if set {
+			return true, nil
+		}
+		// Decided meanwhile, by a connection about to write it.
+		c, err := s.rdb.Get(ctx, s.ks.CloseKey(uid, id)).Result()
+		if err != nil {
+			return false, fmt.Errorf("later stages of %q's silence: %w", uid, err)
+		}
+		if c == closeApplied {
 			return true, nil
 		}
 	}
 	return false, nil
+}
+
+// pushedAs reports whether a push state (DeliveredKey's, PushedKey's, as
+// MGET read them) says a push is under way, settled with one of outcomes,
+// or done by a gateway from before uid scoping.
+func pushedAs(delivered, legacy any, outcomes []string) bool {
+	if _, ok := legacy.(string); ok {
+		return true
+	}
+	str, ok := delivered.(string)
+	if !ok {
+		return false
+	}
+	f, ok := pushFormat.decode(str)
+	return ok && (f[0] == pushClaimed || f[0] == pushDone && slices.Contains(outcomes, f[1]))
 }
 
 // SettlePush records the outcome of the push token claimed guide id for

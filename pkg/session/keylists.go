@@ -154,6 +154,11 @@ func (k pushClaimKeys) list() []string { return []string{k.Delivered, k.Pushed, 
 // deliveredKeys: push_settle.lua.
 type deliveredKeys struct{ Delivered string }
 
+// closeKeys: close_commit.lua.
+type closeKeys struct{ Renewed, Close string }
+
+func (k closeKeys) list() []string { return []string{k.Renewed, k.Close} }
+
 func (k deliveredKeys) list() []string { return []string{k.Delivered} }
 
 // inboxKeepKeys: inbox_keep.lua.

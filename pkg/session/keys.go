@@ -249,6 +249,13 @@ func (k Keyspace) DeliveredKey(uid, id string) string {
 	return k.bucketPrefix(Bucket(uid)) + "pg:" + uid + "/" + id
 }
 
+// CloseKey holds whether the close stage's guide id for uid was applied
+// or cancelled, as the first connection about to write it found (see
+// Store.CommitClose).
+func (k Keyspace) CloseKey(uid, id string) string {
+	return k.bucketPrefix(Bucket(uid)) + "pc:" + uid + "/" + id
+}
+
 // PushedKey is where gateways before DeliveredKey marked that they
 // delivered guide id: a push still reads it, so that a guide they
 // delivered is not delivered again after an upgrade.

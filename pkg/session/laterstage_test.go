@@ -7,11 +7,14 @@ import (
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
-// TestLaterStagePushed: a later stage of a silence counts while its push
-// is under way, once settled with one of the outcomes asked for, and when
-// a gateway from before uid scoping recorded it; not when it was settled
-// otherwise (stale, too old), released, absent, or an earlier stage.
-func TestLaterStagePushed(t *testing.T) {
+// TestLaterStageGoes: a later stage of a silence goes to the devices
+// while its push is under way, once settled with one of the outcomes
+// asked for, and when a gateway from before uid scoping recorded it,
+// unless its close was cancelled; and its close, undecided, is decided
+// applied then, so that a connection's commit after the user came back
+// still finds it applied. Not one settled otherwise (stale, too old),
+// released, absent, or an earlier stage: their closes stay undecided.
+func TestLaterStageGoes(t *testing.T) {
 	s, ctx := newStore(t)
 	const deadline = int64(1_795_255_600_123)
 	for _, tc := range []struct {
@@ -19,17 +22,22 @@ func TestLaterStagePushed(t *testing.T) {
 		stage   int    // the later stage's
 		outcome string // "": left claimed; "-": released
 		legacy  bool
+		close   string // the later stage's close decided before: "applied", "cancelled"
 		want    bool
+		decided bool // the call decided the later stage's close (applied)
 	}{
-		{name: "none", want: false},
-		{name: "claimed", stage: 2, want: true},
-		{name: "delivered", stage: 2, outcome: "delivered", want: true},
-		{name: "queued", stage: 3, outcome: "queued", want: true},
-		{name: "stale", stage: 2, outcome: "stale", want: false},
-		{name: "too old", stage: 2, outcome: "too_old", want: false},
-		{name: "released", stage: 2, outcome: "-", want: false},
-		{name: "an older gateway's", stage: 2, legacy: true, want: true},
-		{name: "an earlier stage", stage: 1, outcome: "delivered", want: false},
+		{name: "none"},
+		{name: "claimed", stage: 2, want: true, decided: true},
+		{name: "delivered", stage: 2, outcome: "delivered", want: true, decided: true},
+		{name: "queued", stage: 3, outcome: "queued", want: true, decided: true},
+		{name: "an older gateway's", stage: 2, legacy: true, want: true, decided: true},
+		{name: "delivered, applied", stage: 2, outcome: "delivered", close: "applied", want: true},
+		{name: "claimed, applied", stage: 3, close: "applied", want: true},
+		{name: "delivered, cancelled", stage: 2, outcome: "delivered", close: "cancelled"},
+		{name: "stale", stage: 2, outcome: "stale"},
+		{name: "too old", stage: 2, outcome: "too_old"},
+		{name: "released", stage: 2, outcome: "-"},
+		{name: "an earlier stage", stage: 1, outcome: "delivered"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			uid := "later-" + tc.name[:3] + "-" + time.Now().Format("150405.000000")
@@ -54,12 +62,40 @@ func TestLaterStagePushed(t *testing.T) {
 					}
 				}
 			}
-			got, err := s.LaterStagePushed(ctx, uid, deadline, 1, "delivered", "queued")
+			if tc.close != "" {
+				// A connection decided it, the user away then or back.
+				id := timeoutevent.StageID(uid, deadline, tc.stage)
+				if tc.close == closeCancelled {
+					if _, err := s.Renew(ctx, uid, "default", time.Minute, ClockPresence); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if applied, err := s.CommitClose(ctx, uid, id, deadline, time.Minute); err != nil || applied != (tc.close == closeApplied) {
+					t.Fatalf("commit close: applied %v, %v", applied, err)
+				}
+			}
+			got, err := s.LaterStageGoes(ctx, uid, deadline, 1, time.Minute, "delivered", "queued")
 			if err != nil {
 				t.Fatal(err)
 			}
 			if got != tc.want {
-				t.Errorf("LaterStagePushed after stage 1 = %v, want %v", got, tc.want)
+				t.Errorf("LaterStageGoes after stage 1 = %v, want %v", got, tc.want)
+			}
+			if tc.stage < 2 || tc.close != "" {
+				return
+			}
+			// The user comes back; a connection about to write that
+			// stage's close finds it as this call left it: applied, or
+			// undecided and so cancelled now.
+			if _, err := s.Renew(ctx, uid, "default", time.Minute, ClockPresence); err != nil {
+				t.Fatal(err)
+			}
+			applied, err := s.CommitClose(ctx, uid, timeoutevent.StageID(uid, deadline, tc.stage), deadline, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if applied != tc.decided {
+				t.Errorf("a connection's commit of the later stage's close after the user came back: applied %v, want %v", applied, tc.decided)
 			}
 		})
 	}

@@ -1,0 +1,13 @@
+-- Decides, once for every connection and instance, whether a close
+-- stage's guide is applied: the first connection about to write it asks,
+-- and every later one is told the same. Cancelled when the user renewed
+-- (or ended) their session after the silence's deadline, ARGV[1] (Unix
+-- ms); the decision is kept ARGV[2] ms. Returns V.applied or V.cancelled.
+local got = redis.call('GET', KEYS[K.close])
+if got then return got end
+local out = V.applied
+if tonumber(redis.call('GET', KEYS[K.renewed]) or '0') > tonumber(ARGV[1]) then
+  out = V.cancelled
+end
+redis.call('SET', KEYS[K.close], out, 'PX', ARGV[2])
+return out
