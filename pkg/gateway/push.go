@@ -78,6 +78,7 @@ const (
 var (
 	errClaimed   = errors.New("another push of this guide is under way")
 	errUnreached = errors.New("no subscriber on the channel of a live instance holding the user")
+	errLateBeat  = errors.New("an instance holding the user missed its heartbeat: the user's pings may wait unread in it")
 )
 
 func (g *Gateway) servePush(w http.ResponseWriter, r *http.Request) {
@@ -171,6 +172,9 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 		if err != nil {
 			return push.Response{}, fmt.Errorf("look up %q's route: %w", req.UID, err)
 		}
+		if err := g.routeAwake(ctx, routes); err != nil {
+			return push.Response{}, err
+		}
 		ahead := false
 		if len(routes) > 0 || len(g.hub.lookup(req.UID)) > 0 {
 			// Kept before any connection takes it, so that it outlives
@@ -224,6 +228,36 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 		// A connection registered since the route was read: route again.
 	}
 	return push.Response{}, fmt.Errorf("route of %q kept changing", req.UID)
+}
+
+// routeAwake refuses a push while another instance in the user's route
+// has missed a heartbeat, and is not dead yet (lateBeat): paused, it holds
+// the user's pings unread, and the user may be answering through it right
+// now. The consumer tries again; by then the instance answered (the pings
+// it held renewed the session, and the claim finds the guide stale), or
+// its lease ran out (dead: its route entry is dropped, and the guide goes
+// to the user's other connections or inbox). A push waits so at most a
+// lease, and only for the users of a paused instance.
+func (g *Gateway) routeAwake(ctx context.Context, routes map[string]string) error {
+	var others []string
+	for inst := range routes {
+		if inst != g.instance {
+			others = append(others, inst)
+		}
+	}
+	if len(others) == 0 {
+		return nil
+	}
+	now, insts, err := g.store.InstancesOf(ctx, others)
+	if err != nil {
+		return err
+	}
+	for _, name := range others {
+		if i, ok := insts[name]; ok && lateBeat(i, now) {
+			return fmt.Errorf("%w: %s, last at %s", errLateBeat, name, i.Last.UTC().Format(time.RFC3339Nano))
+		}
+	}
+	return nil
 }
 
 // deliverLocal hands a guide to uid's connections on this instance, and

@@ -3,10 +3,13 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"net/http"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
@@ -222,4 +225,60 @@ func TestCloseDecidedOnce(t *testing.T) {
 		b.readRouted(t, closing)
 		readGuide(t, onB, closing.ID)
 	})
+}
+
+// TestPushWaitsForAPausedInstance: the user's devices are on instance A
+// and on instance P, which has missed its heartbeats (a paused process:
+// the pings of the device on P wait unread in it, and the user may be
+// answering through it). A push of the user's guide to A is refused
+// (503, retry), and nothing reaches A's device, until P's lease runs out:
+// then P is dead, its route entry is dropped, and the guide goes to A's
+// device. (Were P to resume first, its held pings would renew the session
+// and the retried claim would find the guide stale.)
+func TestPushWaitsForAPausedInstance(t *testing.T) {
+	tg := startGateway(t, nil)
+	ctx := context.Background()
+	uid := "paused-" + newToken()[:8]
+	ws := tg.dial(t, uid)
+	pingPong(t, ws)
+	deadline := aaloneSilenceRanOut(t, tg, uid)
+	paused := "paused-instance-" + newToken()[:8]
+	const lease = 3 * time.Second
+	if _, err := tg.store.Heartbeat(ctx, paused, lease); err != nil {
+		t.Fatal(err)
+	}
+	beat := redisNowMS(t, tg.rdb)
+	if err := tg.rdb.HSet(ctx, tg.store.Keyspace().RouteKey(uid), paused, 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// P is subscribed to its channel, and reads nothing: what it is
+	// routed waits in its socket, counted as taken.
+	sub := tg.rdb.(*redis.Client).SSubscribe(ctx, tg.store.Keyspace().InstanceChannel(paused))
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Real time must pass: P misses its heartbeats.
+	arClockPast(t, tg.rdb, beat+(lease/2).Milliseconds()+100)
+	req := push.Request{ID: "g-" + uid, UID: uid, Text: "Still there?", DeadlineMS: deadline, Stage: 1}
+	got, err := tg.pushGuide(t, req)
+	var pe *push.Error
+	if !errors.As(err, &pe) || pe.Status != push.Retry || pe.Code != http.StatusServiceUnavailable {
+		t.Fatalf("push while an instance of the user's route missed its heartbeat: %+v, %v; want 503 retry (route %v)", got, err,
+			tg.rdb.HGetAll(ctx, tg.store.Keyspace().RouteKey(uid)).Val())
+	}
+	// P's lease runs out, and its process is gone: dead, and the guide
+	// goes to A's device.
+	sub.Close()
+	arClockPast(t, tg.rdb, beat+lease.Milliseconds()+100)
+	var res push.Response
+	waitUntil(t, "the push to go through once P is dead", func() bool {
+		res, err = tg.pushGuide(t, req)
+		return err == nil
+	})
+	if res.Status != push.Delivered || res.Connections != 1 {
+		// (Duplicate, had the refused push delivered it.)
+		t.Fatalf("push once P is dead: %+v; want delivered to A's one connection", res)
+	}
+	readGuide(t, ws, req.ID)
 }

@@ -454,6 +454,19 @@ func judgeDead(i session.Instance, read, now time.Time) (cut time.Time, dead boo
 	return end, true
 }
 
+// lateBeat reports whether i, alive at now by its lease, has missed a
+// heartbeat: its last is more than half its lease (a beat and a half)
+// old, and more than lateBeatMin. A process paused (SIGSTOP, a stalled
+// VM) holds its connections' pings unread, and keeps them until it
+// resumes or its lease runs out.
+func lateBeat(i session.Instance, now time.Time) bool {
+	return i.AliveAt(now) && now.Sub(i.Last) > max(i.Lease/2, lateBeatMin)
+}
+
+// lateBeatMin is how late a heartbeat may be before its instance counts as
+// paused, whatever its lease: a busy host's heartbeats run late by less.
+const lateBeatMin = time.Second
+
 // deadInstance judges inst by the view: an instance the view does not
 // know is not judged dead, it may have started since.
 func (g *Gateway) deadInstance(inst string) (session.DeadInstance, bool) {

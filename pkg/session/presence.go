@@ -173,6 +173,42 @@ func (s *Store) DropDeadRoutes(ctx context.Context, uid string, dead []DeadInsta
 // of the node that holds them. Returns {now, HGETALL}.
 var instancesScript = newScript[aliveKeys]("instances", nil, nil)
 
+// instancesOfScript reads some instances' heartbeats with the clock:
+// instances_of.lua.
+var instancesOfScript = newScript[aliveKeys]("instances_of", nil, nil)
+
+// InstancesOf is Instances for the instances named only: Redis's clock,
+// and the heartbeat of each that has one.
+func (s *Store) InstancesOf(ctx context.Context, names []string) (time.Time, map[string]Instance, error) {
+	if len(names) == 0 {
+		return time.Time{}, map[string]Instance{}, nil
+	}
+	args := make([]any, len(names))
+	for i, n := range names {
+		args[i] = n
+	}
+	vals, err := instancesOfScript.Run(ctx, s.rdb, aliveKeys{Alive: s.ks.AliveKey()}, args...).Slice()
+	if err != nil {
+		return time.Time{}, nil, fmt.Errorf("read gateway instances %v: %w", names, err)
+	}
+	if len(vals) != 2 {
+		return time.Time{}, nil, fmt.Errorf("read gateway instances %v: %w: %d values", names, errReply, len(vals))
+	}
+	nowMS, _ := vals[0].(int64)
+	got, _ := vals[1].([]any)
+	out := map[string]Instance{}
+	for i, v := range got {
+		str, ok := v.(string)
+		if !ok || i >= len(names) {
+			continue
+		}
+		if inst, err := parseInstance(str); err == nil {
+			out[names[i]] = inst
+		}
+	}
+	return time.UnixMilli(nowMS), out, nil
+}
+
 // Instances reads every gateway instance's last heartbeat and Redis's
 // clock, so a caller can tell which instances are alive (Instance.AliveAt)
 // without a clock of its own.
