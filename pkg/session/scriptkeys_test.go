@@ -31,7 +31,7 @@ var allKeys = map[string]bool{"DEL": true, "EXISTS": true, "UNLINK": true, "MGET
 // firstKey are the commands whose first argument is their one key.
 var firstKey = map[string]bool{
 	"GET": true, "SET": true, "INCRBY": true, "EXPIRE": true, "PEXPIRE": true, "PTTL": true,
-	"HGET": true, "HSET": true, "HSETNX": true, "HDEL": true, "HEXISTS": true, "HKEYS": true, "HVALS": true, "HGETALL": true,
+	"HGET": true, "HSET": true, "HSETNX": true, "HDEL": true, "HEXISTS": true, "HKEYS": true, "HVALS": true, "HGETALL": true, "HMGET": true,
 	"ZADD": true, "ZREM": true, "ZSCORE": true, "ZRANGE": true, "ZRANGEBYSCORE": true,
 	"ZREMRANGEBYSCORE": true, "ZCARD": true,
 	"LPUSH": true, "RPUSH": true, "LTRIM": true, "LRANGE": true, "LREM": true,
