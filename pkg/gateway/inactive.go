@@ -58,8 +58,13 @@ func (c *conn) takeGuide(ctx context.Context, req push.Request) guideTake {
 		metricPushes.WithLabelValues("superseded").Inc()
 		return guideSuperseded
 	}
-	if req.Final && !c.g.commitClose(ctx, req) {
-		return guideCancelled
+	if req.Final {
+		switch applied, err := c.g.commitClose(ctx, req); {
+		case err != nil:
+			return guideRefused
+		case !applied:
+			return guideCancelled
+		}
 	}
 	b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)
 	var closing func()

@@ -81,20 +81,35 @@ func (g *Gateway) cameBackRouted(ctx context.Context, req *push.Request) bool {
 }
 
 // commitClose decides whether req, a close stage's guide a connection is
-// about to write, is applied (session.Store.CommitClose): the first
-// connection to ask, on any instance, decides for all, by whether the user
-// renewed after the deadline. A failed read decides nothing, and the close
-// goes out, as one would before it was decided once.
-func (g *Gateway) commitClose(ctx context.Context, req push.Request) bool {
+// about to write (or an inbox handover to show), is applied
+// (session.Store.CommitClose): the first to ask, on any instance, decides
+// for all, by whether the user renewed after the deadline. A failed call
+// decides nothing, and the guide is not written (err): written, its close
+// could be cancelled by the next to ask. Its caller keeps it for later,
+// as for a connection that refused it.
+func (g *Gateway) commitClose(ctx context.Context, req push.Request) (applied bool, err error) {
 	if req.DeadlineMS <= 0 {
-		return true
+		return true, nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
 	defer cancel()
-	applied, err := g.store.CommitClose(cctx, req.UID, req.ID, req.DeadlineMS, pushedTTL)
+	applied, err = g.store.CommitClose(cctx, req.UID, req.ID, req.DeadlineMS, pushedTTL)
 	if err != nil {
-		g.log.Warn("decide a close stage's close; applied", "uid", req.UID, "guide_id", req.ID, "err", err)
-		return true
+		g.log.Warn("decide a close stage's close; not written now", "uid", req.UID, "guide_id", req.ID, "err", err)
 	}
-	return applied
+	return applied, err
+}
+
+// closeOver judges again, in its push's own route, a close stage's guide
+// whose last judgement (req.CheckedMS) is older than recheckAge: it
+// reports whether its close is cancelled, deciding that now if the user
+// renewed after the deadline. A close applied already, or not over, is
+// not: it goes on. Any other guide is not judged here.
+func (g *Gateway) closeOver(ctx context.Context, req push.Request) (bool, error) {
+	if !req.Final || req.DeadlineMS <= 0 || g.redisNowMS()-req.CheckedMS <= recheckAge.Milliseconds() {
+		return false, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
+	defer cancel()
+	return g.store.CancelCloseIfOver(cctx, req.UID, req.ID, req.DeadlineMS, pushedTTL)
 }

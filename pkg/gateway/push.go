@@ -183,8 +183,17 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 				return push.Response{}, err
 			}
 		}
-		// Nothing took it yet: a close stage too is judged again.
-		if checked := req.CheckedMS; g.cameBack(ctx, &req) {
+		// Nothing took it yet: judged again. A close stage's close may
+		// have been decided already (applied, by a late reminder that
+		// went out with it), and is only cancelled here: not over, it is
+		// left to the first connection about to write it (commitClose).
+		if over, err := g.closeOver(ctx, req); err != nil {
+			return push.Response{}, err
+		} else if over {
+			g.markCameBack(ctx, req.UID, []push.Request{req}, "a close stage the user came back before any connection wrote: not sent")
+			return push.Response{Status: push.Stale}, nil
+		}
+		if checked := req.CheckedMS; !req.Final && g.cameBack(ctx, &req) {
 			g.markCameBack(ctx, req.UID, []push.Request{req}, "the user renewed after its deadline while its push was under way: not sent")
 			return push.Response{Status: push.Stale}, nil
 		} else if req.CheckedMS != checked {
@@ -547,7 +556,21 @@ func (h *handover) queue(ctx context.Context, items []string) {
 			continue
 		}
 		// A close stage's guide too closes nothing here: the user is
-		// back, on this connection.
+		// back, on this connection. Its close is decided as a
+		// connection about to write it decides it (commitClose), unless
+		// it was applied already: cancelled, the entry leaves the
+		// inbox unshown; undecided (Redis failing), it stays.
+		if req.Final && !entryClosed(raw) {
+			applied, err := h.g.commitClose(ctx, req)
+			if err != nil {
+				unsent = append(unsent, req.ID)
+				continue
+			}
+			if !applied {
+				bad = append(bad, raw)
+				continue
+			}
+		}
 		b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)
 		if len(unsent) > 0 || !h.c.enqueueProven(b, &guideProof{id: req.ID, proven: func() { written <- raw }}, nil) {
 			unsent = append(unsent, req.ID)

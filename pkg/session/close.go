@@ -33,16 +33,36 @@ type closeOutcomes struct{ Applied, Cancelled string }
 // whether the user renewed (or ended) their session after the deadline,
 // and the decision is kept for keep; every later call gets it.
 func (s *Store) CommitClose(ctx context.Context, uid, id string, deadlineMS int64, keep time.Duration) (applied bool, err error) {
+	got, err := s.runClose(ctx, uid, id, deadlineMS, keep, true)
+	return got == closeApplied, err
+}
+
+// CancelCloseIfOver is CommitClose for a caller that writes nothing: it
+// decides only a cancellation (the user renewed after the deadline), and
+// leaves a close not over undecided, for the connection that writes it.
+// It reports whether the close is cancelled, now or before.
+func (s *Store) CancelCloseIfOver(ctx context.Context, uid, id string, deadlineMS int64, keep time.Duration) (cancelled bool, err error) {
+	got, err := s.runClose(ctx, uid, id, deadlineMS, keep, false)
+	return got == closeCancelled, err
+}
+
+func (s *Store) runClose(ctx context.Context, uid, id string, deadlineMS int64, keep time.Duration, apply bool) (string, error) {
+	flag := "0"
+	if apply {
+		flag = "1"
+	}
 	got, err := closeCommitScript.Run(ctx, s.rdb, closeKeys{Renewed: s.ks.RenewedKey(uid), Close: s.ks.CloseKey(uid, id)},
-		deadlineMS, keep.Milliseconds()).Text()
+		deadlineMS, keep.Milliseconds(), flag).Text()
 	if err != nil {
-		return false, fmt.Errorf("commit close stage %s of %q: %w", id, uid, err)
+		return "", fmt.Errorf("decide close stage %s of %q: %w", id, uid, err)
 	}
 	switch got {
-	case closeApplied:
-		return true, nil
-	case closeCancelled:
-		return false, nil
+	case closeApplied, closeCancelled:
+		return got, nil
+	case "":
+		if !apply {
+			return got, nil
+		}
 	}
-	return false, fmt.Errorf("commit close stage %s of %q: %w: %q", id, uid, errReply, got)
+	return "", fmt.Errorf("decide close stage %s of %q: %w: %q", id, uid, errReply, got)
 }

@@ -2,12 +2,16 @@
 -- stage's guide is applied: the first connection about to write it asks,
 -- and every later one is told the same. Cancelled when the user renewed
 -- (or ended) their session after the silence's deadline, ARGV[1] (Unix
--- ms); the decision is kept ARGV[2] ms. Returns V.applied or V.cancelled.
+-- ms); the decision is kept ARGV[2] ms. With ARGV[3] '0', only a
+-- cancellation is decided: a close not over stays undecided (returns '').
+-- Returns V.applied, V.cancelled or ''.
 local got = redis.call('GET', KEYS[K.close])
 if got then return got end
 local out = V.applied
 if tonumber(redis.call('GET', KEYS[K.renewed]) or '0') > tonumber(ARGV[1]) then
   out = V.cancelled
+elseif ARGV[3] == '0' then
+  return ''
 end
 redis.call('SET', KEYS[K.close], out, 'PX', ARGV[2])
 return out
