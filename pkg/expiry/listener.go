@@ -137,6 +137,7 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Listener, er
 		down:  outage.NewLog(logger, "read the control state from Redis", 0),
 		fleet: outage.NewLog(logger, "gateway fleet", 0),
 	}
+	l.rdb.AddHook(stallHook{&l.marker.stalls})
 	if err := redisconn.CheckEviction(ctx, l.rdb); err != nil {
 		logger.Warn("Redis may evict session keys; give it maxmemory-policy noeviction", "err", err)
 	}
@@ -383,7 +384,6 @@ func (l *Listener) sweep(ctx context.Context) {
 	start := time.Now()
 	defer func() { metricSweepSeconds.Observe(time.Since(start).Seconds()) }()
 	for ctx.Err() == nil {
-		read := time.Now()
 		due, _, err := l.store.Due(ctx, l.cfg.SweepBatch)
 		if err != nil {
 			l.marker.sweepsOK.Store(false)
@@ -394,7 +394,7 @@ func (l *Listener) sweep(ctx context.Context) {
 		metricDue.Set(float64(len(due)))
 		// The control state is read after the sweep, so that a blind
 		// interval that ended just before it is known.
-		c, err := l.marker.markAfter(ctx, read)
+		c, err := l.marker.mark(ctx)
 		if err != nil {
 			l.sweepDown.Fail(err)
 			return
@@ -427,7 +427,6 @@ func (l *Listener) recheckReleased(ctx context.Context) {
 	if l.pausedBySpool() || l.standby() {
 		return
 	}
-	read := time.Now()
 	found, err := l.store.Released(ctx, l.cfg.SweepBatch)
 	if err != nil {
 		l.sweepDown.Fail(err)
@@ -436,7 +435,7 @@ func (l *Listener) recheckReleased(ctx context.Context) {
 	if len(found) == 0 {
 		return
 	}
-	c, err := l.marker.markAfter(ctx, read)
+	c, err := l.marker.mark(ctx)
 	if err != nil {
 		l.sweepDown.Fail(err)
 		// Released to the index, where no expired event finds them
@@ -464,7 +463,6 @@ func (l *Listener) fromEvents(ctx context.Context, uids []string) {
 		return // still in the index: the sweep takes them once the spool drains
 	}
 	var found []session.Expired
-	read := time.Now()
 	got, ok, errs := l.store.LookupMany(ctx, uids)
 	for i := range uids {
 		if errs[i] != nil {
@@ -478,7 +476,7 @@ func (l *Listener) fromEvents(ctx context.Context, uids []string) {
 	if len(found) == 0 {
 		return
 	}
-	c, err := l.marker.markAfter(ctx, read)
+	c, err := l.marker.mark(ctx)
 	if err != nil {
 		return // still in the index: the sweep retries them
 	}

@@ -54,9 +54,12 @@ type marker struct {
 	// blindKnown are the blind intervals of everyone in the last control
 	// state read, by member; under mu.
 	blindKnown map[blindKey]bool
-	// stall is the last read of the deadlines that stalled (readStall),
-	// by Redis's clock; under mu.
+	// stall is this replica's last stall (see stall.go), by Redis's
+	// clock; under mu.
 	stall session.BlindInterval
+	// stalls are the round trips to Redis that stalled since the last
+	// mark that placed them, by this host's clock.
+	stalls stallWindow
 }
 
 // blindKey tells blind intervals apart.
@@ -87,29 +90,15 @@ func (m *marker) keepInstances() time.Duration { return 24*time.Hour + m.cfg.Out
 // listener's time is counted from the last mark's request to this one's
 // reply: a Redis that was paused (its clock ran on, the listener's too),
 // or a mark that rode in a pipeline with reads that hung after Redis
-// answered it, is not taken for a step.
+// answered it, is not taken for a step. The state carries this replica's
+// own stall, if one is recent (see stall.go).
 func (m *marker) mark(ctx context.Context) (session.Control, error) {
-	return m.markVia(ctx, time.Time{}, m.store.Mark)
+	return m.markVia(ctx, m.store.Mark)
 }
 
-// markAfter is mark after reads of the index that began at start (local
-// time), whose entries the returned state judges: reads that took longer
-// than stallMin stalled, and the state carries the stall as a blind
-// interval of this replica's own (read-stall, see readStall). Such a read
-// hung in a paused Redis, a cluster down, a failover's retries, while
-// other marks (markLoop's, another replica's, on a master that answered)
-// said the sweeps ran. Users' renewals to the same master hung as long,
-// and their gateways record it only once Redis answers them again: maybe
-// after these entries are judged. Judged now, a deadline that fell in the
-// stall would be guided though the user's ping was on its way; it waits
-// for stallSettle after the stall instead, and is judged again then.
-func (m *marker) markAfter(ctx context.Context, start time.Time) (session.Control, error) {
-	return m.markVia(ctx, start, m.store.Mark)
-}
-
-// markVia is markAfter, with the mark itself made by do: the prefetch
-// path's pipelines carry it after their reads (prefetch.go).
-func (m *marker) markVia(ctx context.Context, start time.Time, do func(context.Context, session.SweepMark) (session.Control, error)) (session.Control, error) {
+// markVia is mark, with the mark itself made by do: the prefetch path's
+// pipelines carry it after their reads (prefetch.go).
+func (m *marker) markVia(ctx context.Context, do func(context.Context, session.SweepMark) (session.Control, error)) (session.Control, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sent := time.Now()
@@ -145,48 +134,18 @@ func (m *marker) markVia(ctx context.Context, start time.Time, do func(context.C
 	if m.newBlind(c.Blind) {
 		m.resets.Add(1)
 	}
-	if b, ok := readStall(start, at, c); ok {
-		metricBlind.WithLabelValues(b.Reason).Inc()
-		m.log.Warn("a read of the deadlines stalled; timeouts that fell due in it wait, then are checked again",
-			"from", b.Start.UTC().Format(time.RFC3339Nano), "to", b.End.UTC().Format(time.RFC3339Nano),
-			"lasted", b.End.Sub(b.Start).Round(time.Millisecond), "wait", stallSettle)
-		m.stall = b
+	if at.Sub(sent) <= stallMin {
+		// Redis's clock in c is near enough at's to place the stalls
+		// seen since; a mark that stalled itself leaves them to the next.
+		m.placeStalls(c.Now, at)
 	}
 	if c.Now.Before(m.stall.End.Add(stallSettle)) {
 		// This replica's own, for every judgement until its wait is
-		// over (the read that stalled may only have set timers): not
-		// recorded, and not in the state other callers read (current).
+		// over: not recorded, and not in the state other callers read
+		// (current).
 		c.Blind = append(slices.Clip(c.Blind), m.stall)
 	}
 	return c, nil
-}
-
-// stallMin is how long a read of the deadlines may take before it
-// stalled: half as long as a gateway's renewals may before they are an
-// outage it records (renewals-gap, 1 s), since the read may have begun
-// well into the stall (a timer that fired in it).
-const stallMin = 500 * time.Millisecond
-
-// stallSettle is how long after a read that stalled the timeouts it found
-// that fell due in the stall wait: long enough for the gateways, whose
-// renewals stalled as long, to record it on their next heartbeat (every
-// second by default), after which the blind interval they record holds
-// those timeouts for the grace. A stall of this replica alone (its host's
-// network, say) costs its timeouts this wait, and no one else's.
-const stallSettle = 3 * time.Second
-
-// readStall is the blind interval of reads that began at start (local
-// time, zero for none) and whose mark answered at at with c: by Redis's
-// clock, from stallMin before they began (the stall may have begun before
-// them) to c.Now. ok is false when they took no longer than stallMin. It
-// is this replica's own, held for stallSettle rather than the grace (see
-// outageHold).
-func readStall(start, at time.Time, c session.Control) (session.BlindInterval, bool) {
-	took := at.Sub(start)
-	if start.IsZero() || took <= stallMin {
-		return session.BlindInterval{}, false
-	}
-	return session.BlindInterval{Start: c.Now.Add(-took - stallMin), End: c.Now, Reason: session.BlindReadStall}, true
 }
 
 // newBlind reports whether blind holds a blind interval of everyone that

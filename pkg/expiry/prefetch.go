@@ -327,22 +327,22 @@ func (l *Listener) fire(ctx context.Context) {
 func (l *Listener) withMark(ctx context.Context, reads func(context.Context, *session.SweepMark) (session.Marked, error)) (c session.Control, readErr, markErr error) {
 	start := time.Now()
 	if l.marker.sweepsOK.Load() {
-		c, markErr = l.marker.markVia(ctx, time.Time{}, func(ctx context.Context, m session.SweepMark) (session.Control, error) {
+		c, markErr = l.marker.markVia(ctx, func(ctx context.Context, m session.SweepMark) (session.Control, error) {
 			marked, err := reads(ctx, &m)
 			readErr = err
 			return marked.Control, marked.Err
 		})
 		if readErr == nil && markErr == nil && time.Since(start) > stallMin {
-			// Reads that stalled (markAfter): the mark that rode with
-			// them may have answered, on another master, before they
-			// hung, so Redis's time in it says nothing of when they
-			// ended. Marked again, after them.
-			c, markErr = l.marker.markAfter(ctx, start)
+			// Reads that stalled (see stall.go): the mark that rode
+			// with them may have answered, on another master, before
+			// they hung, so Redis's time in it says nothing of when
+			// they ended. Marked again, after them.
+			c, markErr = l.marker.mark(ctx)
 		}
 	} else {
 		_, readErr = reads(ctx, nil)
 		if readErr == nil {
-			c, markErr = l.marker.markAfter(ctx, start)
+			c, markErr = l.marker.mark(ctx)
 		}
 	}
 	l.marker.sweepsOK.Store(readErr == nil)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
@@ -21,8 +22,9 @@ import (
 // no sweep gap shows. Users' renewals to that master hang as long; their
 // pings land only after it answers, and their gateways record the outage
 // only then. The listener's read that stalled (longer than stallMin)
-// makes the deadlines that fell in it wait stallSettle (readStall), and
-// then they are judged again (the hour run's ws-000).
+// makes the deadlines that fell in it wait stallSettle, and then they are
+// judged again (the hour run's ws-000). Every round trip of the
+// listener's client is timed (stall.go).
 
 // stallVictim picks a master that does not hold the control keys, and n
 // uids whose bucket (index, session and dedup keys) it serves.
@@ -271,5 +273,124 @@ func TestAttackOneReplicasStallHoldsEveryone(t *testing.T) {
 		if late := time.Duration(ev.DetectedMS-ev.DeadlineMS) * time.Millisecond; late > stallSettle+time.Second {
 			t.Errorf("silent guided %v after its deadline, past the stalled replica's own wait (%v)", late, stallSettle)
 		}
+	}
+}
+
+// TestAttackStallDuringEmitIsNotCounted: the stall begins while the
+// listener's pipeline is carrying a batch out (its claims, produce, dedup
+// marks and settles), not reading the deadlines. Its own writes to the
+// paused master hang as long as the users' renewals, and once they return
+// the next read of the deadlines is quick. Were only reads timed, the
+// deadlines that fell in the stall would be guided at once; every round
+// trip is (stallHook). In a storm the pipeline spends most of its time in
+// emit, so a stall is more likely to begin there than in a read. (Kafka
+// holds the first batch's produce only to put the pipeline in emit when
+// the pause begins; it answers at once after.)
+func TestAttackStallDuringEmitIsNotCounted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster pause")
+	}
+	t.Parallel()
+	for _, tc := range stallModes {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newClusterHarness(t, false)
+			victim, uids := h.stallVictim(3)
+			first, back, silent := uids[0], uids[1], uids[2]
+
+			inProduce := make(chan struct{})
+			paused := make(chan struct{})
+			var once atomic.Bool
+			h.kafka.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+				if once.CompareAndSwap(false, true) {
+					close(inProduce)
+					h.kafka.SleepControl(func() { <-paused })
+				}
+				return nil, nil, false
+			})
+
+			stop := h.start(stallConfig(h, tc.prefetch))
+			defer stop()
+			h.sweptPast(h.redisNow())
+
+			g := h.renew(first, "default", 300*time.Millisecond)
+			select {
+			case <-inProduce:
+			case <-time.After(waitLong):
+				t.Fatal("the first timeout never reached Kafka")
+			}
+			// The pipeline is in emit, claimed first's key, and waits for
+			// Kafka. The others' deadlines fall in the stall.
+			const ttl = 400 * time.Millisecond
+			h.renew(back, "default", ttl)
+			deadline := h.renew(silent, "default", ttl).deadline
+			h.pauseWrites(victim, 1600*time.Millisecond) // past sweep-gap-max (1 s)
+			// Kafka takes first's event: the listener's dedup mark and
+			// settle of it now wait on the paused master.
+			close(paused)
+
+			h.checkStallHeld(1, back, silent, deadline,
+				map[string]grant{first: g}, "a stall of 1.6 s while the listener's emit waited on the paused master")
+		})
+	}
+}
+
+// TestAttackEventsModeStallNothingReleased: in events mode the pipeline
+// reads the hold sets (recheckReleased) every tick, and that read hangs
+// in the stall like the sweep's; but it marks only when it found
+// something released, and it found nothing. The expired events of the
+// deadlines that fell in the stall come once the master expires keys
+// again, and their lookups are quick; the stall, timed on the read that
+// hung, holds them all the same.
+func TestAttackEventsModeStallNothingReleased(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster pause")
+	}
+	t.Parallel()
+	h := newClusterHarness(t, false)
+	victim, uids := h.stallVictim(2)
+	back, silent := uids[0], uids[1]
+	stop := h.start(h.config(ModeEvents))
+	defer stop()
+	h.waitSubscribed(1)
+	h.sweptPast(h.redisNow())
+
+	const ttl = 1200 * time.Millisecond
+	h.renew(back, "default", ttl)
+	deadline := h.renew(silent, "default", ttl).deadline
+	h.untilRedis(deadline.Add(-400 * time.Millisecond))
+	h.pauseWrites(victim, 1600*time.Millisecond) // past sweep-gap-max (1 s)
+
+	h.checkStallHeld(0, back, silent, deadline, map[string]grant{},
+		"events mode, a stall of 1.6 s")
+}
+
+// TestStallInterval: round trips that stalled are placed by Redis's clock
+// from stallMin before the first began to the last's end; those that did
+// not stall are not noted.
+func TestStallInterval(t *testing.T) {
+	at := time.Unix(1000, 0)         // this host's clock at the mark's reply
+	now := time.UnixMilli(5_000_000) // Redis's then
+	var w stallWindow
+	w.note(at.Add(-300*time.Millisecond), at.Add(-100*time.Millisecond)) // 200 ms: no stall
+	if s, _ := w.take(); !s.IsZero() {
+		t.Fatalf("a round trip of 200 ms noted as a stall from %v", s)
+	}
+	w.note(at.Add(-3*time.Second), at.Add(-2*time.Second))               // 1 s
+	w.note(at.Add(-2500*time.Millisecond), at.Add(-1*time.Second))       // 1.5 s, overlapping
+	w.note(at.Add(-400*time.Millisecond), at.Add(-350*time.Millisecond)) // 50 ms: not widening it
+	start, end := w.take()
+	b := stallInterval(start, end, now, at)
+	if want := now.Add(-3*time.Second - stallMin); !b.Start.Equal(want) {
+		t.Errorf("start %v, want %v", b.Start, want)
+	}
+	if want := now.Add(-time.Second); !b.End.Equal(want) {
+		t.Errorf("end %v, want %v", b.End, want)
+	}
+	if b.Reason != session.BlindReadStall {
+		t.Errorf("reason %q", b.Reason)
+	}
+	if s, _ := w.take(); !s.IsZero() {
+		t.Errorf("take left %v", s)
 	}
 }
