@@ -108,6 +108,11 @@ func (g *Gateway) servePush(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, errClaimed):
 		metricPushes.WithLabelValues(string(push.Retry)).Inc()
 		push.WriteRetry(w, http.StatusConflict, pushRetryAfter, "guide "+req.ID+" is being pushed; its outcome is not known yet")
+	case errors.Is(err, errLateBeat):
+		// This user's, not the gateway failing: a 409, which a consumer
+		// retries without counting it against its breaker.
+		metricPushes.WithLabelValues(string(push.Retry)).Inc()
+		push.WriteRetry(w, http.StatusConflict, pushRetryAfter, "guide "+req.ID+": "+err.Error())
 	case err != nil:
 		metricPushes.WithLabelValues(string(push.Retry)).Inc()
 		g.pushLog.Fail(fmt.Errorf("guide %s: %w", req.ID, err))
@@ -239,14 +244,15 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 	return push.Response{}, fmt.Errorf("route of %q kept changing", req.UID)
 }
 
-// routeAwake refuses a push while another instance in the user's route
-// has missed a heartbeat, and is not dead yet (lateBeat): paused, it holds
-// the user's pings unread, and the user may be answering through it right
-// now. The consumer tries again; by then the instance answered (the pings
-// it held renewed the session, and the claim finds the guide stale), or
-// its lease ran out (dead: its route entry is dropped, and the guide goes
-// to the user's other connections or inbox). A push waits so at most a
-// lease, and only for the users of a paused instance.
+// routeAwake refuses a push (409) while another instance in the user's
+// route has missed a heartbeat, and is not dead yet (lateBeat): paused, it
+// holds the user's pings unread, and the user may be answering through it
+// right now. The consumer tries again; by then the instance answered (the
+// pings it held renewed the session, and the claim finds the guide
+// stale), or its lease ran out (dead: its route entry is dropped, and the
+// guide goes to the user's other connections or inbox). A push waits so
+// at most a lease, and only for the users of a paused instance: the
+// consumer does not count a 409 against its breaker.
 func (g *Gateway) routeAwake(ctx context.Context, routes map[string]string) error {
 	var others []string
 	for inst := range routes {

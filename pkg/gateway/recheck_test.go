@@ -231,7 +231,8 @@ func TestCloseDecidedOnce(t *testing.T) {
 // and on instance P, which has missed its heartbeats (a paused process:
 // the pings of the device on P wait unread in it, and the user may be
 // answering through it). A push of the user's guide to A is refused
-// (503, retry), and nothing reaches A's device, until P's lease runs out:
+// (409, retry: this user's, not the gateway failing), and nothing reaches
+// A's device, until P's lease runs out:
 // then P is dead, its route entry is dropped, and the guide goes to A's
 // device. (Were P to resume first, its held pings would renew the session
 // and the retried claim would find the guide stale.)
@@ -263,8 +264,8 @@ func TestPushWaitsForAPausedInstance(t *testing.T) {
 	req := push.Request{ID: "g-" + uid, UID: uid, Text: "Still there?", DeadlineMS: deadline, Stage: 1}
 	got, err := tg.pushGuide(t, req)
 	var pe *push.Error
-	if !errors.As(err, &pe) || pe.Status != push.Retry || pe.Code != http.StatusServiceUnavailable {
-		t.Fatalf("push while an instance of the user's route missed its heartbeat: %+v, %v; want 503 retry (route %v)", got, err,
+	if !errors.As(err, &pe) || pe.Status != push.Retry || pe.Code != http.StatusConflict {
+		t.Fatalf("push while an instance of the user's route missed its heartbeat: %+v, %v; want 409 retry (route %v)", got, err,
 			tg.rdb.HGetAll(ctx, tg.store.Keyspace().RouteKey(uid)).Val())
 	}
 	// P's lease runs out, and its process is gone: dead, and the guide

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
 
 	"github.com/sony/gobreaker/v2"
+
+	"github.com/stillthere/stillthere/pkg/push"
 )
 
 // Downstream names, the label of the breaker metrics, besides the
@@ -30,7 +33,7 @@ func newBreaker[T any](name string, cfg Config, log *slog.Logger) *gobreaker.Cir
 			return n.ConsecutiveFailures >= uint32(cfg.BreakerFailures)
 		},
 		IsSuccessful: func(err error) bool { return err == nil || isPermanent(err) },
-		IsExcluded:   func(err error) bool { return errors.Is(err, context.Canceled) },
+		IsExcluded:   func(err error) bool { return errors.Is(err, context.Canceled) || isUserBusy(err) },
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			metricBreakerState.WithLabelValues(name).Set(float64(to))
 			metricBreakerChanges.WithLabelValues(name, to.String()).Inc()
@@ -65,4 +68,13 @@ func isBreakerRefusal(err error) bool {
 // guides flow on, until the records held reach MaxInFlight.
 func (c *Consumer) pausingStates() []gobreaker.State {
 	return []gobreaker.State{c.breaker.State(), c.redisBreaker.State()}
+}
+
+// isUserBusy reports whether err is the gateway's 409: this user's guide
+// cannot be settled now (another push of it is under way, or an instance
+// holding the user missed its heartbeat), which says nothing of the
+// gateway, and is retried without counting against the breaker.
+func isUserBusy(err error) bool {
+	var pe *push.Error
+	return errors.As(err, &pe) && pe.Status == push.Retry && pe.Code == http.StatusConflict
 }

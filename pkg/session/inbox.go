@@ -50,9 +50,12 @@ var pushSettleScript = newScript[deliveredKeys]("push_settle", pushVocab, []code
 
 // ClaimPush claims guide id for uid for a push named token, for ttl. A
 // deadline (Unix ms, 0 unknown) older than the user's last renewal makes
-// it stale. It returns one of the Push outcomes.
+// it stale, unless id is a close stage whose close was decided applied
+// (see CommitClose); one decided cancelled is stale. It returns one of
+// the Push outcomes.
 func (s *Store) ClaimPush(ctx context.Context, uid, id, token string, ttl time.Duration, deadlineMS int64) (string, error) {
-	keys := pushClaimKeys{Delivered: s.ks.DeliveredKey(uid, id), Pushed: s.ks.PushedKey(uid, id), Renewed: s.ks.RenewedKey(uid)}
+	keys := pushClaimKeys{Delivered: s.ks.DeliveredKey(uid, id), Pushed: s.ks.PushedKey(uid, id), Renewed: s.ks.RenewedKey(uid),
+		Close: s.ks.CloseKey(uid, id)}
 	return pushClaimScript.Run(ctx, s.rdb, keys, token, ttl.Milliseconds(), deadlineMS).Text()
 }
 

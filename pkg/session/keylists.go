@@ -147,9 +147,9 @@ type dedupEachKeys struct{ Dedup []string }
 func (k dedupEachKeys) list() []string { return k.Dedup }
 
 // pushClaimKeys: push_claim.lua.
-type pushClaimKeys struct{ Delivered, Pushed, Renewed string }
+type pushClaimKeys struct{ Delivered, Pushed, Renewed, Close string }
 
-func (k pushClaimKeys) list() []string { return []string{k.Delivered, k.Pushed, k.Renewed} }
+func (k pushClaimKeys) list() []string { return []string{k.Delivered, k.Pushed, k.Renewed, k.Close} }
 
 // deliveredKeys: push_settle.lua.
 type deliveredKeys struct{ Delivered string }
