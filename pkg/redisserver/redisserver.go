@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -186,7 +187,9 @@ func (s *Server) launch(ctx context.Context, port int) (*child, error) {
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if ping(addr) == nil {
+		// Ours, not a server that took the port first (ours then exits
+		// with "Address already in use").
+		if ownServer(addr, cmd.Process.Pid) == nil {
 			return &child{cmd: cmd, exited: exited}, nil
 		}
 		select {
@@ -210,23 +213,33 @@ func (s *Server) launch(ctx context.Context, port int) (*child, error) {
 	}
 }
 
-// ping sends an inline PING and waits for +PONG.
-func ping(addr string) error {
+// ownServer asks the server at addr for its process id (INFO server),
+// and fails unless it is pid.
+func ownServer(addr string, pid int) error {
 	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(500 * time.Millisecond))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+	if _, err := c.Write([]byte("INFO server\r\n")); err != nil {
 		return err
 	}
-	line, err := bufio.NewReader(c).ReadString('\n')
+	r := bufio.NewReader(c)
+	head, err := r.ReadString('\n')
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(line, "+PONG") {
-		return fmt.Errorf("unexpected reply %q", line)
+	n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(head, "$")))
+	if !strings.HasPrefix(head, "$") || err != nil {
+		return fmt.Errorf("unexpected reply %q", head)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		return err
+	}
+	if !strings.Contains(string(body), "\nprocess_id:"+strconv.Itoa(pid)+"\r") {
+		return fmt.Errorf("another server answers on %s", addr)
 	}
 	return nil
 }
