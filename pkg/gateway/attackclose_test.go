@@ -2,11 +2,8 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"testing"
 	"time"
-
-	"github.com/gorilla/websocket"
 
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
@@ -17,27 +14,6 @@ import (
 // the first connection about to write a close stage's guide decides, by
 // the user's renewed key, whether its close is applied or cancelled, and
 // every other connection follows.
-
-// aclReadCloseAfter reads ws until the close stage's guide id and then the
-// close for inactivity, or fails with what came instead. bound caps the
-// wait for the guide: a gateway whose Redis holds its writes takes a few
-// seconds to give up on its commit.
-func aclReadCloseAfter(t *testing.T, tg *testGateway, ws *websocket.Conn, uid, id string, bound time.Duration, why string) {
-	t.Helper()
-	ws.SetReadDeadline(time.Now().Add(bound))
-	_, b, err := ws.ReadMessage()
-	if err != nil {
-		t.Fatalf("the device got no close stage's guide %s (read: %v; the close's decision: %q): %s", id, err, aclDecision(t, tg, uid, id), why)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
-	if m["type"] != "guide" || m["id"] != id {
-		t.Fatalf("the device got %v; want the close stage's guide %s: %s", m, id, why)
-	}
-	aaloneReadClosed(t, ws)
-}
 
 // aclDecision is what the commit decided for uid's close stage guide id
 // ("applied", "cancelled"), or "" (undecided, or a gateway that does not
