@@ -75,11 +75,13 @@ func outageHold(c session.Control, e session.Expired, grace time.Duration) outag
 		if b.Scope != "" && !slices.Contains(instances, b.Scope) {
 			continue
 		}
-		g := grace
+		// A stall of this replica's own holds only what fell due in
+		// it, for stallSettle (see stall.go).
+		g, reach := grace, grace
 		if b.Reason == session.BlindReadStall {
-			g = min(stallSettle, grace)
+			g, reach = min(stallSettle, grace), 0
 		}
-		if !d.Before(b.Start) && !d.After(b.End.Add(g)) {
+		if !d.Before(b.Start) && !d.After(b.End.Add(reach)) {
 			holdTo(b.End.Add(g), ruleBlind, b, "")
 			// The feed's lag: the platform's records of it, appended up
 			// to the grace after it, must have been applied too.

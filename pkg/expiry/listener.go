@@ -137,7 +137,7 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Listener, er
 		down:  outage.NewLog(logger, "read the control state from Redis", 0),
 		fleet: outage.NewLog(logger, "gateway fleet", 0),
 	}
-	l.rdb.AddHook(stallHook{&l.marker.stalls})
+	l.rdb.AddHook(stallHook{&l.marker.stalled})
 	if err := redisconn.CheckEviction(ctx, l.rdb); err != nil {
 		logger.Warn("Redis may evict session keys; give it maxmemory-policy noeviction", "err", err)
 	}

@@ -54,12 +54,12 @@ type marker struct {
 	// blindKnown are the blind intervals of everyone in the last control
 	// state read, by member; under mu.
 	blindKnown map[blindKey]bool
-	// stall is this replica's last stall (see stall.go), by Redis's
-	// clock; under mu.
-	stall session.BlindInterval
-	// stalls are the round trips to Redis that stalled since the last
+	// stalls are this replica's own stalls whose wait is not over (see
+	// stall.go), by Redis's clock, each apart; under mu.
+	stalls []session.BlindInterval
+	// stalled are the round trips to Redis that stalled since the last
 	// mark that placed them, by this host's clock.
-	stalls stallWindow
+	stalled stallWindow
 }
 
 // blindKey tells blind intervals apart.
@@ -130,7 +130,8 @@ func (m *marker) markVia(ctx context.Context, do func(context.Context, session.S
 		metricBlind.WithLabelValues(c.Gap.Reason).Inc()
 	}
 	m.lastSeen, m.lastSent = c.Now, sent
-	m.cur.Store(&c)
+	cur := c
+	m.cur.Store(&cur)
 	if m.newBlind(c.Blind) {
 		m.resets.Add(1)
 	}
@@ -139,12 +140,10 @@ func (m *marker) markVia(ctx context.Context, do func(context.Context, session.S
 		// seen since; a mark that stalled itself leaves them to the next.
 		m.placeStalls(c.Now, at)
 	}
-	if c.Now.Before(m.stall.End.Add(stallSettle)) {
-		// This replica's own, for every judgement until its wait is
-		// over: not recorded, and not in the state other callers read
-		// (current).
-		c.Blind = append(slices.Clip(c.Blind), m.stall)
-	}
+	// This replica's own, for every judgement until their wait is over:
+	// not recorded, and not in the state other callers read (current).
+	m.stalls = slices.DeleteFunc(m.stalls, func(b session.BlindInterval) bool { return !c.Now.Before(b.End.Add(stallSettle)) })
+	c.Blind = append(slices.Clip(c.Blind), m.stalls...)
 	return c, nil
 }
 

@@ -20,8 +20,8 @@ import (
 // (stallHook), whatever it was for (a read of the deadlines, a dedup mark
 // or settle while a batch is produced, a look at the masters): one longer
 // than stallMin is a stall, and the timeouts that fell due from just
-// before it to its end wait stallSettle after it, on every judgement of
-// this replica, and are judged again then (see outageHold). It is this
+// before it to its end wait stallSettle after its end, on every judgement
+// of this replica, and are judged again then (see outageHold). It is this
 // replica's own: never recorded, so that one host's slow network costs
 // its own finds that wait and no one else's.
 
@@ -69,10 +69,11 @@ func (w *stallWindow) take() (start, end time.Time) {
 	return start, end
 }
 
-// placeStalls turns the stalls noted since the last mark into m.stall, by
-// Redis's clock: now is Redis's, read at this host's at. Under mu.
+// placeStalls turns the stalls noted since the last mark into one of
+// m.stalls, by Redis's clock: now is Redis's, read at this host's at.
+// Under mu.
 func (m *marker) placeStalls(now, at time.Time) {
-	start, end := m.stalls.take()
+	start, end := m.stalled.take()
 	if start.IsZero() {
 		return
 	}
@@ -81,12 +82,10 @@ func (m *marker) placeStalls(now, at time.Time) {
 	m.log.Warn("a round trip to Redis stalled; timeouts that fell due in it wait, then are checked again",
 		"from", b.Start.UTC().Format(time.RFC3339Nano), "to", b.End.UTC().Format(time.RFC3339Nano),
 		"lasted", end.Sub(start).Round(time.Millisecond), "wait", stallSettle)
-	if m.stall.End.Before(b.Start) || m.stall.Start.IsZero() {
-		m.stall = b
-		return
-	}
-	m.stall.Start = minTime(m.stall.Start, b.Start)
-	m.stall.End = maxTime(m.stall.End, b.End)
+	// Apart from those before, not merged: a merged one would grow with
+	// every stall of a link that keeps stalling, and hold what fell in
+	// its first until the last was over.
+	m.stalls = append(m.stalls, b)
 }
 
 // stallInterval is the blind interval of round trips that stalled from
@@ -99,20 +98,6 @@ func stallInterval(start, end, now, at time.Time) session.BlindInterval {
 		End:    now.Add(-at.Sub(end)),
 		Reason: session.BlindReadStall,
 	}
-}
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
-}
-
-func maxTime(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }
 
 // stallHook times every round trip of the listener's Redis client into w.
