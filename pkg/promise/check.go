@@ -108,7 +108,7 @@ func (u *user) check() []Verdict {
 	}
 	var stray []Delivery
 	for _, d := range u.deliveries {
-		if s := u.match(silences, d.Deadline); s != nil {
+		if s := cmp.Or(u.match(silences, d.Deadline), u.within(silences, d)); s != nil {
 			s.matched[d.Stage] = append(s.matched[d.Stage], d)
 		} else {
 			stray = append(stray, d)
@@ -215,6 +215,27 @@ func (u *user) match(silences []*silence, named time.Time) *silence {
 		}
 	}
 	return best
+}
+
+// within finds the silence a delivery d that names no silence's deadline
+// came in, when the deadline it names is earlier than that silence's and
+// no earlier than the answered signal that set it: the service lost the
+// later deadline (a Redis master restarted without its data, and a renewal
+// after it counted from its own time) and took the silence to run out
+// sooner. Judged as that silence's, it is right once the silence's own
+// deadline passed, and false before. One delivered after the user came
+// back is not within it.
+func (u *user) within(silences []*silence, d Delivery) *silence {
+	for _, s := range silences {
+		if s.prev == nil || d.Deadline.Before(s.prev.Sent) || !d.Deadline.Before(s.deadline) {
+			continue
+		}
+		if s.next != nil && !d.At.Before(s.next.Sent) {
+			continue
+		}
+		return s
+	}
+	return nil
 }
 
 // heldInto reports whether a guide naming named, at or after s's

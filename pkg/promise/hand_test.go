@@ -110,3 +110,27 @@ func TestGuideOfTheNextSilence(t *testing.T) {
 			got:     []Delivery{guide("a", 1, 22, 22.2)}, end: 30, want: "1:ok 1:lost 1:false"},
 	})
 }
+
+// TestGuideOfASilenceWhoseDeadlineWasLost: a turn to the user at 0 sets
+// deadline 17; an answered ping at 1 would set 11, which does not move
+// it. A Redis master restarted without its data between them, so the
+// service knows only the ping's 11, and guides the silence naming it. A
+// guide delivered after 17, while the user is silent, is that silence's
+// guide; one delivered before 17 came while the user's deadline had not
+// passed, and is false; one delivered after the user came back is of no
+// silence, and false.
+func TestGuideOfASilenceWhoseDeadlineWasLost(t *testing.T) {
+	signals := []Signal{turn(TurnToUser, 0, 17), ping(1, Answered)}
+	runCases(t, []handCase{
+		{name: "delivered after the silence's own deadline",
+			signals: signals, got: []Delivery{guide("a", 1, 11, 17.3), guide("b", 2, 11, 22.4)}, end: 30, want: "1:ok 2:ok"},
+		{name: "delivered before it",
+			signals: signals, got: []Delivery{guide("a", 1, 11, 12)}, end: 30, want: "1:false 2:lost"},
+		{name: "delivered after the user came back",
+			signals: append(signals[:2:2], ping(18, Answered)), got: []Delivery{guide("a", 1, 11, 18.5)}, end: 30,
+			want: "1:ok 1:lost 1:false"},
+		{name: "naming a deadline before the signal that set the silence's",
+			signals: []Signal{ping(0, Answered), turn(TurnToUser, 12, 29)}, got: []Delivery{guide("a", 1, 11, 29.5)}, end: 40,
+			want: "1:lost 1:lost 1:false"},
+	})
+}
