@@ -15,19 +15,6 @@ import (
 // the push that waits for a paused instance (routeAwake answers 503, and
 // the claim is released for the consumer's retry).
 
-// acl2Decision is what was decided for uid's close stage guide id
-// ("applied", "cancelled"), or "" (undecided, or a gateway that does not
-// decide): read by pattern, the key's name being the store's own.
-func acl2Decision(t *testing.T, tg *testGateway, uid, id string) string {
-	t.Helper()
-	ctx := context.Background()
-	keys, err := tg.rdb.Keys(ctx, "*pc:"+uid+"/"+id).Result()
-	if err != nil || len(keys) != 1 {
-		return ""
-	}
-	return tg.rdb.Get(ctx, keys[0]).Val()
-}
-
 // TestAttackClose2ReminderDecidedCloseRefusedThenStale: a user's one
 // device is on instance B; the user's route also names instance P (a
 // second device, on a gateway that is about to pause). A silence runs
@@ -94,7 +81,7 @@ func TestAttackClose2ReminderDecidedCloseRefusedThenStale(t *testing.T) {
 
 	// B reads the reminder late: it goes out, its close decided applied.
 	b.readRouted(t, remind)
-	decided := acl2Decision(t, b, uid, closing.ID)
+	decided := aclDecision(t, b, uid, closing.ID)
 
 	// A resumes, and settles as its push does: a route that failed
 	// releases the claim, for the consumer's retry.

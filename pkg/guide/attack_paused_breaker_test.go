@@ -51,7 +51,7 @@ func TestAttackPausedInstanceOpensBreakerForEveryone(t *testing.T) {
 	if _, err := e.store.Heartbeat(ctx, paused, lease); err != nil {
 		t.Fatal(err)
 	}
-	beat := time.Now()
+	beat := e.rdb.Time(ctx).Val() // Redis's clock, which heartbeats are judged by
 	// It is subscribed to its channel and reads nothing: what it is
 	// routed waits in its socket, counted as taken.
 	sub := e.rdb.SSubscribe(ctx, ks.InstanceChannel(paused))
@@ -66,9 +66,11 @@ func TestAttackPausedInstanceOpensBreakerForEveryone(t *testing.T) {
 		}
 	}
 	opens0 := breakerOpens(t)
-	// Real time must pass: the pod misses its heartbeats (a beat and a
-	// half of its lease; this host's clock and Redis's are the same).
-	time.Sleep(time.Until(beat.Add(lease/2 + 200*time.Millisecond)))
+	// The pod misses its heartbeats: a beat and a half of its lease, by
+	// Redis's clock.
+	waitFor(t, "the paused pod's heartbeat to be late", func() bool {
+		return e.rdb.Time(ctx).Val().After(beat.Add(lease/2 + 200*time.Millisecond))
+	})
 	e.produce(onPaused...)
 
 	// Wait (bounded by the pod's lease) until either the breaker opened
