@@ -225,7 +225,7 @@ func (l *Listener) judgeClaimed(ctx context.Context, b *batch) {
 	items := b.with(actClaim)
 	lapses, askBrake := 0, false
 	for _, it := range items {
-		if lapse(it.timeout) {
+		if lapse(b.facts, it.timeout) {
 			lapses++
 		}
 		askBrake = askBrake || brakeWouldHold(b.facts, it.timeout)

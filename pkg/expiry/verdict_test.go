@@ -106,10 +106,14 @@ func TestDecide(t *testing.T) {
 		{name: "brake: a later stage, a close, within its grace is held, uncounted", stage: 3, due: 160, now: 160,
 			claim: fresh, braking: true, want: hold(ruleBrake, 170), asks: true},
 		// 2fe55a1: the minute rule released it, rechecked, and the brake let
-		// it out at its window's end, within the grace.
-		{name: "brake: a first stage the minute rule released within its grace is held, uncounted",
+		// it out at its window's end, within the grace. Counted: a hold
+		// before its claim never counted it (TestStallKeepsTheBrake).
+		{name: "brake: a first stage the minute rule released within its grace is held, counted",
 			due: 115, now: 120, rechecked: true, claim: fresh, braking: true,
-			want: next(hold(ruleBrake, 125), 150), asks: true},
+			want: next(hold(ruleBrake, 125), 150), asks: true, lapse: true},
+		{name: "brake: a first stage a stall released within its grace, brake not engaged: produced, counted",
+			due: 115, now: 119, rechecked: true, claim: fresh,
+			want: next(produce, 149), asks: true, lapse: true},
 		{name: "brake: one held before whose grace has passed has had it: produced", due: 100, now: 115, rechecked: true,
 			claim: fresh, braking: true, want: next(produce, 145)},
 		{name: "brake: a later stage past its grace is produced", stage: 2, due: 130, now: 141, claim: fresh, braking: true,
@@ -173,7 +177,7 @@ func TestDecide(t *testing.T) {
 					t.Errorf("says %+v, want stage %d's %+v", got.stage, stage, want)
 				}
 			}
-			if l := lapse(to); l != tt.lapse {
+			if l := lapse(f, to); l != tt.lapse {
 				t.Errorf("lapse = %v, want %v", l, tt.lapse)
 			}
 			if a := brakeWouldHold(f, to); a != tt.asks {
