@@ -266,17 +266,22 @@ func decide(f facts, t timeout) verdict {
 // lapse reports whether t counts as a lapse for the mass-expiry brake: a
 // first stage, claimed by us, and not one released from a hold (Rechecked)
 // once the grace after it was due had passed: that one waited the grace
-// already, as the brake would hold it. One released sooner (a stall of the
-// listener's own read settles in 3 s, the activity feed's watermark and
-// the minute rule hold for less than the grace) was never counted: held
-// before its claim, it is counted now, or a crowd lapsing in a stall, as a
-// mass expiry's big round trips make likely, would never engage the brake.
-// A later stage is no new lapse: its user went silent a stage ago.
+// already, as the brake would hold it, and the brake's own hold counted it
+// when it held it. One released sooner (a stall of the listener's own read
+// settles in 3 s, the activity feed's watermark and the minute rule hold
+// for less than the grace) was never counted: held before its claim, it is
+// counted now, or a crowd lapsing in a stall, as a mass expiry's big round
+// trips make likely, would never engage the brake. Both times are its
+// bucket's master's (its deadline, and when the read that released it ran
+// there), as its release was: the control state's clock, another master's,
+// may read a little behind it, and would count a crowd the brake released
+// a second time. A later stage is no new lapse: its user went silent a
+// stage ago.
 func lapse(f facts, t timeout) bool {
 	if t.claim.outcome != session.ClaimFresh || t.Stage != 1 {
 		return false
 	}
-	return !t.Rechecked || f.control.Now.Before(t.Due.Add(f.grace))
+	return !t.Rechecked || t.Detected.Before(t.Due.Add(f.grace))
 }
 
 // brakeWouldHold reports whether the brake, were it engaged, would hold
