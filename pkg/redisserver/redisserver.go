@@ -208,13 +208,15 @@ func (s *Server) launch(ctx context.Context, port int) (*child, error) {
 		if time.Now().After(deadline) {
 			cmd.Process.Kill()
 			<-exited
-			return nil, fmt.Errorf("redis-server on port %d did not answer PING within 10s", port)
+			return nil, fmt.Errorf("redis-server on port %d did not answer as ours and loaded within 10s", port)
 		}
 	}
 }
 
-// ownServer asks the server at addr for its process id (INFO server),
-// and fails unless it is pid.
+// ownServer asks the server at addr for its process id and whether it
+// is loading its dataset (INFO: its server and persistence sections), and
+// fails unless it is pid and done loading: INFO is answered while the
+// dataset loads, and every read then is refused with LOADING.
 func ownServer(addr string, pid int) error {
 	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 	if err != nil {
@@ -222,7 +224,7 @@ func ownServer(addr string, pid int) error {
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(500 * time.Millisecond))
-	if _, err := c.Write([]byte("INFO server\r\n")); err != nil {
+	if _, err := c.Write([]byte("INFO\r\n")); err != nil {
 		return err
 	}
 	r := bufio.NewReader(c)
@@ -240,6 +242,9 @@ func ownServer(addr string, pid int) error {
 	}
 	if !strings.Contains(string(body), "\nprocess_id:"+strconv.Itoa(pid)+"\r") {
 		return fmt.Errorf("another server answers on %s", addr)
+	}
+	if !strings.Contains(string(body), "\nloading:0\r") {
+		return fmt.Errorf("the server on %s is loading its dataset", addr)
 	}
 	return nil
 }
