@@ -136,14 +136,8 @@ func TestAttackFeedHoldKeepsTheBrake(t *testing.T) {
 			h.brakePolicy()
 			stopFeed := h.runFeed(500 * time.Millisecond)
 			defer stopFeed()
-			cfg := h.brakeConfig(ModeHybrid)
-			if !tc.prefetch {
-				cfg.Mode, cfg.PrefetchInterval = ModeSweep, 0
-			}
 			const grace = 8 * time.Second
-			cfg.OutageGrace = grace
-			cfg.MassExpiryWindow = time.Minute // the counts outlive the test
-			stop := h.start(cfg)
+			stop := h.start(lapseConfig(h, tc.prefetch, grace))
 			defer stop()
 			h.sweptPast(h.redisNow())
 			uids := make([]string, 120)
@@ -183,13 +177,8 @@ func TestAttackStallKeepsTheBrakeElsewhere(t *testing.T) {
 			victim, uids := h.stallVictim(120)
 			const grace = 8 * time.Second
 			for range tc.replicas {
-				cfg := h.brakeConfig(ModeHybrid)
-				if !tc.prefetch {
-					cfg.Mode, cfg.PrefetchInterval = ModeSweep, 0
-				}
+				cfg := lapseConfig(h, tc.prefetch, grace)
 				cfg.SweepGapMax = DefaultConfig().SweepGapMax
-				cfg.OutageGrace = grace
-				cfg.MassExpiryWindow = time.Minute // the counts outlive the test
 				stop := h.start(cfg)
 				defer stop()
 			}
@@ -238,14 +227,8 @@ func TestAttackFeedTrickleCountedOnce(t *testing.T) {
 			h.brakePolicy()
 			stopFeed := h.runFeed(300 * time.Millisecond)
 			defer stopFeed()
-			cfg := h.brakeConfig(ModeHybrid)
-			if !tc.prefetch {
-				cfg.Mode, cfg.PrefetchInterval = ModeSweep, 0
-			}
 			const grace = 8 * time.Second
-			cfg.OutageGrace = grace
-			cfg.MassExpiryWindow = time.Minute // the counts outlive the test
-			stop := h.start(cfg)
+			stop := h.start(lapseConfig(h, tc.prefetch, grace))
 			defer stop()
 			h.sweptPast(h.redisNow())
 			from := h.redisNow()
@@ -301,4 +284,17 @@ func TestAttackBrakeReleaseCountedAgain(t *testing.T) {
 			t.Errorf("a first stage the brake held (counted then) and released at the grace after its deadline, judged by a control clock %v behind its bucket's, counts as a lapse again", skew)
 		}
 	}
+}
+
+// lapseConfig is the brake's config for these tests, in sweep mode or
+// with the read-ahead, with grace, and a lapse window that outlives the
+// test so that every count can be read after it.
+func lapseConfig(h *harness, prefetch bool, grace time.Duration) Config {
+	cfg := h.brakeConfig(ModeHybrid)
+	if !prefetch {
+		cfg.Mode, cfg.PrefetchInterval = ModeSweep, 0
+	}
+	cfg.OutageGrace = grace
+	cfg.MassExpiryWindow = time.Minute
+	return cfg
 }
