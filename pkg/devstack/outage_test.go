@@ -714,13 +714,18 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 	sweepLongest := max(after.longest(before, "stillthere_listener_sweep_seconds"),
 		after.longest(before, "stillthere_listener_fire_seconds"))
 	sendLongest := after.longest(before, "stillthere_consumer_send_seconds")
-	// A held timeout whose release comes during a sweep is read by that
-	// sweep's next batch, or, after its last, by the next sweep, which
-	// starts a sweep interval later at most; with the read-ahead, its
-	// timer fires in the next slot, after the slot that is confirming and
-	// emitting (the longest "sweep" is then the longest fire slot), or the
-	// next window read finds it.
-	produceBound := faultGrace + max(lcfg.SweepInterval, lcfg.FireSlot) + sweepLongest
+	// The listener's drain of the timeouts released together (the brake
+	// holds the crowd until the grace after its deadlines) is CPU, like
+	// the consumer's below: claims, verdicts and produces, beside the
+	// consumer in the same process. A fixed bound on the last of them
+	// failed on a busy CI machine (2,045 of 5,000 produced up to 0.4s
+	// past it). What the test holds is that the listener never stalls:
+	// from a timeout's release (the end of its hold, or its deadline)
+	// until it is produced, productions follow each other within a sweep
+	// interval or fire slot (a release is read by the next sweep's batch,
+	// or fires in the slot after the one confirming), the longest sweep
+	// or fire slot, and a second.
+	produceStallBound := max(lcfg.SweepInterval, lcfg.FireSlot) + sweepLongest + time.Second
 	// The consumer's drain of the guides released together is CPU, not
 	// sends (they run 2,048 at once), and how fast this machine drains
 	// them is the benchmark's (loadtest/guidebench), not this test's: a
@@ -729,9 +734,12 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 	// delivered, deliveries follow each other within the longest send
 	// and a second more. One that sends twice fails the count above.
 	stallBound := sendLongest + time.Second
-	t.Logf("bounds: produced within %v of the deadline (grace %v, sweep interval %v, longest sweep %v); while guides are owed, no pause between deliveries longer than %v (the longest send, %v, and a second)",
-		produceBound, faultGrace, lcfg.SweepInterval, sweepLongest, stallBound, sendLongest)
-	var owed []massDelivery // each leaver's guide: produced, delivered
+	t.Logf("bounds: while timeouts are released and not produced, no pause between productions longer than %v (grace %v, sweep interval %v, longest sweep %v); while guides are owed, no pause between deliveries longer than %v (the longest send, %v, and a second)",
+		produceStallBound, faultGrace, lcfg.SweepInterval, sweepLongest, stallBound, sendLongest)
+	var (
+		owed     []massDelivery // each leaver's guide: produced, delivered
+		released []massDelivery // each leaver's timeout: released, produced
+	)
 	// A silence we caused is not a silence: on a starved machine the
 	// gateway's heartbeat can come late, and a deadline in a blind interval
 	// it recorded, or near a missed heartbeat, is rightly held until the
@@ -739,6 +747,17 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 	outages := r.outagesAfter(before, after, inst)
 	for _, b := range outages.blind {
 		t.Logf("blind interval: %s %s to %s (%v), scope %q", b.Reason, b.Start.Format(time.StampMilli), b.End.Format(time.StampMilli), b.End.Sub(b.Start), b.Scope)
+	}
+	braked := after.labelled("stillthere_listener_held_total", "rule", "mass-expiry") >
+		before.labelled("stillthere_listener_held_total", "rule", "mass-expiry")
+	for _, x := range after["stillthere_listener_held_total"].GetMetric() {
+		for _, l := range x.GetLabel() {
+			if l.GetName() == "rule" {
+				if n := x.GetCounter().GetValue() - before.labelled("stillthere_listener_held_total", "rule", l.GetValue()); n > 0 {
+					t.Logf("timeouts held by the rule %s: %.0f", l.GetValue(), n)
+				}
+			}
+		}
 	}
 	if outages.missedBeats > 0 {
 		t.Logf("%.0f timeouts held for a missed heartbeat: every bound gets the lease (%v) on top", outages.missedBeats, outages.lease)
@@ -794,14 +813,30 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 		detected := time.UnixMilli(evs[0].DetectedMS)
 		produced = append(produced, detected.Sub(last))
 		sent = append(sent, g.At.Sub(detected))
-		if d, bound := detected.Sub(last), outages.from(last, faultGrace).Sub(last)+produceBound; d > bound {
-			if lateProduced++; lateProduced <= 5 {
-				t.Errorf("%s produced %v past its deadline, want at most %v", uid(i), d, bound)
-			}
+		// Released at its deadline; at the grace after it if the brake
+		// held the crowd (beyond its threshold; those below it are
+		// produced before they are owed, and count only as productions);
+		// or at the grace after an outage that held it, at the latest.
+		release := last
+		if braked {
+			release = last.Add(faultGrace)
 		}
-		owed = append(owed, massDelivery{produced: detected, delivered: g.At})
+		if from := outages.from(last, faultGrace); from.After(last) && from.Add(faultGrace).After(release) {
+			release = from.Add(faultGrace)
+		}
+		released = append(released, massDelivery{owed: release, done: detected})
+		owed = append(owed, massDelivery{owed: detected, done: g.At})
 	}
-	if gap, at, ok := longestStall(owed); ok && gap > stallBound {
+	if gap, at, ok := longestStall(released); ok && gap <= produceStallBound {
+		t.Logf("the longest pause of the listener while timeouts released were owed: %v from %s", gap.Round(time.Millisecond), at.Format(time.StampMilli))
+	} else if ok {
+		lateProduced++
+		t.Errorf("the listener produced nothing for %v from %s while timeouts released were owed, want at most %v",
+			gap, at.Format(time.StampMilli), produceStallBound)
+	}
+	if gap, at, ok := longestStall(owed); ok && gap <= stallBound {
+		t.Logf("the longest pause of the consumer while guides produced were owed: %v from %s", gap.Round(time.Millisecond), at.Format(time.StampMilli))
+	} else if ok {
 		lateSent++
 		t.Errorf("the consumer delivered nothing for %v from %s while guides it had been given were owed, want at most %v",
 			gap, at.Format(time.StampMilli), stallBound)
@@ -813,7 +848,7 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 		t.Errorf("%d of %d leavers did not get exactly one guide for their last deadline", wrong, leaving)
 	}
 	if lateProduced+lateSent > 0 {
-		t.Errorf("of %d leavers, %d produced past their bounds; %d stalls of the consumer", leaving, lateProduced, lateSent)
+		t.Errorf("of %d leavers: %d stalls of the listener, %d of the consumer", leaving, lateProduced, lateSent)
 	}
 	for _, d := range []struct {
 		what string
@@ -828,25 +863,42 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 	}
 }
 
-// massDelivery is one leaver's guide in TestMassLeaveGuidesEachOnce:
-// when its timeout was produced, and when the webhook got it.
-type massDelivery struct{ produced, delivered time.Time }
+// massDelivery is one piece of work owed in TestMassLeaveGuidesEachOnce:
+// a leaver's guide, owed once its timeout was produced and done when the
+// webhook got it; or its timeout, owed once its hold released it (or at
+// its deadline) and done when the listener produced it.
+type massDelivery struct{ owed, done time.Time }
 
-// longestStall is the longest pause between two deliveries during which
-// a guide produced before the pause was delivered only after it, and
-// when it began; ok is false when there was none.
+// longestStall is the longest time in which nothing was done while some
+// work was owed (from when it was owed, or from a piece done before, to
+// the next piece done), and when it began; ok is false when nothing was
+// done. How fast a crowd drains is CPU, the benchmark's; a pause in the
+// draining, or a late start, is a stall.
 func longestStall(ds []massDelivery) (gap time.Duration, at time.Time, ok bool) {
-	arrivals := make([]time.Time, len(ds))
+	done := make([]time.Time, len(ds))
 	for i, d := range ds {
-		arrivals[i] = d.delivered
+		done[i] = d.done
 	}
-	slices.SortFunc(arrivals, time.Time.Compare)
-	for i := 1; i < len(arrivals); i++ {
-		from, to := arrivals[i-1], arrivals[i]
-		if to.Sub(from) <= gap {
+	slices.SortFunc(done, time.Time.Compare)
+	starts := slices.Clone(done)
+	for _, d := range ds {
+		starts = append(starts, d.owed)
+	}
+	for _, from := range starts {
+		i, _ := slices.BinarySearchFunc(done, from, func(a, b time.Time) int {
+			if !a.After(b) {
+				return -1
+			}
+			return 1
+		})
+		if i == len(done) {
 			continue
 		}
-		if slices.ContainsFunc(ds, func(d massDelivery) bool { return d.produced.Before(from) && !d.delivered.Before(to) }) {
+		to := done[i]
+		if ok && to.Sub(from) <= gap {
+			continue
+		}
+		if slices.ContainsFunc(ds, func(d massDelivery) bool { return !d.owed.After(from) && !d.done.Before(to) }) {
 			gap, at, ok = to.Sub(from), from, true
 		}
 	}

@@ -137,8 +137,10 @@ func TestLongestStall(t *testing.T) {
 	}{
 		{"steady", []massDelivery{{at(0), at(1)}, {at(0), at(2)}, {at(0), at(3)}}, time.Second, true},
 		{"a pause with a guide owed", []massDelivery{{at(0), at(1)}, {at(0), at(7)}, {at(6), at(7.5)}}, 6 * time.Second, true},
-		{"a pause with nothing owed", []massDelivery{{at(0), at(1)}, {at(6), at(7)}, {at(6), at(7.5)}}, 500 * time.Millisecond, true},
-		{"one", []massDelivery{{at(0), at(1)}}, 0, false},
+		{"a pause with nothing owed", []massDelivery{{at(0), at(1)}, {at(6), at(7)}, {at(6), at(7.5)}}, time.Second, true},
+		{"a late start", []massDelivery{{at(0), at(5)}, {at(0), at(5.5)}}, 5 * time.Second, true},
+		{"done together", []massDelivery{{at(0), at(2)}, {at(1), at(2)}}, 2 * time.Second, true},
+		{"one", []massDelivery{{at(0), at(1)}}, time.Second, true},
 		{"none", nil, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
