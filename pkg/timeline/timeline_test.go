@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -507,5 +508,67 @@ func TestViewShowsLastGrant(t *testing.T) {
 	got, err = View(ctx, store, "vs", 0)
 	if err != nil || len(got) != 1 || got[0].Stage != 2 || got[0].Deadline != due[0].Deadline.UnixMilli() {
 		t.Fatalf("View between stages: %+v, %v; want the last grant, stage 2 due next, its silence's deadline %d", got, err, due[0].Deadline.UnixMilli())
+	}
+}
+
+// TestRecordStorm: a storm of entries, many batches' worth, recorded while
+// Run sends, every one of them from several goroutines: each reaches its
+// user's timeline, in the order its goroutine recorded them, and the
+// queue Run keeps for reuse afterwards is no larger than a batch.
+func TestRecordStorm(t *testing.T) {
+	store, _ := newStore(t)
+	r := NewRecorder(store, Config{Service: "gateway", Instance: "gw-1", Bounds: session.TimelineBounds{Entries: 1000, Keep: time.Hour}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	const writers, each = 4, 3 * defaultBatch
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := range each {
+				r.Record(fmt.Sprintf("storm-%d-%d", w, i%8), Entry{Kind: KindStart, Conns: i})
+			}
+		})
+	}
+	wg.Wait()
+	// Run sends as they come; what is still queued at its stop gets a
+	// second, which a loaded host may need more than: wait for them all.
+	read := func(uid string) []Entry {
+		got, err := Read(context.Background(), store, uid, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	pollUntil(t, "every entry in the timelines", func() bool {
+		for w := range writers {
+			for u := range 8 {
+				if len(read(fmt.Sprintf("storm-%d-%d", w, u))) < each/8 {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	cancel()
+	<-done
+	for w := range writers {
+		for u := range 8 {
+			uid := fmt.Sprintf("storm-%d-%d", w, u)
+			got := read(uid)
+			if len(got) != each/8 {
+				t.Fatalf("%s: %d entries, want %d", uid, len(got), each/8)
+			}
+			for k, e := range got {
+				if want := u + 8*k; e.Conns != want {
+					t.Fatalf("%s: entry %d is %d, want %d, in the order recorded", uid, k, e.Conns, want)
+				}
+			}
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.pending) != 0 || cap(r.pending) > spareMax {
+		t.Fatalf("queue left %d long, %d allocated; want empty, at most %d", len(r.pending), cap(r.pending), spareMax)
 	}
 }
