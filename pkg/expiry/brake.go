@@ -21,6 +21,8 @@ type brake struct {
 	holds   int // timeouts it held since engaged, for the log line that ends it
 	// next is the earliest its next paced release may be (paceReleases).
 	next time.Time
+	// countFailing: the last count of lapses failed (braking).
+	countFailing bool
 }
 
 // brakeThreshold is the most lapses within the window before the brake
@@ -31,12 +33,28 @@ func (l *Listener) brakeThreshold() int {
 }
 
 // braking counts n fresh lapses detected at now and reports whether they
-// must be held. A failure to count does not engage it.
+// must be held.
+//
+// A count that fails (Redis slow in a stall, as a crowd's big round trips
+// make likely, or failing) holds the lapses it was asked to count, as if
+// the brake were engaged, without engaging it: not knowing whether this
+// is a storm, the brake holds each for the grace and checks it again,
+// rather than let a crowd cut off from us out at once. A silence we could
+// not measure costs its user the grace, never a guide while they were
+// there.
 func (l *Listener) braking(ctx context.Context, now time.Time, n int) bool {
 	count, err := l.store.Lapses(ctx, now, l.cfg.MassExpiryWindow, n)
 	if err != nil {
-		l.log.Debug("count lapses for the mass-expiry brake", "err", err)
-		return l.brake.engaged
+		if !l.brake.countFailing {
+			l.brake.countFailing = true
+			l.log.Warn("mass expiry: lapses cannot be counted; each fresh lapse is held for the grace, then checked again, until they can",
+				"err", err, "grace", l.cfg.OutageGrace)
+		}
+		return l.brake.engaged || n > 0
+	}
+	if l.brake.countFailing {
+		l.brake.countFailing = false
+		l.log.Info("mass expiry: lapses counted again")
 	}
 	threshold := l.brakeThreshold()
 	switch over := count > threshold; {
