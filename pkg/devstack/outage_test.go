@@ -724,7 +724,8 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 	// until it is produced, productions follow each other within a sweep
 	// interval or fire slot (a release is read by the next sweep's batch,
 	// or fires in the slot after the one confirming), the longest sweep
-	// or fire slot, and a second.
+	// or fire slot (its histogram reaches 65 s, past which the bound is
+	// an hour), and a second.
 	produceStallBound := max(lcfg.SweepInterval, lcfg.FireSlot) + sweepLongest + time.Second
 	// The consumer's drain of the guides released together is CPU, not
 	// sends (they run 2,048 at once), and how fast this machine drains

@@ -34,12 +34,12 @@ var (
 	metricSweepSeconds = promauto.NewHistogram(prometheus.HistogramOpts{
 		Name:    "stillthere_listener_sweep_seconds",
 		Help:    "Duration of one sweep of the deadline index over all buckets (with the read-ahead on, the safety sweep).",
-		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18), // to 65s: a storm's, or a starved host's
 	})
 	metricFireSeconds = promauto.NewHistogram(prometheus.HistogramOpts{
 		Name:    "stillthere_listener_fire_seconds",
 		Help:    "Duration of one fire slot of the read-ahead that found timeouts due: confirming its timers in Redis and emitting what they found.",
-		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
 	})
 	metricDue = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "stillthere_listener_due_backlog",

@@ -38,10 +38,8 @@ type Config struct {
 type Recorder struct {
 	store *session.Store
 	cfg   Config
-	wake  chan struct{} // one token: entries wait in pending
-
-	mu      sync.Mutex
-	pending []record // recorded, not yet taken by Run; at most defaultQueue
+	wake  chan struct{} // one token: entries wait in q
+	q     queue
 }
 
 type record struct {
@@ -72,13 +70,7 @@ func (r *Recorder) RecordAt(uid string, e Entry, at time.Time) {
 		return
 	}
 	e.Service, e.Instance = r.cfg.Service, r.cfg.Instance
-	r.mu.Lock()
-	full := len(r.pending) >= defaultQueue
-	if !full {
-		r.pending = append(r.pending, record{uid, e, at})
-	}
-	r.mu.Unlock()
-	if full {
+	if !r.q.push(record{uid, e, at}) {
 		metricDropped.WithLabelValues(r.cfg.Service).Inc()
 		return
 	}
@@ -89,17 +81,59 @@ func (r *Recorder) RecordAt(uid string, e Entry, at time.Time) {
 	}
 }
 
-// takePending returns what waits, leaving spare (emptied) in its place.
-func (r *Recorder) takePending(spare []record) []record {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	got := r.pending
-	r.pending = spare[:0]
-	return got
+// queue is a Recorder's entries waiting for Run, oldest first: at most
+// defaultQueue of them. Run takes at most a batch at a time, so that what
+// it took and has not sent is never more than one batch beside them.
+type queue struct {
+	mu   sync.Mutex
+	recs []record
+	head int // recs[head:] wait
 }
 
-// spareMax is the largest queue Run keeps for reuse: one that grew in a
-// storm is left to the collector.
+// push adds rec, unless defaultQueue wait already.
+func (q *queue) push(rec record) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.recs)-q.head >= defaultQueue {
+		return false
+	}
+	q.recs = append(q.recs, rec)
+	return true
+}
+
+// take appends up to n of the oldest waiting to dst, and returns it.
+// What was taken is let go: an emptied queue starts over in its slice
+// (or a new one, if a storm grew it past spareMax), and one half taken
+// moves its rest to the front.
+func (q *queue) take(dst []record, n int) []record {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n = min(n, len(q.recs)-q.head)
+	dst = append(dst, q.recs[q.head:q.head+n]...)
+	clear(q.recs[q.head : q.head+n])
+	q.head += n
+	switch {
+	case q.head == len(q.recs) && cap(q.recs) > spareMax:
+		q.recs, q.head = nil, 0
+	case q.head == len(q.recs):
+		q.recs, q.head = q.recs[:0], 0
+	case q.head >= len(q.recs)/2:
+		m := copy(q.recs, q.recs[q.head:])
+		clear(q.recs[m:])
+		q.recs, q.head = q.recs[:m], 0
+	}
+	return dst
+}
+
+// waiting is how many entries wait.
+func (q *queue) waiting() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.recs) - q.head
+}
+
+// spareMax is the largest emptied queue kept for reuse: one that grew in
+// a storm is left to the collector.
 const spareMax = defaultBatch
 
 // Run sends queued entries until ctx is done, then what is still queued,
@@ -125,41 +159,49 @@ func (r *Recorder) Run(ctx context.Context) {
 		}
 		batch, ats = batch[:0], ats[:0]
 	}
-	take := func(rec record) {
-		s, err := rec.e.encode()
-		if err != nil {
-			metricDropped.WithLabelValues(r.cfg.Service).Inc()
-			return
-		}
-		batch = append(batch, session.TimelineRecord{UID: rec.uid, Entry: s})
-		ats = append(ats, rec.at)
-	}
-	// takeAll takes what waits, sending each batch as it fills.
-	var spare []record
-	takeAll := func(ctx context.Context) {
-		got := r.takePending(spare)
-		for _, rec := range got {
-			take(rec)
+	// fill takes what waits into the batch, sending each batch as it
+	// fills with sctx, until nothing waits or stop is done.
+	got := make([]record, 0, defaultBatch)
+	fill := func(sctx, stop context.Context) {
+		for stop.Err() == nil {
+			got = r.q.take(got[:0], defaultBatch-len(batch))
+			if len(got) == 0 {
+				return
+			}
+			for _, rec := range got {
+				s, err := rec.e.encode()
+				if err != nil {
+					metricDropped.WithLabelValues(r.cfg.Service).Inc()
+					continue
+				}
+				batch = append(batch, session.TimelineRecord{UID: rec.uid, Entry: s})
+				ats = append(ats, rec.at)
+			}
+			clear(got)
 			if len(batch) >= defaultBatch {
-				send(ctx)
+				send(sctx)
 			}
 		}
-		clear(got)
-		if spare = nil; cap(got) <= spareMax {
-			spare = got[:0]
-		}
 	}
+	// A batch in flight when ctx ends is finished (within send's bound),
+	// not failed: the drain sends the rest.
+	live := context.WithoutCancel(ctx)
 	for {
 		select {
 		case <-r.wake:
-			takeAll(ctx)
+			fill(live, ctx)
 		case <-tick.C:
-			send(ctx)
+			send(live)
 		case <-ctx.Done():
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			dctx, cancel := context.WithTimeout(live, time.Second)
 			defer cancel()
-			takeAll(dctx)
+			fill(dctx, dctx)
 			send(dctx)
+			// What the drain had no time for is dropped, and counted.
+			if n := len(r.q.take(nil, defaultQueue)); n > 0 {
+				metricDropped.WithLabelValues(r.cfg.Service).Add(float64(n))
+				r.cfg.Log.Warn("timeline entries not recorded: stopped before they were sent", "entries", n)
+			}
 			return
 		}
 	}

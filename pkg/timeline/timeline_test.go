@@ -566,9 +566,9 @@ func TestRecordStorm(t *testing.T) {
 			}
 		}
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if len(r.pending) != 0 || cap(r.pending) > spareMax {
-		t.Fatalf("queue left %d long, %d allocated; want empty, at most %d", len(r.pending), cap(r.pending), spareMax)
+	r.q.mu.Lock()
+	defer r.q.mu.Unlock()
+	if n := len(r.q.recs) - r.q.head; n != 0 || cap(r.q.recs) > spareMax {
+		t.Fatalf("queue left %d long, %d allocated; want empty, at most %d", n, cap(r.q.recs), spareMax)
 	}
 }
