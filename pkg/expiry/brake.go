@@ -21,8 +21,10 @@ type brake struct {
 	holds   int // timeouts it held since engaged, for the log line that ends it
 	// next is the earliest its next paced release may be (paceReleases).
 	next time.Time
-	// countFailing: the last count of lapses failed (braking).
+	// countFailing: the last count of lapses failed (braking); uncounted
+	// are the lapses held since, to count with the next that works.
 	countFailing bool
+	uncounted    int
 }
 
 // brakeThreshold is the most lapses within the window before the brake
@@ -32,26 +34,30 @@ func (l *Listener) brakeThreshold() int {
 	return max(l.cfg.MassExpiryFloor, share)
 }
 
-// braking counts n fresh lapses detected at now and reports whether they
-// must be held.
+// braking counts n fresh lapses detected at now and reports whether the
+// batch's timeouts the brake would hold must be held.
 //
 // A count that fails (Redis slow in a stall, as a crowd's big round trips
-// make likely, or failing) holds the lapses it was asked to count, as if
-// the brake were engaged, without engaging it: not knowing whether this
-// is a storm, the brake holds each for the grace and checks it again,
-// rather than let a crowd cut off from us out at once. A silence we could
-// not measure costs its user the grace, never a guide while they were
-// there.
+// make likely, or failing) holds them all, as if the brake were engaged,
+// without engaging it: not knowing whether this is a storm, the brake
+// holds each for the grace and checks it again, rather than let a crowd
+// cut off from us out at once, or its later stages after it. A silence we
+// could not measure costs its user the grace, never a guide while they
+// were there. The lapses it could not count are counted with the next
+// count that works, so that a crowd held this way still engages the brake
+// (which then holds its later stages, as for any crowd).
 func (l *Listener) braking(ctx context.Context, now time.Time, n int) bool {
-	count, err := l.store.Lapses(ctx, now, l.cfg.MassExpiryWindow, n)
+	count, err := l.store.Lapses(ctx, now, l.cfg.MassExpiryWindow, n+l.brake.uncounted)
 	if err != nil {
+		l.brake.uncounted += n
 		if !l.brake.countFailing {
 			l.brake.countFailing = true
-			l.log.Warn("mass expiry: lapses cannot be counted; each fresh lapse is held for the grace, then checked again, until they can",
+			l.log.Warn("mass expiry: lapses cannot be counted; what the brake would hold is held for the grace, then checked again, until they can",
 				"err", err, "grace", l.cfg.OutageGrace)
 		}
-		return l.brake.engaged || n > 0
+		return true
 	}
+	l.brake.uncounted = 0
 	if l.brake.countFailing {
 		l.brake.countFailing = false
 		l.log.Info("mass expiry: lapses counted again")

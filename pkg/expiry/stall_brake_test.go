@@ -35,14 +35,7 @@ func TestStallKeepsTheBrake(t *testing.T) {
 	defer stop()
 	h.sweptPast(h.redisNow())
 
-	const ttl = 1500 * time.Millisecond
-	crowd := make(map[string]grant, len(uids))
-	var last time.Time
-	for _, uid := range uids {
-		g := h.renew(uid, "one", ttl)
-		crowd[uid] = g
-		last = later(last, g.deadline)
-	}
+	crowd, last := h.crowdAt(uids, crowdLead)
 	h.untilRedis(last.Add(-300 * time.Millisecond))
 	h.pauseWrites(victim, 1500*time.Millisecond)
 

@@ -371,20 +371,29 @@ func parseInstance(v string) (Instance, error) {
 }
 
 // lapseScript adds n timeouts claimed to the count of the current second
-// (its last key) and returns the count of the window. ARGV: n, key TTL
-// seconds.
+// by its own clock, and returns the count of the window ending with it.
+// ARGV: n, window seconds, the first key's second, key TTL seconds.
 var lapseScript = newScript[lapseKeys]("lapses", nil, nil)
 
-// Lapses adds n timeouts claimed at now (Redis's clock) to the count of
-// the last window, and returns that count, across listener replicas.
+// lapseAhead is how many seconds past the caller's now the counters of a
+// count reach. The count goes to the second the script runs in, by
+// Redis's clock: now was read at a mark before the batch's claims, and
+// two replicas that marked on either side of a second must still count
+// into one window (one that counted its share into the later second while
+// the other summed a window ending before it let both shares out).
+const lapseAhead = 30
+
+// Lapses adds n timeouts claimed after now (Redis's clock, read before
+// the claims) to the count of the current second, and returns the count
+// of the window ending with it, across listener replicas.
 func (s *Store) Lapses(ctx context.Context, now time.Time, window time.Duration, n int) (int, error) {
 	secs := max(1, int64(window/time.Second))
-	cur := now.Unix()
-	keys := make([]string, 0, secs)
-	for sec := cur - secs + 1; sec <= cur; sec++ {
+	first := now.Unix() - secs + 1
+	keys := make([]string, 0, secs+lapseAhead)
+	for sec := first; sec <= now.Unix()+lapseAhead; sec++ {
 		keys = append(keys, s.ks.LapsesKey(sec))
 	}
-	got, err := lapseScript.Run(ctx, s.rdb, lapseKeys{Seconds: keys}, n, secs+1).Int()
+	got, err := lapseScript.Run(ctx, s.rdb, lapseKeys{Seconds: keys}, n, secs, first, secs+1).Int()
 	if err != nil {
 		return 0, fmt.Errorf("count lapses: %w", err)
 	}

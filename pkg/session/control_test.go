@@ -262,20 +262,69 @@ func contains(list []string, s string) bool {
 	return false
 }
 
+// TestLapsesCountAcrossReplicas: replicas count lapses into the second
+// the count runs in, by Redis's clock, whatever second their marks read:
+// one that marked a second before another still sees its share, and the
+// other sees its. Counts older than the window are not summed.
 func TestLapsesCountAcrossReplicas(t *testing.T) {
 	s, ctx := newStore(t)
-	now, _ := s.rdb.Time(ctx).Result()
-	if n, err := s.Lapses(ctx, now, 10*time.Second, 30); err != nil || n != 30 {
-		t.Fatalf("Lapses = %d, %v; want 30", n, err)
+	cur, _ := s.rdb.Time(ctx).Result()
+	// Long out of any window this test's calls can sum.
+	if err := s.rdb.Set(ctx, s.ks.LapsesKey(cur.Unix()-30), 1000, time.Minute).Err(); err != nil {
+		t.Fatal(err)
 	}
-	if n, err := s.Lapses(ctx, now.Add(time.Second), 10*time.Second, 20); err != nil || n != 50 {
-		t.Fatalf("Lapses = %d, %v; want 50", n, err)
+	early := cur.Add(-time.Second) // replica A's mark, the second before
+	if n, err := s.Lapses(ctx, early, 10*time.Second, 30); err != nil || n != 30 {
+		t.Fatalf("A's Lapses = %d, %v; want 30", n, err)
 	}
-	if n, err := s.Lapses(ctx, now.Add(10*time.Second), 10*time.Second, 0); err != nil || n != 20 {
-		t.Fatalf("Lapses 10s later = %d, %v; want the 20 still in the window", n, err)
+	if n, err := s.Lapses(ctx, cur, 10*time.Second, 20); err != nil || n != 50 {
+		t.Fatalf("B's Lapses = %d, %v; want 50, A's share too", n, err)
 	}
-	if n, err := s.Lapses(ctx, now.Add(11*time.Second), 10*time.Second, 0); err != nil || n != 0 {
-		t.Fatalf("Lapses 11s later = %d, %v; want none left in the window", n, err)
+	if n, err := s.Lapses(ctx, early, 10*time.Second, 0); err != nil || n != 50 {
+		t.Fatalf("A's Lapses again = %d, %v; want 50, B's share too", n, err)
+	}
+	// A mark far ahead of Redis's clock (read on a node since failed
+	// over from) counts into its first key, and sums what is there.
+	if n, err := s.Lapses(ctx, cur.Add(time.Hour), 10*time.Second, 5); err != nil || n != 5 {
+		t.Fatalf("Lapses of a mark an hour ahead = %d, %v; want 5", n, err)
+	}
+}
+
+// TestLapsesWindow: the count sums the seconds of the window that ends
+// with the second the count runs in: one older is left out.
+func TestLapsesWindow(t *testing.T) {
+	s, ctx := newStore(t)
+	for {
+		// Well inside a second, so that the count below runs in it.
+		cur, err := s.rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cur.Nanosecond() > 600*int(time.Millisecond) {
+			time.Sleep(time.Duration(1e9-cur.Nanosecond()) + 10*time.Millisecond) // real time: to the next second
+			continue
+		}
+		sec := cur.Unix()
+		seeds := map[int64]int{sec - 10: 7, sec - 9: 5, sec: 3}
+		for k, v := range seeds {
+			if err := s.rdb.Set(ctx, s.ks.LapsesKey(k), v, time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		n, err := s.Lapses(ctx, cur, 10*time.Second, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after, _ := s.rdb.Time(ctx).Result(); after.Unix() != sec {
+			for k := range seeds { // the second turned (a busy host): again
+				s.rdb.Del(ctx, s.ks.LapsesKey(k))
+			}
+			continue
+		}
+		if n != 8 {
+			t.Fatalf("Lapses = %d; want 8: the window's 5 and 3, not the 7 of the second before it", n)
+		}
+		return
 	}
 }
 
