@@ -647,7 +647,7 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 	}
 	r.waitHoldsReleased()
 	sweeps := gatherMetrics(t).count("stillthere_listener_sweep_seconds")
-	waitCond(t, 30*time.Second, "two more sweeps of the listener", func() bool {
+	waitCond(t, 2*time.Minute, "two more sweeps of the listener", func() bool {
 		return gatherMetrics(t).count("stillthere_listener_sweep_seconds") >= sweeps+2
 	})
 	waitCond(t, time.Minute, "the consumer to settle every timeout produced", func() bool {
