@@ -22,9 +22,11 @@ type brake struct {
 	// next is the earliest its next paced release may be (paceReleases).
 	next time.Time
 	// countFailing: the last count of lapses failed (braking); uncounted
-	// are the lapses held since, to count with the next that works.
+	// are the lapses held since, to count with the next that works, and
+	// uncountedAt the mark of the last of them.
 	countFailing bool
 	uncounted    int
+	uncountedAt  time.Time
 }
 
 // brakeThreshold is the most lapses within the window before the brake
@@ -44,12 +46,21 @@ func (l *Listener) brakeThreshold() int {
 // cut off from us out at once, or its later stages after it. A silence we
 // could not measure costs its user the grace, never a guide while they
 // were there. The lapses it could not count are counted with the next
-// count that works, so that a crowd held this way still engages the brake
-// (which then holds its later stages, as for any crowd).
+// count that works within the window after them, so that a crowd held
+// this way still engages the brake (which then holds its later stages, as
+// for any crowd); past that window they are let go, as the count lets go
+// of any lapse.
 func (l *Listener) braking(ctx context.Context, now time.Time, n int) bool {
-	count, err := l.store.Lapses(ctx, now, l.cfg.MassExpiryWindow, n+l.brake.uncounted)
+	carry := l.brake.uncounted
+	if carry > 0 && now.Sub(l.brake.uncountedAt) >= l.cfg.MassExpiryWindow {
+		carry = 0
+	}
+	count, err := l.store.Lapses(ctx, now, l.cfg.MassExpiryWindow, n+carry)
 	if err != nil {
-		l.brake.uncounted += n
+		l.brake.uncounted = carry + n
+		if n > 0 {
+			l.brake.uncountedAt = now
+		}
 		if !l.brake.countFailing {
 			l.brake.countFailing = true
 			l.log.Warn("mass expiry: lapses cannot be counted; what the brake would hold is held for the grace, then checked again, until they can",

@@ -370,22 +370,27 @@ func parseInstance(v string) (Instance, error) {
 	return Instance{Last: time.UnixMilli(l), Lease: time.Duration(n) * time.Millisecond}, nil
 }
 
-// lapseScript adds n timeouts claimed to the count of the current second
-// by its own clock, and returns the count of the window ending with it.
-// ARGV: n, window seconds, the first key's second, key TTL seconds.
+// lapseScript adds n timeouts claimed to the count of their mark's second,
+// and returns the count from the window before it to the script's own
+// second. ARGV: n, window seconds, the first key's second, key TTL
+// seconds.
 var lapseScript = newScript[lapseKeys]("lapses", nil, nil)
 
-// lapseAhead is how many seconds past the caller's now the counters of a
-// count reach. The count goes to the second the script runs in, by
-// Redis's clock: now was read at a mark before the batch's claims, and
-// two replicas that marked on either side of a second must still count
-// into one window (one that counted its share into the later second while
-// the other summed a window ending before it let both shares out).
-const lapseAhead = 30
+// lapseAhead is how many seconds past the mark's now the counters a count
+// sums reach. A count comes a while after its mark (the batch's claims
+// come between, long in a stall or a storm), and another replica's share
+// of the same crowd may have been counted in any second since: the count
+// sums up to the second it runs in. Summing only the mark's window, two
+// replicas whose marks or counts fell a second or a window apart each
+// missed the other's share, and a crowd went out below the threshold
+// twice.
+const lapseAhead = 120
 
-// Lapses adds n timeouts claimed after now (Redis's clock, read before
-// the claims) to the count of the current second, and returns the count
-// of the window ending with it, across listener replicas.
+// Lapses adds n timeouts claimed after a mark read at now (Redis's clock)
+// to the count of now's second, and returns the count from the window
+// before it up to the second the count runs in, across listener replicas.
+// A count more than lapseAhead after its mark fails: it could not see
+// every share counted since.
 func (s *Store) Lapses(ctx context.Context, now time.Time, window time.Duration, n int) (int, error) {
 	secs := max(1, int64(window/time.Second))
 	first := now.Unix() - secs + 1
@@ -393,7 +398,7 @@ func (s *Store) Lapses(ctx context.Context, now time.Time, window time.Duration,
 	for sec := first; sec <= now.Unix()+lapseAhead; sec++ {
 		keys = append(keys, s.ks.LapsesKey(sec))
 	}
-	got, err := lapseScript.Run(ctx, s.rdb, lapseKeys{Seconds: keys}, n, secs, first, secs+1).Int()
+	got, err := lapseScript.Run(ctx, s.rdb, lapseKeys{Seconds: keys}, n, secs, first, secs+2*lapseAhead+1).Int()
 	if err != nil {
 		return 0, fmt.Errorf("count lapses: %w", err)
 	}

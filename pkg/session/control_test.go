@@ -262,10 +262,10 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// TestLapsesCountAcrossReplicas: replicas count lapses into the second
-// the count runs in, by Redis's clock, whatever second their marks read:
-// one that marked a second before another still sees its share, and the
-// other sees its. Counts older than the window are not summed.
+// TestLapsesCountAcrossReplicas: each replica counts its lapses into the
+// second of its mark, and sums from the window before it up to the
+// second the count runs in: whichever of two replicas marked first, or
+// counted first, the later count sees both shares.
 func TestLapsesCountAcrossReplicas(t *testing.T) {
 	s, ctx := newStore(t)
 	cur, _ := s.rdb.Time(ctx).Result()
@@ -274,57 +274,48 @@ func TestLapsesCountAcrossReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	early := cur.Add(-time.Second) // replica A's mark, the second before
-	if n, err := s.Lapses(ctx, early, 10*time.Second, 30); err != nil || n != 30 {
-		t.Fatalf("A's Lapses = %d, %v; want 30", n, err)
+	if n, err := s.Lapses(ctx, cur, 10*time.Second, 20); err != nil || n != 20 {
+		t.Fatalf("B's Lapses = %d, %v; want 20", n, err)
 	}
-	if n, err := s.Lapses(ctx, cur, 10*time.Second, 20); err != nil || n != 50 {
-		t.Fatalf("B's Lapses = %d, %v; want 50, A's share too", n, err)
+	if n, err := s.Lapses(ctx, early, 10*time.Second, 30); err != nil || n != 50 {
+		t.Fatalf("A's Lapses, counted after B's = %d, %v; want 50, B's share too", n, err)
 	}
-	if n, err := s.Lapses(ctx, early, 10*time.Second, 0); err != nil || n != 50 {
-		t.Fatalf("A's Lapses again = %d, %v; want 50, B's share too", n, err)
+	if n, err := s.Lapses(ctx, cur, 10*time.Second, 0); err != nil || n != 50 {
+		t.Fatalf("B's Lapses again = %d, %v; want 50, A's share too", n, err)
 	}
-	// A mark far ahead of Redis's clock (read on a node since failed
-	// over from) counts into its first key, and sums what is there.
-	if n, err := s.Lapses(ctx, cur.Add(time.Hour), 10*time.Second, 5); err != nil || n != 5 {
-		t.Fatalf("Lapses of a mark an hour ahead = %d, %v; want 5", n, err)
+	if v, _ := s.rdb.Get(ctx, s.ks.LapsesKey(early.Unix())).Int(); v != 30 {
+		t.Fatalf("A's second counts %d, want its 30: a share is counted in its mark's second", v)
+	}
+	// A count long after its mark (a stalled batch) sees the shares
+	// counted since, up to now.
+	late := cur.Add(-90 * time.Second)
+	if n, err := s.Lapses(ctx, late, 10*time.Second, 5); err != nil || n != 1055 {
+		t.Fatalf("a count 90s after its mark = %d, %v; want 1055, everything since the window before its mark", n, err)
+	}
+	// A mark ahead of Redis's clock (read on a node since failed over
+	// from) sums its own window.
+	if n, err := s.Lapses(ctx, cur.Add(time.Hour), 10*time.Second, 7); err != nil || n != 7 {
+		t.Fatalf("Lapses of a mark an hour ahead = %d, %v; want 7", n, err)
 	}
 }
 
-// TestLapsesWindow: the count sums the seconds of the window that ends
-// with the second the count runs in: one older is left out.
+// TestLapsesWindow: a count sums the window before its mark's second: a
+// second older than that is left out.
 func TestLapsesWindow(t *testing.T) {
 	s, ctx := newStore(t)
-	for {
-		// Well inside a second, so that the count below runs in it.
-		cur, err := s.rdb.Time(ctx).Result()
-		if err != nil {
+	cur, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mark := cur.Add(-3 * time.Second)
+	sec := mark.Unix()
+	for k, v := range map[int64]int{sec - 10: 7, sec - 9: 5, sec: 3, sec + 2: 11} {
+		if err := s.rdb.Set(ctx, s.ks.LapsesKey(k), v, time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}
-		if cur.Nanosecond() > 600*int(time.Millisecond) {
-			time.Sleep(time.Duration(1e9-cur.Nanosecond()) + 10*time.Millisecond) // real time: to the next second
-			continue
-		}
-		sec := cur.Unix()
-		seeds := map[int64]int{sec - 10: 7, sec - 9: 5, sec: 3}
-		for k, v := range seeds {
-			if err := s.rdb.Set(ctx, s.ks.LapsesKey(k), v, time.Minute).Err(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		n, err := s.Lapses(ctx, cur, 10*time.Second, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if after, _ := s.rdb.Time(ctx).Result(); after.Unix() != sec {
-			for k := range seeds { // the second turned (a busy host): again
-				s.rdb.Del(ctx, s.ks.LapsesKey(k))
-			}
-			continue
-		}
-		if n != 8 {
-			t.Fatalf("Lapses = %d; want 8: the window's 5 and 3, not the 7 of the second before it", n)
-		}
-		return
+	}
+	if n, err := s.Lapses(ctx, mark, 10*time.Second, 0); err != nil || n != 19 {
+		t.Fatalf("Lapses = %d, %v; want 19: the window's 5 and 3, the 11 counted since, not the 7 of the second before the window", n, err)
 	}
 }
 

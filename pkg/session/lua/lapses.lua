@@ -1,21 +1,28 @@
--- Adds n timeouts claimed to the count of the current second, by this
--- script's clock, and returns the count of the window that ends with it.
--- KEYS: one counter a second, the first of second ARGV[3]: the window
--- before the caller's now, and seconds past it, since the count comes a
--- while after the mark the caller read now at (its claims came between),
--- and two replicas' counts must meet in one window whichever marked
--- first. ARGV: n, the window in seconds, the first key's second, the
+-- Adds n timeouts claimed to the count of the second they were found in
+-- (the caller's mark), and returns the count of the window from the
+-- window before that second to the second this script runs in, by its
+-- clock. KEYS: one counter a second, the first of second ARGV[3]: the
+-- window up to the mark's second (its last), then the seconds after it.
+-- A count comes a while after its mark (its claims came between), and
+-- another replica's share of the same crowd may be counted in any second
+-- of that while: summed up to now, every share counted before is seen
+-- (more than a window, when a count comes late: over-counting only holds
+-- more). ARGV: n, the window in seconds, the first key's second, the
 -- counters' TTL in seconds.
 local n, secs, first, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local cur = math.floor(redisNowMS() / 1000)
--- The current second's key; the first or the last one given when the
--- clock is outside them (a failover to a node behind in time, a count
--- long after its mark).
-local at = math.min(math.max(cur - first + 1, 1), #KEYS)
-if n > 0 then
-  redis.call('INCRBY', KEYS[at], n)
-  redis.call('EXPIRE', KEYS[at], ttl)
+-- A count past the last key cannot sum the shares counted since: it is
+-- refused, and the caller holds what it was to count.
+if cur - first + 1 > #KEYS then
+  return redis.error_reply('lapse count ' .. (cur - first + 1 - secs) .. 's after its mark, past the counters given')
 end
+if n > 0 then
+  redis.call('INCRBY', KEYS[secs], n)
+  redis.call('EXPIRE', KEYS[secs], ttl)
+end
+-- Up to the current second; the mark's when the clock is behind it (a
+-- failover to a node behind in time).
+local upto = math.max(cur - first + 1, secs)
 local sum = 0
-for i = math.max(1, at - secs + 1), at do sum = sum + (tonumber(redis.call('GET', KEYS[i])) or 0) end
+for i = 1, upto do sum = sum + (tonumber(redis.call('GET', KEYS[i])) or 0) end
 return sum
