@@ -194,7 +194,7 @@ func TestAttackRecDrainLosesWhatIsRecordedWhileItSends(t *testing.T) {
 		h.cancel()
 		h.unpause()
 		h.waitTaken(n - 1) // the drain took a batch, and sends it
-		h.pause()     // Redis holds the drain's next batch, if any is left
+		h.pause()          // Redis holds the drain's next batch, if any is left
 		const late = 10
 		for i := range late {
 			h.r.Record("late", Entry{Kind: KindEnd, Conns: i})
