@@ -223,10 +223,11 @@ func (l *Listener) claimKeys(ctx context.Context, b *batch) error {
 // brake that should have let go holds nothing.
 func (l *Listener) judgeClaimed(ctx context.Context, b *batch) {
 	items := b.with(actClaim)
-	lapses, askBrake := 0, false
+	var lapses []time.Time // when each was found
+	askBrake := false
 	for _, it := range items {
 		if lapse(b.facts, it.timeout) {
-			lapses++
+			lapses = append(lapses, it.Detected)
 		}
 		askBrake = askBrake || brakeWouldHold(b.facts, it.timeout)
 	}

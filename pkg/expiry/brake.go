@@ -2,6 +2,7 @@ package expiry
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"time"
 )
@@ -22,11 +23,10 @@ type brake struct {
 	// next is the earliest its next paced release may be (paceReleases).
 	next time.Time
 	// countFailing: the last count of lapses failed (braking); uncounted
-	// are the lapses held since, to count with the next that works, and
-	// uncountedAt the mark of the last of them.
+	// are the lapses held since, by the second they were found in, to
+	// count with the next count that works.
 	countFailing bool
-	uncounted    int
-	uncountedAt  time.Time
+	uncounted    map[int64]int
 }
 
 // brakeThreshold is the most lapses within the window before the brake
@@ -36,8 +36,12 @@ func (l *Listener) brakeThreshold() int {
 	return max(l.cfg.MassExpiryFloor, share)
 }
 
-// braking counts n fresh lapses detected at now and reports whether the
-// batch's timeouts the brake would hold must be held.
+// braking counts fresh lapses, each found at its time in found (Redis's
+// clock: when the read that found it ran), the batch's mark at now, and
+// reports whether the batch's timeouts the brake would hold must be held.
+// Each lapse is counted in the second it was found in, as every replica
+// counts its own, so that two replicas sharing a crowd sum each other's
+// shares however their marks and counts interleave (session.Lapses).
 //
 // A count that fails (Redis slow in a stall, as a crowd's big round trips
 // make likely, or failing) holds them all, as if the brake were engaged,
@@ -45,22 +49,48 @@ func (l *Listener) brakeThreshold() int {
 // holds each for the grace and checks it again, rather than let a crowd
 // cut off from us out at once, or its later stages after it. A silence we
 // could not measure costs its user the grace, never a guide while they
-// were there. The lapses it could not count are counted with the next
-// count that works within the window after them, so that a crowd held
-// this way still engages the brake (which then holds its later stages, as
-// for any crowd); past that window they are let go, as the count lets go
-// of any lapse.
-func (l *Listener) braking(ctx context.Context, now time.Time, n int) bool {
-	carry := l.brake.uncounted
-	if carry > 0 && now.Sub(l.brake.uncountedAt) >= l.cfg.MassExpiryWindow {
-		carry = 0
-	}
-	count, err := l.store.Lapses(ctx, now, l.cfg.MassExpiryWindow, n+carry)
-	if err != nil {
-		l.brake.uncounted = carry + n
-		if n > 0 {
-			l.brake.uncountedAt = now
+// were there. The lapses it could not count are counted, each in its own
+// second, with the next count that works within the window after them, so
+// that a crowd held this way still engages the brake (which then holds
+// its later stages, as for any crowd), and a trickle does not.
+func (l *Listener) braking(ctx context.Context, now time.Time, found []time.Time) bool {
+	bySec := l.brake.uncounted
+	l.brake.uncounted = nil
+	window := max(1, int64(l.cfg.MassExpiryWindow/time.Second))
+	for sec := range bySec {
+		if now.Unix()-sec >= window {
+			delete(bySec, sec) // out of every window a count now sums
 		}
+	}
+	if bySec == nil {
+		bySec = map[int64]int{}
+	}
+	for _, at := range found {
+		if at.IsZero() {
+			at = now
+		}
+		bySec[at.Unix()]++
+	}
+	if len(bySec) == 0 {
+		bySec[now.Unix()] = 0 // nothing to add: the count now
+	}
+	count := 0
+	var err error
+	for _, sec := range slices.Sorted(maps.Keys(bySec)) {
+		c, cerr := l.store.Lapses(ctx, time.Unix(sec, 0), l.cfg.MassExpiryWindow, bySec[sec])
+		if cerr != nil {
+			err = cerr
+			if bySec[sec] > 0 {
+				if l.brake.uncounted == nil {
+					l.brake.uncounted = map[int64]int{}
+				}
+				l.brake.uncounted[sec] += bySec[sec]
+			}
+			continue
+		}
+		count = max(count, c)
+	}
+	if err != nil {
 		if !l.brake.countFailing {
 			l.brake.countFailing = true
 			l.log.Warn("mass expiry: lapses cannot be counted; what the brake would hold is held for the grace, then checked again, until they can",
@@ -68,7 +98,6 @@ func (l *Listener) braking(ctx context.Context, now time.Time, n int) bool {
 		}
 		return true
 	}
-	l.brake.uncounted = 0
 	if l.brake.countFailing {
 		l.brake.countFailing = false
 		l.log.Info("mass expiry: lapses counted again")

@@ -402,7 +402,7 @@ func (l *Listener) sweep(ctx context.Context) {
 		l.sweepDown.OK()
 		if len(due) == 0 {
 			if l.brake.engaged {
-				l.braking(ctx, c.Now, 0)
+				l.braking(ctx, c.Now, nil)
 			}
 			return
 		}

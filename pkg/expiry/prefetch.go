@@ -266,7 +266,7 @@ func (l *Listener) readAhead(ctx context.Context) {
 	if l.brake.engaged {
 		// As the sweep does when nothing is due: the brake lets go once
 		// the lapses in its window are few again.
-		l.braking(ctx, c.Now, 0)
+		l.braking(ctx, c.Now, nil)
 	}
 }
 

@@ -370,32 +370,32 @@ func parseInstance(v string) (Instance, error) {
 	return Instance{Last: time.UnixMilli(l), Lease: time.Duration(n) * time.Millisecond}, nil
 }
 
-// lapseScript adds n timeouts claimed to the count of their mark's second,
-// and returns the count from the window before it to the script's own
-// second. ARGV: n, window seconds, the first key's second, key TTL
-// seconds.
+// lapseScript adds n timeouts claimed to the count of the second they
+// were found in, and returns the count from the window before it on.
+// ARGV: n, window seconds, the first key's second, key TTL seconds.
 var lapseScript = newScript[lapseKeys]("lapses", nil, nil)
 
-// lapseAhead is how many seconds past the mark's now the counters a count
-// sums reach. A count comes a while after its mark (the batch's claims
-// come between, long in a stall or a storm), and another replica's share
-// of the same crowd may have been counted in any second since: the count
-// sums up to the second it runs in. Summing only the mark's window, two
-// replicas whose marks or counts fell a second or a window apart each
-// missed the other's share, and a crowd went out below the threshold
-// twice.
+// lapseAhead is how many seconds past the second the lapses were found
+// in the counters a count sums reach. A count comes a while after its
+// lapses were found (the batch's mark and claims come between, long in a
+// stall or a storm), and another replica's share of the same crowd may
+// have been counted in any second since, or into one ahead of Redis's
+// clock (a mark on a node since failed over from). Summing only the
+// window of a later mark, or up to now, two replicas each missed the
+// other's share, and a crowd went out below the threshold twice.
 const lapseAhead = 120
 
-// Lapses adds n timeouts claimed after a mark read at now (Redis's clock)
-// to the count of now's second, and returns the count from the window
-// before it up to the second the count runs in, across listener replicas.
-// A count more than lapseAhead after its mark fails: it could not see
-// every share counted since.
-func (s *Store) Lapses(ctx context.Context, now time.Time, window time.Duration, n int) (int, error) {
+// Lapses adds n timeouts claimed, found at at (Redis's clock), to the
+// count of at's second, and returns the count from the window before it
+// up to lapseAhead after it, across listener replicas: in the seconds
+// after at, only what was counted by then (or ahead of Redis's clock). A
+// count more than lapseAhead after at fails: it could not see every share
+// counted since.
+func (s *Store) Lapses(ctx context.Context, at time.Time, window time.Duration, n int) (int, error) {
 	secs := max(1, int64(window/time.Second))
-	first := now.Unix() - secs + 1
+	first := at.Unix() - secs + 1
 	keys := make([]string, 0, secs+lapseAhead)
-	for sec := first; sec <= now.Unix()+lapseAhead; sec++ {
+	for sec := first; sec <= at.Unix()+lapseAhead; sec++ {
 		keys = append(keys, s.ks.LapsesKey(sec))
 	}
 	got, err := lapseScript.Run(ctx, s.rdb, lapseKeys{Seconds: keys}, n, secs, first, secs+2*lapseAhead+1).Int()

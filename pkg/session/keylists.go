@@ -108,8 +108,9 @@ type feedKeys struct{ Activity, Blind string }
 
 func (k feedKeys) list() []string { return []string{k.Activity, k.Blind} }
 
-// lapseKeys are the lapse keys of a window up to a mark's second, and of
-// the seconds after it, one a second, oldest first: lapses.lua.
+// lapseKeys are the lapse keys of a window up to the second lapses were
+// found in, and of the seconds after it, one a second, oldest first:
+// lapses.lua.
 type lapseKeys struct{ Seconds []string }
 
 func (k lapseKeys) list() []string { return k.Seconds }
