@@ -2,9 +2,12 @@ package expiry
 
 import (
 	"context"
+	"crypto/rand"
 	"maps"
 	"slices"
 	"time"
+
+	"github.com/stillthere/stillthere/pkg/session"
 )
 
 // brake is the mass-expiry brake. Far more sessions lapsing in a short
@@ -23,11 +26,22 @@ type brake struct {
 	// next is the earliest its next paced release may be (paceReleases).
 	next time.Time
 	// countFailing: the last count of lapses failed (braking); uncounted
-	// are the lapses held since, by the second they were found in, to
-	// count with the next count that works.
+	// are the counts of lapses held since, to count with the next count
+	// that works.
 	countFailing bool
-	uncounted    map[int64]int
+	uncounted    []lapseCount
 }
+
+// lapseCount is n lapses found in the second sec, counted under token.
+type lapseCount struct {
+	sec   int64
+	n     int
+	token string
+}
+
+// lapseToken names a count of lapses, so that one run twice (a retry of a
+// late reply, a carried count that had run) adds them once.
+func lapseToken() string { return rand.Text() }
 
 // brakeThreshold is the most lapses within the window before the brake
 // engages.
@@ -50,45 +64,44 @@ func (l *Listener) brakeThreshold() int {
 // cut off from us out at once, or its later stages after it. A silence we
 // could not measure costs its user the grace, never a guide while they
 // were there. The lapses it could not count are counted, each in its own
-// second, with the next count that works within the window after them, so
-// that a crowd held this way still engages the brake (which then holds
-// its later stages, as for any crowd), and a trickle does not.
+// second and under its token (added once, if the count that failed ran
+// after all), with the next count that works within the window after
+// them (or lapseAhead, past which no count can add them), so that a crowd
+// held this way still engages the brake (which then holds its later
+// stages, as for any crowd), and a trickle does not.
 func (l *Listener) braking(ctx context.Context, now time.Time, found []time.Time) bool {
-	bySec := l.brake.uncounted
+	// The carried counts still in a window a count can sum, and this
+	// batch's, a count (and its token) for each second found in.
+	keep := min(l.cfg.MassExpiryWindow, session.LapseAhead)
+	counts := slices.DeleteFunc(l.brake.uncounted, func(c lapseCount) bool {
+		return now.Sub(time.Unix(c.sec, 0)) >= keep
+	})
 	l.brake.uncounted = nil
-	window := max(1, int64(l.cfg.MassExpiryWindow/time.Second))
-	for sec := range bySec {
-		if now.Unix()-sec >= window {
-			delete(bySec, sec) // out of every window a count now sums
-		}
-	}
-	if bySec == nil {
-		bySec = map[int64]int{}
-	}
+	bySec := map[int64]int{}
 	for _, at := range found {
 		if at.IsZero() {
 			at = now
 		}
 		bySec[at.Unix()]++
 	}
-	if len(bySec) == 0 {
-		bySec[now.Unix()] = 0 // nothing to add: the count now
+	for _, sec := range slices.Sorted(maps.Keys(bySec)) {
+		counts = append(counts, lapseCount{sec: sec, n: bySec[sec], token: lapseToken()})
+	}
+	if len(counts) == 0 {
+		counts = append(counts, lapseCount{sec: now.Unix()}) // nothing to add: the count now
 	}
 	count := 0
 	var err error
-	for _, sec := range slices.Sorted(maps.Keys(bySec)) {
-		c, cerr := l.store.Lapses(ctx, time.Unix(sec, 0), l.cfg.MassExpiryWindow, bySec[sec])
+	for _, c := range counts {
+		got, cerr := l.store.Lapses(ctx, time.Unix(c.sec, 0), l.cfg.MassExpiryWindow, c.n, c.token)
 		if cerr != nil {
 			err = cerr
-			if bySec[sec] > 0 {
-				if l.brake.uncounted == nil {
-					l.brake.uncounted = map[int64]int{}
-				}
-				l.brake.uncounted[sec] += bySec[sec]
+			if c.n > 0 {
+				l.brake.uncounted = append(l.brake.uncounted, c) // under its token: added once, if it ran
 			}
 			continue
 		}
-		count = max(count, c)
+		count = max(count, got)
 	}
 	if err != nil {
 		if !l.brake.countFailing {

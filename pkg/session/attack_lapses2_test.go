@@ -19,15 +19,15 @@ func TestAttackLapsesCountLongAfterMark(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, err := s.Lapses(ctx, cur, 10*time.Second, 45); err != nil || n != 45 {
+	if n, err := s.Lapses(ctx, cur, 10*time.Second, 45, tok()); err != nil || n != 45 {
 		t.Fatalf("B's Lapses = %d, %v; want 45", n, err)
 	}
 	markA := cur.Add(-(lapseAhead - 5) * time.Second)
-	if n, err := s.Lapses(ctx, markA, 10*time.Second, 45); err != nil || n != 90 {
+	if n, err := s.Lapses(ctx, markA, 10*time.Second, 45, tok()); err != nil || n != 90 {
 		t.Errorf("A's Lapses, counted %v after its mark = %d, %v; want 90, B's share too", cur.Sub(markA), n, err)
 	}
 	markC := cur.Add(-(lapseAhead + 1) * time.Second)
-	if n, err := s.Lapses(ctx, markC, 10*time.Second, 45); err == nil {
+	if n, err := s.Lapses(ctx, markC, 10*time.Second, 45, tok()); err == nil {
 		t.Errorf("C's Lapses, counted %v after its mark = %d; want an error: it cannot see the shares counted since", cur.Sub(markC), n)
 	}
 	if v, _ := s.rdb.Get(ctx, s.ks.LapsesKey(markC.Unix())).Int(); v != 0 {

@@ -23,14 +23,14 @@ func TestAttackLapsesMarkAheadAfterFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	markA := cur.Add(3 * time.Second) // read on the old master
-	if n, err := s.Lapses(ctx, markA, 10*time.Second, 45); err != nil || n != 45 {
+	if n, err := s.Lapses(ctx, markA, 10*time.Second, 45, tok()); err != nil || n != 45 {
 		t.Fatalf("A's Lapses = %d, %v; want 45", n, err)
 	}
 	markB, err := s.rdb.Time(ctx).Result() // read on the new master
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, err := s.Lapses(ctx, markB, 10*time.Second, 45); err != nil || n != 90 {
+	if n, err := s.Lapses(ctx, markB, 10*time.Second, 45, tok()); err != nil || n != 90 {
 		t.Errorf("B's Lapses, counted after A's = %d, %v; want 90, A's share too (A counted it into %v, %v ahead of the new master's clock)",
 			n, err, markA.Unix(), markA.Sub(markB).Round(time.Second))
 	}

@@ -385,20 +385,27 @@ var lapseScript = newScript[lapseKeys]("lapses", nil, nil)
 // other's share, and a crowd went out below the threshold twice.
 const lapseAhead = 120
 
+// LapseAhead is how long after lapses were found they can still be
+// counted (Lapses).
+const LapseAhead = lapseAhead * time.Second
+
 // Lapses adds n timeouts claimed, found at at (Redis's clock), to the
 // count of at's second, and returns the count from the window before it
 // up to lapseAhead after it, across listener replicas: in the seconds
 // after at, only what was counted by then (or ahead of Redis's clock). A
 // count more than lapseAhead after at fails: it could not see every share
-// counted since.
-func (s *Store) Lapses(ctx context.Context, at time.Time, window time.Duration, n int) (int, error) {
+// counted since. token names the n lapses: they are added once, however
+// often a count of them runs (a client's retry of a late reply, a caller's
+// second try of a count that failed but ran).
+func (s *Store) Lapses(ctx context.Context, at time.Time, window time.Duration, n int, token string) (int, error) {
 	secs := max(1, int64(window/time.Second))
 	first := at.Unix() - secs + 1
 	keys := make([]string, 0, secs+lapseAhead)
 	for sec := first; sec <= at.Unix()+lapseAhead; sec++ {
 		keys = append(keys, s.ks.LapsesKey(sec))
 	}
-	got, err := lapseScript.Run(ctx, s.rdb, lapseKeys{Seconds: keys}, n, secs, first, secs+2*lapseAhead+1).Int()
+	lk := lapseKeys{Seconds: keys, Token: s.ks.LapsesTokenKey(token)}
+	got, err := lapseScript.Run(ctx, s.rdb, lk, n, secs, first, secs+2*lapseAhead+1).Int()
 	if err != nil {
 		return 0, fmt.Errorf("count lapses: %w", err)
 	}

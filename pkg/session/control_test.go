@@ -2,8 +2,10 @@ package session
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -274,13 +276,13 @@ func TestLapsesCountAcrossReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	early := cur.Add(-time.Second) // replica A's mark, the second before
-	if n, err := s.Lapses(ctx, cur, 10*time.Second, 20); err != nil || n != 20 {
+	if n, err := s.Lapses(ctx, cur, 10*time.Second, 20, tok()); err != nil || n != 20 {
 		t.Fatalf("B's Lapses = %d, %v; want 20", n, err)
 	}
-	if n, err := s.Lapses(ctx, early, 10*time.Second, 30); err != nil || n != 50 {
+	if n, err := s.Lapses(ctx, early, 10*time.Second, 30, tok()); err != nil || n != 50 {
 		t.Fatalf("A's Lapses, counted after B's = %d, %v; want 50, B's share too", n, err)
 	}
-	if n, err := s.Lapses(ctx, cur, 10*time.Second, 0); err != nil || n != 50 {
+	if n, err := s.Lapses(ctx, cur, 10*time.Second, 0, tok()); err != nil || n != 50 {
 		t.Fatalf("B's Lapses again = %d, %v; want 50, A's share too", n, err)
 	}
 	if v, _ := s.rdb.Get(ctx, s.ks.LapsesKey(early.Unix())).Int(); v != 30 {
@@ -289,13 +291,47 @@ func TestLapsesCountAcrossReplicas(t *testing.T) {
 	// A count long after its mark (a stalled batch) sees the shares
 	// counted since, up to now.
 	late := cur.Add(-90 * time.Second)
-	if n, err := s.Lapses(ctx, late, 10*time.Second, 5); err != nil || n != 1055 {
+	if n, err := s.Lapses(ctx, late, 10*time.Second, 5, tok()); err != nil || n != 1055 {
 		t.Fatalf("a count 90s after its mark = %d, %v; want 1055, everything since the window before its mark", n, err)
 	}
 	// A mark ahead of Redis's clock (read on a node since failed over
 	// from) sums its own window.
-	if n, err := s.Lapses(ctx, cur.Add(time.Hour), 10*time.Second, 7); err != nil || n != 7 {
+	if n, err := s.Lapses(ctx, cur.Add(time.Hour), 10*time.Second, 7, tok()); err != nil || n != 7 {
 		t.Fatalf("Lapses of a mark an hour ahead = %d, %v; want 7", n, err)
+	}
+}
+
+// tokens names each count of the tests uniquely (tok).
+var tokens atomic.Int64
+
+func tok() string { return fmt.Sprintf("test-%d", tokens.Add(1)) }
+
+// TestLapsesCountedOnce: a count run again under its token (a client's
+// retry of a late reply, a caller's second try of a count that failed but
+// ran) adds its lapses once, and still sums the window.
+func TestLapsesCountedOnce(t *testing.T) {
+	s, ctx := newStore(t)
+	cur, _ := s.rdb.Time(ctx).Result()
+	for try := range 3 {
+		if n, err := s.Lapses(ctx, cur, 10*time.Second, 30, "batch-1"); err != nil || n != 30 {
+			t.Fatalf("try %d: Lapses = %d, %v; want 30, counted once", try, n, err)
+		}
+	}
+	if n, err := s.Lapses(ctx, cur, 10*time.Second, 5, "batch-2"); err != nil || n != 35 {
+		t.Fatalf("another count = %d, %v; want 35", n, err)
+	}
+	// A count that fails on the way (its counter is no counter) adds
+	// nothing, and adds its lapses when tried again under its token.
+	later := cur.Add(3 * time.Second)
+	if err := s.rdb.HSet(ctx, s.ks.LapsesKey(later.Unix()), "not", "a counter").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Lapses(ctx, later, 10*time.Second, 7, "batch-3"); err == nil {
+		t.Fatal("a count into a broken counter did not fail")
+	}
+	s.rdb.Del(ctx, s.ks.LapsesKey(later.Unix()))
+	if n, err := s.Lapses(ctx, later, 10*time.Second, 7, "batch-3"); err != nil || n != 42 {
+		t.Fatalf("the failed count tried again = %d, %v; want 42: its 7 added now", n, err)
 	}
 }
 
@@ -314,7 +350,7 @@ func TestLapsesWindow(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n, err := s.Lapses(ctx, mark, 10*time.Second, 0); err != nil || n != 19 {
+	if n, err := s.Lapses(ctx, mark, 10*time.Second, 0, tok()); err != nil || n != 19 {
 		t.Fatalf("Lapses = %d, %v; want 19: the window's 5 and 3, the 11 counted since, not the 7 of the second before the window", n, err)
 	}
 }

@@ -108,12 +108,15 @@ type feedKeys struct{ Activity, Blind string }
 
 func (k feedKeys) list() []string { return []string{k.Activity, k.Blind} }
 
-// lapseKeys are the lapse keys of a window up to the second lapses were
-// found in, and of the seconds after it, one a second, oldest first:
-// lapses.lua.
-type lapseKeys struct{ Seconds []string }
+// lapseKeys are a count's token, and the lapse keys of a window up to the
+// second lapses were found in and of the seconds after it, one a second,
+// oldest first: lapses.lua.
+type lapseKeys struct {
+	Token   string
+	Seconds []string
+}
 
-func (k lapseKeys) list() []string { return k.Seconds }
+func (k lapseKeys) list() []string { return append([]string{k.Token}, k.Seconds...) }
 
 // aliveKeys: instances.lua.
 type aliveKeys struct{ Alive string }

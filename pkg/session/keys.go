@@ -192,6 +192,11 @@ func (k Keyspace) LapsesKey(sec int64) string {
 	return k.controlKey("lapses:" + strconv.FormatInt(sec, 10))
 }
 
+// LapsesTokenKey marks a count of lapses as added (Store.Lapses).
+func (k Keyspace) LapsesTokenKey(token string) string {
+	return k.controlKey("lapses-token:" + token)
+}
+
 // ListenersKey holds when each listener replica last marked a sweep.
 func (k Keyspace) ListenersKey() string { return k.controlKey("listeners") }
 
