@@ -733,9 +733,14 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 	// floor on it failed beside two CPU hogs. What the test holds is that
 	// the consumer never stalls: while a produced guide is not yet
 	// delivered, deliveries follow each other within the longest send
-	// and a second more. One that sends twice fails the count above.
-	stallBound := sendLongest + time.Second
-	t.Logf("bounds: while timeouts are released and not produced, no pause between productions longer than %v (grace %v, sweep interval %v, longest sweep %v); while guides are owed, no pause between deliveries longer than %v (the longest send, %v, and a second)",
+	// and a second more (from one delivery to the next: a guide's first
+	// delivery waits for the consumer's fetch as well), and two seconds
+	// (a busy CI host starved everything for 3.08s once: its renewal
+	// workers 5s late, a sweep past a minute). A consumer stuck on a
+	// breaker or a lost partition pauses far longer. One that sends twice
+	// fails the count above.
+	stallBound := sendLongest + 2*time.Second
+	t.Logf("bounds: while timeouts are released and not produced, no pause between productions longer than %v (grace %v, sweep interval %v, longest sweep %v); while guides are owed, no pause between deliveries longer than %v (the longest send, %v, and two seconds)",
 		produceStallBound, faultGrace, lcfg.SweepInterval, sweepLongest, stallBound, sendLongest)
 	var (
 		owed     []massDelivery // each leaver's guide: produced, delivered
@@ -828,14 +833,14 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 		released = append(released, massDelivery{owed: release, done: detected})
 		owed = append(owed, massDelivery{owed: detected, done: g.At})
 	}
-	if gap, at, ok := longestStall(released); ok && gap <= produceStallBound {
+	if gap, at, ok := longestStall(released, true); ok && gap <= produceStallBound {
 		t.Logf("the longest pause of the listener while timeouts released were owed: %v from %s", gap.Round(time.Millisecond), at.Format(time.StampMilli))
 	} else if ok {
 		lateProduced++
 		t.Errorf("the listener produced nothing for %v from %s while timeouts released were owed, want at most %v",
 			gap, at.Format(time.StampMilli), produceStallBound)
 	}
-	if gap, at, ok := longestStall(owed); ok && gap <= stallBound {
+	if gap, at, ok := longestStall(owed, false); ok && gap <= stallBound {
 		t.Logf("the longest pause of the consumer while guides produced were owed: %v from %s", gap.Round(time.Millisecond), at.Format(time.StampMilli))
 	} else if ok {
 		lateSent++
@@ -871,19 +876,22 @@ func TestMassLeaveGuidesEachOnce(t *testing.T) {
 type massDelivery struct{ owed, done time.Time }
 
 // longestStall is the longest time in which nothing was done while some
-// work was owed (from when it was owed, or from a piece done before, to
-// the next piece done), and when it began; ok is false when nothing was
-// done. How fast a crowd drains is CPU, the benchmark's; a pause in the
-// draining, or a late start, is a stall.
-func longestStall(ds []massDelivery) (gap time.Duration, at time.Time, ok bool) {
+// work was owed, and when it began; ok is false when nothing was done. A
+// pause counts from a piece done before it and, with fromOwed, from when
+// a piece became owed too (a late start: the first piece of a crowd done
+// long after the crowd was owed). How fast a crowd drains is CPU, the
+// benchmark's; a pause in the draining is a stall.
+func longestStall(ds []massDelivery, fromOwed bool) (gap time.Duration, at time.Time, ok bool) {
 	done := make([]time.Time, len(ds))
 	for i, d := range ds {
 		done[i] = d.done
 	}
 	slices.SortFunc(done, time.Time.Compare)
 	starts := slices.Clone(done)
-	for _, d := range ds {
-		starts = append(starts, d.owed)
+	if fromOwed {
+		for _, d := range ds {
+			starts = append(starts, d.owed)
+		}
 	}
 	for _, from := range starts {
 		i, _ := slices.BinarySearchFunc(done, from, func(a, b time.Time) int {

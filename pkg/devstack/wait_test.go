@@ -144,7 +144,25 @@ func TestLongestStall(t *testing.T) {
 		{"none", nil, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			gap, _, ok := longestStall(tc.ds)
+			gap, _, ok := longestStall(tc.ds, true)
+			if gap != tc.gap || ok != tc.ok {
+				t.Errorf("longestStall = %v, %v; want %v, %v", gap, ok, tc.gap, tc.ok)
+			}
+		})
+	}
+	// From one piece done to the next only: a late start is no pause.
+	for _, tc := range []struct {
+		name string
+		ds   []massDelivery
+		gap  time.Duration
+		ok   bool
+	}{
+		{"a pause with a guide owed", []massDelivery{{at(0), at(1)}, {at(0), at(7)}, {at(6), at(7.5)}}, 6 * time.Second, true},
+		{"a late start", []massDelivery{{at(0), at(5)}, {at(0), at(5.5)}}, 500 * time.Millisecond, true},
+		{"one", []massDelivery{{at(0), at(1)}}, 0, false},
+	} {
+		t.Run("between, "+tc.name, func(t *testing.T) {
+			gap, _, ok := longestStall(tc.ds, false)
 			if gap != tc.gap || ok != tc.ok {
 				t.Errorf("longestStall = %v, %v; want %v, %v", gap, ok, tc.gap, tc.ok)
 			}
