@@ -72,19 +72,13 @@ func (h *recHarness) unpause() {
 // waitHeld waits until Redis holds a client's command: Run's send.
 func (h *recHarness) waitHeld() {
 	h.t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	pollUntil(h.t, "Redis to hold Run's send", func() bool {
 		s, err := h.rdb.Info(context.Background(), "clients").Result()
 		if err != nil {
 			h.t.Fatal(err)
 		}
-		if !strings.Contains(s, "blocked_clients:0\r") {
-			return
-		}
-		if time.Now().After(deadline) {
-			h.t.Fatal("waited 10s for Redis to hold Run's send")
-		}
-		time.Sleep(time.Millisecond) // a poll's pace: the event is Redis's
-	}
+		return !strings.Contains(s, "blocked_clients:0\r")
+	})
 }
 
 // waitTaken waits until Run has taken entries, so that at most below
