@@ -30,16 +30,8 @@ func (p *stallProxy) accepted() int {
 func TestAttackCountRetriedCountsTwice(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	p := h.startStallProxy(h.srv.Addr)
-	cfg := h.brakeConfig(ModeSweep)
-	cfg.PrefetchInterval = 0
-	cfg.Redis.Addrs = []string{p.addr()}
-	l := h.openIdle(cfg)
+	l, p := h.idleBehindStallProxy(0)
 	ctx := context.Background()
-	// The count's script is cached in Redis: a count with nothing to add.
-	if l.braking(ctx, h.redisNow(), nil) {
-		t.Fatal("the brake held with nothing counted")
-	}
 
 	found := h.redisNow()
 	before := p.accepted()
@@ -65,7 +57,7 @@ func TestAttackCountRetriedCountsTwice(t *testing.T) {
 	}
 	counted := h.lapsesCounted(found, found)
 	t.Errorf("a crowd of 30 lapses, found in one second, is counted %d there (the count retried after a slow reply ran twice); the threshold is %d: braking said %v, engaged %v",
-		counted, cfg.MassExpiryFloor, held, l.brake.engaged)
+		counted, l.cfg.MassExpiryFloor, held, l.brake.engaged)
 	if one := h.redisNow(); l.braking(ctx, one, []time.Time{one}) {
 		t.Errorf("one ordinary lapse right after is held: the brake is engaged for the 30 counted twice")
 	}
@@ -84,16 +76,8 @@ func TestAttackCountRetriedCountsTwice(t *testing.T) {
 func TestAttackTimedOutCountCarriedTwice(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	p := h.startStallProxy(h.srv.Addr)
-	cfg := h.brakeConfig(ModeSweep)
-	cfg.PrefetchInterval = 0
-	cfg.MassExpiryWindow = time.Minute
-	cfg.Redis.Addrs = []string{p.addr()}
-	l := h.openIdle(cfg)
+	l, p := h.idleBehindStallProxy(time.Minute)
 	ctx := context.Background()
-	if l.braking(ctx, h.redisNow(), nil) {
-		t.Fatal("the brake held with nothing counted")
-	}
 
 	found := h.redisNow()
 	p.stall()
@@ -108,10 +92,10 @@ func TestAttackTimedOutCountCarriedTwice(t *testing.T) {
 
 	one := h.redisNow()
 	held := l.braking(ctx, one, []time.Time{one})
-	counted := h.lapsesCounted(found.Add(-cfg.MassExpiryWindow), h.redisNow().Add(time.Second))
+	counted := h.lapsesCounted(found.Add(-l.cfg.MassExpiryWindow), h.redisNow().Add(time.Second))
 	if held || l.brake.engaged || counted != 31 {
 		t.Errorf("after a crowd of 30 whose count timed out and one ordinary lapse, the window counts %d lapses (want 31; threshold %d) and the lapse is held: %v, engaged %v: the 30 Redis counted were carried and counted again",
-			counted, cfg.MassExpiryFloor, held, l.brake.engaged)
+			counted, l.cfg.MassExpiryFloor, held, l.brake.engaged)
 	}
 }
 
@@ -150,4 +134,24 @@ func TestAttackUncountedPastLapseAheadHoldsForTheWindow(t *testing.T) {
 				i, now.Sub(blip).Round(time.Second), l.brake.countFailing, l.brake.uncounted, 120, cfg.MassExpiryWindow)
 		}
 	}
+}
+
+// idleBehindStallProxy opens an idle listener in sweep mode (the brake
+// at a threshold of 50; its window, unless 0) whose Redis is reached
+// through a stall proxy, and caches the count's script in Redis with a
+// count of nothing.
+func (h *harness) idleBehindStallProxy(window time.Duration) (*Listener, *stallProxy) {
+	h.t.Helper()
+	p := h.startStallProxy(h.srv.Addr)
+	cfg := h.brakeConfig(ModeSweep)
+	cfg.PrefetchInterval = 0
+	if window > 0 {
+		cfg.MassExpiryWindow = window
+	}
+	cfg.Redis.Addrs = []string{p.addr()}
+	l := h.openIdle(cfg)
+	if l.braking(context.Background(), h.redisNow(), nil) {
+		h.t.Fatal("the brake held with nothing counted")
+	}
+	return l, p
 }
