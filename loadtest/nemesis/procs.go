@@ -3,10 +3,14 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -47,14 +51,43 @@ type service struct {
 	paused bool
 }
 
-// freeAddr is a loopback address free at the time of asking.
+// freeAddr is a loopback address free at the time of asking, on a port
+// below the kernel's ephemeral range. A port from that range can be taken
+// by any process's outgoing connection (a gateway's to Redis, a
+// listener's to Kafka) between the asking and the service's bind, and
+// stays taken while that connection lives: every start would fail alike.
 func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+	low := ephemeralLow()
+	const from = 10000
+	for range 200 {
+		port := from + rand.IntN(low-from)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue // taken: another try
+		}
+		l.Close()
+		return l.Addr().String(), nil
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	return "", fmt.Errorf("no free port in [%d, %d) after 200 tries", from, low)
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range, or
+// Linux's default when it cannot be read.
+func ephemeralLow() int {
+	const linuxDefault = 32768
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return linuxDefault
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 1 {
+		return linuxDefault
+	}
+	low, err := strconv.Atoi(f[0])
+	if err != nil || low <= 11000 {
+		return linuxDefault
+	}
+	return low
 }
 
 // start starts the service and returns once its healthz answers.
@@ -80,6 +113,7 @@ func (s *service) startOnce(ctx context.Context) error {
 	cmd.Env = append(append(append(os.Environ(), s.env...), s.extra(gen)...), s.seeds()...)
 	cmd.Stderr = s.logs
 	cmd.Stdout = s.logs
+	logFrom, _ := s.logs.Seek(0, io.SeekCurrent)
 	if err := cmd.Start(); err != nil {
 		s.mu.Unlock()
 		return fmt.Errorf("start %s: %w", s.name, err)
@@ -105,7 +139,7 @@ func (s *service) startOnce(ctx context.Context) error {
 		}
 		select {
 		case <-done:
-			return fmt.Errorf("%s exited before it was up: %v", s.name, cmd.ProcessState)
+			return fmt.Errorf("%s exited before it was up: %v; its log:\n%s", s.name, cmd.ProcessState, s.logTail(logFrom, 20))
 		case <-ctx.Done():
 			s.kill()
 			return ctx.Err()
@@ -116,6 +150,19 @@ func (s *service) startOnce(ctx context.Context) error {
 			return fmt.Errorf("%s not up within %v", s.name, readyWithin)
 		}
 	}
+}
+
+// logTail is the last n lines the service logged from offset from on.
+func (s *service) logTail(from int64, n int) string {
+	b, err := os.ReadFile(s.logs.Name())
+	if err != nil {
+		return "(unreadable: " + err.Error() + ")"
+	}
+	if from > int64(len(b)) {
+		from = 0
+	}
+	lines := strings.Split(strings.TrimRight(string(b[from:]), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // signal sends sig to the service's process group, if it runs.
