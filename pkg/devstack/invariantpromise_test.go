@@ -2,6 +2,8 @@ package devstack
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/stillthere/stillthere/pkg/promise"
@@ -65,15 +67,39 @@ func (r *invRun) checkPromise() {
 	cfg := promise.Config{Slack: guideSlack, InFlight: slack, Match: slack, Stale: invStaleSlack + rtt, Window: time.Minute}
 	vs := promise.Check(cfg, h)
 	r.t.Logf("the promise, by fault kind (in-flight slack %v):\n%s", slack, promise.Markdown(promise.Table(vs)))
-	var failed []string
+	var failed, uids []string
 	for _, v := range vs {
 		if v.Class.Failure() {
 			failed = append(failed, fmt.Sprintf("%s stage %d, deadline %s: %s: %s (due %s, bound %s)",
 				v.UID, v.Stage, r.rel(v.Deadline), v.Class, v.Why, r.rel(v.Due), r.rel(v.Bound)))
+			if !slices.Contains(uids, v.UID) {
+				uids = append(uids, v.UID)
+			}
 		}
 	}
 	if len(failed) > 0 {
 		r.t.Errorf("seed %d: the promise checker found %d stages that broke the promise; the first:\n  %s", r.seed, len(failed), joinFirst(failed, 25))
+		r.logHistories(uids[:min(5, len(uids))])
+	}
+}
+
+// logHistories logs what each of uids did, the timeouts the listener
+// produced for them and the guides that reached the webhook.
+func (r *invRun) logHistories(uids []string) {
+	events := r.p.events()
+	for _, u := range r.users {
+		if !slices.Contains(uids, u.uid) {
+			continue
+		}
+		lines := slices.Clone(u.notes)
+		for _, ev := range events[u.uid] {
+			lines = append(lines, fmt.Sprintf("produced: stage %d, deadline %s, detected %s, id %s",
+				ev.Stage, r.rel(ev.Deadline()), r.rel(time.UnixMilli(ev.DetectedMS)), ev.ID))
+		}
+		for _, g := range r.p.hook.Guides(u.uid) {
+			lines = append(lines, fmt.Sprintf("guide: stage %d, deadline %s, at %s, id %s", g.Stage, r.rel(g.Deadline), r.rel(g.At), g.ID))
+		}
+		r.t.Logf("%s's history:\n  %s", u.uid, strings.Join(lines, "\n  "))
 	}
 }
 

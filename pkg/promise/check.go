@@ -115,7 +115,7 @@ func (u *user) check() []Verdict {
 		}
 	}
 	var out []Verdict
-	windows := map[[2]int64]bool{} // (stage, window) taken by an earlier silence
+	windows := map[[2]int64]time.Time{} // (stage, window) taken by an earlier silence, until (see stages)
 	for _, s := range silences {
 		out = append(out, u.stages(s, windows)...)
 	}
@@ -278,6 +278,19 @@ type doubt struct {
 	count  int
 }
 
+// unansweredWithin reports whether a signal without an answer was sent
+// in [from, to]. Landed, it ended the silence, as an answered one would:
+// a stage due before it and not yet delivered is then rightly dropped
+// (the service finds it stale), and not landed, it was owed.
+func (u *user) unansweredWithin(from, to time.Time) bool {
+	for _, s := range u.signals {
+		if s.Outcome == NoAnswer && !s.Sent.Before(from) && !s.Sent.After(to) {
+			return true
+		}
+	}
+	return false
+}
+
 // doubtOf follows the unanswered signals sent after `after` and before
 // due (less InFlight), each extending due to the deadline it would have
 // set, until none more does. Signals sent within InFlight of each other
@@ -322,7 +335,7 @@ func (u *user) doubtOf(after, due time.Time) doubt {
 // between its due time and its first delivery. A stage is due only once
 // the one before it was delivered: the service schedules the next on
 // producing one.
-func (u *user) stages(s *silence, windows map[[2]int64]bool) []Verdict {
+func (u *user) stages(s *silence, windows map[[2]int64]time.Time) []Verdict {
 	var out []Verdict
 	judged := map[int]bool{}
 	after := time.Time{}
@@ -389,25 +402,37 @@ func (u *user) stages(s *silence, windows map[[2]int64]bool) []Verdict {
 			v.Class, v.Why = False, "delivered though the user came back before it fell due"
 		case s.next != nil && len(got) == 0 && !s.next.Sent.After(v.Bound):
 			v.Class, v.Why = OK, "the user came back before its bound: not delivered is right"
+		case len(got) == 0 && u.unansweredWithin(due.Add(-inFlight), v.Bound):
+			v.Class, v.Why = Indeterminate, "not delivered; a signal without an answer, sent once it fell due and before its bound, may have brought the user back"
 		case inDoubt && len(got) == 0:
 			v.Class, v.Why = Indeterminate, "not delivered, after a stage whose silence was in doubt"
 		default:
 			v.Class, v.Lateness, v.Why = u.judge(stage, got, due, v.Bound, prevFirst, dbt)
 		}
 		// The minute rule defers a later silence only behind a guide that
-		// may have gone out: not behind a stage rightly left undelivered.
-		// The service keys a stage's window on when it really fell due,
+		// may have gone out. One that went out, or may have, takes its
+		// window for good. One that fell due and was rightly left
+		// undelivered (the user came back) may have been produced and not
+		// yet found stale, until its bound: the service takes the window
+		// when it produces, and frees it once the consumer finds the user
+		// back, which a downstream that fails puts off (the consumer holds
+		// the record until it answers again). Not one whose user came back
+		// before it fell due. The service keys a stage's window on when it really fell due,
 		// anywhere from due to latest (a later stage counts its delay from
 		// when the one before was detected): it may have taken any window
 		// of that stretch, and not after its first delivery (give or take
 		// the clocks' difference).
-		if u.cfg.Window > 0 && !(v.Class == OK && len(got) == 0) {
+		if u.cfg.Window > 0 && !(before && len(got) == 0) {
 			took := latest
 			if len(got) > 0 {
 				took = earlier(took, got[0].At.Add(u.cfg.Match))
 			}
+			until := forever
+			if v.Class == OK && len(got) == 0 {
+				until = v.Bound
+			}
 			for _, k := range u.windowKeys(stage, due, took) {
-				windows[k] = true
+				windows[k] = later(windows[k], until)
 			}
 		}
 		inDoubt = inDoubt || v.Class == Indeterminate
@@ -523,9 +548,9 @@ func duplicated(got []Delivery) bool {
 // (it fell due before the fault's grace ran out, and its bound had not
 // passed when the fault began) moves it to the grace after the later of
 // the two, again until no fault moves it; then Slack.
-func (u *user) bound(stage int, due, latest time.Time, windows map[[2]int64]bool) (time.Time, []string) {
+func (u *user) bound(stage int, due, latest time.Time, windows map[[2]int64]time.Time) (time.Time, []string) {
 	start := latest
-	if k := u.windowKey(stage, due); u.cfg.Window > 0 && windows[k] {
+	if k := u.windowKey(stage, due); u.cfg.Window > 0 && !windows[k].IsZero() && !due.After(windows[k]) {
 		start = later(start, time.Unix(0, (k[1]+1)*int64(u.cfg.Window)))
 	}
 	b := start
@@ -548,6 +573,9 @@ func (u *user) bound(stage int, due, latest time.Time, windows map[[2]int64]bool
 	slices.Sort(kinds)
 	return b.Add(u.cfg.Slack), kinds
 }
+
+// forever is a window taken for good.
+var forever = time.Unix(1<<40, 0)
 
 // windowKey is the minute rule's window of a stage due at due.
 func (u *user) windowKey(stage int, due time.Time) [2]int64 {
