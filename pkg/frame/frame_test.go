@@ -3,6 +3,7 @@ package frame
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 )
@@ -101,6 +102,9 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := Parse(b)
+		if sc, serr := parse(b); sc != c || !errors.Is(err, serr) && err != serr {
+			t.Fatalf("Parse(%q) = %+v, %v; its general path says %+v, %v", b, c, err, sc, serr)
+		}
 		if err != nil {
 			if !errors.Is(err, ErrInvalidJSON) {
 				t.Fatalf("unexpected error %v", err)
@@ -127,5 +131,50 @@ func BenchmarkParsePing(b *testing.B) {
 		if _, err := Parse(in); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// The plain ping's fast path answers what the general path does.
+func TestParsePlainPing(t *testing.T) {
+	fast, err := Parse([]byte(`{"type":"ping"}`))
+	slow, serr := parse([]byte(`{"type":"ping"}`))
+	if err != nil || serr != nil || fast != slow || fast.Type != TypePing {
+		t.Fatalf("fast %+v, %v; general %+v, %v", fast, err, slow, serr)
+	}
+}
+
+// Pong writes the bytes encoding/json writes for its fields.
+func TestPongAsJSON(t *testing.T) {
+	for _, c := range [][2]int64{{0, 0}, {30000, 0}, {30000, 1_800_000_000_123}, {-1, -5}, {math.MaxInt64, math.MinInt64}, {1, 1}} {
+		want, _ := json.Marshal(struct {
+			Type       string `json:"type"`
+			TTLMS      int64  `json:"ttl_ms"`
+			DeadlineMS int64  `json:"deadline_ms,omitempty"`
+		}{TypePong, c[0], c[1]})
+		if got := Pong(c[0], c[1]); string(got) != string(want) {
+			t.Errorf("Pong(%d, %d) = %s, want %s", c[0], c[1], got, want)
+		}
+	}
+}
+
+func FuzzPong(f *testing.F) {
+	f.Add(int64(30000), int64(1_800_000_000_123))
+	f.Add(int64(0), int64(0))
+	f.Fuzz(func(t *testing.T, ttl, deadline int64) {
+		want, _ := json.Marshal(struct {
+			Type       string `json:"type"`
+			TTLMS      int64  `json:"ttl_ms"`
+			DeadlineMS int64  `json:"deadline_ms,omitempty"`
+		}{TypePong, ttl, deadline})
+		if got := Pong(ttl, deadline); string(got) != string(want) {
+			t.Fatalf("Pong(%d, %d) = %s, want %s", ttl, deadline, got, want)
+		}
+	})
+}
+
+func BenchmarkPong(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		Pong(30000, 1_800_000_000_123)
 	}
 }

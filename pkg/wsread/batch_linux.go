@@ -102,7 +102,7 @@ func (p *poller) deliver(c *Conn, rb *readBuf, buf []byte) (used int, reason err
 		}
 	}()
 	for i := range calls {
-		typ, data, err := c.ws.ReadMessage()
+		typ, data, err := readMessage(c.ws, &rb.msg)
 		last := i == calls-1
 		switch {
 		case err != nil && last && b.stop != stopShort && !isCloseError(err):
@@ -132,4 +132,30 @@ func (p *poller) deliver(c *Conn, rb *readBuf, buf []byte) (used int, reason err
 		return b.n, errors.New("wsread: gorilla left part of a batch unread"), true
 	}
 	return b.n, nil, false
+}
+
+// readMessage is gorilla's ReadMessage, reading the message into *buf,
+// which it keeps for the next: one allocation per worker, not one per
+// message (io.ReadAll's, the gateway's largest per ping). Like
+// ReadMessage it returns what it read with a read error.
+func readMessage(ws *websocket.Conn, buf *[]byte) (int, []byte, error) {
+	typ, r, err := ws.NextReader()
+	if err != nil {
+		return typ, nil, err
+	}
+	b := (*buf)[:0]
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // room to read into
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err != nil {
+			*buf = b
+			if err == io.EOF {
+				err = nil
+			}
+			return typ, b, err
+		}
+	}
 }

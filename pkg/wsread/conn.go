@@ -17,8 +17,9 @@ import (
 type Handler interface {
 	// Message is one whole data message. Calls for one connection never
 	// overlap and come in order; in epoll mode they run on a shared worker
-	// and must not block. data is the handler's to keep (gorilla's
-	// ReadMessage allocates it per message; wsread does not reuse it).
+	// and must not block. data is valid only during the call: in epoll
+	// mode the worker reads every message into memory it reuses for the
+	// next (a copy is the handler's to make).
 	// false stops reading: the connection lingers if Linger was called,
 	// then Closed(nil).
 	Message(typ int, data []byte) bool
@@ -222,6 +223,7 @@ type readBuf struct {
 	buf   []byte // socket reads: 2×ReadLimit+512 bytes
 	batch []byte // what gorilla may still read of this batch
 	term  []byte // the terminator after batch, if the batch needs one
+	msg   []byte // each message of the batch, read in turn (readMessage)
 	// br is lent to the connection being read (Conn.lend), by copy: it
 	// is only a template for its buffer and never read itself.
 	br bufio.Reader
