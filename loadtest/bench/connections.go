@@ -88,6 +88,7 @@ type Connections struct {
 	Pushed        int `json:"pushes"`
 	PushDelivered int `json:"push_delivered"`
 	PushErrors    int `json:"push_errors"`
+	PushRetries   int `json:"push_retries"` // sends again the gateway asked for (409, 503)
 	GuidesLost    int `json:"guides_lost"`
 	GuidesDoubled int `json:"guides_doubled"`
 }
@@ -162,7 +163,7 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 
 	// Guides pushed through the next gateway than the user's, so each is
 	// routed over Redis Pub/Sub to the instance holding it.
-	var delivered, pushErrs atomic.Int64
+	var delivered, pushErrs, pushRetries atomic.Int64
 	var pushWG sync.WaitGroup
 	pushWG.Go(func() {
 		spacing := sc.Window / 2 / time.Duration(max(sc.Pushes, 1))
@@ -176,7 +177,8 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 			sem <- struct{}{}
 			wg.Go(func() {
 				defer func() { <-sem }()
-				st, n, err := via.push(ctx, s, fmt.Sprintf("bench-route-%d", k), uid)
+				st, n, retries, err := via.pushRetrying(ctx, s, fmt.Sprintf("bench-route-%d", k), uid)
+				pushRetries.Add(int64(retries))
 				switch {
 				case err != nil:
 					pushErrs.Add(1)
@@ -253,7 +255,7 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 		tallies = append(tallies, g.logs)
 	}
 	r.GatewayLogs = mergeTallies(tallies...)
-	r.Pushed, r.PushDelivered, r.PushErrors = sc.Pushes, int(delivered.Load()), int(pushErrs.Load())
+	r.Pushed, r.PushDelivered, r.PushErrors, r.PushRetries = sc.Pushes, int(delivered.Load()), int(pushErrs.Load()), int(pushRetries.Load())
 	r.GuidesLost = max(r.PushDelivered-r.Load.GuideIDs, 0)
 	r.GuidesDoubled = r.Load.Guides - r.Load.GuideIDs
 	return r, err

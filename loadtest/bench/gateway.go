@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -155,12 +156,40 @@ func (g *gateway) push(ctx context.Context, s secrets, id, uid string) (string, 
 		Connections int    `json:"connections"`
 	}
 	if resp.StatusCode != http.StatusOK {
-		return "", 0, fmt.Errorf("push %s via %s: %s", uid, g.id, resp.Status)
+		err := fmt.Errorf("push %s via %s: %s", uid, g.id, resp.Status)
+		if resp.StatusCode == http.StatusConflict || resp.StatusCode == http.StatusServiceUnavailable {
+			err = &retryPush{err}
+		}
+		return "", 0, err
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
 		return "", 0, fmt.Errorf("push %s via %s: %w", uid, g.id, err)
 	}
 	return r.Status, r.Connections, nil
+}
+
+// retryPush is a push the gateway asked to have sent again, as the guide
+// consumer does: 409, an instance in the user's route paused or missing
+// heartbeats (a starved process), or 503.
+type retryPush struct{ error }
+
+// pushRetrying pushes as push does, sending again what the gateway asks
+// to have sent again, each a little later, for up to a quarter minute.
+// retries counts the sends again.
+func (g *gateway) pushRetrying(ctx context.Context, s secrets, id, uid string) (status string, conns, retries int, err error) {
+	wait := 100 * time.Millisecond
+	for giveUp := time.Now().Add(15 * time.Second); ; retries++ {
+		status, conns, err = g.push(ctx, s, id, uid)
+		var rp *retryPush
+		if !errors.As(err, &rp) || time.Now().After(giveUp) {
+			return status, conns, retries, err
+		}
+		sleep(ctx, wait)
+		if ctx.Err() != nil {
+			return status, conns, retries, err
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
 }
 
 // heapTop is `go tool pprof -top` of the gateway's in-use heap, cut to

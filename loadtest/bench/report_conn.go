@@ -66,8 +66,8 @@ func (r *Report) connectionsMD(b *strings.Builder, c *Connections) {
 		p("| %s | %.0f | %.1f MB | %.1f MB | %.2f KB | %.2f KB | %.2f KB | %.0f | %.2f cores |\n",
 			g.ID, g.Conns, g.RSSBaseMB, g.RSSMB, g.RSSPerConnKB, g.StackPerConn, g.HeapPerConnKB, g.Goroutines, g.CPUCores)
 	}
-	p("\n**Push routing.** %d guides were pushed, during the window, through the push endpoint of the gateway after the one holding the user, so each went over the holder's Redis Pub/Sub channel: %d answered delivered, %d push errors; the clients received %d guides with %d distinct ids (%d lost, %d doubled).\n",
-		c.Pushed, c.PushDelivered, c.PushErrors, c.Load.Guides, c.Load.GuideIDs, c.GuidesLost, c.GuidesDoubled)
+	p("\n**Push routing.** %d guides were pushed, during the window, through the push endpoint of the gateway after the one holding the user, so each went over the holder's Redis Pub/Sub channel: %d answered delivered, %d push errors (%d sends again the gateway asked for: 409 while an instance of the user's route misses heartbeats, or 503); the clients received %d guides with %d distinct ids (%d lost, %d doubled).\n",
+		c.Pushed, c.PushDelivered, c.PushErrors, c.PushRetries, c.Load.Guides, c.Load.GuideIDs, c.GuidesLost, c.GuidesDoubled)
 
 	p("\n**Load generator: `loadtest/wsload` (Go), not k6.** Built the way the gateway is: no goroutine waits on an idle connection. Its reads go through the same read adapter as the gateway's, and two pinger goroutines per process send every ping, each from a queue of its connections by due time; ping→pong is timed per ping. %.1f KB of RSS per connection here. k6 keeps a JavaScript runtime per VU: about 140 KB per connection even with 50 connections per VU (loadtest/README.md), and every ping runs through JavaScript, on the two cores the gateways and Redis also need. The k6 scripts stay the tool for a deployment from other machines. wsload's processes stay under the 20,000 open files each (%d of them) and bind 127.10.p.x source addresses, %d per process, so no source address nears its %s ephemeral ports.\n",
 		c.LoadRSSMB*1024/float64(max(c.Load.Conns, 1)), c.Loaders, c.IPsPerLoader, r.Machine.PortRange)
