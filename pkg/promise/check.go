@@ -417,7 +417,9 @@ func (u *user) stages(s *silence, windows map[[2]int64]time.Time) []Verdict {
 		// when it produces, and frees it once the consumer finds the user
 		// back, which a downstream that fails puts off (the consumer holds
 		// the record until it answers again). Not one whose user came back
-		// before it fell due. The service keys a stage's window on when it really fell due,
+		// before it fell due.
+		//
+		// The service keys a stage's window on when it really fell due,
 		// anywhere from due to latest (a later stage counts its delay from
 		// when the one before was detected): it may have taken any window
 		// of that stretch, and not after its first delivery (give or take

@@ -110,6 +110,30 @@ func TestThreeFramesInOneWrite(t *testing.T) {
 	}
 }
 
+// TestMessagesOfMixedSizesInOneWrite: a long message, then shorter ones,
+// then a long one again, in one batch. The epoll worker reads each into
+// memory it reuses, so each must hold its own bytes and no more.
+func TestMessagesOfMixedSizesInOneWrite(t *testing.T) {
+	long, longer := strings.Repeat("x", 700), strings.Repeat("y", 1500)
+	want := []string{long, "a", "", "bc", longer, "d"}
+	for _, mode := range modes() {
+		t.Run(string(mode), func(t *testing.T) {
+			ts := startServer(t, Config{Mode: mode}, nil)
+			c := dialRaw(t, ts.url, nil)
+			rec := ts.next(t)
+			var b []byte
+			for _, m := range want {
+				b = append(b, masked(opText, true, m)...)
+			}
+			c.write(t, b)
+			waitFor(t, "6 messages", func() bool { return len(rec.messages()) == len(want) })
+			if got := rec.messages(); !slices.Equal(got, want) {
+				t.Fatalf("got %q", got)
+			}
+		})
+	}
+}
+
 // TestControlOnly: 20 pings and 20 pongs, no data frame: every ping is
 // answered, the pong handler runs for each pong, nothing is delivered and
 // no goroutine waits for a data frame.
