@@ -50,8 +50,9 @@ func (h *harness) runFeed(every time.Duration) (stop func()) {
 
 // crowdKeepsTheBrake runs a crowd of uids lapsing together with ttl from
 // now, ten of them back 3 s before the grace after their deadlines ends,
-// and checks that none of those ten is guided, and every other one once,
-// a grace after its deadline. between runs after the deadlines, before
+// and checks that none of those ten is guided (with allowEarly, none
+// found after it was back), and every other one once, a grace after its
+// deadline. between runs after the deadlines, before
 // the ten come back (a stall).
 //
 // allowEarly is how many of the crowd may be guided before the grace:
@@ -67,27 +68,31 @@ func crowdKeepsTheBrake(t *testing.T, h *harness, uids []string, grace time.Dura
 	}
 	back := uids[:10]
 	h.untilRedis(last.Add(grace - 3*time.Second))
+	backAt := make(map[string]time.Time, len(back))
+	const away = 10 * time.Minute
 	for _, uid := range back {
-		h.renew(uid, "one", 10*time.Minute)
+		g := h.renew(uid, "one", away)
+		backAt[uid] = g.deadline.Add(-away) // by its master's clock, as its detection is
 		delete(crowd, uid)
 	}
 	h.waitProduced(len(crowd))
 	h.sweptPast(h.redisNow())
 	by := byUID(h.events())
-	early := 0
 	for _, uid := range back {
-		if evs := by[uid]; len(evs) != 0 && allowEarly == 0 {
-			ev := evs[0]
+		evs := by[uid]
+		if len(evs) == 0 {
+			continue
+		}
+		ev := evs[0]
+		if allowEarly == 0 || !time.UnixMilli(ev.DetectedMS).Before(backAt[uid]) {
 			t.Errorf("%s guided %v after its deadline, though it was back %v after it, within the grace of %v, in a mass expiry",
-				uid, time.Duration(ev.DetectedMS-ev.DeadlineMS)*time.Millisecond, grace-3*time.Second, grace)
+				uid, time.Duration(ev.DetectedMS-ev.DeadlineMS)*time.Millisecond, backAt[uid].Sub(time.UnixMilli(ev.DeadlineMS)), grace)
 		}
+		// Found before it was back: one of those let out early, and
+		// counted with the crowd's below (once).
+		crowd[uid] = grant{segment: "one", deadline: time.UnixMilli(ev.DeadlineMS)}
 	}
-	for _, uid := range back {
-		if len(by[uid]) != 0 {
-			early++ // guided before it was back: one of those let out early
-			crowd[uid] = grant{segment: "one", deadline: time.UnixMilli(by[uid][0].DeadlineMS)}
-		}
-	}
+	early := 0
 	checkStorm(t, by, crowd)
 	for uid := range crowd {
 		ev := by[uid][0]
