@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -64,7 +65,18 @@ func main() {
 	partitions := flag.Int("partitions", 12, "partitions of the timeout topic")
 	maxInFlight := flag.Int("max-in-flight", 256, "the consumer's max-in-flight")
 	breakerTimeout := flag.Duration("breaker-timeout", 10*time.Second, "the consumer's breaker-timeout")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the run (the consumer, the embedded Kafka and the push endpoint: all in this process) to this file")
 	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "guidebench:", err)
+			os.Exit(1)
+		}
+		defer f.Close()
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()

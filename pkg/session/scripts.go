@@ -22,8 +22,8 @@ import (
 //     keyTable), and the table is written from that type, so the script
 //     says KEYS[K.index] and no order is shared with another file;
 //  3. V, its vocabulary by name, when it has any (blind reasons, claim
-//     states): the values are the Go constants, passed as the last ARGV
-//     of each call, never retyped in Lua (see vocabulary);
+//     states): the values are the Go constants, written into the source
+//     as literals, never retyped in Lua (see vocabulary);
 //  4. the encoders and decoders of the stored values it reads or
 //     writes, written from their field lists (see values.go);
 //  5. any library it names (lua/roles.lua);
@@ -49,7 +49,6 @@ type keyList interface{ list() []string }
 // script is a Lua script whose KEYS are a K.
 type script[K keyList] struct {
 	*redis.Script
-	vocab []any // appended to every call's ARGV
 }
 
 // newScript loads lua/<file>.lua with the prelude, K's key table, the
@@ -60,7 +59,7 @@ func newScript[K keyList](file string, v any, codecs []codec, libs ...string) sc
 	var b strings.Builder
 	b.WriteString(luaFile("clock"))
 	b.WriteString(keyTable(reflect.TypeFor[K]()))
-	vocab := vocabulary(&b, v)
+	vocabulary(&b, v)
 	for _, c := range codecs {
 		b.WriteString(c.lua())
 	}
@@ -74,7 +73,7 @@ func newScript[K keyList](file string, v any, codecs []codec, libs ...string) sc
 		panic("script " + file + " loaded twice")
 	}
 	loaded[file] = src
-	return script[K]{Script: redis.NewScript(src), vocab: vocab}
+	return script[K]{Script: redis.NewScript(src)}
 }
 
 func luaFile(name string) string {
@@ -85,26 +84,19 @@ func luaFile(name string) string {
 	return string(src)
 }
 
-func (s script[K]) argv(args []any) []any {
-	if len(s.vocab) == 0 {
-		return args
-	}
-	return append(args[:len(args):len(args)], s.vocab...)
-}
-
 // Run runs the script by its hash, or its source if Redis has not cached it.
 func (s script[K]) Run(ctx context.Context, c redis.Scripter, keys K, args ...any) *redis.Cmd {
-	return s.Script.Run(ctx, c, keys.list(), s.argv(args)...)
+	return s.Script.Run(ctx, c, keys.list(), args...)
 }
 
 // Eval queues the script with its source, as in a pipeline.
 func (s script[K]) Eval(ctx context.Context, c redis.Scripter, keys K, args ...any) *redis.Cmd {
-	return s.Script.Eval(ctx, c, keys.list(), s.argv(args)...)
+	return s.Script.Eval(ctx, c, keys.list(), args...)
 }
 
 // call is one call of the script, as runScripts takes it.
 func (s script[K]) call(keys K, args ...any) (*redis.Script, []string, []any) {
-	return s.Script, keys.list(), s.argv(args)
+	return s.Script, keys.list(), args
 }
 
 // keyTable writes the Lua table K of a key type: each string field's
@@ -161,17 +153,15 @@ func luaName(goName string) string {
 }
 
 // vocabulary writes the Lua table V of a vocabulary struct's string
-// fields, each read from the call's ARGV, where the values follow the
-// script's own arguments, last; and returns the values. A script with a
-// vocabulary and arguments of a varying count reads them by a count it is
-// given, not by #ARGV.
-func vocabulary(b *strings.Builder, v any) []any {
+// fields, each the field's value as a Lua string literal. They were once
+// passed as the last ARGV of every call: 11 of a renewal's 20 arguments,
+// which the gateway built and Redis read on every ping.
+func vocabulary(b *strings.Builder, v any) {
 	if v == nil {
-		return nil
+		return
 	}
 	rv := reflect.ValueOf(v)
 	t := rv.Type()
-	var vals []any
 	b.WriteString("local V = {")
 	for i := range t.NumField() {
 		if t.Field(i).Type.Kind() != reflect.String {
@@ -180,9 +170,7 @@ func vocabulary(b *strings.Builder, v any) []any {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		fmt.Fprintf(b, "%s = ARGV[#ARGV - %d]", luaName(t.Field(i).Name), t.NumField()-1-i)
-		vals = append(vals, rv.Field(i).String())
+		fmt.Fprintf(b, "%s = %s", luaName(t.Field(i).Name), luaString(rv.Field(i).String()))
 	}
 	b.WriteString("}\n")
-	return vals
 }

@@ -134,3 +134,26 @@ func anys(ss []string) []any {
 	}
 	return out
 }
+
+// TestVocabularyInTheSource: a script's vocabulary is written into its
+// source as literals, which Redis reads back as the Go values, quotes and
+// backslashes too; and no call passes it in ARGV any more (a renewal's
+// call carries only its own arguments).
+func TestVocabularyInTheSource(t *testing.T) {
+	s, ctx := newStore(t)
+	var b strings.Builder
+	vocabulary(&b, struct{ Plain, Quoted, Sep string }{"resync", `a'b\c"d`, ":"})
+	b.WriteString("return {V.plain, V.quoted, V.sep, #ARGV}")
+	got, err := s.rdb.Eval(ctx, b.String(), nil, "x").Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []any{"resync", `a'b\c"d`, ":", int64(1)}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("V and #ARGV = %v, want %v", got, want)
+	}
+	_, _, args := renewScript.call(grantKeys{}, "only", "these")
+	if len(args) != 2 {
+		t.Errorf("a call of renewScript passes %d ARGV for 2 arguments: %v", len(args), args)
+	}
+}

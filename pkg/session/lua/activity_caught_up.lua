@@ -27,7 +27,7 @@
 -- is down, so the time may be inside the outage. Returns Redis's now.
 local now = redisNowMS()
 local gapMax, topic, count, every = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local last = #ARGV - 2 -- the pairs end before the two words of V
+local last = #ARGV
 -- A member that started and has not stamped since (Kafka out of its reach
 -- from the start, say) marked when: a partition's first stamp that long
 -- after is a lag too, from that mark. Read before a topic's first stamp
