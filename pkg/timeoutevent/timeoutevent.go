@@ -188,25 +188,50 @@ func (e Event) Marshal() ([]byte, error) { return json.Marshal(e) }
 // ErrUnknownVersion means the event has a version this build cannot read.
 var ErrUnknownVersion = errors.New("unknown timeout event version")
 
+var errNoVersion = errors.New("decode timeout event: no version field \"v\"")
+
 // Parse decodes and checks an event. An error wrapping ErrUnknownVersion
 // means a newer producer; any other error means a malformed record.
+//
+// It decodes the record once. Only when that fails does it read the
+// version alone, so that a newer producer's event, whose fields this
+// build may not decode, is still told apart from a malformed one.
 func Parse(b []byte) (Event, error) {
-	var head struct {
-		Version *int `json:"v"`
+	// V is at a shallower depth than the embedded Event's field of the
+	// same name, so it takes "v": a pointer, to tell a missing one.
+	var w struct {
+		Event
+		V *int `json:"v"`
 	}
-	if err := json.Unmarshal(b, &head); err != nil {
+	if err := json.Unmarshal(b, &w); err != nil {
+		var head struct {
+			V *int `json:"v"`
+		}
+		if herr := json.Unmarshal(b, &head); herr != nil {
+			return Event{}, fmt.Errorf("decode timeout event: %w", herr)
+		}
+		if head.V != nil && *head.V != Version && *head.V != VersionNotify {
+			return Event{}, fmt.Errorf("%w: %d", ErrUnknownVersion, *head.V)
+		}
+		if head.V == nil {
+			return Event{}, errNoVersion
+		}
 		return Event{}, fmt.Errorf("decode timeout event: %w", err)
 	}
-	if head.Version == nil {
-		return Event{}, errors.New("decode timeout event: no version field \"v\"")
+	if w.V == nil {
+		return Event{}, errNoVersion
 	}
-	if *head.Version != Version && *head.Version != VersionNotify {
-		return Event{}, fmt.Errorf("%w: %d", ErrUnknownVersion, *head.Version)
+	if *w.V != Version && *w.V != VersionNotify {
+		return Event{}, fmt.Errorf("%w: %d", ErrUnknownVersion, *w.V)
 	}
-	var e Event
-	if err := json.Unmarshal(b, &e); err != nil {
-		return Event{}, fmt.Errorf("decode timeout event: %w", err)
-	}
+	e := w.Event
+	e.Version = *w.V
+	return complete(e)
+}
+
+// complete gives a decoded event of a known version what events of older
+// listeners lack, and checks it.
+func complete(e Event) (Event, error) {
 	// An event from before stages is stage 1's reminder.
 	if e.Stage == 0 && e.Action == "" && !e.Final {
 		e.Stage, e.Action = 1, ActionRemind

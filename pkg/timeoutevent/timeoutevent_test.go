@@ -2,7 +2,9 @@ package timeoutevent
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -153,8 +155,17 @@ func FuzzParse(f *testing.F) {
 	n := e.AtStage(2, time.UnixMilli(1e12+30_000), ActionNotify, "", true)
 	b, _ = n.Marshal()
 	f.Add(b)
+	f.Add([]byte(`{"v":9,"uid":7}`))
+	f.Add([]byte(`{"uid":7}`))
+	f.Add([]byte(`{"v":1,"uid":7}`))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		e, err := Parse(in)
+		// Parse decodes once; its verdict is the one of decoding the
+		// version first, then the event, as it did before.
+		if we, werr := parseVersionFirst(in); (err == nil) != (werr == nil) || e != we ||
+			errors.Is(err, ErrUnknownVersion) != errors.Is(werr, ErrUnknownVersion) {
+			t.Fatalf("Parse(%q) = %+v, %v; decoding the version first: %+v, %v", in, e, err, we, werr)
+		}
 		if err != nil {
 			return
 		}
@@ -168,4 +179,38 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("re-parse of %s: %+v, %v", bytes.TrimSpace(out), again, err)
 		}
 	})
+}
+
+// BenchmarkParse: the guide consumer parses every record it takes.
+func BenchmarkParse(b *testing.B) {
+	e := New("user-0001234", "vip", time.UnixMilli(1e12), time.UnixMilli(1e12+5), SourceSweep)
+	in, _ := e.Marshal()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Parse(in); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// parseVersionFirst is Parse as it was: the version decoded alone first,
+// then the whole event, each check after as Parse makes them.
+func parseVersionFirst(b []byte) (Event, error) {
+	var head struct {
+		Version *int `json:"v"`
+	}
+	if err := json.Unmarshal(b, &head); err != nil {
+		return Event{}, err
+	}
+	if head.Version == nil {
+		return Event{}, errNoVersion
+	}
+	if *head.Version != Version && *head.Version != VersionNotify {
+		return Event{}, fmt.Errorf("%w: %d", ErrUnknownVersion, *head.Version)
+	}
+	var e Event
+	if err := json.Unmarshal(b, &e); err != nil {
+		return Event{}, err
+	}
+	return complete(e)
 }
