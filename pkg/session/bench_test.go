@@ -109,3 +109,31 @@ func reportRedisInput(b *testing.B, rdb redis.UniversalClient, n int64, unit str
 		}
 	}
 }
+
+// BenchmarkAppendTimeline appends timeline entries as the services'
+// recorders do in a storm: batches of 512 entries of distinct users, one
+// script call per bucket in one pipeline, each user's timeline short of
+// its bound. It reports Redis's own time per entry (redis-µs/entry).
+func BenchmarkAppendTimeline(b *testing.B) {
+	s, ctx := newStoreTB(b)
+	bounds := TimelineBounds{}.OrDefault()
+	const batch = 512
+	recs := make([]TimelineRecord, batch)
+	appendBatch := func(n int) {
+		for i := range recs {
+			recs[i] = TimelineRecord{UID: fmt.Sprintf("u%06d", (n*batch+i)%100000),
+				Entry: `{"service":"expiry-listener","event":"held","rule":"brake","release_ms":1796041986000}`}
+		}
+		if _, err := s.AppendTimeline(ctx, recs, bounds); err != nil {
+			b.Fatal(err)
+		}
+	}
+	appendBatch(0) // the script cached
+	if err := s.rdb.ConfigResetStat(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	for n := 0; b.Loop(); n++ {
+		appendBatch(n)
+	}
+	reportRedisMicros(b, s.rdb, int64(b.N)*batch, "redis-µs/entry")
+}

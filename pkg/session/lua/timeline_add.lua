@@ -7,15 +7,26 @@
 -- ARGV[1]: the most entries a timeline keeps (the oldest go); ARGV[2]:
 -- how long, in ms, a timeline outlives its last entry. Returns the number
 -- appended.
+--
+-- Each timeline is trimmed only when its push took it past the bound (the
+-- push says its length), and its expiry set once however many of the
+-- call's entries it took: a call into Redis from a script costs more than
+-- these commands themselves, and a storm appends several entries for
+-- each silence.
 local now = redisNowMS()
 local max, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
+local len = {}
 for j = K.entries, #KEYS do
   local i = 2 + 2 * (j - K.entries + 1)
   local at = now - math.max(0, tonumber(ARGV[i - 1]) or 0)
-  redis.call('RPUSH', KEYS[j], at .. ' ' .. ARGV[i])
+  len[KEYS[j]] = redis.call('RPUSH', KEYS[j], at .. ' ' .. ARGV[i])
 end
 for j = K.entries, #KEYS do
-  redis.call('LTRIM', KEYS[j], -max, -1)
-  redis.call('PEXPIRE', KEYS[j], keep)
+  local n = len[KEYS[j]]
+  if n then
+    len[KEYS[j]] = nil
+    if n > max then redis.call('LTRIM', KEYS[j], -max, -1) end
+    redis.call('PEXPIRE', KEYS[j], keep)
+  end
 end
 return #KEYS - K.entries + 1
