@@ -74,7 +74,10 @@ func main() {
 			os.Exit(1)
 		}
 		defer f.Close()
-		pprof.StartCPUProfile(f)
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "guidebench:", err)
+			os.Exit(1)
+		}
 		defer pprof.StopCPUProfile()
 	}
 
