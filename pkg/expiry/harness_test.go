@@ -351,6 +351,18 @@ func (h *harness) inIndex(uid string) bool {
 	return err == nil
 }
 
+// inHold reports whether uid has an entry in its bucket's hold set: its
+// timeout held by the listener.
+func (h *harness) inHold(uid string) bool {
+	h.t.Helper()
+	ks := h.store.Keyspace()
+	_, err := h.rdb.ZScore(context.Background(), ks.HoldKey(session.Bucket(uid)), uid).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		h.t.Fatal(err)
+	}
+	return err == nil
+}
+
 // waitSettled waits until none of uids has an index entry and the sweep
 // finds nothing due.
 func (h *harness) waitSettled(uids []string) {
