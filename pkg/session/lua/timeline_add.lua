@@ -10,9 +10,9 @@
 --
 -- Each timeline is trimmed only when its push took it past the bound (the
 -- push says its length), and its expiry set once however many of the
--- call's entries it took: a call into Redis from a script costs more than
--- these commands themselves, and a storm appends several entries for
--- each silence.
+-- call's entries it took: each call into Redis from a script costs about
+-- a microsecond, much of it the call itself, and a storm appends several
+-- entries for each silence.
 local now = redisNowMS()
 local max, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
 local len = {}
