@@ -343,20 +343,20 @@ func (h *harness) waitProduced(n int) {
 // inIndex reports whether uid has a deadline-index entry.
 func (h *harness) inIndex(uid string) bool {
 	h.t.Helper()
-	ks := h.store.Keyspace()
-	_, err := h.rdb.ZScore(context.Background(), ks.IndexKey(session.Bucket(uid)), uid).Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		h.t.Fatal(err)
-	}
-	return err == nil
+	return h.member(h.store.Keyspace().IndexKey(session.Bucket(uid)), uid)
 }
 
 // inHold reports whether uid has an entry in its bucket's hold set: its
 // timeout held by the listener.
 func (h *harness) inHold(uid string) bool {
 	h.t.Helper()
-	ks := h.store.Keyspace()
-	_, err := h.rdb.ZScore(context.Background(), ks.HoldKey(session.Bucket(uid)), uid).Result()
+	return h.member(h.store.Keyspace().HoldKey(session.Bucket(uid)), uid)
+}
+
+// member reports whether the sorted set key holds uid.
+func (h *harness) member(key, uid string) bool {
+	h.t.Helper()
+	_, err := h.rdb.ZScore(context.Background(), key, uid).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		h.t.Fatal(err)
 	}

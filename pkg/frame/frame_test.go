@@ -146,26 +146,31 @@ func TestParsePlainPing(t *testing.T) {
 // Pong writes the bytes encoding/json writes for its fields.
 func TestPongAsJSON(t *testing.T) {
 	for _, c := range [][2]int64{{0, 0}, {30000, 0}, {30000, 1_800_000_000_123}, {-1, -5}, {math.MaxInt64, math.MinInt64}, {1, 1}} {
-		want, _ := json.Marshal(struct {
-			Type       string `json:"type"`
-			TTLMS      int64  `json:"ttl_ms"`
-			DeadlineMS int64  `json:"deadline_ms,omitempty"`
-		}{TypePong, c[0], c[1]})
+		want := pongJSON(c[0], c[1])
 		if got := Pong(c[0], c[1]); string(got) != string(want) {
 			t.Errorf("Pong(%d, %d) = %s, want %s", c[0], c[1], got, want)
 		}
 	}
 }
 
+// pongJSON is what encoding/json writes for a pong's fields.
+func pongJSON(ttlMS, deadlineMS int64) []byte {
+	b, err := json.Marshal(struct {
+		Type       string `json:"type"`
+		TTLMS      int64  `json:"ttl_ms"`
+		DeadlineMS int64  `json:"deadline_ms,omitempty"`
+	}{TypePong, ttlMS, deadlineMS})
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
 func FuzzPong(f *testing.F) {
 	f.Add(int64(30000), int64(1_800_000_000_123))
 	f.Add(int64(0), int64(0))
 	f.Fuzz(func(t *testing.T, ttl, deadline int64) {
-		want, _ := json.Marshal(struct {
-			Type       string `json:"type"`
-			TTLMS      int64  `json:"ttl_ms"`
-			DeadlineMS int64  `json:"deadline_ms,omitempty"`
-		}{TypePong, ttl, deadline})
+		want := pongJSON(ttl, deadline)
 		if got := Pong(ttl, deadline); string(got) != string(want) {
 			t.Fatalf("Pong(%d, %d) = %s, want %s", ttl, deadline, got, want)
 		}

@@ -210,23 +210,29 @@ func Parse(b []byte) (Event, error) {
 		if herr := json.Unmarshal(b, &head); herr != nil {
 			return Event{}, fmt.Errorf("decode timeout event: %w", herr)
 		}
-		if head.V != nil && *head.V != Version && *head.V != VersionNotify {
-			return Event{}, fmt.Errorf("%w: %d", ErrUnknownVersion, *head.V)
-		}
-		if head.V == nil {
-			return Event{}, errNoVersion
+		if verr := known(head.V); verr != nil {
+			return Event{}, verr
 		}
 		return Event{}, fmt.Errorf("decode timeout event: %w", err)
 	}
-	if w.V == nil {
-		return Event{}, errNoVersion
-	}
-	if *w.V != Version && *w.V != VersionNotify {
-		return Event{}, fmt.Errorf("%w: %d", ErrUnknownVersion, *w.V)
+	if err := known(w.V); err != nil {
+		return Event{}, err
 	}
 	e := w.Event
 	e.Version = *w.V
 	return complete(e)
+}
+
+// known says why v, an event's version field (nil when it has none), is
+// not one this build reads, or nil when it is.
+func known(v *int) error {
+	switch {
+	case v == nil:
+		return errNoVersion
+	case *v != Version && *v != VersionNotify:
+		return fmt.Errorf("%w: %d", ErrUnknownVersion, *v)
+	}
+	return nil
 }
 
 // complete gives a decoded event of a known version what events of older
