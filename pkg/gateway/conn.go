@@ -58,6 +58,11 @@ type conn struct {
 	// rateAt is the frame rate limit's state (see allowFrame): Message's
 	// own.
 	rateAt time.Duration
+	// heard is when the client was last heard from (a message, or a pong
+	// that moved the read deadline), in ns since the gateway started; at
+	// first when c registered with its user. pingAll pings only a
+	// connection not heard from for a while.
+	heard atomic.Int64
 
 	mu sync.Mutex
 	// queue is the frames waiting for the flusher, queued of them; bounded,
@@ -181,6 +186,7 @@ func (c *conn) setPresentUntil(ms int64) {
 func (c *conn) prepare() {
 	c.ws.SetReadLimit(int64(c.g.cfg.ReadLimit))
 	c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
+	c.heard.Store(int64(time.Since(c.g.start)))
 	if c.revoked() || c.inactive() {
 		// Closed while being set up (a guide pushed, a token run out):
 		// the linger deadline that close set stands. Checked after the
@@ -202,6 +208,7 @@ func (c *conn) pong(appData string) error {
 		}
 		return nil // the linger deadline stands
 	}
+	c.heard.Store(int64(time.Since(c.g.start)))
 	return c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
 }
 
@@ -233,8 +240,10 @@ func (c *conn) Message(typ int, data []byte) bool {
 		return false
 	}
 	c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
+	now := time.Since(c.g.start)
+	c.heard.Store(int64(now))
 	var ok bool
-	if c.rateAt, ok = allowFrame(c.rateAt, time.Since(c.g.start), c.g.frameInterval, c.g.cfg.RateBurst); !ok {
+	if c.rateAt, ok = allowFrame(c.rateAt, now, c.g.frameInterval, c.g.cfg.RateBurst); !ok {
 		metricRateLimited.Inc()
 		c.closeWith(websocket.ClosePolicyViolation, "rate limit exceeded")
 		c.linger()

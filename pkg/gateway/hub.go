@@ -87,7 +87,9 @@ func (h *hub) add(c *conn, start time.Time) {
 	u := s.users[c.uid]
 	u.pending--
 	c.next, u.conns = u.conns, c
-	c.pingAt.Store(int64(time.Since(start)))
+	now := int64(time.Since(start))
+	c.pingAt.Store(now)
+	c.heard.Store(now)
 }
 
 func (h *hub) remove(c *conn) {
@@ -150,25 +152,27 @@ func (h *hub) lookup(uid string) []*conn {
 	return out
 }
 
-// shardConns returns the connections of one shard.
-func (h *hub) shardConns(i int) []*conn {
+// appendShard appends to dst the connections of shard i that keep
+// accepts (nil: every one), and returns it.
+func (h *hub) appendShard(dst []*conn, i int, keep func(*conn) bool) []*conn {
 	s := &h.shards[i]
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	var out []*conn
 	for _, u := range s.users {
 		for c := u.conns; c != nil; c = c.next {
-			out = append(out, c)
+			if keep == nil || keep(c) {
+				dst = append(dst, c)
+			}
 		}
 	}
-	return out
+	return dst
 }
 
 // all returns every connection, for the shutdown drain.
 func (h *hub) all() []*conn {
 	var out []*conn
 	for i := range h.shards {
-		out = append(out, h.shardConns(i)...)
+		out = h.appendShard(out, i, nil)
 	}
 	return out
 }

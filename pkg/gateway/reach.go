@@ -797,8 +797,10 @@ func (g *Gateway) resyncConns(ctx context.Context, from time.Time) (int, error) 
 	// When every grant below was measured: the renewer ages each by the
 	// time its batch waits (see session.Grant).
 	taken := g.start.Add(now)
+	var shardConns []*conn
 	for shard := range hubShards {
-		for _, c := range g.hub.shardConns(shard) {
+		shardConns = g.hub.appendShard(shardConns[:0], shard, nil)
+		for _, c := range shardConns {
 			gr, ok := c.lastGrant(now)
 			if !ok || !handedOver(gr, now, fromAt) {
 				continue
