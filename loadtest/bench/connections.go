@@ -31,6 +31,17 @@ type connScale struct {
 	// a fraction of a core, which Go's container-aware default runs with
 	// one; two each, thirty processes' schedulers spin against each other.
 	Procs int `json:"gomaxprocs_each"`
+	// TTL and Idle are the gateways' session TTL and idle timeout, 0 for
+	// their defaults (60 s each): a client that pings less often than
+	// every 48 s needs both longer, as a deployment that chose that
+	// cadence sets them.
+	TTL  time.Duration `json:"-"`
+	Idle time.Duration `json:"-"`
+	// Step names the step in the report (1, 1b); Tag and NetByte keep its
+	// users and source addresses apart from another step's.
+	Step    string `json:"-"`
+	Tag     string `json:"-"`
+	NetByte int    `json:"-"`
 }
 
 // procsEnv is the environment that sets Procs.
@@ -39,6 +50,28 @@ func (sc connScale) procsEnv() []string {
 		return nil
 	}
 	return []string{"GOMAXPROCS=" + strconv.Itoa(sc.Procs)}
+}
+
+// gatewayID is the instance id of the step's gateway i: bench-gw-0 in
+// step 1, bench-gw1b-0 in step 1b, so that no instance of one step is
+// taken for a restart of the other's.
+func (sc connScale) gatewayID(i int) string {
+	if sc.Step == "1" {
+		return fmt.Sprintf("bench-gw-%d", i)
+	}
+	return fmt.Sprintf("bench-gw%s-%d", sc.Step, i)
+}
+
+// gatewayEnv is a gateway's environment for the step.
+func (sc connScale) gatewayEnv() []string {
+	env := append(sc.procsEnv(), readModeEnv+"="+sc.ReadMode)
+	if sc.TTL > 0 {
+		env = append(env, "STILLTHERE_SESSION_TTL="+sc.TTL.String())
+	}
+	if sc.Idle > 0 {
+		env = append(env, "STILLTHERE_IDLE_TIMEOUT="+sc.Idle.String())
+	}
+	return env
 }
 
 // ConnGateway is one gateway's share of step 1.
@@ -56,6 +89,9 @@ type ConnGateway struct {
 
 // Connections is step 1's result.
 type Connections struct {
+	// Step is 1 (memory per connection at 15 s pings) or 1b (the most
+	// connections held, at a slower cadence).
+	Step    string `json:"step"`
 	Command string `json:"command"`
 	// ReadMode is how the gateways read their connections: the mode
 	// asked for, or "goroutine" from a gateway without the setting.
@@ -65,6 +101,8 @@ type Connections struct {
 	Loaders      int           `json:"wsload_processes"`
 	IPsPerLoader int           `json:"source_addresses_per_wsload"`
 	PingEvery    string        `json:"ping_every"`
+	SessionTTL   string        `json:"session_ttl,omitempty"`  // the gateways' default when empty
+	IdleTimeout  string        `json:"idle_timeout,omitempty"` // the gateways' default when empty
 	WindowSec    float64       `json:"window_seconds"`
 	Held         float64       `json:"sessions_held"` // sum of the gateways' open connections at the end of the window
 	Load         loadResult    `json:"wsload"`
@@ -94,8 +132,14 @@ type Connections struct {
 }
 
 func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, s secrets, sc connScale, command string) (*Connections, error) {
-	r := &Connections{Command: command, Gateways: sc.Gateways, Target: sc.Conns, Loaders: sc.Loaders, IPsPerLoader: sc.IPsPerGen, PingEvery: sc.Every.String(),
+	r := &Connections{Step: sc.Step, Command: command, Gateways: sc.Gateways, Target: sc.Conns, Loaders: sc.Loaders, IPsPerLoader: sc.IPsPerGen, PingEvery: sc.Every.String(),
 		ReadMode: "goroutine"}
+	if sc.TTL > 0 {
+		r.SessionTTL = sc.TTL.String()
+	}
+	if sc.Idle > 0 {
+		r.IdleTimeout = sc.Idle.String()
+	}
 	if gatewayReadModes(ctx, bin) {
 		r.ReadMode = sc.ReadMode
 	}
@@ -108,7 +152,7 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 		wg.Wait()
 	}()
 	for i := range sc.Gateways {
-		g, err := startGateway(ctx, bin, redisAddr, fmt.Sprintf("bench-gw-%d", i), s, append(sc.procsEnv(), readModeEnv+"="+sc.ReadMode)...)
+		g, err := startGateway(ctx, bin, redisAddr, sc.gatewayID(i), s, sc.gatewayEnv()...)
 		if err != nil {
 			return r, err
 		}
@@ -123,10 +167,10 @@ func connections(ctx context.Context, bin, redisAddr string, rdb *redis.Client, 
 		base[i], mBase[i] = rssKB(g.pid()), g.metrics()
 	}
 
-	fmt.Printf("connections: %d over %d gateways (read mode %s) from %d wsload processes, pings every %v\n", sc.Conns, sc.Gateways, r.ReadMode, sc.Loaders, sc.Every)
+	fmt.Printf("step %s: %d connections over %d gateways (read mode %s) from %d wsload processes, pings every %v\n", sc.Step, sc.Conns, sc.Gateways, r.ReadMode, sc.Loaders, sc.Every)
 	rampTime := time.Duration(sc.Conns) * time.Second / time.Duration(sc.Ramp)
 	f, err := startFleet(ctx, bin, s, fleetSpec{
-		tag: "c", netByte: 10, conns: sc.Conns, procs: sc.Loaders, every: sc.Every,
+		tag: sc.Tag, netByte: sc.NetByte, conns: sc.Conns, procs: sc.Loaders, every: sc.Every,
 		ramp: sc.Ramp, maxHold: 3*rampTime + sc.Settle + sc.Window + 5*time.Minute,
 		ipsEach: sc.IPsPerGen, gateways: gws, leave: sc.Leave, env: sc.procsEnv(),
 	})

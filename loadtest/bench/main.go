@@ -7,7 +7,8 @@
 //  1. connections: several gateway processes on one redis-server, held by
 //     several wsload processes at 15 s pings; sessions held, RSS and CPU
 //     per gateway, a heap profile of one, and guides pushed through one
-//     gateway to users on another (push routing);
+//     gateway to users on another (push routing); 1b. held: the same at
+//     250,000 connections, pinging every 60 s;
 //  2. renewals: Redis round trips per renewal at a renewal rate, with the
 //     gateway's and redis-server's CPU;
 //  3. and 4. detection and storm, from detectbench; 3b. detection at a
@@ -97,11 +98,12 @@ func (o connOverride) apply(sc *connScale) (flags string) {
 	return flags
 }
 
-var allSteps = []string{"connections", "renewals", "modes", "detection", "consumer", "activity", "outage"}
+var allSteps = []string{"connections", "held", "renewals", "modes", "detection", "consumer", "activity", "outage"}
 
 // scale is the size of every step.
 type scale struct {
 	conns    connScale
+	held     connScale // step 1b
 	renew    renewScale
 	detect   detectScale
 	scale    detectScale // step 3b: detection at scale, by replicas
@@ -115,7 +117,13 @@ func scaleFor(quick bool) scale {
 	if quick {
 		return scale{
 			conns: connScale{Gateways: 2, Conns: 4000, Loaders: 2, Ramp: 2000,
-				Settle: 5 * time.Second, Window: 10 * time.Second, Pushes: 100, IPsPerGen: 1, Leave: 2 * time.Second, ReadMode: "epoll", Every: 15 * time.Second},
+				Settle: 5 * time.Second, Window: 10 * time.Second, Pushes: 100, IPsPerGen: 1, Leave: 2 * time.Second, ReadMode: "epoll", Every: 15 * time.Second,
+				Step: "1", Tag: "c", NetByte: 10},
+			// Step 1b's path at a tenth of a minute: pings every 10 s,
+			// under a 40 s TTL and a 20 s idle timeout.
+			held: connScale{Gateways: 2, Conns: 2000, Loaders: 2, Ramp: 2000,
+				Settle: 11 * time.Second, Window: 5 * time.Second, Pushes: 50, IPsPerGen: 1, Leave: 2 * time.Second, ReadMode: "epoll",
+				Every: 10 * time.Second, TTL: 40 * time.Second, Idle: 20 * time.Second, Step: "1b", Tag: "h", NetByte: 11},
 			modes: modesScale{Conns: 1000, Every: 2 * time.Second, Ramp: 1000, Idle: 4 * time.Second, Window: 6 * time.Second, Leave: time.Second},
 			renew: renewScale{Conns: 2000, Loaders: 1, Every: 2 * time.Second, Window: 8 * time.Second},
 			detect: detectScale{Live: 5000, Silent: 200, Storm: 2000, Window: 3 * time.Second, Wait: 15 * time.Second,
@@ -136,11 +144,18 @@ func scaleFor(quick bool) scale {
 		// 100,000 connections pinging every 15 s, the RSS goal's
 		// conditions: six gateways of 16,667 each stay inside the 20k
 		// open-file limit, six wsloads over two source addresses apiece,
-		// each process on one P (Procs). Why not 250,000 on two cores:
-		// see connectionsMD. Settle: every connection has pinged once.
+		// each process on one P (Procs). Settle: every connection has
+		// pinged once.
 		conns: connScale{Gateways: 6, Conns: 100000, Loaders: 6, Ramp: 1000,
 			Settle: 16 * time.Second, Window: 30 * time.Second, Pushes: 1000, IPsPerGen: 2, Leave: 20 * time.Second,
-			ReadMode: "epoll", Every: 15 * time.Second, Procs: 1},
+			ReadMode: "epoll", Every: 15 * time.Second, Procs: 1, Step: "1", Tag: "c", NetByte: 10},
+		// 250,000 connections, the held goal: 14 gateways of 17,858 and
+		// as many wsloads, pinging every 60 s under a 4 min TTL and a
+		// 2 min idle timeout (a cadence a deployment of this many
+		// connections per core would choose; why not 15 s: see heldMD).
+		held: connScale{Gateways: 14, Conns: 250000, Loaders: 14, Ramp: 1000,
+			Settle: 61 * time.Second, Window: 30 * time.Second, Pushes: 1000, IPsPerGen: 2, Leave: 30 * time.Second,
+			ReadMode: "epoll", Every: time.Minute, TTL: 4 * time.Minute, Idle: 2 * time.Minute, Procs: 1, Step: "1b", Tag: "h", NetByte: 11},
 		modes:  modesScale{Conns: 15000, Every: 15 * time.Second, Ramp: 3000, Idle: 12 * time.Second, Window: 30 * time.Second, Leave: 5 * time.Second},
 		renew:  renewScale{Conns: 10000, Loaders: 2, Every: 2 * time.Second, Window: 20 * time.Second},
 		detect: detectScale{Live: 100000, Silent: 1000, Storm: 50000, Grace: 10 * time.Second, Limit: 20 * time.Minute},

@@ -18,8 +18,10 @@ type Report struct {
 	DurationSec float64      `json:"duration_seconds"`
 	Machine     Machine      `json:"machine"`
 	Connections *Connections `json:"connections,omitempty"`
-	Renewals    *Renewals    `json:"renewals,omitempty"`
-	Detection   *Detection   `json:"detection,omitempty"`
+	// Held is step 1b: the most connections, at a slower cadence.
+	Held      *Connections `json:"held,omitempty"`
+	Renewals  *Renewals    `json:"renewals,omitempty"`
+	Detection *Detection   `json:"detection,omitempty"`
 	// DetectionAtScale is step 3b (detection_scale.go).
 	DetectionAtScale *Detection        `json:"detection_at_scale,omitempty"`
 	Consumer         *Consumer         `json:"consumer,omitempty"`
@@ -62,8 +64,11 @@ func (r *Report) judge() {
 		}
 		r.LostOrDoubled = append(r.LostOrDoubled, s)
 	}
-	if c := r.Connections; c != nil {
-		line("1 push routing", c.GuidesLost, c.GuidesDoubled,
+	for _, c := range []*Connections{r.Connections, r.Held} {
+		if c == nil {
+			continue
+		}
+		line(c.Step+" push routing", c.GuidesLost, c.GuidesDoubled,
 			fmt.Sprintf("%d guides pushed through another gateway than the user's, %d delivered", c.Pushed, c.PushDelivered))
 		bad = bad || c.GuidesLost > 0 || c.GuidesDoubled > 0 || c.PushErrors > 0
 	}
@@ -168,13 +173,16 @@ func (r *Report) markdown() string {
 	row := func(step, fig, val, goal, st, cmd string) {
 		p("| %s | %s | %s | %s | %s | `%s` |\n", step, fig, val, goal, st, cmd)
 	}
-	if c := r.Connections; c != nil {
+	for _, c := range []*Connections{r.Connections, r.Held} {
+		if c == nil {
+			continue
+		}
 		for _, g := range c.summary() {
 			st := ""
 			if g.goal != "" {
 				st = r.status(g.met, g.atScale)
 			}
-			row("1", g.figure, g.measured, g.goal, st, c.Command)
+			row(c.Step, g.figure, g.measured, g.goal, st, c.Command)
 		}
 	}
 	if n := r.Renewals; n != nil {
@@ -250,6 +258,9 @@ func (r *Report) markdown() string {
 		}
 	}
 	if c := r.Connections; c != nil {
+		r.connectionsMD(&b, c)
+	}
+	if c := r.Held; c != nil {
 		r.connectionsMD(&b, c)
 	}
 	if n := r.Renewals; n != nil {

@@ -86,30 +86,39 @@ func TestModesGoalsByParts(t *testing.T) {
 	}
 }
 
+// TestConnectionsSummary: step 1 carries the RSS goal (its connections
+// ping every 15 s, the goal's conditions), step 1b the held goal; step 1
+// carries the held goal too when it was set to the goal's count.
 func TestConnectionsSummary(t *testing.T) {
 	for _, tc := range []struct {
-		name      string
-		c         Connections
-		held, rss bool
+		name           string
+		c              Connections
+		heldGoal, held bool // the held row has a goal; it was met
+		rssGoal, rss   bool
 	}{
-		{"250k in epoll mode, 3.9 KB", Connections{ReadMode: "epoll", Target: 250000, Held: 250000, RSSPerConnKB: 3.9}, true, true},
-		{"one dropped", Connections{ReadMode: "epoll", Held: 250000, RSSPerConnKB: 3.9, Load: loadResult{Dropped: 1}}, false, true},
-		{"one failed", Connections{ReadMode: "epoll", Held: 250000, RSSPerConnKB: 3.9, Load: loadResult{Failed: 1}}, false, true},
-		{"goroutine mode", Connections{ReadMode: "goroutine", Held: 250000, RSSPerConnKB: 3.9}, true, false},
-		{"too few for the memory goal", Connections{ReadMode: "epoll", Held: 99999, RSSPerConnKB: 3.9}, false, false},
-		{"over 4 KB", Connections{ReadMode: "epoll", Held: 120000, RSSPerConnKB: 4.01}, false, false},
-		{"most shed", Connections{ReadMode: "epoll", Target: 250000, Held: 78, RSSPerConnKB: 15940}, false, false},
+		{"1b: 250k in epoll mode", Connections{Step: "1b", ReadMode: "epoll", Target: 250000, Held: 250000, RSSPerConnKB: 3.9}, true, true, false, false},
+		{"1b: one dropped", Connections{Step: "1b", ReadMode: "epoll", Target: 250000, Held: 250000, RSSPerConnKB: 3.9, Load: loadResult{Dropped: 1}}, true, false, false, false},
+		{"1b: one failed", Connections{Step: "1b", ReadMode: "epoll", Target: 250000, Held: 250000, RSSPerConnKB: 3.9, Load: loadResult{Failed: 1}}, true, false, false, false},
+		{"1b: most shed", Connections{Step: "1b", ReadMode: "epoll", Target: 250000, Held: 78, RSSPerConnKB: 15940}, true, false, false, false},
+		{"1: 100k in epoll mode, 3.9 KB", Connections{Step: "1", ReadMode: "epoll", Target: 100000, Held: 100000, RSSPerConnKB: 3.9}, false, false, true, true},
+		{"1: goroutine mode", Connections{Step: "1", ReadMode: "goroutine", Target: 100000, Held: 100000, RSSPerConnKB: 3.9}, false, false, true, false},
+		{"1: too few for the memory goal", Connections{Step: "1", ReadMode: "epoll", Target: 100000, Held: 99999, RSSPerConnKB: 3.9}, false, false, true, false},
+		{"1: over 4 KB", Connections{Step: "1", ReadMode: "epoll", Target: 120000, Held: 120000, RSSPerConnKB: 4.01}, false, false, true, false},
+		{"1: set to 250k", Connections{Step: "1", ReadMode: "epoll", Target: 250000, Held: 250000, RSSPerConnKB: 3.9}, true, true, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rows := tc.c.summary()
+			if (rows[0].goal != "") != tc.heldGoal || (rows[1].goal != "") != tc.rssGoal {
+				t.Fatalf("held row goal %q, RSS row goal %q; want a goal: %v, %v", rows[0].goal, rows[1].goal, tc.heldGoal, tc.rssGoal)
+			}
 			if rows[0].met != tc.held || rows[1].met != tc.rss {
 				t.Errorf("held met %v, RSS met %v; want %v, %v", rows[0].met, rows[1].met, tc.held, tc.rss)
 			}
 			if strings.HasPrefix(rows[1].measured, "not measured") != (tc.c.Held < float64(tc.c.Target)/2) {
 				t.Errorf("RSS row %q with %.0f of %d held", rows[1].measured, tc.c.Held, tc.c.Target)
 			}
-			if !rows[0].atScale || !rows[1].atScale || rows[2].goal != "" || rows[3].goal != "" {
-				t.Errorf("rows %+v: the two goals are judged at full scale only, the other rows have none", rows)
+			if rows[0].atScale != tc.heldGoal || rows[1].atScale != tc.rssGoal || rows[2].goal != "" || rows[3].goal != "" {
+				t.Errorf("rows %+v: a goal is judged at full scale only, the other rows have none", rows)
 			}
 		})
 	}

@@ -64,7 +64,7 @@ func run(ctx context.Context, bin, out string, quick bool, stepList string, over
 		}
 	}
 
-	if slices.Contains(steps, "connections") || slices.Contains(steps, "renewals") || slices.Contains(steps, "modes") {
+	if slices.ContainsFunc(steps, func(s string) bool { return slices.Contains([]string{"connections", "held", "renewals", "modes"}, s) }) {
 		dir, err := os.MkdirTemp("", "stillthere-bench-")
 		if err != nil {
 			return false, err
@@ -84,6 +84,10 @@ func run(ctx context.Context, bin, out string, quick bool, stepList string, over
 		if slices.Contains(steps, "connections") && ctx.Err() == nil {
 			rep.Connections, err = connections(ctx, bin, rds.Addr, rdb, s, sc.conns, stepCmd("connections")+connFlags)
 			fail("connections", err)
+		}
+		if slices.Contains(steps, "held") && ctx.Err() == nil {
+			rep.Held, err = connections(ctx, bin, rds.Addr, rdb, s, sc.held, stepCmd("held"))
+			fail("held", err)
 		}
 		if slices.Contains(steps, "renewals") && ctx.Err() == nil {
 			rep.Renewals, err = renewals(ctx, bin, rds.Addr, rdb, s, sc.renew, stepCmd("renewals"))
