@@ -444,7 +444,7 @@ func serveUntil(ctx context.Context, srv *http.Server, ln net.Listener) error {
 
 // pingAll keeps every connection heard from within the idle timeout,
 // without a timer of its own: it visits each one pingVisits times per
-// timeout, one hub shard per tick, and pings one not heard from (a
+// timeout, one hub shard after another, and pings one not heard from (a
 // message, a pong) for the timeout less two visits. The visit that first
 // finds that pings it at most nine tenths of the timeout after it was
 // last heard from, so its pong has the last tenth to come back, as when
@@ -453,30 +453,67 @@ func serveUntil(ctx context.Context, srv *http.Server, ln net.Listener) error {
 // 60 s timeout) is never pinged: its frames are the sign of life, and a
 // ping each would cost both ends a write, a read and a wakeup (a fifth
 // of a gateway's frames at those cadences).
+//
+// The shards' turns are by the clock, not by ticks: a tick visits every
+// shard whose turn has come, so ticks that come late or not at all (a
+// ticker drops those its reader was too busy for) do not stretch a round
+// past its visit and a quiet client's ping past its deadline.
 func (g *Gateway) pingAll(ctx context.Context) {
 	visit := g.cfg.IdleTimeout / pingVisits
 	quiet := int64(g.cfg.IdleTimeout - 2*visit)
-	t := time.NewTicker(max(visit/hubShards, time.Millisecond))
+	round := pingRound{turn: visit / hubShards, next: time.Since(g.start)}
+	t := time.NewTicker(max(round.turn, pingTick))
 	defer t.Stop()
 	var due []*conn
-	for shard := 0; ; shard = (shard + 1) % hubShards {
+	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		now := int64(time.Since(g.start))
-		due = g.hub.appendShard(due[:0], shard, func(c *conn) bool { return now-c.heard.Load() >= quiet })
-		for _, c := range due {
-			c.ping()
+		now := time.Since(g.start)
+		first, n := round.due(now)
+		for i := range n {
+			due = g.hub.appendShard(due[:0], (first+i)%hubShards, func(c *conn) bool { return int64(now)-c.heard.Load() >= quiet })
+			for _, c := range due {
+				c.ping()
+			}
+			clear(due)
 		}
-		clear(due)
 	}
 }
 
+// pingRound is pingAll's schedule: the hub shard whose turn is next, and
+// when it comes (since the gateway started), a turn apart.
+type pingRound struct {
+	shard      int
+	next, turn time.Duration
+}
+
+// due returns the shards whose turns have come by now: n of them from
+// first on (wrapping), at most one round. A tick late or lost leaves
+// more for the next; a round behind (a pause longer than a visit) is
+// visited once, and the next turn is a turn after now.
+func (r *pingRound) due(now time.Duration) (first, n int) {
+	first = r.shard
+	for n < hubShards && r.next <= now {
+		n++
+		r.next += r.turn
+	}
+	r.shard = (r.shard + n) % hubShards
+	if r.next <= now {
+		r.next = now + r.turn
+	}
+	return first, n
+}
+
 // pingVisits is how many times per idle timeout pingAll looks at a
-// connection.
-const pingVisits = 10
+// connection; pingTick is its shortest tick (a tick may visit several
+// shards).
+const (
+	pingVisits = 10
+	pingTick   = 10 * time.Millisecond
+)
 
 // drainConcurrency bounds the close frames sent at once on shutdown.
 const drainConcurrency = 256

@@ -278,8 +278,9 @@ func testPolicy(t *testing.T, tg *testGateway) {
 }
 
 func TestProtocolPingsDetectDeadClients(t *testing.T) {
-	// The gateway pings every 9/10 of the idle timeout, so a pong has a
-	// tenth of it to come back: 400 ms here, which a client on a busy
+	// The gateway pings a quiet connection at most 9/10 of the idle
+	// timeout after it last heard from it, so a pong has a tenth of it to
+	// come back: 400 ms here, which a client on a busy
 	// machine takes (100 ms, with a 1 s timeout, it did not always).
 	const idle = 4 * time.Second
 	tg := startGateway(t, func(c *Config) { c.IdleTimeout = idle })

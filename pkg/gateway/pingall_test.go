@@ -66,3 +66,59 @@ func TestProtocolPingsOnlyToQuietClients(t *testing.T) {
 		t.Error("a client that was heard from within the idle timeout was dropped")
 	}
 }
+
+// TestPingRoundKeepsItsPace: pingAll's shards take their turns by the
+// clock, however its ticks come. A ticker drops the ticks its reader was
+// too busy for; a round that moved one shard per tick it got would last
+// as many times its visit as ticks were lost, and ping quiet clients past
+// their deadlines.
+func TestPingRoundKeepsItsPace(t *testing.T) {
+	const turn = 10 * time.Millisecond
+	const round = hubShards * turn
+	for _, tc := range []struct {
+		name string
+		tick time.Duration // when pingAll gets to run: every tick
+	}{
+		{"on time", turn},
+		{"a turn and a half apart", turn * 3 / 2},
+		{"three turns apart", 3 * turn},
+		{"a quarter round apart", round / 4},
+		{"a round and a half apart", round * 3 / 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := pingRound{turn: turn}
+			last := make([]time.Duration, hubShards) // each shard's last visit
+			for now := tc.tick; now <= 20*round; now += tc.tick {
+				first, n := r.due(now)
+				if n > hubShards {
+					t.Fatalf("at %v: %d shards visited in one tick, more than a round", now, n)
+				}
+				for i := range n {
+					s := (first + i) % hubShards
+					// A shard waits at most a round, and what a tick
+					// found it late by, or a tick's wait after a pause.
+					if gap := now - last[s]; gap > max(round, tc.tick)+tc.tick {
+						t.Fatalf("at %v: shard %d visited %v after its last visit; want at most %v", now, s, gap, max(round, tc.tick)+tc.tick)
+					}
+					last[s] = now
+				}
+			}
+			for s, at := range last {
+				if 20*round-at > max(round, tc.tick)+tc.tick {
+					t.Fatalf("shard %d last visited at %v of %v", s, at, 20*round)
+				}
+			}
+		})
+	}
+	t.Run("after a pause", func(t *testing.T) {
+		r := pingRound{turn: turn}
+		r.due(turn)
+		first, n := r.due(10 * round) // ten rounds without a tick
+		if n != hubShards {
+			t.Fatalf("after a pause of ten rounds: %d shards from %d visited; want each once", n, first)
+		}
+		if _, n := r.due(10*round + turn); n != 1 {
+			t.Fatalf("a turn after the catch-up: %d shards visited; want the one whose turn came", n)
+		}
+	})
+}
