@@ -185,8 +185,7 @@ func (c *conn) setPresentUntil(ms int64) {
 // move. It runs before the reader starts.
 func (c *conn) prepare() {
 	c.ws.SetReadLimit(int64(c.g.cfg.ReadLimit))
-	c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
-	c.heard.Store(int64(time.Since(c.g.start)))
+	c.hear()
 	if c.revoked() || c.inactive() {
 		// Closed while being set up (a guide pushed, a token run out):
 		// the linger deadline that close set stands. Checked after the
@@ -208,8 +207,18 @@ func (c *conn) pong(appData string) error {
 		}
 		return nil // the linger deadline stands
 	}
-	c.heard.Store(int64(time.Since(c.g.start)))
-	return c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
+	_, err := c.hear()
+	return err
+}
+
+// hear records that the client was heard from now: heard, and the read
+// deadline an idle timeout from now, together, so that pingAll's quiet
+// connections are those the deadline is about to end. It returns now,
+// since the gateway started.
+func (c *conn) hear() (time.Duration, error) {
+	now := time.Since(c.g.start)
+	c.heard.Store(int64(now))
+	return now, c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
 }
 
 // Message answers one client message and reports whether the connection
@@ -239,9 +248,7 @@ func (c *conn) Message(typ int, data []byte) bool {
 		c.linger()
 		return false
 	}
-	c.ws.SetReadDeadline(time.Now().Add(c.g.cfg.IdleTimeout))
-	now := time.Since(c.g.start)
-	c.heard.Store(int64(now))
+	now, _ := c.hear()
 	var ok bool
 	if c.rateAt, ok = allowFrame(c.rateAt, now, c.g.frameInterval, c.g.cfg.RateBurst); !ok {
 		metricRateLimited.Inc()

@@ -2,11 +2,8 @@ package gateway
 
 import (
 	"runtime"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/gorilla/websocket"
 )
 
 // TestQuietClientSurvivesSchedulerLatency: a quiet client that answers
@@ -23,21 +20,7 @@ func TestQuietClientSurvivesSchedulerLatency(t *testing.T) {
 	const idle = 4 * time.Second
 	const slice = 20 * time.Millisecond // the busy goroutine's run between yields
 	tg := startGateway(t, func(c *Config) { c.IdleTimeout = idle })
-	ws := tg.dial(t, "quiet")
-	var pings atomic.Int32
-	ws.SetPingHandler(func(data string) error {
-		pings.Add(1)
-		return ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(time.Second))
-	})
-	ended := make(chan error, 1)
-	go func() {
-		for {
-			if _, _, err := ws.ReadMessage(); err != nil {
-				ended <- err
-				return
-			}
-		}
-	}()
+	quiet := dialAnswering(t, tg, "quiet")
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	stop := make(chan struct{})
 	defer close(stop)
@@ -55,12 +38,12 @@ func TestQuietClientSurvivesSchedulerLatency(t *testing.T) {
 	}()
 	// Three idle timeouts: what is tested is that nothing happens in them.
 	select {
-	case err := <-ended:
-		t.Fatalf("a quiet client that answered all %d protocol pings was dropped: %v", pings.Load(), err)
+	case err := <-quiet.ended:
+		t.Fatalf("a quiet client that answered all %d protocol pings was dropped: %v", quiet.pings.Load(), err)
 	case <-time.After(3 * idle):
 	}
-	if pings.Load() < 2 {
-		t.Errorf("the quiet client got %d protocol pings in three idle timeouts; want 2 or more", pings.Load())
+	if quiet.pings.Load() < 2 {
+		t.Errorf("the quiet client got %d protocol pings in three idle timeouts; want 2 or more", quiet.pings.Load())
 	}
 	if len(tg.hub.lookup("quiet")) != 1 {
 		t.Fatal("the quiet client's connection is gone")

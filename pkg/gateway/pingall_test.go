@@ -15,28 +15,7 @@ import (
 func TestProtocolPingsOnlyToQuietClients(t *testing.T) {
 	const idle = 3 * time.Second
 	tg := startGateway(t, func(c *Config) { c.IdleTimeout = idle })
-	type client struct {
-		ws    *websocket.Conn
-		pings atomic.Int32 // protocol pings from the gateway
-		ended chan error
-	}
-	open := func(uid string) *client {
-		cl := &client{ws: tg.dial(t, uid), ended: make(chan error, 1)}
-		cl.ws.SetPingHandler(func(data string) error {
-			cl.pings.Add(1)
-			return cl.ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(time.Second))
-		})
-		go func() {
-			for {
-				if _, _, err := cl.ws.ReadMessage(); err != nil {
-					cl.ended <- err
-					return
-				}
-			}
-		}()
-		return cl
-	}
-	talker, quiet := open("talker"), open("quiet")
+	talker, quiet := dialAnswering(t, tg, "talker"), dialAnswering(t, tg, "quiet")
 	// The talker pings every tenth of the timeout, over 8/3 of it: the
 	// cadence is what is tested, not a wait for something. The quiet
 	// client is pinged by then about every 0.8-0.9 of it: twice or more.
@@ -65,6 +44,33 @@ func TestProtocolPingsOnlyToQuietClients(t *testing.T) {
 	if len(tg.hub.lookup("talker")) != 1 || len(tg.hub.lookup("quiet")) != 1 {
 		t.Error("a client that was heard from within the idle timeout was dropped")
 	}
+}
+
+// answering is a client connection that reads on, answers the gateway's
+// protocol pings, and counts them.
+type answering struct {
+	ws    *websocket.Conn
+	pings atomic.Int32 // protocol pings from the gateway
+	ended chan error   // why reading ended
+}
+
+// dialAnswering connects uid as an answering client.
+func dialAnswering(t *testing.T, tg *testGateway, uid string) *answering {
+	t.Helper()
+	cl := &answering{ws: tg.dial(t, uid), ended: make(chan error, 1)}
+	cl.ws.SetPingHandler(func(data string) error {
+		cl.pings.Add(1)
+		return cl.ws.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(time.Second))
+	})
+	go func() {
+		for {
+			if _, _, err := cl.ws.ReadMessage(); err != nil {
+				cl.ended <- err
+				return
+			}
+		}
+	}()
+	return cl
 }
 
 // TestPingRoundKeepsItsPace: pingAll's shards take their turns by the
