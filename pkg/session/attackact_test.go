@@ -123,8 +123,9 @@ func TestAttackActSegmentWithinBatch(t *testing.T) {
 			if got := score(t, s, tc.uid); !near(got, now.Add(tc.offset), 2*time.Second) {
 				t.Fatalf("deadline %v from now, want %v", got.Sub(now), tc.offset)
 			}
-			if v, err := s.rdb.Get(ctx, s.ks.SessionKey(tc.uid)).Result(); err != nil || v != tc.seg {
-				t.Fatalf("session of segment %q, %v; want %q", v, err, tc.seg)
+			v, err := s.rdb.Get(ctx, s.ks.SessionKey(tc.uid)).Result()
+			if f, ok := sessionFormat.decode(v); err != nil || !ok || f[0] != tc.seg {
+				t.Fatalf("session %q, %v; want of segment %q", v, err, tc.seg)
 			}
 		})
 	}

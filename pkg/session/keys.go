@@ -9,7 +9,7 @@
 // Every key of a bucket carries the bucket's hash tag, so a session's keys
 // share one Redis Cluster slot and the buckets spread over the masters.
 //
-//	<prefix>:{b07}:s:<uid>         session key, value the segment, TTL = deadline
+//	<prefix>:{b07}:s:<uid>         session key, TTL = deadline: the segment, and the via the via hash holds (sessionFormat)
 //	<prefix>:{b07}:dl              deadline index: ZSET uid -> deadline ms
 //	<prefix>:{b07}:seg             segments: HASH uid -> segment
 //	<prefix>:{b07}:via             gateway instance of the last renewal: HASH uid -> via (viaFormat)

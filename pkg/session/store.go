@@ -77,7 +77,7 @@ import (
 // as the ping; with a renewal recorded and no timeout pending, the
 // silence was guided or ended, and it restores nothing. It returns {the
 // session's deadline or 0, now} when it restores nothing.
-var renewScript = newScript[grantKeys]("renew", turnVocab, []codec{viaFormat, turnFormat, holdNoteCodec{}}, "holdnote", "grant")
+var renewScript = newScript[grantKeys]("renew", turnVocab, []codec{sessionFormat, viaFormat, turnFormat, holdNoteCodec{}}, "holdnote", "grant")
 
 // endScript removes a session deliberately ended by its user, and
 // records the end as their last renewal: they were there until then. A
@@ -87,7 +87,7 @@ var renewScript = newScript[grantKeys]("renew", turnVocab, []codec{viaFormat, tu
 // plus the keep): the user closed a chat window, not the conversation,
 // and one waiting for us who opens it again is still held. Only the
 // platform's end ends the turn state.
-var endScript = newScript[grantKeys]("end", turnVocab, []codec{viaFormat, turnFormat, holdNoteCodec{}}, "holdnote", "grant")
+var endScript = newScript[grantKeys]("end", turnVocab, []codec{sessionFormat, viaFormat, turnFormat, holdNoteCodec{}}, "holdnote", "grant")
 
 // candidatesScript lists, by Redis's clock, up to ARGV[1] members of one
 // sorted set whose score has come: the index entries whose deadline

@@ -231,7 +231,7 @@ var turnFormat = newFormat("Turn", ":", false, field{"whose", false}, field{"sin
 // (SegmentRules.args). Returns 1 (applied), 2 (applied, and it changed
 // whose turn it is) or 0 (stale) per event, and the segment of each that
 // changed whose turn it is, in order.
-var activityScript = newScript[activityKeys]("activity", turnVocab, []codec{viaFormat, turnFormat, holdNoteCodec{}}, "holdnote", "grant")
+var activityScript = newScript[activityKeys]("activity", turnVocab, []codec{sessionFormat, viaFormat, turnFormat, holdNoteCodec{}}, "holdnote", "grant")
 
 // activityArgs is the number of ARGV of one event of activityScript.
 const activityArgs = 8

@@ -20,6 +20,10 @@ var (
 	// listenerFormat is a listener replica's last sweep mark: when, in
 	// ms, and listenerFailing when it could not produce then.
 	listenerFormat = newFormat("Listener", ":", true, field{"at", true}, field{"state", false})
+	// sessionFormat is a session key's value: the user's segment, then
+	// the via the bucket's via hash holds for them ("": not known), as
+	// the grant that wrote it left them (lua/grant.lua).
+	sessionFormat = newFormat("Session", "/", true, field{"segment", false}, field{"via", false})
 	// viaFormat is the via of a session: the gateway instance whose
 	// grant the deadline is, then the one that renewed last, if another.
 	viaFormat = newFormat("Via", ",", true, field{"granter", false}, field{"last", false})

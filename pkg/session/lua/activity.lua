@@ -45,9 +45,12 @@ for j = 1, n do
   -- timeline of an end that turns, below). Of no TTL, its TTL and clock
   -- are its segment's by the rules, the TTL with the event's jitter, in
   -- whole ms, as a ping's grant.
+  local state = redis.call('MGET', KEYS[k.renewed], KEYS[k.turn], KEYS[k.session])
   local stored = nil
   if seg == '' and kind ~= V.ending then
-    stored = redis.call('HGET', KEYS[k.segments], uid)
+    -- The live session's value says it (see grant), else the hash.
+    if state[3] then stored = decodeSession(state[3]) end
+    if not stored then stored = redis.call('HGET', KEYS[k.segments], uid) end
     seg = stored or defaultSeg
   end
   if ttl == 0 and kind ~= V.ending then
@@ -59,7 +62,6 @@ for j = 1, n do
   -- time: one whose silence was over before it reached us (a replayed
   -- backlog, a consumer down for an hour) is stale, and creates nothing.
   local over = from + ttl <= now
-  local state = redis.call('MGET', KEYS[k.renewed], KEYS[k.turn])
   local was = tonumber(state[1] or '0')
   local whose, since = nil, 0
   local turn = state[2]
@@ -70,7 +72,7 @@ for j = 1, n do
   local applied = 1
   if kind == V.active then
     if over or at < was or ((whose == V.ended or whose == V.wait) and at < since) then applied = 0
-    else grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, false, was, turn, from, note, stored) end
+    else grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, false, was, turn, from, note, stored, state[3]) end
   elseif kind == V.turnUser then
     if over or at < since then applied = 0
     else
@@ -83,7 +85,7 @@ for j = 1, n do
       -- grant. (A park of the turn clock from before the wait state was
       -- recorded has no turn state: the clock says it.)
       local parked = whose == V.us or whose == V.wait or (whose == nil and clock == V.clockTurn)
-      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, parked, was, turn, from, note, stored)
+      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, parked, was, turn, from, note, stored, state[3])
     end
   elseif kind == V.turnUs then
     -- The user's clock runs again at the hold's end, as from a turn to
@@ -100,7 +102,7 @@ for j = 1, n do
       -- word on how long we may keep the user waiting, shorter or longer
       -- (an agent who picked the queued chat up is typing). The park the
       -- first gave is not kept; what the user's own activity gave is.
-      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, whose == V.us, was, turn, runs < now and runs or nil, note, stored)
+      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, whose == V.us, was, turn, runs < now and runs or nil, note, stored, state[3])
     end
   elseif kind == V.ending then
     if at < was or at < since then applied = 0

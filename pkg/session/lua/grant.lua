@@ -43,12 +43,29 @@ end
 -- reaches us late does not start a silence late; the caller makes sure
 -- from+ttl is after now. stored is the user's segment in the segments
 -- hash when the caller read it already (false when there is none), else
--- nil: a segment written unchanged is not written again. Returns {the
--- session's deadline, this grant's own: from+ttl}.
-local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resync, unpark, was, turn, from, note, stored)
+-- nil: a segment written unchanged is not written again. sess is the
+-- session key's value when the caller read it with was and turn (false
+-- when there is none), else nil. Returns {the session's deadline, this
+-- grant's own: from+ttl}.
+local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resync, unpark, was, turn, from, note, stored, sess)
   if was == nil and turn == nil then
-    local state = redis.call('MGET', KEYS[k.renewed], KEYS[k.turn])
-    was, turn = tonumber(state[1] or '0'), state[2]
+    local state = redis.call('MGET', KEYS[k.renewed], KEYS[k.turn], KEYS[k.session])
+    was, turn, sess = tonumber(state[1] or '0'), state[2], state[3]
+  end
+  -- While the session key lives, its value says what the bucket's
+  -- segments and via hashes hold for the user (sessionFormat: only this
+  -- function writes the key, and writes them with it; whatever removes
+  -- their entries removes the key, or finds it gone): the segment read
+  -- without a call, and each written only when it changes. A via of ''
+  -- is not known (a value written before it carried one, or by a grant
+  -- of no instance), and never spares a write.
+  local knownVia = ''
+  if sess then
+    local s, v = decodeSession(sess)
+    if s then
+      if stored == nil then stored = s end
+      knownVia = v
+    end
   end
   if was == nil then was = tonumber(redis.call('GET', KEYS[k.renewed]) or '0') end
   if turn == nil then turn = redis.call('GET', KEYS[k.turn]) end
@@ -128,10 +145,13 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
     local granter = decodeVia(redis.call('HGET', KEYS[k.via], uid) or '')
     if via ~= '' and granter ~= '' and granter ~= via then via = encodeVia(granter, via) end
   end
-  redis.call('SET', KEYS[k.session], seg, 'PX', math.max(deadline - now, 1))
+  if via ~= '' and via ~= knownVia then
+    redis.call('HSET', KEYS[k.via], uid, via)
+    knownVia = via
+  end
+  redis.call('SET', KEYS[k.session], encodeSession(seg, knownVia), 'PX', math.max(deadline - now, 1))
   redis.call('ZADD', KEYS[k.index], deadline, uid)
   if seg ~= stored then redis.call('HSET', KEYS[k.segments], uid, seg) end
-  if via ~= '' then redis.call('HSET', KEYS[k.via], uid, via) end
   if not empty.hold and redis.call('ZREM', KEYS[k.hold], uid) == 1 and note and resync ~= V.lapsed then holdCancelled(k, note, holdNoteRenewed) end
   if not empty.held then redis.call('HDEL', KEYS[k.held], uid) end
   -- Between stages: the stages left of the silence are cancelled. Said
