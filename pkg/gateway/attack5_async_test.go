@@ -52,7 +52,7 @@ func testPingThenLeave(t *testing.T, held bool) {
 	})
 	// The renewer settles in the order asked: once this one is written,
 	// so is the ping's.
-	if _, err := tg.renewer.Renew(ctx, "someone-else", "", time.Minute, session.ClockPresence); err != nil {
+	if _, err := tg.renewer.Renew(ctx, "someone-else", session.DefaultSegment, time.Minute, session.ClockPresence); err != nil {
 		t.Fatal(err)
 	}
 	if sessionExists(tg, uid) {

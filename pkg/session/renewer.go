@@ -135,6 +135,9 @@ func NewRenewer(store *Store, cfg RenewerConfig) *Renewer {
 // while another device's grant runs longer, or while the segment's clock
 // is held (see renewScript).
 func (r *Renewer) Renew(ctx context.Context, uid, segment string, ttl time.Duration, clock Clock) (time.Time, error) {
+	if err := checkSegment(uid, segment); err != nil {
+		return time.Time{}, err
+	}
 	return r.do(ctx, &renewal{uid: uid, segment: segment, ttl: ttl, clock: clock, done: make(chan struct{})})
 }
 
@@ -146,6 +149,10 @@ func (r *Renewer) Renew(ctx context.Context, uid, segment string, ttl time.Durat
 // the goroutine that waited for room. Renewals of one caller are sent in
 // the order asked.
 func (r *Renewer) RenewAsync(uid, segment string, ttl time.Duration, clock Clock, done func(deadline time.Time, err error)) {
+	if err := checkSegment(uid, segment); err != nil {
+		done(time.Time{}, err)
+		return
+	}
 	req := &renewal{uid: uid, segment: segment, ttl: ttl, clock: clock, then: done}
 	r.mu.Lock()
 	if r.stopped {
@@ -238,7 +245,8 @@ type Grant struct {
 
 // Resync restores grants that could not be written while Redis was out of
 // reach, or that Redis lost, sharing round trips as renewals do, and
-// returns how many it sent and the first error. A grant never shortens a
+// returns how many it sent and the first error (a grant of a segment
+// that is not a segment's name is not sent, and is that error). A grant never shortens a
 // deadline already written: resync restores the truth, it gives no extra
 // time.
 //
@@ -258,6 +266,10 @@ func (r *Renewer) Resync(ctx context.Context, grants []Grant) (int, error) {
 	var firstErr error
 	now := time.Now()
 	for _, g := range grants {
+		if err := checkSegment(g.UID, g.Segment); err != nil {
+			firstErr = cmp.Or(firstErr, err)
+			continue
+		}
 		req := &renewal{uid: g.UID, segment: g.Segment, ttl: g.Left, clock: g.Clock,
 			resync: true, ago: g.Ago, taken: cmp.Or(g.Taken, now), done: make(chan struct{})}
 		_, _, req.lapsed = req.aged(now)

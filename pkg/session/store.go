@@ -347,6 +347,9 @@ func (s *Store) WithHoldNotes(n HoldNotes) *Store {
 // trip, and returns the session's deadline: the later of that and the one
 // it had, or a park while the segment's clock is held (see renewScript).
 func (s *Store) Renew(ctx context.Context, uid, segment string, ttl time.Duration, clock Clock) (time.Time, error) {
+	if err := checkSegment(uid, segment); err != nil {
+		return time.Time{}, err
+	}
 	ms, err := renewScript.Run(ctx, s.rdb, s.ks.grantKeys(uid), s.withNotes(
 		uid, ttl.Milliseconds(), segment, "", modeRenew, RenewedKeep.Milliseconds(), 0,
 		string(clock), MaxTurnHold.Milliseconds())...).Int64Slice()

@@ -1,6 +1,11 @@
 package session
 
-import "strconv"
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/stillthere/stillthere/pkg/userid"
+)
 
 // The stored values that the scripts read or write, each laid out once
 // (see format, mapFormat, objectFormat): Go reads and writes them through
@@ -93,4 +98,16 @@ func encodeInboxEntry(request []byte, e inboxEntry) (string, bool) {
 		closed = strconv.FormatInt(e.ClosedMS, 10)
 	}
 	return inboxFormat.encode(string(request), strconv.FormatInt(e.KeptMS, 10), strconv.FormatInt(e.ExpiresMS, 10), closed)
+}
+
+// checkSegment refuses a renewal of a segment that is not a segment's
+// name (userid.ValidSegment): the session key's value holds the segment
+// before a "/" (sessionFormat), so one holding "/" would be read back
+// split. Tokens, activity events and the push API are checked already;
+// this keeps any other caller of a grant to the same rule.
+func checkSegment(uid, segment string) error {
+	if !userid.ValidSegment(segment) {
+		return fmt.Errorf("renew session %q: segment %q: want 1-64 characters of [A-Za-z0-9._-]", uid, segment)
+	}
+	return nil
 }

@@ -1,0 +1,171 @@
+-- The grant of a session, with the turn state that may park it, shared
+-- by renew.lua and activity.lua; and the end of a session, shared by
+-- end.lua and activity.lua. k names the KEYS index of each of one user's
+-- keys: session, renewed, turn, timeline, and the bucket's index,
+-- segments, via, hold, held and stage (K itself, for a script of one
+-- user). Both cancel a hold on the user's timeout, and note is the ARGV
+-- index of the note block that says so in the user's timeline
+-- (holdCancelled, lua/holdnote.lua), or nil to record nothing. k.empty,
+-- when set, says which of the bucket's hold, held and stage keys the
+-- caller found empty: neither adds to them, so one empty stays so for
+-- the caller's whole call, and its reads and removals are skipped.
+
+-- none is k.empty for a caller that did not look.
+local none = {}
+
+-- heldUntil is when the user's clock starts to run, if that is after
+-- now: while it is our turn, until the turn's max hold; on the turn
+-- clock, until the first turn to the user (at most maxHold from now),
+-- and then waits is true. nil while the clock runs.
+local function heldUntil(turn, clock, now, maxHold)
+  local whose, til = nil, nil
+  if turn then
+    local w, _, u = decodeTurn(turn)
+    whose, til = w, tonumber(u)
+  end
+  if whose == V.us then
+    if til > now then return til, false end
+    return nil, false
+  end
+  if whose == V.user then return nil, false end
+  if clock == V.clockTurn then return now + maxHold, true end
+  return nil, false
+end
+
+-- grant renews a session as renewScript says (store.go). While the
+-- clock is held (heldUntil), the deadline is parked: the hold's end plus
+-- ttl, never found due before it. With unpark, the deadline written is
+-- not kept: it may be a park, which a turn to the user ends. resync is
+-- false, or renewScript's mode V.resync or V.lapsed; at its ping time. was and turn are the renewed
+-- and turn keys' values when the caller read them already (turn false
+-- when there is none), else nil. from is when the ttl counts from, at
+-- most now, nil for now: an activity event's time, so that one that
+-- reaches us late does not start a silence late; the caller makes sure
+-- from+ttl is after now. stored is the user's segment in the segments
+-- hash when the caller read it already (false when there is none), else
+-- nil: a segment written unchanged is not written again. Returns {the
+-- session's deadline, this grant's own: from+ttl}.
+local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resync, unpark, was, turn, from, note, stored)
+  if was == nil and turn == nil then
+    local state = redis.call('MGET', KEYS[k.renewed], KEYS[k.turn])
+    was, turn = tonumber(state[1] or '0'), state[2]
+  end
+  if was == nil then was = tonumber(redis.call('GET', KEYS[k.renewed]) or '0') end
+  if turn == nil then turn = redis.call('GET', KEYS[k.turn]) end
+  local empty = k.empty or none
+  -- The user's stage entry, read once: whether they are between stages
+  -- (below), and the stages a note says were cancelled (at the end).
+  local stv = false
+  if (not unpark or note) and not empty.stage then stv = redis.call('HGET', KEYS[k.stage], uid) end
+  -- Between stages the index holds when the next stage is due, not a
+  -- deadline: the silence is past, and a ping ends it.
+  local staged = not unpark and stv ~= false
+  local cur = nil
+  if not unpark and not staged then
+    cur = tonumber(redis.call('ZSCORE', KEYS[k.index], uid) or (not empty.held and redis.call('HGET', KEYS[k.held], uid)))
+  end
+  if resync == V.lapsed then
+    -- A grant that ran out while Redis was out of reach: its silence fell
+    -- in the outage, and is guided once, after the grace, unless it may
+    -- have been handled already. So it is restored, at its own deadline
+    -- (past, in the blind interval the gateway recorded first: the listener
+    -- holds it until the grace is over), only while its timeout is still
+    -- pending (cur: an index entry that is not a stage, or a held
+    -- timeout, which the held hash keeps until settled), or when Redis
+    -- knows nothing of the user (no renewed key: the data was lost, or the
+    -- renewal never landed), or between the stages of a silence whose
+    -- deadline the ping came after (ended: the user came back after it
+    -- was guided, and their ping's own silence fell in the outage). Never
+    -- between the stages of a silence the ping is older than (it is this
+    -- grant's silence, or a later one: guided), nor when Redis knows a
+    -- renewal or end as new as the ping; otherwise, with a renewal
+    -- recorded and no timeout pending, the silence was guided or ended
+    -- already, and nothing is restored.
+    local after = false
+    if staged then
+      local silence = tonumber(string.match(stv or '', ':(%d+)$'))
+      after = silence ~= nil and at > silence
+    end
+    if (staged and not after) or was >= at or not (cur or after or was == 0) then return {cur or 0, now} end
+    -- At its own deadline (ttl: what was left of it, ran out that long
+    -- ago), which the guide names: past, so found due at once; it ran out
+    -- in the outage, whose blind interval holds it.
+    ttl = math.min(ttl, 0)
+  end
+  if resync then
+    if cur and cur >= now + math.max(ttl, 1) then return {cur, now + ttl} end
+    if ttl <= 0 and resync ~= V.lapsed then return {now + ttl, now + ttl} end
+    -- A renewal or an end Redis knows of since the ping is newer than it,
+    -- unless a timeout is pending: then this grant may be the later one
+    -- (another device's, of a longer TTL), and the later deadline stays.
+    if was > at and not cur then return {cur or 0, now + ttl} end
+  end
+  local own = (from or now) + ttl
+  local deadline = own
+  local held, waits = heldUntil(turn, clock, now, maxHold)
+  if held then deadline = held + ttl end
+  -- A park given up is given up for what the user's last activity, on
+  -- any device, gives unheld: a turn that ends ours never guides sooner
+  -- than a TTL after the user's last ping.
+  if unpark and not held and was + ttl > deadline then deadline = was + ttl end
+  if waits then
+    -- The park is recorded, for a turn to the user to end whatever the
+    -- clock is by then; it keeps the since of the state it replaces.
+    local since = 0
+    if turn then
+      local _, s = decodeTurn(turn)
+      since = tonumber(s) or 0
+    end
+    turn = encodeTurn(V.wait, since, held)
+    redis.call('SET', KEYS[k.turn], turn)
+  end
+  if cur and cur > deadline then
+    deadline = cur
+    if stored == nil then stored = redis.call('HGET', KEYS[k.segments], uid) end
+    seg = stored or seg
+    -- The via names the instance of the grant the deadline is, then this
+    -- one, the last to renew: an outage of either may hold the deadline.
+    local granter = decodeVia(redis.call('HGET', KEYS[k.via], uid) or '')
+    if via ~= '' and granter ~= '' and granter ~= via then via = encodeVia(granter, via) end
+  end
+  redis.call('SET', KEYS[k.session], seg, 'PX', math.max(deadline - now, 1))
+  redis.call('ZADD', KEYS[k.index], deadline, uid)
+  if seg ~= stored then redis.call('HSET', KEYS[k.segments], uid, seg) end
+  if via ~= '' then redis.call('HSET', KEYS[k.via], uid, via) end
+  if not empty.hold and redis.call('ZREM', KEYS[k.hold], uid) == 1 and note and resync ~= V.lapsed then holdCancelled(k, note, holdNoteRenewed) end
+  if not empty.held then redis.call('HDEL', KEYS[k.held], uid) end
+  -- Between stages: the stages left of the silence are cancelled. Said
+  -- in the user's timeline when there is a note block.
+  local st = note and stv
+  if st then stagesCancelled(k, note, st) end
+  if (st or not note) and not empty.stage then redis.call('HDEL', KEYS[k.stage], uid) end
+  -- Kept for keep past the deadline, or past now for one restored at a
+  -- deadline long past (a lapsed grant of a long outage).
+  local kept = math.max(deadline, now) - now + keep
+  if at > was then
+    redis.call('SET', KEYS[k.renewed], at, 'PX', kept)
+  end
+  if turn then redis.call('PEXPIRE', KEYS[k.turn], kept) end
+  return {deadline, own}
+end
+
+-- endSession removes a session and records the end, at at, as the
+-- user's last renewal. ended is the time of the platform's end of the
+-- conversation, or nil: with it, the turn state becomes "ended" since
+-- then, for keep, so that an event older than the end is stale. Without
+-- it (a WebSocket's last close: a chat window closed, not the
+-- conversation) the turn state is kept, to expire on its own.
+local function endSession(k, uid, at, keep, ended, note)
+  redis.call('SET', KEYS[k.renewed], at, 'PX', keep)
+  redis.call('DEL', KEYS[k.session])
+  if ended then
+    redis.call('SET', KEYS[k.turn], encodeTurn(V.ended, ended, 0), 'PX', keep)
+  end
+  redis.call('ZREM', KEYS[k.index], uid)
+  redis.call('HDEL', KEYS[k.segments], uid)
+  redis.call('HDEL', KEYS[k.via], uid)
+  local empty = k.empty or none
+  if not empty.hold and redis.call('ZREM', KEYS[k.hold], uid) == 1 and note then holdCancelled(k, note, holdNoteEnded) end
+  if not empty.held then redis.call('HDEL', KEYS[k.held], uid) end
+  if not empty.stage then redis.call('HDEL', KEYS[k.stage], uid) end
+end
