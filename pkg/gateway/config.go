@@ -129,8 +129,9 @@ type Config struct {
 	// ShutdownTimeout bounds the drain on SIGTERM. Default 10s.
 	ShutdownTimeout time.Duration
 
-	// InstanceID names this gateway for routing guides between instances.
-	// Default: the host name plus a random suffix, new on every start.
+	// InstanceID names this gateway for routing guides between instances:
+	// 1-128 characters of [A-Za-z0-9._:@-] (validInstanceID). Default:
+	// the host name plus a random suffix, new on every start.
 	InstanceID string
 	// InboxSize and InboxTTL bound the guides kept for a user with no
 	// connection until their next connect. Defaults 10 and 24h. Each
@@ -342,6 +343,8 @@ func (c Config) Validate() error {
 		return err
 	}
 	switch {
+	case c.InstanceID != "" && !validInstanceID(c.InstanceID):
+		return fmt.Errorf("instance-id: %q, want 1-128 characters of [A-Za-z0-9._:@-]", c.InstanceID)
 	case c.Addr == "":
 		return errors.New("gateway-addr: empty")
 	case c.PushAddr == "":

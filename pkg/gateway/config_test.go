@@ -70,3 +70,35 @@ func TestGatewayHoldsConfiguredStages(t *testing.T) {
 		t.Fatalf("policy in force %v, stages %v; want %v", p, got, want)
 	}
 }
+
+// TestConfigInstanceID: an instance id is written into values that split
+// on "," (a session's via: the granter, then the last to renew), so one
+// that holds a character outside [A-Za-z0-9._:@-] is refused, naming the
+// setting; the default, from the host name, is always fit for one.
+func TestConfigInstanceID(t *testing.T) {
+	load := func(id string) error {
+		_, err := LoadConfig(nil, func(k string) (string, bool) {
+			return map[string]string{"STILLTHERE_TOKEN_SECRET": tokenSecret, "STILLTHERE_PUSH_SECRET": pushSecret,
+				"STILLTHERE_INSTANCE_ID": id}[k], true
+		})
+		return err
+	}
+	for _, id := range []string{"", "gw-a", "gateway-7d9f8c6b5-x2k4p.eu:1", strings.Repeat("g", 128)} {
+		if err := load(id); err != nil {
+			t.Errorf("instance-id %q: %v", id, err)
+		}
+	}
+	for _, id := range []string{"gw-a,gw-b", "gw a", "gw/a", strings.Repeat("g", 129), "gw\n"} {
+		if err := load(id); err == nil || !strings.Contains(err.Error(), "instance-id") {
+			t.Errorf("instance-id %q: %v, want it refused", id, err)
+		}
+	}
+	for _, host := range []string{"", "node-1.eu", "odd,host", "x y", strings.Repeat("h", 200)} {
+		if id := instanceIDOf(host); !validInstanceID(id) {
+			t.Errorf("host %q: default instance id %q is not fit for one", host, id)
+		}
+	}
+	if id := instanceIDOf("node-1.eu"); !strings.HasPrefix(id, "node-1.eu-") {
+		t.Errorf("host node-1.eu: default instance id %q, want it named by the host", id)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/userid"
 )
 
 // Route keys say which gateway instances hold a user's connections, and
@@ -59,15 +60,30 @@ const (
 
 var errRoutesStopped = errors.New("route writer stopped")
 
+// newInstanceID is the default instance id: the host name, or "gw" when
+// it is not fit for one, plus a random suffix.
 func newInstanceID() string {
 	host, _ := os.Hostname()
+	return instanceIDOf(host)
+}
+
+func instanceIDOf(host string) string {
 	var b [4]byte
 	rand.Read(b[:])
-	if host == "" {
-		host = "gw"
+	id := host + "-" + hex.EncodeToString(b[:])
+	if !validInstanceID(id) {
+		id = "gw-" + hex.EncodeToString(b[:])
 	}
-	return host + "-" + hex.EncodeToString(b[:])
+	return id
 }
+
+// validInstanceID reports whether id may name a gateway instance: the
+// characters of a user id (userid.Valid), which every value that holds
+// an instance keeps whole. A "," would split the via of a session
+// (session.viaFormat: the instance whose grant the deadline is, then the
+// last to renew), and the outage rules would hold the user's deadline
+// for an instance that does not exist instead of theirs.
+func validInstanceID(id string) bool { return userid.Valid(id) }
 
 // routeBook is this instance's one writer of route entries.
 type routeBook struct {
