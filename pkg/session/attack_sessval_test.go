@@ -279,7 +279,10 @@ func TestAttackSessionValueMatchesPrevious(t *testing.T) {
 					}
 				})
 			}
-			// A lapsed grant's session key lives 1 ms: gone by now, on both.
+			// A lapsed grant's session key lives 1 ms, by Redis's clock: real
+			// time must pass for it to be gone on both sides. A sleep is at
+			// least this long however busy the host, so it cannot be short;
+			// a slow host only makes it longer, which changes nothing.
 			time.Sleep(2 * time.Millisecond)
 			for _, u := range users {
 				o := readUser(t, prev, u, false)

@@ -246,9 +246,9 @@ type Grant struct {
 // Resync restores grants that could not be written while Redis was out of
 // reach, or that Redis lost, sharing round trips as renewals do, and
 // returns how many it sent and the first error (a grant of a segment
-// that is not a segment's name is not sent, and is that error). A grant never shortens a
-// deadline already written: resync restores the truth, it gives no extra
-// time.
+// that is not a segment's name is not sent, and is that error). A grant
+// never shortens a deadline already written: resync restores the truth,
+// it gives no extra time.
 //
 // A grant with nothing left (Left <= 0) ran out in the outage: the caller
 // hands over only those that ran out after the outage began. Its silence
