@@ -49,6 +49,11 @@ type ModeResult struct {
 	RoundTrips   float64 `json:"round_trips"`
 	RenPerTrip   float64 `json:"renewals_per_round_trip"`
 	TripsPerRen  float64 `json:"round_trips_per_renewal"`
+	// FlushMs is a round trip's mean time, queued renewals sent to
+	// replies read: a batch gathers what comes in while the one before
+	// is in flight, so a mode that reads its replies sooner sends
+	// smaller batches at the same renewal rate.
+	FlushMs float64 `json:"round_trip_mean_ms"`
 
 	// Load is the wsload holding this gateway's connections, and Pong
 	// its ping→pong figures over the window.
@@ -104,6 +109,8 @@ func (m *Modes) mode(name string) *ModeResult {
 const (
 	renewalsMetric = "stillthere_gateway_renewals_total"
 	tripsMetric    = "stillthere_gateway_renewal_round_trips_total"
+	flushSumMetric = "stillthere_gateway_renewal_flush_seconds_sum"
+	flushCntMetric = "stillthere_gateway_renewal_flush_seconds_count"
 )
 
 // modes runs one gateway per read mode side by side, each held by a
@@ -254,6 +261,9 @@ func modes(ctx context.Context, bin, redisAddr string, s secrets, sc modesScale,
 		}
 		if res.Renewals > 0 {
 			res.TripsPerRen = res.RoundTrips / res.Renewals
+		}
+		if n := m[flushCntMetric] - m0[i][flushCntMetric]; n > 0 {
+			res.FlushMs = (m[flushSumMetric] - m0[i][flushSumMetric]) * 1000 / n
 		}
 	}
 	for i, g := range gws {

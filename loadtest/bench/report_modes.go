@@ -137,6 +137,7 @@ func (r *Report) modesMD(b *strings.Builder, m *Modes) {
 	row("renewals per Redis round trip", func(x *ModeResult) string {
 		return fmt.Sprintf("%.1f (%.0f renewals in %.0f round trips; %.4f round trips per renewal)", x.RenPerTrip, x.Renewals, x.RoundTrips, x.TripsPerRen)
 	})
+	row("renewal round trip, mean", func(x *ModeResult) string { return fmt.Sprintf("%.3f ms", x.FlushMs) })
 	if goals := r.modesGoals(m); len(goals) > 0 {
 		p("\n| goal | measured | goal | |\n|---|---|---|---|\n")
 		for _, g := range goals[1:] {

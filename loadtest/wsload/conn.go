@@ -121,8 +121,9 @@ func (c *conn) Closed(error) {
 // that stopped reading, and its pinger's other connections wait behind it.
 const writeTimeout = 10 * time.Second
 
-// fire is the pinger's turn at c: a ping, or while leaving a normal close.
-func (c *conn) fire(now time.Time) (time.Time, bool) {
+// fire is the pinger's turn at c, due at due: a ping, or while leaving a
+// normal close.
+func (c *conn) fire(due, now time.Time) (time.Time, bool) {
 	l := c.l
 	if c.gone.Load() {
 		return time.Time{}, false
@@ -142,5 +143,5 @@ func (c *conn) fire(now time.Time) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	l.pings.Add(1)
-	return now.Add(l.every), true
+	return nextDue(due, now, l.every), true
 }

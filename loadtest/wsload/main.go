@@ -166,7 +166,7 @@ func run(ctx context.Context, s settings, out io.Writer) error {
 	for i := range pingers {
 		pingers[i] = newPinger()
 		p := pingers[i]
-		pwg.Go(func() { p.run(pctx, func(c *conn, now time.Time) (time.Time, bool) { return c.fire(now) }) })
+		pwg.Go(func() { p.run(pctx, (*conn).fire) })
 	}
 
 	dialers := make([]*websocket.Dialer, max(len(s.ips), 1))

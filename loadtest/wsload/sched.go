@@ -56,26 +56,27 @@ func (p *pinger) poke() {
 	}
 }
 
-// run fires connections as they fall due until ctx ends. fire returns
-// when c is due next, or false to forget it (closed, or left). It runs
-// outside p's lock, so adds are not held up by a slow write.
-func (p *pinger) run(ctx context.Context, fire func(c *conn, now time.Time) (time.Time, bool)) {
+// run fires connections as they fall due until ctx ends. fire is given
+// when c was due and when it fired, and returns when c is due next, or
+// false to forget it (closed, or left). It runs outside p's lock, so
+// adds are not held up by a slow write.
+func (p *pinger) run(ctx context.Context, fire func(c *conn, due, now time.Time) (time.Time, bool)) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	var due []*conn
+	var due []entry
 	var again []entry
 	for {
 		now := time.Now()
 		p.mu.Lock()
 		due = due[:0]
 		for len(p.q) > 0 && !p.q[0].due.After(now) {
-			due = append(due, heap.Pop(&p.q).(entry).c)
+			due = append(due, heap.Pop(&p.q).(entry))
 		}
 		p.mu.Unlock()
 		again = again[:0]
-		for _, c := range due {
-			if next, ok := fire(c, now); ok {
-				again = append(again, entry{due: next, c: c})
+		for _, e := range due {
+			if next, ok := fire(e.c, e.due, now); ok {
+				again = append(again, entry{due: next, c: e.c})
 			}
 		}
 		p.mu.Lock()
@@ -98,6 +99,23 @@ func (p *pinger) run(ctx context.Context, fire func(c *conn, now time.Time) (tim
 		case <-timer.C:
 		}
 	}
+}
+
+// nextDue is when a connection due at due, fired at now, pings next:
+// every after due, keeping its own phase, as a client's own timer does.
+// Counted from now instead, the connections one wake-up fired together
+// (all that fell due within the timer's lateness) would stay together,
+// and each cycle would merge more of them: after a few cycles the
+// gateway would see pings in bursts a timer tick apart, which no set
+// of independent clients sends. Pings missed while the pinger was held
+// up (a stalled machine, a slow write) are skipped, not sent in a burst
+// to catch up.
+func nextDue(due, now time.Time, every time.Duration) time.Time {
+	next := due.Add(every)
+	if next.After(now) {
+		return next
+	}
+	return now.Add(every - now.Sub(due)%every)
 }
 
 type entry struct {

@@ -23,21 +23,25 @@ type recorder struct {
 	fired  []firing
 	dropAt map[*conn]int // drop on this firing (from 1)
 	count  map[*conn]int
+	slow   map[*conn]time.Duration // each firing takes this long, as a slow write
 }
 
 func newRecorder(every time.Duration) *recorder {
-	return &recorder{start: time.Now(), every: every, dropAt: map[*conn]int{}, count: map[*conn]int{}}
+	return &recorder{start: time.Now(), every: every, dropAt: map[*conn]int{}, count: map[*conn]int{}, slow: map[*conn]time.Duration{}}
 }
 
-func (r *recorder) fire(c *conn, now time.Time) (time.Time, bool) {
+// fire reschedules as a connection does (nextDue).
+func (r *recorder) fire(c *conn, due, now time.Time) (time.Time, bool) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.fired = append(r.fired, firing{c, now.Sub(r.start)})
 	r.count[c]++
-	if r.dropAt[c] == r.count[c] {
+	drop, slow := r.dropAt[c] == r.count[c], r.slow[c]
+	r.mu.Unlock()
+	time.Sleep(slow)
+	if drop {
 		return time.Time{}, false
 	}
-	return now.Add(r.every), true
+	return nextDue(due, now, r.every), true
 }
 
 func (r *recorder) take() []firing {
@@ -69,6 +73,58 @@ func TestPingerFiresWhenDue(t *testing.T) {
 		synctest.Wait()
 		want := []firing{{b, 2 * time.Second}, {a, 5 * time.Second}, {c, 9 * time.Second},
 			{b, 17 * time.Second}, {a, 20 * time.Second}, {c, 24 * time.Second}} // b's third is at 32 s
+		got := r.take()
+		if len(got) != len(want) {
+			t.Fatalf("fired %v, want %v", got, want)
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Errorf("firing %d: %p at %v, want %p at %v", i, got[i].c, got[i].at, want[i].c, want[i].at)
+			}
+		}
+	})
+}
+
+func TestNextDue(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	const every = 15 * time.Second
+	for _, tc := range []struct {
+		name     string
+		late     time.Duration // now - due
+		wantFrom time.Duration // next - due
+	}{
+		{"on time", 0, every},
+		{"a timer tick late", 1100 * time.Microsecond, every},
+		{"late by almost a period", every - time.Millisecond, every},
+		{"late by a period: that ping is skipped", every, 2 * every},
+		{"late by two and a half: two skipped", 5 * every / 2, 3 * every},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := nextDue(t0, t0.Add(tc.late), every).Sub(t0); got != tc.wantFrom {
+				t.Errorf("next %v after due, want %v", got, tc.wantFrom)
+			}
+		})
+	}
+}
+
+// Two connections fired together, because the pinger was held up by a
+// slow write, keep their own phases: the next cycle fires them apart, as
+// independent clients would ping, not in one burst (counted from the
+// firing, both would be due at 11.5 s).
+func TestPingerKeepsEachConnectionsPhase(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRecorder(10 * time.Second)
+		p := startPinger(t, r)
+		slow, a, b := &conn{}, &conn{}, &conn{}
+		r.slow[slow] = 500 * time.Millisecond
+		r.dropAt[slow] = 1
+		p.add(slow, r.start.Add(time.Second))
+		p.add(a, r.start.Add(1100*time.Millisecond))
+		p.add(b, r.start.Add(1200*time.Millisecond))
+		time.Sleep(12 * time.Second)
+		synctest.Wait()
+		want := []firing{{slow, time.Second}, {a, 1500 * time.Millisecond}, {b, 1500 * time.Millisecond},
+			{a, 11100 * time.Millisecond}, {b, 11200 * time.Millisecond}}
 		got := r.take()
 		if len(got) != len(want) {
 			t.Fatalf("fired %v, want %v", got, want)
