@@ -142,7 +142,8 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
     seg = stored or seg
     -- The via names the instance of the grant the deadline is, then this
     -- one, the last to renew: an outage of either may hold the deadline.
-    local granter = decodeVia(redis.call('HGET', KEYS[k.via], uid) or '')
+    -- The live session's value says what the via hash holds, when known.
+    local granter = decodeVia(knownVia ~= '' and knownVia or redis.call('HGET', KEYS[k.via], uid) or '')
     if via ~= '' and granter ~= '' and granter ~= via then via = encodeVia(granter, via) end
   end
   if via ~= '' and via ~= knownVia then
