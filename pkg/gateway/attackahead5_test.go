@@ -116,3 +116,46 @@ func TestAttackAhead5HeldCloseLeasedElsewhereLost(t *testing.T) {
 		t.Errorf("H was handed %v, the inbox held %v, and the next connect was handed %v: the close stage %s, whose close was applied on B, is lost; H's word superseded its held copy while the closed entry was leased to B2, which never proved it, and the entry was then stale by H's first ping's renewal", got, inbox, next, c.ID)
 	}
 }
+
+// TestAheadCloseLeftForTheDeviceOpenBeforeIt: the fifth round's attack
+// with the order a busy host gave it once: after H's first ping renewed,
+// the user's inbox is offered again while B2 is still connected (as the
+// offer that follows H's hold's end does), and B2's handover takes it
+// again. c's closed entry is stale for B2, opened after the close, but
+// still owed to H: that take must leave it, not drop it, so that H is
+// told once B2's lease is released.
+func TestAheadCloseLeftForTheDeviceOpenBeforeIt(t *testing.T) {
+	tg := startGateway(t, func(c *Config) { c.firstPingWaitFor = time.Minute })
+	uid := "aa5-left"
+	wsH := tg.dialFirstPing(t, uid)
+	wsB := tg.dial(t, uid)
+	c := stagePush(uid, redisNowMS(t, tg.rdb), 2, timeoutevent.ActionClose)
+	if res := tg.mustPush(t, c, push.Delivered); res.Connections != 2 {
+		t.Fatalf("delivered to %d connections, want 2", res.Connections)
+	}
+	readStage(t, wsB, c)
+	wsB.NetConn().Close()
+	waitUntil(t, "B's applied close stage kept closed", func() bool {
+		return tg.hub.count(uid) == 1 && slices.Equal(tg.aaInboxIDs(t, uid), []string{c.ID + "(closed)"})
+	})
+	wsB2 := tg.dial(t, uid)
+	waitUntil(t, "c leased to B2's handover", func() bool { return tg.aaLeases(uid) == 1 })
+
+	pingSaying(t, wsH, 0)
+	got := aa5Frames(t, wsH)
+	for _, id := range got {
+		aaAck(t, wsH, id)
+	}
+	// The inbox offered again with B2 still here: B2's take finds c
+	// stale for it, by H's renewal.
+	tg.offerInbox(t.Context(), uid)
+	if ids := tg.aaInboxIDs(t, uid); !slices.Contains(got, c.ID) && !slices.Equal(ids, []string{c.ID + "(closed)"}) {
+		t.Fatalf("after B2's second take the inbox holds %v, want %s(closed) left for H", ids, c.ID)
+	}
+	wsB2.NetConn().Close()
+	waitUntil(t, "B2 ends", func() bool { return tg.hub.count(uid) == 1 })
+	got = append(got, aa5ReadFor(t, wsH, 3*time.Second)...)
+	if !slices.Contains(got, c.ID) {
+		t.Errorf("H was handed %v, the inbox holds %v: the close applied on B, owed to H, open since before it, was never told there", got, tg.aaInboxIDs(t, uid))
+	}
+}

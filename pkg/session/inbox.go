@@ -238,11 +238,14 @@ func (s *Store) DropFromInboxes(ctx context.Context, drops []InboxDrop, how Drop
 // those whose deadline falls while the user was present by their
 // client's word (superseded) are removed on the way; entries of older
 // gateways, which carry neither, are handed over. An entry marked
-// closed_ms (a close stage's guide whose close was applied) is stale
-// only by a renewal after that time, and never superseded: the chat was
-// closed, whatever the client says of its user since; and for a
-// connection open since before that time, not stale at all: that device
-// was there and was never told. ARGV: limit, lease ms, then the client's
+// closed_ms (a close stage's guide whose close was applied) is never
+// superseded: the chat was closed, whatever the client says of its user
+// since. For a connection open since before that time it is never stale:
+// that device was there and was never told. For another, a renewal after
+// that time makes it stale for that connection only: it is left in the
+// inbox, neither handed nor leased, for a device open since before it
+// (on this instance or another) whose take may come later, and goes at
+// its expiry. ARGV: limit, lease ms, then the client's
 // word: how long before now the user was last active (ms; -1: not said),
 // the TTL a renewal then would have granted (ms), a present-until time
 // already known (Unix ms; 0: none), and when the taking connection

@@ -16,17 +16,20 @@ for i = #items, 1, -1 do
   if closed then asked = closed end
   -- A close applied elsewhere is stale by a renewal after it, but not
   -- for a connection open since before it: that device was there, and
-  -- was never told (its own pings renew too).
+  -- was never told (its own pings renew too). Stale for this one, it is
+  -- left, not dropped (-1): a device open since before it, here or on
+  -- another instance, may be owed it still, and takes it when offered;
+  -- else it goes at its expiry.
   local told = closed and since > 0 and since <= closed
   if exp and exp <= now then drop = 2
-  elseif asked and renewed > asked and not told then drop = 1
+  elseif asked and renewed > asked and not told then drop = closed and -1 or 1
   elseif asked and not closed and present > asked then drop = 3 end
   if drop > 0 then
     redis.call('LREM', KEYS[K.inbox], 1, items[i])
     if id then redis.call('HDEL', KEYS[K.leases], id) end
     local d = dropped[drop]
     d[#d + 1] = items[i]
-  elseif #out - 1 < limit then
+  elseif drop == 0 and #out - 1 < limit then
     local held = 0
     if id then held = tonumber(redis.call('HGET', KEYS[K.leases], id) or '0') or 0 end
     if held <= now then
