@@ -21,7 +21,10 @@ for i = #items, 1, -1 do
   -- another instance, may be owed it still, and takes it when offered;
   -- else it goes at its expiry.
   local told = closed and since > 0 and since <= closed
-  if exp and exp <= now then drop = 2
+  if exp and exp <= now then
+    -- A close left so, past its expiry, goes as stale: the user was
+    -- there after it, and no device open since before it took it.
+    drop = (closed and asked and renewed > asked and not told) and 1 or 2
   elseif asked and renewed > asked and not told then drop = closed and -1 or 1
   elseif asked and not closed and present > asked then drop = 3 end
   if drop > 0 then
