@@ -49,10 +49,11 @@ type ModeResult struct {
 	RoundTrips   float64 `json:"round_trips"`
 	RenPerTrip   float64 `json:"renewals_per_round_trip"`
 	TripsPerRen  float64 `json:"round_trips_per_renewal"`
-	// FlushMs is a round trip's mean time, queued renewals sent to
-	// replies read: a batch gathers what comes in while the one before
-	// is in flight, so a mode that reads its replies sooner sends
-	// smaller batches at the same renewal rate.
+	// FlushMs is a renewal round trip's mean time, batch sent to replies
+	// read. A batch gathers what comes in while the one before is in
+	// flight, so beside the batches' size it tells whether a mode's
+	// smaller batches come from quicker round trips or from when its
+	// renewals arrive.
 	FlushMs float64 `json:"round_trip_mean_ms"`
 
 	// Load is the wsload holding this gateway's connections, and Pong

@@ -102,14 +102,13 @@ func (p *pinger) run(ctx context.Context, fire func(c *conn, due, now time.Time)
 }
 
 // nextDue is when a connection due at due, fired at now, pings next:
-// every after due, keeping its own phase, as a client's own timer does.
-// Counted from now instead, the connections one wake-up fired together
-// (all that fell due within the timer's lateness) would stay together,
-// and each cycle would merge more of them: after a few cycles the
-// gateway would see pings in bursts a timer tick apart, which no set
-// of independent clients sends. Pings missed while the pinger was held
-// up (a stalled machine, a slow write) are skipped, not sent in a burst
-// to catch up.
+// every after due, keeping its own schedule, as a client's own timer
+// does. Counted from now instead, a pinger that falls behind (a busy
+// machine, a slow write) would push every later ping back, offering
+// less load exactly while the system under test is slow, and the
+// connections one late wake-up fired together would stay together.
+// Pings missed by a whole period are skipped, not sent in a burst to
+// catch up.
 func nextDue(due, now time.Time, every time.Duration) time.Time {
 	next := due.Add(every)
 	if next.After(now) {
