@@ -65,12 +65,10 @@ func TestAttackInbox6LeftCloseTimedAsNeverConnected(t *testing.T) {
 
 	wsB2.NetConn().Close() // B2's client is gone, unproven
 	waitUntil(t, "B2 ends and its lease is released", func() bool { return tg.hub.count(uid) == 1 && tg.aaLeases(uid) == 0 })
-	// The release's offer to B3 has taken the inbox (left c, or dropped
-	// it as stale) once B3 has been offered; give it its round trip.
-	time.Sleep(200 * time.Millisecond)
-
-	// (c is left: stale for B3, opened after the close. The take before
-	// this change dropped it as stale, and said so.)
+	// The release's offer to B3 takes the inbox: c is left, stale for
+	// B3, opened after the close (the take before this change dropped it
+	// as stale, and said so). Whenever that take comes, the steps below
+	// wait on Redis's clock, and c's fate is read at the end.
 
 	// A later silence's reminder g, pushed to B3 (whose client reads
 	// nothing now), is kept ahead after c: the inbox outlives c.
