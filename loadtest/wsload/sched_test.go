@@ -37,7 +37,7 @@ func (r *recorder) fire(c *conn, due, now time.Time) (time.Time, bool) {
 	r.count[c]++
 	drop, slow := r.dropAt[c] == r.count[c], r.slow[c]
 	r.mu.Unlock()
-	time.Sleep(slow)
+	time.Sleep(slow) // in a synctest bubble: the fake clock moves, no real time passes
 	if drop {
 		return time.Time{}, false
 	}
@@ -61,6 +61,19 @@ func startPinger(t *testing.T, r *recorder) *pinger {
 	return p
 }
 
+// checkFirings fails t unless got are the firings want, in order.
+func checkFirings(t *testing.T, got, want []firing) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("fired %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("firing %d: %p at %v, want %p at %v", i, got[i].c, got[i].at, want[i].c, want[i].at)
+		}
+	}
+}
+
 func TestPingerFiresWhenDue(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := newRecorder(15 * time.Second)
@@ -73,15 +86,7 @@ func TestPingerFiresWhenDue(t *testing.T) {
 		synctest.Wait()
 		want := []firing{{b, 2 * time.Second}, {a, 5 * time.Second}, {c, 9 * time.Second},
 			{b, 17 * time.Second}, {a, 20 * time.Second}, {c, 24 * time.Second}} // b's third is at 32 s
-		got := r.take()
-		if len(got) != len(want) {
-			t.Fatalf("fired %v, want %v", got, want)
-		}
-		for i := range want {
-			if got[i] != want[i] {
-				t.Errorf("firing %d: %p at %v, want %p at %v", i, got[i].c, got[i].at, want[i].c, want[i].at)
-			}
-		}
+		checkFirings(t, r.take(), want)
 	})
 }
 
@@ -121,19 +126,11 @@ func TestPingerKeepsEachConnectionsPhase(t *testing.T) {
 		p.add(slow, r.start.Add(time.Second))
 		p.add(a, r.start.Add(1100*time.Millisecond))
 		p.add(b, r.start.Add(1200*time.Millisecond))
-		time.Sleep(12 * time.Second)
+		time.Sleep(12 * time.Second) // the bubble's fake clock
 		synctest.Wait()
 		want := []firing{{slow, time.Second}, {a, 1500 * time.Millisecond}, {b, 1500 * time.Millisecond},
 			{a, 11100 * time.Millisecond}, {b, 11200 * time.Millisecond}}
-		got := r.take()
-		if len(got) != len(want) {
-			t.Fatalf("fired %v, want %v", got, want)
-		}
-		for i := range want {
-			if got[i] != want[i] {
-				t.Errorf("firing %d: %p at %v, want %p at %v", i, got[i].c, got[i].at, want[i].c, want[i].at)
-			}
-		}
+		checkFirings(t, r.take(), want)
 	})
 }
 

@@ -72,9 +72,7 @@ func TestAttackInbox6LeftCloseTimedAsNeverConnected(t *testing.T) {
 
 	// A later silence's reminder g, pushed to B3 (whose client reads
 	// nothing now), is kept ahead after c: the inbox outlives c.
-	for redisNowMS(t, tg.rdb) < closedMS+2000 {
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitUntil(t, "2 s past c's close", func() bool { return redisNowMS(t, tg.rdb) >= closedMS+2000 })
 	g := push.Request{ID: "g", UID: uid, Text: "Still there?", DeadlineMS: redisNowMS(t, tg.rdb), Stage: 1}
 	tg.mustPush(t, g, push.Delivered)
 

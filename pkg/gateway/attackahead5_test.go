@@ -61,6 +61,30 @@ func aa5ReadFor(t *testing.T, ws *websocket.Conn, d time.Duration) []string {
 	}
 }
 
+// aa5LeasedToB2 is the fifth round's start for uid: device H holds its
+// guides until its first ping; close stage c is held by H and written to
+// device B, whose close is applied; B's client is gone before it proves
+// it, and c is kept closed; device B2 connects and is handed c's entry
+// (leased to its handover), but its client reads nothing.
+func aa5LeasedToB2(t *testing.T, uid string) (tg *testGateway, wsH, wsB2 *websocket.Conn, c push.Request) {
+	t.Helper()
+	tg = startGateway(t, func(c *Config) { c.firstPingWaitFor = time.Minute })
+	wsH = tg.dialFirstPing(t, uid)
+	wsB := tg.dial(t, uid)
+	c = stagePush(uid, redisNowMS(t, tg.rdb), 2, timeoutevent.ActionClose)
+	if res := tg.mustPush(t, c, push.Delivered); res.Connections != 2 {
+		t.Fatalf("delivered to %d connections, want 2", res.Connections)
+	}
+	readStage(t, wsB, c)  // written: B's close is applied
+	wsB.NetConn().Close() // B's client is gone before it proves it
+	waitUntil(t, "B's applied close stage kept closed", func() bool {
+		return tg.hub.count(uid) == 1 && slices.Equal(tg.aaInboxIDs(t, uid), []string{c.ID + "(closed)"})
+	})
+	wsB2 = tg.dial(t, uid) // handed c from the inbox; reads nothing yet
+	waitUntil(t, "c leased to B2's handover", func() bool { return tg.aaLeases(uid) == 1 })
+	return tg, wsH, wsB2, c
+}
+
 // TestAttackAhead5HeldCloseLeasedElsewhereLost: the second round's
 // supersede attack, with the closed entry leased to another device's
 // handover at H's hold's end. Device H holds its guides until its first
@@ -76,21 +100,8 @@ func aa5ReadFor(t *testing.T, ws *websocket.Conn, d time.Duration) []string {
 // and drops it. The close applied on B is told neither on H nor on any
 // later connect.
 func TestAttackAhead5HeldCloseLeasedElsewhereLost(t *testing.T) {
-	tg := startGateway(t, func(c *Config) { c.firstPingWaitFor = time.Minute })
 	uid := "aa5-leased"
-	wsH := tg.dialFirstPing(t, uid)
-	wsB := tg.dial(t, uid)
-	c := stagePush(uid, redisNowMS(t, tg.rdb), 2, timeoutevent.ActionClose)
-	if res := tg.mustPush(t, c, push.Delivered); res.Connections != 2 {
-		t.Fatalf("delivered to %d connections, want 2", res.Connections)
-	}
-	readStage(t, wsB, c)  // written: B's close is applied
-	wsB.NetConn().Close() // B's client is gone before it proves it
-	waitUntil(t, "B's applied close stage kept closed", func() bool {
-		return tg.hub.count(uid) == 1 && slices.Equal(tg.aaInboxIDs(t, uid), []string{c.ID + "(closed)"})
-	})
-	wsB2 := tg.dial(t, uid) // handed c from the inbox; reads nothing yet
-	waitUntil(t, "c leased to B2's handover", func() bool { return tg.aaLeases(uid) == 1 })
+	tg, wsH, wsB2, c := aa5LeasedToB2(t, uid)
 
 	pingSaying(t, wsH, 0) // the user was active just now, on H
 	got := aa5Frames(t, wsH)
@@ -125,21 +136,8 @@ func TestAttackAhead5HeldCloseLeasedElsewhereLost(t *testing.T) {
 // still owed to H: that take must leave it, not drop it, so that H is
 // told once B2's lease is released.
 func TestAheadCloseLeftForTheDeviceOpenBeforeIt(t *testing.T) {
-	tg := startGateway(t, func(c *Config) { c.firstPingWaitFor = time.Minute })
 	uid := "aa5-left"
-	wsH := tg.dialFirstPing(t, uid)
-	wsB := tg.dial(t, uid)
-	c := stagePush(uid, redisNowMS(t, tg.rdb), 2, timeoutevent.ActionClose)
-	if res := tg.mustPush(t, c, push.Delivered); res.Connections != 2 {
-		t.Fatalf("delivered to %d connections, want 2", res.Connections)
-	}
-	readStage(t, wsB, c)
-	wsB.NetConn().Close()
-	waitUntil(t, "B's applied close stage kept closed", func() bool {
-		return tg.hub.count(uid) == 1 && slices.Equal(tg.aaInboxIDs(t, uid), []string{c.ID + "(closed)"})
-	})
-	wsB2 := tg.dial(t, uid)
-	waitUntil(t, "c leased to B2's handover", func() bool { return tg.aaLeases(uid) == 1 })
+	tg, wsH, wsB2, c := aa5LeasedToB2(t, uid)
 
 	pingSaying(t, wsH, 0)
 	got := aa5Frames(t, wsH)

@@ -53,7 +53,16 @@ func TestAttackViaSettledWhileKeyLives(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		time.Sleep(120 * time.Millisecond) // the session key gone, its index entry due
+		// The 50 ms session keys gone by Redis's expiry, so their index
+		// entries are due.
+		eventually(t, 5*time.Second, "the sessions expired", func() bool {
+			for _, sd := range sides {
+				if rdb.Exists(ctx, sd.s.ks.SessionKey(uid)).Val() != 0 {
+					return false
+				}
+			}
+			return true
+		})
 		var kept []*redis.BoolCmd
 		var mids []*redis.StringCmd
 		for _, sd := range sides {

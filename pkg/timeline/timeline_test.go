@@ -476,7 +476,7 @@ func TestViewShowsLastGrant(t *testing.T) {
 	// the grant's own, the two are stamped alike and either may be shown
 	// first (a CI run recorded both in one).
 	for granted := deadline.Add(-time.Minute).UnixMilli(); time.Now().UnixMilli() <= granted; {
-		time.Sleep(100 * time.Microsecond) // until the clock passes it; never long
+		time.Sleep(100 * time.Microsecond) // the host's clock must pass the grant's ms: real time, under 1 ms
 	}
 	recordAll(t, store, session.TimelineBounds{}, record{uid: "vi", e: Entry{Kind: KindStart, Rule: "started"}})
 	got, err := View(ctx, store, "vi", 0)
