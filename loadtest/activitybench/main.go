@@ -3,11 +3,16 @@
 //
 //  1. Throughput: the events per second one gateway applies from the
 //     activity topic, its consumer group's only member. It starts its own
-//     redis-server and embedded Kafka, produces the events first (`active`
+//     Redis and embedded Kafka, produces the events first (`active`
 //     events of distinct users, keyed by uid), then starts one gateway with
 //     the feed, and times it from its start until the feed's watermark, in
 //     Redis, has passed the last event: every event is then applied, as
 //     the listener sees it. It fails unless every user has a session after.
+//     It runs once for each Redis of -redis-masters: one redis-server,
+//     whose one thread bounds the feed (each event is a script of several
+//     commands), and a Redis Cluster of two masters, which a deployment
+//     runs for more: the gateway is the same, and spreads each batch's
+//     scripts over the masters.
 //  2. Lateness (lateness.go): the dev stack with the feed on and guides to
 //     a webhook, and two crowds beside each other: users kept alive only by
 //     `active` events on the topic, and users kept alive by WebSocket
@@ -34,25 +39,21 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
 
 // Report is what activitybench prints.
 type Report struct {
-	Events          int     `json:"events"`
-	Users           int     `json:"users"`
-	Partitions      int     `json:"partitions"`
-	EventsPerSecond float64 `json:"events_per_second"` // one gateway, from its start to the watermark past the last event
-	Seconds         float64 `json:"seconds"`
-	Sessions        int64   `json:"sessions"` // live sessions after: one per user, none lost
-	// Redis is what Redis did per event in the throughput part, and
-	// ProcessCPUMicros the CPU this process used per event meanwhile: the
-	// gateway's, with the in-process Kafka's.
-	Redis            *RedisCost `json:"redis_per_event,omitempty"`
-	ProcessCPUMicros float64    `json:"process_cpu_micros_per_event,omitempty"`
-	CPUs             int        `json:"cpus"`
-	Go               string     `json:"go"`
+	Events     int `json:"events"`
+	Users      int `json:"users"`
+	Partitions int `json:"partitions"`
+	// Throughput is part 1, one run for each Redis of -redis-masters.
+	Throughput []Throughput `json:"throughput"`
+	CPUs       int          `json:"cpus"`
+	Go         string       `json:"go"`
 	// Lateness is part 2; nil with -late-silent 0.
 	Lateness *Lateness `json:"lateness,omitempty"`
 }
@@ -62,6 +63,7 @@ func main() {
 	users := flag.Int("users", 50000, "distinct users they are spread over")
 	partitions := flag.Int("partitions", 12, "partitions of the activity topic")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
+	masters := flag.String("redis-masters", "1,2", "throughput: the Redis of each run, by its masters: 1 is one redis-server, more a Redis Cluster of that many")
 	flag.IntVar(&maxBatch, "max-batch", 0, "throughput: STILLTHERE_ACTIVITY_MAX_BATCH, the most records the feed applies at once (0: the gateway's default)")
 	var late lateSettings
 	flag.IntVar(&late.silent, "late-silent", 1000, "lateness: users of each feed (topic, WebSocket) who go silent; 0 skips the lateness part")
@@ -87,7 +89,16 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	rep, err := run(ctx, *events, *users, *partitions, late)
+	var runs []int
+	for _, f := range strings.Split(*masters, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 16 {
+			fmt.Fprintf(os.Stderr, "activitybench: -redis-masters: %q, want counts between 1 and 16, separated by commas\n", *masters)
+			os.Exit(2)
+		}
+		runs = append(runs, n)
+	}
+	rep, err := run(ctx, *events, *users, *partitions, runs, late)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "activitybench:", err)
 		pprof.StopCPUProfile()
@@ -98,19 +109,25 @@ func main() {
 	enc.Encode(rep)
 }
 
-func run(ctx context.Context, events, users, partitions int, late lateSettings) (Report, error) {
-	rep := Report{CPUs: runtime.NumCPU(), Go: runtime.Version()}
+func run(ctx context.Context, events, users, partitions int, masters []int, late lateSettings) (Report, error) {
+	rep := Report{Events: events, Users: users, Partitions: partitions, CPUs: runtime.NumCPU(), Go: runtime.Version()}
 	if late.silent < 0 || late.active < 0 || late.ttl < time.Second || late.spread <= 0 {
 		return rep, fmt.Errorf("want -late-silent, -late-active >= 0, -late-ttl >= 1s, -late-spread > 0")
 	}
-	if err := throughput(ctx, &rep, events, users, partitions); err != nil {
-		return rep, err
+	for _, m := range masters {
+		t, err := throughput(ctx, events, users, partitions, m)
+		if err != nil {
+			return rep, fmt.Errorf("throughput, %d Redis masters: %w", m, err)
+		}
+		fmt.Fprintf(os.Stderr, "activitybench: %d Redis masters: %.0f events/s; Redis %.1f µs per event, its masters' cores %v; this process %.1f µs per event\n",
+			m, t.EventsPerSecond, t.Redis.CPUMicros, t.RedisCores, t.ProcessCPUMicros)
+		rep.Throughput = append(rep.Throughput, t)
 	}
 	if late.silent == 0 {
 		return rep, nil
 	}
-	fmt.Fprintf(os.Stderr, "activitybench: %d events/s; lateness: %d silent and %d active users per feed, TTL %v, stamp %v\n",
-		int(rep.EventsPerSecond), late.silent, late.active, late.ttl, late.stamp)
+	fmt.Fprintf(os.Stderr, "activitybench: lateness: %d silent and %d active users per feed, TTL %v, stamp %v\n",
+		late.silent, late.active, late.ttl, late.stamp)
 	var err error
 	rep.Lateness, err = lateness(ctx, late)
 	return rep, err

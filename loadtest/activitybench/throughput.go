@@ -22,26 +22,55 @@ import (
 	"github.com/stillthere/stillthere/pkg/session"
 )
 
-// throughput fills rep's throughput figures: events already on the
-// topic, one gateway started, timed until the feed's watermark has passed
-// the last of them.
+// Throughput is one run of the throughput part.
+type Throughput struct {
+	// RedisMasters is the Redis it ran on: 1, one redis-server; more, a
+	// Redis Cluster of that many masters, the slots split evenly.
+	RedisMasters    int     `json:"redis_masters"`
+	EventsPerSecond float64 `json:"events_per_second"` // one gateway, from its start to the watermark past the last event
+	Seconds         float64 `json:"seconds"`
+	Sessions        int64   `json:"sessions"` // live sessions after: one per user, none lost
+	// Redis is what Redis did per event, over all its masters, and
+	// RedisCores each master's main thread's CPU over the run, in cores:
+	// one near 1 is the bound. ProcessCPUMicros is the CPU this process
+	// used per event meanwhile: the gateway's, with the in-process
+	// Kafka's.
+	Redis            *RedisCost `json:"redis_per_event"`
+	RedisCores       []float64  `json:"redis_cores"`
+	ProcessCPUMicros float64    `json:"process_cpu_micros_per_event"`
+}
+
 // maxBatch is the feed's batch setting for the throughput part; 0: the
 // gateway's default.
 var maxBatch int
 
-func throughput(ctx context.Context, rep *Report, events, users, partitions int) error {
-	rep.Events, rep.Users, rep.Partitions = events, users, partitions
+// throughput measures one run: events already on the topic, one gateway
+// started on a Redis of masters masters, timed until the feed's
+// watermark has passed the last of them.
+func throughput(ctx context.Context, events, users, partitions, masters int) (Throughput, error) {
+	res := Throughput{RedisMasters: masters}
 	if users < 1 || events < users {
-		return fmt.Errorf("want 1 <= users <= events")
+		return res, fmt.Errorf("want 1 <= users <= events")
 	}
-	rs, err := redisserver.Start(ctx, redisserver.Options{})
-	if err != nil {
-		return err
+	var addrs []string
+	if masters > 1 {
+		c, err := redisserver.StartCluster(ctx, "", masters)
+		if err != nil {
+			return res, err
+		}
+		defer c.Close()
+		addrs = c.Addrs()
+	} else {
+		rs, err := redisserver.Start(ctx, redisserver.Options{})
+		if err != nil {
+			return res, err
+		}
+		defer rs.Close()
+		addrs = []string{rs.Addr}
 	}
-	defer rs.Close()
 	kc, err := kafkatest.NewFake(kfake.SeedTopics(int32(partitions), activityfeed.DefaultTopic))
 	if err != nil {
-		return fmt.Errorf("embedded kafka: %w", err)
+		return res, fmt.Errorf("embedded kafka: %w", err)
 	}
 	defer kc.Close()
 	brokers := kc.ListenAddrs()
@@ -49,7 +78,7 @@ func throughput(ctx context.Context, rep *Report, events, users, partitions int)
 	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(activityfeed.DefaultTopic),
 		kgo.ProducerLinger(5*time.Millisecond))
 	if err != nil {
-		return err
+		return res, err
 	}
 	defer prod.Close()
 	recs := make([]*kgo.Record, 0, events)
@@ -58,23 +87,29 @@ func throughput(ctx context.Context, rep *Report, events, users, partitions int)
 		recs = append(recs, &kgo.Record{Key: []byte(uid), Value: fmt.Appendf(nil, `{"uid":%q,"kind":"active"}`, uid)})
 	}
 	if err := prod.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		return fmt.Errorf("produce %d events: %w", events, err)
+		return res, fmt.Errorf("produce %d events: %w", events, err)
 	}
 
-	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
+	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: addrs, IsClusterMode: masters > 1})
 	defer rdb.Close()
+	// Each master on its own, for its CPU and command counts.
+	nodes := make([]*redis.Client, len(addrs))
+	for i, a := range addrs {
+		nodes[i] = redis.NewClient(&redis.Options{Addr: a})
+		defer nodes[i].Close()
+	}
 	ks, err := session.NewKeyspace("st")
 	if err != nil {
-		return err
+		return res, err
 	}
 	store := session.NewStore(rdb, ks)
 	produced, err := store.ActivityClock(ctx)
 	if err != nil {
-		return err
+		return res, err
 	}
 
 	env := map[string]string{
-		"STILLTHERE_REDIS_ADDRS":               rs.Addr,
+		"STILLTHERE_REDIS_ADDRS":               strings.Join(addrs, ","),
 		"STILLTHERE_KAFKA_BROKERS":             strings.Join(brokers, ","),
 		"STILLTHERE_GATEWAY_ADDR":              "127.0.0.1:0",
 		"STILLTHERE_PUSH_ADDR":                 "127.0.0.1:0",
@@ -89,16 +124,16 @@ func throughput(ctx context.Context, rep *Report, events, users, partitions int)
 	}
 	cfg, err := gateway.LoadConfig(nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 	if err != nil {
-		return err
+		return res, err
 	}
-	cpu0, err := redisCPU(ctx, rdb)
+	before, err := readCosts(ctx, nodes)
 	if err != nil {
-		return err
+		return res, err
 	}
 	start, self0 := time.Now(), selfCPU()
 	gw, err := gateway.Open(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
-		return err
+		return res, err
 	}
 	gctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -117,26 +152,31 @@ func throughput(ctx context.Context, rep *Report, events, users, partitions int)
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return res, ctx.Err()
 		case <-limit:
-			return fmt.Errorf("the watermark did not pass the last event within 10m: %v", parts)
+			return res, fmt.Errorf("the watermark did not pass the last event within 10m: %v", parts)
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
 	took := time.Since(start)
-	rep.Seconds = took.Seconds()
-	rep.EventsPerSecond = float64(events) / took.Seconds()
-	if rep.Redis, err = redisCost(ctx, rdb, cpu0, events); err != nil {
-		return err
+	res.Seconds = took.Seconds()
+	res.EventsPerSecond = float64(events) / took.Seconds()
+	after, err := readCosts(ctx, nodes)
+	if err != nil {
+		return res, err
 	}
-	rep.ProcessCPUMicros = round(float64((selfCPU() - self0).Microseconds()) / float64(events))
-	if rep.Sessions, err = store.Sessions(ctx); err != nil {
-		return err
+	res.Redis = perEvent(before, after, events)
+	for i := range nodes {
+		res.RedisCores = append(res.RedisCores, round((after[i].cpu-before[i].cpu).Seconds()/took.Seconds()))
 	}
-	if rep.Sessions != int64(users) {
-		return fmt.Errorf("%d live sessions after, want one per user, %d", rep.Sessions, users)
+	res.ProcessCPUMicros = round(float64((selfCPU() - self0).Microseconds()) / float64(events))
+	if res.Sessions, err = store.Sessions(ctx); err != nil {
+		return res, err
 	}
-	return nil
+	if res.Sessions != int64(users) {
+		return res, fmt.Errorf("%d live sessions after, want one per user, %d", res.Sessions, users)
+	}
+	return res, nil
 }
 
 func lowest(parts map[int32]time.Time) time.Time {
@@ -150,8 +190,8 @@ func lowest(parts map[int32]time.Time) time.Time {
 }
 
 // RedisCost is what Redis did per event over the run (the gateway's
-// start and stamps included): the CPU time of its main thread, which
-// bounds one Redis, and by INFO commandstats the calls of each command
+// start and stamps included), summed over its masters: the CPU time of
+// their main threads, and by INFO commandstats the calls of each command
 // and the time spent in it, those the scripts call counted inside
 // EVALSHA's as well as on their own line.
 type RedisCost struct {
@@ -160,58 +200,74 @@ type RedisCost struct {
 	Micros    map[string]float64 `json:"micros"`
 }
 
-// redisCPU is the CPU time Redis's main thread used so far.
-func redisCPU(ctx context.Context, rdb *redis.Client) (time.Duration, error) {
-	info, err := rdb.Info(ctx, "cpu").Result()
-	if err != nil {
-		return 0, fmt.Errorf("info cpu: %w", err)
-	}
-	var sec float64
-	for _, line := range strings.Split(info, "\n") {
-		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
-		if k == "used_cpu_sys_main_thread" || k == "used_cpu_user_main_thread" {
-			var f float64
-			fmt.Sscan(v, &f)
-			sec += f
-		}
-	}
-	return time.Duration(sec * float64(time.Second)), nil
+// nodeCost is one master's counters at one time.
+type nodeCost struct {
+	cpu   time.Duration // its main thread's
+	calls map[string]float64
+	usec  map[string]float64
 }
 
-// redisCost reads Redis's CPU since cpu0 and its INFO commandstats, per
-// event.
-func redisCost(ctx context.Context, rdb *redis.Client, cpu0 time.Duration, events int) (*RedisCost, error) {
-	cpu, err := redisCPU(ctx, rdb)
-	if err != nil {
-		return nil, err
-	}
-	info, err := rdb.Info(ctx, "commandstats").Result()
-	if err != nil {
-		return nil, fmt.Errorf("info commandstats: %w", err)
-	}
-	n := float64(events)
-	c := &RedisCost{CPUMicros: float64((cpu - cpu0).Microseconds()) / n, Calls: map[string]float64{}, Micros: map[string]float64{}}
-	for _, line := range strings.Split(info, "\n") {
-		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_")
-		if !ok {
-			continue
+// readCosts reads each master's counters.
+func readCosts(ctx context.Context, nodes []*redis.Client) ([]nodeCost, error) {
+	out := make([]nodeCost, len(nodes))
+	for i, rdb := range nodes {
+		info, err := rdb.Info(ctx, "cpu", "commandstats").Result()
+		if err != nil {
+			return nil, fmt.Errorf("info: %w", err)
 		}
-		name, stats, _ := strings.Cut(rest, ":")
-		var calls, usec float64
-		for _, kv := range strings.Split(stats, ",") {
-			k, v, _ := strings.Cut(kv, "=")
-			switch k {
-			case "calls":
-				fmt.Sscan(v, &calls)
-			case "usec":
-				fmt.Sscan(v, &usec)
+		c := nodeCost{calls: map[string]float64{}, usec: map[string]float64{}}
+		for _, line := range strings.Split(info, "\n") {
+			line = strings.TrimSpace(line)
+			k, v, _ := strings.Cut(line, ":")
+			if k == "used_cpu_sys_main_thread" || k == "used_cpu_user_main_thread" {
+				var f float64
+				fmt.Sscan(v, &f)
+				c.cpu += time.Duration(f * float64(time.Second))
+			}
+			name, ok := strings.CutPrefix(k, "cmdstat_")
+			if !ok {
+				continue
+			}
+			for _, kv := range strings.Split(v, ",") {
+				k, v, _ := strings.Cut(kv, "=")
+				var f float64
+				fmt.Sscan(v, &f)
+				switch k {
+				case "calls":
+					c.calls[name] = f
+				case "usec":
+					c.usec[name] = f
+				}
 			}
 		}
-		c.Calls[name] = round(calls / n)
-		c.Micros[name] = round(usec / n)
+		out[i] = c
 	}
-	c.CPUMicros = round(c.CPUMicros)
-	return c, nil
+	return out, nil
+}
+
+// perEvent is what every master did between before and after, summed,
+// per one of events.
+func perEvent(before, after []nodeCost, events int) *RedisCost {
+	n := float64(events)
+	c := &RedisCost{Calls: map[string]float64{}, Micros: map[string]float64{}}
+	var cpu time.Duration
+	for i := range after {
+		cpu += after[i].cpu - before[i].cpu
+		for name, v := range after[i].calls {
+			c.Calls[name] += v - before[i].calls[name]
+		}
+		for name, v := range after[i].usec {
+			c.Micros[name] += v - before[i].usec[name]
+		}
+	}
+	c.CPUMicros = round(float64(cpu.Microseconds()) / n)
+	for name, v := range c.Calls {
+		c.Calls[name] = round(v / n)
+	}
+	for name, v := range c.Micros {
+		c.Micros[name] = round(v / n)
+	}
+	return c
 }
 
 func round(f float64) float64 { return math.Round(f*1000) / 1000 }

@@ -254,16 +254,29 @@ func consumer(ctx context.Context, bin string, sc consumerScale) (*Consumer, err
 
 // Activity is step 5b, as activitybench prints it.
 type Activity struct {
-	Command         string  `json:"command"`
-	Events          int     `json:"events"`
-	Users           int     `json:"users"`
-	Partitions      int     `json:"partitions"`
-	EventsPerSecond float64 `json:"events_per_second"`
-	Seconds         float64 `json:"seconds"`
-	Sessions        int64   `json:"sessions"`
+	Command    string `json:"command"`
+	Events     int    `json:"events"`
+	Users      int    `json:"users"`
+	Partitions int    `json:"partitions"`
+	// Throughput is one run for each Redis: one redis-server, then a
+	// Redis Cluster of two masters.
+	Throughput []ActivityThroughput `json:"throughput"`
 	// Lateness is the guide lateness of topic-fed sessions beside
 	// WebSocket-fed ones (report_activity.go).
 	Lateness *ActivityLateness `json:"lateness,omitempty"`
+}
+
+// ActivityThroughput is one throughput run of activitybench.
+type ActivityThroughput struct {
+	RedisMasters    int     `json:"redis_masters"`
+	EventsPerSecond float64 `json:"events_per_second"`
+	Seconds         float64 `json:"seconds"`
+	Sessions        int64   `json:"sessions"`
+	Redis           struct {
+		CPUMicros float64 `json:"cpu_micros"`
+	} `json:"redis_per_event"`
+	RedisCores       []float64 `json:"redis_cores"`
+	ProcessCPUMicros float64   `json:"process_cpu_micros_per_event"`
 }
 
 type activityScale struct {
@@ -280,7 +293,11 @@ type activityScale struct {
 // part's guides are judged by the report.
 func activityStep(ctx context.Context, bin string, sc activityScale) (*Activity, error) {
 	args := []string{"-events", strconv.Itoa(sc.Events), "-users", strconv.Itoa(sc.Users)}
-	if flagsOf(ctx, bin, "activitybench")["late-silent"] {
+	flags := flagsOf(ctx, bin, "activitybench")
+	if flags["redis-masters"] {
+		args = append(args, "-redis-masters", "1,2")
+	}
+	if flags["late-silent"] {
 		args = append(args, "-late-silent", strconv.Itoa(sc.Silent), "-late-active", strconv.Itoa(sc.Active),
 			"-late-spread", sc.Spread.String())
 	}

@@ -15,7 +15,8 @@
 //     million live sessions with one and two listener replicas, the
 //     prefetch path against the sweep alone, from detectbench;
 //  5. consumer throughput and backlog drain, from guidebench;
-//     5b. activity events applied per second through the topic, and the
+//     5b. activity events applied per second through the topic, on one
+//     redis-server and on a Redis Cluster of two masters, and the
 //     guide lateness of users kept alive only through the topic beside
 //     users kept alive by WebSocket pings (and the latter with the feed
 //     off), from activitybench;

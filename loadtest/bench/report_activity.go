@@ -86,8 +86,11 @@ func (r *Report) activityJudge(line func(step string, lost, doubled int, note st
 }
 
 func (r *Report) activityRows(a *Activity, row func(step, fig, val, goal, st, cmd string)) {
-	row("5b", "activity events applied per second through the topic, one gateway", fmt.Sprintf("**%.0f**", a.EventsPerSecond),
-		"at least 50,000", r.status(a.EventsPerSecond >= goalActivityPerSecond, false), a.Command)
+	for _, t := range a.Throughput {
+		row("5b", "activity events applied per second through the topic, one gateway, "+t.redisName(),
+			fmt.Sprintf("**%.0f**; Redis %.1f µs of CPU per event, %s", t.EventsPerSecond, t.Redis.CPUMicros, t.coresText()),
+			"at least 50,000", r.status(t.EventsPerSecond >= goalActivityPerSecond, false), a.Command)
+	}
 	l := a.Lateness
 	if l == nil {
 		return
@@ -105,9 +108,14 @@ func (r *Report) activityRows(a *Activity, row func(step, fig, val, goal, st, cm
 func (r *Report) activityMD(b *strings.Builder, a *Activity) {
 	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
 	p("\n## 5b. Activity feed\n\n`%s`\n\n", a.Command)
-	p("Throughput: %d `active` events of %d users wait on the activity topic (%d partitions); one gateway with the feed starts, the group's only member, and is timed until the feed's watermark in Redis has passed the last event: every event applied, as the listener sees it. It fails unless every user has a session after.\n\n",
+	p("Throughput: %d `active` events of %d users wait on the activity topic (%d partitions); one gateway with the feed starts, the group's only member, and is timed until the feed's watermark in Redis has passed the last event: every event applied, as the listener sees it. It fails unless every user has a session after. It runs once on one redis-server and once on a Redis Cluster of two masters (the slots split evenly, both on this machine), each with its own embedded Kafka and the same events.\n\n",
 		a.Events, a.Users, a.Partitions)
-	p("| | |\n|---|---|\n| events applied per second | **%.0f** (%.1f s) |\n| live sessions after | %d |\n", a.EventsPerSecond, a.Seconds, a.Sessions)
+	p("| Redis | events applied per second | Redis CPU per event, all masters | each master's main thread | this process's CPU per event (gateway, embedded Kafka) | live sessions after |\n|---|---|---|---|---|---|\n")
+	for _, t := range a.Throughput {
+		p("| %s | **%.0f** (%.1f s) | %.1f µs | %s | %.1f µs | %d |\n", t.redisName(), t.EventsPerSecond, t.Seconds, t.Redis.CPUMicros,
+			coresList(t.RedisCores), t.ProcessCPUMicros, t.Sessions)
+	}
+	p("\nEach event is one step of a Lua script run for a batch of a bucket's events: it reads the user's session, renewal and turn keys, and writes the session, the deadline index and the renewal. Redis runs scripts on one thread, so one redis-server's events per second are about one core over its CPU per event; a Redis Cluster spreads the buckets, and so the scripts, over its masters, and the same gateway applies more.\n")
 	l := a.Lateness
 	if l == nil {
 		return
@@ -134,6 +142,30 @@ func (r *Report) activityMD(b *strings.Builder, a *Activity) {
 		p("; with the feed off, %s", heldList(l.Baseline.Held))
 	}
 	p(". The webhook took %d posts; %d guides of a later stage; %d WebSocket pings could not be sent.\n", l.Posts, l.LaterStages, l.Dropped)
+}
+
+// redisName names the Redis of a run.
+func (t ActivityThroughput) redisName() string {
+	if t.RedisMasters > 1 {
+		return fmt.Sprintf("Redis Cluster of %d masters", t.RedisMasters)
+	}
+	return "one redis-server"
+}
+
+// coresText says how busy the Redis of a run was.
+func (t ActivityThroughput) coresText() string {
+	if len(t.RedisCores) == 1 {
+		return fmt.Sprintf("its thread %.2f cores busy", t.RedisCores[0])
+	}
+	return "its masters' threads " + coresList(t.RedisCores) + " busy"
+}
+
+func coresList(cores []float64) string {
+	out := make([]string, len(cores))
+	for i, c := range cores {
+		out[i] = fmt.Sprintf("%.2f", c)
+	}
+	return strings.Join(out, " / ") + " cores"
 }
 
 func heldList(m map[string]int) string {

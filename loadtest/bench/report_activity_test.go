@@ -26,7 +26,7 @@ func TestActivityLatenessJudged(t *testing.T) {
 			l := &ActivityLateness{Topic: clean, WebSocket: clean, Baseline: &base, RatioP50: 1.01, RatioP99: 0.99, RatioMax: 1,
 				Held: map[string]int{"activity-lag": 25}}
 			tc.mutate(l)
-			r := &Report{Activity: &Activity{Command: "bin/activitybench", EventsPerSecond: 30000, Lateness: l}, Errors: map[string]string{}}
+			r := &Report{Activity: &Activity{Command: "bin/activitybench", Throughput: throughputs(30000, 55000), Lateness: l}, Errors: map[string]string{}}
 			r.judge()
 			if r.Passed != tc.pass {
 				t.Errorf("passed %v, want %v; lines %q", r.Passed, tc.pass, r.LostOrDoubled)
@@ -50,9 +50,34 @@ func TestActivityLatenessJudged(t *testing.T) {
 		})
 	}
 	// Throughput alone, from an activitybench without the lateness part.
-	r := &Report{Activity: &Activity{EventsPerSecond: 30000}, Errors: map[string]string{}}
+	r := &Report{Activity: &Activity{Throughput: throughputs(30000, 55000)}, Errors: map[string]string{}}
 	r.judge()
 	if !r.Passed || len(r.LostOrDoubled) != 0 {
 		t.Errorf("throughput alone: passed %v, lines %q; want passed, none", r.Passed, r.LostOrDoubled)
+	}
+}
+
+// throughputs are a run on one redis-server at single, then on a
+// cluster of two masters at cluster.
+func throughputs(single, cluster float64) []ActivityThroughput {
+	one := ActivityThroughput{RedisMasters: 1, EventsPerSecond: single, RedisCores: []float64{0.87}}
+	two := ActivityThroughput{RedisMasters: 2, EventsPerSecond: cluster, RedisCores: []float64{0.61, 0.63}}
+	return []ActivityThroughput{one, two}
+}
+
+// TestActivityThroughputRows: each Redis has its row, judged against the
+// goal on its own, the Redis named.
+func TestActivityThroughputRows(t *testing.T) {
+	r := &Report{Activity: &Activity{Command: "bin/activitybench", Throughput: throughputs(36000, 55000)}, Errors: map[string]string{}}
+	r.judge()
+	md := r.markdown()
+	for _, want := range []string{
+		"one gateway, one redis-server | **36000**; Redis 0.0 µs of CPU per event, its thread 0.87 cores busy | at least 50,000 | **missed**",
+		"one gateway, Redis Cluster of 2 masters | **55000**; Redis 0.0 µs of CPU per event, its masters' threads 0.61 / 0.63 cores busy | at least 50,000 | met",
+		"| Redis Cluster of 2 masters | **55000**",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
 	}
 }
