@@ -190,6 +190,8 @@ func main() {
 	closeAfter := flag.Duration("close-after", 5*time.Second, "each silence's close stage follows its reminder this much later (the lateness of a later stage); 0: one stage only")
 	flag.BoolVar(&timelineOff, "timeline-off", false, "listeners and consumers record no decisions in users' timelines (the figure the timeline's cost is read against)")
 	flag.StringVar(&stormProfile, "storm-cpuprofile", "", "write a CPU profile of this process over the storm's window and release to this file")
+	flag.StringVar(&stormReleaseProfile, "storm-release-cpuprofile", "", "write a CPU profile of this process from the storm's first release to its last guide to this file (not with -storm-cpuprofile)")
+	flag.BoolVar(&stormSlowlog, "storm-slowlog", false, "log every Redis command from the storm's first release (SLOWLOG) and print Redis's time by script")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)

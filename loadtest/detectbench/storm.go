@@ -59,6 +59,10 @@ func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormRes
 	// holds fall due (the window's start plus the grace).
 	var atWindow, atRelease redisCost
 	var cpuAtRelease cpuUse
+	// The release's own profile, from the first release to the last
+	// guide (-storm-release-cpuprofile): started by the goroutine below,
+	// stopped once it is done.
+	stopReleaseProfile := func() {}
 	costs := make(chan struct{})
 	cctx, cancelCosts := context.WithCancel(ctx)
 	go func() {
@@ -67,6 +71,19 @@ func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormRes
 			atWindow = readRedisCost(cctx, b.rdb)
 		}
 		if sleepCtx(cctx, time.Until(windowStart.Add(b.grace))) {
+			if stormReleaseProfile != "" && stormProfile == "" {
+				stop, err := startProfile(stormReleaseProfile)
+				if err != nil {
+					fmt.Fprintf(os.Stderr, "detectbench: storm release profile: %v\n", err)
+				} else {
+					stopReleaseProfile = stop
+				}
+			}
+			if stormSlowlog {
+				if err := startSlowlog(cctx, b.rdb); err != nil {
+					fmt.Fprintf(os.Stderr, "detectbench: slowlog: %v\n", err)
+				}
+			}
 			cpuAtRelease = readCPUUse()
 			atRelease = readRedisCost(cctx, b.rdb)
 		}
@@ -81,6 +98,7 @@ func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormRes
 	cpuAtEnd := readCPUUse()
 	cancelCosts()
 	<-costs
+	stopReleaseProfile()
 	distinct, resent, doubled, lastAt := hook.summary()
 	res.Delivered = distinct
 	res.Lost = n - distinct
@@ -118,12 +136,18 @@ func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormRes
 		fmt.Fprintf(os.Stderr, "detectbench: storm, from the first release to the last guide (%.0f ms): this process %.2f CPU s, Redis %.2f CPU s, the machine's %d cores %.0f%% busy\n",
 			res.ReleaseMS, res.ReleaseSelfCPUS, res.RedisReleaseCPUS, res.Cores, 100*busy)
 	}
+	if stormSlowlog && atRelease.calls != nil {
+		stopSlowlog(ctx, b.rdb, os.Stderr, res.Held)
+	}
 	b.timeline(ctx, topic, windowEnd, hook.firstArrivals())
 	return res, nil
 }
 
 // stormProfile names the file of the storm's CPU profile; "" for none.
-var stormProfile string
+// stormReleaseProfile likewise, of its release alone (from the first
+// release to the last guide); not taken beside stormProfile, as one CPU
+// profile runs at a time.
+var stormProfile, stormReleaseProfile string
 
 // startProfile starts a CPU profile of this process into path, whose
 // stop ends it; nothing when path is "".

@@ -174,3 +174,14 @@ func vocabulary(b *strings.Builder, v any) {
 	}
 	b.WriteString("}\n")
 }
+
+// ScriptNames maps the SHA1 of every loaded script (what EVALSHA names it
+// by, in SLOWLOG or MONITOR) to its file's name in lua/, for tools that
+// tell Redis's time apart by script.
+func ScriptNames() map[string]string {
+	out := make(map[string]string, len(loaded))
+	for file, src := range loaded {
+		out[redis.NewScript(src).Hash()] = file
+	}
+	return out
+}
