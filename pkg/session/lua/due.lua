@@ -4,21 +4,27 @@ local notDue = {}
 local out, n = {now, notDue}, 0
 for j = 1, #ARGV - 4 do
   local uid = ARGV[j + 4]
+  -- A release read the index score and the held due time already: a
+  -- held timeout in a storm is asked once, and each call costs.
+  local released, score, held = false, nil, nil
   if j <= nheld then
     local r = redis.call('ZSCORE', KEYS[K.hold], uid)
     if r and tonumber(r) <= now then
       redis.call('ZREM', KEYS[K.hold], uid)
-      local d = redis.call('HGET', KEYS[K.held], uid)
-      if d and not redis.call('ZSCORE', KEYS[K.index], uid) then
-        redis.call('ZADD', KEYS[K.index], d, uid)
+      held = redis.call('HGET', KEYS[K.held], uid)
+      score = redis.call('ZSCORE', KEYS[K.index], uid)
+      if held and not score then
+        redis.call('ZADD', KEYS[K.index], held, uid)
+        score = held
       end
+      released = true
     end
   end
-  local score = redis.call('ZSCORE', KEYS[K.index], uid)
+  if not released then score = redis.call('ZSCORE', KEYS[K.index], uid) end
   local stage = redis.call('HGET', KEYS[K.stage], uid) or ''
   if n < limit and score and tonumber(score) <= now and (j <= nheld or not laterOnly or stage ~= '')
       and redis.call('EXISTS', KEYS[K.entries + 3 * j - 3]) == 0 then
-    local held = redis.call('HGET', KEYS[K.held], uid)
+    if not released then held = redis.call('HGET', KEYS[K.held], uid) end
     out[#out+1] = uid
     out[#out+1] = score
     out[#out+1] = redis.call('HGET', KEYS[K.segments], uid) or ''
