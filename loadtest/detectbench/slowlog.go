@@ -32,7 +32,8 @@ const slowlogMax = 1_000_000
 // storm's scripts take tens to thousands.
 const slowlogMinUS = 10
 
-// startSlowlog makes Redis log every command from now, its log emptied.
+// startSlowlog makes Redis log, from now, every command of slowlogMinUS
+// or more, its log emptied.
 func startSlowlog(ctx context.Context, rdb *redis.Client) error {
 	if err := rdb.ConfigSet(ctx, "slowlog-max-len", fmt.Sprint(slowlogMax)).Err(); err != nil {
 		return err
