@@ -9,7 +9,6 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/stillthere/stillthere/pkg/push"
-	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
 // Attacks on keeping guides ahead of their live delivery, second round:
@@ -122,19 +121,8 @@ func TestAttackAhead2AckAfterPongProvesUnreadGuide(t *testing.T) {
 // and a later take found it stale by H's first ping's renewal: H must be
 // handed it at its hold's end, before that ping's pong.)
 func TestAttackAhead2SupersedeDropsAppliedClose(t *testing.T) {
-	tg := startGateway(t, func(c *Config) { c.firstPingWaitFor = time.Minute })
 	uid := "aa2-supclose"
-	wsH := tg.dialFirstPing(t, uid)
-	wsB := tg.dial(t, uid)
-	c := stagePush(uid, redisNowMS(t, tg.rdb), 2, timeoutevent.ActionClose)
-	if res := tg.mustPush(t, c, push.Delivered); res.Connections != 2 {
-		t.Fatalf("delivered to %d connections, want 2", res.Connections)
-	}
-	readStage(t, wsB, c)  // written: B's close is applied
-	wsB.NetConn().Close() // B's client is gone before it proves it
-	waitUntil(t, "B's applied close stage kept closed", func() bool {
-		return tg.hub.count(uid) == 1 && slices.Equal(tg.aaInboxIDs(t, uid), []string{c.ID + "(closed)"})
-	})
+	tg, wsH, c := aaCloseAppliedOnB(t, uid)
 
 	pingSaying(t, wsH, 0) // the user was active just now, on H
 	var got []string

@@ -208,19 +208,8 @@ func TestAttackAhead3SupersedeRefusesCloseAppliedLater(t *testing.T) {
 // copy is then dropped as one H has. The chat on H stays open, its
 // session runs on, after a close stage shown on it.
 func TestAttackAhead3HeldCloseAppliedElsewhereClosesNothing(t *testing.T) {
-	tg := startGateway(t, func(c *Config) { c.firstPingWaitFor = time.Minute })
 	uid := "aa3-heldclosed"
-	wsH := tg.dialFirstPing(t, uid)
-	wsB := tg.dial(t, uid)
-	c := stagePush(uid, redisNowMS(t, tg.rdb), 2, timeoutevent.ActionClose)
-	if res := tg.mustPush(t, c, push.Delivered); res.Connections != 2 {
-		t.Fatalf("delivered to %d connections, want 2", res.Connections)
-	}
-	readStage(t, wsB, c)  // written: B's close is applied
-	wsB.NetConn().Close() // B's client is gone before it proves it
-	waitUntil(t, "B's applied close stage kept closed", func() bool {
-		return tg.hub.count(uid) == 1 && slices.Equal(tg.aaInboxIDs(t, uid), []string{c.ID + "(closed)"})
-	})
+	_, wsH, c := aaCloseAppliedOnB(t, uid)
 
 	pingSaying(t, wsH, -1) // no word of activity: the hold ends, nothing superseded
 	readStage(t, wsH, c)

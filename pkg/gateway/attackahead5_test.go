@@ -61,12 +61,11 @@ func aa5ReadFor(t *testing.T, ws *websocket.Conn, d time.Duration) []string {
 	}
 }
 
-// aa5LeasedToB2 is the fifth round's start for uid: device H holds its
-// guides until its first ping; close stage c is held by H and written to
-// device B, whose close is applied; B's client is gone before it proves
-// it, and c is kept closed; device B2 connects and is handed c's entry
-// (leased to its handover), but its client reads nothing.
-func aa5LeasedToB2(t *testing.T, uid string) (tg *testGateway, wsH, wsB2 *websocket.Conn, c push.Request) {
+// aaCloseAppliedOnB is the start the ahead rounds share for uid: device
+// H holds its guides until its first ping; close stage c is delivered to
+// H and to device B, whose close is applied; B's client is gone before it
+// proves it, and c is kept in the inbox marked closed.
+func aaCloseAppliedOnB(t *testing.T, uid string) (tg *testGateway, wsH *websocket.Conn, c push.Request) {
 	t.Helper()
 	tg = startGateway(t, func(c *Config) { c.firstPingWaitFor = time.Minute })
 	wsH = tg.dialFirstPing(t, uid)
@@ -80,6 +79,17 @@ func aa5LeasedToB2(t *testing.T, uid string) (tg *testGateway, wsH, wsB2 *websoc
 	waitUntil(t, "B's applied close stage kept closed", func() bool {
 		return tg.hub.count(uid) == 1 && slices.Equal(tg.aaInboxIDs(t, uid), []string{c.ID + "(closed)"})
 	})
+	return tg, wsH, c
+}
+
+// aa5LeasedToB2 is the fifth round's start for uid: device H holds its
+// guides until its first ping; close stage c is held by H and written to
+// device B, whose close is applied; B's client is gone before it proves
+// it, and c is kept closed; device B2 connects and is handed c's entry
+// (leased to its handover), but its client reads nothing.
+func aa5LeasedToB2(t *testing.T, uid string) (tg *testGateway, wsH, wsB2 *websocket.Conn, c push.Request) {
+	t.Helper()
+	tg, wsH, c = aaCloseAppliedOnB(t, uid)
 	wsB2 = tg.dial(t, uid) // handed c from the inbox; reads nothing yet
 	waitUntil(t, "c leased to B2's handover", func() bool { return tg.aaLeases(uid) == 1 })
 	return tg, wsH, wsB2, c
