@@ -114,3 +114,45 @@ func TestConfirm(t *testing.T) {
 		t.Fatalf("now %d", got.Now)
 	}
 }
+
+// TestConfirmHeldRelease: a held candidate whose release came is put
+// back and found due at the deadline it was held with, read once in the
+// release; one whose user renewed in the grace is not due, and says the
+// renewal's deadline.
+func TestConfirmHeldRelease(t *testing.T) {
+	s, ctx := newStore(t)
+	deadlines := map[string]time.Time{}
+	for _, uid := range []string{"released", "came-back"} {
+		d, err := s.Renew(ctx, uid, "default", 20*time.Millisecond, ClockPresence)
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadlines[uid] = d
+	}
+	eventually(t, 20*time.Second, "both sessions to run out", func() bool {
+		n, err := s.rdb.Exists(ctx, s.ks.SessionKey("released"), s.ks.SessionKey("came-back")).Result()
+		return err == nil && n == 0
+	})
+	var held []Expired
+	for uid, d := range deadlines {
+		held = append(held, Expired{UID: uid, Due: d, Deadline: d})
+	}
+	if n, err := s.Hold(ctx, held, time.Now().Add(-time.Second)); err != nil || n != 2 {
+		t.Fatalf("Hold = %d, %v", n, err)
+	}
+	back, err := s.Renew(ctx, "came-back", "default", time.Minute, ClockPresence) // in the grace
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := s.Confirm(ctx, []Candidate{{UID: "released", Held: true}, {UID: "came-back", Held: true}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Due) != 1 || got.Due[0].UID != "released" || !got.Due[0].Rechecked ||
+		got.Due[0].Deadline.UnixMilli() != deadlines["released"].UnixMilli() {
+		t.Fatalf("due = %+v, want released at its held deadline %d", got.Due, deadlines["released"].UnixMilli())
+	}
+	if len(got.NotDue) != 1 || got.NotDue[0].UID != "came-back" || !got.NotDue[0].InIndex || got.NotDue[0].Index != back.UnixMilli() {
+		t.Fatalf("not due = %+v, want came-back at its renewal's deadline %d", got.NotDue, back.UnixMilli())
+	}
+}
