@@ -332,7 +332,7 @@ func stormCPU(s *Storm) string {
 	}
 	cpu := s.ReleaseSelfCPUS + s.RedisReleaseCPUS
 	perHeld := cpu / float64(s.Held) * 1e6
-	line := fmt.Sprintf("From the first release (the window's start plus the grace) to the last guide, %.0f ms: detectbench's process (listener, in-process Kafka, consumer, webhook) used %.2f CPU s and Redis %.2f, %.0f µs per held timeout, and the machine's %d cores were %.0f%% busy.",
+	line := fmt.Sprintf("From the first release (the window's start plus the grace) to the last guide, %.0f ms: detectbench's process (listener, in-process Kafka, consumer, and a lean HTTP/1.1 receiver standing for the platform's webhook) used %.2f CPU s and Redis %.2f, %.0f µs per held timeout, and the machine's %d cores were %.0f%% busy.",
 		s.ReleaseMs, s.ReleaseSelfCPUS, s.RedisReleaseCPUS, perHeld, s.Cores, 100*s.ReleaseMachineBusy)
 	goal := goalStormPastGraceMs / 1000 * float64(s.Cores) / float64(s.Held) * 1e6
 	if s.ReleaseMachineBusy >= 0.9 {

@@ -43,7 +43,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"slices"
@@ -557,15 +556,14 @@ func (b *bench) startGuides(ctx context.Context, mode string, replicas int, topi
 	if err != nil {
 		return nil, nil, err
 	}
-	srv := &http.Server{Handler: hook}
-	go srv.Serve(ln)
+	srv := serveLean(ln, hook.take)
 	var stops []func()
 	stop := func() {
 		for i := len(stops) - 1; i >= 0; i-- {
 			stops[i]()
 		}
 	}
-	stops = append(stops, func() { srv.Close() })
+	stops = append(stops, srv.Close)
 	for range replicas {
 		lcfg, err := b.listenerConfig(mode, topic, closeAfter)
 		if err != nil {

@@ -2,8 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"io"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,7 +30,9 @@ func newWebhook(prefix string) *webhook {
 	return &webhook{prefix: prefix, ids: map[string]int{}, users: map[string]int{}}
 }
 
-func (h *webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// take records the guide of one post's body and says the status to
+// answer: 400 for a body that is no guide.
+func (h *webhook) take(b []byte) int {
 	var body struct {
 		ID         string `json:"id"`
 		UID        string `json:"uid"`
@@ -40,17 +40,15 @@ func (h *webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		DueMS      int64  `json:"due_ms"`
 		Stage      int    `json:"stage"`
 	}
-	b, err := io.ReadAll(r.Body)
-	if err != nil || json.Unmarshal(b, &body) != nil || body.ID == "" {
-		http.Error(w, "bad guide", http.StatusBadRequest)
-		return
+	if json.Unmarshal(b, &body) != nil || body.ID == "" {
+		return 400
 	}
 	now := time.Now()
 	if !strings.HasPrefix(body.UID, h.prefix) {
-		w.WriteHeader(http.StatusOK)
-		return
+		return 200
 	}
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	h.posts++
 	h.ids[body.ID]++
 	if h.ids[body.ID] == 1 {
@@ -63,8 +61,7 @@ func (h *webhook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.later = append(h.later, float64(now.UnixMilli()-body.DueMS))
 		}
 	}
-	h.mu.Unlock()
-	w.WriteHeader(http.StatusOK)
+	return 200
 }
 
 // distinct counts the stage 1 guides taken.
