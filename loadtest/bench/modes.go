@@ -55,6 +55,11 @@ type ModeResult struct {
 	// smaller batches come from quicker round trips or from when its
 	// renewals arrive.
 	FlushMs float64 `json:"round_trip_mean_ms"`
+	// RenewalMs is a renewal's mean time from its ping to its reply read:
+	// its wait for a round trip (the renewer's flush window, and the one
+	// in flight before it) and the round trip. The wait, RenewalMs less
+	// FlushMs, is what sets a batch's size at a given rate of pings.
+	RenewalMs float64 `json:"renewal_mean_ms"`
 
 	// Load is the wsload holding this gateway's connections, and Pong
 	// its ping→pong figures over the window.
@@ -112,6 +117,8 @@ const (
 	tripsMetric    = "stillthere_gateway_renewal_round_trips_total"
 	flushSumMetric = "stillthere_gateway_renewal_flush_seconds_sum"
 	flushCntMetric = "stillthere_gateway_renewal_flush_seconds_count"
+	renewSumMetric = "stillthere_gateway_renewal_seconds_sum"
+	renewCntMetric = "stillthere_gateway_renewal_seconds_count"
 )
 
 // modes runs one gateway per read mode side by side, each held by a
@@ -265,6 +272,9 @@ func modes(ctx context.Context, bin, redisAddr string, s secrets, sc modesScale,
 		}
 		if n := m[flushCntMetric] - m0[i][flushCntMetric]; n > 0 {
 			res.FlushMs = (m[flushSumMetric] - m0[i][flushSumMetric]) * 1000 / n
+		}
+		if n := m[renewCntMetric] - m0[i][renewCntMetric]; n > 0 {
+			res.RenewalMs = (m[renewSumMetric] - m0[i][renewSumMetric]) * 1000 / n
 		}
 	}
 	for i, g := range gws {

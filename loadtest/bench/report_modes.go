@@ -138,6 +138,12 @@ func (r *Report) modesMD(b *strings.Builder, m *Modes) {
 		return fmt.Sprintf("%.1f (%.0f renewals in %.0f round trips; %.4f round trips per renewal)", x.RenPerTrip, x.Renewals, x.RoundTrips, x.TripsPerRen)
 	})
 	row("renewal round trip, mean", func(x *ModeResult) string { return fmt.Sprintf("%.3f ms", x.FlushMs) })
+	row("a renewal's wait for its round trip, mean (ping to reply, less the round trip)", func(x *ModeResult) string {
+		if x.RenewalMs <= 0 {
+			return "not measured"
+		}
+		return fmt.Sprintf("%.3f ms (%.3f ms ping to reply)", x.RenewalMs-x.FlushMs, x.RenewalMs)
+	})
 	if goals := r.modesGoals(m); len(goals) > 0 {
 		p("\n| goal | measured | goal | |\n|---|---|---|---|\n")
 		for _, g := range goals[1:] {
