@@ -8,4 +8,4 @@ import (
 	"github.com/stillthere/stillthere/pkg/expiry"
 )
 
-func main() { daemon.Main("expiry-listener", expiry.LoadConfig, expiry.Open) }
+func main() { daemon.Main("expiry-listener", expiry.GCPercent, expiry.LoadConfig, expiry.Open) }

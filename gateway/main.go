@@ -12,7 +12,6 @@ package main
 
 import (
 	"os"
-	"runtime/debug"
 
 	"github.com/stillthere/stillthere/pkg/activityfeed"
 	"github.com/stillthere/stillthere/pkg/canary"
@@ -33,11 +32,8 @@ func main() {
 		daemon.Tool("gateway timeline", os.Args[2:], timeline.Command)
 	}
 	if len(os.Args) > 1 && os.Args[1] == "canary" {
-		daemon.Service("gateway canary", os.Args[2:], canary.LoadConfig, canary.Open)
+		daemon.Service("gateway canary", 100, os.Args[2:], canary.LoadConfig, canary.Open)
 		return
 	}
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(gateway.GCPercent)
-	}
-	daemon.Main("gateway", gateway.LoadConfig, gateway.Open)
+	daemon.Main("gateway", gateway.GCPercent, gateway.LoadConfig, gateway.Open)
 }

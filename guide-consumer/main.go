@@ -8,4 +8,4 @@ import (
 	"github.com/stillthere/stillthere/pkg/guide"
 )
 
-func main() { daemon.Main("guide-consumer", guide.LoadConfig, guide.Open) }
+func main() { daemon.Main("guide-consumer", guide.GCPercent, guide.LoadConfig, guide.Open) }

@@ -56,6 +56,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/stillthere/stillthere/pkg/config"
+	"github.com/stillthere/stillthere/pkg/daemon"
 	"github.com/stillthere/stillthere/pkg/expiry"
 	"github.com/stillthere/stillthere/pkg/guide"
 	"github.com/stillthere/stillthere/pkg/kafka/kafkatest"
@@ -196,6 +197,10 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// The listeners and consumers run in this process: its collector is
+	// set as their own processes set theirs (the gateway is not here).
+	gogc, _ := daemon.TuneGC(expiry.GCPercent)
+	fmt.Fprintf(os.Stderr, "detectbench: garbage collector at GOGC=%d, as the listener's and the consumer's\n", gogc)
 	rep := Report{Command: "detectbench " + strings.Join(os.Args[1:], " "), Live: *live, Silent: *silent}
 	// Never call a silence lost before a timeout held for the grace
 	// could have been released, checked and delivered.

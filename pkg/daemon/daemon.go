@@ -21,20 +21,23 @@ import (
 
 // Main loads a service's config, opens it, runs it until a signal and
 // closes it, then exits: 0 on a clean stop, 1 on a failure, 2 on a bad
-// configuration.
-func Main[C any, S lifecycle.Service](name string, load func([]string, config.Lookup) (C, error), open func(context.Context, C, *slog.Logger) (S, error)) {
-	Service(name, os.Args[1:], load, open)
+// configuration. gcPercent is the service's garbage collector goal
+// (TuneGC).
+func Main[C any, S lifecycle.Service](name string, gcPercent int, load func([]string, config.Lookup) (C, error), open func(context.Context, C, *slog.Logger) (S, error)) {
+	Service(name, gcPercent, os.Args[1:], load, open)
 }
 
 // Service is Main for a service that a subcommand starts ("gateway
 // canary"), with its own args.
-func Service[C any, S lifecycle.Service](name string, args []string, load func([]string, config.Lookup) (C, error), open func(context.Context, C, *slog.Logger) (S, error)) {
+func Service[C any, S lifecycle.Service](name string, gcPercent int, args []string, load func([]string, config.Lookup) (C, error), open func(context.Context, C, *slog.Logger) (S, error)) {
 	logger, err := NewLogger(os.Stderr, os.LookupEnv)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		os.Exit(2)
 	}
 	logger = logger.With("service", name)
+	gogc, limit := TuneGC(gcPercent)
+	logger.Info("garbage collector", "gogc", gogc, "memory_limit_bytes", limit)
 	cfg, err := load(args, os.LookupEnv)
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)

@@ -266,3 +266,14 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
+
+// GCPercent is the listener's garbage collector goal, unless the GOGC
+// environment variable says otherwise: the heap may grow by twice the
+// live heap between collections, where Go's default lets it double. The
+// listener's live heap is small (its timers, the batch in hand) and a
+// storm of lapses makes garbage fast, so collections would come often
+// for little memory; on two cores, a storm's release spent about a
+// tenth of its CPU in the collector at the default (bench/report.md,
+// step 4). The memory limit TuneGC sets from the container's keeps the
+// larger heap inside it.
+const GCPercent = 200
