@@ -182,8 +182,14 @@ func (e Event) Last() bool { return e.Reason != "" }
 // Deadline is the event's deadline as a time.
 func (e Event) Deadline() time.Time { return time.UnixMilli(e.DeadlineMS) }
 
-// Marshal encodes the event.
-func (e Event) Marshal() ([]byte, error) { return json.Marshal(e) }
+// Marshal encodes the event: json.Marshal's bytes, written by hand when
+// its strings are plain (codec.go).
+func (e Event) Marshal() ([]byte, error) {
+	if b, ok := marshalPlain(&e); ok {
+		return b, nil
+	}
+	return json.Marshal(e)
+}
 
 // ErrUnknownVersion means the event has a version this build cannot read.
 var ErrUnknownVersion = errors.New("unknown timeout event version")
@@ -193,10 +199,18 @@ var errNoVersion = errors.New("decode timeout event: no version field \"v\"")
 // Parse decodes and checks an event. An error wrapping ErrUnknownVersion
 // means a newer producer; any other error means a malformed record.
 //
-// It decodes the record once. Only when that fails does it read the
-// version alone, so that a newer producer's event, whose fields this
-// build may not decode, is still told apart from a malformed one.
+// A record in the plain form the listener writes is read by hand
+// (codec.go); any other goes through encoding/json, with the same result.
+// encoding/json decodes the record once. Only when that fails does it
+// read the version alone, so that a newer producer's event, whose fields
+// this build may not decode, is still told apart from a malformed one.
 func Parse(b []byte) (Event, error) {
+	if e, ok := parsePlain(b); ok {
+		if err := known(&e.Version); err != nil {
+			return Event{}, err
+		}
+		return complete(e)
+	}
 	// V is at a shallower depth than the embedded Event's field of the
 	// same name, so it takes "v": a pointer, to tell a missing one.
 	var w struct {

@@ -214,3 +214,15 @@ func parseVersionFirst(b []byte) (Event, error) {
 	}
 	return complete(e)
 }
+
+// BenchmarkMarshal: the listener encodes every event it produces.
+func BenchmarkMarshal(b *testing.B) {
+	d := time.UnixMilli(1e12)
+	e := New("user-0001234", "vip", d, d.Add(5*time.Millisecond), SourceSweep).AtStage(2, d.Add(time.Minute), ActionRemind, "Are you still there?", false)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := e.Marshal(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
