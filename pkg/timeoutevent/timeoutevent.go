@@ -164,16 +164,19 @@ func ID(uid string, deadlineMS int64) string { return StageID(uid, deadlineMS, 1
 // StageID is the id of a stage of uid's silence that ran out at
 // deadlineMS. Stage 1's is ID's, as before stages.
 func StageID(uid string, deadlineMS int64, stage int) string {
-	h := sha256.New()
-	h.Write([]byte("stillthere/timeout/v1\x00"))
-	h.Write([]byte(uid))
-	h.Write([]byte{0})
-	h.Write([]byte(strconv.FormatInt(deadlineMS, 10)))
+	// Hashed from a buffer on the stack when it fits, as every event is
+	// checked against its id where it is parsed.
+	var buf [96]byte
+	b := append(buf[:0], "stillthere/timeout/v1\x00"...)
+	b = append(b, uid...)
+	b = append(b, 0)
+	b = strconv.AppendInt(b, deadlineMS, 10)
 	if stage > 1 {
-		h.Write([]byte("\x00stage\x00"))
-		h.Write([]byte(strconv.Itoa(stage)))
+		b = append(b, "\x00stage\x00"...)
+		b = strconv.AppendInt(b, int64(stage), 10)
 	}
-	return hex.EncodeToString(h.Sum(nil)[:16])
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16])
 }
 
 // Last reports whether no stage follows e in its silence.

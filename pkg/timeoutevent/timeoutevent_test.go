@@ -2,9 +2,13 @@ package timeoutevent
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -223,6 +227,47 @@ func BenchmarkMarshal(b *testing.B) {
 	for b.Loop() {
 		if _, err := e.Marshal(); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// stageIDStream is StageID as it was first written, hashing as it goes:
+// ids are in every topic and every idempotency key, so the new one must
+// give the same.
+func stageIDStream(uid string, deadlineMS int64, stage int) string {
+	h := sha256.New()
+	h.Write([]byte("stillthere/timeout/v1\x00"))
+	h.Write([]byte(uid))
+	h.Write([]byte{0})
+	h.Write([]byte(strconv.FormatInt(deadlineMS, 10)))
+	if stage > 1 {
+		h.Write([]byte("\x00stage\x00"))
+		h.Write([]byte(strconv.Itoa(stage)))
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+func FuzzStageID(f *testing.F) {
+	f.Add("alice", int64(1763720000123), 1)
+	f.Add("alice", int64(1763720000123), 2)
+	f.Add(strings.Repeat("u", 200), int64(-1), 10)
+	f.Add("", int64(0), 0)
+	f.Fuzz(func(t *testing.T, uid string, deadlineMS int64, stage int) {
+		if got, want := StageID(uid, deadlineMS, stage), stageIDStream(uid, deadlineMS, stage); got != want {
+			t.Fatalf("StageID(%q, %d, %d) = %s, want %s", uid, deadlineMS, stage, got, want)
+		}
+	})
+}
+
+// TestStageIDKnown: ids as the first release wrote them. A change here
+// renames every silence's events and idempotency keys.
+func TestStageIDKnown(t *testing.T) {
+	for _, tc := range []struct {
+		stage int
+		want  string
+	}{{1, "39a1182abddf6ed9cf9e569d908c7b37"}, {3, "dbdeab93511cd0dab549c87379743f77"}} {
+		if got := StageID("alice", 1763720000123, tc.stage); got != tc.want {
+			t.Errorf("StageID(alice, 1763720000123, %d) = %s, want %s", tc.stage, got, tc.want)
 		}
 	}
 }
