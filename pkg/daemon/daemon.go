@@ -36,8 +36,6 @@ func Service[C any, S lifecycle.Service](name string, gcPercent int, args []stri
 		os.Exit(2)
 	}
 	logger = logger.With("service", name)
-	gogc, limit := TuneGC(gcPercent)
-	logger.Info("garbage collector", "gogc", gogc, "memory_limit_bytes", limit)
 	cfg, err := load(args, os.LookupEnv)
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
@@ -46,6 +44,8 @@ func Service[C any, S lifecycle.Service](name string, gcPercent int, args []stri
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		os.Exit(2)
 	}
+	gogc, limit := TuneGC(gcPercent)
+	logger.Info("garbage collector", "gogc", gogc, "memory_limit_bytes", limit)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, cfg, logger, open); err != nil {
