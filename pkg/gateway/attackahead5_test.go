@@ -76,9 +76,13 @@ func aaCloseAppliedOnB(t *testing.T, uid string) (tg *testGateway, wsH *websocke
 	}
 	readStage(t, wsB, c)  // written: B's close is applied
 	wsB.NetConn().Close() // B's client is gone before it proves it
-	waitUntil(t, "B's applied close stage kept closed", func() bool {
-		return tg.hub.count(uid) == 1 && slices.Equal(tg.aaInboxIDs(t, uid), []string{c.ID + "(closed)"})
-	})
+	want := []string{c.ID + "(closed)"}
+	if !waitFor(15*time.Second, func() bool {
+		return tg.hub.count(uid) == 1 && slices.Equal(tg.aaInboxIDs(t, uid), want)
+	}) {
+		t.Fatalf("timed out waiting for B's applied close stage kept closed: %d connections in the hub (want 1, H), inbox %v (want %v)",
+			tg.hub.count(uid), tg.aaInboxIDs(t, uid), want)
+	}
 	return tg, wsH, c
 }
 

@@ -95,6 +95,15 @@ func (tg *testGateway) dial(t *testing.T, uid string) *websocket.Conn {
 
 func (tg *testGateway) dialSegment(t *testing.T, uid, segment string) *websocket.Conn {
 	t.Helper()
+	return tg.dialQuery(t, uid, segment, "")
+}
+
+// dialQuery dials uid's connection in segment with query added to the
+// URL, and returns once the connection is in the hub: the upgrade's
+// answer comes before, and a push right after the dial could find the
+// user connected nowhere, or only on the connections they had before.
+func (tg *testGateway) dialQuery(t *testing.T, uid, segment, query string) *websocket.Conn {
+	t.Helper()
 	tok, err := token.Mint([]byte(tokenSecret), uid, segment, time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -103,13 +112,15 @@ func (tg *testGateway) dialSegment(t *testing.T, uid, segment string) *websocket
 	for _, c := range tg.hub.lookup(uid) {
 		before[c] = true
 	}
-	ws, _, err := websocket.DefaultDialer.Dial("ws://"+tg.PublicAddr().String()+"/v1/ws", http.Header{"Authorization": {"Bearer " + tok}})
+	url := "ws://" + tg.PublicAddr().String() + "/v1/ws"
+	if query != "" {
+		url += "?" + query
+	}
+	ws, _, err := websocket.DefaultDialer.Dial(url, http.Header{"Authorization": {"Bearer " + tok}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ws.Close() })
-	// The upgrade's answer comes before the connection is in the hub: a
-	// push right after the dial could find the user connected nowhere.
 	waitUntil(t, uid+"'s new connection in the hub", func() bool {
 		for _, c := range tg.hub.lookup(uid) {
 			if !before[c] {

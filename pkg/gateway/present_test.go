@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strconv"
 	"testing"
 	"time"
@@ -13,25 +12,15 @@ import (
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
-	"github.com/stillthere/stillthere/pkg/token"
 )
 
 // dialFirstPing connects uid as a client that says its first frame is a
 // ping (first=ping): the gateway holds its guides until then.
 func (tg *testGateway) dialFirstPing(t *testing.T, uid string) *websocket.Conn {
 	t.Helper()
-	tok, err := token.Mint([]byte(tokenSecret), uid, "", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ws, _, err := websocket.DefaultDialer.Dial("ws://"+tg.PublicAddr().String()+"/v1/ws?first=ping", http.Header{"Authorization": {"Bearer " + tok}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ws.Close() })
-	// The upgrade's answer comes before the connection is in the hub.
-	waitUntil(t, uid+"'s connection in the hub", func() bool { return len(tg.hub.lookup(uid)) > 0 })
-	return ws
+	// In the hub before it returns, beside any connection uid had: a
+	// push right after must find this one too.
+	return tg.dialQuery(t, uid, "", "first=ping")
 }
 
 // pingSaying sends a ping with active_ago_ms ago (none when negative).
