@@ -178,6 +178,9 @@ type Report struct {
 // prefix0 is the bench's Redis key prefix.
 const prefix0 = "db"
 
+// consumerInFlight is the guide consumer's max-in-flight; 0: its default.
+var consumerInFlight int
+
 func main() {
 	live := flag.Int("live", 100000, "live sessions held in Redis throughout")
 	silent := flag.Int("silent", 1000, "sessions going silent per mode")
@@ -188,6 +191,7 @@ func main() {
 	storm := flag.Int("storm", 50000, "sessions running out within one second in the storm; 0 skips it")
 	grace := flag.Duration("grace", 10*time.Second, "the listeners' outage grace; silences are awaited at least this plus 5s past their deadline")
 	closeAfter := flag.Duration("close-after", 5*time.Second, "each silence's close stage follows its reminder this much later (the lateness of a later stage); 0: one stage only")
+	flag.IntVar(&consumerInFlight, "consumer-max-in-flight", 0, "the guide consumer's max-in-flight (0: its default)")
 	flag.BoolVar(&timelineOff, "timeline-off", false, "listeners and consumers record no decisions in users' timelines (the figure the timeline's cost is read against)")
 	flag.StringVar(&stormProfile, "storm-cpuprofile", "", "write a CPU profile of this process over the storm's window and release to this file")
 	flag.StringVar(&stormReleaseProfile, "storm-release-cpuprofile", "", "write a CPU profile of this process from the storm's first release to its last guide to this file (not with -storm-cpuprofile)")
@@ -582,7 +586,7 @@ func (b *bench) startGuides(ctx context.Context, mode string, replicas int, topi
 		}
 		stops = append(stops, func() { stopL() })
 	}
-	ccfg, err := guide.LoadConfig(nil, env(map[string]string{
+	cenv := map[string]string{
 		"redis-addrs":         b.redis.Addr,
 		"key-prefix":          prefix0,
 		"kafka-brokers":       b.kafka.ListenAddrs()[0],
@@ -594,7 +598,11 @@ func (b *bench) startGuides(ctx context.Context, mode string, replicas int, topi
 		"webhook-url":         "http://" + ln.Addr().String() + "/guide",
 		"webhook-secret":      "detectbench-webhook-secret-0123456789abcdef",
 		"timeline-off":        strconv.FormatBool(timelineOff),
-	}))
+	}
+	if consumerInFlight > 0 {
+		cenv["max-in-flight"] = strconv.Itoa(consumerInFlight)
+	}
+	ccfg, err := guide.LoadConfig(nil, env(cenv))
 	if err != nil {
 		stop()
 		return nil, nil, err
