@@ -4,40 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"math"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
-
-// parseEncodingJSON is Parse before the plain form was read by hand: every
-// record through encoding/json.
-func parseEncodingJSON(b []byte) (Event, error) {
-	var w struct {
-		Event
-		V *int `json:"v"`
-	}
-	if err := json.Unmarshal(b, &w); err != nil {
-		var head struct {
-			V *int `json:"v"`
-		}
-		if herr := json.Unmarshal(b, &head); herr != nil {
-			return Event{}, fmt.Errorf("decode timeout event: %w", herr)
-		}
-		if verr := known(head.V); verr != nil {
-			return Event{}, verr
-		}
-		return Event{}, fmt.Errorf("decode timeout event: %w", err)
-	}
-	if err := known(w.V); err != nil {
-		return Event{}, err
-	}
-	e := w.Event
-	e.Version = *w.V
-	return complete(e)
-}
 
 // sameAsEncodingJSON fails t unless Parse(in) is what Parse returned when
 // every record went through encoding/json: the same event, the same error
@@ -46,7 +18,7 @@ func parseEncodingJSON(b []byte) (Event, error) {
 func sameAsEncodingJSON(t *testing.T, in []byte) {
 	t.Helper()
 	e, err := Parse(in)
-	we, werr := parseEncodingJSON(in)
+	we, werr := parseJSON(in)
 	if e != we || (err == nil) != (werr == nil) || errors.Is(err, ErrUnknownVersion) != errors.Is(werr, ErrUnknownVersion) ||
 		(err != nil && err.Error() != werr.Error()) {
 		t.Fatalf("Parse(%q) = %+v, %v; through encoding/json: %+v, %v", in, e, err, we, werr)

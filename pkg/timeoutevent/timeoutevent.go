@@ -203,10 +203,8 @@ var errNoVersion = errors.New("decode timeout event: no version field \"v\"")
 // means a newer producer; any other error means a malformed record.
 //
 // A record in the plain form the listener writes is read by hand
-// (codec.go); any other goes through encoding/json, with the same result.
-// encoding/json decodes the record once. Only when that fails does it
-// read the version alone, so that a newer producer's event, whose fields
-// this build may not decode, is still told apart from a malformed one.
+// (codec.go); any other goes through encoding/json (parseJSON), with the
+// same result.
 func Parse(b []byte) (Event, error) {
 	if e, ok := parsePlain(b); ok {
 		if err := known(&e.Version); err != nil {
@@ -214,6 +212,15 @@ func Parse(b []byte) (Event, error) {
 		}
 		return complete(e)
 	}
+	return parseJSON(b)
+}
+
+// parseJSON is Parse through encoding/json, for any record: what Parse
+// did for every record before the plain form was read by hand. It decodes
+// the record once. Only when that fails does it read the version alone,
+// so that a newer producer's event, whose fields this build may not
+// decode, is still told apart from a malformed one.
+func parseJSON(b []byte) (Event, error) {
 	// V is at a shallower depth than the embedded Event's field of the
 	// same name, so it takes "v": a pointer, to tell a missing one.
 	var w struct {
