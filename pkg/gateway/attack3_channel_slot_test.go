@@ -72,7 +72,7 @@ func TestAttack3ChannelSlotMovedSilencesInstance(t *testing.T) {
 	}
 	moved := time.Now()
 	// The instance subscribes again where the channel now lives.
-	if !waitFor(15*time.Second, func() bool { return shardSubscribers(t, c.Masters[to], channel) > 0 }) {
+	if !waitFor(patience, func() bool { return shardSubscribers(t, c.Masters[to], channel) > 0 }) {
 		res, err := b.pushGuide(t, push.Request{ID: "after", UID: "rita", Text: "t"})
 		subs := 0
 		for _, m := range c.Masters {
@@ -138,7 +138,7 @@ func TestAttack3GracefulFailoverSilencesInstance(t *testing.T) {
 	})
 	promoted := time.Now()
 	// The instance subscribes again on the new master.
-	if !waitFor(15*time.Second, func() bool { return shardSubscribers(t, c.Replicas[owner], channel) > 0 }) {
+	if !waitFor(patience, func() bool { return shardSubscribers(t, c.Replicas[owner], channel) > 0 }) {
 		res, err := b.pushGuide(t, push.Request{ID: "after", UID: "rita", Text: "t"})
 		t.Fatalf("DEFECT: 15s after a graceful failover of the master holding instance %s's channel (slot %d), a guide for "+
 			"its connected user pushed through the other instance: %+v, %v; the instance no longer hears routed guides",

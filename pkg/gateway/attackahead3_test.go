@@ -110,7 +110,7 @@ func TestAttackAhead3HandoverCopyLeavesReconnectWithout(t *testing.T) {
 	wsB.NetConn().Close() // B's network is gone before it proved g
 	waitUntil(t, "B ends and releases its lease", func() bool { return tg.hub.count(uid) == 1 && tg.aaLeases(uid) == 0 })
 
-	handed := waitFor(5*time.Second, func() bool {
+	handed := waitFor(patience, func() bool {
 		select {
 		case id := <-got:
 			return id == g.ID
@@ -180,7 +180,7 @@ func TestAttackAhead3SupersedeRefusesCloseAppliedLater(t *testing.T) {
 	got := aa3Guides(wsH)
 	wsB.NetConn().Close() // B's client is gone before it proves c
 	waitUntil(t, "B ends", func() bool { return tg.hub.count(uid) == 1 })
-	told := waitFor(5*time.Second, func() bool {
+	told := waitFor(patience, func() bool {
 		select {
 		case id := <-got:
 			if id == c.ID {

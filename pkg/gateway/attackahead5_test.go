@@ -77,7 +77,7 @@ func aaCloseAppliedOnB(t *testing.T, uid string) (tg *testGateway, wsH *websocke
 	readStage(t, wsB, c)  // written: B's close is applied
 	wsB.NetConn().Close() // B's client is gone before it proves it
 	want := []string{c.ID + "(closed)"}
-	if !waitFor(15*time.Second, func() bool {
+	if !waitFor(patience, func() bool {
 		return tg.hub.count(uid) == 1 && slices.Equal(tg.aaInboxIDs(t, uid), want)
 	}) {
 		t.Fatalf("timed out waiting for B's applied close stage kept closed: %d connections in the hub (want 1, H), inbox %v (want %v)",

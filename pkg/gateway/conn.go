@@ -690,12 +690,15 @@ func (c *conn) closingLinger() time.Duration {
 
 // outFrame is a frame waiting to be written, what to call once it is on
 // the socket, and for a guide, its wait for proof (see proof.go). A close
-// frame (close) is the last: nothing is queued after it.
+// frame (close) is the last: nothing is queued after it. A silent one
+// writes nothing: its calls come in their turn, after the frames queued
+// before it (see closesAfterCopy).
 type outFrame struct {
 	b       []byte
 	written func()
 	proof   *guideProof
 	close   bool
+	silent  bool
 }
 
 // frameRing is a queue of frames, oldest first, as a ring of nodes held
@@ -753,13 +756,23 @@ func (c *conn) enqueueFrame(f outFrame) bool {
 		return false
 	}
 	if f.proof != nil && c.hasGuide(f.proof) {
-		if f.proof.proven != nil && c.provenHere(f.proof.id) {
+		proven := f.proof.proven != nil && c.provenHere(f.proof.id)
+		if proven {
 			// Proven here before: this copy is too (a copy kept ahead
 			// again on its way on leaves the inbox, see ahead.go).
 			// proven does not block.
 			f.proof.proven()
 		}
-		return true
+		if !c.closesAfterCopy(f) {
+			return true
+		}
+		// The guide is not written again; its close is applied once
+		// the copy before it is written, and waits for proof as the
+		// live copy would have (unproven, it is kept closed).
+		f.b, f.silent = nil, true
+		if proven {
+			f.proof = nil
+		}
 	}
 	if int(c.queued) >= c.g.cfg.SendQueue {
 		c.set(flagClosed)
@@ -810,9 +823,11 @@ func (c *conn) flush() {
 			f := &batch.outFrame
 			deadline := time.Now().Add(c.g.cfg.WriteTimeout)
 			var err error
-			if f.close {
+			switch {
+			case f.silent:
+			case f.close:
 				err = c.ws.WriteControl(websocket.CloseMessage, f.b, deadline)
-			} else {
+			default:
 				c.ws.SetWriteDeadline(deadline)
 				err = c.ws.WriteMessage(websocket.TextMessage, f.b)
 			}

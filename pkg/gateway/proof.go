@@ -124,6 +124,28 @@ func (c *conn) isClosed() bool {
 	return c.is(flagClosed)
 }
 
+// closesAfterCopy reports whether f, a pushed copy of a guide c was sent
+// already (hasGuide), must still apply its close on c: a close stage's
+// live copy (its written closes c, see takeGuide), where the copy c was
+// sent is an inbox copy. An offer of the inbox (a route refresh's, a
+// keep's, see offerInbox) can hand c the entry kept ahead of the live
+// copy (see ahead.go) while that copy is on its way to c: c was
+// connected, its user silent, when the chat was closed, and the inbox
+// copy closes nothing (see handover.queue). A second live copy (a resend)
+// finds the first waiting for proof, and adds nothing: once the first is
+// written, c is closed. c.mu is held.
+func (c *conn) closesAfterCopy(f outFrame) bool {
+	if f.written == nil || f.proof.req == nil || !f.proof.req.Final {
+		return false
+	}
+	for _, p := range c.unproven() {
+		if p.id == f.proof.id && p.req != nil {
+			return false
+		}
+	}
+	return true
+}
+
 // sentGuide reports whether c was queued a copy of guide id, among the
 // last guides queued.
 func (c *conn) sentGuide(id string) bool {

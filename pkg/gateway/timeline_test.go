@@ -27,7 +27,7 @@ import (
 func (tg *testGateway) waitTimeline(t *testing.T, uid string, want ...string) []timeline.Entry {
 	t.Helper()
 	var got []timeline.Entry
-	if !waitFor(15*time.Second, func() bool {
+	if !waitFor(patience, func() bool {
 		var err error
 		if got, err = timeline.Read(context.Background(), tg.store, uid, 0); err != nil {
 			t.Fatal(err)
@@ -192,7 +192,7 @@ func (tg *testGateway) waitEntry(t *testing.T, uid, kindRule, id string) timelin
 	t.Helper()
 	var got []timeline.Entry
 	var found timeline.Entry
-	if !waitFor(15*time.Second, func() bool {
+	if !waitFor(patience, func() bool {
 		var err error
 		if got, err = timeline.Read(context.Background(), tg.store, uid, 0); err != nil {
 			t.Fatal(err)

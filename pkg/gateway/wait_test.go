@@ -5,12 +5,18 @@ import (
 	"time"
 )
 
-// waitUntil polls cond until it holds, and fails the test after 15 s
+// patience is how long a test waits for what must come before it calls
+// it missing: it returns as soon as it comes, so a long bound costs a
+// passing run nothing, and a busy host (a CI runner, every core taken)
+// may take seconds for what takes milliseconds here.
+const patience = 15 * time.Second
+
+// waitUntil polls cond until it holds, and fails the test after patience
 // without it. Tests wait on what they need this way, never on a fixed
 // sleep that assumes a fast machine.
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	if !waitFor(15*time.Second, cond) {
+	if !waitFor(patience, cond) {
 		t.Fatalf("timed out waiting for %s", what)
 	}
 }
