@@ -24,6 +24,7 @@ func aoOfferedFirst(t *testing.T, uid string) (*testGateway, *websocket.Conn, pu
 	t.Helper()
 	tg := startGateway(t, func(c *Config) { c.WriteTimeout = 30 * time.Second })
 	wsB := tg.dial(t, uid)
+	aofServed(t, wsB) // its connect's take is done: only the offer hands it c
 	c := stagePush(uid, redisNowMS(t, tg.rdb), 2, timeoutevent.ActionClose)
 	payload, err := json.Marshal(c)
 	if err != nil {

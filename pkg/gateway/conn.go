@@ -134,8 +134,10 @@ type extra struct {
 	guideIDs []string
 	// acked has bit i set once a device acknowledged guideIDs[i]: a
 	// repeated ack is not recorded in the user's timeline again. proven
-	// has it set once the client proved it got guideIDs[i].
-	acked, proven uint8
+	// has it set once the client proved it got guideIDs[i]; there once
+	// it was sent as an inbox copy while its live copy may still come
+	// (see guideProof.there).
+	acked, proven, there uint8
 	// fin is closed once the connection has finished (see finish), for
 	// whoever waits for that (an inbox handover); flushed once the
 	// flusher running has stopped (for finish). Each is made by its

@@ -216,7 +216,7 @@ func (g *Gateway) endHold(ctx context.Context, c *conn, p presence) {
 func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, closed bool) {
 	var rest *handover
 	if !closed {
-		rest = g.handOverInbox(ctx, c, p)
+		rest = g.handOverInbox(ctx, c, p, true)
 	}
 	var dropped, over, left []push.Request
 	for {

@@ -75,6 +75,10 @@ type guideProof struct {
 	// written: the frame is on the socket, so for a close stage's guide,
 	// its close was applied; c.mu.
 	written bool
+	// there: an inbox copy of a close stage handed to a connection open
+	// since before its entry was kept, ahead of a live copy that may
+	// still reach it (see closesAfterCopy). Set before it is queued.
+	there bool
 }
 
 // awaitingFrom makes p's guide, queued on c, wait for proof from now on.
@@ -88,8 +92,12 @@ func (c *conn) awaitingFrom(p *guideProof) {
 		x.guideIDs = slices.Delete(x.guideIDs, 0, 1)
 		x.acked >>= 1
 		x.proven >>= 1
+		x.there >>= 1
 	}
 	x.guideIDs = append(x.guideIDs, p.id)
+	if p.there {
+		x.there |= 1 << (len(x.guideIDs) - 1)
+	}
 }
 
 // unproven is the guides queued on c and not proven yet. c.mu is held.
@@ -127,13 +135,17 @@ func (c *conn) isClosed() bool {
 // closesAfterCopy reports whether f, a pushed copy of a guide c was sent
 // already (hasGuide), must still apply its close on c: a close stage's
 // live copy (its written closes c, see takeGuide), where the copy c was
-// sent is an inbox copy. An offer of the inbox (a route refresh's, a
-// keep's, see offerInbox) can hand c the entry kept ahead of the live
+// sent is an inbox copy handed to c while c was there before the entry
+// was kept (guideProof.there). An offer of the inbox (a route refresh's,
+// a keep's, see offerInbox) can hand c the entry kept ahead of the live
 // copy (see ahead.go) while that copy is on its way to c: c was
 // connected, its user silent, when the chat was closed, and the inbox
-// copy closes nothing (see handover.queue). A second live copy (a resend)
-// finds the first waiting for proof, and adds nothing: once the first is
-// written, c is closed. c.mu is held.
+// copy closes nothing (see handover.queue). A connection opened after
+// the entry was kept is the user come back: the inbox copy it was handed
+// closes nothing, and neither does a live copy that comes later (a
+// routed copy read late, a resend). A second live copy finds the first
+// waiting for proof, and adds nothing: once the first is written, c is
+// closed. c.mu is held.
 func (c *conn) closesAfterCopy(f outFrame) bool {
 	if f.written == nil || f.proof.req == nil || !f.proof.req.Final {
 		return false
@@ -143,7 +155,12 @@ func (c *conn) closesAfterCopy(f outFrame) bool {
 			return false
 		}
 	}
-	return true
+	for i, id := range c.x.guideIDs {
+		if id == f.proof.id && c.x.there&(1<<i) != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // sentGuide reports whether c was queued a copy of guide id, among the
@@ -427,6 +444,6 @@ func (g *Gateway) offerInbox(ctx context.Context, uid string) {
 		if h != nil {
 			<-h.done
 		}
-		g.handOverInbox(ctx, c, noPresence).goRun(ctx)
+		g.handOverInbox(ctx, c, noPresence, false).goRun(ctx)
 	}
 }

@@ -485,8 +485,10 @@ func (g *Gateway) takeInbox(ctx context.Context, c *conn, p presence) (items, su
 // handover, for a goroutine of its own, or nil when there is none: each
 // guide leaves the inbox once the client proved it got it (see proof.go),
 // and the next ones are queued then, so a connection that drops first,
-// or never reads, leaves them for the next connect.
-func (g *Gateway) handOverInbox(ctx context.Context, c *conn, p presence) *handover {
+// or never reads, leaves them for the next connect. connect says whether
+// this is the connection's own first take (on connect, or at its hold's
+// end), not an offer of the inbox to a connection open before.
+func (g *Gateway) handOverInbox(ctx context.Context, c *conn, p presence, connect bool) *handover {
 	items, superseded, presentUntil, err := g.takeInbox(ctx, c, p)
 	if err != nil {
 		g.routeLog.Fail(err)
@@ -499,7 +501,7 @@ func (g *Gateway) handOverInbox(ctx context.Context, c *conn, p presence) *hando
 	if len(items) == 0 {
 		return nil
 	}
-	h := &handover{g: g, c: c, taken: len(items)}
+	h := &handover{g: g, c: c, taken: len(items), connect: connect}
 	h.queue(ctx, items)
 	return h
 }
@@ -526,7 +528,8 @@ type handover struct {
 	// entry (see handClosed).
 	live       []string
 	liveClosed map[string]string
-	taken      int // entries the last take leased
+	taken      int  // entries the last take leased
+	connect    bool // the connection's own first take, not an offer
 }
 
 // queue puts a chunk of entries on the connection, each reporting on
@@ -578,7 +581,8 @@ func (h *handover) queue(ctx context.Context, items []string) {
 			}
 		}
 		b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)
-		if len(unsent) > 0 || !h.c.enqueueProven(b, &guideProof{id: req.ID, proven: func() { written <- raw }}, nil) {
+		p := &guideProof{id: req.ID, proven: func() { written <- raw }, there: h.there(req, raw)}
+		if len(unsent) > 0 || !h.c.enqueueProven(b, p, nil) {
 			unsent = append(unsent, req.ID)
 			continue
 		}
@@ -606,7 +610,7 @@ func (h *handover) handClosed(id string) {
 	req, _ := parseEntry(raw)
 	b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)
 	written := h.written
-	if !h.c.enqueueProven(b, &guideProof{id: req.ID, proven: func() { written <- raw }}, nil) {
+	if !h.c.enqueueProven(b, &guideProof{id: req.ID, proven: func() { written <- raw }, there: h.there(req, raw)}, nil) {
 		// Released when the handover ends, for the user's next connect.
 		h.live = append(h.live, id)
 		return
@@ -621,6 +625,23 @@ func entryClosed(raw string) bool {
 		ClosedMS int64 `json:"closed_ms"`
 	}
 	return json.Unmarshal([]byte(raw), &e) == nil && e.ClosedMS > 0
+}
+
+// there reports whether the connection was there when a close stage's
+// entry raw was kept, so that a live copy reaching it after this inbox
+// copy still closes it (see closesAfterCopy): handed by an offer of the
+// inbox, not its own connect's take, to a connection open since before
+// the entry was kept (its kept_ms, by Redis's clock, as the connection's
+// openedMS is, though only estimated, a round trip late at most). Else
+// it is the user come back, whom the inbox copy told, and closes nothing.
+func (h *handover) there(req push.Request, raw string) bool {
+	if !req.Final || h.connect {
+		return false
+	}
+	var e struct {
+		KeptMS int64 `json:"kept_ms"`
+	}
+	return json.Unmarshal([]byte(raw), &e) == nil && e.KeptMS >= h.c.openedMS
 }
 
 // run waits for each chunk to be proven, removes it from the inbox, and
