@@ -31,6 +31,11 @@ import (
 //
 // A final guide handed over from the inbox on connect is written like any
 // other and closes nothing: the user is back, on that very connection.
+// One an offer of the inbox hands a connection open since before it was
+// kept ahead (a route refresh's, while the live copy is on its way)
+// closes nothing either, but the live copy that follows it there then
+// closes the connection without writing the guide again (see
+// closesAfterCopy): that device was there, silent, when the chat closed.
 
 // enqueueGuide hands c a guide pushed to its user: held while c holds its
 // guides (see present.go), unsent and so not yet waiting for proof; else

@@ -140,10 +140,11 @@ func (c *conn) isClosed() bool {
 // a keep's, see offerInbox) can hand c the entry kept ahead of the live
 // copy (see ahead.go) while that copy is on its way to c: c was
 // connected, its user silent, when the chat was closed, and the inbox
-// copy closes nothing (see handover.queue). A connection opened after
-// the entry was kept is the user come back: the inbox copy it was handed
-// closes nothing, and neither does a live copy that comes later (a
-// routed copy read late, a resend). A second live copy finds the first
+// copy closes nothing (see handover.queue). A connection whose own
+// connect took the entry, or opened after it was kept, is the user come
+// back: the inbox copy it was handed told them, and a live copy that
+// comes later (a routed copy read late, a resend) closes nothing. A
+// second live copy finds the first
 // waiting for proof, and adds nothing: once the first is written, c is
 // closed. c.mu is held.
 func (c *conn) closesAfterCopy(f outFrame) bool {
