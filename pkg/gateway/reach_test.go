@@ -157,7 +157,7 @@ func testResync(t *testing.T, ttl time.Duration, cutOff func(*tcpproxy.Proxy)) {
 			t.Fatalf("no %s interval of %s in %q", session.BlindRenewals, tg.instance, members)
 		}
 		b := found[0]
-		if b.Start.After(firstFailed.Add(50*time.Millisecond)) || b.End.Before(restored.Add(-10*time.Millisecond)) {
+		if b.Start.After(firstFailed.Add(arrivalSlack)) || b.End.Before(restored.Add(-10*time.Millisecond)) {
 			t.Errorf("blind interval %v..%v does not cover the failed pings from %v to the restore at %v",
 				b.Start, b.End, firstFailed, restored)
 		}
@@ -165,8 +165,10 @@ func testResync(t *testing.T, ttl time.Duration, cutOff func(*tcpproxy.Proxy)) {
 	t.Run("the last ping's grant is restored, no longer", func(t *testing.T) {
 		want := lastPing.Add(ttl)
 		// The ping reached the gateway a moment after it was sent, and
-		// its grant a moment after that.
-		if got := score("alice"); got.Before(want.Add(-5*time.Millisecond)) || got.After(want.Add(50*time.Millisecond)) {
+		// its grant a moment after that: on a busy host a while after
+		// (arrivalSlack). The ping before it is 200 ms earlier, the
+		// restore more than a second later.
+		if got := score("alice"); got.Before(want.Add(-5*time.Millisecond)) || got.After(want.Add(arrivalSlack)) {
 			t.Errorf("alice's deadline %v, want her last ping's %v (%v later)", got, want, got.Sub(want))
 			t.Log(logs.String())
 		}
@@ -179,7 +181,7 @@ func testResync(t *testing.T, ttl time.Duration, cutOff func(*tcpproxy.Proxy)) {
 		// arrival plus the TTL), due at once, for the listener to hold
 		// until the grace is over and guide once.
 		want := lapsingAt.Add(time.Second)
-		if got := score("lapsing"); got.Before(want.Add(-5*time.Millisecond)) || got.After(want.Add(100*time.Millisecond)) || !got.Before(restored) {
+		if got := score("lapsing"); got.Before(want.Add(-5*time.Millisecond)) || got.After(want.Add(arrivalSlack)) || !got.Before(restored) {
 			t.Errorf("lapsing's deadline %v, want its own, %v, before the resync at %v", got, want, restored)
 		}
 		renewed, err := tg.store.LastRenewed(ctx, "lapsing")
@@ -540,6 +542,12 @@ func TestRecordsPartialOutageWhileItLasts(t *testing.T) {
 
 // pingFails pings and expects the gateway to answer that the session
 // store is unavailable.
+// arrivalSlack bounds how long after a test sends a ping the gateway
+// reads it and grants from it: milliseconds on an idle host, 127 ms seen
+// on a busy one. A grant from anything later (the ping's failure, the
+// restore) is seconds off.
+const arrivalSlack = 500 * time.Millisecond
+
 func pingFails(t *testing.T, ws *websocket.Conn) {
 	t.Helper()
 	ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`))
