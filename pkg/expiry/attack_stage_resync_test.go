@@ -1,6 +1,7 @@
 package expiry
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -52,8 +53,15 @@ func TestAttackPingInOutageBetweenStages(t *testing.T) {
 	defer stop()
 
 	user := startPinger(t, gw, "rosa", 0) // one ping, then quiet
-	waitFor(t, waitLong, "the reminder", func() bool { return len(byUID(h.events())["rosa"]) == 1 })
-	reminder := byUID(h.events())["rosa"][0]
+	// The listener moves the index entry on to the close stage when it
+	// detects the reminder. Redis shows that in a millisecond; the topic,
+	// read by a new client each look, can take seconds on a busy host,
+	// and the ping must come before the close is due, 4 s after.
+	ctx := context.Background()
+	ks := h.store.Keyspace()
+	waitFor(t, waitLong, "the reminder's stage move", func() bool {
+		return h.rdb.HExists(ctx, ks.StageKey(session.Bucket("rosa")), "rosa").Val()
+	})
 
 	// The gateway's path to Redis breaks; the user answers the reminder
 	// with a ping, which the gateway cannot write now.
@@ -67,6 +75,11 @@ func TestAttackPingInOutageBetweenStages(t *testing.T) {
 	// Real time must pass: the cut lasts a while after the ping.
 	time.Sleep(1800 * time.Millisecond)
 	proxy.Restore() // the gateway resyncs the ping's grant
+	waitFor(t, waitLong, "the reminder", func() bool { return len(byUID(h.events())["rosa"]) >= 1 })
+	reminder := byUID(h.events())["rosa"][0]
+	if reminder.Stage != 1 || pinged.Sub(time.UnixMilli(reminder.DetectedMS)) >= closeAfter {
+		t.Fatalf("first event %+v, pinged at %v: the test's ping must follow the reminder and come before the close is due", reminder, pinged)
+	}
 
 	// Past the old silence's close, held or not, and a sweep after it.
 	closeDue := time.UnixMilli(reminder.DetectedMS).Add(closeAfter)
