@@ -284,3 +284,74 @@ func TestAttackOfferTwoInstances(t *testing.T) {
 	}
 	waitUntil(t, "both end", func() bool { return p.hub.count(uid) == 0 && q.hub.count(uid) == 0 })
 }
+
+// TestAheadLaterChunkStillCloses: device B connects, silent, to a full
+// inbox (its chunk is one guide): its connect's take hands it the old
+// reminder r, and B proves it only after close stage c was kept ahead of
+// its live copy, and its close applied on another device. The next
+// chunk's take hands B c: B was there when the chat closed, its user
+// silent, and c's live copy, when it reaches B, must close it (4000)
+// without showing c again. Taken as the connect's own take, the inbox
+// copy closed nothing and the live copy was dropped as a copy: B was
+// shown the close, left open, and its session not ended.
+func TestAheadLaterChunkStillCloses(t *testing.T) {
+	ctx := context.Background()
+	uid := "aof-later-chunk"
+	tg := startGateway(t, func(c *Config) {
+		c.SendQueue = 2 // a chunk of one guide
+		c.WriteTimeout = 30 * time.Second
+		c.routeRefreshEvery = time.Hour // only the handover hands the inbox
+	})
+	now := redisNowMS(t, tg.rdb)
+	r := push.Request{ID: "r", UID: uid, Text: "Still there?", DeadlineMS: now, Stage: 1}
+	tg.mustPush(t, r, push.Queued) // connected nowhere: kept
+
+	wsB := tg.dial(t, uid)
+	readGuide(t, wsB, r.ID) // the connect's take; not proven yet
+	c := stagePush(uid, redisNowMS(t, tg.rdb), 2, timeoutevent.ActionClose)
+	tg.aofKeepAhead(t, c)
+	if applied, err := tg.store.CommitClose(ctx, uid, c.ID, c.DeadlineMS, pushedTTL); err != nil || !applied {
+		t.Fatalf("the close applied on the other instance's device: %v, %v", applied, err)
+	}
+	aaAck(t, wsB, r.ID) // proof, and no renewal: the next chunk is taken
+	readStage(t, wsB, c)
+	waitUntil(t, "c leased to B's handover", func() bool { return tg.aaLeases(uid) == 1 })
+
+	tg.readRouted(t, c)
+	readClose(t, wsB)
+	waitUntil(t, "B ends", func() bool { return tg.hub.count(uid) == 0 })
+}
+
+// TestAheadOfferedCloseThenPingStillCloses: device D, connected and
+// silent when close stage c was kept ahead of its live copy and its close
+// applied elsewhere, is offered c's entry, reads it, acks it, and pings.
+// The chat was closed while D's user was silent, and D was told so: the
+// close frame promises a 4000 right after it (see docs/protocol.md), and
+// the live copy, read late, brings it. A ping after a close frame does
+// not reopen the chat, here as when the live copy comes first; the user
+// starts a new session by connecting again.
+func TestAheadOfferedCloseThenPingStillCloses(t *testing.T) {
+	ctx := context.Background()
+	uid := "aof-ping-after"
+	tg := startGateway(t, func(c *Config) {
+		c.WriteTimeout = 30 * time.Second
+		c.routeRefreshEvery = time.Hour // only the test offers the inbox
+	})
+	wsD := tg.dial(t, uid)
+	aofServed(t, wsD)
+	c := stagePush(uid, redisNowMS(t, tg.rdb), 2, timeoutevent.ActionClose)
+	tg.aofKeepAhead(t, c)
+	if applied, err := tg.store.CommitClose(ctx, uid, c.ID, c.DeadlineMS, pushedTTL); err != nil || !applied {
+		t.Fatalf("the close applied on the other instance's device: %v, %v", applied, err)
+	}
+	tg.offerInbox(ctx, uid)
+	readStage(t, wsD, c)
+	aaAck(t, wsD, c.ID)
+	pingPong(t, wsD)
+	waitUntil(t, "D's inbox copy proven, and out of the inbox", func() bool {
+		return len(tg.aaInboxIDs(t, uid)) == 0 && tg.aaLeases(uid) == 0
+	})
+	tg.readRouted(t, c)
+	readClose(t, wsD) // no second guide frame before it
+	waitUntil(t, "D ends", func() bool { return tg.hub.count(uid) == 0 })
+}

@@ -529,7 +529,7 @@ type handover struct {
 	live       []string
 	liveClosed map[string]string
 	taken      int  // entries the last take leased
-	connect    bool // the connection's own first take, not an offer
+	connect    bool // the connection's own first take, not an offer or a later chunk
 }
 
 // queue puts a chunk of entries on the connection, each reporting on
@@ -630,10 +630,13 @@ func entryClosed(raw string) bool {
 // there reports whether the connection was there when a close stage's
 // entry raw was kept, so that a live copy reaching it after this inbox
 // copy still closes it (see closesAfterCopy): handed by an offer of the
-// inbox, not its own connect's take, to a connection open since before
-// the entry was kept (its kept_ms, by Redis's clock, as the connection's
-// openedMS is, though only estimated, a round trip late at most). Else
-// it is the user come back, whom the inbox copy told, and closes nothing.
+// inbox or a later chunk's take, not its connect's own, to a connection
+// open since before the entry was kept (its kept_ms, by Redis's clock,
+// as the connection's openedMS is, though only estimated: early by the
+// reply's way back at most, so an entry kept in that moment before the
+// connection opened counts as kept after; the connect's own take, which
+// is what could hand such an entry, never counts). Else it is the user
+// come back, whom the inbox copy told, and closes nothing.
 func (h *handover) there(req push.Request, raw string) bool {
 	if !req.Final || h.connect {
 		return false
@@ -682,6 +685,10 @@ func (h *handover) run(ctx context.Context) {
 		}
 		taken = len(items)
 		h.liveClosed = nil
+		// A later chunk's entries were taken while the connection was
+		// there, as an offer's are: one kept since it opened (a close
+		// stage kept ahead of its live copy) found it there.
+		h.connect = false
 		h.queue(ctx, items)
 	}
 }
