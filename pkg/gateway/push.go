@@ -581,7 +581,7 @@ func (h *handover) queue(ctx context.Context, items []string) {
 			}
 		}
 		b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)
-		p := &guideProof{id: req.ID, proven: func() { written <- raw }, there: h.there(req, raw)}
+		p := &guideProof{id: req.ID, proven: func() { written <- raw }, there: h.there(ctx, req, raw)}
 		if len(unsent) > 0 || !h.c.enqueueProven(b, p, nil) {
 			unsent = append(unsent, req.ID)
 			continue
@@ -610,7 +610,9 @@ func (h *handover) handClosed(id string) {
 	req, _ := parseEntry(raw)
 	b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)
 	written := h.written
-	if !h.c.enqueueProven(b, &guideProof{id: req.ID, proven: func() { written <- raw }, there: h.there(req, raw)}, nil) {
+	// The hold's end is the connection's own first take: there is false
+	// without asking Redis.
+	if !h.c.enqueueProven(b, &guideProof{id: req.ID, proven: func() { written <- raw }, there: h.there(context.Background(), req, raw)}, nil) {
 		// Released when the handover ends, for the user's next connect.
 		h.live = append(h.live, id)
 		return
@@ -628,23 +630,39 @@ func entryClosed(raw string) bool {
 }
 
 // there reports whether the connection was there when a close stage's
-// entry raw was kept, so that a live copy reaching it after this inbox
-// copy still closes it (see closesAfterCopy): handed by an offer of the
-// inbox or a later chunk's take, not its connect's own, to a connection
-// open since before the entry was kept (its kept_ms, by Redis's clock,
-// as the connection's openedMS is, though only estimated: early by the
-// reply's way back at most, so an entry kept in that moment before the
-// connection opened counts as kept after; the connect's own take, which
-// is what could hand such an entry, never counts). Else it is the user
-// come back, whom the inbox copy told, and closes nothing.
-func (h *handover) there(req push.Request, raw string) bool {
+// entry raw was applied (the chat closed), so that a live copy reaching
+// it after this inbox copy still closes it (see closesAfterCopy): handed
+// by an offer of the inbox or a later chunk's take, not its connect's
+// own, to a connection open since before the close was applied (by
+// Redis's clock, as the connection's openedMS is, though only estimated:
+// early by the reply's way back at most, so a close applied in that
+// moment before the connection opened counts as applied after; the
+// connect's own take, which is what could hand such an entry, never
+// counts). Else it is the user come back, whom the inbox copy told, and
+// closes nothing. When the close was applied is read from Redis (see
+// Store.CloseAppliedAt); not known (a close decided by a gateway before
+// it kept the time, or Redis failing), the entry's kept_ms stands in: a
+// close stage is kept ahead of its live copy, just before it is applied.
+func (h *handover) there(ctx context.Context, req push.Request, raw string) bool {
 	if !req.Final || h.connect {
 		return false
 	}
-	var e struct {
-		KeptMS int64 `json:"kept_ms"`
+	cctx, cancel := context.WithTimeout(ctx, h.g.cfg.WriteTimeout)
+	defer cancel()
+	at, err := h.g.store.CloseAppliedAt(cctx, req.UID, req.ID)
+	if err != nil {
+		h.g.log.Warn("read when a close stage was applied; judged by when it was kept", "uid", req.UID, "guide_id", req.ID, "err", err)
 	}
-	return json.Unmarshal([]byte(raw), &e) == nil && e.KeptMS >= h.c.openedMS
+	if at == 0 {
+		var e struct {
+			KeptMS int64 `json:"kept_ms"`
+		}
+		if json.Unmarshal([]byte(raw), &e) != nil {
+			return false
+		}
+		at = e.KeptMS
+	}
+	return at >= h.c.openedMS
 }
 
 // run waits for each chunk to be proven, removes it from the inbox, and

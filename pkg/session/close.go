@@ -2,8 +2,11 @@ package session
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // A close stage's guide closes every connection that writes it, and a
@@ -51,7 +54,7 @@ func (s *Store) runClose(ctx context.Context, uid, id string, deadlineMS int64, 
 	if apply {
 		flag = "1"
 	}
-	got, err := closeCommitScript.Run(ctx, s.rdb, closeKeys{Renewed: s.ks.RenewedKey(uid), Close: s.ks.CloseKey(uid, id)},
+	got, err := closeCommitScript.Run(ctx, s.rdb, closeKeys{Renewed: s.ks.RenewedKey(uid), Close: s.ks.CloseKey(uid, id), CloseAt: s.ks.CloseAtKey(uid, id)},
 		deadlineMS, keep.Milliseconds(), flag).Text()
 	if err != nil {
 		return "", fmt.Errorf("decide close stage %s of %q: %w", id, uid, err)
@@ -65,4 +68,19 @@ func (s *Store) runClose(ctx context.Context, uid, id string, deadlineMS int64, 
 		}
 	}
 	return "", fmt.Errorf("decide close stage %s of %q: %w: %q", id, uid, errReply, got)
+}
+
+// CloseAppliedAt returns when uid's close stage guide id was decided
+// applied (see CommitClose), Unix ms by Redis's clock: when the chat
+// closed. 0 when not known: not decided, cancelled, or decided by a
+// gateway before the time was kept, or by LaterStageGoes.
+func (s *Store) CloseAppliedAt(ctx context.Context, uid, id string) (int64, error) {
+	ms, err := s.rdb.Get(ctx, s.ks.CloseAtKey(uid, id)).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("when the close stage %s of %q was applied: %w", id, uid, err)
+	}
+	return ms, nil
 }

@@ -159,9 +159,9 @@ func (k pushClaimKeys) list() []string { return []string{k.Delivered, k.Pushed, 
 type deliveredKeys struct{ Delivered string }
 
 // closeKeys: close_commit.lua.
-type closeKeys struct{ Renewed, Close string }
+type closeKeys struct{ Renewed, Close, CloseAt string }
 
-func (k closeKeys) list() []string { return []string{k.Renewed, k.Close} }
+func (k closeKeys) list() []string { return []string{k.Renewed, k.Close, k.CloseAt} }
 
 func (k deliveredKeys) list() []string { return []string{k.Delivered} }
 

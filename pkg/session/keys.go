@@ -261,6 +261,15 @@ func (k Keyspace) CloseKey(uid, id string) string {
 	return k.bucketPrefix(Bucket(uid)) + "pc:" + uid + "/" + id
 }
 
+// CloseAtKey holds when the close stage's guide id for uid was decided
+// applied, Unix ms by Redis's clock, beside CloseKey: the moment the chat
+// closed, which says whether a connection was there then (see
+// Store.CloseAppliedAt). Absent for a close decided by a gateway before
+// it.
+func (k Keyspace) CloseAtKey(uid, id string) string {
+	return k.bucketPrefix(Bucket(uid)) + "pca:" + uid + "/" + id
+}
+
 // PushedKey is where gateways before DeliveredKey marked that they
 // delivered guide id: a push still reads it, so that a guide they
 // delivered is not delivered again after an upgrade.

@@ -4,6 +4,8 @@
 -- (or ended) their session after the silence's deadline, ARGV[1] (Unix
 -- ms); the decision is kept ARGV[2] ms. With ARGV[3] '0', only a
 -- cancellation is decided: a close not over stays undecided (returns '').
+-- An applied close records when it was decided, Redis's clock, in
+-- KEYS[K.closeAt], kept as long.
 -- Returns V.applied, V.cancelled or ''.
 local got = redis.call('GET', KEYS[K.close])
 if got then return got end
@@ -14,4 +16,5 @@ elseif ARGV[3] == '0' then
   return ''
 end
 redis.call('SET', KEYS[K.close], out, 'PX', ARGV[2])
+if out == V.applied then redis.call('SET', KEYS[K.closeAt], redisNowMS(), 'PX', ARGV[2]) end
 return out

@@ -1,0 +1,43 @@
+package session
+
+import (
+	"testing"
+	"time"
+)
+
+// TestCloseAppliedAt: a close decided applied keeps when, by Redis's
+// clock, and a later commit (another connection told the same) leaves
+// that time as it was; a cancelled or undecided close has none.
+func TestCloseAppliedAt(t *testing.T) {
+	s, ctx := newStore(t)
+	deadline := redisNow(t, s.rdb).Add(-time.Minute).UnixMilli()
+
+	before := redisNow(t, s.rdb).UnixMilli()
+	if applied, err := s.CommitClose(ctx, "closeat-a", "c", deadline, time.Minute); err != nil || !applied {
+		t.Fatalf("commit: applied %v, %v", applied, err)
+	}
+	after := redisNow(t, s.rdb).UnixMilli()
+	at, err := s.CloseAppliedAt(ctx, "closeat-a", "c")
+	if err != nil || at < before || at > after {
+		t.Fatalf("applied at %d, %v; want within [%d, %d]", at, err, before, after)
+	}
+	redisPast(t, s.rdb, time.UnixMilli(after))
+	if applied, err := s.CommitClose(ctx, "closeat-a", "c", deadline, time.Minute); err != nil || !applied {
+		t.Fatalf("second commit: applied %v, %v", applied, err)
+	}
+	if again, err := s.CloseAppliedAt(ctx, "closeat-a", "c"); err != nil || again != at {
+		t.Errorf("after a second commit: applied at %d, %v; want %d, the decision's", again, err, at)
+	}
+
+	if _, err := s.Renew(ctx, "closeat-b", "default", time.Minute, ClockPresence); err != nil {
+		t.Fatal(err)
+	}
+	if applied, err := s.CommitClose(ctx, "closeat-b", "c", deadline, time.Minute); err != nil || applied {
+		t.Fatalf("commit after a renewal: applied %v, %v; want cancelled", applied, err)
+	}
+	for _, uid := range []string{"closeat-b", "closeat-none"} {
+		if at, err := s.CloseAppliedAt(ctx, uid, "c"); err != nil || at != 0 {
+			t.Errorf("%s: applied at %d, %v; want 0", uid, at, err)
+		}
+	}
+}
