@@ -1,0 +1,197 @@
+package gateway
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stillthere/stillthere/pkg/push"
+	"github.com/stillthere/stillthere/pkg/session"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
+)
+
+// Attacks on handover.there's applied time: it reads when a close stage
+// was decided applied from CloseAtKey, which only close_commit.lua of
+// this version writes, and falls back on the entry's kept_ms when the
+// key is absent. A close decided applied otherwise (by LaterStageGoes's
+// SETNX, in this version; by close_commit.lua of a gateway before it,
+// during a rolling upgrade) or never decided at all (a close stage
+// pushed without deadline_ms) is judged by when its entry was kept, the
+// misjudgement the change set out to fix.
+
+// a1201bDecide decides close stage c applied, the way named by how.
+func (tg *testGateway) a1201bDecide(t *testing.T, c push.Request, how string) {
+	t.Helper()
+	ctx := context.Background()
+	switch how {
+	case "close_commit":
+		// A connection of this version about to write it.
+		if applied, err := tg.store.CommitClose(ctx, c.UID, c.ID, c.DeadlineMS, pushedTTL); err != nil || !applied {
+			t.Fatalf("the close applied: %v, %v", applied, err)
+		}
+	case "old close_commit":
+		// A gateway from before CloseAtKey, mid rolling upgrade: its
+		// close_commit.lua sets the decision and nothing beside it.
+		if err := tg.rdb.Set(ctx, tg.store.Keyspace().CloseKey(c.UID, c.ID), "applied", pushedTTL).Err(); err != nil {
+			t.Fatal(err)
+		}
+	case "LaterStageGoes":
+		// Another instance reads stage 1 of the silence late, routed to
+		// a device there, after the user renewed past the deadline: c
+		// is claimed, so the reminder goes out and c's close is decided
+		// applied (cameBackRouted).
+		goes, err := tg.store.LaterStageGoes(ctx, c.UID, c.DeadlineMS, 1, pushedTTL, string(push.Delivered), string(push.Queued))
+		if err != nil || !goes {
+			t.Fatalf("LaterStageGoes: %v, %v; want the later stage going", goes, err)
+		}
+		if got, err := tg.rdb.Get(ctx, tg.store.Keyspace().CloseKey(c.UID, c.ID)).Result(); err != nil || got != "applied" {
+			t.Fatalf("c's close decision %q, %v; want applied", got, err)
+		}
+	default:
+		t.Fatalf("unknown decision %q", how)
+	}
+}
+
+// TestAttack1201bCameBackClosedWhenDecidedWithoutTime: close stage c of
+// a silence is claimed by its push on another instance P, which stalls
+// before its route. The user comes back (a renewal past the deadline,
+// on a device or through the platform), and the close is decided
+// applied without its time being kept: by another instance that reads
+// stage 1 late (LaterStageGoes: the reminder goes out, as c was claimed
+// before the user came back), or by a gateway from before this version.
+// Then the user opens a new device B here, well after the close, and
+// pings. P resumes: it keeps c ahead, routes it here (B is in the route)
+// and writes it to the user's device A there, whose client is gone
+// before proving it: A's handOn keeps c marked closed, kept_ms now,
+// after B opened. A route refresh here offers the inbox: B is handed c,
+// acks it and pings. Then P's routed copy is read here. B opened after
+// the chat was closed and was told by the inbox: a close stage handed
+// over "closes nothing ... unless the connection was open, its user
+// silent, when the close was applied" (docs/protocol.md, "Inbox"), as
+// the subtest whose close this version's close_commit decided shows.
+// With the time unknown, there() judges by kept_ms, counts B there when
+// the chat closed, and the routed copy closes B 4000 and ends the
+// session B's ping renewed.
+func TestAttack1201bCameBackClosedWhenDecidedWithoutTime(t *testing.T) {
+	for _, how := range []string{"close_commit", "LaterStageGoes", "old close_commit"} {
+		t.Run(how, func(t *testing.T) {
+			ctx := context.Background()
+			uid := "a1201b-back-" + newToken()[:8]
+			tg := startGateway(t, func(c *Config) {
+				c.WriteTimeout = 30 * time.Second
+				c.routeRefreshEvery = time.Hour // only the test offers the inbox
+			})
+			deadline := redisNowMS(t, tg.rdb) - 1000
+			c := stagePush(uid, deadline, 2, timeoutevent.ActionClose)
+			// P's push of c: claimed, then stalled before its route.
+			if state, err := tg.store.ClaimPush(ctx, uid, c.ID, newToken(), claimTTL, deadline); err != nil || state != session.PushFresh {
+				t.Fatalf("claim c: %v, %v", state, err)
+			}
+			// The user comes back, past the deadline, elsewhere: before
+			// the close was decided (a late reminder decides it so), or
+			// after a connection about to write it decided it.
+			renew := func() {
+				if _, err := tg.store.Renew(ctx, uid, session.DefaultSegment, time.Minute, session.ClockPresence); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if how == "LaterStageGoes" {
+				renew()
+				tg.a1201bDecide(t, c, how)
+			} else {
+				tg.a1201bDecide(t, c, how)
+				renew()
+			}
+			decided := redisNowMS(t, tg.rdb)
+			// B opens clearly after the close (openedMS is an estimate of
+			// Redis's clock, a round trip early at most).
+			waitUntil(t, "Redis's clock past the close", func() bool { return redisNowMS(t, tg.rdb) > decided+100 })
+
+			wsB := tg.dial(t, uid)
+			aofServed(t, wsB)
+			pingPong(t, wsB) // the user is back, on B
+			var openedMS int64
+			for _, cn := range tg.hub.lookup(uid) {
+				openedMS = cn.openedMS
+			}
+			if openedMS <= decided {
+				t.Fatalf("B opened at %d, the close decided by %d: the test's premise fails", openedMS, decided)
+			}
+
+			// P resumes: kept ahead, written to A (applied already), A's
+			// client gone unproven: kept closed (A's handOn, on P).
+			tg.aofKeepAhead(t, c)
+			tg.a1201KeepClosed(t, c)
+			if kept := tg.a1201KeptMS(t, uid, c.ID); kept < openedMS {
+				t.Fatalf("c kept closed at %d, before B opened (%d): the test's premise fails", kept, openedMS)
+			}
+			// The route refresh here offers the inbox.
+			tg.offerInbox(ctx, uid)
+			readStage(t, wsB, c)
+			aaAck(t, wsB, c.ID)
+			pingPong(t, wsB)
+			waitUntil(t, "B's inbox copy proven, and out of the inbox", func() bool {
+				return len(tg.aaInboxIDs(t, uid)) == 0 && tg.aaLeases(uid) == 0
+			})
+
+			tg.readRouted(t, c) // P's routed copy, read late
+			aofStillOpen(t, wsB, "B, opened after the close ("+how+") and handed it from the inbox,")
+			if !sessionExists(tg, uid) {
+				t.Error("the user who came back on B has no session")
+			}
+		})
+	}
+}
+
+// TestAttack1201bUpgradeKeptBeforeOpenAppliedAfterNeverClosed is
+// TestAttack1201KeptBeforeOpenAppliedAfterNeverClosed in a rolling
+// upgrade: the instance P that keeps close stage c ahead and then writes
+// it to the user's device A, deciding its close applied while device D
+// here is open and its user silent, runs the version before CloseAtKey
+// (its keep ahead is the same, its close_commit.lua keeps no time). D's
+// connect takes stage 1's entry r; the next chunk hands D c after the
+// close was applied, and there() falls back on kept_ms, from before D
+// opened: D counts as the user come back, and P's routed copy is dropped
+// on D as a copy. D was there and silent when the chat closed, was shown
+// the close, and is never closed: its session goes on. The subtest whose
+// close this version decided shows the fix working.
+func TestAttack1201bUpgradeKeptBeforeOpenAppliedAfterNeverClosed(t *testing.T) {
+	for _, how := range []string{"close_commit", "old close_commit"} {
+		t.Run(how, func(t *testing.T) {
+			uid := "a1201b-upgrade-" + newToken()[:8]
+			tg := startGateway(t, func(c *Config) {
+				c.SendQueue = 2 // a chunk of one guide
+				c.WriteTimeout = 30 * time.Second
+				c.routeRefreshEvery = time.Hour // only the handover hands the inbox
+			})
+			deadline := redisNowMS(t, tg.rdb)
+			r := stagePush(uid, deadline, 1, timeoutevent.ActionRemind)
+			c := stagePush(uid, deadline, 2, timeoutevent.ActionClose)
+			tg.aofKeepAhead(t, r)
+			tg.aofKeepAhead(t, c) // P's push, which then stalls
+			keptMS := tg.a1201KeptMS(t, uid, c.ID)
+			waitUntil(t, "Redis's clock past c's keep", func() bool { return redisNowMS(t, tg.rdb) > keptMS+100 })
+
+			wsD := tg.dial(t, uid)
+			readStage(t, wsD, r) // the connect's take; not proven yet
+			for _, cn := range tg.hub.lookup(uid) {
+				if cn.openedMS <= keptMS {
+					t.Fatalf("D opened at %d, c kept at %d: the test's premise fails", cn.openedMS, keptMS)
+				}
+			}
+			tg.a1201bDecide(t, c, how) // P writes c to A: applied, D open and silent
+			aaAck(t, wsD, r.ID)        // proof, no renewal: the next chunk is taken
+			readStage(t, wsD, c)
+			aaAck(t, wsD, c.ID)
+			waitUntil(t, "D's inbox copies proven, and out of the inbox", func() bool {
+				return len(tg.aaInboxIDs(t, uid)) == 0 && tg.aaLeases(uid) == 0
+			})
+
+			tg.readRouted(t, c) // P's routed copy
+			readClose(t, wsD)   // no second guide frame before it
+			waitUntil(t, "D ends, and its 4000 ends the session", func() bool {
+				return tg.hub.count(uid) == 0 && !sessionExists(tg, uid)
+			})
+		})
+	}
+}
