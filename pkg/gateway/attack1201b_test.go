@@ -195,3 +195,107 @@ func TestAttack1201bUpgradeKeptBeforeOpenAppliedAfterNeverClosed(t *testing.T) {
 		})
 	}
 }
+
+// TestAttack1201bNoDeadlineCloseJudgedByKeep: a close stage pushed
+// without deadline_ms (optional in the push contract) is never decided:
+// commitClose applies it without asking Redis, so no connection that
+// writes it records when the chat closed, and there() judges its inbox
+// copy by kept_ms, as before the change. Both cases the change fixed for
+// a close with a deadline come back:
+//
+//   - re-kept closed: P keeps stage 1's r and close stage c ahead and
+//     writes c to the user's device A there; the user then comes back on
+//     a new device B here, whose connect's take (a chunk of one) hands it
+//     r; A's client is gone unproven, and P's handOn keeps c closed,
+//     kept_ms after B opened. The next chunk hands B c, B pings; P's
+//     routed copy, read late, closes B 4000 and ends its renewed session;
+//   - kept before open, applied after: P keeps c ahead (behind stage 1's
+//     r) and stalls; device D connects here, its connect's take hands it
+//     r; P writes c to A while D is open and silent; the next chunk
+//     hands D c, kept before D opened, and P's routed copy is dropped on
+//     D as a copy: D is shown the close and never closed.
+func TestAttack1201bNoDeadlineCloseJudgedByKeep(t *testing.T) {
+	undated := func(uid string, stage int, action string) push.Request {
+		req := stagePush(uid, 0, stage, action)
+		req.ID = uid + "-stage-" + action
+		return req
+	}
+	t.Run("re-kept closed, came back closed", func(t *testing.T) {
+		uid := "a1201b-undated-back"
+		tg := startGateway(t, func(c *Config) {
+			c.SendQueue = 2 // a chunk of one guide
+			c.WriteTimeout = 30 * time.Second
+			c.routeRefreshEvery = time.Hour // only the handover hands the inbox
+		})
+		r := undated(uid, 1, timeoutevent.ActionRemind)
+		c := undated(uid, 2, timeoutevent.ActionClose)
+		tg.aofKeepAhead(t, r)
+		tg.aofKeepAhead(t, c) // P's push: kept ahead, and written to A
+		written := redisNowMS(t, tg.rdb)
+		waitUntil(t, "Redis's clock past the close", func() bool { return redisNowMS(t, tg.rdb) > written+100 })
+
+		wsB := tg.dial(t, uid) // the user comes back, after the close
+		readStage(t, wsB, r)   // the connect's take; not proven yet
+		var openedMS int64
+		waitUntil(t, "B registered", func() bool {
+			for _, cn := range tg.hub.lookup(uid) {
+				openedMS = cn.openedMS
+			}
+			return openedMS > 0
+		})
+		if openedMS <= written {
+			t.Fatalf("B opened at %d, the close written by %d: the test's premise fails", openedMS, written)
+		}
+		// A's client gone unproven: A's handOn, on P, keeps c closed.
+		tg.a1201KeepClosed(t, c)
+		if kept := tg.a1201KeptMS(t, uid, c.ID); kept < openedMS {
+			t.Fatalf("c re-kept at %d, before B opened (%d): the test's premise fails", kept, openedMS)
+		}
+		aaAck(t, wsB, r.ID) // the next chunk is taken: c
+		readStage(t, wsB, c)
+		aaAck(t, wsB, c.ID)
+		pingPong(t, wsB) // the user is back
+		waitUntil(t, "B's inbox copies proven, and out of the inbox", func() bool {
+			return len(tg.aaInboxIDs(t, uid)) == 0 && tg.aaLeases(uid) == 0
+		})
+		tg.readRouted(t, c) // P's routed copy, read late
+		aofStillOpen(t, wsB, "B, opened after the close and handed it from the inbox,")
+		if !sessionExists(tg, uid) {
+			t.Error("the user who came back on B has no session")
+		}
+	})
+	t.Run("kept before open, applied after, never closed", func(t *testing.T) {
+		uid := "a1201b-undated-before"
+		tg := startGateway(t, func(c *Config) {
+			c.SendQueue = 2 // a chunk of one guide
+			c.WriteTimeout = 30 * time.Second
+			c.routeRefreshEvery = time.Hour // only the handover hands the inbox
+		})
+		r := undated(uid, 1, timeoutevent.ActionRemind)
+		c := undated(uid, 2, timeoutevent.ActionClose)
+		tg.aofKeepAhead(t, r)
+		tg.aofKeepAhead(t, c) // P's push, which then stalls
+		keptMS := tg.a1201KeptMS(t, uid, c.ID)
+		waitUntil(t, "Redis's clock past c's keep", func() bool { return redisNowMS(t, tg.rdb) > keptMS+100 })
+
+		wsD := tg.dial(t, uid)
+		readStage(t, wsD, r) // the connect's take; not proven yet
+		for _, cn := range tg.hub.lookup(uid) {
+			if cn.openedMS <= keptMS {
+				t.Fatalf("D opened at %d, c kept at %d: the test's premise fails", cn.openedMS, keptMS)
+			}
+		}
+		// P writes c to A: applied (no decision to make), D open and silent.
+		aaAck(t, wsD, r.ID) // proof, no renewal: the next chunk is taken
+		readStage(t, wsD, c)
+		aaAck(t, wsD, c.ID)
+		waitUntil(t, "D's inbox copies proven, and out of the inbox", func() bool {
+			return len(tg.aaInboxIDs(t, uid)) == 0 && tg.aaLeases(uid) == 0
+		})
+		tg.readRouted(t, c) // P's routed copy
+		readClose(t, wsD)   // no second guide frame before it
+		waitUntil(t, "D ends, and its 4000 ends the session", func() bool {
+			return tg.hub.count(uid) == 0 && !sessionExists(tg, uid)
+		})
+	})
+}
