@@ -70,6 +70,13 @@ func TestAttack1201ReKeptClosedCameBackClosed(t *testing.T) {
 	if applied, err := tg.store.CommitClose(ctx, uid, c.ID, c.DeadlineMS, pushedTTL); err != nil || !applied {
 		t.Fatalf("the close applied on the other instance's device: %v, %v", applied, err)
 	}
+	// B opens clearly after the close: its openedMS is an estimate, early
+	// by a moment.
+	closedAt, err := tg.store.CloseAppliedAt(ctx, uid, c.ID)
+	if err != nil || closedAt == 0 {
+		t.Fatalf("the close applied at %d, %v", closedAt, err)
+	}
+	waitUntil(t, "Redis's clock past the close", func() bool { return redisNowMS(t, tg.rdb) > closedAt+100 })
 
 	// The user comes back, on a new device, after the close.
 	wsB := tg.dial(t, uid)
@@ -87,8 +94,8 @@ func TestAttack1201ReKeptClosedCameBackClosed(t *testing.T) {
 	if got, want := tg.aaInboxIDs(t, uid), []string{r.ID, c.ID + "(closed)"}; !slices.Equal(got, want) {
 		t.Fatalf("inbox %v, want %v", got, want)
 	}
-	if kept := tg.a1201KeptMS(t, uid, c.ID); kept < openedMS {
-		t.Fatalf("c re-kept at %d, before B opened (%d): the test's premise fails", kept, openedMS)
+	if kept := tg.a1201KeptMS(t, uid, c.ID); kept < openedMS || openedMS <= closedAt {
+		t.Fatalf("c applied at %d, re-kept at %d; B opened at %d: the test's premise (B opened between) fails", closedAt, kept, openedMS)
 	}
 
 	aaAck(t, wsB, r.ID) // the next chunk is taken: c

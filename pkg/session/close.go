@@ -31,12 +31,31 @@ const (
 // closeOutcomes are close_commit.lua's answers.
 type closeOutcomes struct{ Applied, Cancelled string }
 
+// closeMode is how close_commit.lua decides (its ARGV[3]).
+type closeMode string
+
+const (
+	closeCancelOnly closeMode = "0" // decide a cancellation only
+	closeDecide     closeMode = "1" // cancelled if the user renewed after the deadline, else applied
+	closeApply      closeMode = "2" // applied, whatever the user did since
+)
+
 // CommitClose decides whether uid's close stage guide id, of the silence
 // whose deadline was deadlineMS, is applied: the first call decides, by
 // whether the user renewed (or ended) their session after the deadline,
 // and the decision is kept for keep; every later call gets it.
 func (s *Store) CommitClose(ctx context.Context, uid, id string, deadlineMS int64, keep time.Duration) (applied bool, err error) {
-	got, err := s.runClose(ctx, uid, id, deadlineMS, keep, true)
+	got, err := s.runClose(ctx, uid, id, deadlineMS, keep, closeDecide)
+	return got == closeApplied, err
+}
+
+// ApplyClose is CommitClose deciding applied whatever the user did since
+// the deadline: for a close that must not be cancelled (its silence's
+// earlier stage went out; see LaterStageGoes), or one whose silence has
+// no deadline to judge by. A close decided already keeps its decision:
+// applied reports it.
+func (s *Store) ApplyClose(ctx context.Context, uid, id string, keep time.Duration) (applied bool, err error) {
+	got, err := s.runClose(ctx, uid, id, 0, keep, closeApply)
 	return got == closeApplied, err
 }
 
@@ -45,17 +64,13 @@ func (s *Store) CommitClose(ctx context.Context, uid, id string, deadlineMS int6
 // leaves a close not over undecided, for the connection that writes it.
 // It reports whether the close is cancelled, now or before.
 func (s *Store) CancelCloseIfOver(ctx context.Context, uid, id string, deadlineMS int64, keep time.Duration) (cancelled bool, err error) {
-	got, err := s.runClose(ctx, uid, id, deadlineMS, keep, false)
+	got, err := s.runClose(ctx, uid, id, deadlineMS, keep, closeCancelOnly)
 	return got == closeCancelled, err
 }
 
-func (s *Store) runClose(ctx context.Context, uid, id string, deadlineMS int64, keep time.Duration, apply bool) (string, error) {
-	flag := "0"
-	if apply {
-		flag = "1"
-	}
+func (s *Store) runClose(ctx context.Context, uid, id string, deadlineMS int64, keep time.Duration, mode closeMode) (string, error) {
 	got, err := closeCommitScript.Run(ctx, s.rdb, closeKeys{Renewed: s.ks.RenewedKey(uid), Close: s.ks.CloseKey(uid, id), CloseAt: s.ks.CloseAtKey(uid, id)},
-		deadlineMS, keep.Milliseconds(), flag).Text()
+		deadlineMS, keep.Milliseconds(), string(mode)).Text()
 	if err != nil {
 		return "", fmt.Errorf("decide close stage %s of %q: %w", id, uid, err)
 	}
@@ -63,7 +78,7 @@ func (s *Store) runClose(ctx context.Context, uid, id string, deadlineMS int64, 
 	case closeApplied, closeCancelled:
 		return got, nil
 	case "":
-		if !apply {
+		if mode == closeCancelOnly {
 			return got, nil
 		}
 	}
@@ -73,7 +88,7 @@ func (s *Store) runClose(ctx context.Context, uid, id string, deadlineMS int64, 
 // CloseAppliedAt returns when uid's close stage guide id was decided
 // applied (see CommitClose), Unix ms by Redis's clock: when the chat
 // closed. 0 when not known: not decided, cancelled, or decided by a
-// gateway before the time was kept, or by LaterStageGoes.
+// gateway before the time was kept.
 func (s *Store) CloseAppliedAt(ctx context.Context, uid, id string) (int64, error) {
 	ms, err := s.rdb.Get(ctx, s.ks.CloseAtKey(uid, id)).Int64()
 	if errors.Is(err, redis.Nil) {

@@ -7,7 +7,9 @@ import (
 
 // TestCloseAppliedAt: a close decided applied keeps when, by Redis's
 // clock, and a later commit (another connection told the same) leaves
-// that time as it was; a cancelled or undecided close has none.
+// that time as it was; a cancelled or undecided close has none. ApplyClose
+// applies whatever the user did since, keeping the time too, and leaves
+// a cancellation as it was.
 func TestCloseAppliedAt(t *testing.T) {
 	s, ctx := newStore(t)
 	deadline := redisNow(t, s.rdb).Add(-time.Minute).UnixMilli()
@@ -39,5 +41,16 @@ func TestCloseAppliedAt(t *testing.T) {
 		if at, err := s.CloseAppliedAt(ctx, uid, "c"); err != nil || at != 0 {
 			t.Errorf("%s: applied at %d, %v; want 0", uid, at, err)
 		}
+	}
+
+	before = redisNow(t, s.rdb).UnixMilli()
+	if applied, err := s.ApplyClose(ctx, "closeat-b", "c2", time.Minute); err != nil || !applied {
+		t.Fatalf("apply after a renewal: applied %v, %v", applied, err)
+	}
+	if at, err := s.CloseAppliedAt(ctx, "closeat-b", "c2"); err != nil || at < before || at > redisNow(t, s.rdb).UnixMilli() {
+		t.Errorf("applied by ApplyClose at %d, %v; want from %d to now", at, err, before)
+	}
+	if applied, err := s.ApplyClose(ctx, "closeat-b", "c", time.Minute); err != nil || applied {
+		t.Errorf("apply of a cancelled close: applied %v, %v; want it left cancelled", applied, err)
 	}
 }

@@ -84,19 +84,13 @@ func (s *Store) LaterStageGoes(ctx context.Context, uid string, deadlineMS int64
 		if !pushedAs(vals[0], vals[1], outcomes) {
 			continue
 		}
-		set, err := s.rdb.SetNX(ctx, s.ks.CloseKey(uid, id), closeApplied, keep).Result()
+		// Applied now, its time kept (see CloseAppliedAt), unless decided
+		// meanwhile by a connection about to write it.
+		applied, err := s.ApplyClose(ctx, uid, id, keep)
 		if err != nil {
 			return false, fmt.Errorf("apply the close of a later stage of %q's silence: %w", uid, err)
 		}
-		if set {
-			return true, nil
-		}
-		// Decided meanwhile, by a connection about to write it.
-		c, err := s.rdb.Get(ctx, s.ks.CloseKey(uid, id)).Result()
-		if err != nil {
-			return false, fmt.Errorf("later stages of %q's silence: %w", uid, err)
-		}
-		if c == closeApplied {
+		if applied {
 			return true, nil
 		}
 	}
