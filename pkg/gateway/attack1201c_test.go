@@ -3,10 +3,17 @@ package gateway
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/stillthere/stillthere/pkg/frame"
 	"github.com/stillthere/stillthere/pkg/push"
@@ -96,4 +103,115 @@ func TestAttack1201cUndatedCloseRedisBlipNeverClosed(t *testing.T) {
 	waitUntil(t, "D ends, and its 4000 ends the session", func() bool {
 		return x.hub.count(uid) == 0 && !sessionExists(p, uid)
 	})
+}
+
+// a1201cFailCloseCommit fails the nth run of close_commit.lua for uid's
+// closes on the client it hooks, as a connection reset would: a brief
+// Redis failure that hits one call and no other.
+type a1201cFailCloseCommit struct {
+	uid   string
+	nth   int32
+	calls atomic.Int32
+}
+
+func (h *a1201cFailCloseCommit) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *a1201cFailCloseCommit) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *a1201cFailCloseCommit) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			for _, a := range cmd.Args() {
+				// CloseAtKey: only close_commit.lua names it.
+				if s, ok := a.(string); ok && strings.Contains(s, "pca:"+h.uid+"/") {
+					if h.calls.Add(1) == h.nth {
+						err := &net.OpError{Op: "read", Net: "tcp", Err: errors.New("connection reset by peer")}
+						cmd.SetErr(err)
+						return err
+					}
+					break
+				}
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestAttack1201cUndatedCloseBlipLosesSecondDevice: the user has two
+// devices D1 and D2 on this instance, both silent. Close stage c is
+// pushed without deadline_ms. The push keeps it ahead and hands it to
+// both connections; each decides its close (commitClose, now ApplyClose
+// for a close without a deadline): the first applies it, and Redis fails
+// the second's call for a moment. The second refuses c, but the first
+// took it: the push answers delivered, and nothing keeps c for the
+// refusing device ("kept for later" holds only when no connection took
+// it). The first is written c, closed 4000, and proves it, which takes
+// the entry kept ahead out of the inbox. The other, connected and silent
+// throughout, is never shown c nor closed, and the session lives on
+// through it. Before
+// ApplyClose, a close without a deadline was written to each connection
+// with no Redis call, and both devices were told and closed.
+func TestAttack1201cUndatedCloseBlipLosesSecondDevice(t *testing.T) {
+	uid := "a1201c-undated-two"
+	fail := &a1201cFailCloseCommit{uid: uid, nth: 2}
+	tg := startGatewayHooked(t, []string{redistest.Start(t).Addr}, redistest.Prefix(t),
+		slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
+			c.WriteTimeout = 30 * time.Second
+		}, func(g *Gateway) { g.rdb.AddHook(fail) })
+
+	ws1 := tg.dial(t, uid)
+	aofServed(t, ws1)
+	ws2 := tg.dial(t, uid)
+	aofServed(t, ws2)
+
+	c := a1201cUndated(uid, 2, timeoutevent.ActionClose)
+	res, err := tg.pushGuide(t, c)
+	if err != nil || res.Status != push.Delivered {
+		t.Fatalf("push c: %+v, %v; want delivered", res, err)
+	}
+	// Two decisions, the second failed; or none at all (a close without a
+	// deadline written with no Redis call, as before ApplyClose).
+	if n := fail.calls.Load(); n == 1 {
+		t.Fatalf("close_commit ran once for c: the test's premise (a failed second call) fails")
+	}
+	// Each device is owed c and the close; read them concurrently.
+	got := make(chan string, 2)
+	for i, ws := range []*websocket.Conn{ws1, ws2} {
+		name := []string{"D1", "D2"}[i]
+		go func() {
+			ws.SetReadDeadline(time.Now().Add(patience))
+			var frames []string
+			for {
+				_, b, err := ws.ReadMessage()
+				var ce *websocket.CloseError
+				if errors.As(err, &ce) {
+					frames = append(frames, "close:"+strconv.Itoa(ce.Code))
+					break
+				}
+				if err != nil {
+					frames = append(frames, "open")
+					break
+				}
+				if strings.Contains(string(b), c.ID) {
+					frames = append(frames, "guide")
+				}
+			}
+			got <- name + " " + strings.Join(frames, ",")
+		}()
+	}
+	var seen []string
+	for range 2 {
+		seen = append(seen, <-got)
+	}
+	for _, s := range seen {
+		if !strings.HasSuffix(s, " guide,close:4000") {
+			t.Errorf("%s; want the close stage's frame, then the close 4000, on each silent device (all: %v; inbox now %v)", s, seen, tg.aaInboxIDs(t, uid))
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	waitUntil(t, "the session ended by the close", func() bool { return tg.hub.count(uid) == 0 && !sessionExists(tg, uid) })
 }
