@@ -83,21 +83,25 @@ func (g *Gateway) cameBackRouted(ctx context.Context, req *push.Request) bool {
 // commitClose decides whether req, a close stage's guide a connection is
 // about to write (or an inbox handover to show), is applied
 // (session.Store.CommitClose): the first to ask, on any instance, decides
-// for all, by whether the user renewed after the deadline (one without a
-// deadline is applied). A failed call
+// for all, by whether the user renewed after the deadline. A failed call
 // decides nothing, and the guide is not written (err): written, its close
 // could be cancelled by the next to ask. Its caller keeps it for later,
-// as for a connection that refused it.
+// as for a connection that refused it. One without a deadline is applied,
+// and nothing cancels it: the call only keeps when (see handover.there),
+// and a failed one writes it all the same, as before the time was kept;
+// an inbox copy of it is then judged by when it was kept.
 func (g *Gateway) commitClose(ctx context.Context, req push.Request) (applied bool, err error) {
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
 	defer cancel()
 	if req.DeadlineMS <= 0 {
-		// No deadline to judge by: applied, and when kept, so that an
-		// inbox copy tells who was there then (see handover.there).
 		applied, err = g.store.ApplyClose(cctx, req.UID, req.ID, pushedTTL)
-	} else {
-		applied, err = g.store.CommitClose(cctx, req.UID, req.ID, req.DeadlineMS, pushedTTL)
+		if err != nil {
+			g.log.Warn("keep when a close stage without a deadline was applied; written all the same", "uid", req.UID, "guide_id", req.ID, "err", err)
+			return true, nil
+		}
+		return applied, nil
 	}
+	applied, err = g.store.CommitClose(cctx, req.UID, req.ID, req.DeadlineMS, pushedTTL)
 	if err != nil {
 		g.log.Warn("decide a close stage's close; not written now", "uid", req.UID, "guide_id", req.ID, "err", err)
 	}
