@@ -142,20 +142,17 @@ func (h *a1201cFailCloseCommit) ProcessHook(next redis.ProcessHook) redis.Proces
 // TestAttack1201cUndatedCloseBlipLosesSecondDevice: the user has two
 // devices D1 and D2 on this instance, both silent. Close stage c is
 // pushed without deadline_ms. The push keeps it ahead and hands it to
-// both connections; each decides its close (commitClose, now ApplyClose
-// for a close without a deadline): the first applies it, and Redis fails
-// the second's call for a moment. The second refuses c, but the first
-// took it: the push answers delivered, and nothing keeps c for the
-// refusing device ("kept for later" holds only when no connection took
-// it). The first is written c, closed 4000, and proves it, which takes
-// the entry kept ahead out of the inbox. The other, connected and silent
-// throughout, is never shown c nor closed, and the session lives on
-// through it. Before
-// ApplyClose, a close without a deadline was written to each connection
-// with no Redis call, and both devices were told and closed.
+// both connections, whose delivery decides its close once (commitClose,
+// ApplyClose for a close without a deadline), and Redis fails that call
+// for a moment. Refused, c was kept in the inbox, where an offer shows it
+// to one device, which nothing closes then, and the other is never
+// shown it; when each connection decided alone, the one whose call
+// failed refused c while the other took it, and was never told. Nothing
+// cancels a close without a deadline: it is written to both all the
+// same, and both are closed.
 func TestAttack1201cUndatedCloseBlipLosesSecondDevice(t *testing.T) {
 	uid := "a1201c-undated-two"
-	fail := &a1201cFailCloseCommit{uid: uid, nth: 2}
+	fail := &a1201cFailCloseCommit{uid: uid, nth: 1}
 	tg := startGatewayHooked(t, []string{redistest.Start(t).Addr}, redistest.Prefix(t),
 		slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
 			c.WriteTimeout = 30 * time.Second
@@ -171,15 +168,16 @@ func TestAttack1201cUndatedCloseBlipLosesSecondDevice(t *testing.T) {
 	if err != nil || res.Status != push.Delivered {
 		t.Fatalf("push c: %+v, %v; want delivered", res, err)
 	}
-	// Two decisions, the second failed; or none at all (a close without a
-	// deadline written with no Redis call, as before ApplyClose).
-	if n := fail.calls.Load(); n == 1 {
-		t.Fatalf("close_commit ran once for c: the test's premise (a failed second call) fails")
-	}
-	// Each device is owed c and the close; read them concurrently.
-	got := make(chan string, 2)
-	for i, ws := range []*websocket.Conn{ws1, ws2} {
-		name := []string{"D1", "D2"}[i]
+	a1201cEachToldAndClosed(t, tg, uid, c, ws1, ws2)
+}
+
+// a1201cEachToldAndClosed wants close stage c's frame, then the close
+// 4000, on each of the user's silent devices, and then the session ended.
+func a1201cEachToldAndClosed(t *testing.T, tg *testGateway, uid string, c push.Request, wss ...*websocket.Conn) {
+	t.Helper()
+	got := make(chan string, len(wss))
+	for i, ws := range wss {
+		name := "D" + strconv.Itoa(i+1)
 		go func() {
 			ws.SetReadDeadline(time.Now().Add(patience))
 			var frames []string
@@ -202,7 +200,7 @@ func TestAttack1201cUndatedCloseBlipLosesSecondDevice(t *testing.T) {
 		}()
 	}
 	var seen []string
-	for range 2 {
+	for range wss {
 		seen = append(seen, <-got)
 	}
 	for _, s := range seen {
@@ -214,4 +212,33 @@ func TestAttack1201cUndatedCloseBlipLosesSecondDevice(t *testing.T) {
 		return
 	}
 	waitUntil(t, "the session ended by the close", func() bool { return tg.hub.count(uid) == 0 && !sessionExists(tg, uid) })
+}
+
+// TestCloseDecidedOncePerDelivery: two silent devices of the user on this
+// instance, and a close stage c with a deadline pushed to them; Redis
+// fails a second decision of its close for a moment. Each connection used
+// to decide on its own: the first applied and took c, the second's call
+// failed and it refused c, while the push answered delivered; the first's
+// proof then took c's entry kept ahead out of the inbox, and the second
+// device was never told nor closed, its session living on. The delivery
+// now decides once for all of its connections: both are told and closed.
+func TestCloseDecidedOncePerDelivery(t *testing.T) {
+	uid := "close-once"
+	// The push's own look at the close (closeOver) is the first call; the
+	// first connection's decision the second.
+	fail := &a1201cFailCloseCommit{uid: uid, nth: 3}
+	tg := startGatewayHooked(t, []string{redistest.Start(t).Addr}, redistest.Prefix(t),
+		slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
+			c.WriteTimeout = 30 * time.Second
+		}, func(g *Gateway) { g.rdb.AddHook(fail) })
+
+	ws1 := tg.dial(t, uid)
+	aofServed(t, ws1)
+	ws2 := tg.dial(t, uid)
+	aofServed(t, ws2)
+	c := stagePush(uid, redisNowMS(t, tg.rdb), 2, timeoutevent.ActionClose)
+	if res, err := tg.pushGuide(t, c); err != nil || res.Status != push.Delivered || res.Connections != 2 {
+		t.Fatalf("push c: %+v, %v; want delivered to 2 connections", res, err)
+	}
+	a1201cEachToldAndClosed(t, tg, uid, c, ws1, ws2)
 }

@@ -37,10 +37,36 @@ import (
 // closes the connection without writing the guide again (see
 // closesAfterCopy): that device was there, silent, when the chat closed.
 
+// closeDecision is a close stage's decision (commitClose) as the first of
+// a delivery's connections to write it got it, for the others: one push
+// decides once on an instance, so that a Redis failure for one call
+// cannot leave one device of the user told and closed, another not and
+// never (its entry kept ahead leaves the inbox once the first proves it).
+// A failed decision refuses the guide on every connection of the
+// delivery: none took it, and the caller keeps it for later.
+type closeDecision struct {
+	done    bool
+	applied bool
+	err     error
+}
+
+// decide returns d's decision of req, made now if not yet. d may be nil:
+// a connection deciding alone.
+func (d *closeDecision) decide(ctx context.Context, g *Gateway, req push.Request) (bool, error) {
+	if d != nil && d.done {
+		return d.applied, d.err
+	}
+	applied, err := g.commitClose(ctx, req)
+	if d != nil {
+		d.done, d.applied, d.err = true, applied, err
+	}
+	return applied, err
+}
+
 // enqueueGuide hands c a guide pushed to its user: held while c holds its
 // guides (see present.go), unsent and so not yet waiting for proof; else
-// as takeGuide does.
-func (c *conn) enqueueGuide(ctx context.Context, req push.Request) guideTake {
+// as takeGuide does, with the delivery's close decision d.
+func (c *conn) enqueueGuide(ctx context.Context, req push.Request, d *closeDecision) guideTake {
 	c.mu.Lock()
 	if h := c.holdOf(); h != nil {
 		defer c.mu.Unlock()
@@ -51,20 +77,21 @@ func (c *conn) enqueueGuide(ctx context.Context, req push.Request) guideTake {
 		return guideTaken
 	}
 	c.mu.Unlock()
-	return c.takeGuide(ctx, req)
+	return c.takeGuide(ctx, req, d)
 }
 
 // takeGuide drops a guide whose silence c's client said its user was
 // present for, or queues its frame, which waits on c for proof from then
 // on (see proof.go); a close stage's (final) closes c too, once the frame
-// is on the socket, if its close is applied (see commitClose).
-func (c *conn) takeGuide(ctx context.Context, req push.Request) guideTake {
+// is on the socket, if its close is applied (see commitClose), as d
+// decided it for the delivery (nil: c decides alone).
+func (c *conn) takeGuide(ctx context.Context, req push.Request, d *closeDecision) guideTake {
 	if superseded(req.DeadlineMS, c.presentUntil()) {
 		metricPushes.WithLabelValues("superseded").Inc()
 		return guideSuperseded
 	}
 	if req.Final {
-		switch applied, err := c.g.commitClose(ctx, req); {
+		switch applied, err := d.decide(ctx, c.g, req); {
 		case err != nil:
 			return guideRefused
 		case !applied:

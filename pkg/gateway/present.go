@@ -245,7 +245,7 @@ func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, cl
 				over = append(over, req)
 				continue
 			}
-			switch c.takeGuide(ctx, req) {
+			switch c.takeGuide(ctx, req, nil) {
 			case guideCancelled:
 				over = append(over, req)
 			case guideSuperseded:

@@ -282,10 +282,12 @@ func (g *Gateway) routeAwake(ctx context.Context, routes map[string]string) erro
 // first (see proof.go); one holding its guides holds it, unsent, until
 // its first frame (see present.go). A close stage's guide closes each
 // connection that took it once written to it (see inactive.go), unless
-// its close was cancelled: then no connection takes it (cancelled).
+// its close was cancelled: then no connection takes it (cancelled). Its
+// close is decided once for them all (closeDecision).
 func (g *Gateway) deliverLocal(ctx context.Context, req push.Request) (taken, superseded int, cancelled bool) {
+	var d closeDecision // a close stage's, once for all of them
 	for _, c := range g.hub.lookup(req.UID) {
-		switch c.enqueueGuide(ctx, req) {
+		switch c.enqueueGuide(ctx, req, &d) {
 		case guideTaken:
 			taken++
 		case guideSuperseded:
