@@ -242,3 +242,35 @@ func TestCloseDecidedOncePerDelivery(t *testing.T) {
 	}
 	a1201cEachToldAndClosed(t, tg, uid, c, ws1, ws2)
 }
+
+// TestCloseUndecidedPushedAgain: two silent devices of the user on this
+// instance, and close stage c with a deadline pushed to them; Redis fails
+// the delivery's decision of its close for a moment. Neither takes c.
+// Kept in the inbox (queued), it was offered to one of them as the
+// inbox's copy, which closes nothing: that device was shown the close and
+// left open, and the other never shown it once the first proved it. The
+// push now fails, and the consumer's next push decides the close and
+// closes both.
+func TestCloseUndecidedPushedAgain(t *testing.T) {
+	uid := "close-undecided"
+	// The push's own look at the close (closeOver) is the first call; the
+	// delivery's decision the second.
+	fail := &a1201cFailCloseCommit{uid: uid, nth: 2}
+	tg := startGatewayHooked(t, []string{redistest.Start(t).Addr}, redistest.Prefix(t),
+		slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
+			c.WriteTimeout = 30 * time.Second
+		}, func(g *Gateway) { g.rdb.AddHook(fail) })
+
+	ws1 := tg.dial(t, uid)
+	aofServed(t, ws1)
+	ws2 := tg.dial(t, uid)
+	aofServed(t, ws2)
+	c := stagePush(uid, redisNowMS(t, tg.rdb), 2, timeoutevent.ActionClose)
+	if res, err := tg.pushGuide(t, c); err == nil {
+		t.Fatalf("push c with its close undecided: %+v; want an error, for the consumer to push it again (inbox %v)", res, tg.aaInboxIDs(t, uid))
+	}
+	if res, err := tg.pushGuide(t, c); err != nil || res.Status != push.Delivered || res.Connections != 2 {
+		t.Fatalf("push c again: %+v, %v; want delivered to 2 connections", res, err)
+	}
+	a1201cEachToldAndClosed(t, tg, uid, c, ws1, ws2)
+}

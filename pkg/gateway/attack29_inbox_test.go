@@ -91,7 +91,7 @@ func TestAttack29KeepAfterReconnectAtSameCount(t *testing.T) {
 	wsA.Close()
 	waitUntil(t, "A out of the hub", func() bool { return len(tg.hub.lookup(uid)) == 0 })
 	req := push.Request{ID: "a29-aba-1", UID: uid, Text: "Still there?"}
-	if n, _, _ := tg.deliverLocal(context.Background(), req); n != 0 {
+	if n, _, _, _ := tg.deliverLocal(context.Background(), req); n != 0 {
 		t.Fatalf("deliverLocal after A ended: %d", n)
 	}
 	tg.a29WaitCount(t, uid, "")
@@ -157,7 +157,7 @@ func TestAttack29RoutedInKeptAfterConnect(t *testing.T) {
 
 	// The guide comes in on the channel: nobody here.
 	req := push.Request{ID: "a29-routedin-1", UID: uid, Text: "Still there?"}
-	if n, _, _ := tg.deliverLocal(context.Background(), req); n != 0 {
+	if n, _, _, _ := tg.deliverLocal(context.Background(), req); n != 0 {
 		t.Fatalf("deliverLocal after A ended: %d", n)
 	}
 	wsB := tg.dial(t, uid)

@@ -85,8 +85,9 @@ func (g *Gateway) cameBackRouted(ctx context.Context, req *push.Request) bool {
 // (session.Store.CommitClose): the first to ask, on any instance, decides
 // for all, by whether the user renewed after the deadline. A failed call
 // decides nothing, and the guide is not written (err): written, its close
-// could be cancelled by the next to ask. Its caller keeps it for later,
-// as for a connection that refused it. One without a deadline is applied,
+// could be cancelled by the next to ask. A push nobody took for that
+// fails, for the consumer to push it again (see route); a routed copy is
+// kept for later, as for a connection that refused it. One without a deadline is applied,
 // and nothing cancels it: the call only keeps when (see handover.there),
 // and a failed one writes it all the same, as before the time was kept;
 // an inbox copy of it is then judged by when it was kept.

@@ -206,7 +206,7 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 				return push.Response{}, err
 			}
 		}
-		n, superseded, cancelled := g.deliverLocal(ctx, req)
+		n, superseded, cancelled, undecided := g.deliverLocal(ctx, req)
 		if cancelled {
 			// A close stage's, decided for every connection: none writes
 			// it, here or where it would be routed.
@@ -214,6 +214,13 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 			return push.Response{Status: push.Stale}, nil
 		}
 		remote, err := g.deliverElsewhere(ctx, req.UID, payload, routes)
+		if n+remote == 0 && undecided != nil {
+			// Refused here for want of its close's decision, by devices
+			// there and silent: kept, it would be offered to them as the
+			// inbox's copy, which closes nothing. The consumer pushes it
+			// again, and a decision then closes them.
+			err = errors.Join(undecided, err)
+		}
 		if n+remote > 0 {
 			if err != nil {
 				g.log.Warn("guide delivered, but not to every instance holding the user", "uid", req.UID, "guide_id", req.ID, "err", err)
@@ -283,8 +290,9 @@ func (g *Gateway) routeAwake(ctx context.Context, routes map[string]string) erro
 // its first frame (see present.go). A close stage's guide closes each
 // connection that took it once written to it (see inactive.go), unless
 // its close was cancelled: then no connection takes it (cancelled). Its
-// close is decided once for them all (closeDecision).
-func (g *Gateway) deliverLocal(ctx context.Context, req push.Request) (taken, superseded int, cancelled bool) {
+// close is decided once for them all (closeDecision); undecided (Redis
+// failing), none takes it, and undecided is the error.
+func (g *Gateway) deliverLocal(ctx context.Context, req push.Request) (taken, superseded int, cancelled bool, undecided error) {
 	var d closeDecision // a close stage's, once for all of them
 	for _, c := range g.hub.lookup(req.UID) {
 		switch c.enqueueGuide(ctx, req, &d) {
@@ -296,7 +304,7 @@ func (g *Gateway) deliverLocal(ctx context.Context, req push.Request) (taken, su
 			cancelled = true
 		}
 	}
-	return taken, superseded, cancelled
+	return taken, superseded, cancelled, d.err
 }
 
 // deliverElsewhere publishes a guide to the other instances in uid's
@@ -411,7 +419,7 @@ func (g *Gateway) routedIn(ctx context.Context, payload string) {
 		g.markCameBack(ctx, req.UID, []push.Request{req}, "routed here after the user renewed past its deadline: not sent")
 		return
 	}
-	n, superseded, cancelled := g.deliverLocal(ctx, req)
+	n, superseded, cancelled, _ := g.deliverLocal(ctx, req)
 	if cancelled {
 		g.markCameBack(ctx, req.UID, []push.Request{req}, "a close stage routed here, the user having come back before any connection wrote it: not sent")
 		return

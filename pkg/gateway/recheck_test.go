@@ -216,7 +216,7 @@ func TestCloseDecidedOnce(t *testing.T) {
 		claimed := redisNowMS(t, a.rdb)
 		_, closing := arSilence(uid, deadline, claimed)
 		// A's own connection takes it first; B's copy is still on its way.
-		if n, _, cancelled := a.deliverLocal(ctx, closing); n != 1 || cancelled {
+		if n, _, cancelled, _ := a.deliverLocal(ctx, closing); n != 1 || cancelled {
 			t.Fatalf("A's connection: taken %d, cancelled %v", n, cancelled)
 		}
 		readGuide(t, onA, closing.ID)
