@@ -1,0 +1,147 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stillthere/stillthere/pkg/push"
+	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
+)
+
+// Attacks on a close stage's decision made once per delivery
+// (closeDecision), and on a push that fails when no connection took the
+// guide for want of that decision.
+
+// a1201dFailDecide fails uid's close decisions (close_commit.lua run to
+// decide, its mode "1"), as a connection reset would, on the client it
+// hooks: the nth such call when nth > 0, and every one while on is set.
+// Cancellation-only looks (closeOver's, mode "0") and applies (mode "2")
+// pass.
+type a1201dFailDecide struct {
+	uid   string
+	nth   int32
+	on    atomic.Bool
+	calls atomic.Int32
+	fails atomic.Int32
+}
+
+func (h *a1201dFailDecide) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *a1201dFailDecide) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *a1201dFailDecide) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			args := cmd.Args()
+			named := false
+			for _, a := range args {
+				// CloseAtKey: only close_commit.lua names it.
+				if s, ok := a.(string); ok && strings.Contains(s, "pca:"+h.uid+"/") {
+					named = true
+					break
+				}
+			}
+			if mode, ok := args[len(args)-1].(string); named && ok && mode == "1" {
+				n := h.calls.Add(1)
+				if n == h.nth || h.on.Load() {
+					h.fails.Add(1)
+					err := &net.OpError{Op: "read", Net: "tcp", Err: errors.New("connection reset by peer")}
+					cmd.SetErr(err)
+					return err
+				}
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestAttack1201dRoutedUndecidedShownNeverClosed: the user's device D is
+// connected on instance X, silent. Close stage c (with its deadline) is
+// pushed on instance P, where the user has no connection: P keeps it
+// ahead in the inbox and routes it to X, and answers delivered (X's
+// subscriber took it). X's delivery decides c's close, and Redis fails
+// that one call. D refuses c; routedIn, unlike the push's own route,
+// keeps it in the inbox (already there, kept ahead) and offers the inbox
+// to D at once. The offer decides the close (applied) and shows D the
+// close stage as an inbox copy, which closes nothing, and no live copy
+// follows it: the one that would close D was the refused one. D is told
+// the chat is closed and left open, its session alive; the consumer was
+// told delivered and pushes nothing again.
+func TestAttack1201dRoutedUndecidedShownNeverClosed(t *testing.T) {
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	uid := "a1201d-routed-undecided"
+	fail := &a1201dFailDecide{uid: uid, nth: 1}
+	x := startGatewayHooked(t, []string{srv.Addr}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
+		c.WriteTimeout = 30 * time.Second
+		c.routeRefreshEvery = time.Hour
+	}, func(g *Gateway) { g.rdb.AddHook(fail) })
+	p := startGatewayOn(t, []string{srv.Addr}, prefix, nil)
+
+	wsD := x.dial(t, uid)
+	aofServed(t, wsD)
+	c := stagePush(uid, redisNowMS(t, p.rdb), 2, timeoutevent.ActionClose)
+	if res, err := p.pushGuide(t, c); err != nil || res.Status != push.Delivered || res.Connections != 1 {
+		t.Fatalf("push c on P: %+v, %v; want delivered to X's one connection", res, err)
+	}
+	waitUntil(t, "X's decision of c failed", func() bool { return fail.fails.Load() == 1 })
+	a1201cEachToldAndClosed(t, x, uid, c, wsD)
+}
+
+// TestAttack1201dHeldBesideUndecided: the user has two devices on this
+// instance. S is connected and silent; H has just reconnected with
+// first=ping and holds its guides until its first frame. Close stage c
+// is pushed, and Redis fails the delivery's decision of its close. S
+// refuses c; H holds it, deciding nothing: the delivery counts one
+// connection that took c, so the push answers delivered and does not
+// fail for the consumer to push it again. H's first frame (a ping with
+// no word) ends its hold: H decides alone, applied, is written c and
+// closed 4000, and proves it, which takes the entry kept ahead out of
+// the inbox. S, there and silent when the chat closed, is never shown
+// c nor closed: the one decision per delivery does not cover a held
+// connection, which takes the guide whatever the decision would be.
+func TestAttack1201dHeldBesideUndecided(t *testing.T) {
+	uid := "a1201d-held-beside"
+	fail := &a1201dFailDecide{uid: uid}
+	tg := startGatewayHooked(t, []string{redistest.Start(t).Addr}, redistest.Prefix(t),
+		slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
+			c.WriteTimeout = 30 * time.Second
+			c.routeRefreshEvery = time.Hour
+		}, func(g *Gateway) { g.rdb.AddHook(fail) })
+
+	wsS := tg.dial(t, uid)
+	aofServed(t, wsS)
+	wsH := tg.dialFirstPing(t, uid)
+	c := stagePush(uid, redisNowMS(t, tg.rdb), 2, timeoutevent.ActionClose)
+	fail.on.Store(true)
+	res, err := tg.pushGuide(t, c)
+	fail.on.Store(false)
+	if fail.fails.Load() == 0 {
+		t.Fatalf("no decision of c failed (push: %+v, %v): the test's premise fails", res, err)
+	}
+	if err == nil && res.Status == push.Delivered {
+		// H holds c: its first frame ends the hold, and c is decided
+		// there, alone.
+		pingSaying(t, wsH, -1)
+	}
+	if err != nil {
+		// Failed, for the consumer to push it again, as it would.
+		pingSaying(t, wsH, -1)
+		if res, err = tg.pushGuide(t, c); err != nil {
+			t.Fatalf("push c again: %v", err)
+		}
+	}
+	a1201cEachToldAndClosed(t, tg, uid, c, wsH, wsS)
+}
