@@ -6,11 +6,13 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stillthere/stillthere/pkg/push"
@@ -144,4 +146,80 @@ func TestAttack1201dHeldBesideUndecided(t *testing.T) {
 		}
 	}
 	a1201cEachToldAndClosed(t, tg, uid, c, wsH, wsS)
+}
+
+// TestAttack1201dUndecidedHereTakenElsewhere: the user has device S1 on
+// instance X and device S2 on instance P, both silent. Close stage c is
+// pushed on P; P's delivery decides its close, and Redis fails that one
+// call: S2 refuses c. P routes c to X, whose subscriber takes it
+// (remote 1), so the push answers delivered: the failure only makes a
+// push fail when no connection anywhere took c. X's delivery decides
+// the close (applied): S1 is written c, closed 4000, and proves it,
+// which takes the entry kept ahead out of the inbox. S2, there and
+// silent when the chat closed, is never shown c nor closed, and the
+// consumer, told delivered, pushes nothing again. The decision is once
+// per instance, not per push: a failure on one instance loses its
+// devices as a failure on one connection used to.
+func TestAttack1201dUndecidedHereTakenElsewhere(t *testing.T) {
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	uid := "a1201d-undecided-here"
+	fail := &a1201dFailDecide{uid: uid, nth: 1}
+	p := startGatewayHooked(t, []string{srv.Addr}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
+		c.WriteTimeout = 30 * time.Second
+		c.routeRefreshEvery = time.Hour
+	}, func(g *Gateway) { g.rdb.AddHook(fail) })
+	x := startGatewayOn(t, []string{srv.Addr}, prefix, func(c *Config) {
+		c.WriteTimeout = 30 * time.Second
+		c.routeRefreshEvery = time.Hour
+	})
+
+	ws1 := x.dial(t, uid)
+	aofServed(t, ws1)
+	ws2 := p.dial(t, uid)
+	aofServed(t, ws2)
+	c := stagePush(uid, redisNowMS(t, p.rdb), 2, timeoutevent.ActionClose)
+	res, err := p.pushGuide(t, c)
+	if fail.fails.Load() != 1 {
+		t.Fatalf("P's decision of c did not fail (push: %+v, %v): the test's premise fails", res, err)
+	}
+	if err != nil {
+		// Failed, for the consumer to push it again, as it would.
+		if res, err = p.pushGuide(t, c); err != nil {
+			t.Fatalf("push c again: %v", err)
+		}
+	}
+	t.Logf("push c: %+v", res)
+	got := make(chan string, 2)
+	for i, ws := range []*websocket.Conn{ws1, ws2} {
+		name := []string{"S1 on X", "S2 on P"}[i]
+		go func() { got <- name + " " + a1201dFrames(ws, c.ID) }()
+	}
+	seen := []string{<-got, <-got}
+	for _, s := range seen {
+		if !strings.HasSuffix(s, " guide,close:4000") {
+			t.Errorf("%s; want the close stage's frame, then the close 4000, on each silent device (all: %v; inbox now %v)", s, seen, p.aaInboxIDs(t, uid))
+		}
+	}
+}
+
+// a1201dFrames reads ws until it closes or patience runs out, and says
+// what it saw: "guide" for each frame of guide id, "close:<code>" for the
+// close, "open" when it was left open.
+func a1201dFrames(ws *websocket.Conn, id string) string {
+	ws.SetReadDeadline(time.Now().Add(patience))
+	var frames []string
+	for {
+		_, b, err := ws.ReadMessage()
+		var ce *websocket.CloseError
+		if errors.As(err, &ce) {
+			return strings.Join(append(frames, "close:"+strconv.Itoa(ce.Code)), ",")
+		}
+		if err != nil {
+			return strings.Join(append(frames, "open"), ",")
+		}
+		if strings.Contains(string(b), id) {
+			frames = append(frames, "guide")
+		}
+	}
 }
