@@ -214,12 +214,18 @@ func (g *Gateway) route(ctx context.Context, req push.Request) (push.Response, e
 			return push.Response{Status: push.Stale}, nil
 		}
 		remote, err := g.deliverElsewhere(ctx, req.UID, payload, routes)
-		if n+remote == 0 && undecided != nil {
+		if undecided != nil {
 			// Refused here for want of its close's decision, by devices
-			// there and silent: kept, it would be offered to them as the
-			// inbox's copy, which closes nothing. The consumer pushes it
-			// again, and a decision then closes them.
-			err = errors.Join(undecided, err)
+			// there and silent, whoever else took it: kept, it would be
+			// offered to them as the inbox's copy, which closes nothing,
+			// and taken elsewhere, its proof there takes its entry out of
+			// the inbox. The consumer pushes it again, and a decision then
+			// closes them; a connection that took it already adds nothing
+			// for the copy (see hasGuide).
+			if n+remote == 0 && ahead {
+				g.dropAhead(ctx, req)
+			}
+			return push.Response{}, errors.Join(undecided, err)
 		}
 		if n+remote > 0 {
 			if err != nil {
@@ -419,9 +425,17 @@ func (g *Gateway) routedIn(ctx context.Context, payload string) {
 		g.markCameBack(ctx, req.UID, []push.Request{req}, "routed here after the user renewed past its deadline: not sent")
 		return
 	}
-	n, superseded, cancelled, _ := g.deliverLocal(ctx, req)
+	n, superseded, cancelled, undecided := g.deliverLocal(ctx, req)
 	if cancelled {
 		g.markCameBack(ctx, req.UID, []push.Request{req}, "a close stage routed here, the user having come back before any connection wrote it: not sent")
+		return
+	}
+	if undecided != nil {
+		// Its publisher counted this instance as delivered: kept, the
+		// inbox's copy would be offered to the devices that refused it,
+		// closing none of them. Tried again for a while instead, off the
+		// channel's reader.
+		g.redeliverUndecided(ctx, req, []byte(payload))
 		return
 	}
 	if n > 0 {
@@ -449,6 +463,61 @@ func (g *Gateway) routedIn(ctx context.Context, payload string) {
 	if e, ok := sentEntry(req, status, 0, "routed here after the user's connections ended: kept for the next connect"); ok {
 		g.timeline.Record(req.UID, e)
 	}
+}
+
+// undecidedRetries bounds redeliverUndecided: its waits double from
+// undecidedWait, about 6 s in all.
+const (
+	undecidedRetries = 6
+	undecidedWait    = 100 * time.Millisecond
+)
+
+// redeliverUndecided delivers again, on a goroutine of its own, a close
+// stage routed here that this instance's connections refused for want of
+// its close's decision (Redis failing), until a delivery decides it or
+// the gateway stops; then it is kept, as a routed copy that nobody here
+// took is.
+func (g *Gateway) redeliverUndecided(ctx context.Context, req push.Request, payload []byte) {
+	keep := func() {
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.WriteTimeout)
+		defer cancel()
+		if _, err := g.keep(kctx, req, payload, nil, false, false); err != nil {
+			g.pushLog.Fail(err)
+			g.timeline.Record(req.UID, lostEntry(req, "routed here, its close undecided, and not kept: "+err.Error()))
+		}
+	}
+	if !g.track(1) {
+		keep()
+		return
+	}
+	go func() {
+		defer g.conns.Done()
+		wait := undecidedWait
+		for range undecidedRetries {
+			select {
+			case <-ctx.Done():
+				keep()
+				return
+			case <-time.After(wait):
+			}
+			wait *= 2
+			n, superseded, cancelled, undecided := g.deliverLocal(ctx, req)
+			switch {
+			case undecided != nil:
+				continue
+			case cancelled:
+				g.markCameBack(ctx, req.UID, []push.Request{req}, "a close stage routed here, the user having come back before any connection wrote it: not sent")
+			case n > 0:
+				metricPushes.WithLabelValues("routed_in").Inc()
+			case superseded > 0:
+				g.markSuperseded(ctx, req.UID, []push.Request{req})
+			default:
+				keep() // its connections here ended meanwhile
+			}
+			return
+		}
+		keep()
+	}()
 }
 
 // inboxChunk is how many inbox guides wait in a connection's send queue at
