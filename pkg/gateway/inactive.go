@@ -44,10 +44,16 @@ import (
 // never (its entry kept ahead leaves the inbox once the first proves it).
 // A failed decision refuses the guide on every connection of the
 // delivery: none took it, and the caller keeps it for later.
+//
+// appliedAt is when the close was applied (Redis's clock, Unix ms; 0: not
+// known): a connection opened after it is the user come back after the
+// chat closed, and this delivery (a late one: a retry, a routed copy read
+// late) does not close it.
 type closeDecision struct {
-	done    bool
-	applied bool
-	err     error
+	done      bool
+	applied   bool
+	err       error
+	appliedAt int64
 }
 
 // decide returns d's decision of req, made now if not yet. d may be nil:
@@ -59,8 +65,17 @@ func (d *closeDecision) decide(ctx context.Context, g *Gateway, req push.Request
 	applied, err := g.commitClose(ctx, req)
 	if d != nil {
 		d.done, d.applied, d.err = true, applied, err
+		if applied {
+			d.appliedAt = g.closeAppliedAt(ctx, req)
+		}
 	}
 	return applied, err
+}
+
+// openedAfter reports whether c opened after d's close was applied, as
+// far as known.
+func (d *closeDecision) openedAfter(c *conn) bool {
+	return d != nil && d.appliedAt > 0 && c.openedMS > d.appliedAt
 }
 
 // enqueueGuide hands c a guide pushed to its user: held while c holds its
@@ -96,6 +111,11 @@ func (c *conn) takeGuide(ctx context.Context, req push.Request, d *closeDecision
 			return guideRefused
 		case !applied:
 			return guideCancelled
+		case d.openedAfter(c):
+			// The user came back after the chat closed, on this
+			// connection: it starts a new session, and is not closed.
+			metricPushes.WithLabelValues("superseded").Inc()
+			return guideSuperseded
 		}
 	}
 	b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)

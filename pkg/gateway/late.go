@@ -122,3 +122,15 @@ func (g *Gateway) closeOver(ctx context.Context, req push.Request) (bool, error)
 	defer cancel()
 	return g.store.CancelCloseIfOver(cctx, req.UID, req.ID, req.DeadlineMS, pushedTTL)
 }
+
+// closeAppliedAt reads when req's close was applied (see
+// session.Store.CloseAppliedAt); 0 when not known, or Redis failing.
+func (g *Gateway) closeAppliedAt(ctx context.Context, req push.Request) int64 {
+	cctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
+	defer cancel()
+	at, err := g.store.CloseAppliedAt(cctx, req.UID, req.ID)
+	if err != nil {
+		g.log.Warn("read when a close stage was applied", "uid", req.UID, "guide_id", req.ID, "err", err)
+	}
+	return at
+}

@@ -726,12 +726,7 @@ func (h *handover) there(ctx context.Context, req push.Request, raw string) bool
 	if !req.Final || h.connect {
 		return false
 	}
-	cctx, cancel := context.WithTimeout(ctx, h.g.cfg.WriteTimeout)
-	defer cancel()
-	at, err := h.g.store.CloseAppliedAt(cctx, req.UID, req.ID)
-	if err != nil {
-		h.g.log.Warn("read when a close stage was applied; judged by when it was kept", "uid", req.UID, "guide_id", req.ID, "err", err)
-	}
+	at := h.g.closeAppliedAt(ctx, req)
 	if at == 0 {
 		var e struct {
 			KeptMS int64 `json:"kept_ms"`

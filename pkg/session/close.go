@@ -17,8 +17,9 @@ import (
 // instance, by the first about to write it (CommitClose): cancelled if
 // the user renewed after the silence's deadline, else applied. A
 // connection that finds it applied writes it, however late, so that no
-// device of a chat that was closed goes untold; one that finds it
-// cancelled drops it, and so does every other.
+// device of a chat that was closed goes untold, unless it opened after
+// the close was applied (CloseAppliedAt): the user come back; one that
+// finds it cancelled drops it, and so does every other.
 
 // closeCommitScript decides a close stage's guide once: close_commit.lua.
 var closeCommitScript = newScript[closeKeys]("close_commit", closeOutcomes{Applied: closeApplied, Cancelled: closeCancelled}, nil)
