@@ -153,15 +153,7 @@ func (h *a1201cFailCloseCommit) ProcessHook(next redis.ProcessHook) redis.Proces
 func TestAttack1201cUndatedCloseBlipLosesSecondDevice(t *testing.T) {
 	uid := "a1201c-undated-two"
 	fail := &a1201cFailCloseCommit{uid: uid, nth: 1}
-	tg := startGatewayHooked(t, []string{redistest.Start(t).Addr}, redistest.Prefix(t),
-		slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
-			c.WriteTimeout = 30 * time.Second
-		}, func(g *Gateway) { g.rdb.AddHook(fail) })
-
-	ws1 := tg.dial(t, uid)
-	aofServed(t, ws1)
-	ws2 := tg.dial(t, uid)
-	aofServed(t, ws2)
+	tg, ws1, ws2 := a1201cTwoSilent(t, uid, fail)
 
 	c := a1201cUndated(uid, 2, timeoutevent.ActionClose)
 	res, err := tg.pushGuide(t, c)
@@ -227,15 +219,7 @@ func TestCloseDecidedOncePerDelivery(t *testing.T) {
 	// The push's own look at the close (closeOver) is the first call; the
 	// first connection's decision the second.
 	fail := &a1201cFailCloseCommit{uid: uid, nth: 3}
-	tg := startGatewayHooked(t, []string{redistest.Start(t).Addr}, redistest.Prefix(t),
-		slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
-			c.WriteTimeout = 30 * time.Second
-		}, func(g *Gateway) { g.rdb.AddHook(fail) })
-
-	ws1 := tg.dial(t, uid)
-	aofServed(t, ws1)
-	ws2 := tg.dial(t, uid)
-	aofServed(t, ws2)
+	tg, ws1, ws2 := a1201cTwoSilent(t, uid, fail)
 	c := stagePush(uid, redisNowMS(t, tg.rdb), 2, timeoutevent.ActionClose)
 	if res, err := tg.pushGuide(t, c); err != nil || res.Status != push.Delivered || res.Connections != 2 {
 		t.Fatalf("push c: %+v, %v; want delivered to 2 connections", res, err)
@@ -256,15 +240,7 @@ func TestCloseUndecidedPushedAgain(t *testing.T) {
 	// The push's own look at the close (closeOver) is the first call; the
 	// delivery's decision the second.
 	fail := &a1201cFailCloseCommit{uid: uid, nth: 2}
-	tg := startGatewayHooked(t, []string{redistest.Start(t).Addr}, redistest.Prefix(t),
-		slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
-			c.WriteTimeout = 30 * time.Second
-		}, func(g *Gateway) { g.rdb.AddHook(fail) })
-
-	ws1 := tg.dial(t, uid)
-	aofServed(t, ws1)
-	ws2 := tg.dial(t, uid)
-	aofServed(t, ws2)
+	tg, ws1, ws2 := a1201cTwoSilent(t, uid, fail)
 	c := stagePush(uid, redisNowMS(t, tg.rdb), 2, timeoutevent.ActionClose)
 	if res, err := tg.pushGuide(t, c); err == nil {
 		t.Fatalf("push c with its close undecided: %+v; want an error, for the consumer to push it again (inbox %v)", res, tg.aaInboxIDs(t, uid))
@@ -273,4 +249,19 @@ func TestCloseUndecidedPushedAgain(t *testing.T) {
 		t.Fatalf("push c again: %+v, %v; want delivered to 2 connections", res, err)
 	}
 	a1201cEachToldAndClosed(t, tg, uid, c, ws1, ws2)
+}
+
+// a1201cTwoSilent starts a gateway whose Redis client runs fail, and
+// connects two silent devices of uid to it, each served.
+func a1201cTwoSilent(t *testing.T, uid string, fail redis.Hook) (tg *testGateway, ws1, ws2 *websocket.Conn) {
+	t.Helper()
+	tg = startGatewayHooked(t, []string{redistest.Start(t).Addr}, redistest.Prefix(t),
+		slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
+			c.WriteTimeout = 30 * time.Second
+		}, func(g *Gateway) { g.rdb.AddHook(fail) })
+	ws1 = tg.dial(t, uid)
+	aofServed(t, ws1)
+	ws2 = tg.dial(t, uid)
+	aofServed(t, ws2)
+	return tg, ws1, ws2
 }

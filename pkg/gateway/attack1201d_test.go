@@ -161,18 +161,9 @@ func TestAttack1201dHeldBesideUndecided(t *testing.T) {
 // per instance, not per push: a failure on one instance loses its
 // devices as a failure on one connection used to.
 func TestAttack1201dUndecidedHereTakenElsewhere(t *testing.T) {
-	srv := redistest.Start(t)
-	prefix := redistest.Prefix(t)
 	uid := "a1201d-undecided-here"
 	fail := &a1201dFailDecide{uid: uid, nth: 1}
-	p := startGatewayHooked(t, []string{srv.Addr}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
-		c.WriteTimeout = 30 * time.Second
-		c.routeRefreshEvery = time.Hour
-	}, func(g *Gateway) { g.rdb.AddHook(fail) })
-	x := startGatewayOn(t, []string{srv.Addr}, prefix, func(c *Config) {
-		c.WriteTimeout = 30 * time.Second
-		c.routeRefreshEvery = time.Hour
-	})
+	p, x := a1201dTwoInstances(t, fail)
 
 	ws1 := x.dial(t, uid)
 	aofServed(t, ws1)
@@ -222,4 +213,21 @@ func a1201dFrames(ws *websocket.Conn, id string) string {
 			frames = append(frames, "guide")
 		}
 	}
+}
+
+// a1201dTwoInstances starts two gateway instances on one Redis, P, whose
+// client runs fail, and X; neither refreshes routes on its own.
+func a1201dTwoInstances(t *testing.T, fail redis.Hook) (p, x *testGateway) {
+	t.Helper()
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	p = startGatewayHooked(t, []string{srv.Addr}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
+		c.WriteTimeout = 30 * time.Second
+		c.routeRefreshEvery = time.Hour
+	}, func(g *Gateway) { g.rdb.AddHook(fail) })
+	x = startGatewayOn(t, []string{srv.Addr}, prefix, func(c *Config) {
+		c.WriteTimeout = 30 * time.Second
+		c.routeRefreshEvery = time.Hour
+	})
+	return p, x
 }

@@ -40,18 +40,9 @@ import (
 // inactive, and their new session ended with S2's close. Only the device
 // that refused c (S2) is owed it.
 func TestAttack1201eRetryClosesUserComeBack(t *testing.T) {
-	srv := redistest.Start(t)
-	prefix := redistest.Prefix(t)
 	uid := "a1201e-retry-come-back"
 	fail := &a1201dFailDecide{uid: uid, nth: 1}
-	p := startGatewayHooked(t, []string{srv.Addr}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
-		c.WriteTimeout = 30 * time.Second
-		c.routeRefreshEvery = time.Hour
-	}, func(g *Gateway) { g.rdb.AddHook(fail) })
-	x := startGatewayOn(t, []string{srv.Addr}, prefix, func(c *Config) {
-		c.WriteTimeout = 30 * time.Second
-		c.routeRefreshEvery = time.Hour
-	})
+	p, x := a1201dTwoInstances(t, fail)
 
 	ws1 := x.dial(t, uid)
 	aofServed(t, ws1)
