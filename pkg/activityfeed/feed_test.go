@@ -419,6 +419,86 @@ func TestFeedPreparesWhileApplying(t *testing.T) {
 	t.Logf("of %d batches, %d saw the next prepared while they applied", prepared, overlapped)
 }
 
+// TestFeedStallStampedElsewhereAfterItsRecord: the record that stalls is
+// appended to partition 0, and the member stamps once more before its
+// loop blocks on the batch it cannot apply: that stamp, at a time after
+// the record, passes the other partitions but not partition 0. When the
+// feed catches up, each partition that stepped by more than the gap
+// records a blind interval from its own last stamp, so the other
+// partitions' one begins after the record. The stall is still covered
+// from the watermark held over it on (checkLagCover).
+func TestFeedStallStampedElsewhereAfterItsRecord(t *testing.T) {
+	r := newRig(t)
+	// The batch of the record that stalls is prepared only once the test
+	// has read the time after it and the next stamp is due: the member
+	// stamps then, with that batch applying, and blocks on it after (at
+	// its next poll, or at once were the rebalance it lets in between
+	// batches due: rebalanceEvery, far longer than this wait).
+	polled, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	prepare := func(recs []*kgo.Record) func(context.Context) (map[int]string, error) {
+		if slices.ContainsFunc(recs, func(rec *kgo.Record) bool { return string(rec.Value) == "u1-1" }) {
+			once.Do(func() {
+				close(polled)
+				<-release
+			})
+		}
+		return Unprepared(r.apply)(recs)
+	}
+	cfg := r.config()
+	f, err := Open(context.Background(), cfg, r.store, prepare, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); f.Run(ctx) }()
+	defer func() { cancel(); <-done; f.Close() }()
+	var released sync.Once
+	letGo := func() { released.Do(func() { close(release) }) }
+	defer letGo() // before the feed is stopped, should the test end early
+	if !r.watermarkPast(r.control().Now, 30*time.Second) {
+		t.Fatal("an idle feed never stamped")
+	}
+	r.setFailing(true)
+	r.produceTo(0, "u1", "u1-1")
+	select {
+	case <-polled:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the record was never polled")
+	}
+	stalled := r.control().Now
+	// Redis's clock past stalled, and a stamp due (one since the last).
+	if !waitFor(30*time.Second, func() bool { return r.control().Now.Sub(stalled) > cfg.Stamp }) {
+		t.Fatal("Redis's clock did not move")
+	}
+	letGo()
+	after := stalled.Add(time.Millisecond)
+	if !r.stampedPast(after, 30*time.Second, 1, 2, 3) {
+		t.Fatalf("partitions 1-3 never stamped past %v: %v", stalled, r.control().Activity)
+	}
+	if !waitFor(30*time.Second, func() bool { return r.control().Now.Sub(stalled) > 2*time.Second }) {
+		t.Fatal("Redis's clock did not move")
+	}
+	c := r.control()
+	held, _ := c.ActivityWatermark()
+	if !held.Before(stalled) || !c.Activity[0].Equal(held) {
+		t.Fatalf("watermark %v (partition 0 at %v) passed %v while its record could not be applied", held, c.Activity[0], stalled)
+	}
+	r.setFailing(false)
+	recovered := r.control().Now
+	if !r.watermarkPast(recovered, 30*time.Second) {
+		t.Fatal("the watermark did not catch up")
+	}
+	lag := lagIntervals(r.control())
+	checkLagCover(t, lag, held, stalled, recovered)
+	// Both intervals are there: partition 0's from the watermark held, and
+	// the other partitions' from their stamp after the record.
+	if len(lag) != 2 || !slices.ContainsFunc(lag, func(b session.BlindInterval) bool { return b.Start.After(stalled) }) {
+		t.Fatalf("activity-lag blind intervals %+v, want one from %v and one from after %v", lag, held, stalled)
+	}
+}
+
 // lagIntervals is c's activity-lag blind intervals.
 func lagIntervals(c session.Control) []session.BlindInterval {
 	var lag []session.BlindInterval
