@@ -467,13 +467,22 @@ func TestFeedStallStampedElsewhereAfterItsRecord(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the record was never polled")
 	}
+	polledAt := time.Now()
 	stalled := r.control().Now
 	// Redis's clock past stalled, and a stamp due (one since the last).
 	if !waitFor(30*time.Second, func() bool { return r.control().Now.Sub(stalled) > cfg.Stamp }) {
 		t.Fatal("Redis's clock did not move")
 	}
+	// The stamp after the record comes only if the loop lets no rebalance
+	// in first, which it does a rebalanceEvery after the last (just
+	// before the poll), waiting for the batch: a host that starved the
+	// test that long broke the premise, and the test says so.
+	slow := time.Since(polledAt) > rebalanceEvery-4*cfg.Stamp
 	letGo()
 	after := stalled.Add(time.Millisecond)
+	if slow {
+		t.Skipf("the batch was held %v, near rebalanceEvery (%v): the member may let a rebalance in before it stamps again, so the stamp after the record is not sure to come", time.Since(polledAt), rebalanceEvery)
+	}
 	if !r.stampedPast(after, 30*time.Second, 1, 2, 3) {
 		t.Fatalf("partitions 1-3 never stamped past %v: %v", stalled, r.control().Activity)
 	}
