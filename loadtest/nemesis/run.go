@@ -153,6 +153,15 @@ func run(ctx context.Context, s settings) (*result, error) {
 	res.history = h
 	res.verdicts = promise.Check(res.cfg, h)
 	res.rows = promise.Table(res.verdicts)
+	if s.keepLogs {
+		var uids []string
+		for _, v := range res.failures() {
+			if !slices.Contains(uids, v.UID) {
+				uids = append(uids, v.UID)
+			}
+		}
+		r.saveTimelines(ctx, uids)
+	}
 	res.crashes = r.exits.Load()
 	res.harness = slices.Clone(rec.harness)
 	res.took = time.Since(res.started)
