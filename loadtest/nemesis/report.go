@@ -40,6 +40,7 @@ func (res *result) markdown() string {
 		nGateways, nListeners, nConsumers, nMasters, s.users, s.users*3/5, s.users*3/5/3, s.users-s.users*3/5, s.ttl, s.closeAfter, s.grace)
 	fmt.Fprintf(&b, "History: %d signals, %d guides seen on devices (%d of them an id the device had seen, which it shows once), %d fault windows. Checked with slack %v, in-flight %v, stale %v, grace %v (a consumer's faults: %v more), match %v, minute window %v; the checker's history ends %v before the recording did, so that a stage due just before is seen late rather than taken for lost.\n\n",
 		res.signals, res.guides, res.repeats, len(res.outcomes), res.cfg.Slack, res.cfg.InFlight, res.cfg.Stale, res.cfg.Grace, groupSessionTimeout, res.cfg.Match, res.cfg.Window, lostMargin)
+	fmt.Fprintf(&b, "A stage never delivered past its bound is lost unless its user's timeline shows the stack still had it (held, or in flight) when the user came back, and cancelled it then: late. %d stages were so.\n\n", res.excused)
 
 	fails := res.failures()
 	verdict := "**passed**"

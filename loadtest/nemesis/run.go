@@ -40,6 +40,7 @@ type result struct {
 	crashes  int64
 	harness  []string
 	logs     string // where the services' logs are, when kept
+	excused  int    // lost stages the users' timelines showed late, then cancelled when the user came back
 	cfg      promise.Config
 }
 
@@ -152,6 +153,7 @@ func run(ctx context.Context, s settings) (*result, error) {
 	res.repeats = repeats(h.Deliveries)
 	res.history = h
 	res.verdicts = promise.Check(res.cfg, h)
+	res.excused = r.excuseLate(ctx, res.verdicts, h, res.cfg)
 	res.rows = promise.Table(res.verdicts)
 	if s.keepLogs {
 		var uids []string
@@ -204,4 +206,31 @@ func later(a, b time.Time) time.Time {
 		return b
 	}
 	return a
+}
+
+// excuseLate reclassifies, in place, each lost stage whose user's
+// timeline shows it still in the stack when the user came back
+// (cancelledLate), and counts them. A timeline that cannot be read
+// leaves its stages lost.
+func (r *rig) excuseLate(ctx context.Context, vs []promise.Verdict, h promise.History, cfg promise.Config) int {
+	timelines := map[string][]tlEntry{}
+	n := 0
+	for i, v := range vs {
+		if v.Class != promise.Lost {
+			continue
+		}
+		es, ok := timelines[v.UID]
+		if !ok {
+			var err error
+			if es, err = r.timelineOf(ctx, v.UID); err != nil {
+				fmt.Fprintln(os.Stderr, "nemesis:", err)
+			}
+			timelines[v.UID] = es
+		}
+		if nv, ok := cancelledLate(v, h, es, cfg); ok {
+			vs[i] = nv
+			n++
+		}
+	}
+	return n
 }
