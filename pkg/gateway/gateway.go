@@ -738,7 +738,7 @@ func (g *Gateway) serveWS(ctx context.Context, w http.ResponseWriter, r *http.Re
 	// routed here. A connection that holds its guides takes its inbox
 	// when its hold ends, whatever the write found.
 	if !held && (res.Err != nil || res.Inbox) {
-		rest = g.handOverInbox(rctx, c, noPresence, true)
+		rest = g.handOverInbox(rctx, c, noPresence)
 	}
 	n := 1
 	if rest != nil {

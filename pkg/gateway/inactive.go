@@ -31,11 +31,12 @@ import (
 //
 // A final guide handed over from the inbox on connect is written like any
 // other and closes nothing: the user is back, on that very connection.
-// One an offer of the inbox hands a connection open since before it was
-// kept ahead (a route refresh's, while the live copy is on its way)
-// closes nothing either, but the live copy that follows it there then
-// closes the connection without writing the guide again (see
-// closesAfterCopy): that device was there, silent, when the chat closed.
+// One handed, while the live copy is on its way, to a connection open
+// since before its close was applied (by an offer of the inbox, a route
+// refresh's, or by that connection's connect crossing the push) closes
+// nothing either, but the live copy that follows it there then closes
+// the connection without writing the guide again (see closesAfterCopy):
+// that device was there, silent, when the chat closed.
 
 // closeDecision is a close stage's decision (commitClose) as the first of
 // a delivery's connections to write it got it, for the others: one push

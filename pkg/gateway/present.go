@@ -216,7 +216,7 @@ func (g *Gateway) endHold(ctx context.Context, c *conn, p presence) {
 func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, closed bool) {
 	var rest *handover
 	if !closed {
-		rest = g.handOverInbox(ctx, c, p, true)
+		rest = g.handOverInbox(ctx, c, p)
 	}
 	var dropped, over, left []push.Request
 	for {

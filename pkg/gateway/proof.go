@@ -76,7 +76,7 @@ type guideProof struct {
 	// its close was applied; c.mu.
 	written bool
 	// there: an inbox copy of a close stage handed to a connection open
-	// since before its entry was kept, ahead of a live copy that may
+	// since before its close was applied, ahead of a live copy that may
 	// still reach it (see closesAfterCopy). Set before it is queued.
 	there bool
 }
@@ -135,18 +135,18 @@ func (c *conn) isClosed() bool {
 // closesAfterCopy reports whether f, a pushed copy of a guide c was sent
 // already (hasGuide), must still apply its close on c: a close stage's
 // live copy (its written closes c, see takeGuide), where the copy c was
-// sent is an inbox copy handed to c while c was there before the entry
-// was kept (guideProof.there). An offer of the inbox (a route refresh's,
-// a keep's, see offerInbox) can hand c the entry kept ahead of the live
-// copy (see ahead.go) while that copy is on its way to c: c was
-// connected, its user silent, when the chat was closed, and the inbox
-// copy closes nothing (see handover.queue). A connection whose own
-// connect took the entry, or opened after it was kept, is the user come
-// back: the inbox copy it was handed told them, and a live copy that
-// comes later (a routed copy read late, a resend) closes nothing. A
-// second live copy finds the first
-// waiting for proof, and adds nothing: once the first is written, c is
-// closed. c.mu is held.
+// sent is an inbox copy handed to c while c was there before the close
+// was applied (guideProof.there). A take of the inbox can hand c the
+// entry kept ahead of the live copy (see ahead.go) while that copy is on
+// its way to c: an offer (a route refresh's, a keep's, see offerInbox),
+// a later chunk's, or c's connect's own when its route write came after
+// the keep. c was connected, its user silent, when the chat was closed,
+// and the inbox copy closes nothing (see handover.queue). A connection
+// opened after the close was applied is the user come back: the inbox
+// copy it was handed told them, and a live copy that comes later (a
+// routed copy read late, a resend) closes nothing. A second live copy
+// finds the first waiting for proof, and adds nothing: once the first is
+// written, c is closed. c.mu is held.
 func (c *conn) closesAfterCopy(f outFrame) bool {
 	if f.written == nil || f.proof.req == nil || !f.proof.req.Final {
 		return false
@@ -445,6 +445,6 @@ func (g *Gateway) offerInbox(ctx context.Context, uid string) {
 		if h != nil {
 			<-h.done
 		}
-		g.handOverInbox(ctx, c, noPresence, false).goRun(ctx)
+		g.handOverInbox(ctx, c, noPresence).goRun(ctx)
 	}
 }

@@ -564,10 +564,8 @@ func (g *Gateway) takeInbox(ctx context.Context, c *conn, p presence) (items, su
 // handover, for a goroutine of its own, or nil when there is none: each
 // guide leaves the inbox once the client proved it got it (see proof.go),
 // and the next ones are queued then, so a connection that drops first,
-// or never reads, leaves them for the next connect. connect says whether
-// this is the connection's own first take (on connect, or at its hold's
-// end), not an offer of the inbox to a connection open before.
-func (g *Gateway) handOverInbox(ctx context.Context, c *conn, p presence, connect bool) *handover {
+// or never reads, leaves them for the next connect.
+func (g *Gateway) handOverInbox(ctx context.Context, c *conn, p presence) *handover {
 	items, superseded, presentUntil, err := g.takeInbox(ctx, c, p)
 	if err != nil {
 		g.routeLog.Fail(err)
@@ -580,7 +578,7 @@ func (g *Gateway) handOverInbox(ctx context.Context, c *conn, p presence, connec
 	if len(items) == 0 {
 		return nil
 	}
-	h := &handover{g: g, c: c, taken: len(items), connect: connect}
+	h := &handover{g: g, c: c, taken: len(items)}
 	h.queue(ctx, items)
 	return h
 }
@@ -607,8 +605,7 @@ type handover struct {
 	// entry (see handClosed).
 	live       []string
 	liveClosed map[string]string
-	taken      int  // entries the last take leased
-	connect    bool // the connection's own first take, not an offer or a later chunk
+	taken      int // entries the last take leased
 }
 
 // queue puts a chunk of entries on the connection, each reporting on
@@ -689,9 +686,9 @@ func (h *handover) handClosed(id string) {
 	req, _ := parseEntry(raw)
 	b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)
 	written := h.written
-	// The hold's end is the connection's own first take: there is false
-	// without asking Redis.
-	if !h.c.enqueueProven(b, &guideProof{id: req.ID, proven: func() { written <- raw }, there: h.there(context.Background(), req, raw)}, nil) {
+	// Not there: a live copy that comes later is superseded by the
+	// client's word, as the held one was, and closes nothing.
+	if !h.c.enqueueProven(b, &guideProof{id: req.ID, proven: func() { written <- raw }}, nil) {
 		// Released when the handover ends, for the user's next connect.
 		h.live = append(h.live, id)
 		return
@@ -710,20 +707,22 @@ func entryClosed(raw string) bool {
 
 // there reports whether the connection was there when a close stage's
 // entry raw was applied (the chat closed), so that a live copy reaching
-// it after this inbox copy still closes it (see closesAfterCopy): handed
-// by an offer of the inbox or a later chunk's take, not its connect's
-// own, to a connection open since before the close was applied (by
-// Redis's clock, as the connection's openedMS is, though only estimated:
-// early by the reply's way back at most, so a close applied in that
-// moment before the connection opened counts as applied after; the
-// connect's own take, which is what could hand such an entry, never
-// counts). Else it is the user come back, whom the inbox copy told, and
-// closes nothing. When the close was applied is read from Redis (see
-// Store.CloseAppliedAt); not known (a close decided by a gateway before
-// it kept the time, or Redis failing), the entry's kept_ms stands in: a
-// close stage is kept ahead of its live copy, just before it is applied.
+// it after this inbox copy still closes it (see closesAfterCopy): open
+// since before the close was applied, whatever take handed it (an offer
+// of the inbox, a later chunk's, or its connect's own, when the connect
+// and the push cross: its route write after the keep ahead, its take
+// before the live copy). By Redis's clock, as the connection's openedMS
+// is, though only estimated: early by the reply's way back at most, so a
+// close applied in that moment before the connection opened counts as
+// applied after, as it does for a live copy that comes first (see
+// closeDecision.openedAfter). Else it is the user come back, whom the
+// inbox copy told, and closes nothing. When the close was applied is
+// read from Redis (see Store.CloseAppliedAt); not known (a close decided
+// by a gateway before it kept the time, or Redis failing), the entry's
+// kept_ms stands in: a close stage is kept ahead of its live copy, just
+// before it is applied.
 func (h *handover) there(ctx context.Context, req push.Request, raw string) bool {
-	if !req.Final || h.connect {
+	if !req.Final {
 		return false
 	}
 	at := h.g.closeAppliedAt(ctx, req)
@@ -777,10 +776,6 @@ func (h *handover) run(ctx context.Context) {
 		}
 		taken = len(items)
 		h.liveClosed = nil
-		// A later chunk's entries were taken while the connection was
-		// there, as an offer's are: one kept since it opened (a close
-		// stage kept ahead of its live copy) found it there.
-		h.connect = false
 		h.queue(ctx, items)
 	}
 }
