@@ -67,7 +67,7 @@ func (d *closeDecision) decide(ctx context.Context, g *Gateway, req push.Request
 	if d != nil {
 		d.done, d.applied, d.err = true, applied, err
 		if applied {
-			d.appliedAt = g.closeAppliedAt(ctx, req)
+			d.appliedAt, _ = g.closeAppliedAt(ctx, req)
 		}
 	}
 	return applied, err

@@ -124,13 +124,16 @@ func (g *Gateway) closeOver(ctx context.Context, req push.Request) (bool, error)
 }
 
 // closeAppliedAt reads when req's close was applied (see
-// session.Store.CloseAppliedAt); 0 when not known, or Redis failing.
-func (g *Gateway) closeAppliedAt(ctx context.Context, req push.Request) int64 {
+// session.Store.CloseAppliedAt); 0 when not known: none kept (a close
+// decided by a gateway before it kept the time), or, with read false,
+// Redis failing.
+func (g *Gateway) closeAppliedAt(ctx context.Context, req push.Request) (at int64, read bool) {
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
 	defer cancel()
 	at, err := g.store.CloseAppliedAt(cctx, req.UID, req.ID)
 	if err != nil {
 		g.log.Warn("read when a close stage was applied", "uid", req.UID, "guide_id", req.ID, "err", err)
+		return 0, false
 	}
-	return at
+	return at, true
 }

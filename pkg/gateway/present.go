@@ -245,7 +245,10 @@ func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, cl
 				over = append(over, req)
 				continue
 			}
-			switch c.takeGuide(ctx, req, nil) {
+			// Decided as a delivery's is, so that a copy held by a
+			// connection the user opened after the chat closed does not
+			// close it (closeDecision.openedAfter).
+			switch c.takeGuide(ctx, req, &closeDecision{}) {
 			case guideCancelled:
 				over = append(over, req)
 			case guideSuperseded:

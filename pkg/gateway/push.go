@@ -717,15 +717,23 @@ func entryClosed(raw string) bool {
 // applied after, as it does for a live copy that comes first (see
 // closeDecision.openedAfter). Else it is the user come back, whom the
 // inbox copy told, and closes nothing. When the close was applied is
-// read from Redis (see Store.CloseAppliedAt); not known (a close decided
-// by a gateway before it kept the time, or Redis failing), the entry's
-// kept_ms stands in: a close stage is kept ahead of its live copy, just
-// before it is applied.
+// read from Redis (see Store.CloseAppliedAt). When the read fails, the
+// copy counts as there: a live copy that follows decides for itself, as
+// it does when it comes first (it reads the time again, and spares a
+// connection opened after it; not known then either, it closes), so the
+// outcome does not hang on which copy came first. kept_ms is no stand-in
+// then: a connection may open between the keep ahead and the apply,
+// just as a connect crosses the push. Not kept at all (a close decided
+// by a gateway before it kept the time), the entry's kept_ms stands in:
+// such a close was kept ahead of its live copy just before it was applied.
 func (h *handover) there(ctx context.Context, req push.Request, raw string) bool {
 	if !req.Final {
 		return false
 	}
-	at := h.g.closeAppliedAt(ctx, req)
+	at, read := h.g.closeAppliedAt(ctx, req)
+	if !read {
+		return true
+	}
 	if at == 0 {
 		var e struct {
 			KeptMS int64 `json:"kept_ms"`
