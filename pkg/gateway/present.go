@@ -218,7 +218,7 @@ func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, cl
 	if !closed {
 		rest = g.handOverInbox(ctx, c, p)
 	}
-	var dropped, over, left []push.Request
+	var dropped, over, left, undecided []push.Request
 	for {
 		c.mu.Lock()
 		held, after := h.held, h.after
@@ -248,7 +248,8 @@ func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, cl
 			// Decided as a delivery's is, so that a copy held by a
 			// connection the user opened after the chat closed does not
 			// close it (closeDecision.openedAfter).
-			switch c.takeGuide(ctx, req, &closeDecision{}) {
+			d := &closeDecision{}
+			switch c.takeGuide(ctx, req, d) {
 			case guideCancelled:
 				over = append(over, req)
 			case guideSuperseded:
@@ -258,7 +259,11 @@ func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, cl
 					rest.handClosed(req.ID)
 				}
 			case guideRefused:
-				left = append(left, req)
+				if d.err != nil {
+					undecided = append(undecided, req)
+				} else {
+					left = append(left, req)
+				}
 			}
 		}
 		for _, f := range after {
@@ -274,6 +279,15 @@ func (g *Gateway) endBegun(ctx context.Context, c *conn, h *hold, p presence, cl
 		// and is this connection's now. One the handover took is queued
 		// already (handClosed); one kept since is taken here.
 		g.offerInbox(ctx, c.uid)
+	}
+	for _, req := range undecided {
+		// Its push answered delivered long ago, and nothing pushes it
+		// again: kept, the inbox's copy would close none of the user's
+		// connections here. Tried again for a while instead, as a routed
+		// copy undecided is.
+		if payload, err := json.Marshal(req); err == nil {
+			g.redeliverUndecided(ctx, req, payload)
+		}
 	}
 	for _, req := range left {
 		// As for a guide routed here for a user who has just left.

@@ -79,6 +79,9 @@ var (
 	errClaimed   = errors.New("another push of this guide is under way")
 	errUnreached = errors.New("no subscriber on the channel of a live instance holding the user")
 	errLateBeat  = errors.New("an instance holding the user missed its heartbeat: the user's pings may wait unread in it")
+	// errCloseUnread: a close stage's delivery could not tell a
+	// connection the user opened after the close from one that was there.
+	errCloseUnread = errors.New("close stage undecided for a connection")
 )
 
 func (g *Gateway) servePush(w http.ResponseWriter, r *http.Request) {
@@ -720,8 +723,10 @@ func entryClosed(raw string) bool {
 // read from Redis (see Store.CloseAppliedAt). When the read fails, the
 // copy counts as there: a live copy that follows decides for itself, as
 // it does when it comes first (it reads the time again, and spares a
-// connection opened after it; not known then either, it closes), so the
-// outcome does not hang on which copy came first. kept_ms is no stand-in
+// connection opened after it; not known then either, it is refused for a
+// connection opened after the deadline, and tried again: see
+// closeDecision.unknownFor), so the outcome does not hang on which copy
+// came first. kept_ms is no stand-in
 // then: a connection may open between the keep ahead and the apply,
 // just as a connect crosses the push. Not kept at all (a close decided
 // by a gateway before it kept the time), the entry's kept_ms stands in:
