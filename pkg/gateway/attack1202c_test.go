@@ -1,0 +1,246 @@
+package gateway
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stillthere/stillthere/pkg/push"
+	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
+	"github.com/stillthere/stillthere/pkg/tcpproxy"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
+)
+
+// Attacks on a close stage's delivery refused because the time its close
+// was applied could not be read (closeDecision.unknownFor).
+
+// TestAttack1202cUnreadRefusedDeviceNeverTold: the user has device A on
+// instance X, open since before the silence's deadline, and device B on
+// instance P, opened after the deadline (a reconnect: connecting opens no
+// session), both silent. Close stage c is pushed on P. P's delivery
+// decides c's close (applied: the chat is closed, B open and silent at
+// that moment), and the one read of when it was applied fails.
+// unknownFor refuses c on B, and the push fails for its consumer to push
+// again. X's routed copy decides for itself (applied already, its time
+// read): A is written c, closed 4000, and proves it, which takes c's entry
+// kept ahead out of the inbox.
+//
+// The user then pings on B, before the consumer's retry (its backoff, or
+// its breaker open through the same Redis trouble). The consumer judges
+// every attempt afresh (pkg/guide: needless): the session is live, so c
+// is settled stale and never pushed again. B, open and silent when the
+// chat was closed, is owed c and the close whatever it pinged since
+// (docs/protocol.md: an applied close is "written to every connection that
+// takes it, however late, as the chat is closed, but for a connection
+// opened after it was applied"; a device open when the close was applied
+// "is handed it whatever they pinged since: that device was never told").
+// Nothing hands it c now: not a push (settled stale), not the inbox (A's
+// proof took the entry). One device of the user was told and closed, the
+// other never is, and its chat goes on: the very split the once-per-
+// delivery decision exists to prevent. Had the read succeeded, or before
+// unknownFor (the time unknown, the close written), B was written c and
+// closed with A, in the same push.
+func TestAttack1202cUnreadRefusedDeviceNeverTold(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fail bool
+	}{
+		{"Redis answers", false},
+		{"the applied time's read fails", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) { a1202cUnreadRefused(t, tc.fail) })
+	}
+}
+
+func a1202cUnreadRefused(t *testing.T, fail bool) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	uid := "a1202c-unread-never-told"
+	get := &a1202bFail{uid: uid}
+	p := startGatewayHooked(t, []string{srv.Addr}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
+		c.WriteTimeout = 30 * time.Second
+		c.routeRefreshEvery = time.Hour
+	}, func(g *Gateway) { g.rdb.AddHook(get) })
+	x := startGatewayOn(t, []string{srv.Addr}, prefix, func(c *Config) {
+		c.WriteTimeout = 30 * time.Second
+		c.routeRefreshEvery = time.Hour
+	})
+
+	wsA := x.dial(t, uid)
+	aofServed(t, wsA)
+	deadline := redisNowMS(t, p.rdb)
+	// B opens after the deadline, by P's own clock of Redis.
+	waitUntil(t, "P's clock of Redis past the deadline", func() bool { return p.redisNowMS() > deadline+1 })
+	wsB := p.dial(t, uid)
+	aofServed(t, wsB)
+	cB := p.hub.lookup(uid)[0]
+	if cB.openedMS <= deadline {
+		t.Fatalf("B opened at %d, not after the deadline %d: the test's premise fails", cB.openedMS, deadline)
+	}
+
+	c := stagePush(uid, deadline, 2, timeoutevent.ActionClose)
+	get.get.Store(fail) // P's read of when c's close was applied fails, once
+	res, err := p.pushGuide(t, c)
+	if fail && get.getFails.Load() != 1 {
+		t.Fatalf("P's read of c's applied time failed %d times; want once: the test's premise fails", get.getFails.Load())
+	}
+	if err == nil {
+		// Settled in this push: both devices told and closed.
+		if res.Status != push.Delivered || res.Connections != 2 {
+			t.Fatalf("push c on P: %+v; want delivered to B here and A on X", res)
+		}
+		readStage(t, wsA, c)
+		readClose(t, wsA)
+		if got := a1201dFrames(wsB, c.ID); got != "guide,close:4000" {
+			t.Errorf("B saw %q; want c's frame, then the close 4000", got)
+		}
+		return
+	}
+	if !fail {
+		t.Fatalf("push c on P, Redis answering: %v", err)
+	}
+	// Refused, for its consumer to push again.
+	// A, there and silent, is told and closed: the chat is closed.
+	readStage(t, wsA, c)
+	readClose(t, wsA)
+	waitUntil(t, "c's entry kept ahead out of the inbox by A's proof", func() bool { return len(p.aaInboxIDs(t, uid)) == 0 })
+	at, err := p.store.CloseAppliedAt(ctx, uid, c.ID)
+	if err != nil || at == 0 {
+		t.Fatalf("c's close applied at %d, %v; want it applied by P's delivery", at, err)
+	}
+	if cB.openedMS > at {
+		t.Fatalf("B opened at %d, after c's close was applied at %d: the test's premise fails", cB.openedMS, at)
+	}
+
+	// The user pings on B before the consumer tries c again.
+	pingPong(t, wsB)
+
+	// The consumer's attempt, as pkg/guide makes it: the session checked
+	// first (needless), and c pushed again only if the silence is not over.
+	chk, err := p.store.Check(ctx, uid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := chk.Live || chk.Renewed.After(time.UnixMilli(deadline))
+	if !stale {
+		if res, err := p.pushGuide(t, c); err != nil {
+			t.Fatalf("the consumer's retry of c: %+v, %v", res, err)
+		}
+	}
+	if got := a1201dFrames(wsB, c.ID); got != "guide,close:4000" {
+		t.Errorf("B, open since %d, before c's close was applied at %d, its user silent then, saw %q after A was told and closed "+
+			"(the consumer's retry settled stale: %v; inbox now %v); want c's frame, then the close 4000",
+			cB.openedMS, at, got, stale, p.aaInboxIDs(t, uid))
+	}
+}
+
+// a1202cCount counts, on the client it hooks, the failed reads of when a
+// close of uid was applied (the GET of its "pca:" key), and the failed
+// commands naming uid's inbox after the failed reads reach afterGets.
+type a1202cCount struct {
+	uid        string
+	afterGets  int32
+	getFails   atomic.Int32
+	inboxFails atomic.Int32
+}
+
+func (h *a1202cCount) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *a1202cCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *a1202cCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err == nil || err == redis.Nil {
+			return err
+		}
+		args := cmd.Args()
+		if cmd.Name() == "get" {
+			if k, ok := args[1].(string); ok && acNamesCloseAt(k, h.uid) {
+				h.getFails.Add(1)
+				return err
+			}
+		}
+		if h.getFails.Load() >= h.afterGets {
+			for _, a := range args {
+				if s, ok := a.(string); ok && strings.HasSuffix(s, "in:"+h.uid) {
+					h.inboxFails.Add(1)
+					break
+				}
+			}
+		}
+		return err
+	}
+}
+
+// TestAttack1202cUndatedCloseOutageOutlastsRetries: device D is connected
+// on instance X, silent. Close stage c, pushed without deadline_ms, is
+// kept ahead by instance P and routed to X, which reads it while its link
+// to Redis is down, for a while: a failover's seconds. Nothing can cancel
+// a close without a deadline, and it used to be written with no Redis
+// call, then, when its decision was kept in Redis, written all the same
+// when that failed (TestAttack1201cUndatedCloseRedisBlipNeverClosed: a
+// refusal left D shown the close by a later offer and never closed).
+//
+// Now the read of when it was applied fails with the rest, and unknownFor
+// refuses it on every connection (a close of no deadline has no bound):
+// X tries again (redeliverUndecided), each try failing the same read,
+// until its tries are spent (about 6 s), and then keeps it, which fails
+// too: the entry P kept ahead stays. (Before unknownFor, D was written c
+// and closed at once, Redis down or not: this test passes there.) Redis comes back, and X's route
+// refresh offers D the inbox: D is shown c, whose close the offer applies
+// while D is open and silent, and no live copy follows to close it. The
+// outcome the earlier fix removed is back for any outage longer than the
+// retries: D told the chat is closed, left open, its session alive.
+func TestAttack1202cUndatedCloseOutageOutlastsRetries(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	proxy, err := tcpproxy.Start(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	uid := "a1202c-undated-outage"
+	cnt := &a1202cCount{uid: uid, afterGets: 1 + undecidedRetries}
+	x := startGatewayHooked(t, []string{proxy.Addr()}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
+		c.WriteTimeout = 30 * time.Second
+		c.routeRefreshEvery = time.Hour // only the test offers the inbox, as the refresh would
+	}, func(g *Gateway) { g.rdb.AddHook(cnt) })
+	p := startGatewayOn(t, []string{srv.Addr}, prefix, nil)
+
+	wsD := x.dial(t, uid) // there, silent
+	aofServed(t, wsD)
+	cD := x.hub.lookup(uid)[0]
+	c := a1201cUndated(uid, 2, timeoutevent.ActionClose)
+	p.aofKeepAhead(t, c) // P's route: kept ahead, then routed to X
+
+	// X reads the routed copy while its Redis link is down, and stays down
+	// until X has tried it for the last time and tried to keep it.
+	proxy.Cut()
+	x.run.Tolerate()
+	x.readRouted(t, c)
+	// Written at once (and D closed), or tried again until X's tries are
+	// spent, each failing to read when its close was applied, and then
+	// kept, which fails.
+	waitUntil(t, "D written c, or X's tries of c spent and its keep tried", func() bool {
+		return cD.isClosed() || cnt.getFails.Load() >= 1+undecidedRetries && cnt.inboxFails.Load() >= 1
+	})
+	proxy.Restore()
+	waitUntil(t, "X reaches Redis again", func() bool { return x.rdb.Ping(ctx).Err() == nil })
+
+	// X's route refresh offers the inbox to its connections.
+	x.offerInbox(ctx, uid)
+	readStage(t, wsD, c)
+	aaAck(t, wsD, c.ID)
+	a1201cWantClosed(t, wsD, "D, connected and silent when the close stage without deadline_ms came,")
+}
