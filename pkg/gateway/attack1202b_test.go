@@ -193,6 +193,10 @@ func TestAttack1202bHeldThereDecisionFailsAtHoldEnd(t *testing.T) {
 // own clock of Redis, and the close's time is kept; only the read failed,
 // and a failed read of a decision refuses the guide (and tries again)
 // where a failed read of its time closes the user who came back.
+// Since a close's decision brings when it was applied, in one call
+// (close_commit.lua), no separate read of that time is left on this
+// path; the test keeps the interleaving and its armed hook, so that a
+// separate read brought back, and failing, is caught.
 func TestAttack1202bComeBackAppliedTimeUnread(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -275,7 +279,9 @@ func TestAttack1202bComeBackAppliedTimeUnread(t *testing.T) {
 			}
 			a1201eStillOpen(t, ws, c.ID, "B, the user's connection on X made after the chat closed, and pinged on")
 			if get.getFails.Load() == 0 {
-				t.Error("no read of c's applied time failed: the test's premise fails")
+				// The decision brings the time in one call (close_commit.lua):
+				// no separate read is left to fail. The hook stays armed.
+				t.Log("no separate read of c's applied time: it came with the close's decision")
 			}
 		})
 	}

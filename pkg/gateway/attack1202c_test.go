@@ -46,6 +46,10 @@ import (
 // delivery decision exists to prevent. Had the read succeeded, or before
 // unknownFor (the time unknown, the close written), B was written c and
 // closed with A, in the same push.
+// Since a close's decision brings when it was applied, in one call
+// (close_commit.lua), no separate read of that time is left on this
+// path; the test keeps the interleaving and its armed hook, so that a
+// separate read brought back, and failing, is caught.
 func TestAttack1202cUnreadRefusedDeviceNeverTold(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -88,8 +92,10 @@ func a1202cUnreadRefused(t *testing.T, fail bool) {
 	c := stagePush(uid, deadline, 2, timeoutevent.ActionClose)
 	get.get.Store(fail) // P's read of when c's close was applied fails, once
 	res, err := p.pushGuide(t, c)
-	if fail && get.getFails.Load() != 1 {
-		t.Fatalf("P's read of c's applied time failed %d times; want once: the test's premise fails", get.getFails.Load())
+	if fail && get.getFails.Load() == 0 {
+		// The decision brings the time in one call (close_commit.lua): no
+		// separate read is left to fail. The hook stays armed.
+		t.Log("no separate read of c's applied time: it came with the close's decision")
 	}
 	if err == nil {
 		// Settled in this push: both devices told and closed.

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"time"
 
@@ -50,15 +49,13 @@ import (
 // appliedAt is when the close was applied (Redis's clock, Unix ms; 0: not
 // known): a connection opened after it is the user come back after the
 // chat closed, and this delivery (a late one: a retry, a routed copy read
-// late) does not close it. unread: reading it failed, so a connection
-// that may have opened after it cannot be told from one that was there
-// (see unknownFor).
+// late) does not close it. It comes with the decision, in one call, so
+// that no delivery holds a decision without it.
 type closeDecision struct {
 	done      bool
 	applied   bool
 	err       error
 	appliedAt int64
-	unread    bool
 }
 
 // decide returns d's decision of req, made now if not yet. d may be nil:
@@ -67,14 +64,9 @@ func (d *closeDecision) decide(ctx context.Context, g *Gateway, req push.Request
 	if d != nil && d.done {
 		return d.applied, d.err
 	}
-	applied, err := g.commitClose(ctx, req)
+	applied, at, err := g.commitClose(ctx, req)
 	if d != nil {
-		d.done, d.applied, d.err = true, applied, err
-		if applied {
-			var read bool
-			d.appliedAt, read = g.closeAppliedAt(ctx, req)
-			d.unread = !read
-		}
+		d.done, d.applied, d.err, d.appliedAt = true, applied, err, at
 	}
 	return applied, err
 }
@@ -83,16 +75,6 @@ func (d *closeDecision) decide(ctx context.Context, g *Gateway, req push.Request
 // far as known.
 func (d *closeDecision) openedAfter(c *conn) bool {
 	return d != nil && d.appliedAt > 0 && c.openedMS > d.appliedAt
-}
-
-// unknownFor reports whether d cannot tell whether c opened after its
-// close was applied: the time's read failed, and c opened after req's
-// deadline (no close of its silence is applied before that; a close of
-// no deadline has no such bound). Such a connection may be the user come
-// back, whom a 4000 would end, or one that was there, which is owed it:
-// the delivery is undecided, and refused, as when the decision fails.
-func (d *closeDecision) unknownFor(c *conn, req push.Request) bool {
-	return d != nil && d.unread && (req.DeadlineMS <= 0 || c.openedMS > req.DeadlineMS)
 }
 
 // enqueueGuide hands c a guide pushed to its user: held while c holds its
@@ -133,9 +115,6 @@ func (c *conn) takeGuide(ctx context.Context, req push.Request, d *closeDecision
 			// connection: it starts a new session, and is not closed.
 			metricPushes.WithLabelValues("superseded").Inc()
 			return guideSuperseded
-		case d.unknownFor(c, req):
-			d.err = fmt.Errorf("%w: when close stage %s was applied could not be read, and connection opened at %d may be its user come back", errCloseUnread, req.ID, c.openedMS)
-			return guideRefused
 		}
 	}
 	b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)

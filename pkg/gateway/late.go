@@ -90,23 +90,25 @@ func (g *Gateway) cameBackRouted(ctx context.Context, req *push.Request) bool {
 // kept for later, as for a connection that refused it. One without a deadline is applied,
 // and nothing cancels it: the call only keeps when (see handover.there),
 // and a failed one writes it all the same, as before the time was kept;
-// an inbox copy of it is then judged by when it was kept.
-func (g *Gateway) commitClose(ctx context.Context, req push.Request) (applied bool, err error) {
+// an inbox copy of it is then judged by when it was kept. appliedAt is
+// when the close was applied, read with the decision (0: not known, see
+// session.Store.CommitCloseAt).
+func (g *Gateway) commitClose(ctx context.Context, req push.Request) (applied bool, appliedAt int64, err error) {
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.WriteTimeout)
 	defer cancel()
 	if req.DeadlineMS <= 0 {
-		applied, err = g.store.ApplyClose(cctx, req.UID, req.ID, pushedTTL)
+		applied, appliedAt, err = g.store.ApplyCloseAt(cctx, req.UID, req.ID, pushedTTL)
 		if err != nil {
 			g.log.Warn("keep when a close stage without a deadline was applied; written all the same", "uid", req.UID, "guide_id", req.ID, "err", err)
-			return true, nil
+			return true, 0, nil
 		}
-		return applied, nil
+		return applied, appliedAt, nil
 	}
-	applied, err = g.store.CommitClose(cctx, req.UID, req.ID, req.DeadlineMS, pushedTTL)
+	applied, appliedAt, err = g.store.CommitCloseAt(cctx, req.UID, req.ID, req.DeadlineMS, pushedTTL)
 	if err != nil {
 		g.log.Warn("decide a close stage's close; not written now", "uid", req.UID, "guide_id", req.ID, "err", err)
 	}
-	return applied, err
+	return applied, appliedAt, err
 }
 
 // closeOver judges again, in its push's own route, a close stage's guide

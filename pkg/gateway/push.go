@@ -79,9 +79,6 @@ var (
 	errClaimed   = errors.New("another push of this guide is under way")
 	errUnreached = errors.New("no subscriber on the channel of a live instance holding the user")
 	errLateBeat  = errors.New("an instance holding the user missed its heartbeat: the user's pings may wait unread in it")
-	// errCloseUnread: a close stage's delivery could not tell a
-	// connection the user opened after the close from one that was there.
-	errCloseUnread = errors.New("close stage undecided for a connection")
 )
 
 func (g *Gateway) servePush(w http.ResponseWriter, r *http.Request) {
@@ -648,8 +645,9 @@ func (h *handover) queue(ctx context.Context, items []string) {
 		// connection about to write it decides it (commitClose), unless
 		// it was applied already: cancelled, the entry leaves the
 		// inbox unshown; undecided (Redis failing), it stays.
+		var appliedAt int64
 		if req.Final && !entryClosed(raw) {
-			applied, err := h.g.commitClose(ctx, req)
+			applied, at, err := h.g.commitClose(ctx, req)
 			if err != nil {
 				unsent = append(unsent, req.ID)
 				continue
@@ -658,9 +656,10 @@ func (h *handover) queue(ctx context.Context, items []string) {
 				bad = append(bad, raw)
 				continue
 			}
+			appliedAt = at
 		}
 		b := frame.Guide(req.ID, req.Text, req.DeadlineMS, req.Stage, req.Final)
-		p := &guideProof{id: req.ID, proven: func() { written <- raw }, there: h.there(ctx, req, raw)}
+		p := &guideProof{id: req.ID, proven: func() { written <- raw }, there: h.there(ctx, req, raw, appliedAt)}
 		if len(unsent) > 0 || !h.c.enqueueProven(b, p, nil) {
 			unsent = append(unsent, req.ID)
 			continue
@@ -722,18 +721,22 @@ func entryClosed(raw string) bool {
 // inbox copy told, and closes nothing. When the close was applied is
 // read from Redis (see Store.CloseAppliedAt). When the read fails, the
 // copy counts as there: a live copy that follows decides for itself, as
-// it does when it comes first (it reads the time again, and spares a
-// connection opened after it; not known then either, it is refused for a
-// connection opened after the deadline, and tried again: see
-// closeDecision.unknownFor), so the outcome does not hang on which copy
-// came first. kept_ms is no stand-in
+// it does when it comes first (its decision brings the time, and spares
+// a connection opened after it), so the outcome does not hang on which
+// copy came first. kept_ms is no stand-in
 // then: a connection may open between the keep ahead and the apply,
 // just as a connect crosses the push. Not kept at all (a close decided
 // by a gateway before it kept the time), the entry's kept_ms stands in:
 // such a close was kept ahead of its live copy just before it was applied.
-func (h *handover) there(ctx context.Context, req push.Request, raw string) bool {
+// appliedAt is the time as this take's own decision brought it (0: read
+// here).
+func (h *handover) there(ctx context.Context, req push.Request, raw string, appliedAt int64) bool {
 	if !req.Final {
 		return false
+	}
+	if appliedAt > 0 {
+		// Known already: this take decided the close.
+		return appliedAt >= h.c.openedMS
 	}
 	at, read := h.g.closeAppliedAt(ctx, req)
 	if !read {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -46,8 +47,16 @@ const (
 // whether the user renewed (or ended) their session after the deadline,
 // and the decision is kept for keep; every later call gets it.
 func (s *Store) CommitClose(ctx context.Context, uid, id string, deadlineMS int64, keep time.Duration) (applied bool, err error) {
-	got, err := s.runClose(ctx, uid, id, deadlineMS, keep, closeDecide)
-	return got == closeApplied, err
+	applied, _, err = s.CommitCloseAt(ctx, uid, id, deadlineMS, keep)
+	return applied, err
+}
+
+// CommitCloseAt is CommitClose, with when the close was applied (Unix ms,
+// Redis's clock; see CloseAppliedAt), read with the decision: 0 when not
+// applied, or applied by a gateway before the time was kept.
+func (s *Store) CommitCloseAt(ctx context.Context, uid, id string, deadlineMS int64, keep time.Duration) (applied bool, appliedAt int64, err error) {
+	got, at, err := s.runClose(ctx, uid, id, deadlineMS, keep, closeDecide)
+	return got == closeApplied, at, err
 }
 
 // ApplyClose is CommitClose deciding applied whatever the user did since
@@ -56,8 +65,15 @@ func (s *Store) CommitClose(ctx context.Context, uid, id string, deadlineMS int6
 // no deadline to judge by. A close decided already keeps its decision:
 // applied reports it.
 func (s *Store) ApplyClose(ctx context.Context, uid, id string, keep time.Duration) (applied bool, err error) {
-	got, err := s.runClose(ctx, uid, id, 0, keep, closeApply)
-	return got == closeApplied, err
+	applied, _, err = s.ApplyCloseAt(ctx, uid, id, keep)
+	return applied, err
+}
+
+// ApplyCloseAt is ApplyClose, with when the close was applied, as
+// CommitCloseAt reads it.
+func (s *Store) ApplyCloseAt(ctx context.Context, uid, id string, keep time.Duration) (applied bool, appliedAt int64, err error) {
+	got, at, err := s.runClose(ctx, uid, id, 0, keep, closeApply)
+	return got == closeApplied, at, err
 }
 
 // CancelCloseIfOver is CommitClose for a caller that writes nothing: it
@@ -65,25 +81,37 @@ func (s *Store) ApplyClose(ctx context.Context, uid, id string, keep time.Durati
 // leaves a close not over undecided, for the connection that writes it.
 // It reports whether the close is cancelled, now or before.
 func (s *Store) CancelCloseIfOver(ctx context.Context, uid, id string, deadlineMS int64, keep time.Duration) (cancelled bool, err error) {
-	got, err := s.runClose(ctx, uid, id, deadlineMS, keep, closeCancelOnly)
+	got, _, err := s.runClose(ctx, uid, id, deadlineMS, keep, closeCancelOnly)
 	return got == closeCancelled, err
 }
 
-func (s *Store) runClose(ctx context.Context, uid, id string, deadlineMS int64, keep time.Duration, mode closeMode) (string, error) {
-	got, err := closeCommitScript.Run(ctx, s.rdb, closeKeys{Renewed: s.ks.RenewedKey(uid), Close: s.ks.CloseKey(uid, id), CloseAt: s.ks.CloseAtKey(uid, id)},
-		deadlineMS, keep.Milliseconds(), string(mode)).Text()
+// runClose runs close_commit.lua in mode: the decision, and when the
+// close was applied (0 when not known).
+func (s *Store) runClose(ctx context.Context, uid, id string, deadlineMS int64, keep time.Duration, mode closeMode) (string, int64, error) {
+	reply, err := closeCommitScript.Run(ctx, s.rdb, closeKeys{Renewed: s.ks.RenewedKey(uid), Close: s.ks.CloseKey(uid, id), CloseAt: s.ks.CloseAtKey(uid, id)},
+		deadlineMS, keep.Milliseconds(), string(mode)).StringSlice()
 	if err != nil {
-		return "", fmt.Errorf("decide close stage %s of %q: %w", id, uid, err)
+		return "", 0, fmt.Errorf("decide close stage %s of %q: %w", id, uid, err)
+	}
+	if len(reply) != 2 {
+		return "", 0, fmt.Errorf("decide close stage %s of %q: %w: %q", id, uid, errReply, reply)
+	}
+	got := reply[0]
+	var at int64
+	if reply[1] != "" {
+		if at, err = strconv.ParseInt(reply[1], 10, 64); err != nil || at <= 0 {
+			return "", 0, fmt.Errorf("decide close stage %s of %q: %w: applied at %q", id, uid, errReply, reply[1])
+		}
 	}
 	switch got {
 	case closeApplied, closeCancelled:
-		return got, nil
+		return got, at, nil
 	case "":
 		if mode == closeCancelOnly {
-			return got, nil
+			return got, 0, nil
 		}
 	}
-	return "", fmt.Errorf("decide close stage %s of %q: %w: %q", id, uid, errReply, got)
+	return "", 0, fmt.Errorf("decide close stage %s of %q: %w: %q", id, uid, errReply, got)
 }
 
 // CloseAppliedAt returns when uid's close stage guide id was decided

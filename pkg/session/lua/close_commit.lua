@@ -8,15 +8,26 @@
 -- not be cancelled, or one without a deadline).
 -- An applied close records when it was decided, Redis's clock, in
 -- KEYS[K.closeAt], kept as long.
--- Returns V.applied, V.cancelled or ''.
+-- Returns {V.applied, V.cancelled or '', when it was applied (Unix ms,
+-- '' when not applied, or applied by a release that kept no time)}: the
+-- time comes with the decision, so that no caller holds one without the
+-- other.
 local got = redis.call('GET', KEYS[K.close])
-if got then return got end
+if got then
+  local at = ''
+  if got == V.applied then at = redis.call('GET', KEYS[K.closeAt]) or '' end
+  return {got, at}
+end
 local out = V.applied
 if ARGV[3] ~= '2' and tonumber(redis.call('GET', KEYS[K.renewed]) or '0') > tonumber(ARGV[1]) then
   out = V.cancelled
 elseif ARGV[3] == '0' then
-  return ''
+  return {'', ''}
 end
 redis.call('SET', KEYS[K.close], out, 'PX', ARGV[2])
-if out == V.applied then redis.call('SET', KEYS[K.closeAt], redisNowMS(), 'PX', ARGV[2]) end
-return out
+local at = ''
+if out == V.applied then
+  at = tostring(redisNowMS())
+  redis.call('SET', KEYS[K.closeAt], at, 'PX', ARGV[2])
+end
+return {out, at}
