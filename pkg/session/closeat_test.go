@@ -54,3 +54,49 @@ func TestCloseAppliedAt(t *testing.T) {
 		t.Errorf("apply of a cancelled close: applied %v, %v; want it left cancelled", applied, err)
 	}
 }
+
+// TestCommitCloseAtBringsTheTime: the decision answers with when the
+// close was applied, the time CloseAppliedAt reads, whether it decided
+// now or a commit before it did; a cancelled close, or one decided by a
+// release that kept no time, answers 0.
+func TestCommitCloseAtBringsTheTime(t *testing.T) {
+	s, ctx := newStore(t)
+	deadline := redisNow(t, s.rdb).Add(-time.Minute).UnixMilli()
+
+	applied, at, err := s.CommitCloseAt(ctx, "cca-a", "c", deadline, time.Minute)
+	if err != nil || !applied || at <= 0 {
+		t.Fatalf("first commit: applied %v at %d, %v", applied, at, err)
+	}
+	if kept, err := s.CloseAppliedAt(ctx, "cca-a", "c"); err != nil || kept != at {
+		t.Fatalf("kept %d, %v; the decision answered %d", kept, err, at)
+	}
+	redisPast(t, s.rdb, time.UnixMilli(at))
+	for _, commit := range []func() (bool, int64, error){
+		func() (bool, int64, error) { return s.CommitCloseAt(ctx, "cca-a", "c", deadline, time.Minute) },
+		func() (bool, int64, error) { return s.ApplyCloseAt(ctx, "cca-a", "c", time.Minute) },
+	} {
+		if applied, again, err := commit(); err != nil || !applied || again != at {
+			t.Errorf("later commit: applied %v at %d, %v; want applied at %d, the first decision's", applied, again, err, at)
+		}
+	}
+
+	before := redisNow(t, s.rdb).UnixMilli()
+	if applied, at, err := s.ApplyCloseAt(ctx, "cca-b", "c", time.Minute); err != nil || !applied || at < before || at > redisNow(t, s.rdb).UnixMilli() {
+		t.Errorf("apply: applied %v at %d, %v; want applied from %d to now", applied, at, err, before)
+	}
+
+	if _, err := s.Renew(ctx, "cca-c", "default", time.Minute, ClockPresence); err != nil {
+		t.Fatal(err)
+	}
+	if applied, at, err := s.CommitCloseAt(ctx, "cca-c", "c", deadline, time.Minute); err != nil || applied || at != 0 {
+		t.Errorf("commit after a renewal: applied %v at %d, %v; want cancelled at 0", applied, at, err)
+	}
+
+	// Decided applied by a release that kept no time.
+	if err := s.rdb.Set(ctx, s.ks.CloseKey("cca-d", "c"), closeApplied, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if applied, at, err := s.CommitCloseAt(ctx, "cca-d", "c", deadline, time.Minute); err != nil || !applied || at != 0 {
+		t.Errorf("commit of a close decided without a time: applied %v at %d, %v; want applied at 0", applied, at, err)
+	}
+}
