@@ -1,0 +1,200 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stillthere/stillthere/pkg/push"
+	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
+	"github.com/stillthere/stillthere/pkg/timeoutevent"
+)
+
+// Attacks on a close stage's decision that brings when the close was
+// applied in the same call (close_commit.lua, Store.CommitCloseAt,
+// ApplyCloseAt).
+
+// a1202dFailClose fails, once while armed, the next run of
+// close_commit.lua for uid's closes (any mode) on the client it hooks, as
+// a connection reset would.
+type a1202dFailClose struct {
+	uid   string
+	armed atomic.Bool
+	fails atomic.Int32
+}
+
+func (h *a1202dFailClose) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *a1202dFailClose) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *a1202dFailClose) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			for _, a := range cmd.Args() {
+				// CloseAtKey: only close_commit.lua names it.
+				if s, ok := a.(string); ok && strings.Contains(s, "pca:"+h.uid+"/") {
+					if h.armed.CompareAndSwap(true, false) {
+						h.fails.Add(1)
+						err := &net.OpError{Op: "read", Net: "tcp", Err: errors.New("connection reset by peer")}
+						cmd.SetErr(err)
+						return err
+					}
+					break
+				}
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// a1202dHoldPublish holds, on the client it hooks, the SPUBLISH of a
+// payload naming id until release is closed; entered is closed once one
+// waits there.
+type a1202dHoldPublish struct {
+	id      string
+	entered chan struct{}
+	release chan struct{}
+	once    atomic.Bool
+}
+
+func (h *a1202dHoldPublish) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *a1202dHoldPublish) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *a1202dHoldPublish) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "spublish" {
+			args := cmd.Args()
+			var payload []byte
+			switch p := args[len(args)-1].(type) {
+			case []byte:
+				payload = p
+			case string:
+				payload = []byte(p)
+			}
+			if bytes.Contains(payload, []byte(h.id)) && h.once.CompareAndSwap(false, true) {
+				close(h.entered)
+				<-h.release
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestAttack1202dUndatedComeBackClosedOnFailedApply: the user has device
+// A on instance P and device B on instance X, both silent. Close stage c,
+// pushed without deadline_ms (the push contract makes it optional), is
+// pushed on P. P's delivery applies its close (ApplyCloseAt: the chat is
+// closed, its time kept), writes it to A, closes A 4000, and A proves it,
+// which takes c's entry kept ahead out of the inbox. P's copy routed to X
+// is on its way (its publish, or X's read of it, late: a pause). Then the
+// user comes back on X: device N, a new connection opened after the chat
+// was closed, by X's own clock of Redis. X reads the routed copy, and the
+// one call that decides it for X's connections (close_commit.lua, mode
+// "2") fails, once.
+//
+// A close without a deadline is "written all the same" when that call
+// fails (commitClose: applied, appliedAt 0), and openedAfter, with no
+// time, is false: N is written c and closed 4000. N opened after the
+// close was applied, and docs/protocol.md has it that nothing may close
+// such a connection 4000: it is the user come back. Nothing about N was
+// unknown: the close's time is kept in Redis, and before the decision
+// brought the time (a separate read after the decision), X read it and
+// spared N; the one call now fails both at once, and the fallback for the
+// decision ("written all the same") is taken for the time as well. B,
+// there and silent when the chat closed, is told and closed, as it must.
+func TestAttack1202dUndatedComeBackClosedOnFailedApply(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	uid := "a1202d-undated-come-back"
+	c := a1201cUndated(uid, 2, timeoutevent.ActionClose)
+	hold := &a1202dHoldPublish{id: c.ID, entered: make(chan struct{}), release: make(chan struct{})}
+	released := false
+	defer func() {
+		if !released {
+			close(hold.release)
+		}
+	}()
+	fail := &a1202dFailClose{uid: uid}
+	p := startGatewayHooked(t, []string{srv.Addr}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
+		c.WriteTimeout = 30 * time.Second
+		c.routeRefreshEvery = time.Hour
+	}, func(g *Gateway) { g.rdb.AddHook(hold) })
+	x := startGatewayHooked(t, []string{srv.Addr}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
+		c.WriteTimeout = 30 * time.Second
+		c.routeRefreshEvery = time.Hour
+	}, func(g *Gateway) { g.rdb.AddHook(fail) })
+
+	wsA := p.dial(t, uid)
+	aofServed(t, wsA)
+	wsB := x.dial(t, uid)
+	aofServed(t, wsB)
+	cB := x.hub.lookup(uid)[0]
+
+	type result struct {
+		res push.Response
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := p.pushGuide(t, c)
+		done <- result{res, err}
+	}()
+	select {
+	case <-hold.entered:
+	case <-time.After(patience):
+		t.Fatal("P's publish of c to X never came")
+	}
+	// A, there and silent, is told and closed: the chat is closed.
+	readStage(t, wsA, c)
+	readClose(t, wsA)
+	waitUntil(t, "c's entry kept ahead out of the inbox by A's proof", func() bool { return len(p.aaInboxIDs(t, uid)) == 0 })
+	at, err := p.store.CloseAppliedAt(ctx, uid, c.ID)
+	if err != nil || at == 0 {
+		t.Fatalf("c's close applied at %d, %v; want it applied by P's delivery", at, err)
+	}
+
+	// The user comes back on X, after the chat was closed.
+	waitUntil(t, "X's clock of Redis past c's close", func() bool { return x.redisNowMS() > at+1 })
+	wsN := x.dial(t, uid)
+	aofServed(t, wsN)
+	var cN *conn
+	for _, cn := range x.hub.lookup(uid) {
+		if cn != cB {
+			cN = cn
+		}
+	}
+	if cN == nil || cN.openedMS <= at {
+		t.Fatalf("N opened at %v, not after c's close was applied at %d: the test's premise fails", cN, at)
+	}
+
+	// X's one decision of its routed copy fails.
+	fail.armed.Store(true)
+	close(hold.release)
+	released = true
+	r := <-done
+	if r.err != nil || r.res.Status != push.Delivered {
+		t.Fatalf("push c on P: %+v, %v; want delivered", r.res, r.err)
+	}
+	// B, there and silent when the chat closed, is owed c and the close.
+	readStage(t, wsB, c)
+	readClose(t, wsB)
+	if fail.fails.Load() != 1 {
+		t.Fatalf("X's decision of c failed %d times; want once: the test's premise fails", fail.fails.Load())
+	}
+	a1201eStillOpen(t, wsN, c.ID, "N, the user's connection on X opened after c's close was applied")
+}
