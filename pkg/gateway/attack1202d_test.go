@@ -16,6 +16,7 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
+	"github.com/stillthere/stillthere/pkg/tcpproxy"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
@@ -197,4 +198,112 @@ func TestAttack1202dUndatedComeBackClosedOnFailedApply(t *testing.T) {
 		t.Fatalf("X's decision of c failed %d times; want once: the test's premise fails", fail.fails.Load())
 	}
 	a1201eStillOpen(t, wsN, c.ID, "N, the user's connection on X opened after c's close was applied")
+}
+
+// a1202dCount counts, on the client it hooks, the failed runs of
+// close_commit.lua for uid's closes, and the failed commands naming uid's
+// inbox once closes failed reach afterCloses.
+type a1202dCount struct {
+	uid         string
+	afterCloses int32
+	closeFails  atomic.Int32
+	inboxFails  atomic.Int32
+}
+
+func (h *a1202dCount) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *a1202dCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *a1202dCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err == nil || err == redis.Nil {
+			return err
+		}
+		args := cmd.Args()
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			for _, a := range args {
+				if s, ok := a.(string); ok && strings.Contains(s, "pca:"+h.uid+"/") {
+					h.closeFails.Add(1)
+					return err
+				}
+			}
+		}
+		if h.closeFails.Load() >= h.afterCloses {
+			for _, a := range args {
+				if s, ok := a.(string); ok && strings.HasSuffix(s, "in:"+h.uid) {
+					h.inboxFails.Add(1)
+					break
+				}
+			}
+		}
+		return err
+	}
+}
+
+// TestAttack1202dDatedCloseOutageOutlastsRetries: device D is connected on
+// instance X, silent, since before the silence's deadline. Close stage c
+// (with its deadline) is kept ahead by instance P and routed to X, which
+// reads it while its link to Redis is down for a while (a failover's
+// seconds). D refuses it for want of its close's decision, and X tries
+// again (redeliverUndecided), each try failing the same way, until its
+// tries are spent (about 6 s); then it keeps it, which fails too: the
+// entry P kept ahead stays. P's push answered delivered (X took it), so
+// no consumer pushes it again.
+//
+// Redis comes back, and X's route refresh offers D the inbox: D is shown
+// c, whose close the offer applies while D is open and silent, and no
+// live copy follows to close it. D is told its chat is closed and left
+// open, its session alive: the outcome TestAttack1202cUndatedClose
+// OutageOutlastsRetries found for a close without a deadline, which no
+// longer refuses, is still there for every close stage that has one. A
+// close stage's guide is written, then its connection closed 4000
+// (docs/protocol.md, "Stages"); the inbox copy of a device open and silent
+// when its close was applied closes nothing only because a live copy is
+// to follow it, and here none does.
+func TestAttack1202dDatedCloseOutageOutlastsRetries(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	proxy, err := tcpproxy.Start(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	uid := "a1202d-dated-outage"
+	cnt := &a1202dCount{uid: uid, afterCloses: 1 + undecidedRetries}
+	x := startGatewayHooked(t, []string{proxy.Addr()}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
+		c.WriteTimeout = 30 * time.Second
+		c.routeRefreshEvery = time.Hour // only the test offers the inbox, as the refresh would
+	}, func(g *Gateway) { g.rdb.AddHook(cnt) })
+	p := startGatewayOn(t, []string{srv.Addr}, prefix, nil)
+
+	wsD := x.dial(t, uid) // there, silent
+	aofServed(t, wsD)
+	cD := x.hub.lookup(uid)[0]
+	deadline := redisNowMS(t, p.rdb)
+	if cD.openedMS > deadline {
+		t.Fatalf("D opened at %d, after the deadline %d: the test's premise fails", cD.openedMS, deadline)
+	}
+	c := stagePush(uid, deadline, 2, timeoutevent.ActionClose)
+	p.aofKeepAhead(t, c) // P's route: kept ahead, then routed to X
+
+	// X reads the routed copy while its Redis link is down, and stays down
+	// until X has tried it for the last time and tried to keep it.
+	proxy.Cut()
+	x.run.Tolerate()
+	x.readRouted(t, c)
+	waitUntil(t, "D written c, or X's tries of c spent and its keep tried", func() bool {
+		return cD.isClosed() || cnt.closeFails.Load() >= 1+undecidedRetries && cnt.inboxFails.Load() >= 1
+	})
+	proxy.Restore()
+	waitUntil(t, "X reaches Redis again", func() bool { return x.rdb.Ping(ctx).Err() == nil })
+
+	// X's route refresh offers the inbox to its connections.
+	x.offerInbox(ctx, uid)
+	readStage(t, wsD, c)
+	aaAck(t, wsD, c.ID)
+	a1201cWantClosed(t, wsD, "D, connected and silent since before c's deadline, its close applied while it was,")
 }
