@@ -100,7 +100,10 @@ func (g *Gateway) commitClose(ctx context.Context, req push.Request) (applied bo
 		applied, appliedAt, err = g.store.ApplyCloseAt(cctx, req.UID, req.ID, pushedTTL)
 		if err != nil {
 			g.log.Warn("keep when a close stage without a deadline was applied; written all the same", "uid", req.UID, "guide_id", req.ID, "err", err)
-			return true, 0, nil
+			// Applied elsewhere already, its time is read on its own: a
+			// connection the user opened after it is spared still.
+			appliedAt, _ = g.closeAppliedAt(ctx, req)
+			return true, appliedAt, nil
 		}
 		return applied, appliedAt, nil
 	}
