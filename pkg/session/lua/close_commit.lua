@@ -8,10 +8,10 @@
 -- not be cancelled, or one without a deadline).
 -- An applied close records when it was decided, Redis's clock, in
 -- KEYS[K.closeAt], kept as long.
--- Returns {V.applied, V.cancelled or '', when it was applied (Unix ms,
--- '' when not applied, or applied by a release that kept no time)}: the
--- time comes with the decision, so that no caller holds one without the
--- other.
+-- Returns {the decision: V.applied, V.cancelled or '' (undecided); when
+-- the close was applied: Unix ms, or '' when not applied, or applied by a
+-- release that kept no time}. The time comes with the decision, so that
+-- no caller holds one without the other.
 local got = redis.call('GET', KEYS[K.close])
 if got then
   local at = ''
