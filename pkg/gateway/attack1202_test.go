@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stillthere/stillthere/pkg/push"
@@ -218,26 +219,57 @@ func TestAttack1202CrossingConnectAfterKeepFallback(t *testing.T) {
 // ended. TestAttack1201eRoutedRetryClosesUserComeBack has the same with a
 // client that does not hold its guides, and there the user stays.
 func TestAttack1202HeldComeBackClosedByRoutedRetry(t *testing.T) {
+	uid := "a1202-held-come-back"
+	x, _, wsD, cD, fail, c, at := a1202RetryPending(t, uid)
+
+	// The user comes back on X, after the chat was closed, with a client
+	// that pings first; X's retry of c still waits for Redis.
+	wsH := x.dialFirstPing(t, uid)
+	cH := a1202CameBack(t, x, uid, cD, at)
+	a1202RetryStillPending(t, fail)
+
+	// D, there and silent when the chat closed, is owed c and the close.
+	readStage(t, wsD, c)
+	readClose(t, wsD)
+	waitUntil(t, "X's retry of c held by H", func() bool { return cH.holdsGuide(c.ID) })
+	// H's first frame, a ping: the user is back, on a connection opened
+	// after the chat closed. It must be left open, its session alive.
+	a1201eStillOpen(t, wsH, c.ID, "H, the user's connection on X made after the chat closed (first=ping), and pinged on")
+}
+
+// a1202RetryPending is the start of the come-back attacks: device D on
+// instance X (its Redis client hooked by fail and hooks; its connections
+// may hold their guides until their first ping), device S2 on instance
+// P, both silent. Close stage c is pushed on P while X's decisions fail:
+// S2 is told and closed, and proves it, so c's entry kept ahead leaves
+// the inbox; X's routed copy waits in its retries (redeliverUndecided).
+// at is when c's close was applied, and X's clock of Redis is past it.
+func a1202RetryPending(t *testing.T, uid string, hooks ...redis.Hook) (x, p *testGateway, wsD *websocket.Conn, cD *conn, fail *a1201dFailDecide, c push.Request, at int64) {
+	t.Helper()
 	srv := redistest.Start(t)
 	prefix := redistest.Prefix(t)
-	uid := "a1202-held-come-back"
-	fail := &a1201dFailDecide{uid: uid}
-	x := startGatewayHooked(t, []string{srv.Addr}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
+	fail = &a1201dFailDecide{uid: uid}
+	x = startGatewayHooked(t, []string{srv.Addr}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
 		c.WriteTimeout = 30 * time.Second
 		c.routeRefreshEvery = time.Hour
 		c.firstPingWaitFor = time.Minute
-	}, func(g *Gateway) { g.rdb.AddHook(fail) })
-	p := startGatewayOn(t, []string{srv.Addr}, prefix, func(c *Config) {
+	}, func(g *Gateway) {
+		g.rdb.AddHook(fail)
+		for _, h := range hooks {
+			g.rdb.AddHook(h)
+		}
+	})
+	p = startGatewayOn(t, []string{srv.Addr}, prefix, func(c *Config) {
 		c.WriteTimeout = 30 * time.Second
 		c.routeRefreshEvery = time.Hour
 	})
 
-	wsD := x.dial(t, uid)
+	wsD = x.dial(t, uid)
 	aofServed(t, wsD)
-	cD := x.hub.lookup(uid)[0]
+	cD = x.hub.lookup(uid)[0]
 	ws2 := p.dial(t, uid)
 	aofServed(t, ws2)
-	c := stagePush(uid, redisNowMS(t, p.rdb), 2, timeoutevent.ActionClose)
+	c = stagePush(uid, redisNowMS(t, p.rdb), 2, timeoutevent.ActionClose)
 	fail.on.Store(true)
 	if res, err := p.pushGuide(t, c); err != nil || res.Status != push.Delivered || res.Connections != 2 {
 		fail.on.Store(false)
@@ -252,31 +284,33 @@ func TestAttack1202HeldComeBackClosedByRoutedRetry(t *testing.T) {
 	if err != nil || at == 0 {
 		t.Fatalf("c's close applied at %d, %v; want it applied on S2, its time kept", at, err)
 	}
-
-	// The user comes back on X, after the chat was closed, with a client
-	// that pings first; X's retry of c still waits for Redis.
 	waitUntil(t, "X's clock of Redis past the close", func() bool { return x.redisNowMS() > at+1 })
-	wsH := x.dialFirstPing(t, uid)
-	var cH *conn
+	return x, p, wsD, cD, fail, c, at
+}
+
+// a1202CameBack is the user's connection on x other than cD, just dialed,
+// which must have opened after the close applied at at.
+func a1202CameBack(t *testing.T, x *testGateway, uid string, cD *conn, at int64) *conn {
+	t.Helper()
+	var cB *conn
 	for _, cn := range x.hub.lookup(uid) {
 		if cn != cD {
-			cH = cn
+			cB = cn
 		}
 	}
-	if cH.openedMS <= at {
-		t.Fatalf("H opened at %d, not after c's close was applied at %d: the test's premise fails", cH.openedMS, at)
+	if cB == nil || cB.openedMS <= at {
+		t.Fatalf("the user's new connection %v did not open after c's close was applied at %d: the test's premise fails", cB, at)
 	}
+	return cB
+}
+
+// a1202RetryStillPending lets X's decisions through again, and wants its
+// retries of c not spent yet: the next one decides.
+func a1202RetryStillPending(t *testing.T, fail *a1201dFailDecide) {
+	t.Helper()
 	tries := fail.fails.Load()
 	fail.on.Store(false)
 	if tries > undecidedRetries {
 		t.Fatalf("X's retries of c ran out (%d decisions failed) before the user came back: the test's premise fails", tries)
 	}
-
-	// D, there and silent when the chat closed, is owed c and the close.
-	readStage(t, wsD, c)
-	readClose(t, wsD)
-	waitUntil(t, "X's retry of c held by H", func() bool { return cH.holdsGuide(c.ID) })
-	// H's first frame, a ping: the user is back, on a connection opened
-	// after the chat closed. It must be left open, its session alive.
-	a1201eStillOpen(t, wsH, c.ID, "H, the user's connection on X made after the chat closed (first=ping), and pinged on")
 }

@@ -206,75 +206,31 @@ func TestAttack1202bComeBackAppliedTimeUnread(t *testing.T) {
 		{"B holds its retry until its first ping", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			prefix := redistest.Prefix(t)
 			uid := "a1202b-come-back-unread"
-			fail := &a1201dFailDecide{uid: uid}
 			get := &a1202bFail{uid: uid}
-			x := startGatewayHooked(t, []string{srv.Addr}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
-				c.WriteTimeout = 30 * time.Second
-				c.routeRefreshEvery = time.Hour
-				c.firstPingWaitFor = time.Minute
-			}, func(g *Gateway) { g.rdb.AddHook(fail); g.rdb.AddHook(get) })
-			p := startGatewayOn(t, []string{srv.Addr}, prefix, func(c *Config) {
-				c.WriteTimeout = 30 * time.Second
-				c.routeRefreshEvery = time.Hour
-			})
-
-			wsD := x.dial(t, uid)
-			aofServed(t, wsD)
-			cD := x.hub.lookup(uid)[0]
-			ws2 := p.dial(t, uid)
-			aofServed(t, ws2)
-			c := stagePush(uid, redisNowMS(t, p.rdb), 2, timeoutevent.ActionClose)
-			fail.on.Store(true)
-			if res, err := p.pushGuide(t, c); err != nil || res.Status != push.Delivered || res.Connections != 2 {
-				fail.on.Store(false)
-				t.Fatalf("push c on P: %+v, %v; want delivered to S2 here and X's subscriber", res, err)
-			}
-			readStage(t, ws2, c)
-			readClose(t, ws2)
-			waitUntil(t, "X's decision of c failed", func() bool { return fail.fails.Load() >= 1 })
-			waitUntil(t, "c's entry kept ahead out of the inbox by S2's proof", func() bool { return len(p.aaInboxIDs(t, uid)) == 0 })
-			at, err := p.store.CloseAppliedAt(context.Background(), uid, c.ID)
-			if err != nil || at == 0 {
-				t.Fatalf("c's close applied at %d, %v; want it applied on S2, its time kept", at, err)
-			}
+			x, _, wsD, cD, fail, c, at := a1202RetryPending(t, uid, get)
 
 			// The user comes back on X, after the chat was closed.
-			waitUntil(t, "X's clock of Redis past the close", func() bool { return x.redisNowMS() > at+1 })
 			var wsB = x.dial
 			if tc.held {
 				wsB = x.dialFirstPing
 			}
 			ws := wsB(t, uid)
-			var cB *conn
-			for _, cn := range x.hub.lookup(uid) {
-				if cn != cD {
-					cB = cn
-				}
-			}
-			if cB.openedMS <= at {
-				t.Fatalf("B opened at %d, not after c's close was applied at %d: the test's premise fails", cB.openedMS, at)
-			}
+			cB := a1202CameBack(t, x, uid, cD, at)
 			if !tc.held {
 				aofServed(t, ws)
 				pingPong(t, ws)
-				// The retry's decision reads the time: that read fails.
+				// A read of the time by the retry's decision would fail.
 				get.get.Store(true)
 			}
-			tries := fail.fails.Load()
-			fail.on.Store(false)
-			if tries > undecidedRetries {
-				t.Fatalf("X's retries of c ran out (%d decisions failed) before the user came back: the test's premise fails", tries)
-			}
+			a1202RetryStillPending(t, fail)
 			// D, there and silent when the chat closed, is owed c and the close.
 			readStage(t, wsD, c)
 			readClose(t, wsD)
 			if tc.held {
 				waitUntil(t, "X's retry of c held by B", func() bool { return cB.holdsGuide(c.ID) })
-				// Its hold's end decides c afresh, and reads the time: that
-				// read fails.
+				// Its hold's end decides c afresh: a read of the time
+				// there would fail.
 				get.get.Store(true)
 			}
 			a1201eStillOpen(t, ws, c.ID, "B, the user's connection on X made after the chat closed, and pinged on")
