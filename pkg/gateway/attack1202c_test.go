@@ -17,39 +17,28 @@ import (
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
-// Attacks on a close stage's delivery refused because the time its close
-// was applied could not be read (closeDecision.unknownFor).
+// Attacks on a close stage's delivery when Redis fails around the time
+// its close was applied. They were written against a delivery that
+// refused itself when it could not read that time (closeDecision's
+// unknownFor, since removed: the decision brings the time in one call,
+// close_commit.lua), and keep their interleavings and hooks.
 
 // TestAttack1202cUnreadRefusedDeviceNeverTold: the user has device A on
 // instance X, open since before the silence's deadline, and device B on
 // instance P, opened after the deadline (a reconnect: connecting opens no
-// session), both silent. Close stage c is pushed on P. P's delivery
+// session), both silent. Close stage c is pushed on P, whose delivery
 // decides c's close (applied: the chat is closed, B open and silent at
-// that moment), and the one read of when it was applied fails.
-// unknownFor refuses c on B, and the push fails for its consumer to push
-// again. X's routed copy decides for itself (applied already, its time
-// read): A is written c, closed 4000, and proves it, which takes c's entry
-// kept ahead out of the inbox.
+// that moment); the hook fails a separate read of when it was applied,
+// should one come. X's routed copy decides for itself: A is written c,
+// closed 4000, and proves it, which takes c's entry kept ahead out of the
+// inbox. The user then pings on B.
 //
-// The user then pings on B, before the consumer's retry (its backoff, or
-// its breaker open through the same Redis trouble). The consumer judges
-// every attempt afresh (pkg/guide: needless): the session is live, so c
-// is settled stale and never pushed again. B, open and silent when the
-// chat was closed, is owed c and the close whatever it pinged since
-// (docs/protocol.md: an applied close is "written to every connection that
-// takes it, however late, as the chat is closed, but for a connection
-// opened after it was applied"; a device open when the close was applied
-// "is handed it whatever they pinged since: that device was never told").
-// Nothing hands it c now: not a push (settled stale), not the inbox (A's
-// proof took the entry). One device of the user was told and closed, the
-// other never is, and its chat goes on: the very split the once-per-
-// delivery decision exists to prevent. Had the read succeeded, or before
-// unknownFor (the time unknown, the close written), B was written c and
-// closed with A, in the same push.
-// Since a close's decision brings when it was applied, in one call
-// (close_commit.lua), no separate read of that time is left on this
-// path; the test keeps the interleaving and its armed hook, so that a
-// separate read brought back, and failing, is caught.
+// B, open and silent when the chat was closed, is owed c and the close
+// whatever it pinged since (docs/protocol.md). A delivery refused on B
+// would be lost: the consumer judges each attempt afresh (pkg/guide:
+// needless), finds the session live after the ping, and settles c stale,
+// and A's proof took the entry out of the inbox. So B must be written c
+// and closed with A, in the same push, whether or not Redis answers.
 func TestAttack1202cUnreadRefusedDeviceNeverTold(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -192,21 +181,13 @@ func (h *a1202cCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // on instance X, silent. Close stage c, pushed without deadline_ms, is
 // kept ahead by instance P and routed to X, which reads it while its link
 // to Redis is down, for a while: a failover's seconds. Nothing can cancel
-// a close without a deadline, and it used to be written with no Redis
-// call, then, when its decision was kept in Redis, written all the same
-// when that failed (TestAttack1201cUndatedCloseRedisBlipNeverClosed: a
-// refusal left D shown the close by a later offer and never closed).
-//
-// Now the read of when it was applied fails with the rest, and unknownFor
-// refuses it on every connection (a close of no deadline has no bound):
-// X tries again (redeliverUndecided), each try failing the same read,
-// until its tries are spent (about 6 s), and then keeps it, which fails
-// too: the entry P kept ahead stays. (Before unknownFor, D was written c
-// and closed at once, Redis down or not: this test passes there.) Redis comes back, and X's route
-// refresh offers D the inbox: D is shown c, whose close the offer applies
-// while D is open and silent, and no live copy follows to close it. The
-// outcome the earlier fix removed is back for any outage longer than the
-// retries: D told the chat is closed, left open, its session alive.
+// a close without a deadline, so it is written all the same when Redis
+// fails (TestAttack1201cUndatedCloseRedisBlipNeverClosed: a refusal left
+// D shown the close by a later offer and never closed). A delivery that
+// refused it instead, trying again until its tries are spent and then
+// failing to keep it, would bring that outcome back for any outage longer
+// than the tries: D shown c by the route refresh's offer once Redis is
+// back, and left open. D must be written c and closed 4000.
 func TestAttack1202cUndatedCloseOutageOutlastsRetries(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
