@@ -4,12 +4,8 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
@@ -136,47 +132,6 @@ func a1202cUnreadRefused(t *testing.T, fail bool) {
 	}
 }
 
-// a1202cCount counts, on the client it hooks, the failed reads of when a
-// close of uid was applied (the GET of its "pca:" key), and the failed
-// commands naming uid's inbox after the failed reads reach afterGets.
-type a1202cCount struct {
-	uid        string
-	afterGets  int32
-	getFails   atomic.Int32
-	inboxFails atomic.Int32
-}
-
-func (h *a1202cCount) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *a1202cCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-func (h *a1202cCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		if err == nil || err == redis.Nil {
-			return err
-		}
-		args := cmd.Args()
-		if cmd.Name() == "get" {
-			if k, ok := args[1].(string); ok && acNamesCloseAt(k, h.uid) {
-				h.getFails.Add(1)
-				return err
-			}
-		}
-		if h.getFails.Load() >= h.afterGets {
-			for _, a := range args {
-				if s, ok := a.(string); ok && strings.HasSuffix(s, "in:"+h.uid) {
-					h.inboxFails.Add(1)
-					break
-				}
-			}
-		}
-		return err
-	}
-}
-
 // TestAttack1202cUndatedCloseOutageOutlastsRetries: device D is connected
 // on instance X, silent. Close stage c, pushed without deadline_ms, is
 // kept ahead by instance P and routed to X, which reads it while its link
@@ -198,7 +153,7 @@ func TestAttack1202cUndatedCloseOutageOutlastsRetries(t *testing.T) {
 	}
 	t.Cleanup(func() { proxy.Close() })
 	uid := "a1202c-undated-outage"
-	cnt := &a1202cCount{uid: uid, afterGets: 1 + undecidedRetries}
+	cnt := &a1202Count{uid: uid, after: 1 + undecidedRetries, counts: namesCloseAtGet(uid)}
 	x := startGatewayHooked(t, []string{proxy.Addr()}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
 		c.WriteTimeout = 30 * time.Second
 		c.routeRefreshEvery = time.Hour // only the test offers the inbox, as the refresh would
@@ -220,7 +175,7 @@ func TestAttack1202cUndatedCloseOutageOutlastsRetries(t *testing.T) {
 	// spent, each failing to read when its close was applied, and then
 	// kept, which fails.
 	waitUntil(t, "D written c, or X's tries of c spent and its keep tried", func() bool {
-		return cD.isClosed() || cnt.getFails.Load() >= 1+undecidedRetries && cnt.inboxFails.Load() >= 1
+		return cD.isClosed() || cnt.fails.Load() >= 1+undecidedRetries && cnt.inboxFails.Load() >= 1
 	})
 	proxy.Restore()
 	waitUntil(t, "X reaches Redis again", func() bool { return x.rdb.Ping(ctx).Err() == nil })

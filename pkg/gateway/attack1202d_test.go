@@ -200,39 +200,62 @@ func TestAttack1202dUndatedComeBackClosedOnFailedApply(t *testing.T) {
 	a1201eStillOpen(t, wsN, c.ID, "N, the user's connection on X opened after c's close was applied")
 }
 
-// a1202dCount counts, on the client it hooks, the failed runs of
-// close_commit.lua for uid's closes, and the failed commands naming uid's
-// inbox once closes failed reach afterCloses.
-type a1202dCount struct {
-	uid         string
-	afterCloses int32
-	closeFails  atomic.Int32
-	inboxFails  atomic.Int32
+// a1202Count counts, on the client it hooks, the failed commands counts
+// picks, and the failed commands naming uid's inbox once those reach
+// after: that a Redis cut outlasted a retry loop and the keep after it.
+type a1202Count struct {
+	uid        string
+	after      int32
+	counts     func(cmd redis.Cmder) bool
+	fails      atomic.Int32
+	inboxFails atomic.Int32
 }
 
-func (h *a1202dCount) DialHook(next redis.DialHook) redis.DialHook { return next }
+// namesCloseCommit picks the runs of close_commit.lua for uid's closes
+// (only it names their CloseAtKey).
+func namesCloseCommit(uid string) func(redis.Cmder) bool {
+	return func(cmd redis.Cmder) bool {
+		if name := cmd.Name(); name != "evalsha" && name != "eval" {
+			return false
+		}
+		for _, a := range cmd.Args() {
+			if s, ok := a.(string); ok && strings.Contains(s, "pca:"+uid+"/") {
+				return true
+			}
+		}
+		return false
+	}
+}
 
-func (h *a1202dCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+// namesCloseAtGet picks the reads of when a close of uid was applied.
+func namesCloseAtGet(uid string) func(redis.Cmder) bool {
+	return func(cmd redis.Cmder) bool {
+		if cmd.Name() != "get" {
+			return false
+		}
+		k, ok := cmd.Args()[1].(string)
+		return ok && acNamesCloseAt(k, uid)
+	}
+}
+
+func (h *a1202Count) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *a1202Count) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
 
-func (h *a1202dCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h *a1202Count) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		if err == nil || err == redis.Nil {
 			return err
 		}
-		args := cmd.Args()
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
-			for _, a := range args {
-				if s, ok := a.(string); ok && strings.Contains(s, "pca:"+h.uid+"/") {
-					h.closeFails.Add(1)
-					return err
-				}
-			}
+		if h.counts(cmd) {
+			h.fails.Add(1)
+			return err
 		}
-		if h.closeFails.Load() >= h.afterCloses {
-			for _, a := range args {
+		if h.fails.Load() >= h.after {
+			for _, a := range cmd.Args() {
 				if s, ok := a.(string); ok && strings.HasSuffix(s, "in:"+h.uid) {
 					h.inboxFails.Add(1)
 					break
@@ -280,7 +303,7 @@ func TestAttack1202dDatedCloseOutageOutlastsRetries(t *testing.T) {
 	}
 	t.Cleanup(func() { proxy.Close() })
 	uid := "a1202d-dated-outage"
-	cnt := &a1202dCount{uid: uid, afterCloses: 1 + undecidedRetries}
+	cnt := &a1202Count{uid: uid, after: 1 + undecidedRetries, counts: namesCloseCommit(uid)}
 	x := startGatewayHooked(t, []string{proxy.Addr()}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
 		c.WriteTimeout = 30 * time.Second
 		c.routeRefreshEvery = time.Hour // only the test offers the inbox, as the refresh would
@@ -303,7 +326,7 @@ func TestAttack1202dDatedCloseOutageOutlastsRetries(t *testing.T) {
 	x.run.Tolerate()
 	x.readRouted(t, c)
 	waitUntil(t, "D written c, or X's tries of c spent and its keep tried", func() bool {
-		return cD.isClosed() || cnt.closeFails.Load() >= 1+undecidedRetries && cnt.inboxFails.Load() >= 1
+		return cD.isClosed() || cnt.fails.Load() >= 1+undecidedRetries && cnt.inboxFails.Load() >= 1
 	})
 	proxy.Restore()
 	waitUntil(t, "X reaches Redis again", func() bool { return x.rdb.Ping(ctx).Err() == nil })
