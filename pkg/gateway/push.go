@@ -465,18 +465,24 @@ func (g *Gateway) routedIn(ctx context.Context, payload string) {
 	}
 }
 
-// undecidedRetries bounds redeliverUndecided: its waits double from
-// undecidedWait, about 6 s in all.
+// redeliverUndecided's waits double from undecidedWait up to
+// undecidedMaxWait.
 const (
-	undecidedRetries = 6
 	undecidedWait    = 100 * time.Millisecond
+	undecidedMaxWait = 2 * time.Second
 )
 
 // redeliverUndecided delivers again, on a goroutine of its own, a close
 // stage routed here that this instance's connections refused for want of
-// its close's decision (Redis failing), until a delivery decides it or
-// the gateway stops; then it is kept, as a routed copy that nobody here
-// took is.
+// its close's decision (Redis failing), until a delivery decides it, the
+// user's connections here have ended, its max age has passed, or the
+// gateway stops; then it is kept, as a routed copy that nobody here took
+// is. Not a number of tries: its publisher counted this instance as
+// delivered, and while a connection that was there when the chat closed
+// is open here, only a live copy closes it (the inbox's copy, offered
+// once Redis is back, tells it and closes nothing). An outage longer than
+// STILLTHERE_SHED_AFTER ends the connections (1013), and the loop with
+// them.
 func (g *Gateway) redeliverUndecided(ctx context.Context, req push.Request, payload []byte) {
 	keep := func() {
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.WriteTimeout)
@@ -493,14 +499,15 @@ func (g *Gateway) redeliverUndecided(ctx context.Context, req push.Request, payl
 	go func() {
 		defer g.conns.Done()
 		wait := undecidedWait
-		for range undecidedRetries {
+		giveUp := time.Now().Add(g.cfg.guideMaxAge())
+		for time.Now().Before(giveUp) {
 			select {
 			case <-ctx.Done():
 				keep()
 				return
 			case <-time.After(wait):
 			}
-			wait *= 2
+			wait = min(2*wait, undecidedMaxWait)
 			n, superseded, cancelled, undecided := g.deliverLocal(ctx, req)
 			switch {
 			case undecided != nil:
