@@ -2,13 +2,9 @@ package expiry
 
 // Attacks on the listener's spool and replay path.
 //
-// Known defects, failing on the current code:
-//   - TestAttackSpoolDamagedFrameBlackHolesLaterTimeouts
-//   - TestAttackSpoolUnsavableCursorPausesListener
-//
-// Passing, covering a real risk:
-//   - TestAttackSpoolReplayPartlyProducedThenStopped
-//   - TestAttackSpoolBatchLargerThanSpoolKeepsDeadlines
+// The first two failed before the spool went past damage and the
+// listener paused only for a spool with something to replay; the other
+// two passed from the start, each covering a risk.
 //
 // Run: go test -race -count=1 -run 'TestAttackSpool' ./pkg/expiry/
 
@@ -76,16 +72,12 @@ func (h *harness) onTopicSet() map[string]bool {
 // damaged record and keeps all after it aside (see the spool package's
 // TestAttackSpoolDamagedFrameLosesLaterRecords).
 //
-// FAILS on the current code: no event from the start of the replay's
-// chunk that holds the damaged one reaches the topic (199 of 700 in the
-// runs seen), nor the timeout of a user silent after Kafka came back;
-// the replay logs "checksum mismatch" every few seconds.
-//
-// Fix idea: a frame that fails its checksum is damage, not the end of the
-// data: the spool skips to the next intact frame (Peek reports the bytes
-// it skipped, recovery keeps only those aside), the replay counts and
-// logs the one lost event (stillthere_listener_spool_unreadable_total)
-// and goes on.
+// Failed when the spool stopped at damage: no event from the start of the
+// replay's chunk that held the damaged one reached the topic (199 of 700
+// in the runs seen), nor the timeout of a user silent after Kafka came
+// back. Now the spool goes past the damaged frame to the next intact one,
+// and the replay counts and logs the damaged bytes
+// (stillthere_listener_spool_damaged_bytes_total) and goes on.
 func TestAttackSpoolDamagedFrameBlackHolesLaterTimeouts(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -123,29 +115,42 @@ func TestAttackSpoolDamagedFrameBlackHolesLaterTimeouts(t *testing.T) {
 
 // TestAttackSpoolUnsavableCursorPausesListener: when the spool cannot
 // save its read position (the directory takes no new file: its inodes
-// exhausted, or its permissions changed under the process; simulated
-// here by a directory where the position's temporary file goes), a
-// drained spool is never truncated, and Full() goes on counting the
-// committed bytes. Once a Kafka outage filled it, the listener pauses
+// exhausted, or its permissions changed under the process), a drained
+// spool used never to be truncated, and Full() went on counting the
+// committed bytes. Once a Kafka outage filled it, the listener paused
 // every sweep and the prefetch path for good, with Kafka back and the
-// spool empty: the silences the full spool left in the index are never
-// produced, nor is any later one (with no other replica, no guide ever
-// goes out again).
+// spool empty: the silences the full spool left in the index were never
+// produced, nor any later one (with no other replica, no guide ever went
+// out again).
 //
-// FAILS on the current code: the silences left in the index when the
-// spool filled, and a new one after the replay, get no event.
-//
-// Fix idea: pause for the spool only while it holds something to
-// replay (Len() > 0), or let Full() count size minus head: an empty
-// spool holds no work back, and an append that does not fit is still
-// refused with ErrFull, its timeouts left in the index.
+// Failed so: the silences left in the index when the spool filled, and a
+// new one after the replay, got no event. Two ways to block the position,
+// each fixed its own way: "tmp" (a directory where the position's
+// temporary file goes) leaves the saved position removable, which the
+// spool now does instead, so the drained file is cut; "pos" (the position
+// itself a directory with a file in it) can be neither written nor
+// removed, so the file stays whole and Full, and the listener no longer
+// pauses for a spool with nothing to replay.
 func TestAttackSpoolUnsavableCursorPausesListener(t *testing.T) {
 	t.Parallel()
+	for _, block := range []string{"tmp", "pos"} {
+		t.Run(block, func(t *testing.T) {
+			t.Parallel()
+			unsavableCursorPausesListener(t, block)
+		})
+	}
+}
+
+func unsavableCursorPausesListener(t *testing.T, block string) {
 	h := newHarness(t)
 	cfg := h.config(ModeSweep)
 	cfg.SpoolMaxBytes = 64 << 10 // the least allowed: about 400 events
 	l, _ := h.startListener(cfg)
-	if err := os.Mkdir(filepath.Join(cfg.SpoolDir, "spool.pos.tmp"), 0o700); err != nil {
+	blocker := filepath.Join(cfg.SpoolDir, "spool.pos.tmp")
+	if block == "pos" {
+		blocker = filepath.Join(cfg.SpoolDir, "spool.pos", "keep")
+	}
+	if err := os.MkdirAll(blocker, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	fault := h.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: testTopic, Err: kerr.NotEnoughReplicas, Count: -1})

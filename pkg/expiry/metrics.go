@@ -93,6 +93,10 @@ var (
 		Name: "stillthere_listener_spool_unreadable_total",
 		Help: "Spooled events that no longer parsed and were dropped (a damaged disk).",
 	})
+	metricSpoolDamaged = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "stillthere_listener_spool_damaged_bytes_total",
+		Help: "Bytes of the spool file whose frames failed their checksum, which the replay went past to the next intact event (a damaged disk); kept in spool.log.damaged.",
+	})
 	metricHeld = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "stillthere_listener_held_total",
 		Help: "Timeouts held out of the deadline index, then checked again before they are produced, by rule: " + holdRulesHelp() + ".",

@@ -41,11 +41,16 @@ func (l *Listener) toSpool(records []*kgo.Record) error {
 	return nil
 }
 
-// pausedBySpool reports whether the spool is at its cap, in which case the
-// listener takes no new work: the sessions stay in the deadline index,
-// where the sweep finds them once the spool has drained.
+// pausedBySpool reports whether the spool is at its cap with events in it
+// to replay, in which case the listener takes no new work: the sessions
+// stay in the deadline index, where the sweep finds them once the spool
+// has drained. A spool with nothing to replay never holds work back, even
+// one its committed bytes still fill (its read position could not be
+// saved nor removed, so the file is not cut): the listener produces
+// directly, and an append that does not fit is refused whole (ErrFull),
+// its sessions left in the index.
 func (l *Listener) pausedBySpool() bool {
-	full := l.spool.Full()
+	full := l.spool.Full() && l.spool.Len() > 0
 	if full != l.spoolFull.Swap(full) {
 		if full {
 			l.log.Error("spool is full; sweeps pause until Kafka takes the spooled events", "bytes", l.spool.Size(), "cap", l.cfg.SpoolMaxBytes)

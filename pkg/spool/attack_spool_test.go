@@ -4,15 +4,9 @@ package spool
 // back, in order, until it is committed; nothing else is read back; a
 // crash or damage loses no more than it must.
 //
-// Known defects, failing on the current code:
-//   - TestAttackSpoolDamagedFrameLosesLaterRecords
-//   - TestAttackSpoolDamagedFrameBlocksEveryLaterRecord
-//   - TestAttackSpoolUnsavableCursorFullWhileEmpty
-//
-// Passing, each covering a real risk:
-//   - TestAttackSpoolTornAtEveryByte
-//   - TestAttackSpoolConcurrentAppendAndDrain
-//   - FuzzOpenRecovery
+// The first three failed before reading went past damage (scan,
+// skipDamage) and an unsavable read position was removed instead
+// (saveCursor); the others passed from the start, each covering a risk.
 
 import (
 	"bytes"
@@ -62,12 +56,9 @@ func damage(t *testing.T, dir string, i int) int64 {
 // spooled last stage's entry is gone): they are kept in a side file no
 // program reads, and their guides are never sent.
 //
-// FAILS on the current code: of 99 undamaged records Open keeps 2.
-//
-// Fix idea: Scan (or recover) resynchronises after a bad frame: it looks
-// for the next offset from which whole frames with good checksums run to
-// the end of the file (or to a torn tail), keeps aside only the bytes in
-// between, counts them, and keeps every whole frame after them.
+// Failed when Open stopped at the first bad frame: of 99 undamaged
+// records it kept 2. Now reading goes past the damaged frame to the next
+// intact one, and only the damaged bytes are lost.
 func TestAttackSpoolDamagedFrameLosesLaterRecords(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir, 1<<20)
@@ -97,12 +88,9 @@ func TestAttackSpoolDamagedFrameLosesLaterRecords(t *testing.T) {
 // it spools every later timeout behind the damaged record (see the
 // expiry package's TestAttackSpoolDamagedFrameBlackHolesLaterTimeouts).
 //
-// FAILS on the current code: Peek answers "checksum mismatch" every time.
-//
-// Fix idea: a frame that fails its checksum (or its length check) at Peek
-// is damage: Peek skips to the next good frame (as recovery should, see
-// above), reports how many bytes it skipped, so that the reader can count
-// and log them, and Commit moves past them.
+// Failed when Peek answered "checksum mismatch" every time. Now Peek goes
+// past the damaged frame to the next good one, counting the bytes it
+// skipped (Skipped), and Commit moves past them.
 func TestAttackSpoolDamagedFrameBlocksEveryLaterRecord(t *testing.T) {
 	dir := t.TempDir()
 	s := open(t, dir, 1<<20)
@@ -148,12 +136,10 @@ func TestAttackSpoolDamagedFrameBlocksEveryLaterRecord(t *testing.T) {
 // the expiry package's TestAttackSpoolUnsavableCursorPausesListener), so
 // with Kafka back and nothing to replay it takes no timeout ever again.
 //
-// FAILS on the current code: Full() is true with Len() 0.
-//
-// Fix idea: Full() (or the listener's pausedBySpool) counts only what
-// waits, size minus head, or the listener pauses only while Len() > 0: an
-// empty spool never holds work back; an append that does not fit is
-// refused with ErrFull as now, and its timeouts stay in the index.
+// Failed with Full() true at Len() 0. Now a position that cannot be
+// written is removed (a restart reads from the start, repeating, never
+// skipping), so the drained file is cut; and the listener pauses only
+// while the spool has something to replay.
 func TestAttackSpoolUnsavableCursorFullWhileEmpty(t *testing.T) {
 	dir := t.TempDir()
 	rec := bytes.Repeat([]byte("x"), 200)
@@ -331,13 +317,12 @@ func TestAttackSpoolConcurrentAppendAndDrain(t *testing.T) {
 
 // FuzzOpenRecovery: whatever a crash or damage left in the data file and
 // the position file, Open succeeds without a panic; what it reads back
-// are exactly the intact frames at the start of the file (none with a bad
-// checksum, none of a good one skipped before the first bad byte), from
-// the saved position when that is one of their boundaries, else from the
-// first; the bytes after them are kept aside; and the spool takes and
-// reads back a record appended after recovery, across a reopen.
-//
-// PASSES (run with -fuzz=FuzzOpenRecovery for a while to search further).
+// are exactly the intact frames of the file as Scan finds them (none with
+// a bad checksum), from the saved position when that is one of their
+// boundaries, else from the first; the bytes after the last of them are
+// kept aside; and the spool takes and reads back a record appended after
+// recovery, across a reopen. (FuzzDamageBeforeFrames checks that Scan
+// skips no intact frame.)
 func FuzzOpenRecovery(f *testing.F) {
 	two := AppendFrame(AppendFrame(nil, []byte("a")), []byte("bc"))
 	f.Add([]byte{}, "")

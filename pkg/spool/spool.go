@@ -12,7 +12,9 @@
 // A record on disk is a frame: its length (4 bytes, big endian), the
 // CRC-32C of its payload (4 bytes), then the payload. A crash in the middle
 // of an append leaves a torn last frame, which Open cuts off: it was never
-// acknowledged.
+// acknowledged. Damage anywhere else (a bad sector, a flipped bit) costs
+// only the frames it hit: reading resumes at the next intact frame, and
+// the damaged bytes are kept aside for an operator.
 package spool
 
 import (
@@ -23,6 +25,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,6 +48,8 @@ const (
 	dataFile   = "spool.log"
 	cursorFile = "spool.pos"
 	lockFile   = "spool.lock"
+	// damagedFile keeps the damaged bytes reading went past.
+	damagedFile = dataFile + ".damaged"
 )
 
 // Spool is an open spool directory. Its methods may be called from several
@@ -63,7 +68,10 @@ type Spool struct {
 	f       *os.File
 	size    int64 // bytes of whole frames in the file
 	head    int64 // read position: frames before it are committed
-	pending int   // frames at or after head
+	pending int   // frames at or after head; damaged ones too, until reset
+	// skipped counts the damaged bytes reading has gone past (at Open or
+	// since), kept in a file beside the spool (see keepDamaged).
+	skipped int64
 }
 
 // Open opens or creates the spool in dir, taking an exclusive lock on it so
@@ -98,18 +106,19 @@ func Open(dir string, maxBytes int64) (*Spool, error) {
 	return s, nil
 }
 
-// recover finds the whole frames in the file, cuts off a torn tail, and
-// restores the read position.
+// recover finds the intact frames in the file, keeps damaged bytes
+// between them aside, cuts off a torn tail, and restores the read
+// position.
 func (s *Spool) recover() error {
 	data, err := io.ReadAll(s.f)
 	if err != nil {
 		return fmt.Errorf("spool: read %s: %w", dataFile, err)
 	}
-	frames, valid := Scan(data)
+	frames, damaged, valid := scan(data)
 	if valid < int64(len(data)) {
-		// A torn last append, never acknowledged; or, if whole frames
-		// follow, damage. Either way the bytes are kept beside the spool
-		// for an operator before they are cut off.
+		// A torn last append, never acknowledged; or damage with no
+		// intact frame after it. Either way the bytes are kept beside
+		// the spool for an operator before they are cut off.
 		s.Cut = int64(len(data)) - valid
 		s.CutFile = filepath.Join(s.dir, fmt.Sprintf("%s.cut-%d", dataFile, time.Now().UnixNano()))
 		if err := os.WriteFile(s.CutFile, data[valid:], 0o600); err != nil {
@@ -119,31 +128,33 @@ func (s *Spool) recover() error {
 			return fmt.Errorf("spool: cut torn tail: %w", err)
 		}
 		if err := s.f.Sync(); err != nil {
-			return fmt.Errorf("spool: %w", err)
+			return fmt.Errorf("spool: sync: %w", err)
 		}
 	}
 	s.size = valid
-	// The saved position is used only if it falls on a frame boundary;
+	// The saved position is used only if it falls on a frame boundary (an
+	// intact frame's, or a damaged one's, which reading goes past);
 	// anything else means it is stale, and reading from the start again
 	// repeats records rather than losing them.
 	head := readCursor(filepath.Join(s.dir, cursorFile))
-	s.head, s.pending = 0, len(frames)
-	for i, off := range frames {
-		if off == head {
-			s.head, s.pending = head, len(frames)-i
-			break
+	s.head = 0
+	if head == valid || slices.Contains(frames, head) || slices.ContainsFunc(damaged, func(d span) bool { return d.from == head }) {
+		s.head = head
+	}
+	for _, off := range frames {
+		if off >= s.head {
+			s.pending++
 		}
 	}
-	if head == valid {
-		s.head, s.pending = valid, 0
-	}
+	// Damage between intact frames stays in place: Peek goes past it,
+	// keeping it aside, when reading gets there.
 	if s.pending == 0 && s.size > 0 {
 		return s.reset()
 	}
 	if s.head != head {
 		// The saved position is not this file's: replace it now, before
 		// appends could make it look like one.
-		return s.writeCursor(s.head, true)
+		return s.saveCursor(s.head, true)
 	}
 	return nil
 }
@@ -160,27 +171,71 @@ func readCursor(path string) int64 {
 	return n
 }
 
-// Scan returns the offsets of the whole, intact frames at the start of
-// data, and how many bytes they span. It stops at the first frame that is
-// torn, oversized or fails its checksum.
+// Scan returns the offsets of the intact frames in data, in order, and
+// how many bytes they span: up to the end of the last intact frame, past
+// any damage between intact frames (see scan). The bytes after it are a
+// torn tail, or damage no intact frame follows.
 func Scan(data []byte) (offsets []int64, valid int64) {
+	offsets, _, valid = scan(data)
+	return offsets, valid
+}
+
+// span is a range of bytes of the file, [from, to).
+type span struct{ from, to int64 }
+
+// scan walks data frame by frame. A frame that is not intact (torn,
+// oversized, failing its checksum) is damage, up to the next offset at
+// which an intact frame starts: reading resumes there. Damage that no
+// intact frame follows ends the valid bytes.
+func scan(data []byte) (offsets []int64, damaged []span, valid int64) {
 	var off int64
-	for int64(len(data))-off >= headerSize {
-		n := int64(binary.BigEndian.Uint32(data[off:]))
-		sum := binary.BigEndian.Uint32(data[off+4:])
-		// Zero-length frames are never written, and a zero-filled tail
-		// (CRC-32C of nothing is 0) must not read as records.
-		if n == 0 || n > MaxRecord || int64(len(data))-off-headerSize < n {
+	for off < int64(len(data)) {
+		if n, ok := frameAt(data, off); ok {
+			offsets = append(offsets, off)
+			off += headerSize + n
+			valid = off
+			continue
+		}
+		next := nextFrame(data, off+1, int64(len(data)))
+		if next < 0 {
 			break
 		}
-		payload := data[off+headerSize : off+headerSize+n]
-		if crc32.Checksum(payload, castagnoli) != sum {
-			break
-		}
-		offsets = append(offsets, off)
-		off += headerSize + n
+		damaged = append(damaged, span{off, next})
+		off = next
 	}
-	return offsets, off
+	return offsets, damaged, valid
+}
+
+// frameAt reports whether an intact frame starts at off in data, and its
+// payload's length.
+func frameAt(data []byte, off int64) (n int64, ok bool) {
+	if int64(len(data))-off < headerSize {
+		return 0, false
+	}
+	n = int64(binary.BigEndian.Uint32(data[off:]))
+	// Zero-length frames are never written, and a zero-filled stretch
+	// (CRC-32C of nothing is 0) must not read as records.
+	if n == 0 || n > MaxRecord || int64(len(data))-off-headerSize < n {
+		return 0, false
+	}
+	sum := binary.BigEndian.Uint32(data[off+4:])
+	return n, crc32.Checksum(data[off+headerSize:off+headerSize+n], castagnoli) == sum
+}
+
+// nextFrame is the first offset in [from, limit) at which an intact frame
+// starts in data, or -1. A false one inside damaged bytes would need a
+// length under MaxRecord (a zero first byte, which the JSON records never
+// hold) and a matching checksum.
+func nextFrame(data []byte, from, limit int64) int64 {
+	for off := from; off < limit && int64(len(data))-off >= headerSize; off++ {
+		if data[off] != 0 {
+			continue
+		}
+		if _, ok := frameAt(data, off); ok {
+			return off
+		}
+	}
+	return -1
 }
 
 // AppendFrame appends the frame of payload to dst.
@@ -230,6 +285,8 @@ func (s *Spool) Append(records ...[]byte) error {
 
 // Peek returns up to max records from the read position, oldest first,
 // and the position after them, to pass to Commit once they are handed on.
+// A damaged frame (one whose bytes changed since they were written) is
+// gone past, to the next intact one, and kept aside; Skipped counts it.
 func (s *Spool) Peek(max int) (records [][]byte, next int64, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -243,24 +300,77 @@ func (s *Spool) Peek(max int) (records [][]byte, next int64, err error) {
 			return nil, 0, fmt.Errorf("spool: read at %d: %w", off, err)
 		}
 		n := int64(binary.BigEndian.Uint32(hdr[:4]))
-		if n > MaxRecord || off+headerSize+n > s.size {
-			return nil, 0, fmt.Errorf("spool: bad frame at %d", off)
+		if n > 0 && n <= MaxRecord && off+headerSize+n <= s.size {
+			payload := make([]byte, n)
+			if _, err := s.f.ReadAt(payload, off+headerSize); err != nil {
+				return nil, 0, fmt.Errorf("spool: read at %d: %w", off, err)
+			}
+			if crc32.Checksum(payload, castagnoli) == binary.BigEndian.Uint32(hdr[4:]) {
+				records = append(records, payload)
+				off += headerSize + n
+				continue
+			}
 		}
-		payload := make([]byte, n)
-		if _, err := s.f.ReadAt(payload, off+headerSize); err != nil {
-			return nil, 0, fmt.Errorf("spool: read at %d: %w", off, err)
+		if off, err = s.skipDamage(off); err != nil {
+			return nil, 0, err
 		}
-		if crc32.Checksum(payload, castagnoli) != binary.BigEndian.Uint32(hdr[4:]) {
-			return nil, 0, fmt.Errorf("spool: checksum mismatch at %d", off)
-		}
-		records = append(records, payload)
-		off += headerSize + n
 	}
 	return records, off, nil
 }
 
+// skipDamage goes past the damaged frame at off, to the next intact frame
+// or the end of the file, keeps the bytes in between aside and counts
+// them, and returns where reading resumes. It reads a window at a time,
+// each with room for a whole frame starting at its last byte. s.mu is
+// held.
+func (s *Spool) skipDamage(off int64) (int64, error) {
+	const window = 1 << 20
+	to := s.size
+	for from := off + 1; from < s.size; from += window {
+		buf := make([]byte, min(s.size, from+window+headerSize+MaxRecord)-from)
+		if _, err := s.f.ReadAt(buf, from); err != nil {
+			return 0, fmt.Errorf("spool: read at %d: %w", from, err)
+		}
+		if next := nextFrame(buf, 0, window); next >= 0 {
+			to = from + next
+			break
+		}
+	}
+	s.keepDamaged(off, to)
+	return to, nil
+}
+
+// keepDamaged counts the damaged bytes [from, to) of the file, which
+// reading goes past, and appends them to the file beside the spool that
+// keeps them for an operator. Failing to keep them does not stop reading
+// past them: the events after the damage matter more than the copy.
+// s.mu is held.
+func (s *Spool) keepDamaged(from, to int64) {
+	s.skipped += to - from
+	f, err := os.OpenFile(filepath.Join(s.dir, damagedFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	io.Copy(f, io.NewSectionReader(s.f, from, to-from))
+}
+
+// DamagedFile is the file that keeps the damaged bytes reading went past.
+func (s *Spool) DamagedFile() string { return filepath.Join(s.dir, damagedFile) }
+
+// Skipped is how many damaged bytes reading has gone past since Open,
+// kept in DamagedFile.
+func (s *Spool) Skipped() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.skipped
+}
+
 // Commit moves the read position to next, as returned by Peek. When that
-// is the end of the spool, the file is truncated to nothing.
+// is the end of the spool, the file is truncated to nothing. A position
+// that cannot be saved is removed instead, so that a restart reads again
+// from the start (the same events, which downstream collapses) rather
+// than from a stale one; the error says so, and the spool goes on.
 func (s *Spool) Commit(next int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -277,35 +387,64 @@ func (s *Spool) Commit(next int64) error {
 	if _, err := s.f.ReadAt(data, s.head); err != nil {
 		return fmt.Errorf("spool: %w", err)
 	}
-	frames, valid := Scan(data)
-	if valid != int64(len(data)) {
+	// Damage Peek went past counts as read; at the end of the file it
+	// reaches next itself, with no intact frame after it.
+	frames, _, valid := scan(data)
+	if valid != int64(len(data)) && next != s.size {
 		return fmt.Errorf("spool: commit to %d is not on a frame boundary", next)
 	}
 	s.head = next
-	s.pending -= len(frames)
+	s.pending = max(s.pending-len(frames), 0)
 	if s.head == s.size {
 		return s.reset()
 	}
-	return s.writeCursor(s.head, false)
+	return s.saveCursor(s.head, false)
 }
 
 // reset empties the file once everything in it is committed. The
 // position is cleared, durably, before the file is cut: a position left
 // from an emptied file could otherwise fall on a frame boundary of records
 // appended later and skip them, while a crash between the two steps here
-// only replays committed records.
+// only replays committed records. A position that cannot be written is
+// removed (see saveCursor); only when neither works is the file left
+// whole, read to its end.
 func (s *Spool) reset() error {
-	if err := s.writeCursor(0, true); err != nil {
+	err := s.saveCursor(0, true)
+	if err != nil && !errors.Is(err, errPositionRemoved) {
 		return err
 	}
-	if err := s.f.Truncate(0); err != nil {
-		return fmt.Errorf("spool: truncate: %w", err)
+	if terr := s.f.Truncate(0); terr != nil {
+		return fmt.Errorf("spool: truncate: %w", terr)
 	}
-	if err := s.f.Sync(); err != nil {
-		return fmt.Errorf("spool: sync: %w", err)
+	if serr := s.f.Sync(); serr != nil {
+		return fmt.Errorf("spool: sync: %w", serr)
 	}
 	s.size, s.head, s.pending = 0, 0, 0
-	return nil
+	return err
+}
+
+// errPositionRemoved means the read position could not be saved, and its
+// file was removed instead: a restart reads from the start.
+var errPositionRemoved = errors.New("removed it instead: a restart reads the spool from its start")
+
+// saveCursor saves the read position (writeCursor), or, when it cannot be
+// written (the directory takes no new file), removes the one saved, which
+// needs none, so that no stale position outlives this one: a restart
+// then reads from the start, repeating records, never skipping them. The
+// error wraps errPositionRemoved when the removal worked.
+func (s *Spool) saveCursor(head int64, sync bool) error {
+	err := s.writeCursor(head, sync)
+	if err == nil {
+		return nil
+	}
+	path := filepath.Join(s.dir, cursorFile)
+	if rerr := os.Remove(path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+		return errors.Join(err, fmt.Errorf("spool: remove read position: %w", rerr))
+	}
+	if sync {
+		syncDir(s.dir)
+	}
+	return fmt.Errorf("%w; %w", err, errPositionRemoved)
 }
 
 // writeCursor saves the read position through a temporary file and a
@@ -317,7 +456,7 @@ func (s *Spool) writeCursor(head int64, sync bool) error {
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
-		return fmt.Errorf("spool: %w", err)
+		return fmt.Errorf("spool: save read position: %w", err)
 	}
 	_, err = f.WriteString(strconv.FormatInt(head, 10))
 	if err == nil && sync {
