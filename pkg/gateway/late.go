@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/stillthere/stillthere/pkg/push"
 )
@@ -107,11 +108,38 @@ func (g *Gateway) commitClose(ctx context.Context, req push.Request) (applied bo
 		}
 		return applied, appliedAt, nil
 	}
+	if g.unwrittenHere(req.UID) {
+		err = fmt.Errorf("decide close stage %s of %q: a connection of the user here pinged where Redis could not hear it, and no resync has written that back yet", req.ID, req.UID)
+		g.log.Warn("decide a close stage's close once the resync has written the user's pings back; not written now", "uid", req.UID, "guide_id", req.ID)
+		return false, 0, err
+	}
 	applied, appliedAt, err = g.store.CommitCloseAt(cctx, req.UID, req.ID, req.DeadlineMS, pushedTTL)
 	if err != nil {
 		g.log.Warn("decide a close stage's close; not written now", "uid", req.UID, "guide_id", req.ID, "err", err)
 	}
 	return applied, appliedAt, err
+}
+
+// unwrittenHere reports whether a connection of uid on this instance
+// holds a ping's grant Redis may not have: its renewal unwritten
+// (conn.grant negative) while a resync is owed, after an outage that kept
+// this instance's renewals from Redis. A close stage decided then would
+// be judged by Redis alone, where the user's last renewal may be one from
+// before the deadline, though the user came back: refused, it is decided
+// once the resync has written the ping back (and cancelled by it, if the
+// ping came after the deadline). A renewal merely in flight, with Redis in
+// reach, does not count: it lands as any ping that crosses a decision.
+// An undated close is not judged by renewals, and does not ask.
+func (g *Gateway) unwrittenHere(uid string) bool {
+	if !g.reach.resyncOwed() {
+		return false
+	}
+	for _, c := range g.hub.lookup(uid) {
+		if c.grant.Load() < 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // closeOver judges again, in its push's own route, a close stage's guide

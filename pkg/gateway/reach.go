@@ -108,6 +108,8 @@ type reach struct {
 	// only late wrote its renewals, and those behind it are still queued:
 	// it owes a record of the outage (blindSince), not a resync.
 	failures uint64
+	// synced is the failures a completed resync followed.
+	synced uint64
 	// unregSince: since when this instance's users are being registered
 	// again in their routes (others may have dropped them), zero once
 	// done; rounds counts the registrations begun.
@@ -254,11 +256,23 @@ func (r *reach) outage() (from time.Time, failures uint64) {
 	return r.lapseFrom, r.failures
 }
 
+// resyncOwed reports whether Redis may have missed grants that no
+// completed resync has written back since (failures a resync has not
+// followed, or an outage's start not forgotten): a connection's ping
+// whose renewal was not written may be newer than anything Redis knows of
+// its user.
+func (r *reach) resyncOwed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.failures != r.synced || !r.lapseFrom.IsZero()
+}
+
 // resynced notes that a resync after failures completed: their start is
 // forgotten, unless one failed since it began.
 func (r *reach) resynced(failures uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.synced = max(r.synced, failures)
 	if r.failures == failures {
 		r.lapseFrom = time.Time{}
 	}
