@@ -148,6 +148,9 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Listener, er
 		logger.Error("spool file ended in unreadable bytes (a crash mid-write, or damage); cut them off and kept them aside",
 			"bytes", l.spool.Cut, "kept_in", l.spool.CutFile)
 	}
+	if l.spool.PositionLost != nil {
+		logger.Warn("spool could not save its read position and removed it: a restart replays it from the start (the consumer drops events it has seen)", "err", l.spool.PositionLost)
+	}
 	if n := l.spool.Len(); n > 0 {
 		logger.Info("spool holds events from an earlier run; replaying them once Kafka takes them", "events", n, "dir", cfg.SpoolDir)
 	}

@@ -68,11 +68,19 @@ func (l *Listener) replay(ctx context.Context) error {
 		if !l.produceSpooled(ctx, values) {
 			return nil
 		}
-		backoff = 100 * time.Millisecond
 		if err := l.spool.Commit(next); err != nil {
 			l.log.Error("commit spool", "err", err)
 		}
 		l.updateSpoolMetrics()
+		if len(values) == 0 {
+			// Nothing read though the spool counts some (damage only, or
+			// a count gone wrong): not a loop on the spool's lock.
+			if !wait() {
+				return nil
+			}
+			continue
+		}
+		backoff = 100 * time.Millisecond
 		if l.spool.Len() == 0 {
 			l.log.Info("spool replayed; producing directly again")
 		}

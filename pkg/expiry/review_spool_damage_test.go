@@ -39,17 +39,12 @@ import (
 // listener cannot be stopped: a shutdown hangs until the process is
 // killed.
 //
-// FAILS on the current code: the replay goes past the damage and produces
-// every intact spooled event (213 of 601 in the run seen), then nothing
-// more reaches the topic, "after" included; the spool reports Len 1,
-// Full; and the harness reports that the listener did not stop within
-// 20s, its replay goroutine spinning in the loop.
-//
-// Fix idea: in the spool, nothing is pending once Commit reaches the end
-// of the file, whatever reset does (see the spool package's
-// TestReviewDamagedFrameKeepsLenWhenResetFails); and in the replay, a
-// Peek that returns nothing waits (on l.spooled, ctx or a backoff)
-// instead of going round at once.
+// Failed so: the replay went past the damage and produced every intact
+// spooled event (213 of 601 in the run seen), then nothing more reached
+// the topic, "after" included; the spool reported Len 1, Full; and the
+// listener did not stop within 20s, its replay goroutine spinning. Now
+// nothing is pending once Commit reaches the end of the file, whatever
+// reset does, and a replay that reads nothing waits.
 func TestReviewSpoolDamageWithUnsavablePositionPausesListener(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)

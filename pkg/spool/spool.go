@@ -63,6 +63,9 @@ type Spool struct {
 	// and CutFile where it kept them; zero and empty when none.
 	Cut     int64
 	CutFile string
+	// PositionLost, when not nil, says that Open could not save the read
+	// position and removed it instead: a restart reads from the start.
+	PositionLost error
 
 	mu      sync.Mutex
 	f       *os.File
@@ -72,6 +75,13 @@ type Spool struct {
 	// skipped counts the damaged bytes reading has gone past (at Open or
 	// since), kept in a file beside the spool (see keepDamaged).
 	skipped int64
+	// peeked is the last Peek's next and the records it read up to it,
+	// for Commit: past damage, next need not be a frame boundary, nor the
+	// end of the file once an append followed.
+	peeked       int64
+	peekedFrames int
+	// testSearching, when set, is called as skipDamage lets the lock go.
+	testSearching func()
 }
 
 // Open opens or creates the spool in dir, taking an exclusive lock on it so
@@ -148,15 +158,21 @@ func (s *Spool) recover() error {
 	}
 	// Damage between intact frames stays in place: Peek goes past it,
 	// keeping it aside, when reading gets there.
+	err = nil
 	if s.pending == 0 && s.size > 0 {
-		return s.reset()
-	}
-	if s.head != head {
+		err = s.reset()
+	} else if s.head != head {
 		// The saved position is not this file's: replace it now, before
 		// appends could make it look like one.
-		return s.saveCursor(s.head, true)
+		err = s.saveCursor(s.head, true)
 	}
-	return nil
+	if errors.Is(err, errPositionRemoved) {
+		// Done, as far as it matters: no stale position is left. The
+		// next Commit tries to save one again.
+		s.PositionLost = err
+		return nil
+	}
+	return err
 }
 
 func readCursor(path string) int64 {
@@ -315,6 +331,7 @@ func (s *Spool) Peek(max int) (records [][]byte, next int64, err error) {
 			return nil, 0, err
 		}
 	}
+	s.peeked, s.peekedFrames = off, len(records)
 	return records, off, nil
 }
 
@@ -322,19 +339,34 @@ func (s *Spool) Peek(max int) (records [][]byte, next int64, err error) {
 // or the end of the file, keeps the bytes in between aside and counts
 // them, and returns where reading resumes. It reads a window at a time,
 // each with room for a whole frame starting at its last byte. s.mu is
-// held.
+// held, and let go during the search, which may take long (see
+// nextFrame): appends only write past the bytes it reads, and only this
+// reader cuts the file (Commit).
 func (s *Spool) skipDamage(off int64) (int64, error) {
 	const window = 1 << 20
-	to := s.size
-	for from := off + 1; from < s.size; from += window {
-		buf := make([]byte, min(s.size, from+window+headerSize+MaxRecord)-from)
-		if _, err := s.f.ReadAt(buf, from); err != nil {
-			return 0, fmt.Errorf("spool: read at %d: %w", from, err)
+	f, size := s.f, s.size
+	s.mu.Unlock()
+	if s.testSearching != nil {
+		s.testSearching()
+	}
+	to, err := size, error(nil)
+	for from := off + 1; from < size; from += window {
+		buf := make([]byte, min(size, from+window+headerSize+MaxRecord)-from)
+		if _, err = f.ReadAt(buf, from); err != nil {
+			err = fmt.Errorf("spool: read at %d: %w", from, err)
+			break
 		}
 		if next := nextFrame(buf, 0, window); next >= 0 {
 			to = from + next
 			break
 		}
+	}
+	s.mu.Lock()
+	if err == nil && s.f == nil {
+		err = errors.New("spool: closed")
+	}
+	if err != nil {
+		return 0, err
 	}
 	s.keepDamaged(off, to)
 	return to, nil
@@ -366,8 +398,9 @@ func (s *Spool) Skipped() int64 {
 	return s.skipped
 }
 
-// Commit moves the read position to next, as returned by Peek. When that
-// is the end of the spool, the file is truncated to nothing. A position
+// Commit moves the read position to next, as returned by the last Peek
+// (or any frame boundary after the read position). When that is the end
+// of the spool, the file is truncated to nothing. A position
 // that cannot be saved is removed instead, so that a restart reads again
 // from the start (the same events, which downstream collapses) rather
 // than from a stale one; the error says so, and the spool goes on.
@@ -383,19 +416,26 @@ func (s *Spool) Commit(next int64) error {
 	if next == s.head {
 		return nil
 	}
-	data := make([]byte, next-s.head)
-	if _, err := s.f.ReadAt(data, s.head); err != nil {
-		return fmt.Errorf("spool: %w", err)
-	}
-	// Damage Peek went past counts as read; at the end of the file it
-	// reaches next itself, with no intact frame after it.
-	frames, _, valid := scan(data)
-	if valid != int64(len(data)) && next != s.size {
-		return fmt.Errorf("spool: commit to %d is not on a frame boundary", next)
+	frames := s.peekedFrames
+	if next != s.peeked {
+		// Not Peek's own: a frame boundary at or before it.
+		data := make([]byte, next-s.head)
+		if _, err := s.f.ReadAt(data, s.head); err != nil {
+			return fmt.Errorf("spool: %w", err)
+		}
+		offs, _, valid := scan(data)
+		if valid != int64(len(data)) {
+			return fmt.Errorf("spool: commit to %d is not on a frame boundary", next)
+		}
+		frames = len(offs)
 	}
 	s.head = next
-	s.pending = max(s.pending-len(frames), 0)
+	s.pending = max(s.pending-frames, 0)
+	s.peeked, s.peekedFrames = 0, 0
 	if s.head == s.size {
+		// Nothing is pending, whatever reset does: damaged frames Append
+		// counted are read past too.
+		s.pending = 0
 		return s.reset()
 	}
 	return s.saveCursor(s.head, false)
@@ -442,7 +482,11 @@ func (s *Spool) saveCursor(head int64, sync bool) error {
 		return errors.Join(err, fmt.Errorf("spool: remove read position: %w", rerr))
 	}
 	if sync {
-		syncDir(s.dir)
+		// Not durably gone, an old position could come back after a
+		// crash over a file cut and filled again, and skip records.
+		if serr := syncDir(s.dir); serr != nil {
+			return errors.Join(err, fmt.Errorf("spool: sync removal of read position: %w", serr))
+		}
 	}
 	return fmt.Errorf("%w; %w", err, errPositionRemoved)
 }
