@@ -9,7 +9,6 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
-	"github.com/stillthere/stillthere/pkg/tcpproxy"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
@@ -145,21 +144,9 @@ func a1202cUnreadRefused(t *testing.T, fail bool) {
 // back, and left open. D must be written c and closed 4000.
 func TestAttack1202cUndatedCloseOutageOutlastsRetries(t *testing.T) {
 	ctx := context.Background()
-	srv := redistest.Start(t)
-	prefix := redistest.Prefix(t)
-	proxy, err := tcpproxy.Start(srv.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
 	uid := "a1202c-undated-outage"
 	cnt := &a1202Count{uid: uid, after: 1 + a1202OldTries, counts: namesCloseAtGet(uid)}
-	x := startGatewayHooked(t, []string{proxy.Addr()}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
-		c.WriteTimeout = 30 * time.Second
-		c.ShedAfter = 0                 // a slow host's outage must not shed D
-		c.routeRefreshEvery = time.Hour // only the test offers the inbox, as the refresh would
-	}, func(g *Gateway) { g.rdb.AddHook(cnt) })
-	p := startGatewayOn(t, []string{srv.Addr}, prefix, nil)
+	x, p, proxy := a1202Outage(t, cnt)
 
 	wsD := x.dial(t, uid) // there, silent
 	aofServed(t, wsD)

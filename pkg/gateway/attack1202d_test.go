@@ -203,6 +203,36 @@ func TestAttack1202dUndatedComeBackClosedOnFailedApply(t *testing.T) {
 // a1202Count counts, on the client it hooks, the failed commands counts
 // picks, and the failed commands naming uid's inbox once those reach
 // after: that a Redis cut outlasted a retry loop and the keep after it.
+// a1202Outage starts instance X, whose link to Redis runs through a
+// proxy the test cuts, with hooks on its client, and instance P, linked
+// directly. X sheds nothing (a slow host's outage must not shed the
+// devices), and nothing offers the inbox but the test, as a route
+// refresh would.
+func a1202Outage(t *testing.T, hooks ...redis.Hook) (x, p *testGateway, proxy *tcpproxy.Proxy) {
+	t.Helper()
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	proxy, err := tcpproxy.Start(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	x = startGatewayHooked(t, []string{proxy.Addr()}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
+		c.WriteTimeout = 30 * time.Second
+		c.ShedAfter = 0
+		c.routeRefreshEvery = time.Hour
+	}, func(g *Gateway) {
+		for _, h := range hooks {
+			g.rdb.AddHook(h)
+		}
+	})
+	p = startGatewayOn(t, []string{srv.Addr}, prefix, func(c *Config) {
+		c.WriteTimeout = 30 * time.Second
+		c.routeRefreshEvery = time.Hour
+	})
+	return x, p, proxy
+}
+
 // a1202OldTries is how many times redeliverUndecided once tried a close
 // stage before keeping it: an outage past them is what these tests cut.
 const a1202OldTries = 6
@@ -289,21 +319,9 @@ func (h *a1202Count) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // outage outlasts the old tries by two more.
 func TestAttack1202dDatedCloseOutageOutlastsRetries(t *testing.T) {
 	ctx := context.Background()
-	srv := redistest.Start(t)
-	prefix := redistest.Prefix(t)
-	proxy, err := tcpproxy.Start(srv.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
 	uid := "a1202d-dated-outage"
 	cnt := &a1202Count{uid: uid, after: 1 + a1202OldTries, counts: namesCloseCommit(uid)}
-	x := startGatewayHooked(t, []string{proxy.Addr()}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
-		c.WriteTimeout = 30 * time.Second
-		c.ShedAfter = 0                 // a slow host's outage must not shed D
-		c.routeRefreshEvery = time.Hour // only the test offers the inbox, as the refresh would
-	}, func(g *Gateway) { g.rdb.AddHook(cnt) })
-	p := startGatewayOn(t, []string{srv.Addr}, prefix, nil)
+	x, p, proxy := a1202Outage(t, cnt)
 
 	wsD := x.dial(t, uid) // there, silent
 	aofServed(t, wsD)

@@ -163,26 +163,11 @@ func TestAttack1202eCameBackDuringOutageClosedByRetry(t *testing.T) {
 // outage (onNew).
 func a1202eCameBackDuringOutage(t *testing.T, onNew bool) {
 	ctx := context.Background()
-	srv := redistest.Start(t)
-	prefix := redistest.Prefix(t)
-	proxy, err := tcpproxy.Start(srv.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
 	uid := "a1202e-came-back-outage"
 	cnt := &a1202Count{uid: uid, after: 1 + a1202OldTries, counts: namesCloseCommit(uid)}
 	slow := &a1202eSlowResync{names: session.ScriptNames(), uid: uid, release: make(chan struct{})}
 	t.Cleanup(slow.open)
-	x := startGatewayHooked(t, []string{proxy.Addr()}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
-		c.WriteTimeout = 30 * time.Second
-		c.ShedAfter = 0                 // a slow host's outage must not shed D
-		c.routeRefreshEvery = time.Hour // no offer of the inbox but the test's
-	}, func(g *Gateway) {
-		g.rdb.AddHook(cnt)
-		g.rdb.AddHook(slow)
-	})
-	p := startGatewayOn(t, []string{srv.Addr}, prefix, nil)
+	x, p, proxy := a1202Outage(t, cnt, slow)
 
 	wsD := x.dial(t, uid) // there, silent
 	aofServed(t, wsD)

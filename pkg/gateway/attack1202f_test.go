@@ -12,7 +12,6 @@ import (
 
 	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
-	"github.com/stillthere/stillthere/pkg/tcpproxy"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
@@ -82,21 +81,9 @@ func TestAttack1202fShutdownDuringRetriesKept(t *testing.T) {
 // inbox's entry leaves once proven.
 func TestAttack1202fTwoDevicesOutageOneLeaves(t *testing.T) {
 	ctx := context.Background()
-	srv := redistest.Start(t)
-	prefix := redistest.Prefix(t)
-	proxy, err := tcpproxy.Start(srv.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
 	uid := "a1202f-two-devices-outage"
 	cnt := &a1202Count{uid: uid, after: 1 + a1202OldTries, counts: namesCloseCommit(uid)}
-	x := startGatewayHooked(t, []string{proxy.Addr()}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
-		c.WriteTimeout = 30 * time.Second
-		c.ShedAfter = 0
-		c.routeRefreshEvery = time.Hour // only the test offers the inbox, as the refresh would
-	}, func(g *Gateway) { g.rdb.AddHook(cnt) })
-	p := startGatewayOn(t, []string{srv.Addr}, prefix, nil)
+	x, p, proxy := a1202Outage(t, cnt)
 
 	var wss []*websocket.Conn
 	for range 3 {
@@ -144,24 +131,9 @@ func TestAttack1202fTwoDevicesOutageOneLeaves(t *testing.T) {
 // Redis, which it keeps through the outage.
 func TestAttack1202fNewConnectionDuringOutageSpared(t *testing.T) {
 	ctx := context.Background()
-	srv := redistest.Start(t)
-	prefix := redistest.Prefix(t)
-	proxy, err := tcpproxy.Start(srv.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
 	uid := "a1202f-new-during-outage"
 	fail := &a1201dFailDecide{uid: uid}
-	x := startGatewayHooked(t, []string{proxy.Addr()}, prefix, slog.New(slog.NewTextHandler(io.Discard, nil)), func(c *Config) {
-		c.WriteTimeout = 30 * time.Second
-		c.ShedAfter = 0
-		c.routeRefreshEvery = time.Hour
-	}, func(g *Gateway) { g.rdb.AddHook(fail) })
-	p := startGatewayOn(t, []string{srv.Addr}, prefix, func(c *Config) {
-		c.WriteTimeout = 30 * time.Second
-		c.routeRefreshEvery = time.Hour
-	})
+	x, p, proxy := a1202Outage(t, fail)
 
 	wsD := x.dial(t, uid)
 	aofServed(t, wsD)
