@@ -67,6 +67,11 @@ type Spool struct {
 	// position and removed it instead: a restart reads from the start.
 	PositionLost error
 
+	// rmu is the reader's: Peek and Commit hold it for their whole run,
+	// so that one reads while another commits never, even while Peek lets
+	// mu go for a long search past damage (skipDamage). Taken before mu.
+	rmu sync.Mutex
+
 	mu      sync.Mutex
 	f       *os.File
 	size    int64 // bytes of whole frames in the file
@@ -75,6 +80,8 @@ type Spool struct {
 	// skipped counts the damaged bytes reading has gone past (at Open or
 	// since), kept in a file beside the spool (see keepDamaged).
 	skipped int64
+	// keptTo is the end of the damage kept aside so far, until reset.
+	keptTo int64
 	// peeked is the last Peek's next and the records it read up to it,
 	// for Commit: past damage, next need not be a frame boundary, nor the
 	// end of the file once an append followed.
@@ -304,6 +311,8 @@ func (s *Spool) Append(records ...[]byte) error {
 // A damaged frame (one whose bytes changed since they were written) is
 // gone past, to the next intact one, and kept aside; Skipped counts it.
 func (s *Spool) Peek(max int) (records [][]byte, next int64, err error) {
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.f == nil {
@@ -340,8 +349,8 @@ func (s *Spool) Peek(max int) (records [][]byte, next int64, err error) {
 // them, and returns where reading resumes. It reads a window at a time,
 // each with room for a whole frame starting at its last byte. s.mu is
 // held, and let go during the search, which may take long (see
-// nextFrame): appends only write past the bytes it reads, and only this
-// reader cuts the file (Commit).
+// nextFrame): appends only write past the bytes it reads, and the reader
+// that cuts the file (Commit) waits on s.rmu, which the caller holds.
 func (s *Spool) skipDamage(off int64) (int64, error) {
 	const window = 1 << 20
 	f, size := s.f, s.size
@@ -374,10 +383,16 @@ func (s *Spool) skipDamage(off int64) (int64, error) {
 
 // keepDamaged counts the damaged bytes [from, to) of the file, which
 // reading goes past, and appends them to the file beside the spool that
-// keeps them for an operator. Failing to keep them does not stop reading
-// past them: the events after the damage matter more than the copy.
-// s.mu is held.
+// keeps them for an operator; bytes a Peek went past before (one whose
+// records were not committed, read again) are not counted or kept again.
+// Failing to keep them does not stop reading past them: the events after
+// the damage matter more than the copy. s.mu is held.
 func (s *Spool) keepDamaged(from, to int64) {
+	from = max(from, s.keptTo)
+	if to <= from {
+		return
+	}
+	s.keptTo = to
 	s.skipped += to - from
 	f, err := os.OpenFile(filepath.Join(s.dir, damagedFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
@@ -405,6 +420,8 @@ func (s *Spool) Skipped() int64 {
 // from the start (the same events, which downstream collapses) rather
 // than from a stale one; the error says so, and the spool goes on.
 func (s *Spool) Commit(next int64) error {
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.f == nil {
@@ -456,10 +473,12 @@ func (s *Spool) reset() error {
 	if terr := s.f.Truncate(0); terr != nil {
 		return fmt.Errorf("spool: truncate: %w", terr)
 	}
+	// Cut, synced or not: the next append goes at the start, not past a
+	// hole a restart would take for damage.
+	s.size, s.head, s.pending, s.keptTo = 0, 0, 0, 0
 	if serr := s.f.Sync(); serr != nil {
 		return fmt.Errorf("spool: sync: %w", serr)
 	}
-	s.size, s.head, s.pending = 0, 0, 0
 	return err
 }
 
