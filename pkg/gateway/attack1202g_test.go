@@ -24,11 +24,12 @@ import (
 // Attacks on commitClose's refusal while a ping of the user may be
 // unwritten (Gateway.unwrittenHere): the refusal asks two things, a
 // resync owed by the instance (for anyone) and a connection of the user
-// whose grant is negative. The resync writes every connection's last
-// grant back, but does not turn its sign: a user whose last ping failed
-// keeps a negative grant after the resync wrote it, for as long as they
-// stay silent, and any later failure of the instance, for any user,
-// makes it "unwritten" again.
+// whose grant is negative. The resync wrote every connection's last
+// grant back but did not turn its sign: a user whose last ping failed
+// kept a negative grant after the resync wrote it, for as long as they
+// stayed silent, and any later failure of the instance, for any user,
+// made it "unwritten" again. Now the resync turns the sign of each grant
+// it wrote.
 
 // a1202gFailRenew fails, on the client it hooks, every renewal script
 // run (renew.lua, any mode: a ping's renewal or a resync's write-back)
@@ -102,7 +103,8 @@ func a1202gUntilPong(t *testing.T, ws *websocket.Conn, what string) {
 // fails (answered unavailable), then goes silent; V's next ping renews,
 // which heals the instance, and the resync writes U's grant back: no
 // resync is owed any more, U's last ping is in Redis, and U's grant is
-// still negative (the premise). Then V's renewals fail for good (its
+// written (it failed here, when the resync left it negative). Then V's
+// renewals fail for good (its
 // key's slot down), and V pings once: a resync is owed again, and every
 // resync fails on V's grant. Returns X, U's socket, and the hook.
 func a1202gStaleGrant(t *testing.T, u, v string) (x *testGateway, wsU *websocket.Conn, h *a1202gFailRenew) {
@@ -136,8 +138,9 @@ func a1202gStaleGrant(t *testing.T, u, v string) (x *testGateway, wsU *websocket
 	if err != nil || renewed.IsZero() {
 		t.Fatalf("U's last renewal in Redis after the resync: %v, %v; want the ping written back", renewed, err)
 	}
-	if cU.grant.Load() >= 0 {
-		t.Fatalf("U's grant %d after the resync; the test's premise (the resync leaves it negative) fails", cU.grant.Load())
+	if cU.grant.Load() < 0 {
+		t.Fatalf("U's grant %d after the resync wrote it back: still taken for unwritten, so any later failure on X, "+
+			"anyone's, refuses u's close", cU.grant.Load())
 	}
 
 	// V's key fails from now on: a resync is owed, and each one fails.
@@ -163,13 +166,9 @@ func a1202gStaleGrant(t *testing.T, u, v string) (x *testGateway, wsU *websocket
 // sign). u, there and silent, is never shown the close stage nor closed
 // 4000, for as long as the other user's key fails.
 //
-// Fix ideas: turn a grant positive once the resync wrote it (per grant,
-// from the renewer's per-request result, with the same CompareAndSwap
-// as written); or ask, per connection, whether its failed renewal came
-// after the last completed resync began (a failures count taken at the
-// ping, compared with reach.synced), not whether the instance owes one
-// for anybody; and answer such a refusal 409 (the user's, not the
-// gateway's), as errLateBeat is.
+// Failed so. Now a grant the resync wrote back is written (its sign
+// turned, with the CompareAndSwap written uses), and the setup checks it;
+// such a refusal is a 409 (see below).
 func TestAttack1202gStaleGrantCloseRefusedWhileAnotherUserFails(t *testing.T) {
 	u, v := "a1202g-stale-u", "a1202g-stale-v"
 	x, wsU, h := a1202gStaleGrant(t, u, v)
@@ -209,24 +208,32 @@ func TestAttack1202gStaleGrantCloseRefusedWhileAnotherUserFails(t *testing.T) {
 	readClose(t, wsU)
 }
 
-// TestAttack1202gStaleGrantRefusalIsUsersNotGateways: as above, one push
-// of u's close stage while the resync is owed for another user: the
-// refusal is this user's (X reaches Redis for u, and answers every
-// other push), like errLateBeat's, and is to be a 409, which the
-// consumer retries without counting it against the breaker in front of
-// every user's guides. It is a 503.
+// a1202gUnwrittenPing has u ping on U once more while u's renewal fails:
+// u's grant is unwritten, and with V failing, no resync writes it back.
+func a1202gUnwrittenPing(t *testing.T, h *a1202gFailRenew, wsU *websocket.Conn) {
+	t.Helper()
+	h.failU.Store(true)
+	pingSaying(t, wsU, -1)
+	a1202eUnavailable(t, wsU)
+	h.failU.Store(false)
+}
+
+// TestAttack1202gStaleGrantRefusalIsUsersNotGateways: as above, and u
+// pings once more while u's renewal fails: u's close stage is refused
+// while that ping is unwritten (a resync is owed, for V). The refusal is
+// this user's (X reaches Redis for u, and answers every other push),
+// like errLateBeat's, and is a 409, which the consumer retries without
+// counting it against the breaker in front of every user's guides. It
+// was a 503.
 func TestAttack1202gStaleGrantRefusalIsUsersNotGateways(t *testing.T) {
 	u, v := "a1202g-status-u", "a1202g-status-v"
-	x, _, _ := a1202gStaleGrant(t, u, v)
+	x, wsU, h := a1202gStaleGrant(t, u, v)
+	a1202gUnwrittenPing(t, h, wsU)
 	c := stagePush(u, redisNowMS(t, x.rdb), 2, timeoutevent.ActionClose)
 	res, err := x.pushGuide(t, c)
 	var pe *push.Error
-	switch {
-	case err == nil:
-		t.Logf("u's close stage was decided: %+v", res)
-	case errors.As(err, &pe) && pe.Status == push.Retry && pe.Code == 409:
-	default:
-		t.Fatalf("push of u's close stage, refused for u's grant the resync wrote back: %v; want a 409 (this user's, not counted against the breaker)", err)
+	if !errors.As(err, &pe) || pe.Status != push.Retry || pe.Code != 409 {
+		t.Fatalf("push of u's close stage while u's last ping is unwritten: %+v, %v; want a 409 (this user's, not counted against the breaker)", res, err)
 	}
 }
 
@@ -246,16 +253,18 @@ func TestAttack1202gStaleGrantUndatedCloseUnaffected(t *testing.T) {
 }
 
 // TestAttack1202gStaleGrantClosedOnceOtherUserHeals: the control of the
-// attacks above: once the other user's renewals answer again and a
-// resync completes, u's close stage is decided, shown to U, and U closed
-// 4000: the refusals above are unwrittenHere's, for the resync owed for
-// another user, and nothing else in the push.
+// refusal: u pings once more while u's renewal fails, then the close
+// stage of a deadline after that ping is pushed: refused while the ping
+// is unwritten. Once V's renewals answer again and a resync completes
+// (writing u's ping back), the close is decided, shown to U, and U
+// closed 4000.
 func TestAttack1202gStaleGrantClosedOnceOtherUserHeals(t *testing.T) {
 	u, v := "a1202g-heals-u", "a1202g-heals-v"
 	x, wsU, h := a1202gStaleGrant(t, u, v)
+	a1202gUnwrittenPing(t, h, wsU)
 	c := stagePush(u, redisNowMS(t, x.rdb), 2, timeoutevent.ActionClose)
 	if _, err := x.pushGuide(t, c); err == nil {
-		t.Fatal("u's close stage decided while the resync is owed: the refusal the control is for did not happen")
+		t.Fatal("u's close stage decided while u's last ping is unwritten: the refusal the control is for did not happen")
 	}
 	h.failV.Store(false)
 	waitUntil(t, "a resync completed once V's renewals answer", func() bool { return !x.reach.resyncOwed() })

@@ -109,7 +109,7 @@ func (g *Gateway) commitClose(ctx context.Context, req push.Request) (applied bo
 		return applied, appliedAt, nil
 	}
 	if g.unwrittenHere(req.UID) {
-		err = fmt.Errorf("decide close stage %s of %q: a connection of the user here pinged where Redis could not hear it, and no resync has written that back yet", req.ID, req.UID)
+		err = fmt.Errorf("decide close stage %s of %q: %w", req.ID, req.UID, errUnwrittenPing)
 		g.log.Warn("decide a close stage's close once the resync has written the user's pings back; not written now", "uid", req.UID, "guide_id", req.ID)
 		return false, 0, err
 	}

@@ -79,6 +79,9 @@ var (
 	errClaimed   = errors.New("another push of this guide is under way")
 	errUnreached = errors.New("no subscriber on the channel of a live instance holding the user")
 	errLateBeat  = errors.New("an instance holding the user missed its heartbeat: the user's pings may wait unread in it")
+	// errUnwrittenPing refuses a close stage's decision while a connection
+	// of the user here holds a ping Redis may not have (unwrittenHere).
+	errUnwrittenPing = errors.New("a connection of the user here pinged where Redis could not hear it, and no resync has written that back yet")
 )
 
 func (g *Gateway) servePush(w http.ResponseWriter, r *http.Request) {
@@ -108,7 +111,7 @@ func (g *Gateway) servePush(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, errClaimed):
 		metricPushes.WithLabelValues(string(push.Retry)).Inc()
 		push.WriteRetry(w, http.StatusConflict, pushRetryAfter, "guide "+req.ID+" is being pushed; its outcome is not known yet")
-	case errors.Is(err, errLateBeat):
+	case errors.Is(err, errLateBeat), errors.Is(err, errUnwrittenPing):
 		// This user's, not the gateway failing: a 409, which a consumer
 		// retries without counting it against its breaker.
 		metricPushes.WithLabelValues(string(push.Retry)).Inc()
