@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -28,8 +29,9 @@ import (
 // grant back but did not turn its sign: a user whose last ping failed
 // kept a negative grant after the resync wrote it, for as long as they
 // stayed silent, and any later failure of the instance, for any user,
-// made it "unwritten" again. Now the resync turns the sign of each grant
-// it wrote.
+// made it "unwritten" again. Now a ping counts only if it came after the
+// close's deadline and Redis's last renewal of the user is no later than
+// the deadline: what the decision would miss.
 
 // a1202gFailRenew fails, on the client it hooks, every renewal script
 // run (renew.lua, any mode: a ping's renewal or a resync's write-back)
@@ -40,6 +42,9 @@ type a1202gFailRenew struct {
 	names        map[string]string
 	u, v         string
 	failU, failV atomic.Bool
+	// unsentU fails u's runs before they reach Redis (a write that never
+	// landed), not after (a reply lost): the whole round trip fails.
+	unsentU      atomic.Bool
 	resyncFailsV atomic.Int32
 }
 
@@ -49,6 +54,18 @@ func (h *a1202gFailRenew) ProcessHook(next redis.ProcessHook) redis.ProcessHook 
 
 func (h *a1202gFailRenew) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if h.unsentU.Load() && slices.ContainsFunc(cmds, func(cmd redis.Cmder) bool {
+			return acScriptOf(h.names, cmd) == "renew" && slices.ContainsFunc(cmd.Args(), func(a any) bool {
+				s, ok := a.(string)
+				return ok && strings.HasSuffix(s, ":"+h.u)
+			})
+		}) {
+			e := &net.OpError{Op: "write", Net: "tcp", Err: errors.New("connection reset by peer")}
+			for _, cmd := range cmds {
+				cmd.SetErr(e)
+			}
+			return e
+		}
 		err := next(ctx, cmds)
 		for _, cmd := range cmds {
 			if acScriptOf(h.names, cmd) != "renew" {
@@ -103,11 +120,11 @@ func a1202gUntilPong(t *testing.T, ws *websocket.Conn, what string) {
 // fails (answered unavailable), then goes silent; V's next ping renews,
 // which heals the instance, and the resync writes U's grant back: no
 // resync is owed any more, U's last ping is in Redis, and U's grant is
-// written (it failed here, when the resync left it negative). Then V's
-// renewals fail for good (its
+// still negative (the resync does not turn it). Then V's renewals fail
+// for good (its
 // key's slot down), and V pings once: a resync is owed again, and every
 // resync fails on V's grant. Returns X, U's socket, and the hook.
-func a1202gStaleGrant(t *testing.T, u, v string) (x *testGateway, wsU *websocket.Conn, h *a1202gFailRenew) {
+func a1202gStaleGrant(t *testing.T, u, v string) (x *testGateway, wsU *websocket.Conn, h *a1202gFailRenew, wsV *websocket.Conn) {
 	srv := redistest.Start(t)
 	prefix := redistest.Prefix(t)
 	h = &a1202gFailRenew{names: session.ScriptNames(), u: u, v: v}
@@ -120,7 +137,7 @@ func a1202gStaleGrant(t *testing.T, u, v string) (x *testGateway, wsU *websocket
 
 	wsU = x.dial(t, u)
 	aofServed(t, wsU)
-	wsV := x.dial(t, v)
+	wsV = x.dial(t, v)
 	aofServed(t, wsV)
 	cU := x.hub.lookup(u)[0]
 
@@ -138,17 +155,14 @@ func a1202gStaleGrant(t *testing.T, u, v string) (x *testGateway, wsU *websocket
 	if err != nil || renewed.IsZero() {
 		t.Fatalf("U's last renewal in Redis after the resync: %v, %v; want the ping written back", renewed, err)
 	}
-	if cU.grant.Load() < 0 {
-		t.Fatalf("U's grant %d after the resync wrote it back: still taken for unwritten, so any later failure on X, "+
-			"anyone's, refuses u's close", cU.grant.Load())
-	}
+	_ = cU
 
 	// V's key fails from now on: a resync is owed, and each one fails.
 	h.failV.Store(true)
 	pingSaying(t, wsV, -1)
 	a1202eUnavailable(t, wsV)
 	waitUntil(t, "a resync owed after V's failed renewal", x.reach.resyncOwed)
-	return x, wsU, h
+	return x, wsU, h, wsV
 }
 
 // TestAttack1202gStaleGrantCloseRefusedWhileAnotherUserFails: device U of
@@ -166,12 +180,11 @@ func a1202gStaleGrant(t *testing.T, u, v string) (x *testGateway, wsU *websocket
 // sign). u, there and silent, is never shown the close stage nor closed
 // 4000, for as long as the other user's key fails.
 //
-// Failed so. Now a grant the resync wrote back is written (its sign
-// turned, with the CompareAndSwap written uses), and the setup checks it;
-// such a refusal is a 409 (see below).
+// Failed so. Now only a ping after the close's deadline that Redis has
+// not heard refuses it: this one is before the deadline, and in Redis.
 func TestAttack1202gStaleGrantCloseRefusedWhileAnotherUserFails(t *testing.T) {
 	u, v := "a1202g-stale-u", "a1202g-stale-v"
-	x, wsU, h := a1202gStaleGrant(t, u, v)
+	x, wsU, h, _ := a1202gStaleGrant(t, u, v)
 	waitUntil(t, "a resync that failed on V's grant", func() bool { return h.resyncFailsV.Load() >= 1 })
 
 	c := stagePush(u, redisNowMS(t, x.rdb), 2, timeoutevent.ActionClose)
@@ -218,22 +231,36 @@ func a1202gUnwrittenPing(t *testing.T, h *a1202gFailRenew, wsU *websocket.Conn) 
 	h.failU.Store(false)
 }
 
+// a1202gPingAfter has u ping on U once more, after deadlineMS by Redis's
+// clock, while u's renewal never reaches Redis: the ping is unwritten,
+// and with V failing, no resync writes it back.
+func a1202gPingAfter(t *testing.T, x *testGateway, h *a1202gFailRenew, wsU *websocket.Conn, deadlineMS int64) {
+	t.Helper()
+	// Well past it: the resync writes the ping back at its time as this
+	// instance estimates it, a few milliseconds either way.
+	waitUntil(t, "Redis's clock past the close's deadline", func() bool { return redisNowMS(t, x.rdb) > deadlineMS+200 })
+	h.unsentU.Store(true)
+	pingSaying(t, wsU, -1)
+	a1202eUnavailable(t, wsU)
+	h.unsentU.Store(false)
+}
+
 // TestAttack1202gStaleGrantRefusalIsUsersNotGateways: as above, and u
-// pings once more while u's renewal fails: u's close stage is refused
-// while that ping is unwritten (a resync is owed, for V). The refusal is
-// this user's (X reaches Redis for u, and answers every other push),
-// like errLateBeat's, and is a 409, which the consumer retries without
-// counting it against the breaker in front of every user's guides. It
-// was a 503.
+// pings once more after the close stage's deadline while u's renewal
+// fails: the close is refused while that ping is unwritten (a resync is
+// owed, for V). The refusal is this user's (X reaches Redis for u, and
+// answers every other push), like errLateBeat's, and is a 409, which the
+// consumer retries without counting it against the breaker in front of
+// every user's guides. It was a 503.
 func TestAttack1202gStaleGrantRefusalIsUsersNotGateways(t *testing.T) {
 	u, v := "a1202g-status-u", "a1202g-status-v"
-	x, wsU, h := a1202gStaleGrant(t, u, v)
-	a1202gUnwrittenPing(t, h, wsU)
+	x, wsU, h, _ := a1202gStaleGrant(t, u, v)
 	c := stagePush(u, redisNowMS(t, x.rdb), 2, timeoutevent.ActionClose)
+	a1202gPingAfter(t, x, h, wsU, c.DeadlineMS)
 	res, err := x.pushGuide(t, c)
 	var pe *push.Error
 	if !errors.As(err, &pe) || pe.Status != push.Retry || pe.Code != 409 {
-		t.Fatalf("push of u's close stage while u's last ping is unwritten: %+v, %v; want a 409 (this user's, not counted against the breaker)", res, err)
+		t.Fatalf("push of u's close stage while u's ping after its deadline is unwritten: %+v, %v; want a 409 (this user's, not counted against the breaker)", res, err)
 	}
 }
 
@@ -243,7 +270,7 @@ func TestAttack1202gStaleGrantRefusalIsUsersNotGateways(t *testing.T) {
 // it and closed 4000. Guards that the refusal stays with dated closes.
 func TestAttack1202gStaleGrantUndatedCloseUnaffected(t *testing.T) {
 	u, v := "a1202g-undated-u", "a1202g-undated-v"
-	x, wsU, _ := a1202gStaleGrant(t, u, v)
+	x, wsU, _, _ := a1202gStaleGrant(t, u, v)
 	c := a1201cUndated(u, 2, timeoutevent.ActionClose)
 	if res, err := x.pushGuide(t, c); err != nil || res.Status != push.Delivered || res.Connections != 1 {
 		t.Fatalf("push of u's undated close stage: %+v, %v; want delivered to U", res, err)
@@ -253,24 +280,29 @@ func TestAttack1202gStaleGrantUndatedCloseUnaffected(t *testing.T) {
 }
 
 // TestAttack1202gStaleGrantClosedOnceOtherUserHeals: the control of the
-// refusal: u pings once more while u's renewal fails, then the close
-// stage of a deadline after that ping is pushed: refused while the ping
-// is unwritten. Once V's renewals answer again and a resync completes
-// (writing u's ping back), the close is decided, shown to U, and U
-// closed 4000.
+// refusal: u pings once more after the close stage's deadline while u's
+// renewal fails: the close is refused while that ping is unwritten. Once
+// V's renewals answer again and a resync completes (writing u's ping
+// back), the close is decided: cancelled, the user came back; U is left
+// open.
 func TestAttack1202gStaleGrantClosedOnceOtherUserHeals(t *testing.T) {
 	u, v := "a1202g-heals-u", "a1202g-heals-v"
-	x, wsU, h := a1202gStaleGrant(t, u, v)
-	a1202gUnwrittenPing(t, h, wsU)
+	x, wsU, h, wsV := a1202gStaleGrant(t, u, v)
 	c := stagePush(u, redisNowMS(t, x.rdb), 2, timeoutevent.ActionClose)
+	a1202gPingAfter(t, x, h, wsU, c.DeadlineMS)
 	if _, err := x.pushGuide(t, c); err == nil {
-		t.Fatal("u's close stage decided while u's last ping is unwritten: the refusal the control is for did not happen")
+		t.Fatal("u's close stage decided while u's ping after its deadline is unwritten: the refusal the control is for did not happen")
 	}
+	// V's renewals answer again, and V's next ping heals the instance:
+	// the resync follows at once, well inside u's TTL.
 	h.failV.Store(false)
+	pingSaying(t, wsV, -1)
+	a1202gUntilPong(t, wsV, "V")
 	waitUntil(t, "a resync completed once V's renewals answer", func() bool { return !x.reach.resyncOwed() })
-	if res, err := x.pushGuide(t, c); err != nil || res.Status != push.Delivered || res.Connections != 1 {
-		t.Fatalf("push of u's close stage once no resync is owed: %+v, %v; want delivered to U", res, err)
+	if res, err := x.pushGuide(t, c); err != nil || res.Status != push.Stale {
+		renewed, rerr := x.store.LastRenewed(context.Background(), u)
+		t.Fatalf("push of u's close stage once u's ping after its deadline is written back: %+v, %v; want stale (u came back); u's last renewal in Redis %d (%v), the deadline %d",
+			res, err, renewed.UnixMilli(), rerr, c.DeadlineMS)
 	}
-	readStage(t, wsU, c)
-	readClose(t, wsU)
+	a1201eStillOpen(t, wsU, c.ID, "U, whose user pinged after the close's deadline")
 }

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/stillthere/stillthere/pkg/push"
 )
@@ -108,7 +109,7 @@ func (g *Gateway) commitClose(ctx context.Context, req push.Request) (applied bo
 		}
 		return applied, appliedAt, nil
 	}
-	if g.unwrittenHere(req.UID) {
+	if g.unwrittenHere(cctx, req.UID, req.DeadlineMS) {
 		err = fmt.Errorf("decide close stage %s of %q: %w", req.ID, req.UID, errUnwrittenPing)
 		g.log.Warn("decide a close stage's close once the resync has written the user's pings back; not written now", "uid", req.UID, "guide_id", req.ID)
 		return false, 0, err
@@ -121,25 +122,38 @@ func (g *Gateway) commitClose(ctx context.Context, req push.Request) (applied bo
 }
 
 // unwrittenHere reports whether a connection of uid on this instance
-// holds a ping's grant Redis may not have: its renewal unwritten
-// (conn.grant negative) while a resync is owed, after an outage that kept
-// this instance's renewals from Redis. A close stage decided then would
-// be judged by Redis alone, where the user's last renewal may be one from
-// before the deadline, though the user came back: refused, it is decided
-// once the resync has written the ping back (and cancelled by it, if the
-// ping came after the deadline). A renewal merely in flight, with Redis in
-// reach, does not count: it lands as any ping that crosses a decision.
-// An undated close is not judged by renewals, and does not ask.
-func (g *Gateway) unwrittenHere(uid string) bool {
+// holds a ping after deadlineMS (a close stage's deadline) that Redis has
+// not heard: its renewal unwritten (conn.grant negative) while a resync
+// is owed, after an outage that kept this instance's renewals from
+// Redis, and Redis's last renewal of the user no later than the
+// deadline. A close decided then would be judged by Redis alone, which
+// does not know the user came back: refused, it is decided once the
+// resync has written the ping back, and cancelled by it. A ping before
+// the deadline does not count (it cannot cancel that silence), nor one
+// Redis has (the resync wrote it, or another device's renewal is newer:
+// the decision cancels the close anyway), nor a renewal merely in
+// flight with Redis in reach: it lands as any ping that crosses a
+// decision. A failed read of Redis's renewal counts as unheard. An
+// undated close is not judged by renewals, and does not ask.
+func (g *Gateway) unwrittenHere(ctx context.Context, uid string, deadlineMS int64) bool {
 	if !g.reach.resyncOwed() {
 		return false
 	}
+	now, redisNow := time.Since(g.start), g.redisNowMS()
+	pinged := false
 	for _, c := range g.hub.lookup(uid) {
-		if c.grant.Load() < 0 {
-			return true
+		if c.grant.Load() >= 0 {
+			continue
 		}
+		// When it pinged, by Redis's clock, as far as this instance knows.
+		at := redisNow - (now - time.Duration(c.pingAt.Load())).Milliseconds()
+		pinged = pinged || at > deadlineMS
 	}
-	return false
+	if !pinged {
+		return false
+	}
+	renewed, err := g.store.LastRenewed(ctx, uid)
+	return err != nil || renewed.UnixMilli() <= deadlineMS
 }
 
 // closeOver judges again, in its push's own route, a close stage's guide

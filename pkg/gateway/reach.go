@@ -783,7 +783,6 @@ func handedOver(gr session.Grant, now, from time.Duration) bool {
 func (g *Gateway) resyncConns(ctx context.Context, from time.Time) (int, error) {
 	grants := make([]session.Grant, 0, resyncBatch)
 	conns := make([]*conn, 0, resyncBatch)
-	raws := make([]int64, 0, resyncBatch) // each conn's grant as taken
 	total := 0
 	send := func() error {
 		// Each restored grant parks as a renewal would, by its segment's
@@ -794,22 +793,15 @@ func (g *Gateway) resyncConns(ctx context.Context, from time.Time) (int, error) 
 		}
 		n, err := g.renewer.Resync(ctx, grants)
 		total += n
-		for i, c := range conns {
-			// A user who closed normally while their grant was on its way
-			// may have their session back: end it again, after, if that
-			// was their last connection.
+		// A user who closed normally while their grant was on its way
+		// may have their session back: end it again, after, if that was
+		// their last connection.
+		for _, c := range conns {
 			if c.grant.Load() == 0 {
 				g.routes.mark(c.uid, c.normalEnd(), nil)
 			}
-			// Written back, an unwritten grant is Redis's now, as if its
-			// renewal had landed (see written), unless a later ping
-			// replaced it: a close of the user is decided again (see
-			// unwrittenHere).
-			if err == nil && raws[i] < 0 {
-				c.grant.CompareAndSwap(raws[i], -raws[i])
-			}
 		}
-		grants, conns, raws = grants[:0], conns[:0], raws[:0]
+		grants, conns = grants[:0], conns[:0]
 		return err
 	}
 	now, fromAt := time.Since(g.start), time.Duration(-1)
@@ -823,13 +815,12 @@ func (g *Gateway) resyncConns(ctx context.Context, from time.Time) (int, error) 
 	for shard := range hubShards {
 		shardConns = g.hub.appendShard(shardConns[:0], shard, nil)
 		for _, c := range shardConns {
-			raw := c.grant.Load()
 			gr, ok := c.lastGrant(now)
 			if !ok || !handedOver(gr, now, fromAt) {
 				continue
 			}
 			gr.Taken = taken
-			grants, conns, raws = append(grants, gr), append(conns, c), append(raws, raw)
+			grants, conns = append(grants, gr), append(conns, c)
 			if len(grants) == resyncBatch {
 				if err := send(); err != nil {
 					return total, err

@@ -20,7 +20,11 @@ import (
 )
 
 // Final review of the resync turning the sign of the grants it wrote
-// back (resyncConns' CompareAndSwap(raw, -raw)).
+// back (resyncConns' CompareAndSwap(raw, -raw)). Both tests failed on
+// it; the turn is gone: unwrittenHere asks instead whether a ping of the
+// user came after the close's deadline and Redis's last renewal of the
+// user is no later than the deadline, which neither a later ping nor a
+// failed batch fools.
 
 // rfHook fails the renewal script runs (any mode) of the users marked
 // failing, counts the resync runs it failed for v, and, once armed,
@@ -118,10 +122,10 @@ func rfStart(t *testing.T, h *rfHook, cfg func(*Config)) *testGateway {
 // yet, so it must be refused (409) or cancelled, never delivered; and
 // ping 2's grant must stay negative until a resync writes it.
 //
-// Fails on the current code on the second: ping 2's grant is turned
-// positive. The push itself is answered stale here (this instance still
-// sees U's ping after D), so the harm shown is the broken invariant that
-// unwrittenHere relies on, not a close delivered to U.
+// Failed on the second: ping 2's grant was turned positive. The push
+// itself was answered stale (the push's own check found U's ping after
+// D in Redis), so the harm shown was the broken invariant, not a close
+// delivered to U.
 func TestReviewFinalPingDuringResyncMarkedWritten(t *testing.T) {
 	u, v := "rf-aba-u", "rf-aba-v"
 	h := newRFHook(u, v)

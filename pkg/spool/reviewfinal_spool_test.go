@@ -12,7 +12,8 @@ import (
 // records of the same sizes are appended and acknowledged. The first
 // reader's Commit of its (older) next then falls on a frame boundary of
 // the new file: it must be refused or leave the new records pending,
-// never commit records nobody read.
+// never commit records nobody read. Failed so: it committed them. Now
+// Commit takes only the last Peek's next.
 func TestReviewFinalStaleCommitAfterResetSkipsNewRecords(t *testing.T) {
 	s, err := Open(t.TempDir(), 1<<20)
 	if err != nil {

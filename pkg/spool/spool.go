@@ -413,9 +413,9 @@ func (s *Spool) Skipped() int64 {
 	return s.skipped
 }
 
-// Commit moves the read position to next, as returned by the last Peek
-// (or any frame boundary after the read position). When that is the end
-// of the spool, the file is truncated to nothing. A position
+// Commit moves the read position to next, as returned by the last Peek;
+// any other is refused, the records read again by the next Peek. When
+// that is the end of the spool, the file is truncated to nothing. A position
 // that cannot be saved is removed instead, so that a restart reads again
 // from the start (the same events, which downstream collapses) rather
 // than from a stale one; the error says so, and the spool goes on.
@@ -433,19 +433,13 @@ func (s *Spool) Commit(next int64) error {
 	if next == s.head {
 		return nil
 	}
-	frames := s.peekedFrames
 	if next != s.peeked {
-		// Not Peek's own: a frame boundary at or before it.
-		data := make([]byte, next-s.head)
-		if _, err := s.f.ReadAt(data, s.head); err != nil {
-			return fmt.Errorf("spool: %w", err)
-		}
-		offs, _, valid := scan(data)
-		if valid != int64(len(data)) {
-			return fmt.Errorf("spool: commit to %d is not on a frame boundary", next)
-		}
-		frames = len(offs)
+		// Not the last Peek's: an older one's, or one from before the file
+		// was cut (reset), which could fall on a boundary of records
+		// appended since and skip them.
+		return fmt.Errorf("spool: commit to %d is not the last Peek's (%d)", next, s.peeked)
 	}
+	frames := s.peekedFrames
 	s.head = next
 	s.pending = max(s.pending-frames, 0)
 	s.peeked, s.peekedFrames = 0, 0
