@@ -188,26 +188,7 @@ func TestAttack1202gStaleGrantCloseRefusedWhileAnotherUserFails(t *testing.T) {
 	waitUntil(t, "a resync that failed on V's grant", func() bool { return h.resyncFailsV.Load() >= 1 })
 
 	c := stagePush(u, redisNowMS(t, x.rdb), 2, timeoutevent.ActionClose)
-	var (
-		tries  int
-		last   error
-		res    push.Response
-		status []int
-	)
-	// The consumer pushes again after each refusal; 10s is many of its
-	// retries (50ms doubling to 2s), and past its breaker's 5 in a row.
-	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); {
-		tries++
-		res, last = x.pushGuide(t, c)
-		if last == nil {
-			break
-		}
-		var pe *push.Error
-		if errors.As(last, &pe) {
-			status = append(status, pe.Code)
-		}
-		time.Sleep(min(50*time.Millisecond<<min(tries-1, 10), 2*time.Second)) // the consumer's pace, not an assertion
-	}
+	res, last, tries, status := a1202gPushAsConsumer(t, x, c)
 	if last != nil {
 		t.Fatalf("u's close stage, pushed %d times over 10s, refused every time (HTTP %v; last: %v), while u's last ping is in Redis "+
 			"(the resync wrote it) and u is silent since: only another user's renewals fail (resync owed: %v, u's grant %d). "+
@@ -221,14 +202,25 @@ func TestAttack1202gStaleGrantCloseRefusedWhileAnotherUserFails(t *testing.T) {
 	readClose(t, wsU)
 }
 
-// a1202gUnwrittenPing has u ping on U once more while u's renewal fails:
-// u's grant is unwritten, and with V failing, no resync writes it back.
-func a1202gUnwrittenPing(t *testing.T, h *a1202gFailRenew, wsU *websocket.Conn) {
+// a1202gPushAsConsumer pushes c to x as the guide consumer does, again
+// after each refusal at its pace (50ms doubling to 2s), for 10s at most:
+// many of its retries, and past its breaker's 5 in a row. It returns the
+// last answer, the tries, and the HTTP status of each refusal.
+func a1202gPushAsConsumer(t *testing.T, x *testGateway, c push.Request) (res push.Response, last error, tries int, status []int) {
 	t.Helper()
-	h.failU.Store(true)
-	pingSaying(t, wsU, -1)
-	a1202eUnavailable(t, wsU)
-	h.failU.Store(false)
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); {
+		tries++
+		res, last = x.pushGuide(t, c)
+		if last == nil {
+			break
+		}
+		var pe *push.Error
+		if errors.As(last, &pe) {
+			status = append(status, pe.Code)
+		}
+		time.Sleep(min(50*time.Millisecond<<min(tries-1, 10), 2*time.Second)) // the consumer's pace, not an assertion
+	}
+	return res, last, tries, status
 }
 
 // a1202gPingAfter has u ping on U once more, after deadlineMS by Redis's

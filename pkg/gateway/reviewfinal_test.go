@@ -215,24 +215,7 @@ func TestReviewFinalOtherUsersFailureInBatchKeepsUnwritten(t *testing.T) {
 	waitUntil(t, "a later resync that failed on v's grant", func() bool { return h.resyncFailsV.Load() > n })
 
 	c := stagePush(u, redisNowMS(t, x.rdb), 2, timeoutevent.ActionClose)
-	var (
-		tries  int
-		last   error
-		res    push.Response
-		status []int
-	)
-	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); {
-		tries++
-		res, last = x.pushGuide(t, c)
-		if last == nil {
-			break
-		}
-		var pe *push.Error
-		if errors.As(last, &pe) {
-			status = append(status, pe.Code)
-		}
-		time.Sleep(min(50*time.Millisecond<<min(tries-1, 10), 2*time.Second)) // the consumer's pace, not an assertion
-	}
+	res, last, tries, status := a1202gPushAsConsumer(t, x, c)
 	if last != nil {
 		t.Fatalf("u's close stage, pushed %d times over 10s, refused every time (HTTP %v; last: %v), though every resync wrote u's ping "+
 			"back: the batch's error (v's grant) keeps u's sign negative (grant %d, resync owed %v); the 409 is retried without end",
