@@ -188,7 +188,7 @@ func TestAttack1202gStaleGrantCloseRefusedWhileAnotherUserFails(t *testing.T) {
 	waitUntil(t, "a resync that failed on V's grant", func() bool { return h.resyncFailsV.Load() >= 1 })
 
 	c := stagePush(u, redisNowMS(t, x.rdb), 2, timeoutevent.ActionClose)
-	res, last, tries, status := a1202gPushAsConsumer(t, x, c)
+	res, tries, status, last := a1202gPushAsConsumer(t, x, c)
 	if last != nil {
 		t.Fatalf("u's close stage, pushed %d times over 10s, refused every time (HTTP %v; last: %v), while u's last ping is in Redis "+
 			"(the resync wrote it) and u is silent since: only another user's renewals fail (resync owed: %v, u's grant %d). "+
@@ -206,7 +206,7 @@ func TestAttack1202gStaleGrantCloseRefusedWhileAnotherUserFails(t *testing.T) {
 // after each refusal at its pace (50ms doubling to 2s), for 10s at most:
 // many of its retries, and past its breaker's 5 in a row. It returns the
 // last answer, the tries, and the HTTP status of each refusal.
-func a1202gPushAsConsumer(t *testing.T, x *testGateway, c push.Request) (res push.Response, last error, tries int, status []int) {
+func a1202gPushAsConsumer(t *testing.T, x *testGateway, c push.Request) (res push.Response, tries int, status []int, last error) {
 	t.Helper()
 	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); {
 		tries++
@@ -220,7 +220,7 @@ func a1202gPushAsConsumer(t *testing.T, x *testGateway, c push.Request) (res pus
 		}
 		time.Sleep(min(50*time.Millisecond<<min(tries-1, 10), 2*time.Second)) // the consumer's pace, not an assertion
 	}
-	return res, last, tries, status
+	return res, tries, status, last
 }
 
 // a1202gPingAfter has u ping on U once more, after deadlineMS by Redis's

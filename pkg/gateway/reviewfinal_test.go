@@ -215,7 +215,7 @@ func TestReviewFinalOtherUsersFailureInBatchKeepsUnwritten(t *testing.T) {
 	waitUntil(t, "a later resync that failed on v's grant", func() bool { return h.resyncFailsV.Load() > n })
 
 	c := stagePush(u, redisNowMS(t, x.rdb), 2, timeoutevent.ActionClose)
-	res, last, tries, status := a1202gPushAsConsumer(t, x, c)
+	res, tries, status, last := a1202gPushAsConsumer(t, x, c)
 	if last != nil {
 		t.Fatalf("u's close stage, pushed %d times over 10s, refused every time (HTTP %v; last: %v), though every resync wrote u's ping "+
 			"back: the batch's error (v's grant) keeps u's sign negative (grant %d, resync owed %v); the 409 is retried without end",
