@@ -123,9 +123,9 @@ func Open(dir string, maxBytes int64) (*Spool, error) {
 	return s, nil
 }
 
-// recover finds the intact frames in the file, keeps damaged bytes
-// between them aside, cuts off a torn tail, and restores the read
-// position.
+// recover finds the intact frames in the file (damage between them
+// stays, for Peek to go past), cuts off a torn tail, and restores the
+// read position.
 func (s *Spool) recover() error {
 	data, err := io.ReadAll(s.f)
 	if err != nil {
