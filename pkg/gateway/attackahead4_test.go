@@ -347,7 +347,10 @@ func TestAttackAhead4SkippedChunkLeavesLaterEntries(t *testing.T) {
 	now := redisNowMS(t, tg.rdb)
 	x1 := push.Request{ID: "x1", UID: uid, Text: "Still there?", DeadlineMS: now - 2000, Stage: 1}
 	x2 := push.Request{ID: "x2", UID: uid, Text: "Still there?", DeadlineMS: now - 1000, Stage: 1}
-	y := push.Request{ID: "y", UID: uid, Text: "Still there?", DeadlineMS: now, Stage: 1}
+	// y's deadline is after H's first ping, whose renewal would make a y
+	// of an earlier deadline stale (its user pinged after it) for a take
+	// that a starved host runs after that renewal lands.
+	y := push.Request{ID: "y", UID: uid, Text: "Still there?", DeadlineMS: now + 60_000, Stage: 1}
 	tg.mustPush(t, x1, push.Delivered)
 	tg.mustPush(t, x2, push.Delivered)
 	tg.mustPush(t, y, push.Queued) // H's hold is full
