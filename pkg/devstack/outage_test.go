@@ -463,7 +463,11 @@ func checkOutageGuides(t *testing.T, r *faultRig, users []*chatUser, faultAt, re
 		if g.At.Before(low.Add(-50 * time.Millisecond)) {
 			t.Errorf("%s guided at %s, %v before its deadline; %s", u.uid, rel(g.At), low.Sub(g.At), stats)
 		}
-		bound := later(recovered.Add(faultGrace), high).Add(2 * time.Second)
+		// Two and a half seconds past the grace: a busy CI host guided a
+		// cluster failover's silent users all at once 10-29 ms past two
+		// (the outage's recorded end and the held timeouts' release both
+		// wait on the starved host).
+		bound := later(recovered.Add(faultGrace), high).Add(2500 * time.Millisecond)
 		if g.At.Before(faultAt) {
 			// Before the fault (the fault waits for the silent-before
 			// users' guides): how late is the starved machine's, not the
