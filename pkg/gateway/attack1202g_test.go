@@ -223,7 +223,11 @@ func a1202gPushAsConsumer(t *testing.T, x *testGateway, c push.Request) (res pus
 		if errors.As(last, &pe) {
 			status = append(status, pe.Code)
 		}
-		time.Sleep(min(50*time.Millisecond<<min(tries-1, 10), 2*time.Second)) // the consumer's pace, not an assertion
+		// Real time must pass: the refusal is tried over the consumer's
+		// own retry schedule, as long as it would keep it up. Not an
+		// assertion; no condition to wait on (nothing changes between
+		// tries but the clock).
+		time.Sleep(min(50*time.Millisecond<<min(tries-1, 10), 2*time.Second))
 	}
 	return res, tries, status, last
 }

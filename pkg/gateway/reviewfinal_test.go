@@ -153,9 +153,7 @@ func TestReviewFinalPingDuringResyncMarkedWritten(t *testing.T) {
 	}
 	// Redis took ping 1; the resync has not turned any sign yet.
 	deadline := redisNowMS(t, x.rdb)
-	for redisNowMS(t, x.rdb) <= deadline {
-		time.Sleep(time.Millisecond) // ping 2 strictly after D, not an assertion
-	}
+	waitUntil(t, "Redis's clock past D, for ping 2 strictly after it", func() bool { return redisNowMS(t, x.rdb) > deadline })
 	h.failU.Store(true) // ping 2's renewal fails, and any resync of u after
 	at1 := cU.pingAt.Load()
 	pingSaying(t, wsU, -1) // ping 2
