@@ -4,9 +4,14 @@ GO ?= go
 # "context deadline exceeded", when the deadline races a busy worker
 # (go.dev/issue/75804, fixed in Go 1.27). 50000 inputs take 1-6 s each here.
 FUZZTIME ?= 50000x
+# The targets that write, open and sync a spool's files for every input
+# run at tens to hundreds of inputs a second, not thousands: 50000 took
+# about 5 minutes each on a fresh machine. They get fewer inputs.
+FUZZ_FILE_TARGETS = FuzzOpenRecovery FuzzDamageBeforeFrames
+FUZZTIME_FILES ?= 1000x
 
 .DEFAULT_GOAL := help
-.PHONY: help run test test-busy fuzz lint bench deps smoke chart web nemesis nemesis-ci
+.PHONY: help run test test-busy fuzz lint bench bench-smoke deps smoke chart web rules nemesis nemesis-ci
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -14,27 +19,28 @@ help: ## list the targets
 run: deps ## run the whole pipeline: redis-server, embedded Kafka, the three services
 	$(GO) run ./dev
 
-test: deps lint chart ## vet, lint and render the chart, every test with -race, short fuzzing, the k6 smoke test, the browser tests, the canary's alert rules
-	# The dev stack's package runs about 10 minutes beside CPU hogs: more
-	# than go test's default limit per package.
-	STILLTHERE_REQUIRE_HELM=1 PATH="$$($(GO) env GOPATH)/bin:$$PATH" $(GO) test -race -count=1 -timeout 25m ./...
-	# The gateway's suite again with a goroutine per connection, the read
-	# mode of other platforms (the run above is in epoll mode, Linux's).
-	STILLTHERE_READ_MODE=goroutine $(GO) test -race -count=1 ./pkg/gateway/
-	$(MAKE) --no-print-directory fuzz
-	$(MAKE) --no-print-directory smoke
-	$(MAKE) --no-print-directory web
-	$(MAKE) --no-print-directory rules
-
+test: deps ## vet, lint and render the chart, every test with -race, short fuzzing, the k6 smoke test, the browser tests, the canary's alert rules, the benchmark at small scale (about 30 minutes on two cores)
+	# Each stage's steps run together, each step's output when it ends
+	# (-O). Lint and the chart mostly build (staticcheck, helm) and
+	# download modules.
+	$(MAKE) --no-print-directory -j2 -O lint chart
+	# Every package with -race, the gateway's suite in both read modes
+	# beside the others (dev/gotest.sh says why).
+	PATH="$$($(GO) env GOPATH)/bin:$$PATH" GO=$(GO) ./dev/gotest.sh
+	# Fuzzing keeps both cores busy; the rest mostly wait on stacks of
+	# their own: k6, a browser, promtool, the benchmark's processes.
+	$(MAKE) --no-print-directory -j5 -O fuzz smoke web rules bench-smoke
 test-busy: ## make test beside a CPU hog on every core (dev/busy-test.sh: stress-ng, or shell busy loops), stopped after; prints how long it took
 	./dev/busy-test.sh $(MAKE) --no-print-directory test
 
-fuzz: ## run each fuzz target for FUZZTIME (default 50000x: inputs, not seconds)
+fuzz: ## run each fuzz target for FUZZTIME (default 50000x: inputs, not seconds); the spool's file-writing ones for FUZZTIME_FILES (1000x)
 	@grep -rlE '^func Fuzz' --include='*_test.go' . | sort | while read -r file; do \
 		dir=$$(dirname "$$file"); \
 		for target in $$(grep -oE '^func Fuzz[A-Za-z0-9_]+' "$$file" | sed 's/^func //'); do \
-			echo "fuzz $$dir $$target"; \
-			$(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) "$$dir" || exit 1; \
+			n=$(FUZZTIME); \
+			case " $(FUZZ_FILE_TARGETS) " in *" $$target "*) n=$(FUZZTIME_FILES);; esac; \
+			echo "fuzz $$dir $$target ($$n)"; \
+			$(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $$n "$$dir" || exit 1; \
 		done; \
 	done
 
@@ -52,10 +58,16 @@ lint: ## gofmt, go vet and staticcheck (pinned, built the first time)
 BENCH_CMDS = ./gateway ./loadtest/wsload ./loadtest/guidebench ./loadtest/bench ./loadtest/detectbench ./loadtest/outagebench ./loadtest/activitybench
 BENCH_OUT ?= bench
 
-bench: deps ## benchmark into bench/report.md and report.json (about 12 min), then micro-benchmarks; QUICK=1: small scale, about 3 min, no micro-benchmarks
+bench: deps ## benchmark into bench/report.md and report.json (about 12 min), then micro-benchmarks; QUICK=1: small scale, about 6 min, no micro-benchmarks
 	$(GO) build -o bin/ $(BENCH_CMDS)
 	bin/bench -bin bin -out $(BENCH_OUT) $(if $(QUICK),-quick)
 	$(if $(QUICK),,$(GO) test -run '^$$' -bench . -benchmem -count 1 ./pkg/... | tee bench/micro.txt)
+
+bench-smoke: deps ## the benchmark at small scale as a smoke test, as make test runs it: fails on a lost or doubled guide or a failed step, never on timing; its report goes to a temporary directory, not over bench/
+	@out=$$(mktemp -d) && \
+		$(MAKE) --no-print-directory bench QUICK=1 BENCH_OUT="$$out" && \
+		test -s "$$out/report.md" && test -s "$$out/report.json" && \
+		echo "bench-smoke: the report is in $$out" || { echo "bench-smoke: failed; its report, if any, is in $$out"; exit 1; }
 
 # The fault-schedule suite's length and seed: a number replays a schedule,
 # "random" draws one (printed first).

@@ -14,12 +14,18 @@ PROMTOOL_VERSION=v0.316.0
 GOBIN="$(go env GOPATH)/bin"
 export PATH="$GOBIN:$PATH"
 
+# One install at a time: CI starts one in the background, and make test's
+# rules step may reach here while it builds; the second waits for it.
+mkdir -p "$GOBIN"
+exec 9>"$GOBIN/.promtool-install.lock"
+flock 9
 if ! command -v promtool >/dev/null 2>&1 || ! go version -m "$(command -v promtool)" | grep -q "mod[[:space:]]*github.com/prometheus/prometheus[[:space:]]*$PROMTOOL_VERSION"; then
 	echo "installing promtool $PROMTOOL_VERSION into $GOBIN (a few minutes, the first time)"
 	# Without the service discoveries (their cloud SDKs are most of the
 	# build): rule tests need none.
 	GOBIN="$GOBIN" go install -tags remove_all_sd "github.com/prometheus/prometheus/cmd/promtool@$PROMTOOL_VERSION"
 fi
+flock -u 9
 if [ "${1:-}" = install ]; then
 	exit 0
 fi

@@ -49,7 +49,7 @@ import (
 func main() {
 	bin := flag.String("bin", "bin", "directory with the gateway, wsload, guidebench, detectbench and outagebench binaries")
 	out := flag.String("out", "bench", "directory for report.md and report.json")
-	quick := flag.Bool("quick", false, "every step at small scale (about 3 minutes), for CI")
+	quick := flag.Bool("quick", false, "every step at small scale (about 6 minutes), for CI")
 	steps := flag.String("steps", strings.Join(allSteps, ","), "comma-separated steps to run")
 	var over connOverride
 	flag.IntVar(&over.conns, "conns", 0, "step 1: connections to hold (0: the step's scale)")
