@@ -30,6 +30,7 @@ test: deps ## vet, lint and render the chart, every test with -race, short fuzzi
 	# Fuzzing keeps both cores busy; the rest mostly wait on stacks of
 	# their own: k6, a browser, promtool, the benchmark's processes.
 	$(MAKE) --no-print-directory -j5 -O fuzz smoke web rules bench-smoke
+
 test-busy: ## make test beside a CPU hog on every core (dev/busy-test.sh: stress-ng, or shell busy loops), stopped after; prints how long it took
 	./dev/busy-test.sh $(MAKE) --no-print-directory test
 

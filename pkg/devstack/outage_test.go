@@ -272,6 +272,11 @@ const (
 	groupBack         = "back"          // loses its connection to the fault, comes back within the grace
 )
 
+// faultLead is how long before the fault the users whose plans are the
+// fault's join: a dial and a ping on a starved host, and the silent-late
+// users' one ping a second before the fault.
+const faultLead = 2 * time.Second
+
 func testOutage(t *testing.T, f outageFault, period time.Duration) *faultRig {
 	if f.needs != "" {
 		if _, err := exec.LookPath(f.needs); err != nil {
@@ -283,34 +288,17 @@ func testOutage(t *testing.T, f outageFault, period time.Duration) *faultRig {
 	r := newFaultRig(t, opts)
 	c := newCrowd(r, period)
 	start := time.Now()
-	// Silent-before users are guided before the fault starts.
-	faultAt := start.Add(faultTTL + faultJitter + 1500*time.Millisecond)
 	for range 20 {
 		c.add(groupActive, true, pingWindow{from: start})
 	}
 	for i := range 6 {
 		c.add(groupSilentBefore, i%2 == 0, pingWindow{from: start, until: start})
 	}
-	for i := range 6 {
-		at := faultAt.Add(-time.Second)
-		c.add(groupSilentLate, i%2 == 0, pingWindow{from: at, until: at})
-	}
-	for i := range 10 {
-		c.add(groupSilentDuring, i%2 == 0, pingWindow{from: start, until: faultAt})
-	}
-	if f.killsGateways {
-		back := faultAt.Add(f.lasts + time.Second)
-		for range 6 {
-			c.add(groupBack, false, pingWindow{from: start, until: faultAt}, pingWindow{from: back})
-		}
-	}
-
-	// Real time: the fault starts on schedule, or just before the
-	// active users' next pings, to the millisecond a poll would miss.
-	time.Sleep(time.Until(faultAt))
 	// Silent-before users are guided before the fault: a starved listener
 	// may be that far behind, and a fault that loses Redis's data would
-	// then lose their silences, not yet found, with it.
+	// then lose their silences, not yet found, with it. Real time: their
+	// deadlines are a TTL away.
+	time.Sleep(time.Until(start.Add(faultTTL + faultJitter)))
 	waitCond(t, 10*time.Second, "every silent-before user guided before the fault", func() bool {
 		for _, u := range c.users {
 			if u.group == groupSilentBefore && len(r.hook.Guides(u.uid)) == 0 {
@@ -319,6 +307,29 @@ func testOutage(t *testing.T, f outageFault, period time.Duration) *faultRig {
 		}
 		return true
 	})
+	// The users whose plans are the fault's join now, so that a host
+	// starved enough to guide those late moves the fault and their plans
+	// together: planned before the wait, they stopped pinging before a
+	// fault that began late, and their deadlines lapsed before it, in
+	// time Redis and the gateways had.
+	faultAt := time.Now().Add(faultLead)
+	for i := range 6 {
+		at := faultAt.Add(-time.Second)
+		c.add(groupSilentLate, i%2 == 0, pingWindow{from: at, until: at})
+	}
+	now := time.Now()
+	for i := range 10 {
+		c.add(groupSilentDuring, i%2 == 0, pingWindow{from: now, until: faultAt})
+	}
+	if f.killsGateways {
+		back := faultAt.Add(f.lasts + time.Second)
+		for range 6 {
+			c.add(groupBack, false, pingWindow{from: now, until: faultAt}, pingWindow{from: back})
+		}
+	}
+	// Real time: the fault starts on schedule, or just before the
+	// active users' next pings, to the millisecond a poll would miss.
+	time.Sleep(time.Until(faultAt))
 	if f.atPings {
 		time.Sleep(time.Until(c.nextPings(groupActive).Add(-50 * time.Millisecond)))
 	}
