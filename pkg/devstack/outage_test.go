@@ -296,10 +296,9 @@ func testOutage(t *testing.T, f outageFault, period time.Duration) *faultRig {
 	}
 	// Silent-before users are guided before the fault: a starved listener
 	// may be that far behind, and a fault that loses Redis's data would
-	// then lose their silences, not yet found, with it. Real time: their
-	// deadlines are a TTL away.
-	time.Sleep(time.Until(start.Add(faultTTL + faultJitter)))
-	waitCond(t, 10*time.Second, "every silent-before user guided before the fault", func() bool {
+	// then lose their silences, not yet found, with it. Their deadlines
+	// are a TTL away.
+	waitCond(t, faultTTL+faultJitter+10*time.Second, "every silent-before user guided before the fault", func() bool {
 		for _, u := range c.users {
 			if u.group == groupSilentBefore && len(r.hook.Guides(u.uid)) == 0 {
 				return false
