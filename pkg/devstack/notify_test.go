@@ -35,7 +35,7 @@ func TestOutageNotifies(t *testing.T) {
 		f.opts.Policy = notifyOnly
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			r := testOutage(t, f, outagePeriods[0].period)
+			r := testOutage(t, f, outagePeriods(f)[0].period)
 			for _, uid := range r.hook.Users() {
 				for _, g := range r.hook.Guides(uid) {
 					if g.Action != timeoutevent.ActionNotify || g.Text != "" || !g.Final || g.Reason != timeoutevent.ReasonNotify {

@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stillthere/stillthere/pkg/chatsim"
+	"github.com/stillthere/stillthere/pkg/gateway"
 	"github.com/stillthere/stillthere/pkg/guide/guidetest"
 	"github.com/stillthere/stillthere/pkg/redisserver"
 	"github.com/stillthere/stillthere/pkg/session"
@@ -54,6 +55,12 @@ type outageFault struct {
 	// killsGateways means clients lose their connections and cannot
 	// connect until recovery: some come back within the grace.
 	killsGateways bool
+	// stopsBeats means the gateways' heartbeats stop with the fault (they
+	// die, or lose Redis): users who pinged just before it, their
+	// renewals not yet written, are held once the listener finds a
+	// heartbeat missed. Its thinnest ping period leaves the clients the
+	// least margin that covers (gateway.PingMargin).
+	stopsBeats bool
 	// atPings starts the fault just before the active users' next pings,
 	// the worst moment for a stall: their renewals wait through it.
 	atPings bool
@@ -97,8 +104,9 @@ var outageFaults = []outageFault{
 		},
 	},
 	{
-		name:  "gateways-cut-from-redis",
-		lasts: faultLength,
+		name:       "gateways-cut-from-redis",
+		lasts:      faultLength,
+		stopsBeats: true,
 		inject: func(t *testing.T, r *faultRig) (func(), string) {
 			gws := r.liveGateways()
 			for _, g := range gws {
@@ -115,6 +123,7 @@ var outageFaults = []outageFault{
 		name:          "every-gateway-killed",
 		lasts:         faultLength,
 		killsGateways: true,
+		stopsBeats:    true,
 		inject: func(t *testing.T, r *faultRig) (func(), string) {
 			n := len(r.liveGateways())
 			r.killGateways()
@@ -234,13 +243,25 @@ func startCPUHogs(t *testing.T, n int) func() {
 // the gateways' renewals can tell.
 const masterPause = 900 * time.Millisecond
 
-// Ping periods, as a ratio of the TTL.
-var outagePeriods = []struct {
+// outagePeriod is a ping period the faults are staged at.
+type outagePeriod struct {
 	name   string
 	period time.Duration
-}{
-	{"ping-every-quarter-TTL", faultTTL / 4},
-	{"ping-every-three-quarters-TTL", faultTTL * 3 / 4},
+}
+
+// outagePeriods are the ping periods fault f is staged at: a quarter of
+// the TTL, and the thinnest margin it is meant to cover. While heartbeats
+// go on, that is three quarters of the TTL: a renewal held up is
+// recorded as the gateway's outage within stallAfter (250 ms here). A
+// fault that stops them needs the margin gateway.PingMargin gives (0.7
+// s at these heartbeats), and 100 ms for the record of a renewal held
+// up to land on a starved host.
+func outagePeriods(f outageFault) []outagePeriod {
+	thin := outagePeriod{"ping-every-three-quarters-TTL", faultTTL * 3 / 4}
+	if f.stopsBeats {
+		thin = outagePeriod{"ping-at-the-least-margin", faultTTL - gateway.PingMargin(heartbeatInterval) - 100*time.Millisecond}
+	}
+	return []outagePeriod{{"ping-every-quarter-TTL", faultTTL / 4}, thin}
 }
 
 // TestOutageGuides stages each fault at two ratios of ping period to TTL,
@@ -253,7 +274,7 @@ func TestOutageGuides(t *testing.T) {
 	for _, f := range slices.Concat(outageFaults, starvationFaults) {
 		t.Run(f.name, func(t *testing.T) {
 			t.Parallel()
-			for _, p := range outagePeriods {
+			for _, p := range outagePeriods(f) {
 				t.Run(p.name, func(t *testing.T) {
 					t.Parallel()
 					testOutage(t, f, p.period)

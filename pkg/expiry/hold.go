@@ -32,10 +32,15 @@ import (
 //     a user who was there has reconnected to another instance and pinged
 //     by then (a client leaves an instance that does not answer its ping
 //     within its pong timeout, a quarter of the TTL by default: one frozen
-//     or cut off keeps its connections open). A missed heartbeat is enough, so that an instance cut from
-//     Redis is known before the first deadline its users could not renew
-//     falls due: the lease need only be shorter than the shortest TTL
-//     less the clients' ping period.
+//     or cut off keeps its connections open). A missed heartbeat is
+//     enough, so that an instance cut from Redis is known before the
+//     first deadline its users could not renew falls due, as long as the
+//     clients' margin (the shortest TTL less their ping period) is above
+//     gateway.PingMargin: a heartbeat interval and session.BeatSlack for
+//     the miss to show, and the gateway's stall bound for a renewal that
+//     died with it unwritten. A thinner margin is outside what this rule
+//     covers: such a user, whose instance died within it, is judged
+//     before the miss shows.
 //   - While no gateway instance is alive at all, every deadline since the
 //     last one was seen alive is held, until the grace after one is back.
 //   - Where the platform's servers feed activity through the activity
@@ -92,7 +97,7 @@ func outageHold(c session.Control, e session.Expired, grace time.Duration) outag
 	}
 	for _, name := range instances {
 		inst, ok := c.Instances[name]
-		if !ok || !missedBeat(inst, c.Now) {
+		if !ok || !inst.MissedBeat(c.Now) {
 			continue
 		}
 		if !d.Before(inst.Last.Add(-inst.Lease)) && !d.After(inst.Last.Add(grace)) {
@@ -176,15 +181,6 @@ const stampSlack = 50 * time.Millisecond
 // activity feed on its cadence, for a stamp due to land any moment: one
 // later than that is waited for a stamp longer (activityRelease).
 const holdFloor = 25 * time.Millisecond
-
-// beatSlack is how late a heartbeat may be before it counts as missed.
-const beatSlack = 250 * time.Millisecond
-
-// missedBeat reports whether a gateway instance is dead, or late with the
-// heartbeat it sends every third of its lease.
-func missedBeat(inst session.Instance, now time.Time) bool {
-	return !inst.AliveAt(now) || now.After(inst.Last.Add(inst.Lease/3+beatSlack))
-}
 
 // fleetDown reports whether gateway instances are known and none is alive,
 // and since when: the last heartbeat of the newest, less its lease.

@@ -243,6 +243,47 @@ func TestDeadGatewayHolds(t *testing.T) {
 	}
 }
 
+// TestDeadGatewayHoldsAtTheMargin: the listener's half of the clients'
+// least margin (gateway.PingMargin). A gateway instance dies, and a user
+// of its has a deadline just past the moment its missed heartbeat shows,
+// a heartbeat interval and session.BeatSlack after its last: the user
+// pinged a margin before it, and the ping's renewal died with the
+// instance. The listener finds the deadline lapsed while the instance may
+// still look alive, and must hold it, not judge it, until the grace after
+// the last heartbeat. Another instance lives throughout, so that the
+// fleet-down rule does not cover it.
+func TestDeadGatewayHoldsAtTheMargin(t *testing.T) {
+	t.Parallel()
+	const lease = 600 * time.Millisecond // a heartbeat every 200 ms
+	h := newHarness(t)
+	h.heartbeat("gw-live", lease)
+	stopDying := h.heartbeat("gw-dying", lease)
+	stop := h.start(h.config(ModeSweep))
+	defer stop()
+	stopDying()
+	if _, err := h.store.Heartbeat(context.Background(), "gw-dying", lease); err != nil {
+		t.Fatal(err)
+	}
+	// Its last heartbeat, by Redis's clock, is no later than this.
+	last := h.redisNow()
+	target := last.Add(lease/3 + session.BeatSlack + 30*time.Millisecond)
+	// The deadline the user's last written renewal gave, as if written
+	// before the death: a renewal via the dead instance now writes the
+	// same entry. At target or after it.
+	g := h.renewVia("gw-dying", "pinged", max(target.Sub(h.redisNow()), time.Millisecond))
+	if g.deadline.After(last.Add(testGrace - time.Second)) {
+		t.Skipf("the host was too slow to place the deadline near the death: %v after the last heartbeat", g.deadline.Sub(last))
+	}
+	h.waitProduced(1)
+	h.sweptPast(h.redisNow()) // and nothing more
+	evs := h.events()
+	checkExactlyOnce(t, evs, map[string]grant{"pinged": g}, timeoutevent.SourceSweep)
+	if at := detectedAt(evs)["pinged"]; at.Before(last.Add(testGrace - 200*time.Millisecond)) {
+		t.Errorf("produced at %v, %v after the deadline and before the grace after its gateway's last heartbeat (%v)",
+			at, at.Sub(g.deadline), last.Add(testGrace))
+	}
+}
+
 // TestFleetDownHolds: no gateway instance is alive (all killed, or cut
 // from Redis). Every timeout waits until one is back, plus the grace.
 func TestFleetDownHolds(t *testing.T) {

@@ -84,9 +84,6 @@ type guardState struct {
 	blind     []session.BlindInterval
 }
 
-// beatSlackOfListener is the listener's allowance for a late heartbeat.
-const beatSlackOfListener = 250 * time.Millisecond
-
 func readGuard(t *testing.T, admin *redis.Conn, ks session.Keyspace, instance string) guardState {
 	t.Helper()
 	ctx := context.Background()
@@ -118,7 +115,7 @@ func readGuard(t *testing.T, admin *redis.Conn, ks session.Keyspace, instance st
 // holds reports whether the listener would hold a timeout of this
 // instance's user due at d, and why.
 func (g guardState) holds(d time.Time) (bool, string) {
-	missed := g.lease == 0 || g.now.After(g.last.Add(g.lease)) || g.now.After(g.last.Add(g.lease/3+beatSlackOfListener))
+	missed := g.lease == 0 || g.now.After(g.last.Add(g.lease)) || g.now.After(g.last.Add(g.lease/3+session.BeatSlack))
 	if missed && !d.Before(g.last.Add(-g.lease)) {
 		return true, "missed heartbeat"
 	}

@@ -394,7 +394,8 @@ func (g *Gateway) Run(ctx context.Context) error {
 		IdleTimeout:       g.cfg.pushIdleTimeout(),
 		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 	}
-	g.log.Info("gateway listening", "public", g.PublicAddr().String(), "push", g.PushAddr().String(), "instance", g.instance)
+	g.log.Info("gateway listening", "public", g.PublicAddr().String(), "push", g.PushAddr().String(), "instance", g.instance,
+		"least_ping_margin", PingMargin(g.cfg.HeartbeatInterval))
 
 	eg.Go(func() error { g.listen(ctx, g.sub); return nil })
 	eg.Go(func() error { g.pingAll(ctx); return nil })

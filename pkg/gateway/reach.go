@@ -78,12 +78,28 @@ const (
 // stallAfter is how long a renewal round trip may hold its renewals
 // before it counts as an outage: a heartbeat interval, within [stallFloor,
 // slowFlush]. The listener takes an instance whose heartbeat is that late
-// for dead, and operators keep the lease (three intervals) under the
-// shortest TTL less the clients' ping period; so a round trip that hangs
-// is recorded, like a missed heartbeat, before the first deadline it
-// holds up lapses.
+// for dead, and operators keep the clients' margin (the shortest TTL less
+// their ping period) above PingMargin; so a round trip that hangs is
+// recorded, like a missed heartbeat, before the first deadline it holds
+// up lapses.
 func stallAfter(heartbeat time.Duration) time.Duration {
 	return min(slowFlush, max(heartbeat, stallFloor))
+}
+
+// PingMargin is the least time before their deadline that clients must
+// ping for the promise to hold when their gateway instance, heartbeating
+// every heartbeat, dies or is cut from Redis just after their ping came,
+// its renewal not yet written. The listener holds a dead instance's users
+// from the moment it finds a heartbeat missed, at most an interval and
+// session.BeatSlack after the last one; until then the instance looks
+// alive and a deadline is judged as any. A renewal that waits longer than
+// stallAfter is recorded as the instance's outage while it lives, so only
+// a wait shorter than that is lost with the process. A client whose ping
+// period is shorter than the shortest TTL less this margin is safe: with
+// the defaults (1 s) 2.25 s, within the lease of three intervals; at
+// intervals under stallFloor the margin exceeds the lease.
+func PingMargin(heartbeat time.Duration) time.Duration {
+	return heartbeat + session.BeatSlack + stallAfter(heartbeat)
 }
 
 // reach is what the gateway knows of its own reach to Redis. The renewer's

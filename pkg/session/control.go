@@ -185,6 +185,18 @@ func (i Instance) AliveAt(now time.Time) bool {
 	return i.Lease > 0 && !now.Truncate(time.Millisecond).After(i.Last.Add(i.Lease))
 }
 
+// BeatSlack is how late a heartbeat may be before the listener counts it
+// as missed: a busy host's heartbeat comes a tenth of a second late now
+// and then, and a missed one holds the instance's users for the grace.
+const BeatSlack = 250 * time.Millisecond
+
+// MissedBeat reports whether the instance is dead at now, or late with
+// the heartbeat it sends every third of its lease: the listener then
+// holds its users' deadlines near its last heartbeat (pkg/expiry).
+func (i Instance) MissedBeat(now time.Time) bool {
+	return !i.AliveAt(now) || now.After(i.Last.Add(i.Lease/3+BeatSlack))
+}
+
 // SweepMark is what the listener asks of the control keys after a
 // complete sweep.
 type SweepMark struct {
