@@ -288,10 +288,15 @@ func testLaggingConsumer(t *testing.T, sender string) {
 			leave(t, u.conn)
 		}
 	}
-	if time.Since(failedAt) > lagOutage-time.Second {
-		t.Fatalf("users came back %v into the outage; the test needs them back while it lasts", time.Since(failedAt))
+	// The test needs them back while the outage lasts: on a starved host
+	// bringing them back takes most of it, and it then lasts a second
+	// past the last one.
+	healAt := failedAt.Add(lagOutage)
+	if back := time.Now().Add(time.Second); back.After(healAt) {
+		t.Logf("users came back %v into the outage (a slow host): it lasts until a second after", time.Since(failedAt))
+		healAt = back
 	}
-	time.Sleep(time.Until(failedAt.Add(lagOutage))) // real time: the outage lasts this long
+	time.Sleep(time.Until(healAt)) // real time: the outage lasts this long
 	heal()
 	healed = true
 	healedAt := time.Now()

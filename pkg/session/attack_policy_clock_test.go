@@ -64,13 +64,18 @@ func TestAttackPolicyTurnForgottenBetweenLongStages(t *testing.T) {
 	const ttl = time.Minute
 	const closeAfter = 3 * time.Hour
 	const back = 150 * time.Minute // after the deadline, before the close
+	const silence = 100 * time.Millisecond // the TTL the user went silent on
 	uid := "attack-policy-longstage"
-	apply(t, s, ev(uid, ActivityTurnUser, ttl).clock(ClockTurn))
-	deadline := score(t, s, uid)
-	now := redisNow(t, s.rdb)
-	if !near(deadline, now.Add(ttl), 2*time.Second) {
-		t.Fatalf("after a turn to the user: deadline in %v, want %v", deadline.Sub(now), ttl)
+	apply(t, s, ev(uid, ActivityTurnUser, silence).clock(ClockTurn))
+	// The reminder goes, and the close is due closeAfter later: the user
+	// is between the stages of their silence.
+	first := dueOne(t, s, uid, 5*time.Second, sweepAll(s))
+	deadline := first.Deadline
+	first.NextDue = first.Due.Add(closeAfter)
+	if err := s.Settle(ctx, []Expired{first}); err != nil {
+		t.Fatal(err)
 	}
+	now := redisNow(t, s.rdb)
 	left, err := s.rdb.PTTL(ctx, s.ks.TurnKey(uid)).Result()
 	if err != nil {
 		t.Fatal(err)

@@ -1,3 +1,8 @@
+-- The previous release's layout (the segments and via hashes written on
+-- every grant, the segment read from the hash), with this release's turn
+-- rules (a wait for a first turn that the presence clock meets is given
+-- up; a user between stages had the turn), so that the two differ only
+-- in the layout.
 -- The grant of a session, with the turn state that may park it, shared
 -- by renew.lua and activity.lua; and the end of a session, shared by
 -- end.lua and activity.lua. k names the KEYS index of each of one user's
@@ -53,6 +58,17 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   if was == nil then was = tonumber(redis.call('GET', KEYS[k.renewed]) or '0') end
   if turn == nil then turn = redis.call('GET', KEYS[k.turn]) end
   local empty = k.empty or none
+  -- A wait for a first turn is the turn clock's. Once the segment is on
+  -- the presence clock, the user's activity counts from now: the park the
+  -- wait gave is given up, as a turn to the user gives it up, and the
+  -- wait is over (a ping on a gateway that had not yet picked the change
+  -- up may have parked them again). A resync restores what a ping gave
+  -- then, and leaves the wait to the user's next activity.
+  if not unpark and not resync and turn and clock ~= V.clockTurn and decodeTurn(turn) == V.wait then
+    unpark = true
+    redis.call('DEL', KEYS[k.turn])
+    turn = false
+  end
   -- The user's stage entry, read once: whether they are between stages
   -- (below), and the stages a note says were cancelled (at the end).
   local stv = false
@@ -102,6 +118,16 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   end
   local own = (from or now) + ttl
   local deadline = own
+  -- A user between the stages of a silence had the turn, or no silence
+  -- would have counted on the turn clock. Their turn state is kept only
+  -- as long as a renewal is remembered past the deadline, and a stage may
+  -- come a day after the one before: one found gone is written again as
+  -- theirs (since unknown), so that their ping is not parked as a first
+  -- one's.
+  if staged and not turn and clock == V.clockTurn then
+    turn = encodeTurn(V.user, 0, 0)
+    redis.call('SET', KEYS[k.turn], turn)
+  end
   local held, waits = heldUntil(turn, clock, now, maxHold)
   if held then deadline = held + ttl end
   -- A park given up is given up for what the user's last activity, on
