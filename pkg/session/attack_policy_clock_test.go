@@ -63,7 +63,7 @@ func TestAttackPolicyTurnForgottenBetweenLongStages(t *testing.T) {
 	s, ctx := newStore(t)
 	const ttl = time.Minute
 	const closeAfter = 3 * time.Hour
-	const back = 150 * time.Minute // after the deadline, before the close
+	const back = 150 * time.Minute         // after the deadline, before the close
 	const silence = 100 * time.Millisecond // the TTL the user went silent on
 	uid := "attack-policy-longstage"
 	apply(t, s, ev(uid, ActivityTurnUser, silence).clock(ClockTurn))
