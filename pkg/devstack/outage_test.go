@@ -253,7 +253,7 @@ type outagePeriod struct {
 // the TTL, and the thinnest margin it is meant to cover. While heartbeats
 // go on, that is three quarters of the TTL: a renewal held up is
 // recorded as the gateway's outage within stallAfter (250 ms here). A
-// fault that stops them needs the margin gateway.PingMargin gives (0.7
+// fault that stops them needs the margin gateway.PingMargin gives (0.76
 // s at these heartbeats), and 100 ms for the record of a renewal held
 // up to land on a starved host.
 func outagePeriods(f outageFault) []outagePeriod {

@@ -93,13 +93,16 @@ func stallAfter(heartbeat time.Duration) time.Duration {
 // from the moment it finds a heartbeat missed, at most an interval and
 // session.BeatSlack after the last one; until then the instance looks
 // alive and a deadline is judged as any. A renewal that waits longer than
-// stallAfter is recorded as the instance's outage while it lives, so only
-// a wait shorter than that is lost with the process. A client whose ping
-// period is shorter than the shortest TTL less this margin is safe: with
-// the defaults (1 s) 2.25 s, within the lease of three intervals; at
+// stallAfter is recorded as the instance's outage before the next
+// heartbeat is sent (see beat), so only a wait shorter than that, and
+// the time that heartbeat takes to land, is lost with the process: a
+// quarter of stallAfter is allowed for it. A client whose ping period is
+// shorter than the shortest TTL less this margin is safe: with the
+// defaults (1 s) 2.5 s, within the lease of three intervals; at
 // intervals under stallFloor the margin exceeds the lease.
 func PingMargin(heartbeat time.Duration) time.Duration {
-	return heartbeat + session.BeatSlack + stallAfter(heartbeat)
+	stall := stallAfter(heartbeat)
+	return heartbeat + session.BeatSlack + stall + stall/4
 }
 
 // reach is what the gateway knows of its own reach to Redis. The renewer's
@@ -472,6 +475,14 @@ func (g *Gateway) heartbeat(ctx context.Context) {
 func (g *Gateway) beat(ctx context.Context) {
 	bctx, cancel := context.WithTimeout(ctx, g.lease())
 	defer cancel()
+	// A renewal round trip that has held its renewals for longer than
+	// stallAfter is recorded before a heartbeat says this instance lives:
+	// the record loop looks only every quarter of that, and a heartbeat
+	// landing in between, the instance dying before the record, would
+	// keep the listener from holding its users (see PingMargin).
+	if g.reach.watch() {
+		g.recordOngoing(bctx)
+	}
 	sent := time.Now()
 	b, err := g.ctl.Heartbeat(bctx, g.instance, g.lease())
 	if err != nil && ctx.Err() != nil {
