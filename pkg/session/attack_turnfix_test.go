@@ -137,8 +137,11 @@ func TestAttackTurnFixResyncKeepsPark(t *testing.T) {
 	if _, err := r.Renew(ctx, uid, DefaultSegment, ttl, ClockTurn); err != nil {
 		t.Fatal(err)
 	}
-	// The ping in the outage, a second ago, granted the TTL then.
+	// The ping in the outage, a second ago, granted the TTL then: after
+	// the park (a resync of a ping older than a renewal Redis knows of
+	// restores nothing).
 	const ago = time.Second
+	redisPast(t, s.rdb, redisNow(t, s.rdb).Add(ago+500*time.Millisecond))
 	if _, err := r.Resync(ctx, []Grant{{UID: uid, Segment: DefaultSegment, Left: ttl - ago, Ago: ago, Clock: ClockPresence}}); err != nil {
 		t.Fatal(err)
 	}

@@ -208,8 +208,15 @@ var turnVocab = turnWords{Resync: modeResync, Lapsed: modeLapsed, ClockTurn: str
 // orders: an event older than the end is stale, so a turn sent before
 // the end cannot bring the conversation back. The wait state records the
 // park, so that a turn to the user ends it whatever the segment's clock
-// is by then (the operator may have switched it to presence).
-var turnFormat = newFormat("Turn", ":", false, field{"whose", false}, field{"since", true}, field{"till", true})
+// is by then (the operator may have switched it to presence). A wait
+// this release writes has a fourth field, kept: the latest deadline the
+// user's activity gave unheld while the park stands, on any device (the
+// park's own deadline hides it in the index, and a park given up keeps
+// it), and 0 once the park is given up (the state kept for its since).
+// An earlier release takes a value of four fields for no turn state: its
+// turn to the user gives such a park up on the turn clock, as it gives a
+// wait up.
+var turnFormat = newFormat("Turn", ":", true, field{"whose", false}, field{"since", true}, field{"till", true}, field{"kept", true})
 
 // activityScript applies one bucket's activity events, in order, each
 // as its kind says (see ActivityKind), through the grant renewScript

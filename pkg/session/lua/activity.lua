@@ -63,12 +63,15 @@ for j = 1, n do
   -- backlog, a consumer down for an hour) is stale, and creates nothing.
   local over = from + ttl <= now
   local was = tonumber(state[1] or '0')
-  local whose, since = nil, 0
+  local whose, since, kept = nil, 0, nil
   local turn = state[2]
   if turn then
-    local w, s = decodeTurn(turn)
-    if w then whose, since = w, tonumber(s) end
+    local w, s, _, u = decodeTurn(turn)
+    if w then whose, since, kept = w, tonumber(s), tonumber(u) end
   end
+  -- The turn clock's park (see grant): a wait that stands (one given up
+  -- keeps 0). A wait orders by its since, as an end does.
+  local waiting = whose == V.wait and (kept == nil or kept > 0)
   local applied = 1
   if kind == V.active then
     if over or at < was or ((whose == V.ended or whose == V.wait) and at < since) then applied = 0
@@ -84,8 +87,9 @@ for j = 1, n do
       -- the clock is now. Any other is kept: another device's longer
       -- grant. (A park of the turn clock from before the wait state was
       -- recorded has no turn state: the clock says it.)
-      local parked = whose == V.us or whose == V.wait or (whose == nil and clock == V.clockTurn)
-      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, parked, was, turn, from, note, stored, state[3])
+      local parked = whose == V.us or waiting or (whose == nil and clock == V.clockTurn)
+      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, parked, was, turn, from, note, stored, state[3],
+        waiting and kept or nil)
     end
   elseif kind == V.turnUs then
     -- The user's clock runs again at the hold's end, as from a turn to

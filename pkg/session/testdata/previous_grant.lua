@@ -48,9 +48,11 @@ end
 -- reaches us late does not start a silence late; the caller makes sure
 -- from+ttl is after now. stored is the user's segment in the segments
 -- hash when the caller read it already (false when there is none), else
--- nil: a segment written unchanged is not written again. Returns {the
--- session's deadline, this grant's own: from+ttl}.
-local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resync, unpark, was, turn, from, note, stored)
+-- nil: a segment written unchanged is not written again. floor, with
+-- unpark, is the latest deadline the user's activity gave unheld while
+-- the park stood (the park state the caller replaced), or nil. Returns
+-- {the session's deadline, this grant's own: from+ttl}.
+local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resync, unpark, was, turn, from, note, stored, floor)
   if was == nil and turn == nil then
     local state = redis.call('MGET', KEYS[k.renewed], KEYS[k.turn])
     was, turn = tonumber(state[1] or '0'), state[2]
@@ -58,16 +60,28 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   if was == nil then was = tonumber(redis.call('GET', KEYS[k.renewed]) or '0') end
   if turn == nil then turn = redis.call('GET', KEYS[k.turn]) end
   local empty = k.empty or none
-  -- A wait for a first turn is the turn clock's. Once the segment is on
-  -- the presence clock, the user's activity counts from now: the park the
-  -- wait gave is given up, as a turn to the user gives it up, and the
-  -- wait is over (a ping on a gateway that had not yet picked the change
-  -- up may have parked them again). A resync restores what a ping gave
-  -- then, and leaves the wait to the user's next activity.
-  if not unpark and not resync and turn and clock ~= V.clockTurn and decodeTurn(turn) == V.wait then
-    unpark = true
-    redis.call('DEL', KEYS[k.turn])
-    turn = false
+  -- The turn clock's park until a first turn to the user: a wait state
+  -- (see turnFormat), since the state it replaced, and, as this release
+  -- writes it, the latest deadline the user's activity gave unheld while
+  -- it stands (kept: another device's longer grant, which the park's own
+  -- deadline hides in the index), 0 once given up. Once the segment that
+  -- parked the user is on the presence clock, its next grant gives the
+  -- park up, as a turn to the user does, for what the user's activity
+  -- gives unheld; the state stays, for its since, and parks again only on
+  -- the turn clock. A grant of another segment on the presence clock
+  -- (another device) leaves it, and is kept in it. A lapsed grant of an
+  -- outage is left as it was.
+  local whose, since0, parked = nil, 0, false
+  if turn then
+    local w, s0, _, kept0 = decodeTurn(turn)
+    whose, since0 = w, tonumber(s0) or 0
+    kept0 = tonumber(kept0)
+    parked = w == V.wait and (kept0 == nil or kept0 > 0)
+    if parked and kept0 and not unpark then floor = kept0 end
+  end
+  if parked and not unpark and resync ~= V.lapsed and clock ~= V.clockTurn then
+    if stored == nil then stored = redis.call('HGET', KEYS[k.segments], uid) or false end
+    if stored == seg then unpark = true end
   end
   -- The user's stage entry, read once: whether they are between stages
   -- (below), and the stages a note says were cancelled (at the end).
@@ -132,17 +146,30 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   if held then deadline = held + ttl end
   -- A park given up is given up for what the user's last activity, on
   -- any device, gives unheld: a turn that ends ours never guides sooner
-  -- than a TTL after the user's last ping.
-  if unpark and not held and was + ttl > deadline then deadline = was + ttl end
-  if waits then
+  -- than a TTL after the user's last ping, nor before a longer grant of
+  -- another device that the park hid (floor).
+  if unpark and not held then
+    if was + ttl > deadline then deadline = was + ttl end
+    if floor and floor > deadline then deadline = floor end
+  end
+  if waits or (parked and not unpark) then
     -- The park is recorded, for a turn to the user to end whatever the
-    -- clock is by then; it keeps the since of the state it replaces.
-    local since = 0
-    if turn then
-      local _, s = decodeTurn(turn)
-      since = tonumber(s) or 0
+    -- clock is by then; it keeps the since of the state it replaces, and
+    -- the latest deadline the user's activity gave unheld: before the
+    -- first park, the deadline it hides (another device's grant).
+    local kept = math.max(floor or 0, own)
+    if not parked and cur and cur > kept then kept = cur end
+    local parkEnd = held
+    if not parkEnd then
+      local _, _, u = decodeTurn(turn)
+      parkEnd = tonumber(u) or 0
     end
-    turn = encodeTurn(V.wait, since, held)
+    turn = encodeTurn(V.wait, since0, parkEnd, kept)
+    redis.call('SET', KEYS[k.turn], turn)
+  elseif parked and unpark then
+    -- Given up: no park stands (0 kept), and the state keeps its since,
+    -- an end's that an event older than it must not pass.
+    turn = encodeTurn(V.wait, since0, 0, 0)
     redis.call('SET', KEYS[k.turn], turn)
   end
   if cur and cur > deadline then
