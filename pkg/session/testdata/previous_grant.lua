@@ -64,13 +64,13 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   -- (see turnFormat), since the state it replaced, and, as this release
   -- writes it, the latest deadline the user's activity gave unheld while
   -- it stands (kept: another device's longer grant, which the park's own
-  -- deadline hides in the index), 0 once given up. Once the segment that
-  -- parked the user is on the presence clock, its next grant gives the
-  -- park up, as a turn to the user does, for what the user's activity
-  -- gives unheld; the state stays, for its since, and parks again only on
-  -- the turn clock. A grant of another segment on the presence clock
-  -- (another device) leaves it, and is kept in it. A lapsed grant of an
-  -- outage is left as it was.
+  -- deadline hides in the index), 0 once given up. The park holds while
+  -- the user's latest activity is on the turn clock: a grant on the
+  -- presence clock (the segment switched to it, or a device of another
+  -- segment) gives it up, as a turn to the user does, for what the
+  -- user's activity gives unheld, on any device; the state stays, for its
+  -- since, and parks again on the turn clock's next grant. A lapsed grant
+  -- of an outage is left as it was.
   local whose, since0, parked = nil, 0, false
   if turn then
     local w, s0, _, kept0 = decodeTurn(turn)
@@ -79,10 +79,7 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
     parked = w == V.wait and (kept0 == nil or kept0 > 0)
     if parked and kept0 and not unpark then floor = kept0 end
   end
-  if parked and not unpark and resync ~= V.lapsed and clock ~= V.clockTurn then
-    if stored == nil then stored = redis.call('HGET', KEYS[k.segments], uid) or false end
-    if stored == seg then unpark = true end
-  end
+  if parked and not unpark and resync ~= V.lapsed and clock ~= V.clockTurn then unpark = true end
   -- The user's stage entry, read once: whether they are between stages
   -- (below), and the stages a note says were cancelled (at the end).
   local stv = false
@@ -213,6 +210,16 @@ local function endSession(k, uid, at, keep, ended, note)
   redis.call('DEL', KEYS[k.session])
   if ended then
     redis.call('SET', KEYS[k.turn], encodeTurn(V.ended, ended, 0), 'PX', keep)
+  else
+    -- The grants a wait kept were the session's, and went with it: the
+    -- wait stays, for its since, given up.
+    local turn = redis.call('GET', KEYS[k.turn])
+    if turn then
+      local w, s0, _, kept0 = decodeTurn(turn)
+      if w == V.wait and (tonumber(kept0) or 0) > 0 then
+        redis.call('SET', KEYS[k.turn], encodeTurn(V.wait, s0, 0, 0), 'KEEPTTL')
+      end
+    end
   end
   redis.call('ZREM', KEYS[k.index], uid)
   redis.call('HDEL', KEYS[k.segments], uid)
