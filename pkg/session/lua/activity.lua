@@ -106,7 +106,10 @@ for j = 1, n do
       -- word on how long we may keep the user waiting, shorter or longer
       -- (an agent who picked the queued chat up is typing). The park the
       -- first gave is not kept; what the user's own activity gave is.
-      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, whose == V.us, was, turn, runs < now and runs or nil, note, stored, state[3])
+      -- Nor is the turn clock's wait for a first turn: the hold's end
+      -- counts instead, and the grants it kept.
+      grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, whose == V.us or waiting, was, turn, runs < now and runs or nil, note, stored, state[3],
+        waiting and kept or nil)
     end
   elseif kind == V.ending then
     if at < was or at < since then applied = 0

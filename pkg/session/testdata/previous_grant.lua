@@ -135,20 +135,22 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   -- come a day after the one before: one found gone is written again as
   -- theirs (since unknown), so that their ping is not parked as a first
   -- one's.
-  if staged and not turn and clock == V.clockTurn then
-    turn = encodeTurn(V.user, 0, 0)
+  if staged and clock == V.clockTurn and (not turn or whose == V.wait) then
+    -- So is one whose wait lapsed at its max hold: the clock ran since.
+    turn = encodeTurn(V.user, since0, 0)
     redis.call('SET', KEYS[k.turn], turn)
   end
   local held, waits = heldUntil(turn, clock, now, maxHold)
+  -- The latest activity decides whether the turn clock's wait holds: a
+  -- resync of a ping older than a renewal Redis knows of parks nothing.
+  if waits and resync and was > at then held, waits = nil, false end
   if held then deadline = held + ttl end
   -- A park given up is given up for what the user's last activity, on
   -- any device, gives unheld: a turn that ends ours never guides sooner
   -- than a TTL after the user's last ping, nor before a longer grant of
   -- another device that the park hid (floor).
-  if unpark and not held then
-    if was + ttl > deadline then deadline = was + ttl end
-    if floor and floor > deadline then deadline = floor end
-  end
+  if unpark and not held and was + ttl > deadline then deadline = was + ttl end
+  if unpark and floor and floor > deadline then deadline = floor end
   if waits or (parked and not unpark) then
     -- The park is recorded, for a turn to the user to end whatever the
     -- clock is by then; it keeps the since of the state it replaces, and
