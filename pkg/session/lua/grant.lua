@@ -82,7 +82,7 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   -- segment) gives it up, as a turn to the user does, for what the
   -- user's activity gives unheld, on any device; the state stays, for its
   -- since, and parks again on the turn clock's next grant. A lapsed grant
-  -- of an outage is left as it was.
+  -- of an outage gives it up only if it restores its silence (below).
   local whose, since0, parked = nil, 0, false
   if turn then
     local w, s0, _, kept0 = decodeTurn(turn)
@@ -130,6 +130,11 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
     -- ago), which the guide names: past, so found due at once; it ran out
     -- in the outage, whose blind interval holds it.
     ttl = math.min(ttl, 0)
+    -- A standing wait of the turn clock that this ping, on the presence
+    -- clock and the user's latest activity, gave up while Redis was out
+    -- of reach: given up now, the silence restored at its own deadline,
+    -- or the grants the wait kept.
+    if parked and not staged and clock ~= V.clockTurn then unpark, cur = true, nil end
   end
   if resync then
     if cur and cur >= now + math.max(ttl, 1) then return {cur, now + ttl} end
@@ -151,6 +156,7 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
     -- So is one whose wait lapsed at its max hold: the clock ran since.
     turn = encodeTurn(V.user, since0, 0)
     redis.call('SET', KEYS[k.turn], turn)
+    whose, parked = V.user, false
   end
   local held, waits = heldUntil(turn, clock, now, maxHold)
   -- The latest activity decides whether the turn clock's wait holds: a
