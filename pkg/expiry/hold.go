@@ -38,9 +38,9 @@ import (
 //     clients' margin (the shortest TTL less their ping period) is above
 //     gateway.PingMargin: a heartbeat interval and session.BeatSlack for
 //     the miss to show, and the gateway's stall bound (and a quarter of
-//     it) for a renewal that died with it unwritten. A thinner margin is outside what this rule
-//     covers: such a user, whose instance died within it, is judged
-//     before the miss shows.
+//     it) for a renewal that died with it unwritten. A thinner margin is
+//     outside what this rule covers: such a user, whose instance died
+//     within it, is judged before the miss shows.
 //   - While no gateway instance is alive at all, every deadline since the
 //     last one was seen alive is held, until the grace after one is back.
 //   - Where the platform's servers feed activity through the activity
