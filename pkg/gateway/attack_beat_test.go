@@ -84,32 +84,53 @@ type guardState struct {
 	blind     []session.BlindInterval
 }
 
-func readGuard(t *testing.T, admin *redis.Conn, ks session.Keyspace, instance string) guardState {
+func readGuard(t *testing.T, admin redis.Cmdable, ks session.Keyspace, instance string) guardState {
 	t.Helper()
-	ctx := context.Background()
-	now, err := admin.Time(ctx).Result()
+	now, err := admin.Time(context.Background()).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := guardState{now: now}
-	v, err := admin.HGet(ctx, ks.AliveKey(), instance).Result()
+	var ok bool
+	if g.last, g.lease, ok = readBeat(t, admin, ks, instance); !ok {
+		t.Fatalf("no heartbeat of %s", instance)
+	}
+	g.blind = readBlind(t, admin, ks, instance)
+	return g
+}
+
+// readBeat is instance's last heartbeat and lease, read straight from
+// Redis; ok is false before its first.
+func readBeat(t *testing.T, admin redis.Cmdable, ks session.Keyspace, instance string) (last time.Time, lease time.Duration, ok bool) {
+	t.Helper()
+	v, err := admin.HGet(context.Background(), ks.AliveKey(), instance).Result()
+	if err == redis.Nil {
+		return time.Time{}, 0, false
+	}
 	if err != nil {
 		t.Fatalf("heartbeat of %s: %v", instance, err)
 	}
-	last, lease, _ := strings.Cut(v, ":")
-	lms, _ := strconv.ParseInt(last, 10, 64)
-	pms, _ := strconv.ParseInt(lease, 10, 64)
-	g.last, g.lease = time.UnixMilli(lms), time.Duration(pms)*time.Millisecond
-	members, err := admin.ZRange(ctx, ks.BlindKey(), 0, -1).Result()
+	l, p, _ := strings.Cut(v, ":")
+	lms, _ := strconv.ParseInt(l, 10, 64)
+	pms, _ := strconv.ParseInt(p, 10, 64)
+	return time.UnixMilli(lms), time.Duration(pms) * time.Millisecond, true
+}
+
+// readBlind is the blind intervals that hold instance's users: its own
+// and everyone's.
+func readBlind(t *testing.T, admin redis.Cmdable, ks session.Keyspace, instance string) []session.BlindInterval {
+	t.Helper()
+	members, err := admin.ZRange(context.Background(), ks.BlindKey(), 0, -1).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
+	var out []session.BlindInterval
 	for _, m := range members {
 		if b, err := session.ParseBlindInterval(m); err == nil && (b.Scope == "" || b.Scope == instance) {
-			g.blind = append(g.blind, b)
+			out = append(out, b)
 		}
 	}
-	return g
+	return out
 }
 
 // holds reports whether the listener would hold a timeout of this

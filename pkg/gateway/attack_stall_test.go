@@ -201,40 +201,6 @@ func (p *stallProxy) linkOf(t *testing.T, admin redis.Cmdable, id int64) *stallL
 	return nil
 }
 
-// lastBeat is the instance's last heartbeat in Redis (Redis's clock) and
-// its lease.
-func lastBeat(t *testing.T, admin redis.Cmdable, ks session.Keyspace, instance string) (time.Time, time.Duration, bool) {
-	t.Helper()
-	v, err := admin.HGet(context.Background(), ks.AliveKey(), instance).Result()
-	if err == redis.Nil {
-		return time.Time{}, 0, false
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	last, lease, _ := strings.Cut(v, ":")
-	lms, _ := strconv.ParseInt(last, 10, 64)
-	pms, _ := strconv.ParseInt(lease, 10, 64)
-	return time.UnixMilli(lms), time.Duration(pms) * time.Millisecond, true
-}
-
-// renewalRecords are the blind intervals instance recorded, read straight
-// from Redis.
-func renewalRecords(t *testing.T, admin redis.Cmdable, ks session.Keyspace, instance string) []session.BlindInterval {
-	t.Helper()
-	members, err := admin.ZRange(context.Background(), ks.BlindKey(), 0, -1).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []session.BlindInterval
-	for _, m := range members {
-		if b, err := session.ParseBlindInterval(m); err == nil && (b.Scope == "" || b.Scope == instance) {
-			out = append(out, b)
-		}
-	}
-	return out
-}
-
 // stallDeath is what one attempt of TestAttackStallDeathBeforeRecord saw.
 type stallDeath struct {
 	ready     bool          // the precondition held: a heartbeat after stallAfter, no record, then the cut
@@ -284,7 +250,7 @@ func attemptStallDeath(t *testing.T, srvAddr string, heartbeat time.Duration) st
 	tick := stall / 4
 	var first time.Time
 	waitUntil(t, "a heartbeat of the loop", func() bool {
-		first, _, _ = lastBeat(t, admin, ks, tg.instance)
+		first, _, _ = readBeat(t, admin, ks, tg.instance)
 		return first.After(started.Add(heartbeat / 2))
 	})
 	k := (first.Sub(started) + heartbeat/2) / heartbeat
@@ -309,6 +275,8 @@ func attemptStallDeath(t *testing.T, srvAddr string, heartbeat time.Duration) st
 	// Renewals hang (a cluster master stopped, a link that drops packets);
 	// the heartbeat's connection, and the records it would carry, live.
 	px.freezeAllBut(beat)
+	// Real time: the ping must reach the gateway at this moment of its
+	// heartbeat and record loops, which run on the real clock.
 	time.Sleep(time.Until(pingAt))
 	ws.WriteMessage(websocket.TextMessage, []byte(`{"type":"ping"}`))
 	var queued time.Time
@@ -316,20 +284,20 @@ func attemptStallDeath(t *testing.T, srvAddr string, heartbeat time.Duration) st
 		t.Fatal("the ping's renewal never went out")
 	}
 	for {
-		if recs := renewalRecords(t, admin, ks, tg.instance); len(recs) > 0 {
+		if recs := readBlind(t, admin, ks, tg.instance); len(recs) > 0 {
 			return stallDeath{recorded: true, why: fmt.Sprintf("recorded %v after the ping, before a heartbeat landed past stallAfter",
 				recs[0].End.Sub(queued).Round(time.Millisecond))}
 		}
-		last, lease, _ := lastBeat(t, admin, ks, tg.instance)
+		last, lease, _ := readBeat(t, admin, ks, tg.instance)
 		if last.After(queued.Add(stall)) {
 			// The instance dies now, or loses Redis: nothing of it lands
 			// any more.
 			px.freezeAllBut(nil)
 			cut := time.Now()
-			if recs := renewalRecords(t, admin, ks, tg.instance); len(recs) > 0 {
+			if recs := readBlind(t, admin, ks, tg.instance); len(recs) > 0 {
 				return stallDeath{why: "the record landed as the instance was cut"}
 			}
-			last2, _, _ := lastBeat(t, admin, ks, tg.instance)
+			last2, _, _ := readBeat(t, admin, ks, tg.instance)
 			return stallDeath{ready: true, queued: queued, last: last2, lease: lease, cut: cut,
 				heldFor: cut.Sub(queued), heartbeat: heartbeat}
 		}
@@ -394,14 +362,7 @@ func TestAttackStallDeathBeforeRecord(t *testing.T) {
 	// The listener, on time at the deadline: the instance missed a
 	// heartbeat only after last + lease/3 + BeatSlack (session.Instance.MissedBeat).
 	missedFrom := got.last.Add(got.lease/3 + session.BeatSlack)
-	alive := got.last.Add(got.lease)
-	missed := deadline.After(missedFrom) || deadline.After(alive)
-	held := missed && !deadline.Before(got.last.Add(-got.lease))
-	for _, b := range got.blind {
-		if !deadline.Before(b.Start) {
-			held = true
-		}
-	}
+	held, _ := guardState{now: deadline, last: got.last, lease: got.lease, blind: got.blind}.holds(deadline)
 	t.Logf("ping (renewal queued) %s, stallAfter %v, PingMargin %v, deadline %s; last heartbeat %s (%v after the ping); "+
 		"cut %v after the ping (renewal held that long, unwritten, no record); the instance counts as missing a beat from %s",
 		got.queued.Format("15:04:05.000"), stallAfter(got.heartbeat), margin, deadline.Format("15:04:05.000"),
