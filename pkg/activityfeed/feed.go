@@ -207,6 +207,14 @@ func Open(ctx context.Context, cfg Config, store *session.Store, prepare Prepare
 		kgo.SessionTimeout(cfg.GroupSessionTimeout),
 		kgo.HeartbeatInterval(heartbeatInterval(cfg.GroupSessionTimeout)),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		// A platform may write the topic in transactions: what it aborted
+		// never happened, so only committed records are read. Each
+		// transaction's marker takes an offset of its own, the partition's
+		// end one past it: markers are kept, to count the partition applied
+		// past them (see applyBatch), or no checkpoint after a transaction
+		// would ever be passed.
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
 		// A partition added to the topic holds every deadline until a
 		// member reads it: find it within half a minute, not five.
 		kgo.MetadataMaxAge(30*time.Second),
@@ -313,7 +321,7 @@ func (f *Feed) Run(ctx context.Context) {
 		f.fetchErrors(ctx, fs)
 		recs := fs.Records()
 		if len(recs) > 0 {
-			apply := f.prepare(recs)
+			apply := f.prepareData(recs)
 			if !wait() {
 				return
 			}
@@ -377,9 +385,41 @@ func (f *Feed) fetchErrors(ctx context.Context, fs kgo.Fetches) {
 	}
 }
 
-// applyBatch applies recs until it succeeds, dead-letters those refused,
-// and marks them all for commit. It returns false if ctx ended first:
-// nothing of the batch is then marked, and its next owner applies it.
+// prepareData prepares the data records of recs, which may hold
+// transaction markers: apply's refused indexes count data records only.
+func (f *Feed) prepareData(recs []*kgo.Record) func(context.Context) (map[int]string, error) {
+	data := dataRecords(recs)
+	if len(data) == 0 {
+		return func(context.Context) (map[int]string, error) { return nil, nil }
+	}
+	return f.prepare(data)
+}
+
+// dataRecords is recs without transaction markers (control records),
+// recs itself when it has none.
+func dataRecords(recs []*kgo.Record) []*kgo.Record {
+	n := 0
+	for _, r := range recs {
+		if !r.Attrs.IsControl() {
+			n++
+		}
+	}
+	if n == len(recs) {
+		return recs
+	}
+	data := make([]*kgo.Record, 0, n)
+	for _, r := range recs {
+		if !r.Attrs.IsControl() {
+			data = append(data, r)
+		}
+	}
+	return data
+}
+
+// applyBatch applies the data records of recs until it succeeds,
+// dead-letters those refused, and marks them all for commit, transaction
+// markers included. It returns false if ctx ended first: nothing of the
+// batch is then marked, and its next owner applies it.
 func (f *Feed) applyBatch(ctx context.Context, recs []*kgo.Record, apply func(context.Context) (map[int]string, error)) bool {
 	var refused map[int]string
 	if !retry(ctx, func() error {
@@ -389,8 +429,9 @@ func (f *Feed) applyBatch(ctx context.Context, recs []*kgo.Record, apply func(co
 	}) {
 		return false
 	}
+	data := dataRecords(recs)
 	for i, reason := range refused {
-		r := recs[i]
+		r := data[i]
 		metricRecords.WithLabelValues("dead-lettered").Inc()
 		f.log.Warn("activity record refused", "partition", r.Partition, "offset", r.Offset, "reason", reason)
 		if !retry(ctx, func() error {
@@ -400,7 +441,7 @@ func (f *Feed) applyBatch(ctx context.Context, recs []*kgo.Record, apply func(co
 			return false
 		}
 	}
-	metricRecords.WithLabelValues("applied").Add(float64(len(recs) - len(refused)))
+	metricRecords.WithLabelValues("applied").Add(float64(len(data) - len(refused)))
 	f.mu.Lock()
 	for _, r := range recs {
 		f.tr.applied(r.Partition, r.Offset+1)
