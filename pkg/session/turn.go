@@ -63,7 +63,7 @@ const (
 	ActivityTurnUs ActivityKind = "turn_us"
 	// ActivityEnd: the conversation is over. The session ends and the
 	// stages left are cancelled, as End does; the turn state becomes
-	// "ended" at the end's time, for RenewedKeep, so that a turn or
+	// "ended" at the end's time, for activityKeep, so that a turn or
 	// active event older than the end is stale. A newer one starts
 	// afresh.
 	ActivityEnd ActivityKind = "end"
@@ -157,6 +157,25 @@ func (r SegmentRule) check() error {
 		return fmt.Errorf("clock %q: want %s or %s", r.Clock, ClockPresence, ClockTurn)
 	}
 	return nil
+}
+
+// activityKeep is how long the events' state outlives a deadline (the
+// last renewal's time, the turn state; an end's, from the end): at
+// least RenewedKeep, and long enough that an event older than it is
+// over (its time plus its TTL and jitter past) before it is forgotten.
+// Else an active sent again, or late, between the two would be applied:
+// with a segment's TTL over RenewedKeep, a conversation the platform
+// ended would come back, and its user be guided. A policy's jitter is
+// at most half its shortest TTL.
+func activityKeep(rules SegmentRules, events []Activity) time.Duration {
+	longest := rules.Unlisted.TTL
+	for _, rule := range rules.Segments {
+		longest = max(longest, rule.TTL)
+	}
+	for _, e := range events {
+		longest = max(longest, e.TTL)
+	}
+	return max(RenewedKeep, longest+longest/2)
 }
 
 // args is the rules as the activity script reads them, after the events.
@@ -267,6 +286,7 @@ func (s *Store) ApplyActivity(ctx context.Context, instance string, rules Segmen
 		}
 	}
 	ruleArgs := rules.args()
+	keep := activityKeep(rules, events)
 	byBucket := make(map[int][]int)
 	var buckets []int
 	for i, e := range events {
@@ -281,7 +301,7 @@ func (s *Store) ApplyActivity(ctx context.Context, instance string, rules Segmen
 		keys := activityKeys{bucketKeys: s.ks.bucketKeys(buckets[i]), Users: make([]string, 0, 4*len(idx))}
 		notes := s.noteBlock()
 		argv := make([]any, 0, 5+len(notes)+activityArgs*len(idx)+len(ruleArgs))
-		argv = append(argv, len(idx), instance, RenewedKeep.Milliseconds(), MaxTurnHold.Milliseconds(), DefaultSegment)
+		argv = append(argv, len(idx), instance, keep.Milliseconds(), MaxTurnHold.Milliseconds(), DefaultSegment)
 		argv = append(argv, notes...)
 		for _, j := range idx {
 			e := events[j]

@@ -38,7 +38,8 @@ for j = 1, n do
   -- the user's state (a platform's clock ahead of Redis's must not
   -- reorder two events); what counts from it, a hold's end and the
   -- renewal recorded, counts from no later than now.
-  if at <= 0 then at = now end
+  local stamped = at > 0
+  if not stamped then at = now end
   local from = math.min(at, now)
   -- An event of no segment is of the user's current one, else the
   -- default (an end writes none: its segment is read only for the
@@ -73,11 +74,19 @@ for j = 1, n do
   -- keeps 0). A wait orders by its since, as an end does.
   local waiting = whose == V.wait and (kept == nil or kept > 0)
   local applied = 1
+  -- An event of its own time no newer than the state it would change is
+  -- stale: one of the time of the user's last renewal, or of the turn to
+  -- the user in force, is that one sent again (a batch resent, a record
+  -- applied again by its partition's next owner), and must not restart a
+  -- silence guided since. Its TTL's jitter is drawn afresh each time it
+  -- is applied, so whether it is over could differ. Events of no time
+  -- are of now, each after the one before.
+  local again = stamped and 0 or 1
   if kind == V.active then
-    if over or at < was or ((whose == V.ended or whose == V.wait) and at < since) then applied = 0
+    if over or at + again <= was or ((whose == V.ended or whose == V.wait) and at < since) then applied = 0
     else grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, false, was, turn, from, note, stored, state[3]) end
   elseif kind == V.turnUser then
-    if over or at < since then applied = 0
+    if over or at < since or (stamped and at == since and whose == V.user) then applied = 0
     else
       turn = encodeTurn(V.user, at, 0)
       redis.call('SET', KEYS[k.turn], turn)
