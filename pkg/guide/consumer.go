@@ -68,6 +68,9 @@ type Consumer struct {
 	// checks gathers the session checks of the records in flight into
 	// one round trip; the dispatch loop runs it.
 	checks *checkBatcher
+	// unasked: silences whose reminder was too old to send, whose close
+	// is dropped too.
+	unasked unasked
 
 	// timeline records each settlement in its user's timeline; nil when
 	// recording is off. Run runs it, and stops it after the last send.
@@ -327,7 +330,12 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (Outcome, error) 
 			cancel()
 		}
 		c.record(ev.UID, settlement{ev: ev, outcome: outcome, needless: true, check: check, maxAge: c.cfg.GuideMaxAge})
+		c.unasked.settled(ev, outcome)
 		return outcome, nil
+	}
+	if c.unasked.closes(ev) {
+		c.record(ev.UID, settlement{ev: ev, outcome: OutcomeTooOld, unasked: true})
+		return OutcomeTooOld, nil
 	}
 	g := Guide{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: c.text(ev), DeadlineMS: ev.DeadlineMS, DueMS: ev.DueMS,
 		DetectedMS: ev.DetectedMS, Stage: ev.Stage, Action: ev.Action, Final: ev.Final, Reason: ev.Reason}
@@ -354,6 +362,7 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (Outcome, error) 
 	}
 	observeSent(ev, sent.Outcome)
 	c.record(ev.UID, settlement{ev: ev, sender: c.cfg.Sender, outcome: sent.Outcome, sent: sent})
+	c.unasked.settled(ev, sent.Outcome)
 	return sent.Outcome, nil
 }
 

@@ -51,11 +51,14 @@ type settlement struct {
 	// needless: the consumer's own session check settled it (stale, too
 	// old), with check and maxAge; else the downstream's answer did.
 	needless bool
-	check    sessionCheck
-	maxAge   time.Duration
-	sent     Sent
-	reason   string // a dead letter's
-	code     int    // a dead letter's HTTP status, 0 if none
+	// unasked: a close dropped because its silence's reminder was too
+	// old to send (see unasked).
+	unasked bool
+	check   sessionCheck
+	maxAge  time.Duration
+	sent    Sent
+	reason  string // a dead letter's
+	code    int    // a dead letter's HTTP status, 0 if none
 }
 
 // entries is what s adds to its user's timeline, in order.
@@ -102,7 +105,10 @@ func (s settlement) entries() []timeline.Entry {
 		return []timeline.Entry{with(timeline.KindSkipped, rule, detail)}
 	case OutcomeTooOld:
 		detail := "the gateway: connected nowhere, and too old for the inbox"
-		if s.needless {
+		switch {
+		case s.unasked:
+			detail = "a close of a silence whose reminder was too old to send: the user was never asked"
+		case s.needless:
 			confirmed := time.UnixMilli(max(s.ev.DeadlineMS, s.ev.DetectedMS, s.ev.DueMS))
 			detail = fmt.Sprintf("confirmed %v before the check, past guide-max-age %v", s.check.now.Sub(confirmed).Round(time.Millisecond), s.maxAge)
 		}
