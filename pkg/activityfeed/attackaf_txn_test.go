@@ -23,35 +23,9 @@ import (
 // again, fleet-wide, and no silent user is ever guided, though every
 // record of the topic has been applied.
 func TestAttackAFTransactionalProducerStopsWatermark(t *testing.T) {
-	r := newRig(t)
-	cfg := r.config()
-	cfg.Kafka.Partitions = 1
-	r.startMember(cfg)
-	t0, err := r.store.ActivityClock(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !r.stampedPast(t0, 10*time.Second, 0) {
-		t.Fatal("partition 0 never stamped")
-	}
-
-	// The platform's transactional producer: one record, committed.
-	cl, err := kgo.NewClient(kgo.SeedBrokers(r.brokers...), kgo.DefaultProduceTopic(DefaultTopic),
-		kgo.TransactionalID("platform-activity"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	r := startStamped(t)
 	ctx := context.Background()
-	if err := cl.BeginTransaction(); err != nil {
-		t.Fatal(err)
-	}
-	if err := cl.ProduceSync(ctx, &kgo.Record{Key: []byte("u1"), Value: []byte("active-in-a-transaction")}).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
-		t.Fatal(err)
-	}
+	produceInTransaction(t, r, "active-in-a-transaction", kgo.TryCommit)
 	committed, err := r.store.ActivityClock(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -80,6 +54,23 @@ func TestAttackAFTransactionalProducerStopsWatermark(t *testing.T) {
 // of a silence is lost (or delayed a TTL) on an event the platform never
 // committed.
 func TestAttackAFAbortedTransactionApplied(t *testing.T) {
+	r := startStamped(t)
+	produceInTransaction(t, r, "end-rolled-back", kgo.TryAbort)
+	// A committed record after it: once it is applied, the feed has read
+	// past the aborted one.
+	r.produce("u1", "active-after")
+	if !waitFor(10*time.Second, func() bool { return slices.Contains(r.appliedValues(), "active-after") }) {
+		t.Fatal("the record after the aborted transaction was never applied")
+	}
+	if got := r.appliedValues(); slices.Contains(got, "end-rolled-back") {
+		t.Fatalf("a record of an aborted transaction was applied: %v", got)
+	}
+}
+
+// startStamped starts a member of a one-partition feed and waits until it
+// stamped its partition.
+func startStamped(t *testing.T) *rig {
+	t.Helper()
 	r := newRig(t)
 	cfg := r.config()
 	cfg.Kafka.Partitions = 1
@@ -91,6 +82,13 @@ func TestAttackAFAbortedTransactionApplied(t *testing.T) {
 	if !r.stampedPast(t0, 10*time.Second, 0) {
 		t.Fatal("partition 0 never stamped")
 	}
+	return r
+}
+
+// produceInTransaction writes value to the topic in a transaction of the
+// platform's transactional producer, ended by end (commit or abort).
+func produceInTransaction(t *testing.T, r *rig, value string, end kgo.TransactionEndTry) {
+	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(r.brokers...), kgo.DefaultProduceTopic(DefaultTopic),
 		kgo.TransactionalID("platform-activity"))
 	if err != nil {
@@ -101,19 +99,10 @@ func TestAttackAFAbortedTransactionApplied(t *testing.T) {
 	if err := cl.BeginTransaction(); err != nil {
 		t.Fatal(err)
 	}
-	if err := cl.ProduceSync(ctx, &kgo.Record{Key: []byte("u1"), Value: []byte("end-rolled-back")}).FirstErr(); err != nil {
+	if err := cl.ProduceSync(ctx, &kgo.Record{Key: []byte("u1"), Value: []byte(value)}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	if err := cl.EndTransaction(ctx, kgo.TryAbort); err != nil {
+	if err := cl.EndTransaction(ctx, end); err != nil {
 		t.Fatal(err)
-	}
-	// A committed record after it: once it is applied, the feed has read
-	// past the aborted one.
-	r.produce("u1", "active-after")
-	if !waitFor(10*time.Second, func() bool { return slices.Contains(r.appliedValues(), "active-after") }) {
-		t.Fatal("the record after the aborted transaction was never applied")
-	}
-	if got := r.appliedValues(); slices.Contains(got, "end-rolled-back") {
-		t.Fatalf("a record of an aborted transaction was applied: %v", got)
 	}
 }

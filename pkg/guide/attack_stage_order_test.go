@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -29,29 +30,9 @@ import (
 // reminder is then stale: the user never sees it.)
 func TestAttackStagesOfASilenceInOrder(t *testing.T) {
 	e := newEnv(t)
-	var mu sync.Mutex
-	var order []int // stages, in the order the webhook took them
-	refuse := 2     // the reminder's sends still to answer 503
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		var body webhook.Body
-		if err := json.Unmarshal(b, &body); err != nil {
-			w.WriteHeader(http.StatusBadRequest)
-			return
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if body.Stage == 1 && refuse > 0 {
-			refuse--
-			w.WriteHeader(http.StatusServiceUnavailable)
-			return
-		}
-		order = append(order, body.Stage)
-		w.WriteHeader(http.StatusOK)
-	}))
-	t.Cleanup(hook.Close)
+	hook := newOrderHook(t, 2) // the reminder's first sends answered 503
 	cfg := e.cfg
-	cfg.Sender, cfg.WebhookURL, cfg.WebhookSecret = SenderWebhook, hook.URL, "0123456789abcdef0123456789abcdef"
+	cfg.Sender, cfg.WebhookURL, cfg.WebhookSecret = SenderWebhook, hook.url, "0123456789abcdef0123456789abcdef"
 
 	now, err := e.rdb.Time(context.Background()).Result()
 	if err != nil {
@@ -63,14 +44,49 @@ func TestAttackStagesOfASilenceInOrder(t *testing.T) {
 	e.produceEvent(reminder)
 	e.produceEvent(closing)
 	e.start(cfg)
-	waitFor(t, "both stages to be taken", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(order) == 2
-	})
-	mu.Lock()
-	defer mu.Unlock()
+	waitFor(t, "both stages to be taken", func() bool { return len(hook.taken()) == 2 })
+	order := hook.taken()
 	if order[0] != 1 || order[1] != 2 {
 		t.Errorf("the webhook took the stages in the order %v, want the reminder before the close", order)
 	}
+}
+
+// orderHook is a guide webhook that records the stages it takes, in
+// order, and answers the first refuse sends of stage 1 with a 503.
+type orderHook struct {
+	url    string
+	mu     sync.Mutex
+	order  []int
+	refuse int
+}
+
+func newOrderHook(t *testing.T, refuse int) *orderHook {
+	h := &orderHook{refuse: refuse}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		var body webhook.Body
+		if err := json.Unmarshal(b, &body); err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if body.Stage == 1 && h.refuse > 0 {
+			h.refuse--
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		h.order = append(h.order, body.Stage)
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(srv.Close)
+	h.url = srv.URL
+	return h
+}
+
+// taken is the stages taken so far, in order.
+func (h *orderHook) taken() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.order)
 }
