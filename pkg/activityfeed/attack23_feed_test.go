@@ -91,17 +91,7 @@ func (r *rig) stampedPast(t time.Time, within time.Duration, parts ...int32) boo
 // promise broken: a user kept active through the topic is guided (a
 // silence our feed caused).
 func TestAttack23NewPartitionIgnored(t *testing.T) {
-	r := newRig(t)
-	cfg := r.config()
-	cfg.Kafka.Partitions = 1
-	r.startMember(cfg)
-	t0, err := r.store.ActivityClock(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !r.stampedPast(t0, 10*time.Second, 0) {
-		t.Fatal("partition 0 never stamped")
-	}
+	r := startStamped(t)
 
 	adm := kadm.NewClient(newPlainClient(t, r.brokers))
 	if _, err := adm.CreatePartitions(context.Background(), 1, DefaultTopic); err != nil {
