@@ -289,7 +289,7 @@ func (c *Consumer) ready(ctx context.Context) error {
 // an error meaning "try again later". It runs on its own goroutine, one
 // per record in flight, started and awaited by the loop. Each settlement
 // goes to its user's timeline once it has taken effect.
-func (c *Consumer) process(ctx context.Context, r *kgo.Record) (Outcome, error) {
+func (c *Consumer) process(ctx context.Context, r *kgo.Record, sendTried *bool) (Outcome, error) {
 	ev, err := timeoutevent.Parse(r.Value)
 	if err != nil {
 		if err := c.deadLetter(ctx, r, err.Error()); err != nil {
@@ -330,7 +330,11 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (Outcome, error) 
 			cancel()
 		}
 		c.record(ev.UID, settlement{ev: ev, outcome: outcome, needless: true, check: check, maxAge: c.cfg.GuideMaxAge})
-		c.unasked.settled(ev, outcome)
+		if !*sendTried {
+			// An earlier attempt may have shown it, its answer lost: the
+			// user may have been asked.
+			c.unasked.settled(ev, outcome)
+		}
 		return outcome, nil
 	}
 	if c.unasked.closes(ev) {
@@ -346,7 +350,11 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) (Outcome, error) 
 	sent, err := breaker.Execute(func() (Sent, error) {
 		start := time.Now()
 		defer func() { metricSendSeconds.Observe(time.Since(start).Seconds()) }()
-		return send(ctx, g)
+		sent, err := send(ctx, g)
+		if err != nil && mayHaveShown(err) {
+			*sendTried = true
+		}
+		return sent, err
 	})
 	track(outage, err)
 	if isPermanent(err) {

@@ -66,9 +66,12 @@ type partition struct {
 
 // job is one record between poll and settle.
 type job struct {
-	rec       *kgo.Record
-	p         *partition
-	attempts  int
+	rec      *kgo.Record
+	p        *partition
+	attempts int
+	// sendTried: an attempt reached the downstream, which may have shown
+	// the guide though its answer never came back (see unasked).
+	sendTried bool
 	notBefore time.Time
 	done      bool
 }
@@ -301,7 +304,7 @@ func (l *loop) start(ctx context.Context, j *job) {
 	j.p.inFlight++
 	l.running++
 	go func() {
-		outcome, err := l.c.process(ctx, j.rec)
+		outcome, err := l.c.process(ctx, j.rec, &j.sendTried)
 		l.results <- result{j: j, outcome: outcome, err: err}
 	}()
 }

@@ -1,9 +1,13 @@
 package guide
 
 import (
+	"errors"
+	"net"
+	"net/http"
 	"sync"
 	"time"
 
+	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
@@ -12,7 +16,9 @@ import (
 // was never asked whether they are still there, so a close of the same
 // silence is dropped as too old as well. A close must never be a user's
 // first word from us, least of all after an outage of ours held the
-// reminder. It is kept in memory: a consumer that restarts, or a
+// reminder. A reminder that an earlier attempt may have shown, its
+// answer lost (see mayHaveShown), is not taken for unasked when it is
+// then too old. It is kept in memory: a consumer that restarts, or a
 // partition that moves to another member, between the reminder and its
 // close forgets it, and that close goes out as before.
 type unasked struct {
@@ -84,4 +90,24 @@ func (u *unasked) prune(now time.Time) {
 		}
 		delete(u.m, uid)
 	}
+}
+
+// mayHaveShown reports whether a send that failed with err may have shown
+// the guide all the same: unless the downstream answered that it did not
+// (a webhook's failing status; a gateway's, but a 200 this build cannot
+// read and a 409, another push of the guide under way), or the request
+// never left (refused here, or no connection made).
+func mayHaveShown(err error) bool {
+	var pe *push.Error
+	var ae answerError
+	var op *net.OpError
+	switch {
+	case errors.As(err, &pe):
+		return pe.Code == http.StatusOK || pe.Code == http.StatusConflict
+	case errors.As(err, &ae):
+		return false
+	case errors.As(err, &op) && op.Op == "dial":
+		return false
+	}
+	return true
 }

@@ -1,9 +1,15 @@
 package guide
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
 	"testing"
 	"time"
 
+	"github.com/stillthere/stillthere/pkg/push"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
@@ -65,5 +71,26 @@ func TestUnaskedPrune(t *testing.T) {
 	}
 	if _, ok := u.m["new"]; !ok {
 		t.Error("a young entry was pruned while under the bound")
+	}
+}
+
+func TestMayHaveShown(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"a timeout", context.DeadlineExceeded, true},
+		{"a connection reset mid-request", fmt.Errorf("push guide g1: %w", io.ErrUnexpectedEOF), true},
+		{"no connection made", fmt.Errorf("push guide g1: %w", &net.OpError{Op: "dial", Err: errors.New("connection refused")}), false},
+		{"a gateway's 503", fmt.Errorf("push guide g1: %w", &push.Error{Status: push.Retry, Code: 503}), false},
+		{"a gateway's 409: another push under way", &push.Error{Status: push.Retry, Code: 409}, true},
+		{"a gateway's 200 this build cannot read", &push.Error{Status: push.Retry, Code: 200}, true},
+		{"a guide refused before it left", &push.Error{Status: push.Rejected}, false},
+		{"a webhook's 503", fmt.Errorf("webhook guide g1: %w", answerError("503 Service Unavailable")), false},
+	} {
+		if got := mayHaveShown(tc.err); got != tc.want {
+			t.Errorf("%s: mayHaveShown(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
+		}
 	}
 }

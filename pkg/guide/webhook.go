@@ -63,6 +63,12 @@ func (s *webhookSender) Send(ctx context.Context, g Guide) (Sent, error) {
 	case webhook.Final(code):
 		return Sent{}, permanentError{fmt.Errorf("%s %s: %s", cmp.Or(s.what, "webhook guide"), g.ID, resp.Status), code}
 	default:
-		return Sent{}, fmt.Errorf("%s %s: %s", cmp.Or(s.what, "webhook guide"), g.ID, resp.Status)
+		return Sent{}, fmt.Errorf("%s %s: %w", cmp.Or(s.what, "webhook guide"), g.ID, answerError(resp.Status))
 	}
 }
+
+// answerError is a receiver's answer that failed a send: it took the
+// request, and says it did not take the guide.
+type answerError string
+
+func (e answerError) Error() string { return string(e) }

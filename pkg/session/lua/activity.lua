@@ -75,8 +75,8 @@ for j = 1, n do
   local waiting = whose == V.wait and (kept == nil or kept > 0)
   local applied = 1
   -- An event of its own time no newer than the state it would change is
-  -- stale: one of the time of the user's last renewal, or of the turn to
-  -- the user in force, is that one sent again (a batch resent, a record
+  -- stale: one of the time of the user's last renewal, or of the turn in
+  -- force when it passes the turn the same way, is that one sent again (a batch resent, a record
   -- applied again by its partition's next owner), and must not restart a
   -- silence guided since. Its TTL's jitter is drawn afresh each time it
   -- is applied, so whether it is over could differ. Events of no time
@@ -106,7 +106,7 @@ for j = 1, n do
     -- a backlog) counts from then, not from now, and one whose silence
     -- was over by then is stale, as for an active.
     local runs = from + hold
-    if at < since or runs + ttl <= now then applied = 0
+    if at < since or (stamped and at == since and whose == V.us) or runs + ttl <= now then applied = 0
     else
       turn = encodeTurn(V.us, at, runs)
       redis.call('SET', KEYS[k.turn], turn)

@@ -216,6 +216,11 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   -- Kept for keep past the deadline, or past now for one restored at a
   -- deadline long past (a lapsed grant of a long outage).
   local kept = math.max(deadline, now) - now + keep
+  -- The platform's end is remembered as long as its end set (see
+  -- activityKeep): a grant after it (a ping of a device whose segment has
+  -- a shorter TTL) must not shorten that, or an event older than the end
+  -- would apply once it is forgotten.
+  if whose == V.ended then kept = math.max(kept, tonumber(redis.call('PTTL', KEYS[k.turn])) or 0) end
   if at > was then
     redis.call('SET', KEYS[k.renewed], at, 'PX', kept)
   end
