@@ -330,9 +330,11 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record, sendTried *bool) 
 			cancel()
 		}
 		c.record(ev.UID, settlement{ev: ev, outcome: outcome, needless: true, check: check, maxAge: c.cfg.GuideMaxAge})
-		if !*sendTried {
+		if *sendTried {
 			// An earlier attempt may have shown it, its answer lost: the
 			// user may have been asked.
+			c.unasked.mayHaveAsked(ev)
+		} else {
 			c.unasked.settled(ev, outcome)
 		}
 		return outcome, nil

@@ -64,6 +64,12 @@ func (u *unasked) settled(ev timeoutevent.Event, outcome Outcome) {
 	}
 }
 
+// mayHaveAsked takes in a reminder an earlier send may have shown, though
+// it was settled too old: its silence counts as asked.
+func (u *unasked) mayHaveAsked(ev timeoutevent.Event) {
+	u.settled(ev, OutcomeDelivered)
+}
+
 // closes reports whether ev is a close of a silence whose user was never
 // asked.
 func (u *unasked) closes(ev timeoutevent.Event) bool {

@@ -94,3 +94,16 @@ func TestMayHaveShown(t *testing.T) {
 		}
 	}
 }
+
+func TestUnaskedMayHaveAsked(t *testing.T) {
+	d := time.UnixMilli(1_796_000_000_000)
+	remind := timeoutevent.New("u1", "default", d, d, timeoutevent.SourceSweep)
+	second := remind.AtStage(2, d.Add(time.Minute), timeoutevent.ActionRemind, "Still there?", false)
+	closing := remind.AtStage(3, d.Add(2*time.Minute), timeoutevent.ActionClose, "Closed.", true)
+	var u unasked
+	u.settled(remind, OutcomeTooOld)
+	u.mayHaveAsked(second)
+	if u.closes(closing) {
+		t.Error("a close dropped after a later reminder of its silence may have been shown")
+	}
+}

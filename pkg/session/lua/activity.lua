@@ -54,6 +54,7 @@ for j = 1, n do
     if not stored then stored = redis.call('HGET', KEYS[k.segments], uid) end
     seg = stored or defaultSeg
   end
+  local ruled = ttl == 0
   if ttl == 0 and kind ~= V.ending then
     local r = rule(seg ~= '' and seg or defaultSeg)
     local ns = r[1] + jitter
@@ -74,16 +75,22 @@ for j = 1, n do
   -- keeps 0). A wait orders by its since, as an end does.
   local waiting = whose == V.wait and (kept == nil or kept > 0)
   local applied = 1
-  -- An event of its own time no newer than the state it would change is
-  -- stale: one of the time of the user's last renewal, or of the turn in
-  -- force when it passes the turn the same way, is that one sent again (a batch resent, a record
-  -- applied again by its partition's next owner), and must not restart a
-  -- silence guided since. Its TTL's jitter is drawn afresh each time it
-  -- is applied, so whether it is over could differ. Events of no time
-  -- are of now, each after the one before.
-  local again = stamped and 0 or 1
+  -- An event of its own time (at_ms) no newer than the state it would
+  -- change is stale: one of the time of the user's last renewal, or of
+  -- the turn in force when it passes the turn the same way, is that one
+  -- sent again (a batch resent, a record applied again by its partition's
+  -- next owner), and must not restart a silence guided since. Its TTL's
+  -- jitter is drawn afresh each time it is applied, so whether it is over
+  -- could differ. Events of no time are of now, each after the one
+  -- before.
   if kind == V.active then
-    if over or at + again <= was or ((whose == V.ended or whose == V.wait) and at < since) then applied = 0
+    -- An active of the last renewal's time is that one sent again while
+    -- the silence it started lapsed (the session is gone), or while the
+    -- session holds its segment and it asks for that segment's TTL; of
+    -- another segment, or a TTL of its own, in a live session it is
+    -- another device's word of the same ms, and its grant counts.
+    local again = stamped and at == was and (not state[3] or (ruled and decodeSession(state[3]) == seg))
+    if over or at < was or again or ((whose == V.ended or whose == V.wait) and at < since) then applied = 0
     else grant(k, uid, now, ttl, seg, inst, from, keep, clock, maxHold, false, false, was, turn, from, note, stored, state[3]) end
   elseif kind == V.turnUser then
     if over or at < since or (stamped and at == since and whose == V.user) then applied = 0

@@ -155,7 +155,7 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   if staged and clock == V.clockTurn and (not turn or whose == V.wait) then
     -- So is one whose wait lapsed at its max hold: the clock ran since.
     turn = encodeTurn(V.user, since0, 0)
-    redis.call('SET', KEYS[k.turn], turn)
+    redis.call('SET', KEYS[k.turn], turn, 'KEEPTTL')
     whose, parked = V.user, false
   end
   local held, waits = heldUntil(turn, clock, now, maxHold)
@@ -182,12 +182,12 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
       parkEnd = tonumber(u) or 0
     end
     turn = encodeTurn(V.wait, since0, parkEnd, kept)
-    redis.call('SET', KEYS[k.turn], turn)
+    redis.call('SET', KEYS[k.turn], turn, 'KEEPTTL')
   elseif parked and unpark then
     -- Given up: no park stands (0 kept), and the state keeps its since,
     -- an end's that an event older than it must not pass.
     turn = encodeTurn(V.wait, since0, 0, 0)
-    redis.call('SET', KEYS[k.turn], turn)
+    redis.call('SET', KEYS[k.turn], turn, 'KEEPTTL')
   end
   if cur and cur > deadline then
     deadline = cur
@@ -216,11 +216,12 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   -- Kept for keep past the deadline, or past now for one restored at a
   -- deadline long past (a lapsed grant of a long outage).
   local kept = math.max(deadline, now) - now + keep
-  -- The platform's end is remembered as long as its end set (see
-  -- activityKeep): a grant after it (a ping of a device whose segment has
+  -- The turn state is kept at least as long as it was (the writes above
+  -- keep its expiry): an end, or a wait that took its time, is remembered
+  -- as long as the end set (see activityKeep). A grant after it (a ping of a device whose segment has
   -- a shorter TTL) must not shorten that, or an event older than the end
   -- would apply once it is forgotten.
-  if whose == V.ended then kept = math.max(kept, tonumber(redis.call('PTTL', KEYS[k.turn])) or 0) end
+  if turn then kept = math.max(kept, tonumber(redis.call('PTTL', KEYS[k.turn])) or 0) end
   if at > was then
     redis.call('SET', KEYS[k.renewed], at, 'PX', kept)
   end
