@@ -341,6 +341,7 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record, sendTried *bool) 
 	}
 	if c.unasked.closes(ev) {
 		c.record(ev.UID, settlement{ev: ev, outcome: OutcomeTooOld, unasked: true})
+		c.unasked.settled(ev, OutcomeTooOld)
 		return OutcomeTooOld, nil
 	}
 	g := Guide{ID: ev.ID, UID: ev.UID, Segment: ev.Segment, Text: c.text(ev), DeadlineMS: ev.DeadlineMS, DueMS: ev.DueMS,

@@ -40,6 +40,8 @@ func TestUnaskedCloses(t *testing.T) {
 		{"reminder too old, a later one kept", []settle{{remind, OutcomeTooOld}, {second, OutcomeQueued}}, closing, false},
 		{"reminder too old, a later one a duplicate", []settle{{remind, OutcomeTooOld}, {second, OutcomeDuplicate}}, closing, false},
 		{"both reminders too old", []settle{{remind, OutcomeTooOld}, {second, OutcomeTooOld}}, closing, true},
+		{"first reminder delivered, second too old", []settle{{remind, OutcomeDelivered}, {second, OutcomeTooOld}}, closing, false},
+		{"reminder too old, the close settled, a resent close", []settle{{remind, OutcomeTooOld}, {closing, OutcomeTooOld}}, closing, false},
 		{"reminder too old, a notify delivered", []settle{{remind, OutcomeTooOld}, {notify, OutcomeDelivered}}, closing, true},
 		{"reminder stale", []settle{{remind, OutcomeStale}}, closing, false},
 		{"an earlier silence's reminder too old", []settle{{remind, OutcomeTooOld}}, nextClose, false},

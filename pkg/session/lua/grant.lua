@@ -235,7 +235,13 @@ end
 -- then, for keep, so that an event older than the end is stale. Without
 -- it (a WebSocket's last close: a chat window closed, not the
 -- conversation) the turn state is kept, to expire on its own.
+--
+-- Neither is kept shorter than it was: the grants before the end kept
+-- them as long as an event they applied could apply again (a turn to us
+-- held a day, an active of a long TTL of its own), and such an event,
+-- older than the end, must find the end until then.
 local function endSession(k, uid, at, keep, ended, note)
+  keep = math.max(keep, tonumber(redis.call('PTTL', KEYS[k.renewed])) or 0, tonumber(redis.call('PTTL', KEYS[k.turn])) or 0)
   redis.call('SET', KEYS[k.renewed], at, 'PX', keep)
   redis.call('DEL', KEYS[k.session])
   if ended then
