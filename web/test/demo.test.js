@@ -142,9 +142,11 @@ describe('the demo page in Chromium', () => {
     assert.ok(late >= 0 && late < 5_000, `guide on screen ${late} ms after the deadline`);
     await page.screenshot({ path: `${artifacts}/demo-guide.png` });
     await writeFile(`${artifacts}/guide-latency.json`, `${JSON.stringify({ deadlineToScreenMs: late, answerToScreenMs: afterAnswer, botThoughtMs: thought, ...shown }, null, 2)}\n`);
-    // Once: still one, a second later (before the close stage).
+    // Once: still one reminder, a second later. The close stage follows
+    // 3 s after it; on a busy machine the screenshot above can take that
+    // long, so only the reminders are counted.
     await sleep(1000);
-    assert.equal(await guides(page).count(), 1);
+    assert.equal(await guides(page, '.guide[data-stage="1"]').count(), 1);
     assert.deepEqual(idle.problems, []);
   });
 
