@@ -68,7 +68,9 @@ func TestAttackFXOpenTransactionThenAbort(t *testing.T) {
 			t.Fatalf("the watermark passed %v (at %v) while the record written before then, behind an open transaction, was not applied: "+
 				"a user that record renews is judged silent", behind, w)
 		}
-		time.Sleep(20 * time.Millisecond) // a poll: the guard holds for the whole window, however fast the machine
+		// Real time must pass: the guard watches the watermark over the
+		// whole window, polling it.
+		time.Sleep(20 * time.Millisecond)
 	}
 
 	if err := txn.EndTransaction(ctx, kgo.TryAbort); err != nil {

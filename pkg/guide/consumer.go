@@ -68,8 +68,8 @@ type Consumer struct {
 	// checks gathers the session checks of the records in flight into
 	// one round trip; the dispatch loop runs it.
 	checks *checkBatcher
-	// unasked: silences whose reminder was too old to send, whose close
-	// is dropped too.
+	// unasked: whether a reminder asked the user, for the silences
+	// between stages; a close of one never asked is dropped.
 	unasked unasked
 
 	// timeline records each settlement in its user's timeline; nil when

@@ -218,9 +218,9 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   local kept = math.max(deadline, now) - now + keep
   -- The turn state is kept at least as long as it was (the writes above
   -- keep its expiry): an end, or a wait that took its time, is remembered
-  -- as long as the end set (see activityKeep). A grant after it (a ping of a device whose segment has
-  -- a shorter TTL) must not shorten that, or an event older than the end
-  -- would apply once it is forgotten.
+  -- as long as the end set (see activityKeep). A grant after it (a ping
+  -- of a device whose segment has a shorter TTL) must not shorten that,
+  -- or an event older than the end would apply once it is forgotten.
   if turn then kept = math.max(kept, tonumber(redis.call('PTTL', KEYS[k.turn])) or 0) end
   if at > was then
     redis.call('SET', KEYS[k.renewed], at, 'PX', kept)
