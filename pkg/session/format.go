@@ -133,10 +133,13 @@ func (f format) lua() string {
 		// Lua patterns have no optional group: with the last field, then
 		// without it.
 		with := pat.String() + "%" + f.sep + f.luaPart(f.fields[len(f.fields)-1], true)
-		fmt.Fprintf(&b, "  local v = {string.match(s, '^%s$')}\n", with)
-		b.WriteString("  if #v > 0 then return unpack(v) end\n")
-		fmt.Fprintf(&b, "  v = {string.match(s, '^%s$')}\n", pat.String())
-		b.WriteString("  if #v > 0 then v[#v + 1] = '' return unpack(v) end\n  return nil\nend\n")
+		// Each field a local, not a table unpacked: a grant decodes the
+		// session's value on every renewal.
+		all := strings.Join(params, ", ")
+		fmt.Fprintf(&b, "  local %s = string.match(s, '^%s$')\n", all, with)
+		fmt.Fprintf(&b, "  if %s then return %s end\n", params[0], all)
+		fmt.Fprintf(&b, "  %s = string.match(s, '^%s$')\n", strings.Join(params[:len(params)-1], ", "), pat.String())
+		fmt.Fprintf(&b, "  if %s then return %s, '' end\n  return nil\nend\n", params[0], strings.Join(params[:len(params)-1], ", "))
 	} else {
 		fmt.Fprintf(&b, "  return string.match(s, '^%s$')\nend\n", pat.String())
 	}

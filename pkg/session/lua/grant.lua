@@ -203,8 +203,8 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
     redis.call('HSET', KEYS[k.via], uid, via)
     knownVia = via
   end
-  redis.call('SET', KEYS[k.session], encodeSession(seg, knownVia), 'PX', math.max(deadline - now, 1))
-  redis.call('ZADD', KEYS[k.index], deadline, uid)
+  redis.call('SET', KEYS[k.session], encodeSession(seg, knownVia), 'PX', ms(math.max(deadline - now, 1)))
+  redis.call('ZADD', KEYS[k.index], ms(deadline), uid)
   if seg ~= stored then redis.call('HSET', KEYS[k.segments], uid, seg) end
   if not empty.hold and redis.call('ZREM', KEYS[k.hold], uid) == 1 and note and resync ~= V.lapsed then holdCancelled(k, note, holdNoteRenewed) end
   if not empty.held then redis.call('HDEL', KEYS[k.held], uid) end
@@ -223,9 +223,9 @@ local function grant(k, uid, now, ttl, seg, via, at, keep, clock, maxHold, resyn
   -- or an event older than the end would apply once it is forgotten.
   if turn then kept = math.max(kept, tonumber(redis.call('PTTL', KEYS[k.turn])) or 0) end
   if at > was then
-    redis.call('SET', KEYS[k.renewed], at, 'PX', kept)
+    redis.call('SET', KEYS[k.renewed], ms(at), 'PX', ms(kept))
   end
-  if turn then redis.call('PEXPIRE', KEYS[k.turn], kept) end
+  if turn then redis.call('PEXPIRE', KEYS[k.turn], ms(kept)) end
   return {deadline, own}
 end
 
