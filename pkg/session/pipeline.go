@@ -153,3 +153,25 @@ func (s *Store) runScripts(ctx context.Context, n int, call scriptCall, within t
 		pending = again
 	}
 }
+
+// runScriptsOverlapped is runScripts in two pipelines at once, each of
+// half the calls: Redis runs the first half's scripts while the second's
+// are built and sent, and the second's while the first's replies are
+// read, so that it does not wait between one batch and the next. The
+// calls of each half keep their order; a caller whose order matters
+// across calls (two calls of one user) must not split them.
+func (s *Store) runScriptsOverlapped(ctx context.Context, n int, call scriptCall, within time.Duration) []*redis.Cmd {
+	if n < 2 {
+		return s.runScripts(ctx, n, call, within)
+	}
+	h := n / 2
+	var second []*redis.Cmd
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		second = s.runScripts(ctx, n-h, func(i int) (*redis.Script, []string, []any) { return call(h + i) }, within)
+	}()
+	first := s.runScripts(ctx, h, call, within)
+	<-done
+	return append(first, second...)
+}

@@ -296,7 +296,7 @@ func (s *Store) ApplyActivity(ctx context.Context, instance string, rules Segmen
 		}
 		byBucket[b] = append(byBucket[b], i)
 	}
-	cmds := s.runScripts(ctx, len(buckets), func(i int) (*redis.Script, []string, []any) {
+	call := func(i int) (*redis.Script, []string, []any) {
 		idx := byBucket[buckets[i]]
 		keys := activityKeys{bucketKeys: s.ks.bucketKeys(buckets[i]), Users: make([]string, 0, 4*len(idx))}
 		notes := s.noteBlock()
@@ -320,7 +320,8 @@ func (s *Store) ApplyActivity(ctx context.Context, instance string, rules Segmen
 		}
 		argv = append(argv, ruleArgs...)
 		return activityScript.call(keys, argv...)
-	}, DefaultSlotRetry)
+	}
+	cmds := s.runScriptsOverlapped(ctx, len(buckets), call, DefaultSlotRetry)
 	var res ActivityResult
 	var failed, lost int
 	var firstErr error
