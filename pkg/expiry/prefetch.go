@@ -45,7 +45,8 @@ const prefetchLimit = 512
 type detector struct {
 	ahead, slot time.Duration
 	// fireMax bounds the timers one slot confirms, as the sweep's batch
-	// bounds what one sweep takes: the rest fire in the next slot, at once.
+	// bounds what one sweep takes, and at most maxFire: the rest fire in
+	// the next slot, at once.
 	fireMax int
 	// base is the local monotonic origin of the clock estimate; off is
 	// Redis's clock less the local one, in ms: never more than the truth
@@ -65,8 +66,18 @@ type detector struct {
 }
 
 func newDetector(cfg Config) *detector {
-	return &detector{ahead: cfg.PrefetchAhead, slot: cfg.FireSlot, fireMax: cfg.SweepBatch * session.Buckets, base: time.Now()}
+	return &detector{ahead: cfg.PrefetchAhead, slot: cfg.FireSlot, fireMax: min(cfg.SweepBatch*session.Buckets, maxFire), base: time.Now()}
 }
+
+// maxFire bounds one fire: a storm's timers fall due together (a brake's
+// release, a crowd leaving), and each fire confirms, claims, produces
+// and settles its timeouts before the next, so the consumers get the
+// first of them only once the whole slice is through. In slices of the
+// sweep's bound (16,384 by default) a held storm of 40,000 reached Kafka
+// in three blocks, with the consumers idle before each; in slices of
+// 2,048 it flows while they send, and took less CPU (detectbench's
+// storm: its last guide 0.5 s sooner).
+const maxFire = 2048
 
 // own makes owned the buckets read ahead. Timers of a bucket no longer
 // owned go; a bucket newly owned is read from scratch, its overdue
