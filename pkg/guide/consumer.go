@@ -55,13 +55,15 @@ const (
 
 // Consumer is an opened guide consumer: Open, then Run, then Close.
 type Consumer struct {
-	runs      lifecycle.Runs // ties Run to Close
-	cfg       Config
-	log       *slog.Logger
-	rdb       redis.UniversalClient
-	keyspace  session.Keyspace
-	client    *kgo.Client
-	sender    sender
+	runs     lifecycle.Runs // ties Run to Close
+	cfg      Config
+	log      *slog.Logger
+	rdb      redis.UniversalClient
+	keyspace session.Keyspace
+	client   *kgo.Client
+	sender   sender
+	// transport carries the sender's and the notifier's requests.
+	transport *syncTransport
 	templates map[string]string
 	adminLn   net.Listener
 	lagEvery  time.Duration // lagInterval; tests shorten it
@@ -132,15 +134,14 @@ func Open(ctx context.Context, cfg Config, logger *slog.Logger) (_ *Consumer, er
 	}
 	c.timeline = cfg.Timeline.Recorder(session.NewStore(c.rdb, c.keyspace),
 		timeline.Config{Service: "consumer", Instance: newInstanceName(), Log: logger})
+	// The transport bounds each request by SendTimeout: a Client.Timeout
+	// would start a goroutine and a timer per request for a transport
+	// that is not net/http's own.
+	c.transport = newSyncTransport(cfg.SendTimeout, min(cfg.MaxInFlight, 1024))
 	httpc := &http.Client{
-		Timeout: cfg.SendTimeout,
 		// A redirect is not an answer: the status says what happened.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		Transport: &http.Transport{
-			Proxy:               http.ProxyFromEnvironment,
-			MaxIdleConnsPerHost: min(cfg.MaxInFlight, 1024),
-			IdleConnTimeout:     90 * time.Second,
-		},
+		Transport:     c.transport,
 	}
 	switch cfg.Sender {
 	case SenderWebhook:
@@ -212,6 +213,9 @@ func (c *Consumer) Close() error {
 		}
 		if c.adminLn != nil {
 			c.adminLn.Close() // Run's server closed it already, if it ran
+		}
+		if c.transport != nil {
+			c.transport.CloseIdleConnections()
 		}
 		return err
 	})

@@ -1,0 +1,341 @@
+package guide
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// syncTransport is the consumer's HTTP/1.1 transport: each request is
+// written and its response read on the caller's goroutine, over a pool of
+// keep-alive connections per host. net/http's Transport hands every
+// request to two goroutines of its connection (a writer and a reader),
+// through channels both ways: in a storm of guides that was a third of
+// the consumer's CPU, and this takes a third less (detectbench's storm).
+// Requests and responses are still net/http's own (Request.Write,
+// http.ReadResponse); a request a proxy would carry goes through
+// fallback, the standard transport.
+//
+// Each request is bounded by timeout as a whole (dial, TLS, write, read
+// of the response's head), and by its context. A keep-alive connection
+// the server closed while idle is found before it is used, where the
+// system allows (connAlive); one found closed by the request's write or
+// read, before any byte of an answer, is replaced and the request sent
+// again if it may be (replayable), as net/http does.
+type syncTransport struct {
+	timeout  time.Duration
+	maxIdle  int // per host
+	idleFor  time.Duration
+	tls      *tls.Config // nil: the system's roots
+	proxy    func(*http.Request) (*url.URL, error)
+	fallback http.RoundTripper
+
+	mu   sync.Mutex
+	idle map[string][]*syncConn // by scheme and address
+}
+
+// syncConn is one keep-alive connection.
+type syncConn struct {
+	c     net.Conn
+	raw   net.Conn // the TCP connection under c, for connAlive
+	in    *countingReader
+	br    *bufio.Reader
+	bw    *bufio.Writer
+	since time.Time // idle since
+}
+
+func newSyncTransport(timeout time.Duration, maxIdle int) *syncTransport {
+	return &syncTransport{
+		timeout: timeout,
+		maxIdle: maxIdle,
+		idleFor: 90 * time.Second,
+		proxy:   http.ProxyFromEnvironment,
+		fallback: &http.Transport{
+			Proxy:               http.ProxyFromEnvironment,
+			MaxIdleConnsPerHost: maxIdle,
+			IdleConnTimeout:     90 * time.Second,
+		},
+	}
+}
+
+// RoundTrip sends req and reads the head of its answer; the body is read
+// from the connection as the caller reads it, and the connection goes
+// back to the pool once the body is read to its end and closed.
+func (t *syncTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx, cancel := context.WithTimeout(req.Context(), t.timeout)
+	if p, err := t.proxy(req); err != nil || p != nil || (req.URL.Scheme != "http" && req.URL.Scheme != "https") {
+		resp, err := t.fallback.RoundTrip(req.WithContext(ctx))
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		resp.Body = &cancelBody{ReadCloser: resp.Body, cancel: cancel}
+		return resp, nil
+	}
+	key := req.URL.Scheme + "://" + canonicalAddr(req.URL)
+	for retried := false; ; retried = true {
+		sc, reused := t.get(key)
+		if sc == nil {
+			var err error
+			if sc, err = t.dial(ctx, req.URL); err != nil {
+				cancel()
+				return nil, err
+			}
+		}
+		read := sc.in.n
+		resp, err := t.exchange(ctx, sc, req, retried)
+		if err == nil {
+			resp.Body = &syncBody{body: resp.Body, t: t, key: key, sc: sc, keep: !resp.Close && !req.Close, ctx: ctx, cancel: cancel}
+			return resp, nil
+		}
+		sc.c.Close()
+		if ctx.Err() != nil && req.Context().Err() != nil {
+			err = req.Context().Err()
+		}
+		// Closed by the server before any byte of an answer: it had
+		// closed the connection as idle as the request came (or died
+		// with it, which an idempotency key makes safe to send again).
+		if !reused || retried || sc.in.n != read || !closedIdle(err) || !replayable(req) {
+			cancel()
+			return nil, err
+		}
+	}
+}
+
+// exchange writes req on sc and reads its answer's head, skipping
+// informational answers (1xx but 101).
+func (t *syncTransport) exchange(ctx context.Context, sc *syncConn, req *http.Request, again bool) (*http.Response, error) {
+	if dl, ok := ctx.Deadline(); ok {
+		sc.c.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { sc.c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	r := req
+	if again {
+		body, err := req.GetBody()
+		if err != nil {
+			return nil, err
+		}
+		r = req.Clone(ctx)
+		r.Body = body
+	}
+	if err := r.Write(sc.bw); err != nil {
+		return nil, err
+	}
+	if err := sc.bw.Flush(); err != nil {
+		return nil, err
+	}
+	for {
+		resp, err := http.ReadResponse(sc.br, req)
+		if err != nil {
+			return nil, err
+		}
+		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			if resp.StatusCode == http.StatusSwitchingProtocols {
+				resp.Close = true
+			}
+			return resp, nil
+		}
+		resp.Body.Close()
+	}
+}
+
+// dial opens a connection to u's host, with TLS for https.
+func (t *syncTransport) dial(ctx context.Context, u *url.URL) (*syncConn, error) {
+	var d net.Dialer
+	raw, err := d.DialContext(ctx, "tcp", canonicalAddr(u))
+	if err != nil {
+		return nil, err
+	}
+	c := raw
+	if u.Scheme == "https" {
+		cfg := t.tls.Clone()
+		if cfg == nil {
+			cfg = &tls.Config{}
+		}
+		if cfg.ServerName == "" {
+			cfg.ServerName = u.Hostname()
+		}
+		cfg.NextProtos = []string{"http/1.1"}
+		tc := tls.Client(raw, cfg)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			raw.Close()
+			return nil, err
+		}
+		c = tc
+	}
+	in := &countingReader{r: c}
+	return &syncConn{c: c, raw: raw, in: in, br: bufio.NewReaderSize(in, 4<<10), bw: bufio.NewWriterSize(c, 4<<10)}, nil
+}
+
+// countingReader counts the bytes read from a connection: whether an
+// answer began to arrive.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// get takes the most recently used idle connection to key that is
+// still open, if any: reused says it was one.
+func (t *syncTransport) get(key string) (sc *syncConn, reused bool) {
+	now := time.Now()
+	for {
+		t.mu.Lock()
+		l := t.idle[key]
+		if len(l) == 0 {
+			t.mu.Unlock()
+			return nil, false
+		}
+		sc = l[len(l)-1]
+		l[len(l)-1] = nil
+		t.idle[key] = l[:len(l)-1]
+		t.mu.Unlock()
+		if now.Sub(sc.since) < t.idleFor && sc.br.Buffered() == 0 && connAlive(sc.raw) {
+			return sc, true
+		}
+		sc.c.Close()
+	}
+}
+
+// put keeps sc for the next request to key, or closes it when key has
+// maxIdle already.
+func (t *syncTransport) put(key string, sc *syncConn) {
+	sc.c.SetDeadline(time.Time{})
+	sc.since = time.Now()
+	t.mu.Lock()
+	if t.idle == nil {
+		t.idle = map[string][]*syncConn{}
+	}
+	if len(t.idle[key]) < t.maxIdle {
+		t.idle[key] = append(t.idle[key], sc)
+		sc = nil
+	}
+	t.mu.Unlock()
+	if sc != nil {
+		sc.c.Close()
+	}
+}
+
+// CloseIdleConnections closes the idle connections.
+func (t *syncTransport) CloseIdleConnections() {
+	t.mu.Lock()
+	idle := t.idle
+	t.idle = nil
+	t.mu.Unlock()
+	for _, l := range idle {
+		for _, sc := range l {
+			sc.c.Close()
+		}
+	}
+	if c, ok := t.fallback.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// syncBody is a response's body: read to its end and closed, its
+// connection goes back to the pool; closed before its end, or of an
+// answer that closes the connection, the connection is closed.
+type syncBody struct {
+	body   io.ReadCloser
+	t      *syncTransport
+	key    string
+	sc     *syncConn
+	keep   bool
+	eof    bool
+	closed bool
+	ctx    context.Context // the request's, with its timeout
+	cancel context.CancelFunc
+}
+
+func (b *syncBody) Read(p []byte) (int, error) {
+	if b.closed {
+		return 0, errors.New("http: read on closed response body")
+	}
+	n, err := b.body.Read(p)
+	if err == io.EOF {
+		b.eof = true
+	}
+	return n, err
+}
+
+func (b *syncBody) Close() error {
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	b.body.Close()
+	// Not once the request's context ended: the connection's deadline
+	// may have passed in a read.
+	live := b.eof && b.keep && b.ctx.Err() == nil
+	b.cancel()
+	if live {
+		b.t.put(b.key, b.sc)
+	} else {
+		b.sc.c.Close()
+	}
+	return nil
+}
+
+// cancelBody ends a fallback request's context with its body.
+type cancelBody struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
+}
+
+// canonicalAddr is u's host and port, the scheme's port when it has none.
+func canonicalAddr(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	return net.JoinHostPort(u.Hostname(), port)
+}
+
+// closedIdle says whether err is what a keep-alive connection the server
+// had closed gives a request sent on it, before any byte of an answer:
+// its write refused, or its read at the connection's end
+// (http.ReadResponse says io.ErrUnexpectedEOF for an end before any
+// byte too).
+func closedIdle(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE)
+}
+
+// replayable says whether req may be sent again after a connection closed
+// under it, as net/http decides: a body it can send again, and a method
+// that is idempotent or an idempotency key (every guide has one).
+func replayable(req *http.Request) bool {
+	if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
+		return false
+	}
+	switch req.Method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	_, key := req.Header["Idempotency-Key"]
+	_, xkey := req.Header["X-Idempotency-Key"]
+	return key || xkey
+}
