@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -24,12 +25,14 @@ import (
 // http.ReadResponse); a request a proxy would carry goes through
 // fallback, the standard transport.
 //
-// Each request is bounded by timeout as a whole (dial, TLS, write, read
-// of the response's head), and by its context. A keep-alive connection
-// the server closed while idle is found before it is used, where the
-// system allows (connAlive); one found closed by the request's write or
-// read, before any byte of an answer, is replaced and the request sent
-// again if it may be (replayable), as net/http does.
+// Each request is bounded by timeout as a whole (dial, TLS, write, the
+// answer's head and body), and by its context; an answer's head by
+// maxHead. A keep-alive connection is used again only if nothing came on
+// it unasked and, where the system allows, the server has not closed it
+// (alive); one the server closes under a request, before any byte of an
+// answer, gets the request again once, on a new connection, if it may be
+// sent again (replayable), as net/http does. Idle connections close after
+// idleFor.
 type syncTransport struct {
 	timeout  time.Duration
 	maxIdle  int // per host
@@ -38,19 +41,31 @@ type syncTransport struct {
 	proxy    func(*http.Request) (*url.URL, error)
 	fallback http.RoundTripper
 
-	mu   sync.Mutex
-	idle map[string][]*syncConn // by scheme and address
+	mu    sync.Mutex
+	idle  map[string][]*syncConn // by scheme and address, the oldest first
+	prune *time.Timer            // closes those idle for idleFor; nil while none is idle
 }
 
 // syncConn is one keep-alive connection.
 type syncConn struct {
 	c     net.Conn
-	raw   net.Conn // the TCP connection under c, for connAlive
+	raw   net.Conn // the TCP connection under c (c itself without TLS), for connAlive
 	in    *countingReader
 	br    *bufio.Reader
 	bw    *bufio.Writer
 	since time.Time // idle since
 }
+
+// maxHead bounds the heads of one answer, informational ones included, as
+// net/http's default (Transport.MaxResponseHeaderBytes); maxInformational
+// bounds the informational answers before the final one, as net/http's.
+const (
+	maxHead          = 10 << 20
+	maxInformational = 5
+)
+
+// errHeadTooLarge fails an answer whose head is past maxHead.
+var errHeadTooLarge = errors.New("http: answer's head larger than 10 MiB")
 
 func newSyncTransport(timeout time.Duration, maxIdle int) *syncTransport {
 	return &syncTransport{
@@ -81,19 +96,25 @@ func (t *syncTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return resp, nil
 	}
 	key := req.URL.Scheme + "://" + canonicalAddr(req.URL)
-	for retried := false; ; retried = true {
-		sc, reused := t.get(key)
+	var first error // the kept connection's failure, when the request goes again
+	for {
+		var sc *syncConn
+		reused := false
+		if first == nil {
+			sc, reused = t.get(key)
+		}
 		if sc == nil {
 			var err error
 			if sc, err = t.dial(ctx, req.URL); err != nil {
 				cancel()
-				return nil, err
+				return nil, again(first, err)
 			}
 		}
 		read := sc.in.n
-		resp, err := t.exchange(ctx, sc, req, retried)
+		resp, stop, err := t.exchange(ctx, sc, req, first != nil)
 		if err == nil {
-			resp.Body = &syncBody{body: resp.Body, t: t, key: key, sc: sc, keep: !resp.Close && !req.Close, ctx: ctx, cancel: cancel}
+			resp.Body = &syncBody{body: resp.Body, t: t, key: key, sc: sc, keep: !resp.Close && !req.Close, ctx: ctx,
+				stop: stop, cancel: cancel}
 			return resp, nil
 		}
 		sc.c.Close()
@@ -103,49 +124,70 @@ func (t *syncTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// Closed by the server before any byte of an answer: it had
 		// closed the connection as idle as the request came (or died
 		// with it, which an idempotency key makes safe to send again).
-		if !reused || retried || sc.in.n != read || !closedIdle(err) || !replayable(req) {
+		if !reused || sc.in.n != read || !closedIdle(err) || !replayable(req) {
 			cancel()
-			return nil, err
+			return nil, again(first, err)
 		}
+		first = err
 	}
 }
 
+// again is the error of a request sent again after its kept connection
+// failed with first: first's, which says the request may have reached
+// the server (the consumer counts such a guide as maybe shown), with
+// what became of the second sending (a refused dial, say, which alone
+// would say it never left).
+func again(first, err error) error {
+	if first == nil {
+		return err
+	}
+	return fmt.Errorf("%w; sent again on a new connection: %v", first, err)
+}
+
 // exchange writes req on sc and reads its answer's head, skipping
-// informational answers (1xx but 101).
-func (t *syncTransport) exchange(ctx context.Context, sc *syncConn, req *http.Request, again bool) (*http.Response, error) {
+// informational answers (1xx but 101). On success, stop ends the
+// context's hold on the connection's deadline, once the body is done.
+func (t *syncTransport) exchange(ctx context.Context, sc *syncConn, req *http.Request, again bool) (_ *http.Response, stop func() bool, err error) {
 	if dl, ok := ctx.Deadline(); ok {
 		sc.c.SetDeadline(dl)
 	}
-	stop := context.AfterFunc(ctx, func() { sc.c.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
+	release := context.AfterFunc(ctx, func() { sc.c.SetDeadline(time.Unix(1, 0)) })
+	defer func() {
+		if err != nil {
+			release()
+		}
+	}()
 	r := req
 	if again {
 		body, err := req.GetBody()
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		r = req.Clone(ctx)
 		r.Body = body
 	}
 	if err := r.Write(sc.bw); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := sc.bw.Flush(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	for {
+	sc.in.limit = sc.in.n + int64(sc.br.Buffered()) + maxHead
+	defer func() { sc.in.limit = 0 }()
+	for range maxInformational + 1 {
 		resp, err := http.ReadResponse(sc.br, req)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+		if resp.StatusCode < 100 || resp.StatusCode > 199 || resp.StatusCode == http.StatusSwitchingProtocols {
 			if resp.StatusCode == http.StatusSwitchingProtocols {
-				resp.Close = true
+				resp.Close = true // not ours to speak the protocol it switched to
 			}
-			return resp, nil
+			return resp, release, nil
 		}
 		resp.Body.Close()
 	}
+	return nil, nil, fmt.Errorf("http: more than %d informational answers", maxInformational)
 }
 
 // dial opens a connection to u's host, with TLS for https.
@@ -176,23 +218,30 @@ func (t *syncTransport) dial(ctx context.Context, u *url.URL) (*syncConn, error)
 	return &syncConn{c: c, raw: raw, in: in, br: bufio.NewReaderSize(in, 4<<10), bw: bufio.NewWriterSize(c, 4<<10)}, nil
 }
 
-// countingReader counts the bytes read from a connection: whether an
-// answer began to arrive.
+// countingReader counts the bytes read from a connection (whether an
+// answer began to arrive), and fails a read past limit (the answer's
+// head too large) when limit is set.
 type countingReader struct {
-	r io.Reader
-	n int64
+	r     io.Reader
+	n     int64
+	limit int64 // 0: none
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
+	if c.limit > 0 {
+		if c.n >= c.limit {
+			return 0, errHeadTooLarge
+		}
+		p = p[:min(int64(len(p)), c.limit-c.n)]
+	}
 	n, err := c.r.Read(p)
 	c.n += int64(n)
 	return n, err
 }
 
 // get takes the most recently used idle connection to key that is
-// still open, if any: reused says it was one.
+// still good (alive), if any: reused says it was one.
 func (t *syncTransport) get(key string) (sc *syncConn, reused bool) {
-	now := time.Now()
 	for {
 		t.mu.Lock()
 		l := t.idle[key]
@@ -204,11 +253,37 @@ func (t *syncTransport) get(key string) (sc *syncConn, reused bool) {
 		l[len(l)-1] = nil
 		t.idle[key] = l[:len(l)-1]
 		t.mu.Unlock()
-		if now.Sub(sc.since) < t.idleFor && sc.br.Buffered() == 0 && connAlive(sc.raw) {
+		if time.Since(sc.since) < t.idleFor && alive(sc) {
 			return sc, true
 		}
 		sc.c.Close()
 	}
+}
+
+// alive says whether an idle connection may carry a request: nothing
+// came on it unasked (an answer nobody asked for would be read as the
+// next request's), and, where the system tells, the server has not
+// closed it. Over TLS, what came may sit in the TLS layer's own buffer,
+// out of the socket's sight: a read whose deadline has passed takes in
+// what it holds, and no more, without waiting. Anything on the socket
+// itself, a TLS message after the handshake (a session ticket) too,
+// makes a connection not used again: a new one costs a handshake, a
+// wrong one a guide.
+func alive(sc *syncConn) bool {
+	if sc.br.Buffered() > 0 {
+		return false
+	}
+	if sc.raw != sc.c {
+		sc.c.SetReadDeadline(time.Unix(1, 0))
+		_, err := sc.br.Peek(1)
+		// The look below is a read too, which a passed deadline refuses.
+		sc.c.SetReadDeadline(time.Time{})
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			return false
+		}
+	}
+	return connAlive(sc.raw)
 }
 
 // put keeps sc for the next request to key, or closes it when key has
@@ -223,9 +298,43 @@ func (t *syncTransport) put(key string, sc *syncConn) {
 	if len(t.idle[key]) < t.maxIdle {
 		t.idle[key] = append(t.idle[key], sc)
 		sc = nil
+		if t.prune == nil {
+			t.prune = time.AfterFunc(t.idleFor, t.pruneIdle)
+		}
 	}
 	t.mu.Unlock()
 	if sc != nil {
+		sc.c.Close()
+	}
+}
+
+// pruneIdle closes the connections idle for idleFor, and comes again
+// when the oldest left will be: after a burst the pool shrinks back,
+// request or not.
+func (t *syncTransport) pruneIdle() {
+	var closing []*syncConn
+	t.mu.Lock()
+	now := time.Now()
+	var oldest time.Time
+	for key, l := range t.idle {
+		n := 0
+		for n < len(l) && now.Sub(l[n].since) >= t.idleFor {
+			n++
+		}
+		closing = append(closing, l[:n]...)
+		l = append(l[:0], l[n:]...)
+		clear(t.idle[key][len(l):])
+		t.idle[key] = l
+		if len(l) > 0 && (oldest.IsZero() || l[0].since.Before(oldest)) {
+			oldest = l[0].since
+		}
+	}
+	t.prune = nil
+	if !oldest.IsZero() {
+		t.prune = time.AfterFunc(oldest.Add(t.idleFor).Sub(now), t.pruneIdle)
+	}
+	t.mu.Unlock()
+	for _, sc := range closing {
 		sc.c.Close()
 	}
 }
@@ -235,6 +344,10 @@ func (t *syncTransport) CloseIdleConnections() {
 	t.mu.Lock()
 	idle := t.idle
 	t.idle = nil
+	if t.prune != nil {
+		t.prune.Stop()
+		t.prune = nil
+	}
 	t.mu.Unlock()
 	for _, l := range idle {
 		for _, sc := range l {
@@ -258,6 +371,7 @@ type syncBody struct {
 	eof    bool
 	closed bool
 	ctx    context.Context // the request's, with its timeout
+	stop   func() bool     // ends ctx's hold on the connection's deadline
 	cancel context.CancelFunc
 }
 
@@ -280,6 +394,7 @@ func (b *syncBody) Close() error {
 	b.body.Close()
 	// Not once the request's context ended: the connection's deadline
 	// may have passed in a read.
+	b.stop()
 	live := b.eof && b.keep && b.ctx.Err() == nil
 	b.cancel()
 	if live {

@@ -267,8 +267,9 @@ const activityArgs = 8
 // of it holds the deadlines it wrote). An event of no TTL takes its
 // segment's from rules, in the script, with the segment it resolves: no
 // round trip first to learn a user's segment. It makes one script call per
-// bucket the events touch, all in one pipeline, so that a user's events,
-// all of one bucket, apply in the order given. A batch with an invalid
+// bucket the events touch, so that a user's events, all of one bucket,
+// apply in the order given; the calls go in two pipelines at once
+// (runScriptsOverlapped), each of half the buckets. A batch with an invalid
 // event is refused whole, naming it, before anything is sent. When a
 // bucket's call fails, the others' events may have applied: the error
 // says so, and the result counts them.
