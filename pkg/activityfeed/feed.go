@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -433,12 +434,19 @@ func (f *Feed) applyBatch(ctx context.Context, recs []*kgo.Record, apply func(co
 		return false
 	}
 	data := dataRecords(recs)
-	for i, reason := range refused {
+	// The refused go to the dead-letter topic all at once, in the order
+	// read; those that fail go again until they land.
+	pending := make([]kafka.Refused, 0, len(refused))
+	for _, i := range slices.Sorted(maps.Keys(refused)) {
 		r := data[i]
-		metricRecords.WithLabelValues("dead-lettered").Inc()
-		f.log.Warn("activity record refused", "partition", r.Partition, "offset", r.Offset, "reason", reason)
+		f.log.Warn("activity record refused", "partition", r.Partition, "offset", r.Offset, "reason", refused[i])
+		pending = append(pending, kafka.Refused{Record: r, Reason: refused[i]})
+	}
+	if len(pending) > 0 {
+		metricRecords.WithLabelValues("dead-lettered").Add(float64(len(pending)))
 		if !retry(ctx, func() error {
-			err := kafka.ProduceDeadLetter(ctx, f.cl, r, f.cfg.DeadLetterTopic, reason)
+			var err error
+			pending, err = kafka.ProduceDeadLetters(ctx, f.cl, pending, f.cfg.DeadLetterTopic)
 			return track(f.dlqOutage, err)
 		}) {
 			return false

@@ -190,6 +190,58 @@ func TestFeedAppliesInOrderAndStamps(t *testing.T) {
 	}
 }
 
+// TestFeedDeadLettersABatch: a batch of thousands of refused records (a
+// platform's release that writes a field wrong) goes to the dead-letter
+// topic, each record once, in the order read, and the watermark passes
+// them: they do not hold the partition one round trip each.
+func TestFeedDeadLettersABatch(t *testing.T) {
+	r := newRig(t)
+	r.start()
+	if !r.watermarkPast(r.control().Now, 30*time.Second) {
+		t.Fatal("an idle feed never stamped") // nor made its topics
+	}
+	const users, each = 4, 500
+	cl, err := kgo.NewClient(kgo.SeedBrokers(r.brokers...), kgo.DefaultProduceTopic(DefaultTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []*kgo.Record
+	for u := range users {
+		for i := range each {
+			recs = append(recs, &kgo.Record{Key: fmt.Appendf(nil, "u%d", u), Value: fmt.Appendf(nil, "bad-u%d-%04d", u, i)})
+		}
+	}
+	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	cl.Close()
+	produced := r.control().Now
+	if !r.watermarkPast(produced, 60*time.Second) {
+		t.Fatalf("watermark never passed %d refused records: %v", len(recs), r.control().Activity)
+	}
+	dlq := readAll(t, r.brokers, DefaultTopic+"-dlq", len(recs))
+	last := map[string]string{}
+	seen := map[string]bool{}
+	for _, rec := range dlq {
+		v := string(rec.Value)
+		if seen[v] {
+			t.Errorf("%s dead-lettered twice", v)
+		}
+		seen[v] = true
+		if reason := header(rec, kafka.HeaderDLQReason); reason != "bad record "+v {
+			t.Errorf("dead letter %q has reason %q", v, reason)
+		}
+		if k := string(rec.Key); last[k] > v {
+			t.Errorf("user %s: %s dead-lettered after %s, out of the order read", k, v, last[k])
+		} else {
+			last[k] = v
+		}
+	}
+	if len(seen) != len(recs) {
+		t.Fatalf("%d distinct dead letters, want %d", len(seen), len(recs))
+	}
+}
+
 // TestFeedStallHoldsTheWatermark checks that while records cannot be
 // applied the watermark stays before them, and that a stall past the gap
 // is a blind interval once the feed catches up.
