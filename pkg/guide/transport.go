@@ -96,7 +96,15 @@ func (t *syncTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return resp, nil
 	}
 	key := req.URL.Scheme + "://" + canonicalAddr(req.URL)
-	var first error // the kept connection's failure, when the request goes again
+	var first error  // the kept connection's failure, when the request goes again
+	written := false // req's body closed: Request.Write closes it, however it ends
+	fail := func(err error) (*http.Response, error) {
+		cancel()
+		if !written && req.Body != nil {
+			req.Body.Close() // a RoundTripper closes it, as net/http does: its writer may wait on it
+		}
+		return nil, again(first, err)
+	}
 	for {
 		var sc *syncConn
 		reused := false
@@ -106,11 +114,11 @@ func (t *syncTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if sc == nil {
 			var err error
 			if sc, err = t.dial(ctx, req.URL); err != nil {
-				cancel()
-				return nil, again(first, err)
+				return fail(err)
 			}
 		}
 		read := sc.in.n
+		written = true
 		resp, stop, err := t.exchange(ctx, sc, req, first != nil)
 		if err == nil {
 			resp.Body = &syncBody{body: resp.Body, t: t, key: key, sc: sc, keep: !resp.Close && !req.Close, ctx: ctx,
@@ -125,8 +133,7 @@ func (t *syncTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// closed the connection as idle as the request came (or died
 		// with it, which an idempotency key makes safe to send again).
 		if !reused || sc.in.n != read || !closedIdle(err) || !replayable(req) {
-			cancel()
-			return nil, again(first, err)
+			return fail(err)
 		}
 		first = err
 	}
@@ -158,7 +165,7 @@ func (t *syncTransport) exchange(ctx context.Context, sc *syncConn, req *http.Re
 		}
 	}()
 	r := req
-	if again {
+	if again && req.Body != nil && req.Body != http.NoBody {
 		body, err := req.GetBody()
 		if err != nil {
 			return nil, nil, err
@@ -391,6 +398,12 @@ func (b *syncBody) Close() error {
 		return nil
 	}
 	b.closed = true
+	if !b.eof {
+		// The rest of the answer is not ours to wait for: net/http's
+		// body reads a delimited answer to its end on Close, while the
+		// request's deadline stands.
+		b.sc.c.Close()
+	}
 	b.body.Close()
 	// Not once the request's context ended: the connection's deadline
 	// may have passed in a read.
