@@ -74,14 +74,23 @@ func TestJudgeLateDuplicateAtEnd(t *testing.T) {
 // pings with a pong of ttl, and sends one guide guideAfter after the
 // connect, naming the deadline connect+guideAfter; its clock is ahead of
 // the canary's by skew (Redis's, which names deadlines, on another node).
+// pingDelay holds each ping before it lands (a busy gateway reading it),
+// pongDelay each pong after its renewal (a slow write, a busy reader on
+// the client): neither moves the deadline the pong names, nor the guide.
 type guidingGateway struct {
 	ttl, guideAfter, skew time.Duration
+	pingDelay, pongDelay  time.Duration
 	verifier              *token.Verifier
 	sent                  atomic.Int64 // the first guide's named deadline, Unix ms
 	wg                    sync.WaitGroup
 }
 
 func (g *guidingGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Counted before the server may count the request done (a hijack
+	// is done, for httptest): once the server is closed, every handler
+	// that will run is counted, and the wait for them races no Add.
+	g.wg.Add(1)
+	defer g.wg.Done()
 	claims, err := g.verifier.Verify(strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "))
 	if err != nil {
 		http.Error(w, "bad token", http.StatusUnauthorized)
@@ -91,8 +100,6 @@ func (g *guidingGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
-	g.wg.Add(1)
-	defer g.wg.Done()
 	defer ws.Close()
 	now := func() time.Time { return time.Now().Add(g.skew) }
 	deadline := now().Add(g.guideAfter)
@@ -116,8 +123,10 @@ func (g *guidingGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			if f, _ := frame.Parse(b); f.Type == frame.TypePing {
+				time.Sleep(g.pingDelay)
 				deadline = now().Add(g.ttl)
 				guided.Reset(g.ttl)
+				time.Sleep(g.pongDelay)
 				ws.WriteMessage(websocket.TextMessage, frame.Pong(g.ttl.Milliseconds(), deadline.UnixMilli()))
 			}
 		case <-guided.C:
@@ -206,9 +215,10 @@ func TestCanaryActivityRejectedIsNotAFalseGuide(t *testing.T) {
 	}
 	g := &guidingGateway{ttl: 2 * time.Second, guideAfter: 1500 * time.Millisecond, verifier: v}
 	srv := httptest.NewServer(g)
-	// Stopped after the canary (cleanups run last first).
-	t.Cleanup(srv.Close)
+	// Stopped after the canary (cleanups run last first), and its
+	// connections' goroutines waited for once it is closed.
 	t.Cleanup(g.wg.Wait)
+	t.Cleanup(srv.Close)
 	act := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `{"error":"missing or wrong activity credentials"}`, http.StatusUnauthorized)
 	}))
@@ -255,37 +265,92 @@ func (w testWriter) Write(b []byte) (int, error) {
 func TestCanaryClockSkew(t *testing.T) {
 	for _, skew := range []time.Duration{0, 3 * time.Second, -3 * time.Second} {
 		t.Run(skew.String(), func(t *testing.T) {
-			v, err := token.NewVerifier([]byte(testSecret), token.Rules{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			g := &guidingGateway{ttl: 2 * time.Second, guideAfter: 2 * time.Second, skew: skew, verifier: v}
-			srv := httptest.NewServer(g)
-			// Stopped after the canary (cleanups run last first).
-			t.Cleanup(srv.Close)
-			t.Cleanup(g.wg.Wait)
-			cfg := attackConfig("ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/ws")
-			cfg.Leavers = 1
-			before := classes0()
-			runCanary(t, cfg)
-			waitFor(t, 30*time.Second, "two stages judged", func() bool {
-				n := 0.0
-				for _, c := range classes {
-					n += moved(before, c)
-				}
-				return n >= 2
-			})
-			for _, c := range classes {
-				if n := moved(before, c); n != 0 && c != promise.OK {
-					t.Errorf("%v stages %s, want every stage ok: the service guided each at its deadline", n, c)
-				}
-			}
+			skewed(t, &guidingGateway{ttl: 2 * time.Second, guideAfter: 2 * time.Second, skew: skew}, 2, nil)
 		})
 	}
 }
 
-// TestRedisAhead: a pong's renewal time by Redis's clock inside the
-// ping's round trip is no skew; outside it, the distance to it.
+// TestCanaryClockSkewSlowTrip: a ping's round trip is slow (a busy
+// gateway, a busy canary: a CPU-starved node). The pong tells Redis's
+// renewal time only to within that trip, and the canary must not judge by
+// an estimate that puts the deadline later than it can be: Redis 3s
+// ahead and a pong 600ms on its way back, the canary took Redis's clock
+// as 2.4s ahead, and the deadline 600ms later than it was. The guide, on
+// time by Redis's clock, then came before the deadline as the canary
+// reckoned it, and the gateway's close right after it ended the history
+// before that deadline too: no silence, and the guide false ("delivered
+// for no silence"), a page for a service that kept its promise to the
+// millisecond. A trip slower than the in-flight slack makes it false
+// however long the history runs.
+func TestCanaryClockSkewSlowTrip(t *testing.T) {
+	const slow = 600 * time.Millisecond // within the test's answer timeout
+	for _, tt := range []struct {
+		name                 string
+		skew                 time.Duration
+		pingDelay, pongDelay time.Duration
+		answerTimeout        time.Duration // 0: attackConfig's
+	}{
+		{"ahead/slow-pong", 3 * time.Second, 0, slow, 0},
+		// Slower than the in-flight slack (the default answer timeout is
+		// longer): before its deadline as the canary reckoned it.
+		{"ahead/slower-pong", 3 * time.Second, 0, 1500 * time.Millisecond, 2 * time.Second},
+		{"ahead/slow-ping", 3 * time.Second, slow, 0, 0},
+		{"agreed/slow-pong", 0, 0, slow, 0},
+		{"behind/slow-pong", -3 * time.Second, 0, slow, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			skewed(t, &guidingGateway{ttl: 2 * time.Second, guideAfter: 2 * time.Second, skew: tt.skew,
+				pingDelay: tt.pingDelay, pongDelay: tt.pongDelay}, 1, func(c *Config) {
+				if tt.answerTimeout > 0 {
+					c.AnswerTimeout = tt.answerTimeout
+				}
+			})
+		})
+	}
+}
+
+// skewed runs a leaver against g (its config set by set, when not nil)
+// until stages stages are judged, and wants each ok: g guides each
+// silence at its deadline by its clock.
+func skewed(t *testing.T, g *guidingGateway, stages float64, set func(*Config)) {
+	t.Helper()
+	v, err := token.NewVerifier([]byte(testSecret), token.Rules{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.verifier = v
+	srv := httptest.NewServer(g)
+	// Stopped after the canary (cleanups run last first), and its
+	// connections' goroutines waited for once it is closed.
+	t.Cleanup(g.wg.Wait)
+	t.Cleanup(srv.Close)
+	cfg := attackConfig("ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/ws")
+	cfg.Leavers = 1
+	if set != nil {
+		set(&cfg)
+	}
+	before := classes0()
+	runCanary(t, cfg)
+	waitFor(t, 30*time.Second, "stages judged", func() bool {
+		n := 0.0
+		for _, c := range classes {
+			n += moved(before, c)
+		}
+		return n >= stages
+	})
+	for _, c := range classes {
+		if n := moved(before, c); n != 0 && c != promise.OK {
+			t.Errorf("%v stages %s, want every stage ok: the service guided each at its deadline", n, c)
+		}
+	}
+}
+
+// TestRedisAhead: a pong's renewal time by Redis's clock, less the ping's
+// send: the most Redis can be ahead, so that a deadline taken into the
+// canary's clock is the earliest the pong allows (Answer.Low), never
+// later than it was. Taking the renewal at the pong's arrival, or no
+// skew within the trip, put the deadline up to the trip later than it
+// was: an on-time guide looked early (TestCanaryClockSkewSlowTrip).
 func TestRedisAhead(t *testing.T) {
 	ttl := 30 * time.Second
 	for _, tt := range []struct {
@@ -294,14 +359,18 @@ func TestRedisAhead(t *testing.T) {
 		want    time.Duration
 	}{
 		{"at the send", 0, 0},
-		{"within the trip", 40 * time.Millisecond, 0},
-		{"at the answer", 100 * time.Millisecond, 0},
-		{"ahead", 3100 * time.Millisecond, 3 * time.Second},
+		{"within the trip", 40 * time.Millisecond, 40 * time.Millisecond},
+		{"at the answer", 100 * time.Millisecond, 100 * time.Millisecond},
+		{"ahead", 3100 * time.Millisecond, 3100 * time.Millisecond},
 		{"behind", -2 * time.Second, -2 * time.Second},
 	} {
 		a := chatsim.Answer{Sent: t0, At: t0.Add(100 * time.Millisecond), TTL: ttl, Deadline: t0.Add(tt.renewed + ttl)}
-		if got := redisAhead(a); got != tt.want {
+		got := redisAhead(a)
+		if got != tt.want {
 			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
+		}
+		if d := a.Deadline.Add(-got); !d.Equal(a.Low()) {
+			t.Errorf("%s: the deadline in our clock %v, want the earliest the pong allows, %v", tt.name, d, a.Low())
 		}
 	}
 }
@@ -344,9 +413,10 @@ func TestCanaryTTLMismatch(t *testing.T) {
 		t.Run(tt.granted.String(), func(t *testing.T) {
 			g := &guidingGateway{ttl: tt.granted, guideAfter: tt.granted, verifier: v}
 			srv := httptest.NewServer(g)
-			// Stopped after the canary (cleanups run last first).
-			t.Cleanup(srv.Close)
+			// Stopped after the canary (cleanups run last first), and its
+			// connections' goroutines waited for once it is closed.
 			t.Cleanup(g.wg.Wait)
+			t.Cleanup(srv.Close)
 			cfg := attackConfig("ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/ws")
 			cfg.Stayers = 1
 			initSeries()

@@ -28,6 +28,11 @@ type fakeGateway struct {
 }
 
 func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Counted before the server may count the request done (a hijack
+	// is done, for httptest): once the server is closed, every handler
+	// that will run is counted, and the wait for them races no Add.
+	g.wg.Add(1)
+	defer g.wg.Done()
 	claims, err := g.verifier.Verify(strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "))
 	if err != nil || claims.Segment != "canary" {
 		http.Error(w, "bad token", http.StatusUnauthorized)
@@ -37,8 +42,6 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
-	g.wg.Add(1)
-	defer g.wg.Done()
 	defer ws.Close()
 	var deadline time.Time
 	pings := 0
@@ -96,8 +99,9 @@ func TestCanaryJudgesAGateway(t *testing.T) {
 	}
 	g := &fakeGateway{ttl: 2 * time.Second, verifier: v}
 	srv := httptest.NewServer(g)
-	defer srv.Close()
+	// Closed before its connections' goroutines are waited for.
 	defer g.wg.Wait()
+	defer srv.Close()
 
 	cfg := DefaultConfig()
 	cfg.URL = "ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/ws"

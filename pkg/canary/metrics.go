@@ -41,7 +41,7 @@ var (
 	})
 	clockOffset = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "stillthere_canary_redis_clock_ahead_seconds",
-		Help: "How far Redis's clock is ahead of the canary's (negative: behind), beyond a ping's round trip, as the latest pong showed it; the canary judges deadlines in its own clock by it.",
+		Help: "How far Redis's clock is ahead of the canary's (negative: behind), at most, as the latest pong bounds it (a ping's way in counts as ahead); the canary judges deadlines in its own clock by it, never later than they were.",
 	})
 	ttlMismatches = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "stillthere_canary_ttl_mismatches_total",

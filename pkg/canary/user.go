@@ -255,7 +255,8 @@ func (s *session) signal(ctx context.Context) bool {
 				s.c.log.Warn("canary: the canary segment's policy grants another TTL than canary-ttl (and canary-jitter): set them alike",
 					"granted", a.TTL, "canary_ttl", cfg.TTL, "canary_jitter", cfg.Jitter, "segment", cfg.Segment)
 			}
-			// The deadline is by Redis's clock: judged by ours.
+			// The deadline is by Redis's clock: judged by ours, as
+			// early as the round trip allows (a.Low()).
 			ahead := redisAhead(a)
 			s.c.setRedisAhead(ahead)
 			sig.Deadline = a.Deadline.Add(-ahead)
@@ -325,21 +326,26 @@ func (c *Canary) post(ctx context.Context, body []byte) (int, error) {
 
 // redisAhead is how far Redis's clock, which names every deadline the
 // service grants and guides, is ahead of the canary's (behind, when
-// negative), as a pong shows it: the renewal it answers happened at its
-// deadline less its TTL by Redis's clock, and between the ping's send
-// and the pong's arrival by ours. Zero when the two agree to within the
-// round trip. Without it a skew of a second or more between the canary's
-// node and Redis's makes guides on time by Redis's clock look early
-// (false) or late.
+// negative), as a pong bounds it: the renewal it answers happened at its
+// deadline less its TTL by Redis's clock, and somewhere between the
+// ping's send and the pong's arrival by ours, so Redis is ahead by at
+// most that renewal time less the send. The canary takes that most: a
+// deadline taken into its clock by it is the earliest the pong allows
+// (chatsim.Answer.Low), never later than it was, whatever the round trip.
+// Taking any less (the renewal at the pong's arrival, or no skew at all
+// within the trip) puts the deadline later than it was by as much as the
+// pong's way back: on a busy node a guide on time by Redis's clock comes
+// "before its deadline", and the close it brings ends the history before
+// that deadline too, so that the guide is for no silence: false both
+// ways, a page for a service that kept its promise. The price is the
+// other way and bounded: a guide judged later than it came by at most the
+// ping's way in (under the answer timeout), within the slack, or at worst
+// late, which burns the budget and pages no one.
+// Without it a skew of a second or more between the canary's node and
+// Redis's makes guides on time by Redis's clock look early (false) or
+// late.
 func redisAhead(a chatsim.Answer) time.Duration {
-	at := a.Deadline.Add(-a.TTL)
-	switch {
-	case at.Before(a.Sent):
-		return at.Sub(a.Sent)
-	case at.After(a.At):
-		return at.Sub(a.At)
-	}
-	return 0
+	return a.Deadline.Add(-a.TTL).Sub(a.Sent)
 }
 
 // sleep waits d or until ctx is done; it reports whether ctx is still on.
