@@ -123,9 +123,12 @@ func (g *guidingGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			if f, _ := frame.Parse(b); f.Type == frame.TypePing {
+				// The fault itself: a gateway slow to read the ping, in
+				// real time, which the canary's clock must bear.
 				time.Sleep(g.pingDelay)
 				deadline = now().Add(g.ttl)
 				guided.Reset(g.ttl)
+				// The fault itself: a pong slow on its way, in real time.
 				time.Sleep(g.pongDelay)
 				ws.WriteMessage(websocket.TextMessage, frame.Pong(g.ttl.Milliseconds(), deadline.UnixMilli()))
 			}

@@ -295,7 +295,11 @@ func TestSyncTransportAnswers(t *testing.T) {
 func TestSyncTransportTimeout(t *testing.T) {
 	hang := make(chan struct{})
 	defer close(hang)
-	u := rawServer(t, func(_ int, c net.Conn) { <-hang })
+	accepted := make(chan struct{}, 8)
+	u := rawServer(t, func(_ int, c net.Conn) {
+		accepted <- struct{}{}
+		<-hang
+	})
 	tr := newSyncTransport(200*time.Millisecond, 8)
 	start := time.Now()
 	_, _, err := post(t, tr, context.Background(), u, "slow")
@@ -320,7 +324,10 @@ func TestSyncTransportTimeout(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	tr = newSyncTransport(time.Minute, 8)
-	go func() { time.Sleep(50 * time.Millisecond); cancel() }() // cancels the request under way, whenever it is
+	for len(accepted) > 0 {
+		<-accepted // the timed-out request's connection
+	}
+	go func() { <-accepted; cancel() }() // once the request's connection is open: cancels it under way
 	_, _, err = post(t, tr, ctx, u, "cancelled")
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("a cancelled request: %v, want context.Canceled", err)
