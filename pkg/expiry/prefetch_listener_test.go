@@ -4,9 +4,11 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/stillthere/stillthere/pkg/timeline"
 	"github.com/stillthere/stillthere/pkg/timeoutevent"
 )
 
@@ -74,9 +76,19 @@ func TestPrefetchFindsByTimers(t *testing.T) {
 	// found before then, a timer found.
 	next := started.Add(cfg.PrefetchInterval).UnixMilli()
 	for _, ev := range evs {
-		if _, ok := early[ev.UID]; ok && ev.DetectedMS >= next {
-			t.Errorf("%s found %v past its deadline, after the next read began: by a read, not by its timer", ev.UID, time.Duration(ev.DetectedMS-ev.DeadlineMS)*time.Millisecond)
+		if _, ok := early[ev.UID]; !ok || ev.DetectedMS < next {
+			continue
 		}
+		late := time.Duration(ev.DetectedMS-ev.DeadlineMS) * time.Millisecond
+		// A round trip of the listener's that stalled (a starved test
+		// machine) holds what fell due in it (stall.go): its release
+		// may come after the next read, which is right.
+		tl := steps(h.timelineOf(ev.UID))
+		if slices.ContainsFunc(tl, func(s string) bool { return strings.HasPrefix(s, string(timeline.KindHeld)) }) {
+			t.Logf("%s found %v past its deadline, after a hold: %v", ev.UID, late, tl)
+			continue
+		}
+		t.Errorf("%s found %v past its deadline, after the next read began: by a read, not by its timer (timeline %v)", ev.UID, late, tl)
 	}
 	if late := lateness(t, evs, inside)["inside"]; late > cfg.PrefetchInterval+4*time.Second {
 		t.Errorf("a deadline inside a window read already was found %v late, want within the prefetch interval (%v)", late, cfg.PrefetchInterval)
