@@ -26,6 +26,7 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 	// After: hold (an outage rule), claim, or settle (stage-gone); a
 	// leave (awaits-replay) and a repeated dedup key leave the batch.
 	b := l.judgeFound(c, found, source)
+	defer l.noteFoundAlone(b)
 	// 2. Hold: the holds move to the hold set and leave the batch. After:
 	// claim, or settle (stage-gone).
 	l.hold(ctx, b)
@@ -61,6 +62,9 @@ type batch struct {
 	source string    // the path that found it: sweep or event
 	begin  time.Time // local time just after detection, for the lag
 	items  []*item
+	// found are the items step 1 kept, whose finding the timeline
+	// records (noteFound): holds leave items, found keeps them all.
+	found []*item
 	// outageHolds counts the items step 1 judged held, by an outage rule:
 	// they leave the index, for emit's count.
 	outageHolds int
@@ -75,6 +79,9 @@ type item struct {
 	verdict verdict
 	rec     *kgo.Record // its event, once encoded (step 5)
 	sentAt  time.Time   // when its event went to Kafka (step 5), for its timeline
+	// foundAt is when step 1 found it, while its timeline entry waits
+	// to be folded into the next (noteFound); zero once recorded.
+	foundAt time.Time
 }
 
 // judge judges it again, by the batch's facts and its own as they are now.
@@ -130,7 +137,8 @@ func (l *Listener) judgeFound(c session.Control, found []session.Expired, source
 		}
 		if it.verdict.act != actLeave {
 			b.items = append(b.items, it)
-			l.noteFound(e)
+			b.found = append(b.found, it)
+			l.noteFound(it)
 		}
 	}
 	return b
@@ -171,7 +179,7 @@ func (l *Listener) hold(ctx context.Context, b *batch) {
 		}
 		for i, it := range items {
 			if held[i] {
-				l.noteHeld(it.Expired, it.verdict)
+				l.noteOf(it, heldEntry(it.Expired, it.verdict), time.Now())
 			}
 		}
 	}

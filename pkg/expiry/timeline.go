@@ -3,6 +3,7 @@ package expiry
 import (
 	"cmp"
 	"fmt"
+	"time"
 
 	"github.com/stillthere/stillthere/pkg/session"
 	"github.com/stillthere/stillthere/pkg/timeline"
@@ -17,7 +18,10 @@ import (
 // A timeout's entries, in the order a silence meets them:
 //
 //   - lapse: found due (step 1), each time it is judged from the index;
-//     rechecked instead when it was held and its release came.
+//     rechecked instead when it was held and its release came. Folded
+//     into the next entry of it in the same emit (its hold or outcome),
+//     so that most silences cost one write here, not two; recorded
+//     alone if none comes (noteFound).
 //   - held (step 2 or 4b, once the hold set has it): the hold rule, until
 //     when, and what the rule found (a blind interval and its reason, a
 //     gateway instance). The minute rule's hold is the "deferred".
@@ -79,19 +83,57 @@ func eventID(e session.Expired) string {
 	return timeoutevent.StageID(e.UID, e.Deadline.UnixMilli(), e.Stage)
 }
 
-// noteFound records that e was found due: a lapse, or a held one's
+// foundKind is the entry of e's finding: a lapse, or a held one's
 // recheck.
-func (l *Listener) noteFound(e session.Expired) {
-	en := silence(e)
-	en.Kind = timeline.KindLapse
+func foundKind(e session.Expired) timeline.Kind {
 	if e.Rechecked {
-		en.Kind = timeline.KindRechecked
+		return timeline.KindRechecked
 	}
-	l.timeline.Record(e.UID, en)
+	return timeline.KindLapse
+}
+
+// noteFound notes that it was found due. Its entry waits, to be folded
+// into the next one recorded of it in this emit (its hold or its
+// outcome: one write for the two, see timeline.Entry.Found); one that
+// meets no such entry is recorded alone when emit ends (noteFoundAlone).
+func (l *Listener) noteFound(it *item) {
+	if l.timeline != nil {
+		it.foundAt = time.Now()
+	}
+}
+
+// noteFoundAlone records the finding of each item of b whose entry
+// waits still: its emit recorded nothing more of it (left to another
+// replica or a later sweep, or cut short by an error).
+func (l *Listener) noteFoundAlone(b *batch) {
+	for _, it := range b.found {
+		if it.foundAt.IsZero() {
+			continue
+		}
+		en := silence(it.Expired)
+		en.Kind = foundKind(it.Expired)
+		l.timeline.RecordAt(it.UID, en, it.foundAt)
+		it.foundAt = time.Time{}
+	}
+}
+
+// noteOf records en, made at at, of it: with its finding folded in,
+// when that waits still.
+func (l *Listener) noteOf(it *item, en timeline.Entry, at time.Time) {
+	if !it.foundAt.IsZero() {
+		en = timeline.Fold(en, foundKind(it.Expired), it.foundAt, at)
+		it.foundAt = time.Time{}
+	}
+	l.timeline.RecordAt(it.UID, en, at)
 }
 
 // noteHeld records that the hold set holds e by v (a hold verdict).
 func (l *Listener) noteHeld(e session.Expired, v verdict) {
+	l.timeline.Record(e.UID, heldEntry(e, v))
+}
+
+// heldEntry is the entry of e held by v.
+func heldEntry(e session.Expired, v verdict) timeline.Entry {
 	en := silence(e)
 	en.Kind, en.Rule, en.Until = timeline.KindHeld, string(v.rule), v.release.UnixMilli()
 	switch v.rule {
@@ -111,7 +153,7 @@ func (l *Listener) noteHeld(e session.Expired, v verdict) {
 	case ruleRetry:
 		en.Detail = "released, but the recheck could not run"
 	}
-	l.timeline.Record(e.UID, en)
+	return en
 }
 
 // noteOutcome records what became of it at the end of emit, if anything
@@ -140,13 +182,13 @@ func (l *Listener) noteOutcome(it *item, settled bool) {
 	if !settled && en.Kind != timeline.KindProduced && en.Kind != timeline.KindSpooled {
 		return
 	}
+	at := time.Now()
 	if en.Kind == timeline.KindProduced && !it.sentAt.IsZero() {
 		// At when it was sent: the consumer may send the guide before
 		// Kafka's answer reaches this listener.
-		l.timeline.RecordAt(it.UID, en, it.sentAt)
-		return
+		at = it.sentAt
 	}
-	l.timeline.Record(it.UID, en)
+	l.noteOf(it, en, at)
 }
 
 // stageDetail says what the stage of v's event does, and whether it is

@@ -87,6 +87,13 @@ func TestTimelineGuided(t *testing.T) {
 	if id := timeoutevent.ID("user", g.deadline.UnixMilli()); es[1].Event != id {
 		t.Errorf("produced event %q, want %q", es[1].Event, id)
 	}
+	// Found and produced in one emit: one write, the lapse folded in.
+	if n := h.storedEntries("user"); n != 1 {
+		t.Errorf("%d entries stored for a lapse and its event, want 1, the lapse folded into the produced", n)
+	}
+	if es[0].At.After(es[1].At) || es[0].Service != es[1].Service || es[0].Instance != es[1].Instance {
+		t.Errorf("lapse %+v does not read as made by the same listener before its event %+v", es[0], es[1])
+	}
 }
 
 // TestTimelineHeldThroughRedisRestart: a deadline that falls just after
@@ -247,15 +254,27 @@ func TestTimelineBounded(t *testing.T) {
 	for range silences {
 		h.renew("user", "default", 100*time.Millisecond)
 		waitFor(t, waitLong, "the silence to be held", func() bool { return h.heldUIDs()["user"] })
-		if n := len(h.timelineOf("user")); n > bound {
-			t.Fatalf("timeline of %d entries, want at most %d", n, bound)
+		if n := h.storedEntries("user"); n > bound {
+			t.Fatalf("timeline of %d stored entries, want at most %d", n, bound)
 		}
 	}
 	// The last hold is the newest entry once flushed.
 	es := h.waitTimelineEnd("user", "held:minute")
-	if len(es) != bound {
-		t.Fatalf("timeline %q: %d entries, want %d (the bound: %d silences were recorded)", steps(es), len(es), bound, silences+1)
+	if n := h.storedEntries("user"); n != bound {
+		t.Fatalf("timeline %q: %d stored entries, want %d (the bound: %d silences were recorded)", steps(es), n, bound, silences+1)
 	}
+}
+
+// storedEntries is how many entries uid's timeline stores: the bound
+// counts these, a lapse folded into its hold or outcome once
+// (timeline.Entry.Found), though it reads as two.
+func (h *harness) storedEntries(uid string) int64 {
+	h.t.Helper()
+	n, err := h.rdb.LLen(context.Background(), h.store.Keyspace().TimelineKey(uid)).Result()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return n
 }
 
 // waitTimelineEnd waits until uid's timeline ends with last, and

@@ -72,6 +72,34 @@ type Entry struct {
 	// Current: not recorded, but read with the timeline from the user's
 	// session as it is now (RuleLast).
 	Current bool `json:"current,omitempty"`
+	// Found folds in the entry of the finding this one follows from
+	// (KindLapse or KindRechecked), made FoundMS before it: one write
+	// for the two that most silences meet in one step of the listener
+	// (a lapse and its event produced, a lapse and its hold). Stored
+	// only: reading unfolds it into its two entries (unfold).
+	Found   Kind  `json:"found,omitempty"`
+	FoundMS int64 `json:"found_ms,omitempty"`
+}
+
+// Fold returns e with the finding found folded in, made at foundAt, e at
+// at: one stored entry that reads as two (see Entry.Found).
+func Fold(e Entry, found Kind, foundAt, at time.Time) Entry {
+	e.Found, e.FoundMS = found, max(0, at.Sub(foundAt).Milliseconds())
+	return e
+}
+
+// unfold appends to dst the entries e stands for: the finding it folds
+// in, with e's silence, service and instance, then e itself.
+func unfold(dst []Entry, e Entry) []Entry {
+	if e.Found == "" {
+		return append(dst, e)
+	}
+	f := Entry{
+		At: e.At.Add(-time.Duration(e.FoundMS) * time.Millisecond), Service: e.Service, Instance: e.Instance,
+		Kind: e.Found, Segment: e.Segment, Stage: e.Stage, Deadline: e.Deadline,
+	}
+	e.Found, e.FoundMS = "", 0
+	return append(dst, f, e)
 }
 
 // Rules of the stale entries a renewal or an end records when it cancels

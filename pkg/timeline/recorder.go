@@ -75,6 +75,9 @@ func (r *Recorder) RecordAt(uid string, e Entry, at time.Time) {
 		return
 	}
 	metricEntries.WithLabelValues(r.cfg.Service, string(e.Kind), e.Rule).Inc()
+	if e.Found != "" {
+		metricEntries.WithLabelValues(r.cfg.Service, string(e.Found), "").Inc()
+	}
 	select {
 	case r.wake <- struct{}{}:
 	default:
@@ -235,7 +238,7 @@ func Read(ctx context.Context, store *session.Store, uid string, keep time.Durat
 			// Shown, not hidden, and the rest still read.
 			e = Entry{At: s.At, Kind: KindUnreadable, Detail: err.Error()}
 		}
-		out = append(out, e)
+		out = unfold(out, e)
 	}
 	inOrder(out)
 	slices.SortStableFunc(out, func(a, b Entry) int { return a.At.Compare(b.At) })

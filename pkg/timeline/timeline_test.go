@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/stillthere/stillthere/pkg/redisserver/redistest"
@@ -76,6 +77,46 @@ func TestRecordAndRead(t *testing.T) {
 	none, err := Read(ctx, store, "nobody", 0)
 	if err != nil || none == nil || len(none) != 0 {
 		t.Fatalf("unknown user: %v, %v; want an empty timeline", none, err)
+	}
+}
+
+// TestFoldedReadsAsTwo: an entry with its finding folded in is one
+// stored entry that reads as the two it stands for, the finding first
+// at its own time, with the silence and who recorded it; the entries
+// metric counts both.
+func TestFoldedReadsAsTwo(t *testing.T) {
+	store, rdb := newStore(t)
+	ctx := context.Background()
+	foundAt := time.Now()
+	produced := Entry{Kind: KindProduced, Event: "e-1", Detail: "a remind stage", Segment: "s", Stage: 2, Deadline: 1000}
+	lapses := testutil.ToFloat64(metricEntries.WithLabelValues("listener", string(KindRechecked), ""))
+	recordAll(t, store, session.TimelineBounds{},
+		record{uid: "ann", e: Fold(produced, KindRechecked, foundAt, foundAt.Add(250*time.Millisecond))},
+		record{uid: "ann", e: Entry{Kind: KindSent}},
+	)
+	if got := testutil.ToFloat64(metricEntries.WithLabelValues("listener", string(KindRechecked), "")) - lapses; got != 1 {
+		t.Errorf("rechecked entries counted %v, want 1", got)
+	}
+	if n := rdb.LLen(ctx, store.Keyspace().TimelineKey("ann")).Val(); n != 2 {
+		t.Fatalf("%d entries stored, want 2", n)
+	}
+	got, err := Read(ctx, store, "ann", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 {
+		t.Fatalf("read %d entries %+v, want 3: rechecked, produced, sent", len(got), got)
+	}
+	want := Entry{At: got[1].At.Add(-250 * time.Millisecond), Service: "listener", Instance: "l-1", Kind: KindRechecked, Segment: "s", Stage: 2, Deadline: 1000}
+	if got[0] != want {
+		t.Errorf("finding read %+v, want %+v", got[0], want)
+	}
+	produced.At, produced.Service, produced.Instance = got[1].At, "listener", "l-1"
+	if got[1] != produced {
+		t.Errorf("outcome read %+v, want %+v: nothing of the fold left", got[1], produced)
+	}
+	if got[2].Kind != KindSent {
+		t.Errorf("last entry %+v, want the sent", got[2])
 	}
 }
 
