@@ -167,7 +167,13 @@ func brakeStages(t *testing.T, h *harness, slack time.Duration, start func()) {
 	// "answers" comes back 1.5s after its second stage was due.
 	due2 := time.UnixMilli(max(first.DueMS, first.DetectedMS)).Add(time.Second)
 	h.untilRedis(due2.Add(1500 * time.Millisecond))
-	h.renew("answers", "three", 10*time.Minute)
+	back := h.renew("answers", "three", 10*time.Minute).deadline.Add(-10 * time.Minute)
+	if back.After(due2.Add(testGrace - 250*time.Millisecond)) {
+		// A starved machine: the renewal landed when the hold it was to
+		// cancel may have been released already. What happens then is
+		// right, but not what this test is about.
+		t.Skipf("answers came back %v after its second stage was due, not within the grace (%v): the machine is too starved for this test", back.Sub(due2), testGrace)
+	}
 
 	waitFor(t, waitLong, "silent's close", func() bool { return len(byUID(h.events())["silent"]) >= 3 })
 	h.waitProduced(3 + 1 + len(storm))
