@@ -26,7 +26,7 @@ func (l *Listener) emit(ctx context.Context, c session.Control, found []session.
 	// After: hold (an outage rule), claim, or settle (stage-gone); a
 	// leave (awaits-replay) and a repeated dedup key leave the batch.
 	b := l.judgeFound(c, found, source)
-	defer l.noteFoundAlone(b)
+	defer l.flushFindings(&b.found)
 	// 2. Hold: the holds move to the hold set and leave the batch. After:
 	// claim, or settle (stage-gone).
 	l.hold(ctx, b)
@@ -62,9 +62,9 @@ type batch struct {
 	source string    // the path that found it: sweep or event
 	begin  time.Time // local time just after detection, for the lag
 	items  []*item
-	// found are the items step 1 kept, whose finding the timeline
-	// records (noteFound): holds leave items, found keeps them all.
-	found []*item
+	// found are the findings of the items step 1 kept, for their
+	// timelines (noteFound): holds leave items, found keeps them all.
+	found findings
 	// outageHolds counts the items step 1 judged held, by an outage rule:
 	// they leave the index, for emit's count.
 	outageHolds int
@@ -80,7 +80,8 @@ type item struct {
 	rec     *kgo.Record // its event, once encoded (step 5)
 	sentAt  time.Time   // when its event went to Kafka (step 5), for its timeline
 	// foundAt is when step 1 found it, while its timeline entry waits
-	// to be folded into the next (noteFound); zero once recorded.
+	// to be folded into the next (findings); zero once recorded. Under
+	// the batch's found.mu.
 	foundAt time.Time
 }
 
@@ -137,8 +138,7 @@ func (l *Listener) judgeFound(c session.Control, found []session.Expired, source
 		}
 		if it.verdict.act != actLeave {
 			b.items = append(b.items, it)
-			b.found = append(b.found, it)
-			l.noteFound(it)
+			l.noteFound(b, it)
 		}
 	}
 	return b
@@ -177,11 +177,7 @@ func (l *Listener) hold(ctx context.Context, b *batch) {
 		if err != nil {
 			l.log.Debug("hold timeouts; the next sweep retries", "rule", rule, "count", len(items), "err", err)
 		}
-		for i, it := range items {
-			if held[i] {
-				l.noteOf(it, heldEntry(it.Expired, it.verdict), time.Now())
-			}
-		}
+		l.notesHeld(b, items, held)
 	}
 	if err := l.resolveClaims(ctx, nil, nil, claims); err != nil {
 		l.log.Debug("release dedup claims of held timeouts", "count", len(claims), "err", err)
@@ -393,6 +389,6 @@ func (l *Listener) noteOutcomes(b *batch, settled bool) {
 		return
 	}
 	for _, it := range b.items {
-		l.noteOutcome(it, settled)
+		l.noteOutcome(b, it, settled)
 	}
 }

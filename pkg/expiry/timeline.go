@@ -3,6 +3,7 @@ package expiry
 import (
 	"cmp"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/stillthere/stillthere/pkg/session"
@@ -21,7 +22,7 @@ import (
 //     rechecked instead when it was held and its release came. Folded
 //     into the next entry of it in the same emit (its hold or outcome),
 //     so that most silences cost one write here, not two; recorded
-//     alone if none comes (noteFound).
+//     alone if none comes, or none within a second (findings).
 //   - held (step 2 or 4b, once the hold set has it): the hold rule, until
 //     when, and what the rule found (a blind interval and its reason, a
 //     gateway instance). The minute rule's hold is the "deferred".
@@ -92,39 +93,97 @@ func foundKind(e session.Expired) timeline.Kind {
 	return timeline.KindLapse
 }
 
-// noteFound notes that it was found due. Its entry waits, to be folded
-// into the next one recorded of it in this emit (its hold or its
-// outcome: one write for the two, see timeline.Entry.Found); one that
-// meets no such entry is recorded alone when emit ends (noteFoundAlone).
-func (l *Listener) noteFound(it *item) {
-	if l.timeline != nil {
-		it.foundAt = time.Now()
+// findings are the findings of one emit's items whose entries wait to
+// be folded into the next entry of each (its hold or its outcome: one
+// write for the two, see timeline.Entry.Found). What waits longer than
+// findingsWait (Kafka or Redis slow to answer) is recorded alone then,
+// off the pipeline goroutine, so that a lapse shows within about that of
+// its finding, and one found by a listener that dies in a long emit was
+// recorded; what is still waiting when emit ends is recorded alone too
+// (flush). mu orders each item's entries in the recorder's queue.
+type findings struct {
+	mu    sync.Mutex
+	items []*item // foundAt set while its entry waits, under mu
+	timer *time.Timer
+}
+
+// findingsWait is how long a finding's entry waits to be folded.
+const findingsWait = time.Second
+
+// noteFound notes that it was found due: its entry waits in b's
+// findings.
+func (l *Listener) noteFound(b *batch, it *item) {
+	if l.timeline == nil {
+		return
+	}
+	f := &b.found
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	it.foundAt = time.Now()
+	f.items = append(f.items, it)
+	if f.timer == nil {
+		f.timer = time.AfterFunc(findingsWait, func() { l.flushFindings(f) })
 	}
 }
 
-// noteFoundAlone records the finding of each item of b whose entry
-// waits still: its emit recorded nothing more of it (left to another
-// replica or a later sweep, or cut short by an error).
-func (l *Listener) noteFoundAlone(b *batch) {
-	for _, it := range b.found {
-		if it.foundAt.IsZero() {
-			continue
-		}
-		en := silence(it.Expired)
-		en.Kind = foundKind(it.Expired)
-		l.timeline.RecordAt(it.UID, en, it.foundAt)
-		it.foundAt = time.Time{}
+// flushFindings records alone each finding of f that waits still: its
+// item met no entry to fold it into in time, or in its emit at all (left
+// to another replica or a later sweep, not held, or cut short by an
+// error).
+func (l *Listener) flushFindings(f *findings) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.timer != nil {
+		f.timer.Stop()
+	}
+	for _, it := range f.items {
+		l.noteFoundAlone(it)
 	}
 }
 
-// noteOf records en, made at at, of it: with its finding folded in,
-// when that waits still.
-func (l *Listener) noteOf(it *item, en timeline.Entry, at time.Time) {
+// noteFoundAlone records it's finding alone, if it waits still. Under
+// its findings' mu.
+func (l *Listener) noteFoundAlone(it *item) {
+	if it.foundAt.IsZero() {
+		return
+	}
+	en := silence(it.Expired)
+	en.Kind = foundKind(it.Expired)
+	l.timeline.RecordAt(it.UID, en, it.foundAt)
+	it.foundAt = time.Time{}
+}
+
+// noteOf records en, made at at, of item it of b: with its finding
+// folded in, when that waits still.
+func (l *Listener) noteOf(b *batch, it *item, en timeline.Entry, at time.Time) {
+	b.found.mu.Lock()
+	defer b.found.mu.Unlock()
 	if !it.foundAt.IsZero() {
 		en = timeline.Fold(en, foundKind(it.Expired), it.foundAt, at)
 		it.foundAt = time.Time{}
 	}
 	l.timeline.RecordAt(it.UID, en, at)
+}
+
+// notesHeld records the holds of items (held says which were held): the
+// findings of those not held alone first (one listed twice in a batch
+// is held once: both were found before the hold), then the holds.
+func (l *Listener) notesHeld(b *batch, items []*item, held []bool) {
+	if l.timeline == nil {
+		return
+	}
+	b.found.mu.Lock()
+	for i, it := range items {
+		if !held[i] {
+			l.noteFoundAlone(it)
+		}
+	}
+	b.found.mu.Unlock()
+	for i, it := range items {
+		if held[i] {
+			l.noteOf(b, it, heldEntry(it.Expired, it.verdict), time.Now())
+		}
+	}
 }
 
 // noteHeld records that the hold set holds e by v (a hold verdict).
@@ -156,9 +215,10 @@ func heldEntry(e session.Expired, v verdict) timeline.Entry {
 	return en
 }
 
-// noteOutcome records what became of it at the end of emit, if anything
-// the timeline shows. settled says whether its settle went through.
-func (l *Listener) noteOutcome(it *item, settled bool) {
+// noteOutcome records what became of it, an item of b, at the end of
+// emit, if anything the timeline shows. settled says whether its settle
+// went through.
+func (l *Listener) noteOutcome(b *batch, it *item, settled bool) {
 	en := silence(it.Expired)
 	switch it.verdict.reason {
 	case whyProduced:
@@ -188,7 +248,7 @@ func (l *Listener) noteOutcome(it *item, settled bool) {
 		// Kafka's answer reaches this listener.
 		at = it.sentAt
 	}
-	l.noteOf(it, en, at)
+	l.noteOf(b, it, en, at)
 }
 
 // stageDetail says what the stage of v's event does, and whether it is

@@ -173,11 +173,11 @@ func luaString(s string) string {
 
 // AppendTimeline appends records to their users' timelines, in order per
 // user, in one pipelined round trip (one script call per bucket), and
-// returns how many Redis took and the first error. Each is stamped with
+// says of each whether Redis took it, with the first error. Each is stamped with
 // its decision's time by Redis's clock: Redis's now less its Ago.
-func (s *Store) AppendTimeline(ctx context.Context, recs []TimelineRecord, b TimelineBounds) (int, error) {
+func (s *Store) AppendTimeline(ctx context.Context, recs []TimelineRecord, b TimelineBounds) ([]bool, error) {
 	if b.Entries < 1 || b.Keep < time.Millisecond {
-		return 0, fmt.Errorf("timeline bounds %d entries, keep %v: want at least 1 and 1ms", b.Entries, b.Keep)
+		return make([]bool, len(recs)), fmt.Errorf("timeline bounds %d entries, keep %v: want at least 1 and 1ms", b.Entries, b.Keep)
 	}
 	groups := bucketGroups(len(recs), func(i int) string { return recs[i].UID })
 	cmds := s.runScripts(ctx, len(groups), func(i int) (*redis.Script, []string, []any) {
@@ -189,7 +189,7 @@ func (s *Store) AppendTimeline(ctx context.Context, recs []TimelineRecord, b Tim
 		}
 		return timelineAddScript.call(keys, args...)
 	}, DefaultSlotRetry)
-	n := 0
+	appended := make([]bool, len(recs))
 	var first error
 	for i, c := range cmds {
 		if err := c.Err(); err != nil {
@@ -198,9 +198,11 @@ func (s *Store) AppendTimeline(ctx context.Context, recs []TimelineRecord, b Tim
 			}
 			continue
 		}
-		n += len(groups[i])
+		for _, j := range groups[i] {
+			appended[j] = true
+		}
 	}
-	return n, first
+	return appended, first
 }
 
 // TimelineEntry is one stored entry of a timeline.

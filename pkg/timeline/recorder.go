@@ -71,7 +71,7 @@ func (r *Recorder) RecordAt(uid string, e Entry, at time.Time) {
 	}
 	e.Service, e.Instance = r.cfg.Service, r.cfg.Instance
 	if !r.q.push(record{uid, e, at}) {
-		metricDropped.WithLabelValues(r.cfg.Service).Inc()
+		metricDropped.WithLabelValues(r.cfg.Service).Add(float64(decisions(e)))
 		return
 	}
 	metricEntries.WithLabelValues(r.cfg.Service, string(e.Kind), e.Rule).Inc()
@@ -82,6 +82,15 @@ func (r *Recorder) RecordAt(uid string, e Entry, at time.Time) {
 	case r.wake <- struct{}{}:
 	default:
 	}
+}
+
+// decisions is how many entries e reads as, and the metrics count: two
+// when it folds in its finding (Entry.Found).
+func decisions(e Entry) int {
+	if e.Found != "" {
+		return 2
+	}
+	return 1
 }
 
 // queue is a Recorder's entries waiting for Run, oldest first: at most
@@ -146,6 +155,7 @@ func (r *Recorder) Run(ctx context.Context) {
 	defer tick.Stop()
 	batch := make([]session.TimelineRecord, 0, defaultBatch)
 	ats := make([]time.Time, 0, defaultBatch) // each record's decision time
+	weights := make([]int, 0, defaultBatch)   // each record's decisions (decisions)
 	send := func(ctx context.Context) {
 		if len(batch) == 0 {
 			return
@@ -154,13 +164,19 @@ func (r *Recorder) Run(ctx context.Context) {
 			batch[i].Ago = time.Since(ats[i])
 		}
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		n, err := r.store.AppendTimeline(sctx, batch, r.cfg.Bounds)
+		appended, err := r.store.AppendTimeline(sctx, batch, r.cfg.Bounds)
 		cancel()
 		if err != nil {
-			metricDropped.WithLabelValues(r.cfg.Service).Add(float64(len(batch) - n))
-			r.cfg.Log.Warn("timeline entries not recorded", "entries", len(batch)-n, "err", err)
+			lost := 0
+			for i, ok := range appended {
+				if !ok {
+					lost += weights[i]
+				}
+			}
+			metricDropped.WithLabelValues(r.cfg.Service).Add(float64(lost))
+			r.cfg.Log.Warn("timeline entries not recorded", "entries", lost, "err", err)
 		}
-		batch, ats = batch[:0], ats[:0]
+		batch, ats, weights = batch[:0], ats[:0], weights[:0]
 	}
 	// fill takes what waits into the batch, sending each batch as it
 	// fills with sctx, until nothing waits or stop is done.
@@ -174,11 +190,12 @@ func (r *Recorder) Run(ctx context.Context) {
 			for _, rec := range got {
 				s, err := rec.e.encode()
 				if err != nil {
-					metricDropped.WithLabelValues(r.cfg.Service).Inc()
+					metricDropped.WithLabelValues(r.cfg.Service).Add(float64(decisions(rec.e)))
 					continue
 				}
 				batch = append(batch, session.TimelineRecord{UID: rec.uid, Entry: s})
 				ats = append(ats, rec.at)
+				weights = append(weights, decisions(rec.e))
 			}
 			clear(got)
 			if len(batch) >= defaultBatch {
@@ -201,9 +218,13 @@ func (r *Recorder) Run(ctx context.Context) {
 			fill(dctx, dctx)
 			send(dctx)
 			// What the drain had no time for is dropped, and counted.
-			if n := len(r.q.take(nil, defaultQueue)); n > 0 {
-				metricDropped.WithLabelValues(r.cfg.Service).Add(float64(n))
-				r.cfg.Log.Warn("timeline entries not recorded: stopped before they were sent", "entries", n)
+			lost := 0
+			for _, rec := range r.q.take(nil, defaultQueue) {
+				lost += decisions(rec.e)
+			}
+			if lost > 0 {
+				metricDropped.WithLabelValues(r.cfg.Service).Add(float64(lost))
+				r.cfg.Log.Warn("timeline entries not recorded: stopped before they were sent", "entries", lost)
 			}
 			return
 		}
