@@ -78,7 +78,7 @@ type item struct {
 	// the last step that judged it (emit says what each step adds).
 	verdict verdict
 	rec     *kgo.Record // its event, once encoded (step 5)
-	sentAt  time.Time   // when its event went to Kafka (step 5), for its timeline
+	sentAt  time.Time   // when its event went to Kafka or the spool (step 5), for its timeline
 	// foundAt is when step 1 found it, while its timeline entry waits
 	// to be folded into the next (findings); zero once recorded. Under
 	// the batch's found.mu.
@@ -320,6 +320,7 @@ func (l *Listener) spoolEvents(b *batch) {
 	for i, it := range items {
 		records[i] = it.rec
 	}
+	at := time.Now()
 	err := l.toSpool(records)
 	if err != nil {
 		l.log.Warn("spool timeouts; they stay in the deadline index", "count", len(items), "err", err)
@@ -331,6 +332,13 @@ func (l *Listener) spoolEvents(b *batch) {
 		}
 		// New fact: the spool's answer.
 		b.judge(it)
+		if it.verdict.reason == whySpooled {
+			// Recorded now, not with the other outcomes once the batch
+			// is settled: the replay may put it on the topic before
+			// then, and its "replayed" must read after it.
+			it.sentAt = at
+			l.noteOutcome(b, it, true)
+		}
 	}
 }
 
@@ -389,6 +397,8 @@ func (l *Listener) noteOutcomes(b *batch, settled bool) {
 		return
 	}
 	for _, it := range b.items {
-		l.noteOutcome(b, it, settled)
+		if it.verdict.reason != whySpooled { // recorded when spooled
+			l.noteOutcome(b, it, settled)
+		}
 	}
 }

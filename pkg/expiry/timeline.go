@@ -243,9 +243,10 @@ func (l *Listener) noteOutcome(b *batch, it *item, settled bool) {
 		return
 	}
 	at := time.Now()
-	if en.Kind == timeline.KindProduced && !it.sentAt.IsZero() {
+	if (en.Kind == timeline.KindProduced || en.Kind == timeline.KindSpooled) && !it.sentAt.IsZero() {
 		// At when it was sent: the consumer may send the guide before
-		// Kafka's answer reaches this listener.
+		// Kafka's answer reaches this listener, and the replay send a
+		// spooled one.
 		at = it.sentAt
 	}
 	l.noteOf(b, it, en, at)

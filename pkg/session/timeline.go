@@ -192,7 +192,8 @@ func (s *Store) AppendTimeline(ctx context.Context, recs []TimelineRecord, b Tim
 	appended := make([]bool, len(recs))
 	var first error
 	for i, c := range cmds {
-		if err := c.Err(); err != nil {
+		refused, err := c.Slice()
+		if err != nil {
 			if first == nil {
 				first = fmt.Errorf("append timeline of %q: %w", recs[groups[i][0]].UID, err)
 			}
@@ -200,6 +201,18 @@ func (s *Store) AppendTimeline(ctx context.Context, recs []TimelineRecord, b Tim
 		}
 		for _, j := range groups[i] {
 			appended[j] = true
+		}
+		// Positions among the call's entries, from 1, each with its error.
+		for k := 0; k+1 < len(refused); k += 2 {
+			pos, ok := refused[k].(int64)
+			if !ok || pos < 1 || int(pos) > len(groups[i]) {
+				continue
+			}
+			j := groups[i][pos-1]
+			appended[j] = false
+			if first == nil {
+				first = fmt.Errorf("append timeline of %q: %v", recs[j].UID, refused[k+1])
+			}
 		}
 	}
 	return appended, first

@@ -5,8 +5,10 @@
 -- stored as "<Redis ms> <entry>", its decision's time by Redis's clock,
 -- so that entries from every service read in the order they were made.
 -- ARGV[1]: the most entries a timeline keeps (the oldest go); ARGV[2]:
--- how long, in ms, a timeline outlives its last entry. Returns the number
--- appended.
+-- how long, in ms, a timeline outlives its last entry. Returns, for each
+-- entry Redis refused (its key of another type), its position among the
+-- call's entries and the error: the others are appended, and their
+-- timelines' expiries set, all the same.
 --
 -- Each timeline is trimmed only when its push took it past the bound (the
 -- push says its length), and its expiry set once however many of the
@@ -15,11 +17,17 @@
 -- entries for each silence.
 local now = redisNowMS()
 local max, keep = tonumber(ARGV[1]), tonumber(ARGV[2])
-local len = {}
+local len, refused = {}, {}
 for j = K.entries, #KEYS do
   local i = 2 + 2 * (j - K.entries + 1)
   local at = now - math.max(0, tonumber(ARGV[i - 1]) or 0)
-  len[KEYS[j]] = redis.call('RPUSH', KEYS[j], at .. ' ' .. ARGV[i])
+  local n = redis.pcall('RPUSH', KEYS[j], at .. ' ' .. ARGV[i])
+  if type(n) == 'table' then
+    refused[#refused + 1] = j - K.entries + 1
+    refused[#refused + 1] = n.err
+  else
+    len[KEYS[j]] = n
+  end
 end
 for j = K.entries, #KEYS do
   local n = len[KEYS[j]]
@@ -29,4 +37,4 @@ for j = K.entries, #KEYS do
     redis.call('PEXPIRE', KEYS[j], keep)
   end
 end
-return #KEYS - K.entries + 1
+return refused
