@@ -55,8 +55,10 @@ func TestAttackFoldLapseHiddenWhileKafkaWaits(t *testing.T) {
 	case <-time.After(waitLong):
 		t.Fatal("the timeout never reached Kafka")
 	}
-	// Found before its produce began: a recorder flushes every 50 ms.
-	shown := eventually(3*time.Second, func() bool {
+	// Found before its produce began: a finding waits at most a second to
+	// be folded; 6s leaves a starved machine room, under the 10s the
+	// produce waits.
+	shown := eventually(6*time.Second, func() bool {
 		return slices.Contains(steps(h.timelineOf("user")), "lapse")
 	})
 	got := steps(h.timelineOf("user"))
