@@ -141,7 +141,7 @@ func (l *Listener) flushFindings(f *findings) {
 	}
 }
 
-// noteFoundAlone records it's finding alone, if it waits still. Under
+// noteFoundAlone records the finding of it alone, if it waits still. Under
 // its findings' mu.
 func (l *Listener) noteFoundAlone(it *item) {
 	if it.foundAt.IsZero() {
