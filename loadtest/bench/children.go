@@ -125,7 +125,12 @@ type Storm struct {
 	ReleaseSelfCPUS    float64 `json:"release_self_cpu_s"`
 	RedisReleaseCPUS   float64 `json:"redis_release_cpu_s"`
 	ReleaseMachineBusy float64 `json:"release_machine_busy"`
-	Cores              int     `json:"cores"`
+	// The same per half second of the release: the median and the
+	// busiest. An older detectbench leaves them out: 0 then, read as
+	// not measured.
+	ReleaseBusyMedian float64 `json:"release_machine_busy_median"`
+	ReleaseBusyPeak   float64 `json:"release_machine_busy_peak"`
+	Cores             int     `json:"cores"`
 }
 
 // Detection is steps 3 and 4, as detectbench prints them.

@@ -334,12 +334,21 @@ func stormCPU(s *Storm) string {
 	perHeld := cpu / float64(s.Held) * 1e6
 	line := fmt.Sprintf("From the first release (the window's start plus the grace) to the last guide, %.0f ms: detectbench's process (listener, in-process Kafka, consumer, and a lean HTTP/1.1 receiver standing for the platform's webhook) used %.2f CPU s and Redis %.2f, %.0f µs per held timeout, and the machine's %d cores were %.0f%% busy.",
 		s.ReleaseMs, s.ReleaseSelfCPUS, s.RedisReleaseCPUS, perHeld, s.Cores, 100*s.ReleaseMachineBusy)
+	// The release ramps up over its first half second (the holds fall
+	// due with their deadlines, a second apart) and ends with the
+	// consumer's last sends alone: its half seconds say more than its
+	// average of whether the cores bound it.
+	busy := s.ReleaseMachineBusy
+	if s.ReleaseBusyMedian > 0 {
+		line += fmt.Sprintf(" Per half second, the cores were %.0f%% busy at the median and %.0f%% at the peak.", 100*s.ReleaseBusyMedian, 100*s.ReleaseBusyPeak)
+		busy = s.ReleaseBusyMedian
+	}
 	goal := goalStormPastGraceMs / 1000 * float64(s.Cores) / float64(s.Held) * 1e6
-	if s.ReleaseMachineBusy >= 0.9 {
+	if busy >= 0.9 {
 		line += fmt.Sprintf(" The release was bound by the cores: at this cost %d held timeouts take %.1f s of %d cores; within the goal's 2 s they would have to cost at most %.0f µs each, everything on this machine included.",
 			s.Held, cpu/float64(s.Cores), s.Cores, goal)
 	} else {
-		line += fmt.Sprintf(" The cores were not saturated: the release waited on something besides CPU (%.0f%% of the cores idle).", 100*(1-s.ReleaseMachineBusy))
+		line += fmt.Sprintf(" The cores were not saturated: the release waited on something besides CPU as well (%.0f%% of the cores idle).", 100*(1-busy))
 	}
 	return line
 }

@@ -16,6 +16,12 @@ func TestStormCPU(t *testing.T) {
 			[]string{"180 µs per held timeout", "97% busy", "bound by the cores", "3.6 s of 2 cores", "at most 100 µs each"}},
 		{"cores idle", func(s *Storm) { s.ReleaseMachineBusy = 0.6 },
 			[]string{"60% busy", "not saturated", "40% of the cores idle"}},
+		{"bound by the cores in its half seconds", func(s *Storm) {
+			s.ReleaseMachineBusy, s.ReleaseBusyMedian, s.ReleaseBusyPeak = 0.8, 0.92, 0.97
+		}, []string{"80% busy", "92% busy at the median and 97% at the peak", "bound by the cores"}},
+		{"idle in its half seconds", func(s *Storm) {
+			s.ReleaseMachineBusy, s.ReleaseBusyMedian, s.ReleaseBusyPeak = 0.8, 0.7, 0.75
+		}, []string{"70% busy at the median", "not saturated", "30% of the cores idle"}},
 		{"machine unknown", func(s *Storm) { s.ReleaseMachineBusy = -1 }, nil},
 		{"nothing held", func(s *Storm) { s.Held, s.ReleaseMachineBusy = 0, 0.9 }, nil},
 		{"not measured", func(s *Storm) { s.ReleaseMs, s.ReleaseMachineBusy = 0, 0.9 }, nil},

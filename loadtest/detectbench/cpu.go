@@ -1,8 +1,11 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -70,4 +73,60 @@ func (u cpuUse) since(before cpuUse) (self time.Duration, machineBusy float64) {
 
 func (u cpuUse) String() string {
 	return fmt.Sprintf("self %v, busy %d of %d ticks", u.self, u.busy, u.total)
+}
+
+// busySteps is how busy the machine's cores were in each step of time
+// from an origin (the storm's window's end): an average over a phase
+// hides whether its busiest part was bound by the cores (a release whose
+// holds fall due over its first half second, and whose last guides are
+// the consumer's alone).
+type busySteps struct {
+	from time.Time
+	step time.Duration
+	busy map[int]float64 // by step index: floor((t-from)/step)
+}
+
+// sampleBusy reads the machine's CPU at the end of each step from the
+// one start falls in until ctx is done, and returns what it read. It runs
+// on a goroutine of its own.
+func sampleBusy(ctx context.Context, from, start time.Time, step time.Duration) busySteps {
+	s := busySteps{from: from, step: step, busy: map[int]float64{}}
+	k := s.index(start)
+	if !sleepCtx(ctx, time.Until(from.Add(time.Duration(k)*step))) {
+		return s
+	}
+	prev := readCPUUse()
+	for {
+		end := from.Add(time.Duration(k+1) * step)
+		if !sleepCtx(ctx, time.Until(end)) {
+			return s
+		}
+		cur := readCPUUse()
+		if _, busy := cur.since(prev); busy >= 0 {
+			s.busy[k] = busy
+		}
+		prev = cur
+		k++
+	}
+}
+
+// index is the step t falls in.
+func (s busySteps) index(t time.Time) int {
+	return int(math.Floor(float64(t.Sub(s.from)) / float64(s.step)))
+}
+
+// over returns the median and the peak of the steps measured from the
+// one a falls in to the one b falls in; ok is false when none was.
+func (s busySteps) over(a, b time.Time) (median, peak float64, ok bool) {
+	var got []float64
+	for k := s.index(a); k <= s.index(b); k++ {
+		if v, in := s.busy[k]; in {
+			got = append(got, v)
+		}
+	}
+	if len(got) == 0 {
+		return 0, 0, false
+	}
+	slices.Sort(got)
+	return got[len(got)/2], got[len(got)-1], true
 }

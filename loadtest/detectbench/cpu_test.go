@@ -1,6 +1,9 @@
 package main
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 func TestParseProcStat(t *testing.T) {
 	for _, tc := range []struct {
@@ -38,4 +41,33 @@ func FuzzParseProcStat(f *testing.F) {
 			t.Errorf("not ok, yet %d, %d", busy, total)
 		}
 	})
+}
+
+func TestBusyStepsOver(t *testing.T) {
+	from := time.Unix(1000, 0)
+	s := busySteps{from: from, step: 500 * time.Millisecond, busy: map[int]float64{
+		-3: 0.99,                            // before the phase: not counted
+		18: 0.5, 19: 0.9, 20: 0.8, 22: 0.95, // 21 not read
+		24: 1, // after it
+	}}
+	at := func(ms int) time.Time { return from.Add(time.Duration(ms) * time.Millisecond) }
+	for _, tc := range []struct {
+		name         string
+		a, b         time.Time
+		median, peak float64
+		ok           bool
+	}{
+		{"the steps from a's to b's", at(9200), at(11300), 0.9, 0.95, true},
+		{"one step", at(9600), at(9900), 0.9, 0.9, true},
+		{"a step not read", at(10500), at(10900), 0, 0, false},
+		{"before the origin", at(-1400), at(-1100), 0.99, 0.99, true},
+		{"nothing read", at(30000), at(31000), 0, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			median, peak, ok := s.over(tc.a, tc.b)
+			if median != tc.median || peak != tc.peak || ok != tc.ok {
+				t.Errorf("over = %v, %v, %v; want %v, %v, %v", median, peak, ok, tc.median, tc.peak, tc.ok)
+			}
+		})
+	}
 }

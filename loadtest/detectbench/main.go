@@ -155,7 +155,11 @@ type StormResult struct {
 	ReleaseMS          float64 `json:"release_ms"`
 	ReleaseSelfCPUS    float64 `json:"release_self_cpu_s"`
 	ReleaseMachineBusy float64 `json:"release_machine_busy"`
-	Cores              int     `json:"cores"`
+	// The same per half second of the release (as the timeline
+	// prints): the median and the busiest; -1 when not read.
+	ReleaseBusyMedian float64 `json:"release_machine_busy_median"`
+	ReleaseBusyPeak   float64 `json:"release_machine_busy_peak"`
+	Cores             int     `json:"cores"`
 }
 
 // Report is what detectbench prints.

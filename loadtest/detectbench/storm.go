@@ -23,7 +23,8 @@ import (
 func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormResult, error) {
 	cfg := b.idle.cfg
 	res := &StormResult{Sessions: n, WindowMS: 1000, GraceMS: float64(b.grace.Milliseconds()),
-		BrakeFloor: cfg.MassExpiryFloor, BrakeShare: cfg.MassExpiryShare, BrakeWindow: cfg.MassExpiryWindow.String()}
+		BrakeFloor: cfg.MassExpiryFloor, BrakeShare: cfg.MassExpiryShare, BrakeWindow: cfg.MassExpiryWindow.String(),
+		ReleaseBusyMedian: -1, ReleaseBusyPeak: -1}
 	topic := "storm"
 	hook, stopPipeline, err := b.startGuides(ctx, expiry.ModeHybrid, 1, topic, "storm-", 0)
 	if err != nil {
@@ -65,6 +66,9 @@ func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormRes
 	stopReleaseProfile := func() {}
 	costs := make(chan struct{})
 	cctx, cancelCosts := context.WithCancel(ctx)
+	// The cores' business per half second, as the timeline counts.
+	busyDone := make(chan busySteps, 1)
+	go func() { busyDone <- sampleBusy(cctx, windowEnd, windowStart, timelineStep) }()
 	go func() {
 		defer close(costs)
 		if sleepCtx(cctx, time.Until(windowStart)) {
@@ -98,6 +102,7 @@ func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormRes
 	cpuAtEnd := readCPUUse()
 	cancelCosts()
 	<-costs
+	busy := <-busyDone
 	stopReleaseProfile()
 	distinct, resent, doubled, lastAt := hook.summary()
 	res.Delivered = distinct
@@ -131,15 +136,18 @@ func (b *bench) storm(ctx context.Context, n int, wait time.Duration) (*StormRes
 		res.RedisReleaseCallsPerTimeout = float64(calls) / float64(max(res.Held, 1))
 		rel.print(os.Stderr, "storm, from the first release (per held timeout)", res.Held)
 		res.ReleaseMS = float64(lastAt.Sub(windowStart.Add(b.grace)).Milliseconds())
-		self, busy := cpuAtEnd.since(cpuAtRelease)
-		res.ReleaseSelfCPUS, res.ReleaseMachineBusy, res.Cores = self.Seconds(), busy, runtime.NumCPU()
-		fmt.Fprintf(os.Stderr, "detectbench: storm, from the first release to the last guide (%.0f ms): this process %.2f CPU s, Redis %.2f CPU s, the machine's %d cores %.0f%% busy\n",
-			res.ReleaseMS, res.ReleaseSelfCPUS, res.RedisReleaseCPUS, res.Cores, 100*busy)
+		self, machineBusy := cpuAtEnd.since(cpuAtRelease)
+		res.ReleaseSelfCPUS, res.ReleaseMachineBusy, res.Cores = self.Seconds(), machineBusy, runtime.NumCPU()
+		if median, peak, ok := busy.over(windowStart.Add(b.grace), lastAt); ok {
+			res.ReleaseBusyMedian, res.ReleaseBusyPeak = median, peak
+		}
+		fmt.Fprintf(os.Stderr, "detectbench: storm, from the first release to the last guide (%.0f ms): this process %.2f CPU s, Redis %.2f CPU s, the machine's %d cores %.0f%% busy (per half second: median %.0f%%, peak %.0f%%)\n",
+			res.ReleaseMS, res.ReleaseSelfCPUS, res.RedisReleaseCPUS, res.Cores, 100*machineBusy, 100*res.ReleaseBusyMedian, 100*res.ReleaseBusyPeak)
 	}
 	if stormSlowlog && atRelease.calls != nil {
 		stopSlowlog(ctx, b.rdb, os.Stderr, res.Held)
 	}
-	b.timeline(ctx, topic, windowEnd, hook.firstArrivals())
+	b.timeline(ctx, topic, windowEnd, hook.firstArrivals(), busy)
 	return res, nil
 }
 
@@ -166,12 +174,16 @@ func startProfile(path string) (stop func(), err error) {
 	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
+// timelineStep is the timeline's step.
+const timelineStep = 500 * time.Millisecond
+
 // timeline prints, per half second from the window's end, how many storm
-// events were produced (their records' timestamps) and how many guides
-// first arrived: where the storm's time goes, the listener or the
-// consumer.
-func (b *bench) timeline(ctx context.Context, topic string, from time.Time, arrivals []time.Time) {
-	const step = 500 * time.Millisecond
+// events were produced (their records' timestamps), how many guides
+// first arrived, and how busy the machine's cores were: where the
+// storm's time goes, the listener or the consumer, and whether the cores
+// bound it.
+func (b *bench) timeline(ctx context.Context, topic string, from time.Time, arrivals []time.Time, busy busySteps) {
+	const step = timelineStep
 	bucket := func(t time.Time) int { return int(math.Floor(float64(t.Sub(from)) / float64(step))) }
 	produced, guided := map[int]int{}, map[int]int{}
 	for _, at := range arrivals {
@@ -198,11 +210,15 @@ func (b *bench) timeline(ctx context.Context, topic string, from time.Time, arri
 			lo, hi = min(lo, k), max(hi, k)
 		}
 	}
-	fmt.Fprintf(os.Stderr, "detectbench: storm timeline from the window's end (s: produced / guided)\n")
+	fmt.Fprintf(os.Stderr, "detectbench: storm timeline from the window's end (s: produced / guided, cores busy)\n")
 	for k := lo; k <= hi; k++ {
 		if produced[k] == 0 && guided[k] == 0 {
 			continue
 		}
-		fmt.Fprintf(os.Stderr, "  %+5.1f  %6d / %6d\n", float64(k)*step.Seconds(), produced[k], guided[k])
+		cores := "    -"
+		if v, ok := busy.busy[k]; ok {
+			cores = fmt.Sprintf("%4.0f%%", 100*v)
+		}
+		fmt.Fprintf(os.Stderr, "  %+5.1f  %6d / %6d  %s\n", float64(k)*step.Seconds(), produced[k], guided[k], cores)
 	}
 }
