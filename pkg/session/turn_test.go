@@ -57,6 +57,7 @@ func TestActivityOutcomes(t *testing.T) {
 		events []Activity
 		renew  Clock         // with events nil: a ping on this clock
 		ago    time.Duration // events at Redis's now less this (0: no time)
+		again  bool          // events at the times of the step before's: resent
 		// wantOffset is the deadline's offset from Redis's now after the
 		// step; wantNone: no index entry.
 		wantOffset time.Duration
@@ -105,10 +106,15 @@ func TestActivityOutcomes(t *testing.T) {
 			{events: []Activity{ev("u", ActivityTurnUs, ttl).hold(time.Second)}, ago: 10 * time.Second, wantOffset: ttl - 9*time.Second, applied: 1, wantTurn: "us"},
 			{renew: ClockPresence, wantOffset: ttl, wantTurn: "us"},
 		}},
-		// A resend applied late, after the first copy: the same deadline.
+		// A resend applied late, after the first copy (its own time, the
+		// turn's in force): stale, the same deadline. A turn of a later
+		// time applies. (Each once ran 30 s before its step: two steps
+		// within one ms made the second a resend, stale, and the case
+		// failed on a fast machine.)
 		{"a turn to us applied again after its hold ended", []step{
 			{events: []Activity{ev("u", ActivityTurnUs, ttl).hold(time.Second)}, ago: 30 * time.Second, wantOffset: ttl - 29*time.Second, applied: 1, wantTurn: "us"},
-			{events: []Activity{ev("u", ActivityTurnUs, ttl).hold(time.Second)}, ago: 30 * time.Second, wantOffset: ttl - 29*time.Second, applied: 1, wantTurn: "us"},
+			{events: []Activity{ev("u", ActivityTurnUs, ttl).hold(time.Second)}, again: true, wantOffset: ttl - 29*time.Second, stale: 1, wantTurn: "us"},
+			{events: []Activity{ev("u", ActivityTurnUs, ttl).hold(time.Second)}, ago: 20 * time.Second, wantOffset: ttl - 19*time.Second, applied: 1, wantTurn: "us"},
 		}},
 		{"a turn to us whose silence was over by the time it came is stale", []step{
 			{events: []Activity{ev("u", ActivityTurnUs, ttl).hold(time.Second)}, ago: ttl + 10*time.Second, wantNone: true, stale: 1},
@@ -141,6 +147,7 @@ func TestActivityOutcomes(t *testing.T) {
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			uid := fmt.Sprintf("case%d", i)
+			var last []Activity // the step before's events
 			for n, st := range tc.steps {
 				now := redisNow(t, s.rdb)
 				var res ActivityResult
@@ -152,11 +159,15 @@ func TestActivityOutcomes(t *testing.T) {
 					evs := make([]Activity, len(st.events))
 					for j, e := range st.events {
 						e.UID = uid
-						if st.ago > 0 {
+						switch {
+						case st.again:
+							e.At = last[j].At
+						case st.ago > 0:
 							e.At = now.Add(-st.ago)
 						}
 						evs[j] = e
 					}
+					last = evs
 					res = apply(t, s, evs...)
 				}
 				if res.Applied != st.applied || res.Stale != st.stale {
