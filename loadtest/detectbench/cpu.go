@@ -102,6 +102,13 @@ func sampleBusy(ctx context.Context, from, start time.Time, step time.Duration) 
 			return s
 		}
 		cur := readCPUUse()
+		if now := s.index(time.Now()); now > k+1 {
+			// Woken a step or more late: the reading spans steps, and
+			// is no one step's. The steps it spans are not read; the
+			// next is, from now.
+			k, prev = now, cur
+			continue
+		}
 		if _, busy := cur.since(prev); busy >= 0 {
 			s.busy[k] = busy
 		}
@@ -128,5 +135,9 @@ func (s busySteps) over(a, b time.Time) (median, peak float64, ok bool) {
 		return 0, 0, false
 	}
 	slices.Sort(got)
-	return got[len(got)/2], got[len(got)-1], true
+	median = got[len(got)/2]
+	if len(got)%2 == 0 {
+		median = (got[len(got)/2-1] + median) / 2
+	}
+	return median, got[len(got)-1], true
 }
