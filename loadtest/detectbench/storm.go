@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"math"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -184,7 +183,7 @@ const timelineStep = 500 * time.Millisecond
 // bound it.
 func (b *bench) timeline(ctx context.Context, topic string, from time.Time, arrivals []time.Time, busy busySteps) {
 	const step = timelineStep
-	bucket := func(t time.Time) int { return int(math.Floor(float64(t.Sub(from)) / float64(step))) }
+	bucket := busySteps{from: from, step: step}.index
 	produced, guided := map[int]int{}, map[int]int{}
 	for _, at := range arrivals {
 		guided[bucket(at)]++
