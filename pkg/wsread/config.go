@@ -53,7 +53,9 @@ type Config struct {
 	Mode Mode
 	// Workers is the number of resident workers reading readable
 	// connections (epoll); 0 = 2×GOMAXPROCS, at least 4. Handlers run on
-	// them, so a handler that blocks stalls other connections.
+	// them: a handler that blocks holds up other connections until the
+	// next worker takes the set (within 10 ms), and stalls them all
+	// once every worker is in one.
 	Workers int
 	// ReadLimit is the largest message, as gorilla's SetReadLimit (Serve
 	// sets it); 0 = 64 KiB. It sizes the pooled batch buffers (2×limit+512

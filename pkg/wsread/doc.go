@@ -4,9 +4,10 @@
 // gorilla/websocket keeps the whole protocol: validation, control frames,
 // the close handshake, the read limit, writes. In the epoll mode (Linux)
 // wsread sits below it: the net.Conn gorilla reads from is wsread's own
-// wrapper. One goroutine waits on an epoll set in the runtime's netpoller;
-// when a socket is readable, a resident worker reads what it holds without
-// waiting, finds the longest prefix made of whole messages and whole control
+// wrapper. Resident workers take turns waiting on an epoll set in the
+// runtime's netpoller; the one that takes a readable socket hands the
+// wait on to the next, reads what the socket holds without waiting,
+// finds the longest prefix made of whole messages and whole control
 // frames outside a message (scan.go), shows gorilla only that prefix and
 // calls ReadMessage as many times as it holds messages. gorilla therefore
 // never asks for a byte that is not there and its read buffer is empty

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -21,15 +22,35 @@ const epollSupported = true
 const armEvents = syscall.EPOLLIN | syscall.EPOLLRDHUP | syscall.EPOLLONESHOT
 
 // poller is the epoll mode's engine: the epoll set, the table of
-// registered connections, the resident workers' queue and the buffers.
+// registered connections, the resident workers and the buffers.
+//
+// The workers take turns at the set: the one whose turn it is waits for
+// it in the runtime's netpoller and reads the connection it takes itself,
+// then waits again (see worker). A ping is read and handled on the
+// goroutine that took its event, with no hand-off to another goroutine
+// between and no other goroutine woken: a hand-off queued the handling
+// behind whatever else the scheduler had, such as a renewal flush whose
+// timer fell due in the same moment, which then went without the renewal
+// that ping asked for, and waking the next worker for every event cost
+// as much.
 type poller struct {
 	s    *Server
 	file *os.File // the epoll fd, non-blocking, waited on in the runtime's netpoller
 	// rc is file's; epoll_ctl goes through its Control, so the epfd number
 	// is never used once file is closed (it may name another file by then).
-	rc   syscall.RawConn
-	work chan *Conn
-	bufs sync.Pool // *readBuf, of 2×ReadLimit+512 bytes
+	rc syscall.RawConn
+	// turn is held by the worker whose turn it is at the set; the others
+	// wait for it. It is handed on by whoever ends the turn: the worker,
+	// or the watch, for a worker in a slow handler (a Mutex may be
+	// unlocked by another goroutine than the one that locked it).
+	turn sync.Mutex
+	// handling is the turn's handler state, for the watch: a number each
+	// handle gets (<<2), |1 while the turn's worker is in it, |2 once the
+	// watch ended the turn (see worker).
+	handling atomic.Uint64
+	handles  atomic.Uint64 // numbers the handles
+	taken    atomic.Int64  // turns the watch ended
+	bufs     sync.Pool     // *readBuf, of 2×ReadLimit+512 bytes
 	// idle is the read buffer of every connection between batches: empty,
 	// and never filled (see Conn.br).
 	idle bufio.Reader
@@ -38,12 +59,11 @@ type poller struct {
 	// conns are the registered connections, by fd (small numbers, most of
 	// them a connection's: a table, not a map); removed before the
 	// socket closes.
-	conns   []*Conn
-	gen     uint32
-	stopped bool // workers are gone: dispatch runs a goroutine
+	conns []*Conn
+	gen   uint32
 
 	stop    chan struct{}
-	spawned sync.WaitGroup // dispatches that found every worker busy
+	spawned sync.WaitGroup // dispatches: each runs a goroutine
 	pongs   sync.WaitGroup // Conn.writePongs
 	once    sync.Once
 }
@@ -61,7 +81,6 @@ func newPoller(s *Server) (*poller, error) {
 	p := &poller{
 		s:    s,
 		file: os.NewFile(uintptr(epfd), "wsread-epoll"),
-		work: make(chan *Conn, 4*s.cfg.Workers),
 		stop: make(chan struct{}),
 	}
 	p.bufs.New = func() any {
@@ -98,60 +117,102 @@ func (p *poller) stopping() bool {
 // then ends every connection still registered (Closed(net.ErrClosed)).
 func (p *poller) run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	wg.Go(p.loop)
 	for range p.s.cfg.Workers {
 		wg.Go(p.worker)
 	}
 	wg.Go(p.sweeper)
+	wg.Go(p.watch)
 	<-ctx.Done()
 	close(p.stop)
 	p.close()
 	wg.Wait()
-	p.mu.Lock()
-	p.stopped = true
-	p.mu.Unlock()
 	p.spawned.Wait()
 	p.shutdown()
 	p.pongs.Wait() // bounded by pongWait: the sockets are closed
 	return nil
 }
 
-// close releases the epoll fd; the loop's wait returns.
+// close releases the epoll fd; the workers' waits return.
 func (p *poller) close() { p.once.Do(func() { p.file.Close() }) }
 
-// loop drains the epoll set whenever the runtime's netpoller says it is
-// readable, and hands each connection to a worker.
-func (p *poller) loop() {
-	rc := p.rc
-	events := make([]syscall.EpollEvent, 128)
-	ready := make([]syscall.EpollEvent, 0, 128)
+// watchEvery is how often the watch looks at the turn's handler: one that
+// it finds in the same handle twice, so between one and two of these,
+// loses the turn to the next worker, so that a handler that blocks (or a
+// worker the machine does not run) holds up the other connections no
+// longer.
+const watchEvery = 5 * time.Millisecond
+
+// worker takes its turn at the set, until the set is closed, one event at
+// a time. While the set is quiet it keeps the turn: it waits for an event,
+// handles it and waits again, and no other worker is woken. It hands the
+// turn on before handling an event that was ready without a wait (the set
+// is busy: the next worker takes the others meanwhile), and the watch
+// ends the turn for it when a handler is slow.
+func (p *poller) worker() {
 	for {
-		err := rc.Read(func(fd uintptr) bool {
-			for {
-				n, err := syscall.EpollWait(int(fd), events, 0)
-				if err == syscall.EINTR {
-					continue
-				}
-				if n <= 0 {
-					return false // empty: park until the set is readable
-				}
-				ready = append(ready[:0], events[:n]...)
-				return true
+		p.turn.Lock()
+		for held := true; held; {
+			ev, waited, err := p.next()
+			if err != nil {
+				p.turn.Unlock()
+				return // closed
 			}
-		})
-		if err != nil {
-			return // closed
-		}
-		for _, ev := range ready {
+			var h uint64
+			if !waited {
+				p.turn.Unlock()
+				held = false
+			} else {
+				h = p.handles.Add(1) << 2
+				p.handling.Store(h | 1)
+			}
 			if c := p.claim(ev.Fd, uint32(ev.Pad)); c != nil {
-				select {
-				case p.work <- c:
-				case <-p.stop:
-					return
-				}
+				p.handle(c)
+			}
+			// The swap fails once the watch ended the turn.
+			if held && !p.handling.CompareAndSwap(h|1, h) {
+				held = false
 			}
 		}
 	}
+}
+
+// watch ends the turn of a worker that it finds in the same handle on two
+// looks in a row (see watchEvery), until stop.
+func (p *poller) watch() {
+	t := time.NewTicker(watchEvery)
+	defer t.Stop()
+	var last uint64
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+		}
+		h := p.handling.Load()
+		if h&3 == 1 && h == last && p.handling.CompareAndSwap(h, h|2) {
+			p.taken.Add(1)
+			p.turn.Unlock()
+		}
+		last = h
+	}
+}
+
+// next takes one event from the set, in the order they became ready,
+// waiting for one if none is; waited says it had to.
+func (p *poller) next() (ev syscall.EpollEvent, waited bool, err error) {
+	evs := []syscall.EpollEvent{{}}
+	asked := 0
+	err = p.rc.Read(func(fd uintptr) bool {
+		asked++
+		for {
+			n, err := syscall.EpollWait(int(fd), evs, 0)
+			if err == syscall.EINTR {
+				continue
+			}
+			return n > 0 // empty: park until the set is readable
+		}
+	})
+	return evs[0], asked > 1, err
 }
 
 // claim finds the connection an event is for, unless it was deregistered
@@ -176,29 +237,10 @@ func (p *poller) claim(fd int32, gen uint32) *Conn {
 	return c
 }
 
-func (p *poller) worker() {
-	for {
-		select {
-		case c := <-p.work:
-			p.handle(c)
-		case <-p.stop:
-			return
-		}
-	}
-}
-
-// dispatch hands an owned connection to a worker without waiting: if every
-// worker is busy (or gone), a goroutine of its own does it.
+// dispatch has an owned connection handled without waiting for an event
+// (frames that came with the handshake, an end requested, a deadline
+// passed), on a goroutine of its own: the workers are for the set.
 func (p *poller) dispatch(c *Conn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.stopped {
-		select {
-		case p.work <- c:
-			return
-		default:
-		}
-	}
 	p.spawned.Go(func() { p.handle(c) })
 }
 
@@ -374,17 +416,7 @@ func pastDue(c *Conn, now int64) bool {
 // shutdown ends every connection still registered once the workers are
 // gone: its socket is closed and Closed(net.ErrClosed) called here.
 func (p *poller) shutdown() {
-	// Queued connections are owned by nobody now. Some are no longer in
-	// the table (closed here, their Closed still due): end them too.
 	var left []*Conn
-	for drained := false; !drained; {
-		select {
-		case c := <-p.work:
-			left = append(left, c)
-		default:
-			drained = true
-		}
-	}
 	p.mu.Lock()
 	for _, c := range p.conns {
 		if c != nil {
