@@ -50,7 +50,11 @@ type poller struct {
 	handling atomic.Uint64
 	handles  atomic.Uint64 // numbers the handles
 	taken    atomic.Int64  // turns the watch ended
-	bufs     sync.Pool     // *readBuf, of 2×ReadLimit+512 bytes
+	// watchIdle: the watch found no handle for a while and waits on
+	// watchWake, which the next handle of a kept turn sends on.
+	watchIdle atomic.Bool
+	watchWake chan struct{}
+	bufs      sync.Pool // *readBuf, of 2×ReadLimit+512 bytes
 	// idle is the read buffer of every connection between batches: empty,
 	// and never filled (see Conn.br).
 	idle bufio.Reader
@@ -59,11 +63,12 @@ type poller struct {
 	// conns are the registered connections, by fd (small numbers, most of
 	// them a connection's: a table, not a map); removed before the
 	// socket closes.
-	conns []*Conn
-	gen   uint32
+	conns   []*Conn
+	gen     uint32
+	stopped bool // the workers are gone: dispatch no longer counts in spawned
 
 	stop    chan struct{}
-	spawned sync.WaitGroup // dispatches: each runs a goroutine
+	spawned sync.WaitGroup // dispatches until the workers are gone: each runs a goroutine
 	pongs   sync.WaitGroup // Conn.writePongs
 	once    sync.Once
 }
@@ -79,9 +84,10 @@ func newPoller(s *Server) (*poller, error) {
 	}
 	size := int(2*s.cfg.ReadLimit + 512)
 	p := &poller{
-		s:    s,
-		file: os.NewFile(uintptr(epfd), "wsread-epoll"),
-		stop: make(chan struct{}),
+		s:         s,
+		file:      os.NewFile(uintptr(epfd), "wsread-epoll"),
+		stop:      make(chan struct{}),
+		watchWake: make(chan struct{}, 1),
 	}
 	p.bufs.New = func() any {
 		return &readBuf{buf: make([]byte, 0, size), br: *bufio.NewReaderSize(nil, batchReadSize)}
@@ -126,6 +132,11 @@ func (p *poller) run(ctx context.Context) error {
 	close(p.stop)
 	p.close()
 	wg.Wait()
+	// Dispatches from here on (a Close racing the end) run beside
+	// shutdown, which ends a connection only once with them (see handle).
+	p.mu.Lock()
+	p.stopped = true
+	p.mu.Unlock()
 	p.spawned.Wait()
 	p.shutdown()
 	p.pongs.Wait() // bounded by pongWait: the sockets are closed
@@ -142,30 +153,36 @@ func (p *poller) close() { p.once.Do(func() { p.file.Close() }) }
 // longer.
 const watchEvery = 5 * time.Millisecond
 
-// worker takes its turn at the set, until the set is closed, one event at
-// a time. While the set is quiet it keeps the turn: it waits for an event,
-// handles it and waits again, and no other worker is woken. It hands the
-// turn on before handling an event that was ready without a wait (the set
-// is busy: the next worker takes the others meanwhile), and the watch
-// ends the turn for it when a handler is slow.
+// worker takes its turn at the set, until the set is closed, and handles
+// one event a turn. While the set is quiet it keeps the turn: it waits for
+// an event, handles it and waits again, and no other worker is woken. The
+// set is busy when the event was ready without a wait, or another was
+// ready with it (that one is put back for the next worker): then it hands
+// the turn on before it handles its event. The watch ends the turn for it
+// when a handler is slow.
 func (p *poller) worker() {
+	var evs [2]syscall.EpollEvent
 	for {
 		p.turn.Lock()
 		for held := true; held; {
-			ev, waited, err := p.next()
+			n, waited, err := p.next(evs[:])
 			if err != nil {
 				p.turn.Unlock()
 				return // closed
 			}
 			var h uint64
-			if !waited {
+			if n > 1 || !waited {
+				for _, ev := range evs[1:n] {
+					p.putBack(ev)
+				}
 				p.turn.Unlock()
 				held = false
 			} else {
 				h = p.handles.Add(1) << 2
 				p.handling.Store(h | 1)
+				p.wakeWatch()
 			}
-			if c := p.claim(ev.Fd, uint32(ev.Pad)); c != nil {
+			if c := p.claim(evs[0].Fd, uint32(evs[0].Pad)); c != nil {
 				p.handle(c)
 			}
 			// The swap fails once the watch ended the turn.
@@ -176,12 +193,17 @@ func (p *poller) worker() {
 	}
 }
 
+// watchRest is how many looks in a row that find no handle begun since
+// the one before send the watch to wait for the next (see wakeWatch), so
+// that an idle server does not wake every watchEvery.
+const watchRest = 20
+
 // watch ends the turn of a worker that it finds in the same handle on two
 // looks in a row (see watchEvery), until stop.
 func (p *poller) watch() {
 	t := time.NewTicker(watchEvery)
 	defer t.Stop()
-	var last uint64
+	last, quiet := p.handling.Load(), 0
 	for {
 		select {
 		case <-p.stop:
@@ -193,32 +215,83 @@ func (p *poller) watch() {
 			p.taken.Add(1)
 			p.turn.Unlock()
 		}
-		last = h
+		if h != last || h&3 == 1 {
+			last, quiet = h, 0
+			continue
+		}
+		if quiet++; quiet < watchRest {
+			continue
+		}
+		// Idle: wait for a handle. One that began before watchIdle was
+		// set did not see it: look again after setting it.
+		quiet = 0
+		p.watchIdle.Store(true)
+		if p.handling.Load() == h {
+			t.Stop()
+			select {
+			case <-p.stop:
+				return
+			case <-p.watchWake:
+			}
+			t.Reset(watchEvery)
+		}
+		p.watchIdle.Store(false)
+		last = p.handling.Load()
 	}
 }
 
-// next takes one event from the set, in the order they became ready,
-// waiting for one if none is; waited says it had to.
-func (p *poller) next() (ev syscall.EpollEvent, waited bool, err error) {
-	evs := []syscall.EpollEvent{{}}
+// wakeWatch wakes the watch if it waits for a handle; called once the
+// handle's number is stored.
+func (p *poller) wakeWatch() {
+	if p.watchIdle.Load() && p.watchIdle.CompareAndSwap(true, false) {
+		select {
+		case p.watchWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// next takes events from the set, at least one and at most len(evs), in
+// the order they became ready, waiting for one if none is; waited says it
+// had to.
+func (p *poller) next(evs []syscall.EpollEvent) (n int, waited bool, err error) {
 	asked := 0
 	err = p.rc.Read(func(fd uintptr) bool {
 		asked++
 		for {
-			n, err := syscall.EpollWait(int(fd), evs, 0)
+			var err error
+			n, err = syscall.EpollWait(int(fd), evs, 0)
 			if err == syscall.EINTR {
 				continue
 			}
 			return n > 0 // empty: park until the set is readable
 		}
 	})
-	return evs[0], asked > 1, err
+	return n, asked > 1, err
 }
 
-// claim finds the connection an event is for, unless it was deregistered
-// or its fd now belongs to another connection (the generation differs),
-// and marks it owned.
-func (p *poller) claim(fd int32, gen uint32) *Conn {
+// putBack returns to the set an event taken but not handled: its
+// connection is armed again, which makes it ready again at once, its
+// socket still holding what the event was for. One that a goroutine owns
+// meanwhile is left to it (it re-arms or ends the connection), as an
+// event for it would be.
+func (p *poller) putBack(ev syscall.EpollEvent) {
+	c := p.lookup(ev.Fd, uint32(ev.Pad))
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.busy || c.ended || !c.registered {
+		return
+	}
+	// Fails only once Run closed the set: shutdown ends c.
+	p.arm(c)
+}
+
+// lookup is the connection registered with fd in generation gen, if it
+// still is.
+func (p *poller) lookup(fd int32, gen uint32) *Conn {
 	p.mu.Lock()
 	var c *Conn
 	if int(fd) < len(p.conns) {
@@ -226,6 +299,17 @@ func (p *poller) claim(fd int32, gen uint32) *Conn {
 	}
 	p.mu.Unlock()
 	if c == nil || c.gen != gen {
+		return nil
+	}
+	return c
+}
+
+// claim finds the connection an event is for, unless it was deregistered
+// or its fd now belongs to another connection (the generation differs),
+// and marks it owned.
+func (p *poller) claim(fd int32, gen uint32) *Conn {
+	c := p.lookup(fd, gen)
+	if c == nil {
 		return nil
 	}
 	c.mu.Lock()
@@ -241,6 +325,12 @@ func (p *poller) claim(fd int32, gen uint32) *Conn {
 // (frames that came with the handshake, an end requested, a deadline
 // passed), on a goroutine of its own: the workers are for the set.
 func (p *poller) dispatch(c *Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped {
+		go p.handle(c)
+		return
+	}
 	p.spawned.Go(func() { p.handle(c) })
 }
 
@@ -310,6 +400,12 @@ func (p *poller) deregister(c *Conn) {
 // re-arm it or end it.
 func (p *poller) handle(c *Conn) {
 	c.mu.Lock()
+	if c.ended {
+		// shutdown ended it meanwhile (a dispatch racing Run's end).
+		c.busy = false
+		c.mu.Unlock()
+		return
+	}
 	req := c.endReq
 	c.mu.Unlock()
 	var reason error
@@ -331,7 +427,7 @@ func (p *poller) handle(c *Conn) {
 	if !end && !c.registered {
 		reason, end = net.ErrClosed, true
 	}
-	if !end {
+	if !end || c.ended {
 		c.busy = false
 		c.mu.Unlock()
 		return

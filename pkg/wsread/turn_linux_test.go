@@ -11,9 +11,9 @@ import (
 )
 
 // TestSlowHandlerLosesTheTurn: a worker keeps its turn at the set while
-// it handles a connection of a quiet set. Its handler blocks: the watch
-// must hand the set to the other worker, or no other connection is read
-// until the handler returns.
+// it handles a connection of a quiet set. Its handler blocks: the watch,
+// resting until then, must hand the set to the other worker, or no other
+// connection is read until the handler returns.
 func TestSlowHandlerLosesTheTurn(t *testing.T) {
 	release := make(chan struct{})
 	ts := startServer(t, Config{Mode: ModeEpoll, Workers: 2}, func(r *recorder) {
@@ -29,6 +29,8 @@ func TestSlowHandlerLosesTheTurn(t *testing.T) {
 	heldRec := ts.next(t)
 	other := dialRaw(t, ts.url, nil)
 	otherRec := ts.next(t)
+	// The watch rests while nothing is handled: the handle must wake it.
+	waitFor(t, "the watch resting", ts.s.p.watchIdle.Load)
 	held.write(t, masked(opText, true, "hold"))
 	waitFor(t, "the handler blocked", func() bool { return len(heldRec.messages()) == 1 })
 	taken := ts.s.p.taken.Load()
@@ -86,8 +88,10 @@ func TestBusySetBehindBlockedHandler(t *testing.T) {
 
 // TestTurnHandedBackAndForth: handlers that overrun the watch now and
 // then, on one worker and on several, with messages from many
-// connections: every message arrives, in order per connection, and the
-// turn is never ended twice (sync: unlock of unlocked mutex is fatal).
+// connections, each sent once the one before it was read (so the set is
+// often quiet, and slow handlers hold their turn until the watch ends
+// it): every message arrives, in order per connection, and the turn is
+// never ended twice (sync: unlock of unlocked mutex is fatal).
 func TestTurnHandedBackAndForth(t *testing.T) {
 	for _, workers := range []int{1, 2, 4} {
 		t.Run(fmt.Sprint(workers, " workers"), func(t *testing.T) {
@@ -120,6 +124,13 @@ func TestTurnHandedBackAndForth(t *testing.T) {
 						if _, err := c.nc.Write(masked(opText, true, fmt.Sprintf("%s%d", kind, j))); err != nil {
 							t.Error(err)
 							return
+						}
+						for deadline := time.Now().Add(20 * time.Second); len(recs[i].messages()) <= j; {
+							if time.Now().After(deadline) {
+								t.Errorf("connection %d: message %d not read", i, j)
+								return
+							}
+							time.Sleep(time.Millisecond) // polling for the condition
 						}
 					}
 				})
