@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const epollSupported = true
@@ -156,25 +158,21 @@ const watchEvery = 5 * time.Millisecond
 // worker takes its turn at the set, until the set is closed, and handles
 // one event a turn. While the set is quiet it keeps the turn: it waits for
 // an event, handles it and waits again, and no other worker is woken. The
-// set is busy when the event was ready without a wait, or another was
-// ready with it (that one is put back for the next worker): then it hands
-// the turn on before it handles its event. The watch ends the turn for it
-// when a handler is slow.
+// set is busy when the event was ready without a wait, or others are
+// ready behind it: then it hands the turn on before it handles its event,
+// and the next worker takes the next event in the set's order. The watch
+// ends the turn for it when a handler is slow.
 func (p *poller) worker() {
-	var evs [2]syscall.EpollEvent
 	for {
 		p.turn.Lock()
 		for held := true; held; {
-			n, waited, err := p.next(evs[:])
+			ev, quiet, err := p.next()
 			if err != nil {
 				p.turn.Unlock()
 				return // closed
 			}
 			var h uint64
-			if n > 1 || !waited {
-				for _, ev := range evs[1:n] {
-					p.putBack(ev)
-				}
+			if !quiet {
 				p.turn.Unlock()
 				held = false
 			} else {
@@ -182,7 +180,7 @@ func (p *poller) worker() {
 				p.handling.Store(h | 1)
 				p.wakeWatch()
 			}
-			if c := p.claim(evs[0].Fd, uint32(evs[0].Pad)); c != nil {
+			if c := p.claim(ev.Fd, uint32(ev.Pad)); c != nil {
 				p.handle(c)
 			}
 			// The swap fails once the watch ended the turn.
@@ -251,42 +249,44 @@ func (p *poller) wakeWatch() {
 	}
 }
 
-// next takes events from the set, at least one and at most len(evs), in
-// the order they became ready, waiting for one if none is; waited says it
-// had to.
-func (p *poller) next(evs []syscall.EpollEvent) (n int, waited bool, err error) {
+// next takes the event that became ready first, waiting for one if none
+// is. quiet says the set was: it had to wait, and holds no other event
+// now. Others are left in the set, in their order, for the next worker:
+// one taken and handed to another goroutine would wait for a goroutine to
+// run, and one put back (re-armed) would go behind every event that came
+// meanwhile, again and again while other connections stream.
+func (p *poller) next() (ev syscall.EpollEvent, quiet bool, err error) {
+	var evs [1]syscall.EpollEvent
 	asked := 0
 	err = p.rc.Read(func(fd uintptr) bool {
 		asked++
 		for {
-			var err error
-			n, err = syscall.EpollWait(int(fd), evs, 0)
+			n, err := syscall.EpollWait(int(fd), evs[:], 0)
 			if err == syscall.EINTR {
 				continue
 			}
-			return n > 0 // empty: park until the set is readable
+			if n <= 0 {
+				return false // empty: park until the set is readable
+			}
+			quiet = asked > 1 && !holdsEvents(int(fd))
+			return true
 		}
 	})
-	return n, asked > 1, err
+	return evs[0], quiet, err
 }
 
-// putBack returns to the set an event taken but not handled: its
-// connection is armed again, which makes it ready again at once, its
-// socket still holding what the event was for. One that a goroutine owns
-// meanwhile is left to it (it re-arms or ends the connection), as an
-// event for it would be.
-func (p *poller) putBack(ev syscall.EpollEvent) {
-	c := p.lookup(ev.Fd, uint32(ev.Pad))
-	if c == nil {
-		return
+// holdsEvents says whether the epoll set epfd has events ready, without
+// taking any: an epoll fd polls readable while it does. Unsure (an error)
+// counts as yes.
+func holdsEvents(epfd int) bool {
+	fds := []unix.PollFd{{Fd: int32(epfd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		return err != nil || n > 0
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.busy || c.ended || !c.registered {
-		return
-	}
-	// Fails only once Run closed the set: shutdown ends c.
-	p.arm(c)
 }
 
 // lookup is the connection registered with fd in generation gen, if it
