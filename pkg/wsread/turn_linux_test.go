@@ -10,13 +10,11 @@ import (
 	"time"
 )
 
-// TestSlowHandlerLosesTheTurn: a worker keeps its turn at the set while
-// it handles a connection of a quiet set. Its handler blocks: the watch,
-// resting until then, must hand the set to the other worker, or no other
-// connection is read until the handler returns.
-func TestSlowHandlerLosesTheTurn(t *testing.T) {
+// holdServer is an epoll server with workers whose handlers block on the
+// message "hold" until the test ends.
+func holdServer(t *testing.T, workers int) *testServer {
 	release := make(chan struct{})
-	ts := startServer(t, Config{Mode: ModeEpoll, Workers: 2}, func(r *recorder) {
+	ts := startServer(t, Config{Mode: ModeEpoll, Workers: workers}, func(r *recorder) {
 		r.onMessage = func(_ *recorder, _ int, data []byte) bool {
 			if string(data) == "hold" {
 				<-release
@@ -24,7 +22,17 @@ func TestSlowHandlerLosesTheTurn(t *testing.T) {
 			return true
 		}
 	})
-	defer close(release)
+	// Before the server's own cleanup, which waits for the handlers.
+	t.Cleanup(func() { close(release) })
+	return ts
+}
+
+// TestSlowHandlerLosesTheTurn: a worker keeps its turn at the set while
+// it handles a connection of a quiet set. Its handler blocks: the watch,
+// resting until then, must hand the set to the other worker, or no other
+// connection is read until the handler returns.
+func TestSlowHandlerLosesTheTurn(t *testing.T) {
+	ts := holdServer(t, 2)
 	held := dialRaw(t, ts.url, nil)
 	heldRec := ts.next(t)
 	other := dialRaw(t, ts.url, nil)
@@ -51,16 +59,7 @@ func TestSlowHandlerLosesTheTurn(t *testing.T) {
 // while one handler blocks; whichever worker took the blocked one, every
 // other message is read meanwhile.
 func TestBusySetBehindBlockedHandler(t *testing.T) {
-	release := make(chan struct{})
-	ts := startServer(t, Config{Mode: ModeEpoll, Workers: 3}, func(r *recorder) {
-		r.onMessage = func(_ *recorder, _ int, data []byte) bool {
-			if string(data) == "hold" {
-				<-release
-			}
-			return true
-		}
-	})
-	defer close(release)
+	ts := holdServer(t, 3)
 	const n = 40
 	clients := make([]*rawClient, n)
 	recs := make([]*recorder, n)
