@@ -69,7 +69,6 @@ func TestAttackPutBackStarves(t *testing.T) {
 				waitFor(t, "both streams read", func() bool { return len(r.messages()) > 1000 })
 			}
 			const rounds = 20
-			late := 0
 			for i := range rounds {
 				pinger.write(t, masked(opText, true, fmt.Sprint("ping", i)))
 				sent := time.Now()
@@ -77,7 +76,6 @@ func TestAttackPutBackStarves(t *testing.T) {
 					time.Sleep(time.Millisecond) // polling for the condition, bounded
 				}
 				if len(pr.messages()) <= i {
-					late++
 					t.Errorf("round %d: a ping not read within 10s while %d other connections stream (%d and %d of their messages read)",
 						i, len(floods), len(floods[0].messages()), len(floods[1].messages()))
 					// Not lost: read once the streams stop.
