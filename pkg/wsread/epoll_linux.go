@@ -289,9 +289,10 @@ func holdsEvents(epfd int) bool {
 	}
 }
 
-// lookup is the connection registered with fd in generation gen, if it
-// still is.
-func (p *poller) lookup(fd int32, gen uint32) *Conn {
+// claim finds the connection an event is for, unless it was deregistered
+// or its fd now belongs to another connection (the generation differs),
+// and marks it owned.
+func (p *poller) claim(fd int32, gen uint32) *Conn {
 	p.mu.Lock()
 	var c *Conn
 	if int(fd) < len(p.conns) {
@@ -299,17 +300,6 @@ func (p *poller) lookup(fd int32, gen uint32) *Conn {
 	}
 	p.mu.Unlock()
 	if c == nil || c.gen != gen {
-		return nil
-	}
-	return c
-}
-
-// claim finds the connection an event is for, unless it was deregistered
-// or its fd now belongs to another connection (the generation differs),
-// and marks it owned.
-func (p *poller) claim(fd int32, gen uint32) *Conn {
-	c := p.lookup(fd, gen)
-	if c == nil {
 		return nil
 	}
 	c.mu.Lock()
