@@ -72,10 +72,7 @@ func TestAttackPutBackStarves(t *testing.T) {
 			for i := range rounds {
 				pinger.write(t, masked(opText, true, fmt.Sprint("ping", i)))
 				sent := time.Now()
-				for len(pr.messages()) <= i && time.Since(sent) < 10*time.Second {
-					time.Sleep(time.Millisecond) // polling for the condition, bounded
-				}
-				if len(pr.messages()) <= i {
+				if !holdsWithin(10*time.Second, func() bool { return len(pr.messages()) > i }) {
 					t.Errorf("round %d: a ping not read within 10s while %d other connections stream (%d and %d of their messages read)",
 						i, len(floods), len(floods[0].messages()), len(floods[1].messages()))
 					// Not lost: read once the streams stop.

@@ -75,8 +75,9 @@ func TestAttackWokenWorkerKeepsBusySet(t *testing.T) {
 	for i := range rounds {
 		rd := &round{second: make(chan struct{})}
 		cur.Store(rd)
-		// Let the workers settle: the turn's worker parked on the quiet set.
-		time.Sleep(20 * time.Millisecond) // not a wait for a condition: idle time before the burst
+		// Let the workers settle: the turn's worker parked on the quiet
+		// set, as it is once the watch rests (nothing handled for a while).
+		waitFor(t, "the watch resting", ts.s.p.watchIdle.Load)
 		a.write(t, masked(opText, true, fmt.Sprint("a", i)))
 		b.write(t, masked(opText, true, fmt.Sprint("b", i)))
 		waitFor(t, "both messages", func() bool { return len(ra.messages()) == i+1 && len(rb.messages()) == i+1 })

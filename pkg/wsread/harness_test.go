@@ -30,13 +30,23 @@ func modes() []Mode {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	if !holdsWithin(20*time.Second, cond) {
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// holdsWithin polls cond until it holds (true) or d has passed (false),
+// for a caller that must not stop the test: a goroutine of its own, or
+// one that reports more than the timeout.
+func holdsWithin(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			return false
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+	return true
 }
 
 // recorder is a Handler that keeps what it got.

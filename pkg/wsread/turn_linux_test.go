@@ -99,7 +99,8 @@ func TestTurnHandedBackAndForth(t *testing.T) {
 				r.onMessage = func(_ *recorder, _ int, data []byte) bool {
 					if data[0] == 's' {
 						slow.Add(1)
-						// A slow handler, past two looks of the watch.
+						// A slow handler, past two looks of the watch: real
+						// time must pass, the watch ticks by the real clock.
 						time.Sleep(3 * watchEvery)
 					}
 					return true
@@ -124,12 +125,9 @@ func TestTurnHandedBackAndForth(t *testing.T) {
 							t.Error(err)
 							return
 						}
-						for deadline := time.Now().Add(20 * time.Second); len(recs[i].messages()) <= j; {
-							if time.Now().After(deadline) {
-								t.Errorf("connection %d: message %d not read", i, j)
-								return
-							}
-							time.Sleep(time.Millisecond) // polling for the condition
+						if !holdsWithin(20*time.Second, func() bool { return len(recs[i].messages()) > j }) {
+							t.Errorf("connection %d: message %d not read", i, j)
+							return
 						}
 					}
 				})
