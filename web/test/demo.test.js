@@ -40,9 +40,10 @@ describe('the demo page in Chromium', () => {
 
   // A fresh browser context (its own sessionStorage) on the demo page of
   // the test stack's second gateway, as user.
-  async function open(user, { route } = {}) {
+  async function open(user, { route, record } = {}) {
     const context = await browser.newContext({ viewport: { width: 480, height: 600 }, deviceScaleFactor: 2 });
     const page = await context.newPage();
+    record?.(page);
     const problems = [];
     page.on('pageerror', (err) => problems.push(err.message));
     page.on('console', (m) => m.type() === 'error' && problems.push(m.text()));
@@ -65,8 +66,50 @@ describe('the demo page in Chromium', () => {
     await context.close();
   });
 
-  it('takes typing as activity: each ping extends the session, and no guide comes', async () => {
-    const { page, context, problems } = await open(uid('typist'));
+  // Appends the frames of page's sockets to frames, each with when this
+  // process saw it (ms): a failure's account of where the time went.
+  function recordFrames(page, frames) {
+    page.on('websocket', (ws) => {
+      const note = (dir) => ({ payload }) => {
+        try {
+          frames.push({ at: Date.now(), dir, ...JSON.parse(String(payload)) });
+        } catch {
+          frames.push({ at: Date.now(), dir, raw: String(payload).slice(0, 80) });
+        }
+      };
+      ws.on('framesent', note('out'));
+      ws.on('framereceived', note('in'));
+      ws.on('close', () => frames.push({ at: Date.now(), dir: 'in', type: 'socket closed' }));
+    });
+  }
+
+  // Each ping's way, from the recorded frames: when it left, how long its
+  // renewal took (Redis's now at the renewal is the pong's deadline less
+  // its TTL; the clocks are one machine's), and when its answer came; then
+  // the guides, by their deadline. Times are ms from the first frame; the
+  // frames are seen here a little after the page sent them.
+  function pingTimeline(frames) {
+    const t0 = frames[0]?.at ?? 0;
+    const lines = [];
+    const pings = [];
+    for (const f of frames) {
+      if (f.dir === 'out' && f.type === 'ping') pings.push(f);
+      if (f.dir === 'in' && f.type === 'pong') {
+        const ping = pings.shift();
+        const renewedAt = f.deadline_ms - f.ttl_ms;
+        lines.push(`ping at ${ping ? ping.at - t0 : '?'}: renewed ${ping ? renewedAt - ping.at : '?'} ms after, deadline ${f.deadline_ms - t0}, pong ${ping ? f.at - ping.at : '?'} ms after`);
+      }
+      if (f.dir === 'in' && f.type === 'error') lines.push(`error at ${f.at - t0}: ${f.code} ${f.message}`);
+      if (f.dir === 'in' && f.type === 'guide') lines.push(`guide at ${f.at - t0}: stage ${f.stage}, deadline ${f.deadline_ms - t0}`);
+      if (f.type === 'socket closed') lines.push(`socket closed at ${f.at - t0}`);
+    }
+    for (const p of pings) lines.push(`ping at ${p.at - t0}: no answer`);
+    return lines;
+  }
+
+  it('takes typing as activity: each ping extends the session, and no guide comes', async (t) => {
+    const frames = [];
+    const { page, context, problems } = await open(uid('typist'), { record: (p) => recordFrames(p, frames) });
     await page.click('#input');
     const before = await pongsAnswered(page);
     // Twice the longest TTL and more of typing, watching the session.
@@ -78,10 +121,12 @@ describe('the demo page in Chromium', () => {
       await sleep(150);
     }
     await page.keyboard.press('Enter');
+    const timeline = pingTimeline(frames);
+    for (const line of timeline) t.diagnostic(line);
     const pings = (await pongsAnswered(page)) - before;
     assert.ok(pings >= 4, `${pings} pings answered while typing`);
-    assert.ok(least > 0, `the session ran down to ${least} ms while the user typed`);
-    assert.equal(await guides(page).count(), 0, 'a typing user was guided');
+    assert.ok(least > 0, `the session ran down to ${least} ms while the user typed; the pings:\n${timeline.join('\n')}`);
+    assert.equal(await guides(page).count(), 0, `a typing user was guided; the pings:\n${timeline.join('\n')}`);
     assert.match(await page.textContent('#activity'), /^typing/);
     assert.equal(await page.locator('#messages .me').count(), 1);
     assert.deepEqual(problems, []);
