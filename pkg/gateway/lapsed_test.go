@@ -94,10 +94,14 @@ func TestResyncLapsedAfterDataLoss(t *testing.T) {
 		got, ok := score(uid)
 		// At its own deadline, which its guide names: the gateway's
 		// record of the ping's arrival plus the TTL, a moment before
-		// Redis's grant of it. That record reads Redis's clock through
-		// the gateway's estimate of it, off by up to half a round trip:
-		// a few ms on a busy machine, either way.
-		if !ok || got.Before(want.Add(-50*time.Millisecond)) || got.After(want.Add(20*time.Millisecond)) || !got.Before(resynced) {
+		// Redis's grant of it. The resync sends what is left of the
+		// grant, aged when its script is sent, and Redis adds it to its
+		// clock when the script runs: later by the write's way there,
+		// tens of ms on a busy machine (30 ms seen under -race beside
+		// CPU hogs), which makes the deadline that much later, never
+		// earlier. Restored at the resync instead would be 100 ms and
+		// more late.
+		if !ok || got.Before(want.Add(-50*time.Millisecond)) || got.After(want.Add(90*time.Millisecond)) || !got.Before(resynced) {
 			t.Errorf("%s: deadline %v (%v), want its own, %v, before the resync at %v", uid, got, ok, want, resynced)
 		}
 	}
