@@ -102,6 +102,7 @@ describe('the demo page in Chromium', () => {
       if (f.dir === 'in' && f.type === 'error') lines.push(`error at ${f.at - t0}: ${f.code} ${f.message}`);
       if (f.dir === 'in' && f.type === 'guide') lines.push(`guide at ${f.at - t0}: stage ${f.stage}, deadline ${f.deadline_ms - t0}`);
       if (f.type === 'socket closed') lines.push(`socket closed at ${f.at - t0}`);
+      if (f.dir === 'test') lines.push(`${f.type} at ${f.at - t0}`);
     }
     for (const p of pings) lines.push(`ping at ${p.at - t0}: no answer`);
     return lines;
@@ -110,6 +111,8 @@ describe('the demo page in Chromium', () => {
   it('takes typing as activity: each ping extends the session, and no guide comes', async (t) => {
     const frames = [];
     const { page, context, problems } = await open(uid('typist'), { record: (p) => recordFrames(p, frames) });
+    const typingFrom = Date.now();
+    frames.push({ at: typingFrom, dir: 'test', type: 'the test clicks the input' });
     await page.click('#input');
     const before = await pongsAnswered(page);
     // Twice the longest TTL and more of typing, watching the session.
@@ -126,7 +129,14 @@ describe('the demo page in Chromium', () => {
     const pings = (await pongsAnswered(page)) - before;
     assert.ok(pings >= 4, `${pings} pings answered while typing`);
     assert.ok(least > 0, `the session ran down to ${least} ms while the user typed; the pings:\n${timeline.join('\n')}`);
-    assert.equal(await guides(page).count(), 0, `a typing user was guided; the pings:\n${timeline.join('\n')}`);
+    // A silence that ran out before the test even clicked is not a
+    // typist's: the user had opened the chat and done nothing for a TTL,
+    // which a starved machine can make of the time the page takes to open
+    // and be clicked. Its guide is right, and only told.
+    const deadlines = await guides(page).evaluateAll((els) => els.map((el) => Number(el.dataset.deadlineMs)));
+    const earlier = deadlines.filter((d) => d < typingFrom);
+    if (earlier.length > 0) t.diagnostic(`${earlier.length} guide(s) of a silence that ran out ${typingFrom - Math.max(...earlier)} ms and more before the typing began`);
+    assert.equal(deadlines.length - earlier.length, 0, `a typing user was guided; the pings:\n${timeline.join('\n')}`);
     assert.match(await page.textContent('#activity'), /^typing/);
     assert.equal(await page.locator('#messages .me').count(), 1);
     assert.deepEqual(problems, []);
