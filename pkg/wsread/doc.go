@@ -5,8 +5,9 @@
 // the close handshake, the read limit, writes. In the epoll mode (Linux)
 // wsread sits below it: the net.Conn gorilla reads from is wsread's own
 // wrapper. Resident workers take turns waiting on an epoll set in the
-// runtime's netpoller; the one that takes a readable socket hands the
-// wait on to the next, reads what the socket holds without waiting,
+// runtime's netpoller; the one that takes a readable socket (the others
+// a busy set held at the time go to the other workers) reads what the
+// socket holds without waiting,
 // finds the longest prefix made of whole messages and whole control
 // frames outside a message (scan.go), shows gorilla only that prefix and
 // calls ReadMessage as many times as it holds messages. gorilla therefore

@@ -13,8 +13,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 const epollSupported = true
@@ -27,28 +25,32 @@ const armEvents = syscall.EPOLLIN | syscall.EPOLLRDHUP | syscall.EPOLLONESHOT
 // registered connections, the resident workers and the buffers.
 //
 // The workers take turns at the set: the one whose turn it is waits for
-// it in the runtime's netpoller and reads the connection it takes itself,
-// then waits again (see worker). A ping is read and handled on the
-// goroutine that took its event, with no hand-off to another goroutine
-// between and no other goroutine woken: a hand-off queued the handling
-// behind whatever else the scheduler had, such as a renewal flush whose
-// timer fell due in the same moment, which then went without the renewal
-// that ping asked for, and waking the next worker for every event cost
-// as much.
+// events in the runtime's netpoller (see lead). While the set is quiet it
+// reads the connection it takes itself, then waits again: a ping is read
+// and handled on the goroutine that took its event, with no hand-off to
+// another goroutine between and no other goroutine woken. A hand-off
+// queued the handling behind whatever else the scheduler had, such as a
+// renewal flush whose timer fell due in the same moment, which then went
+// without the renewal that ping asked for. While the set is busy, one
+// wait takes every event ready, and the other workers handle them: a
+// wait for each would cost a system call each.
 type poller struct {
 	s    *Server
 	file *os.File // the epoll fd, non-blocking, waited on in the runtime's netpoller
 	// rc is file's; epoll_ctl goes through its Control, so the epfd number
 	// is never used once file is closed (it may name another file by then).
 	rc syscall.RawConn
-	// turn is held by the worker whose turn it is at the set; the others
-	// wait for it. It is handed on by whoever ends the turn: the worker,
-	// or the watch, for a worker in a slow handler (a Mutex may be
-	// unlocked by another goroutine than the one that locked it).
-	turn sync.Mutex
+	// token is the turn at the set (one, in a channel of one): the worker
+	// that holds it waits for events, the others wait for it or for work.
+	// It is handed on by whoever ends the turn: the worker, or the watch,
+	// for a worker in a slow handler.
+	token chan struct{}
+	// work is the events a busy turn took beyond the one its worker
+	// handles, in the set's order, for the other workers.
+	work chan syscall.EpollEvent
 	// handling is the turn's handler state, for the watch: a number each
 	// handle gets (<<2), |1 while the turn's worker is in it, |2 once the
-	// watch ended the turn (see worker).
+	// watch ended the turn (see lead).
 	handling atomic.Uint64
 	handles  atomic.Uint64 // numbers the handles
 	taken    atomic.Int64  // turns the watch ended
@@ -89,8 +91,11 @@ func newPoller(s *Server) (*poller, error) {
 		s:         s,
 		file:      os.NewFile(uintptr(epfd), "wsread-epoll"),
 		stop:      make(chan struct{}),
+		token:     make(chan struct{}, 1),
+		work:      make(chan syscall.EpollEvent, maxBatch),
 		watchWake: make(chan struct{}, 1),
 	}
+	p.token <- struct{}{}
 	p.bufs.New = func() any {
 		return &readBuf{buf: make([]byte, 0, size), br: *bufio.NewReaderSize(nil, batchReadSize)}
 	}
@@ -155,39 +160,71 @@ func (p *poller) close() { p.once.Do(func() { p.file.Close() }) }
 // longer.
 const watchEvery = 5 * time.Millisecond
 
-// worker takes its turn at the set, until the set is closed, and handles
-// one event a turn. While the set is quiet it keeps the turn: it waits for
-// an event, handles it and waits again, and no other worker is woken. The
-// set is busy when the event was ready without a wait, or others are
-// ready behind it: then it hands the turn on before it handles its event,
-// and the next worker takes the next event in the set's order. The watch
-// ends the turn for it when a handler is slow.
+// maxBatch is the most events one wait takes from a busy set.
+const maxBatch = 128
+
+// worker handles the events a busy turn left, or takes the turn at the
+// set, until the set is closed; a busy turn's events come first.
 func (p *poller) worker() {
+	evs := make([]syscall.EpollEvent, maxBatch)
 	for {
-		p.turn.Lock()
-		for held := true; held; {
-			ev, quiet, err := p.next()
-			if err != nil {
-				p.turn.Unlock()
-				return // closed
-			}
-			var h uint64
-			if !quiet {
-				p.turn.Unlock()
-				held = false
-			} else {
-				h = p.handles.Add(1) << 2
-				p.handling.Store(h | 1)
-				p.wakeWatch()
-			}
-			if c := p.claim(ev.Fd, uint32(ev.Pad)); c != nil {
-				p.handle(c)
-			}
-			// The swap fails once the watch ended the turn.
-			if held && !p.handling.CompareAndSwap(h|1, h) {
-				held = false
+		select {
+		case ev := <-p.work:
+			p.handleEvent(ev)
+			continue
+		default:
+		}
+		select {
+		case ev := <-p.work:
+			p.handleEvent(ev)
+		case <-p.token:
+			if !p.lead(evs) {
+				return
 			}
 		}
+	}
+}
+
+// lead is a worker's turn at the set, in which it handles one event or,
+// while the set is quiet, one after another: it waits for an event,
+// handles it and waits again, and no other worker is woken. The set is
+// busy when the wait found events ready, or more than one: then it hands
+// the turn on before it handles its first event, and the others to the
+// workers in the set's order. The watch ends the turn for it when a
+// handler is slow. lead reports false once the set is closed.
+func (p *poller) lead(evs []syscall.EpollEvent) bool {
+	for {
+		n, waited, err := p.next(evs)
+		if err != nil {
+			p.token <- struct{}{} // the next worker finds it closed too
+			return false
+		}
+		if !waited || n > 1 {
+			p.token <- struct{}{}
+			for _, ev := range evs[1:n] {
+				select {
+				case p.work <- ev:
+				case <-p.stop: // shutdown ends every registered connection
+				}
+			}
+			p.handleEvent(evs[0])
+			return true
+		}
+		h := p.handles.Add(1) << 2
+		p.handling.Store(h | 1)
+		p.wakeWatch()
+		p.handleEvent(evs[0])
+		// The swap fails once the watch ended the turn.
+		if !p.handling.CompareAndSwap(h|1, h) {
+			return true
+		}
+	}
+}
+
+// handleEvent handles the connection ev is for, if it still is.
+func (p *poller) handleEvent(ev syscall.EpollEvent) {
+	if c := p.claim(ev.Fd, uint32(ev.Pad)); c != nil {
+		p.handle(c)
 	}
 }
 
@@ -211,7 +248,7 @@ func (p *poller) watch() {
 		h := p.handling.Load()
 		if h&3 == 1 && h == last && p.handling.CompareAndSwap(h, h|2) {
 			p.taken.Add(1)
-			p.turn.Unlock()
+			p.token <- struct{}{}
 		}
 		if h != last || h&3 == 1 {
 			last, quiet = h, 0
@@ -249,44 +286,22 @@ func (p *poller) wakeWatch() {
 	}
 }
 
-// next takes the event that became ready first, waiting for one if none
-// is. quiet says the set was: it had to wait, and holds no other event
-// now. Others are left in the set, in their order, for the next worker:
-// one taken and handed to another goroutine would wait for a goroutine to
-// run, and one put back (re-armed) would go behind every event that came
-// meanwhile, again and again while other connections stream.
-func (p *poller) next() (ev syscall.EpollEvent, quiet bool, err error) {
-	var evs [1]syscall.EpollEvent
+// next takes the events ready, up to len(evs), waiting for one if none
+// is: n of them, and whether it had to wait.
+func (p *poller) next(evs []syscall.EpollEvent) (n int, waited bool, err error) {
 	asked := 0
 	err = p.rc.Read(func(fd uintptr) bool {
 		asked++
 		for {
-			n, err := syscall.EpollWait(int(fd), evs[:], 0)
-			if err == syscall.EINTR {
+			var werr error
+			n, werr = syscall.EpollWait(int(fd), evs, 0)
+			if werr == syscall.EINTR {
 				continue
 			}
-			if n <= 0 {
-				return false // empty: park until the set is readable
-			}
-			quiet = asked > 1 && !holdsEvents(int(fd))
-			return true
+			return n > 0 // empty: park until the set is readable
 		}
 	})
-	return evs[0], quiet, err
-}
-
-// holdsEvents says whether the epoll set epfd has events ready, without
-// taking any: an epoll fd polls readable while it does. Unsure (an error)
-// counts as yes.
-func holdsEvents(epfd int) bool {
-	fds := []unix.PollFd{{Fd: int32(epfd), Events: unix.POLLIN}}
-	for {
-		n, err := unix.Poll(fds, 0)
-		if err == unix.EINTR {
-			continue
-		}
-		return err != nil || n > 0
-	}
+	return n, asked > 1, err
 }
 
 // claim finds the connection an event is for, unless it was deregistered

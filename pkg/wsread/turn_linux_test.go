@@ -85,12 +85,36 @@ func TestBusySetBehindBlockedHandler(t *testing.T) {
 	}
 }
 
+// TestBurstOnOneWorker: many connections' messages at once, on a single
+// worker: its turn takes them in one wait, and it must handle every one
+// it left for the workers before it waits on the set again, where nothing
+// more comes until they are read.
+func TestBurstOnOneWorker(t *testing.T) {
+	ts := startServer(t, Config{Mode: ModeEpoll, Workers: 1}, nil)
+	const n = 50
+	clients := make([]*rawClient, n)
+	recs := make([]*recorder, n)
+	for i := range n {
+		clients[i] = dialRaw(t, ts.url, nil)
+		recs[i] = ts.next(t)
+	}
+	for round := range 5 {
+		for _, c := range clients {
+			c.write(t, masked(opText, true, fmt.Sprint(round)))
+		}
+		for _, r := range recs {
+			waitFor(t, "every connection's message", func() bool { return len(r.messages()) == round+1 })
+		}
+	}
+}
+
 // TestTurnHandedBackAndForth: handlers that overrun the watch now and
 // then, on one worker and on several, with messages from many
 // connections, each sent once the one before it was read (so the set is
 // often quiet, and slow handlers may hold their turn until the watch ends
 // it): every message arrives, in order per connection, and the turn is
-// never ended twice (sync: unlock of unlocked mutex is fatal).
+// never ended twice (the second hand-on would block: one turn, in a
+// channel of one).
 func TestTurnHandedBackAndForth(t *testing.T) {
 	for _, workers := range []int{1, 2, 4} {
 		t.Run(fmt.Sprint(workers, " workers"), func(t *testing.T) {
