@@ -188,25 +188,33 @@ func (p *poller) worker() {
 // lead is a worker's turn at the set, in which it handles one event or,
 // while the set is quiet, one after another: it waits for an event,
 // handles it and waits again, and no other worker is woken. The set is
-// busy when the wait found events ready, or more than one: then it hands
-// the turn on before it handles its first event, and the others to the
-// workers in the set's order. The watch ends the turn for it when a
+// busy when the wait found events ready, or more than one: then it puts
+// all but the first in work, in the set's order, and hands the turn on,
+// before it handles the first. The watch ends the turn for it when a
 // handler is slow. lead reports false once the set is closed.
+//
+// Only the turn puts events in work, so while a worker holds it work
+// does not fill: a wait takes no more events than work has room for
+// besides its first, and a worker never waits on the set while work
+// holds events, which might then wait for handlers that block.
 func (p *poller) lead(evs []syscall.EpollEvent) bool {
 	for {
-		n, waited, err := p.next(evs)
+		room := cap(p.work) - len(p.work)
+		n, waited, err := p.next(evs[:1+min(room, len(evs)-1)])
 		if err != nil {
 			p.token <- struct{}{} // the next worker finds it closed too
 			return false
 		}
-		if !waited || n > 1 {
+		if n == 0 {
+			// Empty, and work holds events: they come first.
 			p.token <- struct{}{}
+			return true
+		}
+		if !waited || n > 1 || room == 0 {
 			for _, ev := range evs[1:n] {
-				select {
-				case p.work <- ev:
-				case <-p.stop: // shutdown ends every registered connection
-				}
+				p.work <- ev
 			}
+			p.token <- struct{}{}
 			p.handleEvent(evs[0])
 			return true
 		}
@@ -287,7 +295,8 @@ func (p *poller) wakeWatch() {
 }
 
 // next takes the events ready, up to len(evs), waiting for one if none
-// is: n of them, and whether it had to wait.
+// is and work is empty: n of them (0: none, and work holds events), and
+// whether it had to wait.
 func (p *poller) next(evs []syscall.EpollEvent) (n int, waited bool, err error) {
 	asked := 0
 	err = p.rc.Read(func(fd uintptr) bool {
@@ -298,7 +307,11 @@ func (p *poller) next(evs []syscall.EpollEvent) (n int, waited bool, err error) 
 			if werr == syscall.EINTR {
 				continue
 			}
-			return n > 0 // empty: park until the set is readable
+			if n > 0 {
+				return true
+			}
+			n = 0
+			return len(p.work) > 0 // else park until the set is readable
 		}
 	})
 	return n, asked > 1, err
