@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -224,17 +225,12 @@ func TestAttackChurnFillsWork(t *testing.T) {
 	// token on and putting its batch in p.work, while another P runs the
 	// next turn.
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(8))
-	burn := make(chan struct{})
+	var done atomic.Bool
 	var burners sync.WaitGroup
-	defer func() { close(burn); burners.Wait() }()
+	defer func() { done.Store(true); burners.Wait() }()
 	for range 4 {
 		burners.Go(func() {
-			for {
-				select {
-				case <-burn:
-					return
-				default:
-				}
+			for spins := 0; !done.Load(); spins++ {
 			}
 		})
 	}
