@@ -7,10 +7,10 @@
 // wrapper. Resident workers take turns waiting on an epoll set in the
 // runtime's netpoller; the one that takes a readable socket (the others
 // a busy set held at the time go to the other workers) reads what the
-// socket holds without waiting,
-// finds the longest prefix made of whole messages and whole control
-// frames outside a message (scan.go), shows gorilla only that prefix and
-// calls ReadMessage as many times as it holds messages. gorilla therefore
+// socket holds without waiting, finds the longest prefix made of whole
+// messages and whole control frames outside a message (scan.go), shows
+// gorilla only that prefix and calls ReadMessage as many times as it
+// holds messages. gorilla therefore
 // never asks for a byte that is not there and its read buffer is empty
 // whenever the connection goes back to epoll. Writes pass through to the
 // socket and block, with their deadlines, on whichever goroutine writes.
