@@ -10,10 +10,10 @@
 // socket holds without waiting, finds the longest prefix made of whole
 // messages and whole control frames outside a message (scan.go), shows
 // gorilla only that prefix and calls ReadMessage as many times as it
-// holds messages. gorilla therefore
-// never asks for a byte that is not there and its read buffer is empty
-// whenever the connection goes back to epoll. Writes pass through to the
-// socket and block, with their deadlines, on whichever goroutine writes.
+// holds messages. gorilla therefore never asks for a byte that is not
+// there and its read buffer is empty whenever the connection goes back
+// to epoll. Writes pass through to the socket and block, with their
+// deadlines, on whichever goroutine writes.
 //
 // Read deadlines become state: SetReadDeadline on the wrapper records the
 // time, and a sweep ends connections past it (Handler.Closed(ErrIdle)).
