@@ -116,10 +116,13 @@ func (p *poller) ctl(op int, fd int32, ev *syscall.EpollEvent) error {
 	return err
 }
 
-// stopping says Run is ending: its shutdown ends the connections left.
+// stopping says Run is ending, or Close was called (which closes the set
+// before Run's end begins): Run's shutdown ends the connections left.
 func (p *poller) stopping() bool {
 	select {
 	case <-p.stop:
+		return true
+	case <-p.s.closing:
 		return true
 	default:
 		return false

@@ -3,7 +3,10 @@
 package wsread
 
 import (
+	"errors"
 	"fmt"
+	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -170,5 +173,35 @@ func TestTurnHandedBackAndForth(t *testing.T) {
 			// sure of one.
 			t.Logf("%d slow handlers, %d turns ended by the watch", slow.Load(), ts.s.p.taken.Load())
 		})
+	}
+}
+
+// TestCloseDuringHandleEndsWithErrClosed: Server.Close from within a
+// connection's handler (as from any goroutine while a worker is in one).
+// Close releases the epoll set before Run's end has begun: the handler's
+// re-arm then fails, and the connection must still end as every
+// connection does at Run's end, once, with net.ErrClosed, not with the
+// re-arm's error.
+func TestCloseDuringHandleEndsWithErrClosed(t *testing.T) {
+	// One P: the handler returns and re-arms before Run's goroutine hears
+	// of the Close.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	var s atomic.Pointer[Server]
+	ts, stop := runServer(t, Config{Mode: ModeEpoll, Workers: 2}, func(r *recorder) {
+		r.onMessage = func(_ *recorder, _ int, data []byte) bool {
+			if string(data) == "close" {
+				s.Load().Close()
+			}
+			return true
+		}
+	})
+	s.Store(ts.s)
+	c := dialRaw(t, ts.url, nil)
+	rec := ts.next(t)
+	c.write(t, masked(opText, true, "close"))
+	waitFor(t, "the message", func() bool { return len(rec.messages()) == 1 })
+	stop()
+	if got := rec.closes(); len(got) != 1 || !errors.Is(got[0], net.ErrClosed) {
+		t.Fatalf("Closed with %v, want once, net.ErrClosed", got)
 	}
 }
