@@ -120,12 +120,7 @@ func TestAttackTwoBatchesFillWork(t *testing.T) {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
 			ts := startServer(t, Config{Mode: ModeEpoll, Workers: 2, ReadLimit: 1024}, nil)
 			const conns = 400
-			clients := make([]*rawClient, conns)
-			recs := make([]*recorder, conns)
-			for j := range conns {
-				clients[j] = dialRaw(t, ts.url, nil)
-				recs[j] = ts.next(t)
-			}
+			clients, recs := dialMany(t, ts, conns)
 			var chunk bytes.Buffer
 			const per = 40
 			for k := range per {
@@ -238,12 +233,7 @@ func TestAttackChurnFillsWork(t *testing.T) {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
 			ts := startServer(t, Config{Mode: ModeEpoll, Workers: 2, ReadLimit: 256}, nil)
 			const conns = 400
-			clients := make([]*rawClient, conns)
-			recs := make([]*recorder, conns)
-			for j := range conns {
-				clients[j] = dialRaw(t, ts.url, nil)
-				recs[j] = ts.next(t)
-			}
+			clients, recs := dialMany(t, ts, conns)
 			var chunk bytes.Buffer
 			const per = 800
 			for k := range per {

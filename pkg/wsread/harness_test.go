@@ -166,6 +166,18 @@ func runServer(t testing.TB, cfg Config, setup func(*recorder)) (ts *testServer,
 	return ts, stop
 }
 
+// dialMany dials n connections to ts, each with its recorder.
+func dialMany(t testing.TB, ts *testServer, n int) ([]*rawClient, []*recorder) {
+	t.Helper()
+	clients := make([]*rawClient, n)
+	recs := make([]*recorder, n)
+	for i := range n {
+		clients[i] = dialRaw(t, ts.url, nil)
+		recs[i] = ts.next(t)
+	}
+	return clients, recs
+}
+
 // next is the recorder of the next connection the server accepted.
 func (ts *testServer) next(t testing.TB) *recorder {
 	t.Helper()

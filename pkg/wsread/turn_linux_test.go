@@ -64,12 +64,7 @@ func TestSlowHandlerLosesTheTurn(t *testing.T) {
 func TestBusySetBehindBlockedHandler(t *testing.T) {
 	ts := holdServer(t, 3)
 	const n = 40
-	clients := make([]*rawClient, n)
-	recs := make([]*recorder, n)
-	for i := range n {
-		clients[i] = dialRaw(t, ts.url, nil)
-		recs[i] = ts.next(t)
-	}
+	clients, recs := dialMany(t, ts, n)
 	for round := range 3 {
 		for i, c := range clients {
 			msg := "m"
@@ -95,12 +90,7 @@ func TestBusySetBehindBlockedHandler(t *testing.T) {
 func TestBurstOnOneWorker(t *testing.T) {
 	ts := startServer(t, Config{Mode: ModeEpoll, Workers: 1}, nil)
 	const n = 50
-	clients := make([]*rawClient, n)
-	recs := make([]*recorder, n)
-	for i := range n {
-		clients[i] = dialRaw(t, ts.url, nil)
-		recs[i] = ts.next(t)
-	}
+	clients, recs := dialMany(t, ts, n)
 	for round := range 5 {
 		for _, c := range clients {
 			c.write(t, masked(opText, true, fmt.Sprint(round)))
