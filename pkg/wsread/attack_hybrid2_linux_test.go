@@ -17,18 +17,6 @@ import (
 	"time"
 )
 
-// registered waits until r's connection is in the set.
-func registered(t *testing.T, r *recorder) {
-	t.Helper()
-	waitFor(t, "registration", func() bool { r.c.mu.Lock(); defer r.c.mu.Unlock(); return r.c.registered })
-}
-
-// pollerStacks is the stacks of the goroutines in the poller.
-func pollerStacks() []byte {
-	buf := make([]byte, 1<<20)
-	return filterStacks(buf[:runtime.Stack(buf, true)])
-}
-
 // TestAttackStaleWorkEventFdReused: one worker, whose busy turn put O's
 // event in work and then blocked in X's handler. O is closed meanwhile,
 // and a new connection N takes O's fd number (and a new generation);
@@ -39,18 +27,8 @@ func TestAttackStaleWorkEventFdReused(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	for round := range 5 {
 		ok := t.Run(fmt.Sprint(round), func(t *testing.T) {
-			held, release := make(chan struct{}, 1), make(chan struct{})
-			ts, gl := startGated(t, Config{Mode: ModeEpoll, Workers: 1}, func(r *recorder) {
-				r.onMessage = func(_ *recorder, _ int, data []byte) bool {
-					if string(data) == "hold" {
-						held <- struct{}{}
-						<-release
-					}
-					return true
-				}
-			})
-			var once sync.Once
-			rel := func() { once.Do(func() { close(release) }) }
+			setup, held, rel := holdOn(1)
+			ts, gl := startGated(t, Config{Mode: ModeEpoll, Workers: 1}, setup)
 			t.Cleanup(rel)
 			addr := strings.TrimPrefix(ts.url, "ws://")
 			gl.gate <- struct{}{}
@@ -119,26 +97,13 @@ func TestAttackRunEndWithWorkQueued(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	for _, workers := range []int{1, 2} {
 		t.Run(fmt.Sprint(workers, " workers"), func(t *testing.T) {
-			held, release := make(chan struct{}, 10), make(chan struct{})
-			ts, stop := runServer(t, Config{Mode: ModeEpoll, Workers: workers}, func(r *recorder) {
-				r.onMessage = func(_ *recorder, _ int, data []byte) bool {
-					if string(data) == "hold" {
-						held <- struct{}{}
-						<-release
-					}
-					return true
-				}
-			})
-			var once sync.Once
-			rel := func() { once.Do(func() { close(release) }) }
+			setup, held, rel := holdOn(10)
+			ts, stop := runServer(t, Config{Mode: ModeEpoll, Workers: workers}, setup)
 			t.Cleanup(rel)
 			const n = 40
-			clients := make([]*rawClient, n)
-			recs := make([]*recorder, n)
-			for i := range n {
-				clients[i] = dialRaw(t, ts.url, nil)
-				recs[i] = ts.next(t)
-				registered(t, recs[i])
+			clients, recs := dialMany(t, ts, n)
+			for _, r := range recs {
+				registered(t, r)
 			}
 			waitFor(t, "the watch resting", ts.s.p.watchIdle.Load)
 			for i, c := range clients {
@@ -198,12 +163,9 @@ func TestAttackNoSpinBehindBlockedHandlers(t *testing.T) {
 	const workers = 4
 	ts := holdServer(t, workers)
 	const n = 60
-	clients := make([]*rawClient, n)
-	recs := make([]*recorder, n)
-	for i := range n {
-		clients[i] = dialRaw(t, ts.url, nil)
-		recs[i] = ts.next(t)
-		registered(t, recs[i])
+	clients, recs := dialMany(t, ts, n)
+	for _, r := range recs {
+		registered(t, r)
 	}
 	// Blocked handlers: one in a kept turn (quiet set), then two from a
 	// burst.

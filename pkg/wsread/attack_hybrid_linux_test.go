@@ -33,7 +33,7 @@ func TestAttackBatchBehindBlockedHandler(t *testing.T) {
 	f := dialRaw(t, ts.url, nil)
 	fr := ts.next(t)
 	for _, r := range []*recorder{sr, fr} {
-		waitFor(t, "registration", func() bool { r.c.mu.Lock(); defer r.c.mu.Unlock(); return r.c.registered })
+		registered(t, r)
 	}
 	waitFor(t, "the watch resting", ts.s.p.watchIdle.Load)
 	s.write(t, masked(opText, true, "hold"))
@@ -82,7 +82,7 @@ func TestAttackBatchBehindBlockedHandlerGate(t *testing.T) {
 			f := dialRaw(t, ts.url, nil)
 			fr := ts.next(t)
 			for _, r := range []*recorder{gr, sr, fr} {
-				waitFor(t, "registration", func() bool { r.c.mu.Lock(); defer r.c.mu.Unlock(); return r.c.registered })
+				registered(t, r)
 			}
 			waitFor(t, "the watch resting", ts.s.p.watchIdle.Load)
 			g.write(t, masked(opText, true, "gate"))
@@ -140,9 +140,7 @@ func TestAttackTwoBatchesFillWork(t *testing.T) {
 			wg.Wait()
 			for j, r := range recs {
 				if !holdsWithin(20*time.Second, func() bool { return len(r.messages()) == rounds*per }) {
-					buf := make([]byte, 1<<20)
-					buf = buf[:runtime.Stack(buf, true)]
-					t.Fatalf("connection %d: %d of %d messages read\n%s", j, len(r.messages()), rounds*per, filterStacks(buf))
+					t.Fatalf("connection %d: %d of %d messages read\n%s", j, len(r.messages()), rounds*per, pollerStacks())
 				}
 				for k, m := range r.messages() {
 					if m != fmt.Sprintf("%04d", k%per) {
@@ -152,18 +150,6 @@ func TestAttackTwoBatchesFillWork(t *testing.T) {
 			}
 		})
 	}
-}
-
-// filterStacks keeps the goroutines in the poller.
-func filterStacks(b []byte) []byte {
-	var out bytes.Buffer
-	for _, g := range bytes.Split(b, []byte("\n\n")) {
-		if bytes.Contains(g, []byte("wsread.(*poller)")) {
-			out.Write(g)
-			out.WriteString("\n\n")
-		}
-	}
-	return out.Bytes()
 }
 
 // TestAttackBlockedHandlerStallsAll: two workers, a blocked handler, and
@@ -178,13 +164,9 @@ func TestAttackBlockedHandlerStallsAll(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	ts := holdServer(t, 2)
 	const n = 300
-	clients := make([]*rawClient, n)
-	recs := make([]*recorder, n)
-	for i := range n {
-		clients[i] = dialRaw(t, ts.url, nil)
-		recs[i] = ts.next(t)
-		r := recs[i]
-		waitFor(t, "registration", func() bool { r.c.mu.Lock(); defer r.c.mu.Unlock(); return r.c.registered })
+	clients, recs := dialMany(t, ts, n)
+	for _, r := range recs {
+		registered(t, r)
 	}
 	waitFor(t, "the watch resting", ts.s.p.watchIdle.Load)
 	for i, c := range clients {
@@ -246,9 +228,7 @@ func TestAttackChurnFillsWork(t *testing.T) {
 			wg.Wait()
 			for j, r := range recs {
 				if !holdsWithin(20*time.Second, func() bool { return len(r.messages()) == per }) {
-					buf := make([]byte, 1<<20)
-					buf = buf[:runtime.Stack(buf, true)]
-					t.Fatalf("connection %d: %d of %d messages read\n%s", j, len(r.messages()), per, filterStacks(buf))
+					t.Fatalf("connection %d: %d of %d messages read\n%s", j, len(r.messages()), per, pollerStacks())
 				}
 			}
 		})

@@ -3,6 +3,7 @@
 package wsread
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -28,6 +29,27 @@ func holdServer(t *testing.T, workers int) *testServer {
 	// Before the server's own cleanup, which waits for the handlers.
 	t.Cleanup(func() { close(release) })
 	return ts
+}
+
+// holdOn is a setup for recorders whose handlers block on the message
+// "hold", each saying so on held (room for n), until release (once or
+// more). The caller has the test's cleanup call release once the server
+// is up, so that it runs before the server's own, which waits for the
+// handlers.
+func holdOn(n int) (setup func(*recorder), held chan struct{}, release func()) {
+	held, gate := make(chan struct{}, n), make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(gate) }) }
+	setup = func(r *recorder) {
+		r.onMessage = func(_ *recorder, _ int, data []byte) bool {
+			if string(data) == "hold" {
+				held <- struct{}{}
+				<-gate
+			}
+			return true
+		}
+	}
+	return setup, held, release
 }
 
 // TestSlowHandlerLosesTheTurn: a worker keeps its turn at the set while
@@ -194,4 +216,23 @@ func TestCloseDuringHandleEndsWithErrClosed(t *testing.T) {
 	if got := rec.closes(); len(got) != 1 || !errors.Is(got[0], net.ErrClosed) {
 		t.Fatalf("Closed with %v, want once, net.ErrClosed", got)
 	}
+}
+
+// registered waits until r's connection is in the set.
+func registered(t *testing.T, r *recorder) {
+	t.Helper()
+	waitFor(t, "registration", func() bool { r.c.mu.Lock(); defer r.c.mu.Unlock(); return r.c.registered })
+}
+
+// pollerStacks is the stacks of the goroutines in the poller.
+func pollerStacks() []byte {
+	buf := make([]byte, 1<<20)
+	var out bytes.Buffer
+	for _, g := range bytes.Split(buf[:runtime.Stack(buf, true)], []byte("\n\n")) {
+		if bytes.Contains(g, []byte("wsread.(*poller)")) {
+			out.Write(g)
+			out.WriteString("\n\n")
+		}
+	}
+	return out.Bytes()
 }
