@@ -121,17 +121,14 @@ func TestAttackTwoBatchesFillWork(t *testing.T) {
 			ts := startServer(t, Config{Mode: ModeEpoll, Workers: 2, ReadLimit: 1024}, nil)
 			const conns = 400
 			clients, recs := dialMany(t, ts, conns)
-			var chunk bytes.Buffer
 			const per = 40
-			for k := range per {
-				chunk.Write(masked(opText, true, fmt.Sprintf("%04d", k)))
-			}
+			chunk := numbered(per)
 			const rounds = 10
 			var wg sync.WaitGroup
 			for _, c := range clients {
 				wg.Go(func() {
 					for range rounds {
-						if _, err := c.nc.Write(chunk.Bytes()); err != nil {
+						if _, err := c.nc.Write(chunk); err != nil {
 							return
 						}
 					}
@@ -216,14 +213,11 @@ func TestAttackChurnFillsWork(t *testing.T) {
 			ts := startServer(t, Config{Mode: ModeEpoll, Workers: 2, ReadLimit: 256}, nil)
 			const conns = 400
 			clients, recs := dialMany(t, ts, conns)
-			var chunk bytes.Buffer
 			const per = 800
-			for k := range per {
-				chunk.Write(masked(opText, true, fmt.Sprintf("%04d", k)))
-			}
+			chunk := numbered(per)
 			var wg sync.WaitGroup
 			for _, c := range clients {
-				wg.Go(func() { c.nc.Write(chunk.Bytes()) })
+				wg.Go(func() { c.nc.Write(chunk) })
 			}
 			wg.Wait()
 			for j, r := range recs {
@@ -233,4 +227,14 @@ func TestAttackChurnFillsWork(t *testing.T) {
 			}
 		})
 	}
+}
+
+// numbered is n text frames, as a client sends them, saying 0000, 0001
+// and on.
+func numbered(n int) []byte {
+	var b bytes.Buffer
+	for k := range n {
+		b.Write(masked(opText, true, fmt.Sprintf("%04d", k)))
+	}
+	return b.Bytes()
 }
